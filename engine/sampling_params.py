@@ -1,0 +1,56 @@
+"""Per-request generation settings, validated at construction."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.errors import ConfigError
+
+MAX_SEED = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Semantics follow transformers' logits processors, applied in its order:
+    repetition_penalty, temperature, top_k, top_p, typical_p."""
+
+    max_new_tokens: int = 20
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off; >= vocab size means the whole vocabulary
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int = field(default_factory=lambda: secrets.randbelow(MAX_SEED) + 1)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.max_new_tokens >= 1, "max_new_tokens", ">= 1", self.max_new_tokens)
+        _require(self.temperature > 0, "temperature", "> 0", self.temperature)
+        _require(self.top_k >= 0, "top_k", ">= 0", self.top_k)
+        _require(0 < self.top_p <= 1, "top_p", "(0, 1]", self.top_p)
+        _require(0 < self.typical_p <= 1, "typical_p", "(0, 1]", self.typical_p)
+        _require(self.repetition_penalty > 0, "repetition_penalty", "> 0", self.repetition_penalty)
+        _require(0 <= self.seed <= MAX_SEED, "seed", f"[0, {MAX_SEED}]", self.seed)
+        if isinstance(self.stop, str | list):
+            object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        _require(all(s for s in self.stop), "stop", "non-empty strings", self.stop)
+
+    @property
+    def max_stop_len(self) -> int:
+        return max((len(s) for s in self.stop), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
+        return cls(**{**data, "stop": tuple(data.get("stop", ()))})
+
+
+def _require(ok: bool, name: str, valid: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{name} must be {valid}, got {value!r}")

@@ -1,0 +1,126 @@
+"""Continuous batching with chunked prefill, admission by free blocks, and preemption.
+
+Every request has ``token_ids`` and ``num_computed_tokens``; a step computes some of its
+uncomputed tokens. A decoding request has exactly one (the token sampled last step); a prompt has
+many and is computed in chunks bounded by ``maxPrefillTokens`` per step. When a step reaches the
+end of a request's tokens, the request samples its next token. A preempted request simply drops
+its blocks and computed count and goes back to the waiting queue, where it is recomputed.
+
+Order: the running batch and the waiting queue are both ordered by (priority, arrival): priority
+1 first, FCFS within a priority. Admission needs blocks for the whole uncomputed sequence, so an
+admitted prompt never stalls halfway; a running request that cannot grow preempts the
+lowest-ordered running request (possibly itself).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig
+from engine.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """Decoding requests (one token each) and prompt chunks (request, tokens) for one step."""
+
+    decodes: list[Request] = field(default_factory=list)
+    prefills: list[tuple[Request, int]] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.running: list[Request] = []  # sorted by sort_key
+        self._waiting: list[tuple[tuple[int, int], Request]] = []  # heap; finished ones skipped
+        self.num_preemptions = 0
+
+    @property
+    def waiting(self) -> list[Request]:
+        return [r for _, r in self._waiting if r.status == RequestStatus.WAITING]
+
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        heapq.heappush(self._waiting, (request.sort_key, request))
+
+    def insert_running(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        bisect.insort(self.running, request, key=lambda r: r.sort_key)
+
+    def remove(self, request: Request) -> None:
+        """Take a request out of the running batch (finished, aborted or held) and free nothing."""
+        if request in self.running:
+            self.running.remove(request)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_prefill_tokens
+        for request in list(self.running):
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            budget -= self._schedule_running(request, budget, out)
+        self._admit_waiting(budget, out)
+        return out
+
+    def _schedule_running(self, request: Request, budget: int, out: SchedulerOutput) -> int:
+        num_tokens = request.num_uncomputed_tokens
+        if num_tokens > 1:
+            num_tokens = min(num_tokens, budget)
+            if num_tokens == 0 or len(out.prefills) >= self.config.max_prefill_batch_size:
+                return 0
+        if not self._grow(request, request.num_computed_tokens + num_tokens):
+            return 0
+        if num_tokens == 1:
+            out.decodes.append(request)
+            return 0
+        out.prefills.append((request, num_tokens))
+        return num_tokens
+
+    def _grow(self, request: Request, num_tokens: int) -> bool:
+        """Allocate blocks for ``num_tokens``, preempting from the back of the batch if needed."""
+        needed = self.blocks.blocks_for(num_tokens) - len(request.block_ids)
+        while not self.blocks.can_allocate(needed):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        if needed > 0:
+            request.block_ids.extend(self.blocks.allocate(needed))
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.blocks.free(request.block_ids)
+        request.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self.add(request)
+
+    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
+        cfg = self.config
+        while self._waiting and budget > 0 and len(self.running) < cfg.max_batch_size:
+            request = self._waiting[0][1]
+            if request.status != RequestStatus.WAITING:
+                heapq.heappop(self._waiting)
+                continue
+            if len(out.prefills) >= cfg.max_prefill_batch_size:
+                return
+            needed = self.blocks.blocks_for(request.num_tokens)
+            if not self.blocks.can_allocate(needed):
+                return  # the head of the queue waits for blocks; nothing jumps ahead of it
+            heapq.heappop(self._waiting)
+            request.block_ids = self.blocks.allocate(needed)
+            self.insert_running(request)
+            num_tokens = min(request.num_uncomputed_tokens, budget)
+            if request.num_uncomputed_tokens == 1:
+                out.decodes.append(request)
+            else:
+                out.prefills.append((request, num_tokens))
+                budget -= num_tokens
