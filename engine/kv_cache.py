@@ -1,6 +1,6 @@
 """The paged KV cache tensors and the block copies used by KV export and import.
 
-Per layer, keys and values are ``[num_blocks, block_size, num_kv_heads, head_dim]``. An exported
+Per layer, keys and values are ``[2, num_blocks, block_size, num_kv_heads, head_dim]``. An exported
 set of blocks is one contiguous tensor ``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]``
 (layout name :data:`KV_LAYOUT`): pages, not tokens, cross the wire.
 """
@@ -25,7 +25,7 @@ class KVCache:
         self.block_size = block_size
         dims = (shape.num_layers, 2, num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
         self.data = torch.zeros(dims, device=device, dtype=dtype)
-        self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(shape.num_layers)]
+        self.layers = list(self.data.unbind(0))
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Copy the blocks into one contiguous CPU tensor in :data:`KV_LAYOUT`."""

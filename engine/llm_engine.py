@@ -114,6 +114,7 @@ class LLMEngine:
     def has_work(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting or self._pending)
 
+    @torch.inference_mode()
     def step(self) -> list[TokenEvent]:
         """Run one batched forward over everything scheduled; return the events it produced."""
         events, self._pending = self._pending, []
@@ -216,6 +217,7 @@ class LLMEngine:
         self._reserved[request_id] = self.blocks.allocate(needed)
         return self._reserved[request_id]
 
+    @torch.inference_mode()
     def import_kv(self, payload: KVPayload, max_output_tokens: int) -> None:
         """Install received pages into a new RUNNING request that continues decoding.
 

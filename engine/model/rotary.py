@@ -38,14 +38,14 @@ class RotaryEmbedding:
         self.cos = (emb.cos() * scaling).to(device=device, dtype=dtype)
         self.sin = (emb.sin() * scaling).to(device=device, dtype=dtype)
 
-    def __call__(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables for this step's tokens, shaped to broadcast over heads: ``[T, 1, D]``."""
+        return (self.cos.index_select(0, positions).unsqueeze(1),
+                self.sin.index_select(0, positions).unsqueeze(1))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x``: ``[T, heads, D]``; the rotate-half convention of Llama checkpoints."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

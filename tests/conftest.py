@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random models built once per session, the bundled model loaded once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.llm_engine import LLMEngine
+from engine.model.loader import LoadedModel, load_model
+from engine.tiny_model import build_tiny_model
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A 2-layer Llama with peaked random weights (greedy choices are not near-ties)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), initializer_range=0.3)
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_model_dir) -> LoadedModel:
+    return load_model(str(tiny_model_dir))
+
+
+def make_engine(loaded: LoadedModel, block_size: int = 4, num_blocks: int = 256,
+                **scheduler: int) -> LLMEngine:
+    config = EngineConfig(
+        model_path=str(loaded.path), device="cpu",
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
+        scheduler=SchedulerConfig(**scheduler),
+    )
+    return LLMEngine(config, loaded)
+
+
+@pytest.fixture
+def tiny_engine(tiny_loaded) -> LLMEngine:
+    return make_engine(tiny_loaded)
+
+
+@pytest.fixture(scope="session")
+def bundled_loaded() -> LoadedModel:
+    return load_model("bundled")

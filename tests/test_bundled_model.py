@@ -1,0 +1,47 @@
+"""The bundled SmolLM2-135M-Instruct: greedy output identical to transformers ``generate``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [
+    "What is the capital of France?",
+    "用中文介绍一下长城。",
+    "Write a haiku about the sea.",
+    "Explain what a KV cache is in one sentence.",
+    "List three prime numbers.",
+    "Translate 'good morning' into Spanish and German.",
+]
+
+
+def test_bundled_config_is_smollm2(bundled_loaded):
+    cfg = bundled_loaded.hf_config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (576, 30, 9)
+    assert cfg.num_key_value_heads == 3 and cfg.vocab_size == 49152
+    assert bundled_loaded.tokenizer.eos_token == "<|im_end|>"
+    assert bundled_loaded.tokenizer.chat_template
+
+
+def test_greedy_identical_to_transformers_generate(bundled_loaded):
+    tokenizer = bundled_loaded.tokenizer
+    prompts = [
+        list(tokenizer.apply_chat_template([{"role": "user", "content": m}],
+                                           add_generation_prompt=True, tokenize=True)["input_ids"])
+        for m in MESSAGES
+    ]
+    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32"), bundled_loaded)
+    ours = engine.generate(prompts, SamplingParams(max_new_tokens=32))
+    hf = AutoModelForCausalLM.from_pretrained(bundled_loaded.path, dtype=torch.float32).eval()
+    for prompt, tokens in zip(prompts, ours, strict=True):
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
+        assert tokens == ref[0, len(prompt):].tolist(), tokenizer.decode(prompt)
+    chinese = tokenizer.decode(ours[1], skip_special_tokens=True)
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in chinese)
