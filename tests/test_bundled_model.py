@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 MESSAGES = [
     "What is the capital of France?",
-    "用中文介绍一下长城。",
+    "中国的首都是哪里？",
     "Write a haiku about the sea.",
     "Explain what a KV cache is in one sentence.",
     "List three prime numbers.",
@@ -43,5 +43,17 @@ def test_greedy_identical_to_transformers_generate(bundled_loaded):
     for prompt, tokens in zip(prompts, ours, strict=True):
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
         assert tokens == ref[0, len(prompt):].tolist(), tokenizer.decode(prompt)
-    chinese = tokenizer.decode(ours[1], skip_special_tokens=True)
-    assert any("\u4e00" <= ch <= "\u9fff" for ch in chinese)
+
+
+def test_chinese_streams_whole_characters(bundled_loaded):
+    tokenizer = bundled_loaded.tokenizer
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": MESSAGES[1]}],
+                                           add_generation_prompt=True, tokenize=True)["input_ids"]
+    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32"), bundled_loaded)
+    engine.add_request("zh", list(prompt), SamplingParams(max_new_tokens=40))
+    pieces = []
+    while engine.has_work():
+        pieces += [e.text for e in engine.step()]
+    text = "".join(pieces)
+    assert all("\ufffd" not in piece for piece in pieces)
+    assert sum("\u4e00" <= ch <= "\u9fff" for ch in text) >= 5
