@@ -15,7 +15,9 @@ _WINDOW = 5  # tokens of left context for the decode window
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], stop: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, tokenizer: Any, prompt_token_ids: list[int], stop: tuple[str, ...] = ()
+    ) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self.holdback = max((len(s) for s in stop), default=1) - 1

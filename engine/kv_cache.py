@@ -1,8 +1,9 @@
 """The paged KV cache tensors and the block copies used by KV export and import.
 
 Per layer, keys and values are ``[2, num_blocks, block_size, num_kv_heads, head_dim]``. An exported
-set of blocks is one contiguous tensor ``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]``
-(layout name :data:`KV_LAYOUT`): pages, not tokens, cross the wire.
+set of blocks is one contiguous tensor
+``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]`` (layout name
+:data:`KV_LAYOUT`): pages, not tokens, cross the wire.
 """
 
 from __future__ import annotations
@@ -20,8 +21,14 @@ def bytes_per_block(shape: ModelShape, block_size: int, dtype: torch.dtype) -> i
 
 
 class KVCache:
-    def __init__(self, shape: ModelShape, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        shape: ModelShape,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         self.block_size = block_size
         dims = (shape.num_layers, 2, num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
         self.data = torch.zeros(dims, device=device, dtype=dtype)

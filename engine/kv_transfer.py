@@ -69,7 +69,15 @@ class KVPayload:
 
     def check_shape(self, expected_blocks: int) -> None:
         layout = self.layout
-        expected = (layout.num_layers, 2, expected_blocks, layout.block_size,
-                    layout.num_kv_heads, layout.head_dim)
+        expected = (
+            layout.num_layers,
+            2,
+            expected_blocks,
+            layout.block_size,
+            layout.num_kv_heads,
+            layout.head_dim,
+        )
         if tuple(self.blocks.shape) != expected:
-            raise KVImportError(f"KV blocks have shape {tuple(self.blocks.shape)}, expected {expected}")
+            raise KVImportError(
+                f"KV blocks have shape {tuple(self.blocks.shape)}, expected {expected}"
+            )

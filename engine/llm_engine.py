@@ -57,9 +57,15 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(self.model, self.kv_cache.layers, block_size, self.device)
-        self.layout = KVLayout(_fingerprint(loaded, self.shape), KV_LAYOUT, str(self.dtype),
-                               block_size, self.shape.num_layers, self.shape.num_kv_heads,
-                               self.shape.head_dim)
+        self.layout = KVLayout(
+            _fingerprint(loaded, self.shape),
+            KV_LAYOUT,
+            str(self.dtype),
+            block_size,
+            self.shape.num_layers,
+            self.shape.num_kv_heads,
+            self.shape.head_dim,
+        )
         self.requests: dict[str, Request] = {}
         self._reserved: dict[str, list[int]] = {}
         self._pending: list[TokenEvent] = []
@@ -71,8 +77,14 @@ class LLMEngine:
         s = self.config.scheduler
         return min(s.max_input_token_len, s.max_seq_len - 1, self.shape.max_position_embeddings)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 5, prefill_only: bool = False) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 5,
+        prefill_only: bool = False,
+    ) -> None:
         """Queue a request; :class:`RequestRejectedError` if it can never run."""
         if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
@@ -81,28 +93,42 @@ class LLMEngine:
             raise RequestRejectedError(
                 f"prompt has {num_prompt} tokens; valid range is [1, {self.max_prompt_tokens()}]"
             )
-        max_output = 1 if prefill_only else min(params.max_new_tokens,
-                                                 self.config.scheduler.max_iter_times)
-        request = self._new_request(request_id, list(prompt_token_ids), num_prompt, params,
-                                    max_output, priority)
+        max_output = (
+            1 if prefill_only else min(params.max_new_tokens, self.config.scheduler.max_iter_times)
+        )
+        request = self._new_request(
+            request_id, list(prompt_token_ids), num_prompt, params, max_output, priority
+        )
         request.prefill_only = prefill_only
         self._check_fits(request)
         self.requests[request_id] = request
         self.scheduler.add(request)
 
-    def _new_request(self, request_id: str, token_ids: list[int], num_prompt: int,
-                     params: SamplingParams, max_output: int, priority: int) -> Request:
+    def _new_request(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        num_prompt: int,
+        params: SamplingParams,
+        max_output: int,
+        priority: int,
+    ) -> Request:
         return Request(
-            request_id=request_id, token_ids=token_ids, num_prompt_tokens=num_prompt,
-            params=params, max_output_tokens=max_output, priority=priority,
+            request_id=request_id,
+            token_ids=token_ids,
+            num_prompt_tokens=num_prompt,
+            params=params,
+            max_output_tokens=max_output,
+            priority=priority,
             detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids[:num_prompt], params.stop),
             arrival_seq=next(self._arrivals),
             generator=make_generator(params.seed, self.device),
         )
 
     def _check_fits(self, request: Request) -> None:
-        longest = min(request.num_prompt_tokens + request.max_output_tokens,
-                      self.config.scheduler.max_seq_len)
+        longest = min(
+            request.num_prompt_tokens + request.max_output_tokens, self.config.scheduler.max_seq_len
+        )
         if self.blocks.blocks_for(longest) > self.blocks.num_blocks:
             raise RequestRejectedError(
                 f"request needs up to {longest} tokens of KV cache; the cache holds "
@@ -138,9 +164,15 @@ class LLMEngine:
         request.last_token_time = now
         stopped = request.detokenizer.append(request.token_ids)
         reason = self._finish_reason(request, token_id, stopped)
-        event = TokenEvent(request.request_id, token_id,
-                           request.detokenizer.take_piece(reason is not None),
-                           request.num_prompt_tokens, request.num_output_tokens, now, reason)
+        event = TokenEvent(
+            request.request_id,
+            token_id,
+            request.detokenizer.take_piece(reason is not None),
+            request.num_prompt_tokens,
+            request.num_output_tokens,
+            now,
+            reason,
+        )
         if reason is not None:
             self._finish(request, reason)
         elif request.prefill_only:
@@ -181,9 +213,18 @@ class LLMEngine:
             return reserved is not None
         reason = FinishReason.ERROR if error else FinishReason.ABORT
         self._finish(request, reason)
-        self._pending.append(TokenEvent(request_id, None, request.detokenizer.take_piece(True),
-                                        request.num_prompt_tokens, request.num_output_tokens,
-                                        time.monotonic(), reason, error))
+        self._pending.append(
+            TokenEvent(
+                request_id,
+                None,
+                request.detokenizer.take_piece(True),
+                request.num_prompt_tokens,
+                request.num_output_tokens,
+                time.monotonic(),
+                reason,
+                error,
+            )
+        )
         return True
 
     # ---- KV export / import ----------------------------------------------------------------
@@ -194,10 +235,13 @@ class LLMEngine:
         if request is None or request.status != RequestStatus.HELD:
             raise KeyError(f"request {request_id!r} is not held for export")
         state = RequestState(
-            request_id=request_id, token_ids=list(request.token_ids),
+            request_id=request_id,
+            token_ids=list(request.token_ids),
             num_prompt_tokens=request.num_prompt_tokens,
-            num_computed_tokens=request.num_computed_tokens, params=request.params.to_dict(),
-            priority=request.priority, generator_state=bytes(request.generator.get_state().tolist()),
+            num_computed_tokens=request.num_computed_tokens,
+            params=request.params.to_dict(),
+            priority=request.priority,
+            generator_state=bytes(request.generator.get_state().tolist()),
         )
         return KVPayload(self.layout, state, self.kv_cache.export_blocks(request.block_ids))
 
@@ -246,9 +290,14 @@ class LLMEngine:
 
     def _restore_request(self, state: RequestState, max_output_tokens: int) -> Request:
         params = SamplingParams.from_dict(state.params)
-        request = self._new_request(state.request_id, list(state.token_ids),
-                                    state.num_prompt_tokens, params, max_output_tokens,
-                                    state.priority)
+        request = self._new_request(
+            state.request_id,
+            list(state.token_ids),
+            state.num_prompt_tokens,
+            params,
+            max_output_tokens,
+            state.priority,
+        )
         request.generator.set_state(torch.tensor(list(state.generator_state), dtype=torch.uint8))
         request.detokenizer.append(request.token_ids)  # the first token, streamed by prefill
         request.detokenizer.take_piece(False)
@@ -268,8 +317,9 @@ class LLMEngine:
             num_waiting_prompt_tokens=sum(r.num_uncomputed_tokens for r in waiting),
         )
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
-                 ) -> list[list[int]]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[list[int]]:
         """Run prompts to completion (tests, benchmarks, the demo); returns output token ids."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         ids = [f"generate-{next(self._arrivals)}" for _ in prompts]

@@ -1,4 +1,4 @@
-"""Logits processors with the semantics of transformers' (one row at a time, ``min_tokens_to_keep=1``).
+"""Logits processors with the semantics of transformers' (``min_tokens_to_keep=1``).
 
 Each takes ``scores`` of shape ``[rows, vocab]`` and returns filtered scores (-inf where removed).
 """
@@ -10,8 +10,9 @@ import torch
 _FILTERED = -float("inf")
 
 
-def apply_repetition_penalty(scores: torch.Tensor, token_ids: torch.Tensor, penalty: float
-                             ) -> torch.Tensor:
+def apply_repetition_penalty(
+    scores: torch.Tensor, token_ids: torch.Tensor, penalty: float
+) -> torch.Tensor:
     """Scores of tokens already in ``token_ids`` shrink (penalty > 1) or grow (< 1)."""
     seen = scores.gather(-1, token_ids)
     seen = torch.where(seen < 0, seen * penalty, seen / penalty)

@@ -11,8 +11,13 @@ from engine.scheduler import SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
-                 block_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int,
+        device: torch.device,
+    ) -> None:
         self.model = model
         self.kv_layers = kv_layers
         self.block_size = block_size

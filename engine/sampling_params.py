@@ -36,7 +36,9 @@ class SamplingParams:
         _require(self.repetition_penalty > 0, "repetition_penalty", "> 0", self.repetition_penalty)
         _require(0 <= self.seed <= MAX_SEED, "seed", f"[0, {MAX_SEED}]", self.seed)
         if isinstance(self.stop, str | list):
-            object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+            object.__setattr__(
+                self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+            )
         _require(all(s for s in self.stop), "stop", "non-empty strings", self.stop)
 
     @property

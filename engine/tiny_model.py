@@ -34,34 +34,52 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS * 4, trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|im_end|>", bos_token="<|im_start|>",
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
         pad_token="<|endoftext|>",
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def build_tiny_model(path: str | Path, model_type: str = "llama", seed: int = 0,
-                     num_layers: int = 2, hidden_size: int = 64, num_heads: int = 4,
-                     num_kv_heads: int = 2, tie_embeddings: bool = False,
-                     initializer_range: float = 0.02) -> Path:
+def build_tiny_model(
+    path: str | Path,
+    model_type: str = "llama",
+    seed: int = 0,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    tie_embeddings: bool = False,
+    initializer_range: float = 0.02,
+) -> Path:
     """Write a random-weight model directory (config, safetensors, tokenizer) and return it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
     tokenizer = build_tiny_tokenizer()
     config = AutoConfig.for_model(
-        model_type, vocab_size=len(tokenizer), hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        max_position_embeddings=1024, tie_word_embeddings=tie_embeddings,
-        initializer_range=initializer_range, rms_norm_eps=1e-6,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+        model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tie_embeddings,
+        initializer_range=initializer_range,
+        rms_norm_eps=1e-6,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)

@@ -24,10 +24,12 @@ def tiny_loaded(tiny_model_dir) -> LoadedModel:
     return load_model(str(tiny_model_dir))
 
 
-def make_engine(loaded: LoadedModel, block_size: int = 4, num_blocks: int = 256,
-                **scheduler: int) -> LLMEngine:
+def make_engine(
+    loaded: LoadedModel, block_size: int = 4, num_blocks: int = 256, **scheduler: int
+) -> LLMEngine:
     config = EngineConfig(
-        model_path=str(loaded.path), device="cpu",
+        model_path=str(loaded.path),
+        device="cpu",
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
         scheduler=SchedulerConfig(**scheduler),
     )

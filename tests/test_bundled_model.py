@@ -33,8 +33,11 @@ def test_bundled_config_is_smollm2(bundled_loaded):
 def test_greedy_identical_to_transformers_generate(bundled_loaded):
     tokenizer = bundled_loaded.tokenizer
     prompts = [
-        list(tokenizer.apply_chat_template([{"role": "user", "content": m}],
-                                           add_generation_prompt=True, tokenize=True)["input_ids"])
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": m}], add_generation_prompt=True, tokenize=True
+            )["input_ids"]
+        )
         for m in MESSAGES
     ]
     engine = LLMEngine(EngineConfig(device="cpu", dtype="float32"), bundled_loaded)
@@ -42,13 +45,14 @@ def test_greedy_identical_to_transformers_generate(bundled_loaded):
     hf = AutoModelForCausalLM.from_pretrained(bundled_loaded.path, dtype=torch.float32).eval()
     for prompt, tokens in zip(prompts, ours, strict=True):
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
-        assert tokens == ref[0, len(prompt):].tolist(), tokenizer.decode(prompt)
+        assert tokens == ref[0, len(prompt) :].tolist(), tokenizer.decode(prompt)
 
 
 def test_chinese_streams_whole_characters(bundled_loaded):
     tokenizer = bundled_loaded.tokenizer
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": MESSAGES[1]}],
-                                           add_generation_prompt=True, tokenize=True)["input_ids"]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": MESSAGES[1]}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
     engine = LLMEngine(EngineConfig(device="cpu", dtype="float32"), bundled_loaded)
     engine.add_request("zh", list(prompt), SamplingParams(max_new_tokens=40))
     pieces = []

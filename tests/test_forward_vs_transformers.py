@@ -54,7 +54,9 @@ def test_llama_logits_match_transformers(tiny_loaded, max_prefill_tokens):
 
 @pytest.mark.parametrize("model_type", ["qwen2", "mistral"])
 def test_other_architectures_match_transformers(tmp_path, model_type):
-    loaded = load_model(str(build_tiny_model(tmp_path, model_type=model_type, initializer_range=0.3)))
+    loaded = load_model(
+        str(build_tiny_model(tmp_path, model_type=model_type, initializer_range=0.3))
+    )
     _check_against_hf(loaded, make_engine(loaded, max_prefill_tokens=6))
 
 
@@ -70,6 +72,7 @@ def test_greedy_tokens_match_generate(tiny_loaded):
     prompts = _prompts(tiny_loaded.hf_config.vocab_size)
     outputs = engine.generate(prompts, SamplingParams(max_new_tokens=12, ignore_eos=True))
     for prompt, ours in zip(prompts, outputs, strict=True):
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
-                          do_sample=False)[0, len(prompt):].tolist()
+        ref = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False
+        )[0, len(prompt) :].tolist()
         assert ours == ref

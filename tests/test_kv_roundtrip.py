@@ -15,8 +15,9 @@ from tests.conftest import make_engine
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 45)), [3]]
 PARAMS = [
     SamplingParams(max_new_tokens=16, ignore_eos=True),
-    SamplingParams(max_new_tokens=16, do_sample=True, temperature=1.3, top_p=0.9, seed=42,
-                   ignore_eos=True),
+    SamplingParams(
+        max_new_tokens=16, do_sample=True, temperature=1.3, top_p=0.9, seed=42, ignore_eos=True
+    ),
     SamplingParams(max_new_tokens=16, do_sample=True, top_k=20, seed=7, ignore_eos=True),
 ]
 
@@ -61,13 +62,21 @@ def test_imported_blocks_are_bit_exact(tiny_loaded):
     _prefill(prefill, "req", PROMPTS[1], PARAMS[0])
     payload = prefill.export_kv("req")
     decode.import_kv(payload, max_output_tokens=4)
-    installed = decode.kv_cache.export_blocks(decode.requests["req"].block_ids[: payload.blocks.shape[2]])
+    installed = decode.kv_cache.export_blocks(
+        decode.requests["req"].block_ids[: payload.blocks.shape[2]]
+    )
     assert torch.equal(installed, payload.blocks)
 
 
-@pytest.mark.parametrize("field, value", [("block_size", 8), ("dtype", "torch.bfloat16"),
-                                          ("model_fingerprint", "other-model"),
-                                          ("num_layers", 3)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("block_size", 8),
+        ("dtype", "torch.bfloat16"),
+        ("model_fingerprint", "other-model"),
+        ("num_layers", 3),
+    ],
+)
 def test_handshake_mismatch_is_refused_and_frees_the_reservation(tiny_loaded, field, value):
     prefill = make_engine(tiny_loaded, block_size=4)
     decode = make_engine(tiny_loaded, block_size=4)

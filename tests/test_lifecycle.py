@@ -19,8 +19,9 @@ def _assert_no_leak(engine) -> None:
 
 
 def test_500_random_operations_leak_no_block(tiny_loaded):
-    engine = make_engine(tiny_loaded, block_size=4, num_blocks=40, max_prefill_tokens=16,
-                         max_batch_size=6)
+    engine = make_engine(
+        tiny_loaded, block_size=4, num_blocks=40, max_prefill_tokens=16, max_batch_size=6
+    )
     rng = random.Random(7)
     live: list[str] = []
     finished: dict[str, FinishReason] = {}
@@ -29,8 +30,9 @@ def test_500_random_operations_leak_no_block(tiny_loaded):
         if choice < 0.35:
             request_id = f"r{op}"
             prompt = [rng.randrange(3, 300) for _ in range(rng.randrange(1, 30))]
-            params = SamplingParams(max_new_tokens=rng.randrange(1, 25),
-                                    do_sample=rng.random() < 0.5, ignore_eos=True)
+            params = SamplingParams(
+                max_new_tokens=rng.randrange(1, 25), do_sample=rng.random() < 0.5, ignore_eos=True
+            )
             engine.add_request(request_id, prompt, params, priority=rng.randrange(1, 6))
             live.append(request_id)
         elif choice < 0.5 and live:

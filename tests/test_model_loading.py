@@ -65,8 +65,9 @@ def test_corrupt_gguf(tmp_path):
         load_model(str(bad))
 
 
-@pytest.mark.parametrize("kwargs, name", [({"device": "tpu"}, "device"),
-                                          ({"dtype": "int8"}, "dtype")])
+@pytest.mark.parametrize(
+    "kwargs, name", [({"device": "tpu"}, "device"), ({"dtype": "int8"}, "dtype")]
+)
 def test_bad_device_or_dtype(kwargs, name):
     config = EngineConfig(**kwargs)
     with pytest.raises(ConfigError, match=name):
@@ -75,5 +76,6 @@ def test_bad_device_or_dtype(kwargs, name):
 
 def test_tokenizer_and_chat_template_come_from_transformers(tiny_loaded):
     text = tiny_loaded.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

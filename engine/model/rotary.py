@@ -18,7 +18,9 @@ def inverse_frequencies(hf_config: Any, head_dim: int) -> tuple[torch.Tensor, fl
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         return 1.0 / (base**exponents), 1.0
     if rope_type == "dynamic":
-        raise ModelLoadError("rope_type 'dynamic' is not supported (its frequencies change with length)")
+        raise ModelLoadError(
+            "rope_type 'dynamic' is not supported (its frequencies change with length)"
+        )
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
@@ -29,8 +31,14 @@ def inverse_frequencies(hf_config: Any, head_dim: int) -> tuple[torch.Tensor, fl
 class RotaryEmbedding:
     """Applies RoPE (the rotate-half convention of Llama checkpoints) to queries and keys."""
 
-    def __init__(self, hf_config: Any, head_dim: int, max_positions: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        hf_config: Any,
+        head_dim: int,
+        max_positions: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         inv_freq, scaling = inverse_frequencies(hf_config, head_dim)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq.float())
@@ -40,8 +48,10 @@ class RotaryEmbedding:
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Tables for this step's tokens, shaped to broadcast over heads: ``[T, 1, D]``."""
-        return (self.cos.index_select(0, positions).unsqueeze(1),
-                self.sin.index_select(0, positions).unsqueeze(1))
+        return (
+            self.cos.index_select(0, positions).unsqueeze(1),
+            self.sin.index_select(0, positions).unsqueeze(1),
+        )
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""The coordinator process: HTTP APIs, validation, routing to (prefill, decode) worker pairs."""

@@ -1,0 +1,1 @@
+"""Decode workers: Ray actors that receive KV blocks and decode in continuous batches."""

