@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import ModelLoadError
+from engine.kernels import cpu_kernels
 from engine.model.forward_batch import ForwardBatch
 from engine.model.paged_attention import paged_attention
 from engine.model.rotary import RotaryEmbedding, apply_rotary
@@ -67,6 +68,7 @@ class LlamaModel:
         weights: dict[str, torch.Tensor],
         device: torch.device,
         dtype: torch.dtype,
+        native_kernels: bool = True,
     ) -> None:
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             raise ModelLoadError(f"unsupported hidden_act {hf_config.hidden_act!r} (only silu)")
@@ -82,6 +84,8 @@ class LlamaModel:
         self.rotary = RotaryEmbedding(
             hf_config, self.shape.head_dim, self.shape.max_position_embeddings, device, dtype
         )
+        use_native = native_kernels and device.type == "cpu" and dtype == torch.float32
+        self.native = cpu_kernels() if use_native else None
 
     def _layer(self, put: Any, weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
         p = f"model.layers.{i}."
@@ -135,7 +139,7 @@ class LlamaModel:
         heads[:, :rope_heads] = apply_rotary(heads[:, :rope_heads], cos, sin)
         q = heads[:, : s.num_heads]
         kv = heads[:, s.num_heads :].view(tokens, 2, s.num_kv_heads, s.head_dim).transpose(0, 1)
-        out = paged_attention(q, kv, kv_cache, batch, self.scale)
+        out = paged_attention(q, kv, kv_cache, batch, self.scale, self.native)
         return torch.mm(out.reshape(tokens, s.num_heads * s.head_dim), layer.o_proj_t)
 
 

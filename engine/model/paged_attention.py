@@ -5,6 +5,9 @@ Cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` 
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 
@@ -12,17 +15,26 @@ from engine.model.forward_batch import ForwardBatch, PrefillSeq
 
 
 def paged_attention(
-    q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, batch: ForwardBatch, scale: float
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    kv_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    native: ModuleType | None = None,
 ) -> torch.Tensor:
-    """q: ``[T, H, D]``; kv: ``[2, T, KVH, D]`` for this step's tokens. Returns ``[T, H, D]``."""
+    """q: ``[T, H, D]``; kv: ``[2, T, KVH, D]`` for this step's tokens. Returns ``[T, H, D]``.
+
+    ``native`` is the compiled CPU kernel module; decode attention then reads the cache in place.
+    """
     num_kv_heads, head_dim = kv_cache.shape[-2:]
     kv_cache.view(2, -1, num_kv_heads, head_dim).index_copy_(1, batch.slot_mapping, kv)
     num_decode = batch.num_decode_tokens
+    decode = _decode_attention if native is None else functools.partial(_native_decode, native)
     if num_decode and not batch.prefill_seqs:
-        return _decode_attention(q, kv_cache, batch, scale)
+        return decode(q, kv_cache, batch, scale)
     out = q.new_empty(q.shape)
     if num_decode:
-        out[:num_decode] = _decode_attention(q[:num_decode], kv_cache, batch, scale)
+        out[:num_decode] = decode(q[:num_decode], kv_cache, batch, scale)
     for seq in batch.prefill_seqs:
         rows = slice(seq.query_start, seq.query_start + seq.query_len)
         out[rows] = _prefill_attention(q[rows], kv[:, rows], kv_cache, seq, scale)
@@ -83,3 +95,11 @@ def _decode_attention(
         scale=scale,
     )
     return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def _native_decode(
+    native: ModuleType, q: torch.Tensor, kv_cache: torch.Tensor, batch: ForwardBatch, scale: float
+) -> torch.Tensor:
+    return native.paged_decode_attention(
+        q, kv_cache, batch.decode_block_tables, batch.decode_context_lens, scale
+    )
