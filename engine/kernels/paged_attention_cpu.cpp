@@ -12,7 +12,6 @@
 namespace {
 
 typedef float vec8 __attribute__((vector_size(32)));
-constexpr int64_t kMaxGroup = 16;
 
 inline vec8 load8(const float* p) {
   vec8 v;
@@ -20,24 +19,41 @@ inline vec8 load8(const float* p) {
   return v;
 }
 
-// scores[g] = dot(q + g * D, k) for the G query heads of one kv head; k is read once.
-inline void group_dots(const float* q, const float* k, int64_t G, int64_t D, float* scores) {
-  if (D % 8 != 0 || G > kMaxGroup) {
-    for (int64_t g = 0; g < G; ++g) {
-      float sum = 0.f;
-      for (int64_t d = 0; d < D; ++d) sum += q[g * D + d] * k[d];
-      scores[g] = sum;
-    }
-    return;
-  }
-  vec8 acc[kMaxGroup] = {};
+inline float hsum(vec8 a) {
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// scores[g] = dot(q + g * D, k) for the G query heads of one kv head; k is read once and the
+// G accumulators stay in registers (G is a compile-time constant).
+template <int G>
+inline void group_dots_fixed(const float* q, const float* k, int64_t D, float* scores) {
+  vec8 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = vec8{};
   for (int64_t d = 0; d < D; d += 8) {
     const vec8 kv = load8(k + d);
-    for (int64_t g = 0; g < G; ++g) acc[g] += load8(q + g * D + d) * kv;
+    for (int g = 0; g < G; ++g) acc[g] += load8(q + g * D + d) * kv;
+  }
+  for (int g = 0; g < G; ++g) scores[g] = hsum(acc[g]);
+}
+
+inline void group_dots(const float* q, const float* k, int64_t G, int64_t D, float* scores) {
+  if (D % 8 == 0) {
+    switch (G) {
+      case 1: return group_dots_fixed<1>(q, k, D, scores);
+      case 2: return group_dots_fixed<2>(q, k, D, scores);
+      case 3: return group_dots_fixed<3>(q, k, D, scores);
+      case 4: return group_dots_fixed<4>(q, k, D, scores);
+      case 5: return group_dots_fixed<5>(q, k, D, scores);
+      case 6: return group_dots_fixed<6>(q, k, D, scores);
+      case 7: return group_dots_fixed<7>(q, k, D, scores);
+      case 8: return group_dots_fixed<8>(q, k, D, scores);
+      default: break;
+    }
   }
   for (int64_t g = 0; g < G; ++g) {
-    const vec8 a = acc[g];
-    scores[g] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    float sum = 0.f;
+    for (int64_t d = 0; d < D; ++d) sum += q[g * D + d] * k[d];
+    scores[g] = sum;
   }
 }
 
@@ -64,7 +80,6 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache,
                                      double scale) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && kv_cache.scalar_type() == torch::kFloat32,
               "paged_decode_attention: float32 only");
-  TORCH_CHECK(q.size(1) / kv_cache.size(3) <= kMaxGroup, "paged_decode_attention: group > 16");
   TORCH_CHECK(kv_cache.is_contiguous() && block_tables.is_contiguous() &&
               context_lens.is_contiguous(), "paged_decode_attention: contiguous inputs only");
   q = q.contiguous();
