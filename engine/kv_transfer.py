@@ -52,6 +52,7 @@ class RequestState:
     params: dict[str, Any]
     priority: int
     generator_state: bytes
+    max_output_tokens: int = 0  # output limit on the decode side (first token included)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

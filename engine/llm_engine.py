@@ -262,14 +262,22 @@ class LLMEngine:
         return self._reserved[request_id]
 
     @torch.inference_mode()
-    def import_kv(self, payload: KVPayload, max_output_tokens: int) -> None:
+    def import_kv(
+        self,
+        payload: KVPayload,
+        max_output_tokens: int | None = None,
+        require_reservation: bool = False,
+    ) -> None:
         """Install received pages into a new RUNNING request that continues decoding.
 
         Uses the blocks of an earlier ``reserve_import`` when there is one; on any failure the
         reservation is freed and the error raised (a mismatch is never decoded into garbage).
         """
         state = payload.state
+        max_output_tokens = max_output_tokens or state.max_output_tokens
         block_ids = self._reserved.pop(state.request_id, None)
+        if block_ids is None and require_reservation:
+            raise KVImportError(f"request {state.request_id!r} has no reservation (aborted?)")
         if block_ids is None:
             if self.reserve_import(state.request_id, state.num_computed_tokens) is None:
                 raise KVImportError(f"no free KV blocks for request {state.request_id!r}")
@@ -277,6 +285,8 @@ class LLMEngine:
         try:
             self.layout.check_compatible(payload.layout)
             num_blocks = self.blocks.blocks_for(state.num_computed_tokens)
+            if num_blocks > len(block_ids):
+                raise KVImportError(f"{num_blocks} blocks arrived, {len(block_ids)} reserved")
             payload.check_shape(num_blocks)
             self.kv_cache.import_blocks(block_ids[:num_blocks], payload.blocks)
             request = self._restore_request(state, max_output_tokens)
@@ -315,6 +325,7 @@ class LLMEngine:
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
             num_waiting_prompt_tokens=sum(r.num_uncomputed_tokens for r in waiting),
+            num_reserved=len(self._reserved),
         )
 
     def generate(

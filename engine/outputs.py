@@ -35,6 +35,7 @@ class EngineStats:
     num_free_blocks: int
     num_total_blocks: int
     num_waiting_prompt_tokens: int
+    num_reserved: int = 0  # incoming hand-offs with blocks set aside
 
     @property
     def num_used_blocks(self) -> int:

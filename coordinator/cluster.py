@@ -1,0 +1,238 @@
+"""The Python client of the worker cluster: starts the actors and runs requests on them.
+
+``pd_separate``: a request goes to a (prefill, decode) pair chosen by the caller. The decode
+worker first reserves blocks for the prompt (or refuses, saying why); the prefill worker computes
+the prompt and first token, streams that token, and pushes the KV pages to the decode worker's
+endpoint; the decode worker's events follow. ``single_node``: one colocated worker does it all.
+
+Failures end the stream with an ``error`` event (``FinishReason.ERROR``): a refused reservation,
+a failed hand-off, or a worker that died (Ray restarts it; later requests use the new one).
+``abort`` reaches every worker that may hold the request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from coordinator.cluster_config import ActorResources, ClusterConfig
+from decode_worker.colocated import ColocatedWorker
+from decode_worker.worker import DecodeWorker
+from engine.outputs import TokenEvent
+from engine.request import FinishReason
+from engine.sampling_params import SamplingParams
+from engine.token_accounting import pd_output_limit
+from engine.worker_runtime import HandoffResult
+from prefill_worker.worker import PrefillWorker
+
+log = logging.getLogger(__name__)
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Connect to ``address`` or start a local Ray bound to 127.0.0.1. True if started here."""
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if address is None:
+        kwargs.update(num_cpus=num_cpus, _node_ip_address="127.0.0.1")
+    ray.init(address=address, **kwargs)
+    return address is None
+
+
+def error_event(request_id: str, message: str) -> TokenEvent:
+    return TokenEvent(request_id, None, "", 0, 0, time.monotonic(), FinishReason.ERROR, message)
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.prefills: list[Any] = []
+        self.decodes: list[Any] = []
+        self.colocated: list[Any] = []
+        self._routes: dict[str, list[Any]] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        """Create the actors and wait until every one has loaded its model."""
+        cfg = self.config
+        if cfg.deploy_mode == "pd_separate":
+            self.prefills = [
+                self._actor(
+                    PrefillWorker,
+                    cfg.prefill_resources,
+                    i,
+                    kv_transport=cfg.kv_transport,
+                    transfer_timeout_s=cfg.transfer_timeout_s,
+                )
+                for i in range(cfg.num_prefill)
+            ]
+            self.decodes = [
+                self._actor(
+                    DecodeWorker,
+                    cfg.decode_resources,
+                    i,
+                    kv_transport=cfg.kv_transport,
+                    host=cfg.kv_host,
+                    reservation_timeout_s=cfg.reservation_timeout_s,
+                )
+                for i in range(cfg.num_decode)
+            ]
+        else:
+            self.colocated = [
+                self._actor(ColocatedWorker, cfg.colocated_resources, i)
+                for i in range(cfg.num_colocated)
+            ]
+        ray.get([a.ready.remote() for a in self.actors], timeout=timeout_s)
+
+    def _actor(self, cls: type, resources: ActorResources, instance: int, **kwargs: Any) -> Any:
+        engine = replace(
+            self.config.engine,
+            num_threads=resources.num_threads,
+            device="cuda" if resources.num_gpus > 0 else self.config.engine.device,
+        )
+        threads = str(resources.num_threads)
+        return (
+            ray.remote(cls)
+            .options(
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                max_restarts=-1,
+                max_task_retries=0,
+                max_concurrency=256,
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}},
+            )
+            .remote(engine, instance, **kwargs)
+        )
+
+    @property
+    def actors(self) -> list[Any]:
+        return [*self.prefills, *self.decodes, *self.colocated]
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.prefills, self.decodes, self.colocated = [], [], []
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 5,
+        prefill: int = 0,
+        decode: int = 0,
+    ) -> AsyncIterator[TokenEvent]:
+        """Token events of one request; the last one is finished (``error`` set on failure).
+
+        However the stream ends (finished, failed, or closed early by the caller), every worker
+        that may still hold the request is told to drop it unless it ended cleanly there.
+        """
+        clean = False
+        try:
+            if self.config.deploy_mode == "single_node":
+                worker = self.colocated[decode % len(self.colocated)]
+                self._routes[request_id] = [worker]
+                stream = worker.generate.options(num_returns="streaming").remote(
+                    request_id, prompt_token_ids, params.to_dict(), priority
+                )
+                events = self._stream(request_id, stream)
+            else:
+                events = self._generate_pd(
+                    request_id,
+                    prompt_token_ids,
+                    params,
+                    priority,
+                    self.prefills[prefill],
+                    self.decodes[decode],
+                )
+            async for event in events:
+                clean = event.finished and event.error is None
+                yield event
+        finally:
+            if not clean:
+                await self._release(request_id)
+            self._routes.pop(request_id, None)
+
+    async def _generate_pd(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        priority: int,
+        p_worker: Any,
+        d_worker: Any,
+    ) -> AsyncIterator[TokenEvent]:
+        limit = pd_output_limit(params.max_new_tokens, self.config.engine.scheduler.max_iter_times)
+        self._routes[request_id] = [p_worker, d_worker]
+        endpoint = None
+        if limit > 1:
+            try:
+                answer = await d_worker.reserve.remote(
+                    request_id, len(prompt), self.config.reservation_wait_s
+                )
+            except ray.exceptions.RayError as exc:
+                answer = {"ok": False, "reason": f"{type(exc).__name__}"}
+            if not answer["ok"]:
+                yield error_event(request_id, f"decode worker refused: {answer['reason']}")
+                return
+            endpoint = answer["endpoint"]
+        stream = p_worker.prefill.options(num_returns="streaming").remote(
+            request_id, prompt, params.to_dict(), priority, endpoint, limit
+        )
+        async for item in self._stream(request_id, stream):
+            if isinstance(item, HandoffResult):
+                if not item.ok:
+                    yield error_event(request_id, item.error or "KV hand-off failed")
+                    return
+                break
+            if item.finished and endpoint is not None:
+                await self._release(request_id)  # ended on its first token: free the reservation
+            yield item
+            if item.finished:
+                return
+        else:
+            return
+        self._routes[request_id] = [d_worker]
+        stream = d_worker.stream.options(num_returns="streaming").remote(request_id)
+        async for event in self._stream(request_id, stream):
+            yield event
+
+    async def _stream(self, request_id: str, stream: Any) -> AsyncIterator[Any]:
+        """Items of a worker stream; a broken stream (the worker died) ends with an error."""
+        try:
+            async for ref in stream:
+                yield await ref
+        except ray.exceptions.RayError as exc:
+            yield error_event(request_id, f"worker failed: {type(exc).__name__}: {exc}"[:500])
+
+    async def _release(self, request_id: str) -> None:
+        """Tell every worker of a request to drop it (idempotent; dead workers hold nothing)."""
+        for worker in self._routes.pop(request_id, []):
+            with contextlib.suppress(ray.exceptions.RayError):
+                await worker.abort.remote(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        for worker in list(self._routes.get(request_id, [])):
+            with contextlib.suppress(ray.exceptions.RayError):
+                await worker.abort.remote(request_id)
+
+    async def loads(self) -> list[dict[str, Any]]:
+        """Queue, running and free-block figures of every worker (dead ones are left out)."""
+        loads = []
+        for actor in self.actors:
+            try:
+                loads.append(await actor.load.remote())
+            except ray.exceptions.RayError:
+                continue
+        return loads

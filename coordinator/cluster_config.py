@@ -1,0 +1,60 @@
+"""How the worker cluster is laid out: deploy mode, actor counts and resources, KV transport."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+from engine.transfer import TRANSPORTS
+
+DEPLOY_MODES = ("pd_separate", "single_node")
+
+
+@dataclass(frozen=True)
+class ActorResources:
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError(f"actor resources must be >= 0, got {self}")
+
+    @property
+    def num_threads(self) -> int:
+        """torch threads for the actor: one per CPU it owns."""
+        return max(1, int(self.num_cpus))
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    deploy_mode: str = "pd_separate"
+    num_prefill: int = 1
+    num_decode: int = 1
+    num_colocated: int = 1  # single_node: engines that each do prefill and decode
+    kv_transport: str = "zmq"
+    kv_host: str = "127.0.0.1"  # address decode workers bind their KV endpoint to ("auto": node IP)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    prefill_resources: ActorResources = field(default_factory=ActorResources)
+    decode_resources: ActorResources = field(default_factory=ActorResources)
+    colocated_resources: ActorResources = field(default_factory=lambda: ActorResources(2.0))
+    transfer_timeout_s: float = 10.0  # prefill frees its blocks if no acknowledgement by then
+    reservation_wait_s: float = 5.0  # how long a hand-off waits for room on a full decode worker
+    reservation_timeout_s: float = 30.0  # decode drops a reservation whose pages never came
+
+    def __post_init__(self) -> None:
+        if self.deploy_mode not in DEPLOY_MODES:
+            raise ConfigError(
+                f"deploy_mode must be one of {', '.join(DEPLOY_MODES)}; got {self.deploy_mode!r}"
+            )
+        if self.kv_transport not in TRANSPORTS:
+            raise ConfigError(
+                f"kv_transport must be one of {', '.join(TRANSPORTS)}; got {self.kv_transport!r}"
+            )
+        for name in ("num_prefill", "num_decode", "num_colocated"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 1 <= value <= 1024:
+                raise ConfigError(f"{name} must be an integer in [1, 1024], got {value!r}")
+        for name in ("transfer_timeout_s", "reservation_wait_s", "reservation_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")

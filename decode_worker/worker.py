@@ -1,0 +1,134 @@
+"""The decode worker: receives a request's KV pages and decodes it in continuous batches.
+
+Life of a request here:
+1. ``reserve`` sets aside blocks for the prompt (waiting up to ``wait_s`` for room, else refusing
+   with the reason) and opens the request's event stream; the answer names this worker's KV
+   endpoint for the prefill worker to push to.
+2. The transport's receiver thread checks the header's layout (model, dtype, block size, shape)
+   against ours, then has the engine thread install the pages into the reserved blocks; the
+   acknowledgement goes back only after that, so the prefill side may free its copy.
+3. The request decodes with everything else running; each token is streamed by ``stream``.
+4. It ends on EOS, a stop string or its output limit (SPEC §3 accounting), or on ``abort``, and
+   its blocks are freed. A reservation whose pages never arrive within ``reservation_timeout_s``
+   is dropped and its stream ended with an error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+from engine.config import EngineConfig
+from engine.kv_transfer import KVLayout, KVPayload
+from engine.outputs import TokenEvent
+from engine.request import FinishReason
+from engine.transfer import create_receiver
+from engine.worker_runtime import WorkerRuntime
+
+
+class DecodeWorker(WorkerRuntime):
+    role = "decode"
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        instance: int = 0,
+        kv_transport: str = "zmq",
+        host: str = "127.0.0.1",
+        reservation_timeout_s: float = 30.0,
+    ) -> None:
+        super().__init__(config, instance)
+        self.receiver = create_receiver(kv_transport, self._on_transfer, host)
+        self.reservation_timeout_s = reservation_timeout_s
+        self._reserved_at: dict[str, float] = {}
+        threading.Thread(target=self._expire_reservations, daemon=True).start()
+
+    def endpoint(self) -> str:
+        return self.receiver.endpoint
+
+    def reserve(
+        self, request_id: str, num_prompt_tokens: int, wait_s: float = 5.0
+    ) -> dict[str, object]:
+        """Pre-allocate blocks for an incoming hand-off; ``{"ok", "endpoint" | "reason"}``."""
+        deadline = time.monotonic() + wait_s
+        self._open(request_id)
+        while True:
+            try:
+                block_ids = self.loop.call(
+                    lambda e: e.reserve_import(request_id, num_prompt_tokens)
+                ).result()
+            except Exception as exc:
+                self._close(request_id)
+                return {"ok": False, "reason": str(exc)}
+            if block_ids is not None:
+                self._reserved_at[request_id] = time.monotonic()
+                return {"ok": True, "endpoint": self.receiver.endpoint}
+            if time.monotonic() >= deadline:
+                self._close(request_id)
+                stats = self.engine.stats()
+                needed = self.engine.blocks.blocks_for(num_prompt_tokens + 1)
+                return {
+                    "ok": False,
+                    "reason": (
+                        f"decode cache full: {stats.num_free_blocks} of {stats.num_total_blocks} "
+                        f"blocks free, {needed} needed"
+                    ),
+                }
+            time.sleep(0.01)
+
+    def stream(self, request_id: str) -> Iterator[TokenEvent]:
+        """Token events of a reserved request, up to its finish."""
+        with self._lock:
+            q = self._queues.get(request_id)
+        if q is None:
+            yield TokenEvent(
+                request_id,
+                None,
+                "",
+                0,
+                0,
+                time.monotonic(),
+                FinishReason.ERROR,
+                f"request {request_id!r} is unknown to decode worker {self.instance}",
+            )
+            return
+        yield from self._drain(request_id, q)
+
+    def abort(self, request_id: str) -> bool:
+        had_reservation = self._reserved_at.pop(request_id, None) is not None
+        found = super().abort(request_id)
+        if had_reservation:
+            self._end(request_id, FinishReason.ABORT)
+        return found
+
+    def _close(self, request_id: str) -> None:
+        with self._lock:
+            self._queues.pop(request_id, None)
+
+    def _on_transfer(self, item: KVLayout | KVPayload) -> str | None:
+        """Transport thread: the handshake (a layout), then the pages (a payload)."""
+        try:
+            if isinstance(item, KVLayout):
+                self.engine.layout.check_compatible(item)
+                return None
+            request_id = item.state.request_id
+            self.loop.call(lambda e: e.import_kv(item, require_reservation=True)).result()
+            self._reserved_at.pop(request_id, None)
+            return None
+        except Exception as exc:
+            return str(exc)
+
+    def _expire_reservations(self) -> None:
+        while True:
+            time.sleep(1.0)
+            now = time.monotonic()
+            for request_id, since in list(self._reserved_at.items()):
+                if now - since > self.reservation_timeout_s:
+                    self._reserved_at.pop(request_id, None)
+                    self.loop.call(lambda e, r=request_id: e.abort(r)).result()
+                    self._end(
+                        request_id,
+                        FinishReason.ERROR,
+                        f"KV pages did not arrive within {self.reservation_timeout_s:.0f} s",
+                    )

@@ -1,0 +1,76 @@
+"""Runs an :class:`LLMEngine` on its own thread.
+
+Everything else (RPC handlers, transport threads) talks to the engine only through ``call``,
+which runs a function on the engine thread between two steps; so the engine itself needs no
+locks. Events of every step go to ``on_events``, also on the engine thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+from engine.llm_engine import LLMEngine
+from engine.outputs import TokenEvent
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, on_events: Callable[[list[TokenEvent]], None]) -> None:
+        self.engine = engine
+        self._on_events = on_events
+        self._commands: queue.Queue[tuple[Callable[[LLMEngine], object], Future]] = queue.Queue()
+        self._stopped = threading.Event()
+        self.num_steps = 0
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
+        """Schedule ``fn(engine)`` on the engine thread; the future holds its result or error."""
+        future: Future[T] = Future()
+        self._commands.put((fn, future))
+        return future
+
+    def _run_commands(self, block: bool) -> None:
+        try:
+            fn, future = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as exc:  # the caller sees it through the future
+                future.set_exception(exc)
+            try:
+                fn, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._run_commands(block=not self.engine.has_work())
+            if not self.engine.has_work():
+                continue
+            try:
+                events = self.engine.step()
+                self.num_steps += 1
+            except Exception:
+                log.exception("engine step failed; aborting its requests")
+                events = self._abort_all("engine step failed")
+            if events:
+                self._on_events(events)
+
+    def _abort_all(self, error: str) -> list[TokenEvent]:
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id, error=error)
+        return self.engine.step()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)

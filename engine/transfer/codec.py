@@ -1,0 +1,71 @@
+"""KVPayload <-> protobuf header + raw page bytes."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from engine.kv_transfer import KVLayout, KVPayload, RequestState
+from engine.transfer.proto import kv_transfer_pb2 as pb
+
+PROTOCOL_VERSION = 1
+_DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16)}
+
+
+def encode_header(payload: KVPayload) -> pb.KVHeaderMsg:
+    state = payload.state
+    return pb.KVHeaderMsg(
+        protocol_version=PROTOCOL_VERSION,
+        layout=pb.KVLayoutMsg(**payload.layout.to_dict()),
+        state=pb.RequestStateMsg(
+            request_id=state.request_id,
+            token_ids=state.token_ids,
+            num_prompt_tokens=state.num_prompt_tokens,
+            num_computed_tokens=state.num_computed_tokens,
+            params_json=json.dumps(state.params),
+            priority=state.priority,
+            generator_state=state.generator_state,
+            max_output_tokens=state.max_output_tokens,
+        ),
+        shape=list(payload.blocks.shape),
+        num_bytes=payload.num_bytes,
+    )
+
+
+def decode_layout(header: pb.KVHeaderMsg) -> KVLayout:
+    m = header.layout
+    return KVLayout(
+        m.model_fingerprint,
+        m.layout,
+        m.dtype,
+        m.block_size,
+        m.num_layers,
+        m.num_kv_heads,
+        m.head_dim,
+    )
+
+
+def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:
+    """``data``: a uint8 tensor of ``header.num_bytes`` bytes (may alias a receive buffer)."""
+    layout = decode_layout(header)
+    if layout.dtype not in _DTYPES:
+        raise ValueError(f"unknown KV dtype {layout.dtype!r}")
+    s = header.state
+    state = RequestState(
+        request_id=s.request_id,
+        token_ids=list(s.token_ids),
+        num_prompt_tokens=s.num_prompt_tokens,
+        num_computed_tokens=s.num_computed_tokens,
+        params=json.loads(s.params_json),
+        priority=s.priority,
+        generator_state=bytes(s.generator_state),
+        max_output_tokens=s.max_output_tokens,
+    )
+    blocks = data[: header.num_bytes].view(_DTYPES[layout.dtype]).view(*header.shape)
+    return KVPayload(layout, state, blocks)
+
+
+def page_bytes(payload: KVPayload) -> memoryview:
+    """A zero-copy byte view of the (contiguous, CPU) page buffer."""
+    return memoryview(payload.blocks.view(torch.uint8).numpy()).cast("B")

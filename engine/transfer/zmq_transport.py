@@ -1,0 +1,111 @@
+"""KV hand-off over ZeroMQ.
+
+Receiver: a ROUTER socket on a random port, served by one thread. Each transfer is one multipart
+message ``[header, pages]``; the pages are received straight into a reused buffer
+(``recv_into``), checked against the header's layout first, handed to the handler, and answered
+with a ``KVAckMsg``. Sender: one DEALER socket per endpoint, pages sent zero-copy from the
+exported buffer; the answer is awaited with a timeout, after which the socket is discarded so a
+late answer can never be taken for the next transfer's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+import zmq
+
+from engine.kv_transfer import KVPayload
+from engine.transfer.base import BaseKVReceiver, BaseKVSender, KVTransferError, PayloadHandler
+from engine.transfer.codec import decode_layout, decode_payload, encode_header, page_bytes
+from engine.transfer.proto import kv_transfer_pb2 as pb
+
+log = logging.getLogger(__name__)
+_POLL_MS = 100
+
+
+class ZmqKVReceiver(BaseKVReceiver):
+    def __init__(self, handler: PayloadHandler, host: str = "127.0.0.1") -> None:
+        self._handler = handler
+        self._socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        port = self._socket.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="kv-zmq-receiver", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if self._socket.poll(_POLL_MS, zmq.POLLIN):
+                identity = self._socket.recv()
+                ack = self._receive_one()
+                self._socket.send_multipart([identity, ack.SerializeToString()])
+        self._socket.close(0)
+
+    def _receive_one(self) -> pb.KVAckMsg:
+        header = pb.KVHeaderMsg()
+        header.ParseFromString(self._socket.recv())
+        request_id = header.state.request_id
+        if header.num_bytes > self._buffer.numel():
+            self._buffer = torch.empty(header.num_bytes, dtype=torch.uint8)
+        view = memoryview(self._buffer.numpy())
+        received = self._socket.recv_into(view) if self._socket.getsockopt(zmq.RCVMORE) else 0
+        while self._socket.getsockopt(zmq.RCVMORE):  # drain anything unexpected
+            self._socket.recv()
+        if received != header.num_bytes:
+            return pb.KVAckMsg(
+                request_id=request_id,
+                ok=False,
+                error=f"expected {header.num_bytes} bytes, got {received}",
+            )
+        error = self._handler(decode_layout(header)) or self._handler(
+            decode_payload(header, self._buffer)
+        )
+        return pb.KVAckMsg(request_id=request_id, ok=error is None, error=error or "")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+class ZmqKVSender(BaseKVSender):
+    def __init__(self) -> None:
+        self._context = zmq.Context.instance()
+        self._sockets: dict[str, zmq.Socket] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
+        with self._guard:
+            lock = self._locks.setdefault(endpoint, threading.Lock())
+        with lock:
+            socket = self._socket(endpoint)
+            header = encode_header(payload).SerializeToString()
+            socket.send_multipart([header, page_bytes(payload)], copy=False)
+            if not socket.poll(int(timeout * 1000), zmq.POLLIN):
+                self._drop(endpoint)
+                raise KVTransferError(f"no answer from {endpoint} within {timeout:.1f} s")
+            ack = pb.KVAckMsg()
+            ack.ParseFromString(socket.recv())
+        if not ack.ok:
+            raise KVTransferError(ack.error)
+
+    def _socket(self, endpoint: str) -> zmq.Socket:
+        if endpoint not in self._sockets:
+            socket = self._context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(endpoint)
+            self._sockets[endpoint] = socket
+        return self._sockets[endpoint]
+
+    def _drop(self, endpoint: str) -> None:
+        socket = self._sockets.pop(endpoint, None)
+        if socket is not None:
+            socket.close(0)
+
+    def close(self) -> None:
+        for endpoint in list(self._sockets):
+            self._drop(endpoint)

@@ -1,0 +1,134 @@
+"""What every worker actor shares: an engine on its own thread, per-request event queues, and
+the stream / abort / load methods the cluster client calls.
+
+Worker actors are threaded Ray actors: ``stream`` is a Ray streaming generator that blocks on a
+``queue.Queue`` the engine thread fills, so token events reach the client as they are made.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.engine_loop import EngineLoop
+from engine.llm_engine import LLMEngine
+from engine.outputs import TokenEvent
+from engine.request import FinishReason
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HandoffResult:
+    """The prefill side's last word on a request: its KV reached the decode worker, or not."""
+
+    request_id: str
+    ok: bool
+    error: str | None = None
+    num_bytes: int = 0
+    transfer_seconds: float = 0.0
+
+
+@dataclass
+class WorkerLoad:
+    role: str
+    instance: int
+    num_waiting: int
+    num_running: int
+    num_held: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_waiting_prompt_tokens: int
+    num_reserved: int = 0
+    pid: int = field(default_factory=os.getpid)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class WorkerRuntime:
+    role = "worker"
+
+    def __init__(self, config: EngineConfig, instance: int = 0) -> None:
+        logging.basicConfig(
+            level=logging.INFO,
+            format=f"%(asctime)s %(levelname)s {self.role}[{instance}] %(message)s",
+        )
+        self.instance = instance
+        self.engine = LLMEngine(config)
+        self._queues: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()
+        self.loop = EngineLoop(self.engine, self._dispatch)
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def _open(self, request_id: str) -> queue.Queue:
+        with self._lock:
+            if request_id in self._queues:
+                raise ValueError(f"request id {request_id!r} is already in use on {self.role}")
+            self._queues[request_id] = queue.Queue()
+            return self._queues[request_id]
+
+    def _put(self, request_id: str, item: Any) -> None:
+        with self._lock:
+            q = self._queues.get(request_id)
+        if q is not None:
+            q.put(item)
+
+    def _dispatch(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            self._put(event.request_id, event)
+
+    def _drain(self, request_id: str, q: queue.Queue) -> Iterator[Any]:
+        """Yield items until a final one (a finished event or a HandoffResult)."""
+        try:
+            while True:
+                item = q.get()
+                yield item
+                if isinstance(item, HandoffResult) or item.finished:
+                    return
+        finally:
+            with self._lock:
+                self._queues.pop(request_id, None)
+
+    def _end(self, request_id: str, reason: FinishReason, error: str | None = None) -> None:
+        """Finish a request's stream that has no engine request (a reservation, a refusal)."""
+        self._put(
+            request_id, TokenEvent(request_id, None, "", 0, 0, time.monotonic(), reason, error)
+        )
+
+    # ---- methods the client calls --------------------------------------------------------------
+
+    def ready(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "instance": self.instance,
+            "pid": os.getpid(),
+            "model": self.engine.model_name,
+            "layout": self.engine.layout.to_dict(),
+        }
+
+    def abort(self, request_id: str) -> bool:
+        found = self.loop.call(lambda e: e.abort(request_id)).result()
+        return found
+
+    def load(self) -> dict[str, Any]:
+        stats = self.loop.call(lambda e: e.stats()).result()
+        return WorkerLoad(
+            self.role,
+            self.instance,
+            stats.num_waiting,
+            stats.num_running,
+            stats.num_held,
+            stats.num_free_blocks,
+            stats.num_total_blocks,
+            stats.num_waiting_prompt_tokens,
+            stats.num_reserved,
+        ).to_dict()
