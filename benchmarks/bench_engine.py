@@ -34,8 +34,10 @@ NEW_TOKENS = 128
 
 def _prompts(count: int, low: int, high: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(100, 40000) for _ in range(rng.randrange(low, high + 1))]
-            for _ in range(count)]
+    return [
+        [rng.randrange(100, 40000) for _ in range(rng.randrange(low, high + 1))]
+        for _ in range(count)
+    ]
 
 
 def pdserve_decode_rate(engine: LLMEngine, prompt: list[int]) -> float:
@@ -68,8 +70,14 @@ def hf_batch_rate(model, prompts: list[list[int]], pad_id: int) -> float:
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     start = time.perf_counter()
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
-                         min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad_id)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        pad_token_id=pad_id,
+    )
     return (out.shape[1] - width) * len(prompts) / (time.perf_counter() - start)
 
 
@@ -95,8 +103,11 @@ def hf_prefill_rate(model, prompt: list[int], repeats: int) -> float:
 
 
 def _entry(ours: float, baseline: float) -> dict[str, float]:
-    return {"pdserve": round(ours, 2), "baseline": round(baseline, 2),
-            "ratio": round(ours / baseline, 3)}
+    return {
+        "pdserve": round(ours, 2),
+        "baseline": round(baseline, 2),
+        "ratio": round(ours / baseline, 3),
+    }
 
 
 def main() -> None:
@@ -119,17 +130,24 @@ def main() -> None:
     long_prompt = _prompts(1, 512, 512, seed=3)[0]
     results = {
         "single_stream": _entry(pdserve_decode_rate(engine, single), hf_decode_rate(hf, single)),
-        f"batch{args.batch}": _entry(pdserve_batch_rate(engine, batch),
-                                     hf_batch_rate(hf, batch, pad_id)),
-        "prefill512": _entry(pdserve_prefill_rate(engine, long_prompt, 3),
-                             hf_prefill_rate(hf, long_prompt, 3)),
+        f"batch{args.batch}": _entry(
+            pdserve_batch_rate(engine, batch), hf_batch_rate(hf, batch, pad_id)
+        ),
+        "prefill512": _entry(
+            pdserve_prefill_rate(engine, long_prompt, 3), hf_prefill_rate(hf, long_prompt, 3)
+        ),
     }
     print(f"{'measure':<15}{'pdserve':>12}{'transformers':>14}{'ratio':>8}")
     for key, row in results.items():
         print(f"{key:<15}{row['pdserve']:>12.1f}{row['baseline']:>14.1f}{row['ratio']:>8.2f}")
-    results["_meta"] = {"model": loaded.name, "dtype": "float32", "threads": args.threads,
-                        "machine": platform.processor() or platform.machine(),
-                        "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    results["_meta"] = {
+        "model": loaded.name,
+        "dtype": "float32",
+        "threads": args.threads,
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
 

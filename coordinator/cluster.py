@@ -36,13 +36,19 @@ log = logging.getLogger(__name__)
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
-    """Connect to ``address`` or start a local Ray bound to 127.0.0.1. True if started here."""
+    """Connect to ``address``, or start a local Ray bound to 127.0.0.1. True if started here.
+
+    A local Ray otherwise binds its services to the host's external address. Ray reads
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when it is imported, so the flag it derived is set too;
+    the processes it starts inherit the variable.
+    """
     if ray.is_initialized():
         return False
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if address is None:
-        kwargs.update(num_cpus=num_cpus, _node_ip_address="127.0.0.1")
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+        kwargs["num_cpus"] = num_cpus
     ray.init(address=address, **kwargs)
     return address is None
 

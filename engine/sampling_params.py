@@ -46,7 +46,8 @@ class SamplingParams:
         return max((len(s) for s in self.stop), default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-compatible (``stop`` as a list)."""
+        return {**asdict(self), "stop": list(self.stop)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:

@@ -44,3 +44,15 @@ def tiny_engine(tiny_loaded) -> LLMEngine:
 @pytest.fixture(scope="session")
 def bundled_loaded() -> LoadedModel:
     return load_model("bundled")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole test session (it takes several seconds to start)."""
+    import ray
+
+    from coordinator.cluster import init_ray
+
+    init_ray(num_cpus=8)  # logical CPUs, so that several small clusters fit side by side
+    yield ray
+    ray.shutdown()

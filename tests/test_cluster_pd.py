@@ -1,0 +1,190 @@
+"""The disaggregated cluster on a local Ray: prefill and decode actors with a real KV hand-off
+over ZMQ and gRPC, against the colocated ``single_node`` mode."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from coordinator.cluster import Cluster
+from coordinator.cluster_config import ActorResources, ClusterConfig
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.request import FinishReason
+from engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.ray
+
+MAX_ITER_TIMES = 8
+ONE_CPU = ActorResources(num_cpus=1)
+
+
+def _engine(model_dir, num_blocks: int = 128) -> EngineConfig:
+    return EngineConfig(
+        model_path=str(model_dir),
+        device="cpu",
+        cache=CacheConfig(block_size=4, num_blocks=num_blocks),
+        scheduler=SchedulerConfig(max_iter_times=MAX_ITER_TIMES, max_prefill_tokens=16),
+    )
+
+
+def _cluster(model_dir, **overrides) -> Cluster:
+    config = ClusterConfig(
+        engine=_engine(model_dir),
+        prefill_resources=ONE_CPU,
+        decode_resources=ONE_CPU,
+        colocated_resources=ONE_CPU,
+        transfer_timeout_s=5.0,
+        **overrides,
+    )
+    cluster = Cluster(config)
+    cluster.start()
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def clusters(ray_session, tiny_model_dir):
+    built = {
+        "zmq": _cluster(tiny_model_dir, kv_transport="zmq"),
+        "grpc": _cluster(tiny_model_dir, kv_transport="grpc"),
+        "single_node": _cluster(tiny_model_dir, deploy_mode="single_node"),
+    }
+    yield built
+    for cluster in built.values():
+        cluster.shutdown()
+
+
+async def _collect(cluster, request_id, prompt, params):
+    return [event async for event in cluster.generate(request_id, prompt, params)]
+
+
+def _run(cluster, prompts, params, prefix):
+    async def all_of_them():
+        return await asyncio.gather(
+            *[
+                _collect(cluster, f"{prefix}-{i}", prompt, p)
+                for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))
+            ]
+        )
+
+    return asyncio.run(all_of_them())
+
+
+PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40)), [3], list(range(50, 57))]
+PARAMS = [
+    SamplingParams(max_new_tokens=8, ignore_eos=True),
+    SamplingParams(max_new_tokens=8, ignore_eos=True),
+    SamplingParams(
+        max_new_tokens=8, do_sample=True, temperature=1.2, top_p=0.9, seed=5, ignore_eos=True
+    ),
+    SamplingParams(max_new_tokens=6, do_sample=True, top_k=30, seed=77, ignore_eos=True),
+]
+
+
+@pytest.mark.parametrize("transport", ["zmq", "grpc"])
+def test_pd_output_is_token_identical_to_single_node(clusters, transport):
+    pd = _run(clusters[transport], PROMPTS, PARAMS, f"pd-{transport}")
+    single = _run(clusters["single_node"], PROMPTS, PARAMS, f"single-{transport}")
+    for pd_events, single_events in zip(pd, single, strict=True):
+        assert pd_events[-1].error is None
+        assert [e.token_id for e in pd_events] == [e.token_id for e in single_events]
+        assert "".join(e.text for e in pd_events) == "".join(e.text for e in single_events)
+        assert pd_events[-1].finish_reason == FinishReason.LENGTH
+
+
+@pytest.mark.parametrize(
+    "max_new_tokens, pd_tokens, single_tokens",
+    [
+        (3, 3, 3),
+        (MAX_ITER_TIMES, MAX_ITER_TIMES, MAX_ITER_TIMES),
+        (50, MAX_ITER_TIMES + 1, MAX_ITER_TIMES),
+        (1, 1, 1),
+    ],
+)
+def test_pd_token_accounting(clusters, max_new_tokens, pd_tokens, single_tokens):
+    params = [SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)]
+    pd = _run(clusters["zmq"], [[5, 6, 7]], params, f"acct-pd-{max_new_tokens}")[0]
+    single = _run(clusters["single_node"], [[5, 6, 7]], params, f"acct-s-{max_new_tokens}")[0]
+    assert len(pd) == pd[-1].num_output_tokens == pd_tokens
+    assert len(single) == single[-1].num_output_tokens == single_tokens
+    assert pd[-1].finish_reason == single[-1].finish_reason == FinishReason.LENGTH
+
+
+def test_loads_report_every_worker(clusters):
+    loads = asyncio.run(clusters["zmq"].loads())
+    assert sorted(load["role"] for load in loads) == ["decode", "prefill"]
+    assert all(load["num_free_blocks"] == load["num_total_blocks"] == 128 for load in loads)
+
+
+def _assert_idle(cluster) -> None:
+    async def settled():
+        for _ in range(100):
+            loads = await cluster.loads()
+            if all(
+                load["num_free_blocks"] == load["num_total_blocks"]
+                and not load["num_reserved"]
+                and not load["num_held"]
+                for load in loads
+            ):
+                return loads
+            await asyncio.sleep(0.1)
+        return await cluster.loads()
+
+    loads = asyncio.run(settled())
+    for load in loads:
+        assert load["num_free_blocks"] == load["num_total_blocks"], load
+        assert load["num_reserved"] == load["num_held"] == load["num_running"] == 0, load
+
+
+@pytest.mark.parametrize("transport", ["zmq", "grpc"])
+def test_200_mixed_requests_with_aborts_leak_no_block(clusters, transport):
+    cluster = clusters[transport]
+    rng = random.Random(3)
+
+    async def one(i: int):
+        prompt = [rng.randrange(3, 300) for _ in range(rng.randrange(1, 60))]
+        params = SamplingParams(
+            max_new_tokens=rng.randrange(1, 12), ignore_eos=True, do_sample=rng.random() < 0.5
+        )
+        request_id = f"leak-{transport}-{i}"
+        events = _collect(cluster, request_id, prompt, params)
+        if (
+            rng.random() < 0.4
+        ):  # abort at a random moment: queued, in prefill, in transfer, decoding
+            task = asyncio.ensure_future(events)
+            await asyncio.sleep(rng.random() * 0.05)
+            await cluster.abort(request_id)
+            return await task
+        return await events
+
+    async def all_of_them():
+        return await asyncio.gather(*[one(i) for i in range(200)])
+
+    results = asyncio.run(all_of_them())
+    assert all(events and events[-1].finished for events in results)
+    reasons = {events[-1].finish_reason for events in results}
+    assert FinishReason.LENGTH in reasons and FinishReason.ABORT in reasons
+    _assert_idle(cluster)
+
+
+def test_full_decode_worker_refuses_with_a_reason(ray_session, tiny_model_dir):
+    config = ClusterConfig(
+        engine=_engine(tiny_model_dir, num_blocks=4),
+        prefill_resources=ONE_CPU,
+        decode_resources=ONE_CPU,
+        reservation_wait_s=0.3,
+    )
+    cluster = Cluster(config)
+    cluster.start()
+    try:
+        hog = ray_session.get(cluster.decodes[0].reserve.remote("hog", 12, 0.1))
+        assert hog["ok"]  # 13 tokens = all 4 blocks of the decode worker
+        params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+        events = asyncio.run(_collect(cluster, "refused", list(range(3, 12)), params))
+        assert events[-1].finish_reason == FinishReason.ERROR
+        assert "decode cache full: 0 of 4 blocks free, 3 needed" in events[-1].error
+        ray_session.get(cluster.decodes[0].abort.remote("hog"))
+        _assert_idle(cluster)
+    finally:
+        cluster.shutdown()
