@@ -113,3 +113,29 @@ def test_dead_endpoint_times_out(transport, payload):
 def test_unknown_transport_name_is_a_clear_error():
     with pytest.raises(ValueError, match="kv_transport must be one of zmq, grpc, inprocess"):
         create_sender("rdma")
+
+
+def test_zmq_uses_shared_memory_on_one_host_and_frames_when_it_cannot(payload, monkeypatch):
+    from engine.transfer import shared_memory
+    from engine.transfer.zmq_transport import ZmqKVSender
+
+    recorder = Recorder(payload.layout)
+    receiver, sender = create_receiver("zmq", recorder), ZmqKVSender()
+    try:
+        sender.send(receiver.endpoint, payload, timeout=10)
+        assert sender._shared[receiver.endpoint] is not None  # went through /dev/shm
+
+        def unreachable(self, path, num_bytes):
+            raise OSError("another host")
+
+        monkeypatch.setattr(shared_memory.SharedPageReader, "view", unreachable)
+        other = create_receiver("zmq", recorder)
+        sender.send(other.endpoint, payload, timeout=10)
+        assert sender._shared[other.endpoint] is None  # fell back to frames for good
+        sender.send(other.endpoint, payload, timeout=10)
+        other.close()
+    finally:
+        sender.close()
+        receiver.close()
+    assert len(recorder.received) == 3
+    assert all(torch.equal(got.blocks, payload.blocks) for got in recorder.received)

@@ -6,6 +6,10 @@ message ``[header, pages]``; the pages are received straight into a reused buffe
 with a ``KVAckMsg``. Sender: one DEALER socket per endpoint, pages sent zero-copy from the
 exported buffer; the answer is awaited with a timeout, after which the socket is discarded so a
 late answer can never be taken for the next transfer's.
+
+Same host: the sender first tries a shared-memory hand-off (``shared_memory.py``): the pages go
+into its ``/dev/shm`` file and the message carries only the header. A receiver that cannot map
+the file (another host, another IPC namespace) says so, and that endpoint gets frames from then on.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from engine.kv_transfer import KVPayload
 from engine.transfer.base import BaseKVReceiver, BaseKVSender, KVTransferError, PayloadHandler
 from engine.transfer.codec import decode_layout, decode_payload, encode_header, page_bytes
 from engine.transfer.proto import kv_transfer_pb2 as pb
+from engine.transfer.shared_memory import SharedPageBuffer, SharedPageReader
 
 log = logging.getLogger(__name__)
 _POLL_MS = 100
+SHM_UNAVAILABLE = "shared memory unavailable"
 
 
 class ZmqKVReceiver(BaseKVReceiver):
@@ -33,6 +39,7 @@ class ZmqKVReceiver(BaseKVReceiver):
         port = self._socket.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._shared = SharedPageReader()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kv-zmq-receiver", daemon=True)
         self._thread.start()
@@ -49,6 +56,8 @@ class ZmqKVReceiver(BaseKVReceiver):
         header = pb.KVHeaderMsg()
         header.ParseFromString(self._socket.recv())
         request_id = header.state.request_id
+        if header.shm_path:
+            return self._receive_shared(header)
         if header.num_bytes > self._buffer.numel():
             self._buffer = torch.empty(header.num_bytes, dtype=torch.uint8)
         view = memoryview(self._buffer.numpy())
@@ -61,10 +70,22 @@ class ZmqKVReceiver(BaseKVReceiver):
                 ok=False,
                 error=f"expected {header.num_bytes} bytes, got {received}",
             )
-        error = self._handler(decode_layout(header)) or self._handler(
-            decode_payload(header, self._buffer)
-        )
-        return pb.KVAckMsg(request_id=request_id, ok=error is None, error=error or "")
+        return self._deliver(header, self._buffer)
+
+    def _receive_shared(self, header: pb.KVHeaderMsg) -> pb.KVAckMsg:
+        while self._socket.getsockopt(zmq.RCVMORE):
+            self._socket.recv()
+        try:
+            pages = self._shared.view(header.shm_path, header.num_bytes)
+        except (OSError, ValueError) as exc:
+            return pb.KVAckMsg(
+                request_id=header.state.request_id, ok=False, error=f"{SHM_UNAVAILABLE}: {exc}"
+            )
+        return self._deliver(header, pages)
+
+    def _deliver(self, header: pb.KVHeaderMsg, data: torch.Tensor) -> pb.KVAckMsg:
+        error = self._handler(decode_layout(header)) or self._handler(decode_payload(header, data))
+        return pb.KVAckMsg(request_id=header.state.request_id, ok=error is None, error=error or "")
 
     def close(self) -> None:
         self._stop.set()
@@ -72,26 +93,61 @@ class ZmqKVReceiver(BaseKVReceiver):
 
 
 class ZmqKVSender(BaseKVSender):
-    def __init__(self) -> None:
+    def __init__(self, shared_memory: bool = True) -> None:
+        """``shared_memory=False`` always sends the pages as frames (benchmarks compare both)."""
+        self._use_shared_memory = shared_memory
         self._context = zmq.Context.instance()
         self._sockets: dict[str, zmq.Socket] = {}
         self._locks: dict[str, threading.Lock] = {}
+        self._shared: dict[str, SharedPageBuffer | None] = {}  # None: endpoint takes frames
         self._guard = threading.Lock()
 
     def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
         with self._guard:
             lock = self._locks.setdefault(endpoint, threading.Lock())
         with lock:
-            socket = self._socket(endpoint)
-            header = encode_header(payload).SerializeToString()
-            socket.send_multipart([header, page_bytes(payload)], copy=False)
-            if not socket.poll(int(timeout * 1000), zmq.POLLIN):
-                self._drop(endpoint)
-                raise KVTransferError(f"no answer from {endpoint} within {timeout:.1f} s")
-            ack = pb.KVAckMsg()
-            ack.ParseFromString(socket.recv())
-        if not ack.ok:
-            raise KVTransferError(ack.error)
+            header = encode_header(payload)
+            shared = self._shared_buffer(endpoint, payload.num_bytes)
+            if shared is not None:
+                shared.write(payload.blocks)
+                header.shm_path = str(shared.path)
+                ack = self._exchange(endpoint, [header.SerializeToString()], timeout)
+                if ack.ok or not ack.error.startswith(SHM_UNAVAILABLE):
+                    return _check(ack)
+                self._shared[endpoint] = None
+                shared.close()
+                header.shm_path = ""
+            frames = [header.SerializeToString(), page_bytes(payload)]
+            _check(self._exchange(endpoint, frames, timeout))
+
+    def _shared_buffer(self, endpoint: str, num_bytes: int) -> SharedPageBuffer | None:
+        if not self._use_shared_memory or (
+            endpoint in self._shared and self._shared[endpoint] is None
+        ):
+            return None
+        current = self._shared.get(endpoint)
+        if current is not None and current.num_bytes >= num_bytes:
+            return current
+        try:
+            fresh = SharedPageBuffer(num_bytes)
+        except OSError as exc:
+            log.info("no shared-memory hand-off to %s: %s", endpoint, exc)
+            self._shared[endpoint] = None
+            return None
+        if current is not None:
+            current.close()
+        self._shared[endpoint] = fresh
+        return fresh
+
+    def _exchange(self, endpoint: str, frames: list, timeout: float) -> pb.KVAckMsg:
+        socket = self._socket(endpoint)
+        socket.send_multipart(frames, copy=False)
+        if not socket.poll(int(timeout * 1000), zmq.POLLIN):
+            self._drop(endpoint)
+            raise KVTransferError(f"no answer from {endpoint} within {timeout:.1f} s")
+        ack = pb.KVAckMsg()
+        ack.ParseFromString(socket.recv())
+        return ack
 
     def _socket(self, endpoint: str) -> zmq.Socket:
         if endpoint not in self._sockets:
@@ -109,3 +165,12 @@ class ZmqKVSender(BaseKVSender):
     def close(self) -> None:
         for endpoint in list(self._sockets):
             self._drop(endpoint)
+        for shared in self._shared.values():
+            if shared is not None:
+                shared.close()
+        self._shared.clear()
+
+
+def _check(ack: pb.KVAckMsg) -> None:
+    if not ack.ok:
+        raise KVTransferError(ack.error)

@@ -45,18 +45,20 @@ class RequestStateMsg(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., params_json: _Optional[str] = ..., priority: _Optional[int] = ..., generator_state: _Optional[bytes] = ..., max_output_tokens: _Optional[int] = ...) -> None: ...
 
 class KVHeaderMsg(_message.Message):
-    __slots__ = ("protocol_version", "layout", "state", "shape", "num_bytes")
+    __slots__ = ("protocol_version", "layout", "state", "shape", "num_bytes", "shm_path")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     layout: KVLayoutMsg
     state: RequestStateMsg
     shape: _containers.RepeatedScalarFieldContainer[int]
     num_bytes: int
-    def __init__(self, protocol_version: _Optional[int] = ..., layout: _Optional[_Union[KVLayoutMsg, _Mapping]] = ..., state: _Optional[_Union[RequestStateMsg, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., num_bytes: _Optional[int] = ...) -> None: ...
+    shm_path: str
+    def __init__(self, protocol_version: _Optional[int] = ..., layout: _Optional[_Union[KVLayoutMsg, _Mapping]] = ..., state: _Optional[_Union[RequestStateMsg, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., num_bytes: _Optional[int] = ..., shm_path: _Optional[str] = ...) -> None: ...
 
 class KVChunkMsg(_message.Message):
     __slots__ = ("header", "data")

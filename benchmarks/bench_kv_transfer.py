@@ -1,0 +1,139 @@
+"""KV hand-off bandwidth between two processes: ZMQ and gRPC against a raw memory copy.
+
+    python benchmarks/bench_kv_transfer.py --out results/kv_transfer.json
+
+The pages are real: the bundled SmolLM2-135M computes 128-, 512- and 2048-token prompts
+(prefill-only) and exports their KV (46 080 bytes a token in fp32). A receiver process serves
+each transport; one transfer is timed from ``send`` to the receiver's acknowledgement, when the
+pages are readable in the receiver (installing them into its cache is the same copy for every
+transport and is not counted). ``zmq`` is the default transport as deployed (shared memory on
+one host); ``zmq_frames`` forces the pages through the socket, as between hosts. The baseline,
+``copy``, is one memory copy of the same bytes into a preallocated buffer in one process. Each
+figure is also given as a share of that prompt's prefill time.
+JSON: ``{"<transport>": {"<tokens>": {"mb_s": x, "share_of_prefill": y}}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig, SchedulerConfig
+from engine.kv_transfer import KVPayload
+from engine.llm_engine import LLMEngine
+from engine.request import RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.transfer import create_receiver, create_sender
+from engine.transfer.zmq_transport import ZmqKVSender
+
+SIZES = (128, 512, 2048)
+
+
+def _serve(transport: str, conn) -> None:
+    receiver = create_receiver(transport, lambda item: None)
+    conn.send(receiver.endpoint)
+    conn.recv()  # stop
+    receiver.close()
+
+
+def prefill_payload(engine: LLMEngine, num_tokens: int) -> tuple[KVPayload, float]:
+    """The exported KV of a ``num_tokens`` prompt and the prefill's wall time."""
+    rng = random.Random(num_tokens)
+    prompt = [rng.randrange(100, 40000) for _ in range(num_tokens)]
+    request_id = f"bench-{num_tokens}-{time.monotonic()}"
+    start = time.perf_counter()
+    engine.add_request(request_id, prompt, SamplingParams(max_new_tokens=2), prefill_only=True)
+    while engine.requests[request_id].status != RequestStatus.HELD:
+        engine.step()
+    elapsed = time.perf_counter() - start
+    payload = engine.export_kv(request_id)
+    engine.release(request_id)
+    return payload, elapsed
+
+
+def time_transport(name: str, payload: KVPayload, repeats: int) -> float:
+    transport = "zmq" if name.startswith("zmq") else name
+    parent, child = mp.Pipe()
+    process = mp.get_context("spawn").Process(target=_serve, args=(transport, child), daemon=True)
+    process.start()
+    endpoint = parent.recv()
+    sender = ZmqKVSender(shared_memory=False) if name == "zmq_frames" else create_sender(transport)
+    try:
+        for _ in range(2):
+            sender.send(endpoint, payload, timeout=60)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            sender.send(endpoint, payload, timeout=60)
+            times.append(time.perf_counter() - start)
+    finally:
+        sender.close()
+        parent.send("stop")
+        process.join(timeout=10)
+    return statistics.median(times)
+
+
+def time_copy(payload: KVPayload, repeats: int) -> float:
+    source = payload.blocks.view(torch.uint8).flatten()
+    target = torch.empty_like(source)
+    times = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        target.copy_(source)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[2:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for the prefill")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    engine = LLMEngine(
+        EngineConfig(
+            device="cpu",
+            dtype="float32",
+            scheduler=SchedulerConfig(max_input_token_len=4096, max_seq_len=4096),
+        )
+    )
+    prefill_payload(engine, 32)  # warm-up
+    transports = ("zmq", "zmq_frames", "grpc")
+    results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in (*transports, "copy")}
+    print("MB/s per transport, and the transfer's share of the prompt's prefill time")
+    print(
+        f"{'tokens':>7}{'MB':>8}{'prefill ms':>12}  "
+        + "".join(f"{name:>12}{'share':>7}" for name in results)
+        + f"{'zmq/copy':>10}"
+    )
+    for size in SIZES:
+        payload, prefill_s = prefill_payload(engine, size)
+        megabytes = payload.num_bytes / 1e6
+        timings = {name: time_transport(name, payload, args.repeats) for name in transports}
+        timings["copy"] = time_copy(payload, args.repeats)
+        for name, seconds in timings.items():
+            results[name][str(size)] = {
+                "mb_s": round(megabytes / seconds, 1),
+                "share_of_prefill": round(seconds / prefill_s, 4),
+            }
+        row = "".join(
+            f"{results[n][str(size)]['mb_s']:>12.0f}"
+            f"{results[n][str(size)]['share_of_prefill']:>7.1%}"
+            for n in results
+        )
+        ratio = results["zmq"][str(size)]["mb_s"] / results["copy"][str(size)]["mb_s"]
+        print(f"{size:>7}{megabytes:>8.1f}{prefill_s * 1000:>12.0f}  {row}{ratio:>10.0%}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Same-host page buffers in ``/dev/shm`` for the ZMQ transport.
+
+When sender and receiver share a host, the sender copies the pages into its own shared-memory
+file and sends only the header; the receiver maps that file and installs the pages straight from
+it. This saves the socket's two kernel copies and the receive copy. A sender owns one file per
+receiver endpoint and reuses it (a bigger transfer replaces it with a bigger file); transfers to
+one endpoint are serialised, so the file is never rewritten before the acknowledgement.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import mmap
+import os
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+SHM_DIR = Path("/dev/shm")
+_COUNTER = itertools.count()
+
+
+class SharedPageBuffer:
+    """A sender's writable shared-memory file."""
+
+    def __init__(self, num_bytes: int) -> None:
+        self.path = SHM_DIR / f"pdserve-kv-{os.getpid()}-{next(_COUNTER)}"
+        self.num_bytes = num_bytes
+        with open(self.path, "w+b") as file:
+            file.truncate(num_bytes)
+            self._map = mmap.mmap(file.fileno(), num_bytes)
+        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+        atexit.register(self.close)
+
+    def write(self, pages: torch.Tensor) -> None:
+        self.tensor[: pages.numel() * pages.element_size()].copy_(pages.view(torch.uint8).flatten())
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class SharedPageReader:
+    """The receiver's read-only mappings of senders' files, most recently used kept."""
+
+    def __init__(self, max_open: int = 16) -> None:
+        self._maps: OrderedDict[str, tuple[mmap.mmap, torch.Tensor]] = OrderedDict()
+        self._max_open = max_open
+
+    def view(self, path: str, num_bytes: int) -> torch.Tensor:
+        """The first ``num_bytes`` of ``path`` as a uint8 tensor (raises OSError if unreachable)."""
+        if not path.startswith(str(SHM_DIR) + "/pdserve-kv-"):
+            raise OSError(f"refusing to map {path!r}")
+        entry = self._maps.get(path)
+        if entry is None or entry[1].numel() < num_bytes:
+            with open(path, "rb") as file:
+                mapping = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ)
+            with warnings.catch_warnings():  # read-only on purpose: we never write to it
+                warnings.simplefilter("ignore", UserWarning)
+                tensor = torch.frombuffer(mapping, dtype=torch.uint8) if len(mapping) else None
+            if tensor is None or tensor.numel() < num_bytes:
+                raise OSError(f"{path} holds fewer than {num_bytes} bytes")
+            entry = self._maps[path] = (mapping, tensor)
+            while len(self._maps) > self._max_open:
+                self._maps.popitem(last=False)
+        self._maps.move_to_end(path)
+        return entry[1][:num_bytes]
