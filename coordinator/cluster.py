@@ -64,12 +64,14 @@ class Cluster:
         self.decodes: list[Any] = []
         self.colocated: list[Any] = []
         self._routes: dict[str, list[Any]] = {}
+        self._cores: list[int] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 300.0) -> None:
         """Create the actors and wait until every one has loaded its model."""
         cfg = self.config
+        self._cores = self._core_plan()
         if cfg.deploy_mode == "pd_separate":
             self.prefills = [
                 self._actor(
@@ -99,6 +101,27 @@ class Cluster:
             ]
         ray.get([a.ready.remote() for a in self.actors], timeout=timeout_s)
 
+    def _core_plan(self) -> list[int] | None:
+        """Cores to hand out in actor order, when pinning applies: a one-node Ray with at least
+        as many cores as the actors ask for (else None: the OS schedules)."""
+        cfg = self.config
+        if not cfg.pin_cpus or len(ray.nodes()) != 1:
+            return None
+        if cfg.deploy_mode == "pd_separate":
+            wanted = [cfg.prefill_resources.num_threads] * cfg.num_prefill + [
+                cfg.decode_resources.num_threads
+            ] * cfg.num_decode
+        else:
+            wanted = [cfg.colocated_resources.num_threads] * cfg.num_colocated
+        cores = sorted(os.sched_getaffinity(0))
+        return cores if sum(wanted) <= len(cores) else None
+
+    def _take_cores(self, count: int) -> tuple[int, ...] | None:
+        if self._cores is None:
+            return None
+        taken, self._cores = self._cores[:count], self._cores[count:]
+        return tuple(taken)
+
     def _actor(self, cls: type, resources: ActorResources, instance: int, **kwargs: Any) -> Any:
         engine = replace(
             self.config.engine,
@@ -116,7 +139,7 @@ class Cluster:
                 max_concurrency=256,
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}},
             )
-            .remote(engine, instance, **kwargs)
+            .remote(engine, instance, self._take_cores(resources.num_threads), **kwargs)
         )
 
     @property

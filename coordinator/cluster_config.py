@@ -41,6 +41,7 @@ class ClusterConfig:
     transfer_timeout_s: float = 10.0  # prefill frees its blocks if no acknowledgement by then
     reservation_wait_s: float = 5.0  # how long a hand-off waits for room on a full decode worker
     reservation_timeout_s: float = 30.0  # decode drops a reservation whose pages never came
+    pin_cpus: bool = True  # local Ray: give each actor its own cores when they add up
 
     def __post_init__(self) -> None:
         if self.deploy_mode not in DEPLOY_MODES:

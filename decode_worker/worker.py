@@ -34,11 +34,12 @@ class DecodeWorker(WorkerRuntime):
         self,
         config: EngineConfig,
         instance: int = 0,
+        cpu_ids: tuple[int, ...] | None = None,
         kv_transport: str = "zmq",
         host: str = "127.0.0.1",
         reservation_timeout_s: float = 30.0,
     ) -> None:
-        super().__init__(config, instance)
+        super().__init__(config, instance, cpu_ids)
         self.receiver = create_receiver(kv_transport, self._on_transfer, host)
         self.reservation_timeout_s = reservation_timeout_s
         self._reserved_at: dict[str, float] = {}

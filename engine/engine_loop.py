@@ -31,6 +31,11 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
+    @property
+    def native_id(self) -> int:
+        """The OS thread id of the engine thread (its CPU affinity is the worker's)."""
+        return self._thread.native_id or 0
+
     def call(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
         """Schedule ``fn(engine)`` on the engine thread; the future holds its result or error."""
         future: Future[T] = Future()

@@ -7,6 +7,7 @@ Worker actors are threaded Ray actors: ``stream`` is a Ray streaming generator t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -56,11 +57,15 @@ class WorkerLoad:
 class WorkerRuntime:
     role = "worker"
 
-    def __init__(self, config: EngineConfig, instance: int = 0) -> None:
+    def __init__(
+        self, config: EngineConfig, instance: int = 0, cpu_ids: tuple[int, ...] | None = None
+    ) -> None:
         logging.basicConfig(
             level=logging.INFO,
             format=f"%(asctime)s %(levelname)s {self.role}[{instance}] %(message)s",
         )
+        if cpu_ids:  # own these cores: a prefill and a decode worker never share one
+            _pin_process(cpu_ids)
         self.instance = instance
         self.engine = LLMEngine(config)
         self._queues: dict[str, queue.Queue] = {}
@@ -111,6 +116,7 @@ class WorkerRuntime:
             "role": self.role,
             "instance": self.instance,
             "pid": os.getpid(),
+            "cpus": sorted(os.sched_getaffinity(self.loop.native_id)),
             "model": self.engine.model_name,
             "layout": self.engine.layout.to_dict(),
         }
@@ -132,3 +138,10 @@ class WorkerRuntime:
             stats.num_waiting_prompt_tokens,
             stats.num_reserved,
         ).to_dict()
+
+
+def _pin_process(cpu_ids: tuple[int, ...]) -> None:
+    """Set the affinity of every thread of this process; threads started later inherit it."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task), cpu_ids)

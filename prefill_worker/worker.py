@@ -40,10 +40,11 @@ class PrefillWorker(WorkerRuntime):
         self,
         config: EngineConfig,
         instance: int = 0,
+        cpu_ids: tuple[int, ...] | None = None,
         kv_transport: str = "zmq",
         transfer_timeout_s: float = 10.0,
     ) -> None:
-        super().__init__(config, instance)
+        super().__init__(config, instance, cpu_ids)
         self.sender = create_sender(kv_transport)
         self.transfer_timeout_s = transfer_timeout_s
         self._handoffs: dict[str, tuple[str, int]] = {}  # request id -> (endpoint, output limit)

@@ -111,6 +111,18 @@ def test_pd_token_accounting(clusters, max_new_tokens, pd_tokens, single_tokens)
     assert pd[-1].finish_reason == single[-1].finish_reason == FinishReason.LENGTH
 
 
+def test_prefill_and_decode_each_own_a_core(clusters, ray_session):
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("one core: nothing to pin apart")
+    cluster = clusters["zmq"]
+    prefill = ray_session.get(cluster.prefills[0].ready.remote())["cpus"]
+    decode = ray_session.get(cluster.decodes[0].ready.remote())["cpus"]
+    assert len(prefill) == len(decode) == 1 and prefill != decode
+
+
 def test_loads_report_every_worker(clusters):
     loads = asyncio.run(clusters["zmq"].loads())
     assert sorted(load["role"] for load in loads) == ["decode", "prefill"]

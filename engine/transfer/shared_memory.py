@@ -5,6 +5,10 @@ file and sends only the header; the receiver maps that file and installs the pag
 it. This saves the socket's two kernel copies and the receive copy. A sender owns one file per
 receiver endpoint and reuses it (a bigger transfer replaces it with a bigger file); transfers to
 one endpoint are serialised, so the file is never rewritten before the acknowledgement.
+
+Nothing is left in ``/dev/shm`` when a process is killed: the receiver unlinks a file as soon as
+it has mapped it (both mappings stay valid; the memory goes when both are gone), and a sender
+removes files of processes that no longer exist when it creates its first file.
 """
 
 from __future__ import annotations
@@ -21,18 +25,34 @@ import torch
 
 SHM_DIR = Path("/dev/shm")
 _COUNTER = itertools.count()
+_STALE_CHECK = iter([True])  # once per process
+
+
+def _remove_stale_files() -> None:
+    for path in SHM_DIR.glob("pdserve-kv-*"):
+        try:
+            pid = int(path.name.split("-")[2])
+            if pid != os.getpid():
+                os.kill(pid, 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
 
 
 class SharedPageBuffer:
     """A sender's writable shared-memory file."""
 
     def __init__(self, num_bytes: int) -> None:
+        if next(_STALE_CHECK, None) is not None:
+            _remove_stale_files()
         self.path = SHM_DIR / f"pdserve-kv-{os.getpid()}-{next(_COUNTER)}"
         self.num_bytes = num_bytes
         with open(self.path, "w+b") as file:
             file.truncate(num_bytes)
             self._map = mmap.mmap(file.fileno(), num_bytes)
         self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+        self.is_mapped_by_receiver = False
         atexit.register(self.close)
 
     def write(self, pages: torch.Tensor) -> None:
@@ -57,6 +77,7 @@ class SharedPageReader:
         if entry is None or entry[1].numel() < num_bytes:
             with open(path, "rb") as file:
                 mapping = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ)
+            os.unlink(path)  # mapped on both sides now: the name is no longer needed
             with warnings.catch_warnings():  # read-only on purpose: we never write to it
                 warnings.simplefilter("ignore", UserWarning)
                 tensor = torch.frombuffer(mapping, dtype=torch.uint8) if len(mapping) else None

@@ -107,16 +107,22 @@ class ZmqKVSender(BaseKVSender):
             lock = self._locks.setdefault(endpoint, threading.Lock())
         with lock:
             header = encode_header(payload)
-            shared = self._shared_buffer(endpoint, payload.num_bytes)
-            if shared is not None:
+            for _ in range(2):  # a receiver that dropped its mapping gets a fresh file once
+                shared = self._shared_buffer(endpoint, payload.num_bytes)
+                if shared is None:
+                    break
                 shared.write(payload.blocks)
                 header.shm_path = str(shared.path)
                 ack = self._exchange(endpoint, [header.SerializeToString()], timeout)
                 if ack.ok or not ack.error.startswith(SHM_UNAVAILABLE):
+                    shared.is_mapped_by_receiver = True
                     return _check(ack)
-                self._shared[endpoint] = None
                 shared.close()
-                header.shm_path = ""
+                self._shared[endpoint] = None
+                if not shared.is_mapped_by_receiver:
+                    break  # never could map it: another host; frames from now on
+                del self._shared[endpoint]
+            header.shm_path = ""
             frames = [header.SerializeToString(), page_bytes(payload)]
             _check(self._exchange(endpoint, frames, timeout))
 
