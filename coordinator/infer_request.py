@@ -1,0 +1,199 @@
+"""Validation of MindIE's ``POST /infer`` body (SPEC §3), to the letter.
+
+Every rejected value raises :class:`InputValidationError` whose message names the parameter, its
+valid range and the value received; the app answers it with 422 and MindIE's body. JSON ``null``
+counts as absent; float parameters accept JSON integers; booleans are never numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MAX_INPUT_CHARS = 4 * 1024 * 1024
+MAX_TOKENS_HARD = 1024 * 1024
+INT32_MAX = 2147483647
+SEED_MAX = 18446744073709551615
+MEDIA_TYPES = ("image_url", "video_url", "audio_url")
+MAX_MEDIA_ITEMS = 20
+
+
+class InputValidationError(ValueError):
+    """A client's parameter is invalid: HTTP 422, ``error_type: Input Validation Error``."""
+
+
+class BadRequestError(ValueError):
+    """The body is not a JSON object of the expected shape: HTTP 400."""
+
+
+@dataclass(frozen=True)
+class InferParameters:
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    max_new_tokens: int = 20
+    do_sample: bool | None = None
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    details: bool = False
+    typical_p: float | None = None
+    watermark: bool = False  # accepted, not applied
+    priority: int = 5
+    timeout: int = 600
+
+    @property
+    def sampling(self) -> bool:
+        """Decision (SPEC §3): absent do_sample samples iff a sampling knob is given."""
+        if self.do_sample is not None:
+            return self.do_sample
+        return any(
+            v is not None for v in (self.temperature, self.top_k, self.top_p, self.typical_p)
+        )
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    inputs: str | list[dict[str, Any]]
+    stream: bool
+    parameters: InferParameters
+
+    @property
+    def text(self) -> str:
+        """The text of the request (list inputs: their text items joined)."""
+        if isinstance(self.inputs, str):
+            return self.inputs
+        return "".join(item["text"] for item in self.inputs if item["type"] == "text")
+
+    @property
+    def media(self) -> list[dict[str, Any]]:
+        return (
+            []
+            if isinstance(self.inputs, str)
+            else [item for item in self.inputs if item["type"] != "text"]
+        )
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)[:200]
+
+
+def _bad(name: str, valid: str, value: Any) -> InputValidationError:
+    return InputValidationError(f"Parameter {name} must be {valid}, but got {_show(value)}")
+
+
+def _number(params: dict[str, Any], name: str, valid: str, ok: Any, integer: bool) -> Any:
+    value = params.get(name)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (integer and not isinstance(value, int))
+        or (isinstance(value, float) and not math.isfinite(value))
+        or not ok(value)
+    ):
+        raise _bad(name, valid, value)
+    return value if integer else float(value)
+
+
+def _bool(params: dict[str, Any], name: str) -> bool | None:
+    value = params.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise _bad(name, "a boolean", value)
+    return value
+
+
+_NUMBERS = {
+    "temperature": ("a float > 1e-06", lambda v: v > 1e-6, False),
+    "top_k": (f"an integer in (0, {INT32_MAX}]", lambda v: 0 < v <= INT32_MAX, True),
+    "top_p": ("a float in (1e-06, 1.0)", lambda v: 1e-6 < v < 1.0, False),
+    "max_new_tokens": (f"an integer in (0, {INT32_MAX}]", lambda v: 0 < v <= INT32_MAX, True),
+    "seed": (f"an integer in (0, {SEED_MAX}]", lambda v: 0 < v <= SEED_MAX, True),
+    "repetition_penalty": ("a float > 0.0", lambda v: v > 0.0, False),
+    "typical_p": ("a float in (0.0, 1.0]", lambda v: 0.0 < v <= 1.0, False),
+    "priority": ("an integer in [1, 5]", lambda v: 1 <= v <= 5, True),
+    "timeout": ("an integer in (0, 3600]", lambda v: 0 < v <= 3600, True),
+}
+
+
+def parse_parameters(raw: Any) -> InferParameters:
+    if raw is None:
+        return InferParameters()
+    if not isinstance(raw, dict):
+        raise _bad("parameters", "a JSON object", raw)
+    values: dict[str, Any] = {}
+    for name, (valid, ok, integer) in _NUMBERS.items():
+        value = _number(raw, name, valid, ok, integer)
+        if value is not None:
+            values[name] = value
+    for name in ("do_sample", "details", "watermark"):
+        value = _bool(raw, name)
+        if value is not None:
+            values[name] = value
+    return InferParameters(**values)
+
+
+def parse_inputs(raw: Any) -> str | list[dict[str, Any]]:
+    if raw is None:
+        raise InputValidationError("Parameter inputs is required, but it is missing or null")
+    if isinstance(raw, str):
+        if not 0 < len(raw) <= MAX_INPUT_CHARS:
+            raise InputValidationError(
+                f"Parameter inputs must be a non-empty string of at most {MAX_INPUT_CHARS} "
+                f"characters, but got {len(raw)} characters"
+            )
+        return raw
+    if isinstance(raw, list):
+        return _parse_items(raw)
+    raise _bad("inputs", "a non-empty string or a list of content items", raw)
+
+
+def _parse_items(items: list[Any]) -> list[dict[str, Any]]:
+    if not items:
+        raise InputValidationError("Parameter inputs must be a non-empty list, but got []")
+    kinds = ("text", *MEDIA_TYPES)
+    for index, item in enumerate(items):
+        where = f"inputs[{index}]"
+        if not isinstance(item, dict) or item.get("type") not in kinds:
+            raise _bad(
+                f"{where}.type",
+                "one of " + ", ".join(kinds),
+                item.get("type") if isinstance(item, dict) else item,
+            )
+        kind = item["type"]
+        value = item.get(kind)
+        if not isinstance(value, str) or not value:
+            raise _bad(f"{where}.{kind}", "a non-empty string", value)
+    media = sum(item["type"] != "text" for item in items)
+    if media > MAX_MEDIA_ITEMS:
+        raise InputValidationError(
+            f"Parameter inputs may hold at most {MAX_MEDIA_ITEMS} image_url, video_url and "
+            f"audio_url items in total, but got {media}"
+        )
+    return items
+
+
+def parse_infer_body(body: Any, *, input_id: bool = False) -> InferRequest:
+    """Validate a decoded JSON body; ``input_id=True`` for ``/infer_token``."""
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    if input_id:
+        inputs: Any = parse_token_ids(body.get("input_id"))
+    else:
+        inputs = parse_inputs(body.get("inputs"))
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream", "a boolean", stream)
+    return InferRequest(inputs, bool(stream), parse_parameters(body.get("parameters")))
+
+
+def parse_token_ids(raw: Any) -> list[dict[str, Any]]:
+    if (
+        not isinstance(raw, list)
+        or not raw
+        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw)
+    ):
+        raise _bad("input_id", "a non-empty list of token ids (integers >= 0)", raw)
+    return [{"type": "token_ids", "token_ids": raw}]

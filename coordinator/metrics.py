@@ -1,0 +1,121 @@
+"""Prometheus metrics with MindIE's names (SPEC §6), on the external port's ``GET /metrics``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class Metrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        r, m = self.registry, ["model_name"]
+        self.received = Counter("request_received", "Requests received", m, registry=r)
+        self.success = Counter("request_success", "Requests finished", m, registry=r)
+        self.failed = Counter(
+            "request_failed", "Requests failed, by reason", [*m, "reason"], registry=r
+        )
+        self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens", m, registry=r)
+        self.generation_tokens = Counter("generation_tokens", "Generated tokens", m, registry=r)
+        self.running = Gauge("num_requests_running", "Requests streaming tokens", m, registry=r)
+        self.waiting = Gauge(
+            "num_requests_waiting", "Requests before their first token", m, registry=r
+        )
+        worker = [*m, "role", "instance"]
+        self.npu_cache = Gauge("npu_cache_usage_perc", "KV cache in use (0-1)", worker, registry=r)
+        self.kv_cache = Gauge("kv_cache_usage_perc", "KV cache in use (0-1)", worker, registry=r)
+        self.queue_depth = Gauge(
+            "worker_num_requests_waiting", "Requests queued on a worker", worker, registry=r
+        )
+        self.batch_size = Gauge(
+            "worker_num_requests_running", "Requests in a worker's batch", worker, registry=r
+        )
+        self.ttft = Histogram(
+            "time_to_first_token_seconds",
+            "Time to first token",
+            m,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "time_per_output_token_seconds",
+            "Time per output token",
+            m,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "e2e_request_latency_seconds",
+            "End-to-end request latency",
+            m,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_prompt = Histogram(
+            "request_prompt_tokens",
+            "Prompt tokens per request",
+            m,
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.request_generation = Histogram(
+            "request_generation_tokens",
+            "Generated tokens per request",
+            m,
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+
+    def record_finished(
+        self, prompt_tokens: int, output_tokens: int, ttft: float | None, e2e: float
+    ) -> None:
+        name = self.model_name
+        self.success.labels(name).inc()
+        self.prompt_tokens.labels(name).inc(prompt_tokens)
+        self.generation_tokens.labels(name).inc(output_tokens)
+        self.request_prompt.labels(name).observe(prompt_tokens)
+        self.request_generation.labels(name).observe(output_tokens)
+        self.e2e.labels(name).observe(e2e)
+        if ttft is not None:
+            self.ttft.labels(name).observe(ttft)
+            if output_tokens > 1:
+                self.tpot.labels(name).observe((e2e - ttft) / (output_tokens - 1))
+
+    def record_loads(self, loads: list[dict[str, Any]]) -> None:
+        for load in loads:
+            labels = (self.model_name, load["role"], str(load["instance"]))
+            usage = 1 - load["num_free_blocks"] / max(load["num_total_blocks"], 1)
+            self.npu_cache.labels(*labels).set(usage)
+            self.kv_cache.labels(*labels).set(usage)
+            self.queue_depth.labels(*labels).set(load["num_waiting"])
+            self.batch_size.labels(*labels).set(load["num_running"])
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

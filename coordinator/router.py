@@ -1,0 +1,118 @@
+"""Load-balanced choice of the (prefill, decode) pair for each request.
+
+Worker loads are polled in the background; between polls the router counts what it dispatched
+itself, so a burst of requests spreads out instead of piling onto the worker that looked idle at
+the last poll. Prefill cost: prompt tokens queued. Decode cost: running requests, then free blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerState:
+    role: str
+    instance: int
+    load: dict[str, Any] = field(default_factory=dict)
+    pending_tokens: int = 0  # prompt tokens dispatched here since the last poll
+    pending_requests: int = 0
+    alive: bool = True
+
+    @property
+    def prefill_cost(self) -> float:
+        return self.load.get("num_waiting_prompt_tokens", 0) + self.pending_tokens
+
+    @property
+    def decode_cost(self) -> tuple[float, float]:
+        running = self.load.get("num_running", 0) + self.load.get("num_reserved", 0)
+        return (running + self.pending_requests, -self.load.get("num_free_blocks", 0))
+
+
+class NoWorkerError(RuntimeError):
+    """No (prefill, decode) pair can take a request now."""
+
+
+class Router:
+    def __init__(self, cluster: Any, poll_interval_s: float = 0.25) -> None:
+        self.cluster = cluster
+        self.poll_interval_s = poll_interval_s
+        self.prefills: list[WorkerState] = []
+        self.decodes: list[WorkerState] = []
+        self._task: asyncio.Task | None = None
+        self.latest_loads: list[dict[str, Any]] = []
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _bind(self) -> None:
+        """Worker states for the cluster's actors (known once it has started)."""
+        cluster = self.cluster
+        single = cluster.config.deploy_mode == "single_node"
+        if not self.decodes:
+            self.prefills = [WorkerState("prefill", i) for i in range(len(cluster.prefills))]
+            count = len(cluster.colocated if single else cluster.decodes)
+            self.decodes = [
+                WorkerState("colocated" if single else "decode", i) for i in range(count)
+            ]
+
+    async def refresh(self) -> list[dict[str, Any]]:
+        self._bind()
+        loads = await self.cluster.loads()
+        self.latest_loads = loads
+        seen = {(load["role"], load["instance"]) for load in loads}
+        for state in [*self.prefills, *self.decodes]:
+            state.alive = (state.role, state.instance) in seen
+        for load in loads:
+            state = self._state(load["role"], load["instance"])
+            if state is not None:
+                state.load, state.pending_tokens, state.pending_requests = load, 0, 0
+        return loads
+
+    def _state(self, role: str, instance: int) -> WorkerState | None:
+        pool = self.prefills if role == "prefill" else self.decodes
+        return pool[instance] if instance < len(pool) else None
+
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # a poll must never kill the router
+                log.exception("load poll failed")
+            await asyncio.sleep(self.poll_interval_s)
+
+    def choose(
+        self, num_prompt_tokens: int, exclude: set[tuple[int, int]] = frozenset()
+    ) -> tuple[int, int]:
+        """The least-loaded live pair not in ``exclude``; NoWorkerError if none is left."""
+        prefills: list[WorkerState | None] = [p for p in self.prefills if p.alive]
+        if not self.prefills:  # single_node: the colocated worker does it all
+            prefills = [None]
+        decodes = [d for d in self.decodes if d.alive]
+        pairs = [
+            (p, d)
+            for p in prefills
+            for d in decodes
+            if (p.instance if p else 0, d.instance) not in exclude
+        ]
+        if not pairs:
+            raise NoWorkerError("no prefill/decode worker pair is available")
+        p, d = min(
+            pairs, key=lambda pair: (pair[0].prefill_cost if pair[0] else 0, pair[1].decode_cost)
+        )
+        if p is not None:
+            p.pending_tokens += num_prompt_tokens
+        d.pending_requests += 1
+        return (p.instance if p else 0, d.instance)

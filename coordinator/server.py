@@ -1,0 +1,237 @@
+"""The coordinator process: the worker cluster plus its HTTP listeners.
+
+Listeners: predict (``/infer`` and friends; HTTPS with ``tls_config``), manage (instance list),
+status (probes: 503 until every actor is up, then 200), external (``/metrics``). The cluster
+starts in the background so the probes answer from the first second. SIGTERM stops taking new
+requests, lets in-flight ones finish (bounded by ``drain_timeout_s``), then shuts the actors
+down and stops a Ray it started itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from typing import Any
+
+import ray
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from coordinator.cluster import Cluster, init_ray
+from coordinator.cluster_config import ClusterConfig
+from coordinator.config import CoordinatorConfig
+from coordinator.infer_api import APIError, ModelInfo, create_infer_router
+from coordinator.inference import InferenceService, Timeouts
+from coordinator.metrics import Metrics
+from coordinator.router import Router
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.model.loader import load_hf_config, load_tokenizer, resolve_model_dir
+
+log = logging.getLogger(__name__)
+PROBES = ("/v1/startup", "/v1/health", "/v1/readiness", "/v2/health/live", "/v2/health/ready")
+
+
+def cluster_config(config: CoordinatorConfig) -> ClusterConfig:
+    b = config["backend_config"]
+    engine = EngineConfig(
+        model_path=b["model_path"],
+        device=b["device"],
+        dtype=b["dtype"],
+        cache=CacheConfig(block_size=b["cacheBlockSize"], memory_mb=b["kvCacheMemoryMB"]),
+        scheduler=SchedulerConfig(
+            max_seq_len=b["maxSeqLen"],
+            max_input_token_len=b["maxInputTokenLen"],
+            max_iter_times=b["maxIterTimes"],
+            max_batch_size=b["maxBatchSize"],
+            max_prefill_tokens=b["maxPrefillTokens"],
+            max_prefill_batch_size=b["maxPrefillBatchSize"],
+        ),
+    )
+    return ClusterConfig(
+        deploy_mode=config["digs_scheduler_config"]["deploy_mode"],
+        num_prefill=b["num_prefill_instances"],
+        num_decode=b["num_decode_instances"],
+        kv_transport=b["kv_transport"],
+        engine=engine,
+    )
+
+
+def model_info(config: CoordinatorConfig) -> ModelInfo:
+    b = config["backend_config"]
+    model_dir = resolve_model_dir(b["model_path"])
+    hf = load_hf_config(model_dir)
+    name = "SmolLM2-135M-Instruct" if b["model_path"] == "bundled" else model_dir.name
+    limit = min(b["maxInputTokenLen"], b["maxSeqLen"] - 1, hf.max_position_embeddings)
+    return ModelInfo(
+        name,
+        load_tokenizer(model_dir),
+        hf.max_position_embeddings,
+        hf.vocab_size,
+        limit,
+        b["fullTextEnabled"],
+    )
+
+
+class Coordinator:
+    def __init__(self, config: CoordinatorConfig, drain_timeout_s: float = 30.0) -> None:
+        self.config = config
+        self.drain_timeout_s = drain_timeout_s
+        self.model = model_info(config)
+        self.metrics = Metrics(self.model.name)
+        self.cluster = Cluster(cluster_config(config))
+        self.router = Router(self.cluster)
+        exc = config["exception_config"]
+        self.service = InferenceService(
+            self.cluster,
+            self.router,
+            config["request_limit"]["max_requests"],
+            exc["max_retry"],
+            Timeouts(exc["schedule_timeout"], exc["first_token_timeout"], exc["infer_timeout"]),
+            self.metrics,
+        )
+        self.ready = False
+        self.started_ray = False
+        self._servers: list[uvicorn.Server] = []
+
+    # ---- apps ------------------------------------------------------------------------------
+
+    def predict_app(self) -> FastAPI:
+        app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
+        limit = self.config["request_limit"]["body_limit"]
+        app.include_router(create_infer_router(self.service, self.model, limit))
+
+        @app.middleware("http")
+        async def not_ready(request: Request, call_next):
+            if not self.ready:
+                return APIError(
+                    503, "Service Unavailable: the cluster is starting", "Service Unavailable"
+                ).response()
+            return await call_next(request)
+
+        @app.exception_handler(404)
+        async def not_found(request: Request, exc: Exception) -> JSONResponse:
+            return APIError(
+                404, f"no route {request.method} {request.url.path}", "NotFoundError"
+            ).response()
+
+        return app
+
+    def status_app(self) -> FastAPI:
+        app = FastAPI(docs_url=None, redoc_url=None)
+        for path in PROBES:
+            app.add_api_route(path, self._probe, methods=["GET"])
+        return app
+
+    async def _probe(self) -> Response:
+        return Response(status_code=200 if self.ready else 503)
+
+    def external_app(self) -> FastAPI:
+        app = FastAPI(docs_url=None, redoc_url=None)
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            self.metrics.record_loads(self.router.latest_loads)
+            return Response(
+                self.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8"
+            )
+
+        return app
+
+    def manage_app(self) -> FastAPI:
+        app = FastAPI(docs_url=None, redoc_url=None)
+
+        @app.get("/v1/instances")
+        async def instances() -> JSONResponse:
+            return JSONResponse(
+                {
+                    "ready": self.ready,
+                    "deploy_mode": self.cluster.config.deploy_mode,
+                    "instances": self.router.latest_loads,
+                }
+            )
+
+        return app
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start_cluster(self) -> None:
+        """Blocking: Ray, the actors, the first load poll."""
+        address = self.config["backend_config"]["ray_address"] or None
+        self.started_ray = init_ray(address)
+        start = time.monotonic()
+        self.cluster.start()
+        log.info(
+            "cluster up in %.1f s: %s", time.monotonic() - start, self.cluster.config.deploy_mode
+        )
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.start_cluster)
+        await self.router.refresh()
+        self.router.start()
+        self.ready = True
+        log.info("ready: /v1/readiness answers 200")
+
+    def uvicorn_configs(self) -> list[uvicorn.Config]:
+        http, tls = self.config["http_config"], self.config["tls_config"]
+        tls_args: dict[str, Any] = {}
+        if tls["request_server_tls_enable"]:
+            tls_args = {"ssl_certfile": tls["tls_cert"], "ssl_keyfile": tls["tls_key"]}
+            if tls["ca_cert"]:
+                tls_args["ssl_ca_certs"] = tls["ca_cert"]
+        common = {"log_level": "warning", "lifespan": "off", "timeout_graceful_shutdown": 5}
+        return [
+            uvicorn.Config(
+                self.predict_app(),
+                host=http["predict_ip"],
+                port=http["predict_port"],
+                **tls_args,
+                **common,
+            ),
+            uvicorn.Config(
+                self.manage_app(), host=http["manage_ip"], port=http["manage_port"], **common
+            ),
+            uvicorn.Config(
+                self.status_app(), host=http["predict_ip"], port=http["status_port"], **common
+            ),
+            uvicorn.Config(
+                self.external_app(), host=http["predict_ip"], port=http["external_port"], **common
+            ),
+        ]
+
+    async def serve(self) -> None:
+        self._servers = [uvicorn.Server(c) for c in self.uvicorn_configs()]
+        for server in self._servers:
+            server.install_signal_handlers = lambda: None  # we drain first, then stop them
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        serving = [asyncio.ensure_future(s.serve()) for s in self._servers]
+        starting = asyncio.ensure_future(self.start())
+        await stop.wait()
+        await self.shutdown(starting)
+        await asyncio.gather(*serving, return_exceptions=True)
+
+    async def shutdown(self, starting: asyncio.Future | None = None) -> None:
+        log.info("draining %d in-flight requests", self.service.in_flight)
+        self.service.draining = True
+        deadline = time.monotonic() + self.drain_timeout_s
+        while self.service.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        for server in self._servers:
+            server.should_exit = True
+        if starting is not None and not starting.done():
+            starting.cancel()
+        await self.router.stop()
+        if ray.is_initialized():
+            self.cluster.shutdown()
+            if self.started_ray:
+                ray.shutdown()
+
+
+def with_model(config: CoordinatorConfig, **backend: Any) -> CoordinatorConfig:
+    """Copy of ``config`` with ``backend_config`` keys replaced (tests, benchmarks)."""
+    return config.with_overrides({f"backend_config.{k}": v for k, v in backend.items()})
