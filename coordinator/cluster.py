@@ -208,7 +208,7 @@ class Cluster:
         if limit > 1:
             try:
                 answer = await d_worker.reserve.remote(
-                    request_id, len(prompt), self.config.reservation_wait_s
+                    request_id, len(prompt), self.config.reservation_wait_s, priority
                 )
             except ray.exceptions.RayError as exc:
                 answer = {"ok": False, "reason": f"{type(exc).__name__}"}

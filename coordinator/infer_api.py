@@ -29,6 +29,7 @@ from coordinator.inference import (
     RequestTimeout,
     TooManyRequests,
 )
+from coordinator.media import check_media
 from coordinator.router import NoWorkerError
 from engine.sampling_params import MAX_SEED, SamplingParams
 
@@ -44,6 +45,7 @@ class ModelInfo:
     max_input_tokens: int  # min(maxInputTokenLen, maxSeqLen - 1, max_position_embeddings, 1 Mi)
     full_text_enabled: bool = False
     modalities: tuple[str, ...] = ("text",)
+    allowed_media_dirs: tuple[str, ...] = ()
 
 
 class APIError(Exception):
@@ -102,6 +104,7 @@ def create_infer_router(
 
     async def prompt_ids(req: InferRequest, token_ids: list[int] | None) -> list[int]:
         if req.media:
+            check_media(req.media, model.allowed_media_dirs)
             kinds = sorted({item["type"] for item in req.media} - set(model.modalities))
             if kinds:
                 raise InputValidationError(

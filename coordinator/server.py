@@ -56,6 +56,7 @@ def cluster_config(config: CoordinatorConfig) -> ClusterConfig:
         num_decode=b["num_decode_instances"],
         kv_transport=b["kv_transport"],
         engine=engine,
+        reservation_wait_s=float(config["exception_config"]["schedule_timeout"] or 3600),
     )
 
 
@@ -72,6 +73,7 @@ def model_info(config: CoordinatorConfig) -> ModelInfo:
         hf.vocab_size,
         limit,
         b["fullTextEnabled"],
+        allowed_media_dirs=b["allowed_media_dirs"],
     )
 
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from decode_worker.reservations import ReservationQueue
 from engine.config import EngineConfig
 from engine.kv_transfer import KVLayout, KVPayload
 from engine.outputs import TokenEvent
@@ -43,40 +44,43 @@ class DecodeWorker(WorkerRuntime):
         self.receiver = create_receiver(kv_transport, self._on_transfer, host)
         self.reservation_timeout_s = reservation_timeout_s
         self._reserved_at: dict[str, float] = {}
+        self._waiting = ReservationQueue()
         threading.Thread(target=self._expire_reservations, daemon=True).start()
 
     def endpoint(self) -> str:
         return self.receiver.endpoint
 
     def reserve(
-        self, request_id: str, num_prompt_tokens: int, wait_s: float = 5.0
+        self, request_id: str, num_prompt_tokens: int, wait_s: float = 5.0, priority: int = 5
     ) -> dict[str, object]:
-        """Pre-allocate blocks for an incoming hand-off; ``{"ok", "endpoint" | "reason"}``."""
-        deadline = time.monotonic() + wait_s
+        """Pre-allocate blocks for an incoming hand-off; ``{"ok", "endpoint" | "reason"}``.
+
+        Waits up to ``wait_s`` for room; waiting hand-offs are served by priority, then arrival.
+        """
         self._open(request_id)
-        while True:
-            try:
-                block_ids = self.loop.call(
-                    lambda e: e.reserve_import(request_id, num_prompt_tokens)
-                ).result()
-            except Exception as exc:
-                self._close(request_id)
-                return {"ok": False, "reason": str(exc)}
-            if block_ids is not None:
-                self._reserved_at[request_id] = time.monotonic()
-                return {"ok": True, "endpoint": self.receiver.endpoint}
-            if time.monotonic() >= deadline:
-                self._close(request_id)
-                stats = self.engine.stats()
-                needed = self.engine.blocks.blocks_for(num_prompt_tokens + 1)
-                return {
-                    "ok": False,
-                    "reason": (
-                        f"decode cache full: {stats.num_free_blocks} of {stats.num_total_blocks} "
-                        f"blocks free, {needed} needed"
-                    ),
-                }
-            time.sleep(0.01)
+        waiter = self._waiting.add(request_id, num_prompt_tokens, priority)
+        self.loop.call(self._waiting.grant)
+        if not waiter.done.wait(wait_s) and self._waiting.withdraw(waiter):
+            self._close(request_id)
+            stats = self.engine.stats()
+            needed = self.engine.blocks.blocks_for(num_prompt_tokens + 1)
+            return {
+                "ok": False,
+                "reason": (
+                    f"decode cache full: {stats.num_free_blocks} of {stats.num_total_blocks} "
+                    f"blocks free, {needed} needed"
+                ),
+            }
+        if waiter.error is not None:
+            self._close(request_id)
+            return {"ok": False, "reason": waiter.error}
+        self._reserved_at[request_id] = time.monotonic()
+        return {"ok": True, "endpoint": self.receiver.endpoint}
+
+    def _dispatch(self, events: list[TokenEvent]) -> None:
+        super()._dispatch(events)
+        if self._waiting and any(event.finished for event in events):
+            self._waiting.grant(self.engine)  # blocks were freed: serve waiting hand-offs
 
     def stream(self, request_id: str) -> Iterator[TokenEvent]:
         """Token events of a reserved request, up to its finish."""
@@ -97,8 +101,11 @@ class DecodeWorker(WorkerRuntime):
         yield from self._drain(request_id, q)
 
     def abort(self, request_id: str) -> bool:
+        if self._waiting.cancel(request_id):
+            return True
         had_reservation = self._reserved_at.pop(request_id, None) is not None
         found = super().abort(request_id)
+        self.loop.call(self._waiting.grant)  # its blocks may serve a waiting hand-off
         if had_reservation:
             self._end(request_id, FinishReason.ABORT)
         return found
@@ -128,6 +135,7 @@ class DecodeWorker(WorkerRuntime):
                 if now - since > self.reservation_timeout_s:
                     self._reserved_at.pop(request_id, None)
                     self.loop.call(lambda e, r=request_id: e.abort(r)).result()
+                    self.loop.call(self._waiting.grant)
                     self._end(
                         request_id,
                         FinishReason.ERROR,

@@ -86,3 +86,32 @@ def test_abort_before_the_pages_arrive_refuses_them(pair):
     assert isinstance(items[-1], HandoffResult) and not items[-1].ok
     assert "no reservation" in items[-1].error
     assert _used(prefill) == 0 and _used(decode) == 0
+
+
+def test_full_decode_worker_grants_waiting_handoffs_by_priority(tiny_model_dir):
+    import threading
+
+    config = EngineConfig(
+        model_path=str(tiny_model_dir), device="cpu", cache=CacheConfig(block_size=4, num_blocks=4)
+    )
+    decode = DecodeWorker(config, kv_transport="inprocess")
+    try:
+        assert decode.reserve("hog", 12)["ok"]  # every block
+        granted: list[str] = []
+
+        def wait(request_id: str, priority: int) -> None:  # 5 + 1 tokens = 2 of the 4 blocks
+            if decode.reserve(request_id, 5, wait_s=3, priority=priority)["ok"]:
+                granted.append(request_id)
+
+        threads = []
+        for request_id, priority in [("p5-first", 5), ("p5-second", 5), ("p1-late", 1)]:
+            threads.append(threading.Thread(target=wait, args=(request_id, priority)))
+            threads[-1].start()
+            time.sleep(0.2)
+        decode.abort("hog")  # frees 4 blocks: room for two of the three waiting hand-offs
+        for thread in threads:
+            thread.join(timeout=10)
+        assert sorted(granted) == ["p1-late", "p5-first"]  # the later priority-5 one waits
+    finally:
+        decode.loop.stop()
+        decode.receiver.close()
