@@ -102,7 +102,7 @@ def create_infer_router(
 ) -> APIRouter:
     router = APIRouter()
 
-    async def prompt_ids(req: InferRequest, token_ids: list[int] | None) -> list[int]:
+    async def prompt_ids(req: InferRequest) -> list[int]:
         if req.media:
             check_media(req.media, model.allowed_media_dirs)
             kinds = sorted({item["type"] for item in req.media} - set(model.modalities))
@@ -111,11 +111,14 @@ def create_infer_router(
                     f"Parameter inputs holds {', '.join(kinds)} items, but model {model.name} "
                     "supports text input only"
                 )
-        ids = (
-            token_ids
-            if token_ids is not None
-            else await run_in_threadpool(model.tokenizer.encode, req.text)
-        )
+        ids = req.token_ids
+        if ids is None:
+            ids = await run_in_threadpool(model.tokenizer.encode, req.text)
+        elif max(ids) >= model.vocab_size:
+            raise InputValidationError(
+                f"Parameter input_id must hold token ids in [0, {model.vocab_size}), but got "
+                f"{max(ids)}"
+            )
         limit = min(model.max_input_tokens, MAX_TOKENS_HARD)
         if not 0 < len(ids) <= limit:
             raise InputValidationError(
@@ -128,7 +131,7 @@ def create_infer_router(
         try:
             body = await read_json(request, body_limit_mb)
             req = parse_infer_body(body, input_id=token_input)
-            ids = await prompt_ids(req, body["input_id"] if token_input else None)
+            ids = await prompt_ids(req)
         except APIError as exc:
             return exc.response()
         except BadRequestError as exc:

@@ -58,6 +58,7 @@ class InferRequest:
     inputs: str | list[dict[str, Any]]
     stream: bool
     parameters: InferParameters
+    token_ids: list[int] | None = None  # /infer_token: the prompt as token ids
 
     @property
     def text(self) -> str:
@@ -179,21 +180,19 @@ def parse_infer_body(body: Any, *, input_id: bool = False) -> InferRequest:
     """Validate a decoded JSON body; ``input_id=True`` for ``/infer_token``."""
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
-    if input_id:
-        inputs: Any = parse_token_ids(body.get("input_id"))
-    else:
-        inputs = parse_inputs(body.get("inputs"))
+    token_ids = parse_token_ids(body.get("input_id")) if input_id else None
+    inputs = "" if input_id else parse_inputs(body.get("inputs"))
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _bad("stream", "a boolean", stream)
-    return InferRequest(inputs, bool(stream), parse_parameters(body.get("parameters")))
+    return InferRequest(inputs, bool(stream), parse_parameters(body.get("parameters")), token_ids)
 
 
-def parse_token_ids(raw: Any) -> list[dict[str, Any]]:
+def parse_token_ids(raw: Any) -> list[int]:
     if (
         not isinstance(raw, list)
         or not raw
         or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw)
     ):
         raise _bad("input_id", "a non-empty list of token ids (integers >= 0)", raw)
-    return [{"type": "token_ids", "token_ids": raw}]
+    return raw

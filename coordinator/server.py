@@ -113,6 +113,13 @@ class Coordinator:
                 ).response()
             return await call_next(request)
 
+        @app.exception_handler(Exception)
+        async def internal(request: Request, exc: Exception) -> JSONResponse:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return APIError(
+                500, f"Incomplete Generation: {type(exc).__name__}: {exc}", "Incomplete Generation"
+            ).response()
+
         @app.exception_handler(404)
         async def not_found(request: Request, exc: Exception) -> JSONResponse:
             return APIError(

@@ -1,0 +1,128 @@
+"""ms_coordinator.json and the CLI: precedence, MindIE's positional form, clear errors, exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from coordinator.cli import parse_args, resolve_config
+from coordinator.config import CONFIG_PATH_ENV, load_config
+from engine.errors import ConfigError
+
+
+def _write(tmp_path, config) -> str:
+    path = tmp_path / "ms_coordinator.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_defaults_are_the_embedded_default():
+    config = resolve_config(parse_args([]))
+    http = config["http_config"]
+    assert (http["predict_ip"], http["predict_port"], http["status_port"]) == (
+        "127.0.0.1",
+        1025,
+        1029,
+    )
+    assert config["digs_scheduler_config"]["deploy_mode"] == "pd_separate"
+    assert config["backend_config"]["model_path"] == "bundled"
+    assert config["backend_config"]["num_prefill_instances"] == 1
+
+
+def test_cli_wins_over_file_which_wins_over_defaults(tmp_path):
+    path = _write(
+        tmp_path,
+        {
+            "http_config": {"predict_port": "2000", "manage_port": 2001},
+            "backend_config": {"kv_transport": "grpc", "maxIterTimes": 64},
+        },
+    )
+    config = resolve_config(parse_args(["--config", path, "--predict-port", "3000"]))
+    assert config["http_config"]["predict_port"] == 3000
+    assert config["http_config"]["manage_port"] == 2001
+    assert config["backend_config"]["kv_transport"] == "grpc"
+    assert config["backend_config"]["maxIterTimes"] == 64
+    assert config["http_config"]["status_port"] == 1029
+
+
+def test_mindie_positional_form_and_environment_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv(CONFIG_PATH_ENV, _write(tmp_path, {"http_config": {"predict_port": 2000}}))
+    config = resolve_config(parse_args(["127.0.0.2", "4000", "127.0.0.3", "4001"]))
+    http = config["http_config"]
+    assert (http["predict_ip"], http["predict_port"]) == ("127.0.0.2", 4000)
+    assert (http["manage_ip"], http["manage_port"]) == ("127.0.0.3", 4001)
+    assert resolve_config(parse_args([]))["http_config"]["predict_port"] == 2000
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            {"http_config": {"predict_port": 80}},
+            "http_config.predict_port must be an integer in [1024, 65535], got 80",
+        ),
+        ({"http_config": {"predict_port": "abc"}}, "http_config.predict_port must be an integer"),
+        (
+            {"http_config": {"predict_ip": "localhost"}},
+            "http_config.predict_ip must be an IP address",
+        ),
+        ({"http_config": {"predict_ip": "0.0.0.0"}}, "allow_all_zero_ip_listening"),
+        (
+            {"request_limit": {"max_requests": 0}},
+            "request_limit.max_requests must be an integer in",
+        ),
+        (
+            {"digs_scheduler_config": {"deploy_mode": "both"}},
+            'deploy_mode must be one of pd_separate, single_node, got "both"',
+        ),
+        (
+            {"backend_config": {"maxIterTimes": True}},
+            "backend_config.maxIterTimes must be an integer",
+        ),
+        ({"tls_config": {"request_server_tls_enable": True}}, "needs tls_config.tls_cert"),
+    ],
+)
+def test_bad_values_name_the_key_range_and_value(tmp_path, config, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(_write(tmp_path, config))
+    assert message in str(error.value)
+
+
+def test_unknown_keys_are_ignored_with_a_warning(tmp_path, caplog):
+    config = load_config(
+        _write(tmp_path, {"http_config": {"predict_port": 2000, "nope": 1}, "mystery": {}})
+    )
+    assert config["http_config"]["predict_port"] == 2000
+    assert "http_config.nope" in caplog.text and "mystery" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "contents, message",
+    [
+        (
+            '{"http_config": {"predict_port": 99999}}',
+            "http_config.predict_port must be an integer in [1024, 65535], got 99999",
+        ),
+        ("{not json", "is not valid JSON"),
+    ],
+)
+def test_broken_config_file_is_one_line_and_exit_code_2(tmp_path, contents, message):
+    path = tmp_path / "ms_coordinator.json"
+    path.write_text(contents)
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_cli_values_are_validated_too():
+    with pytest.raises(ConfigError, match="http_config.predict_port must be an integer in"):
+        resolve_config(parse_args(["--predict-port", "70000"]))
