@@ -45,6 +45,7 @@ class DecodeWorker(WorkerRuntime):
         self.reservation_timeout_s = reservation_timeout_s
         self._reserved_at: dict[str, float] = {}
         self._waiting = ReservationQueue()
+        self._transfer_lock = threading.Lock()
         threading.Thread(target=self._expire_reservations, daemon=True).start()
 
     def endpoint(self) -> str:
@@ -103,8 +104,9 @@ class DecodeWorker(WorkerRuntime):
     def abort(self, request_id: str) -> bool:
         if self._waiting.cancel(request_id):
             return True
-        had_reservation = self._reserved_at.pop(request_id, None) is not None
-        found = super().abort(request_id)
+        with self._transfer_lock:
+            had_reservation = self._reserved_at.pop(request_id, None) is not None
+            found = super().abort(request_id)
         self.loop.call(self._waiting.grant)  # its blocks may serve a waiting hand-off
         if had_reservation:
             self._end(request_id, FinishReason.ABORT)
@@ -115,17 +117,31 @@ class DecodeWorker(WorkerRuntime):
             self._queues.pop(request_id, None)
 
     def _on_transfer(self, item: KVLayout | KVPayload) -> str | None:
-        """Transport thread: the handshake (a layout), then the pages (a payload)."""
+        """Transport thread: the handshake (a layout), then the pages (a payload).
+
+        The pages are written into the reserved blocks right here, and acknowledged at once; the
+        engine thread only has to install the request between two steps. (Waiting for the engine
+        thread before acknowledging would cost each hand-off a whole decode step.)
+        """
         try:
             if isinstance(item, KVLayout):
                 self.engine.layout.check_compatible(item)
                 return None
             request_id = item.state.request_id
-            self.loop.call(lambda e: e.import_kv(item, require_reservation=True)).result()
-            self._reserved_at.pop(request_id, None)
-            return None
+            with self._transfer_lock:  # abort and expiry wait for this write to finish
+                self.engine.write_reserved(item)
+                self._reserved_at.pop(request_id, None)
         except Exception as exc:
             return str(exc)
+        install = self.loop.call(
+            lambda e: e.import_kv(item, require_reservation=True, pages_written=True)
+        )
+        install.add_done_callback(lambda done: self._install_failed(request_id, done))
+        return None
+
+    def _install_failed(self, request_id: str, done) -> None:
+        if done.exception() is not None:
+            self._end(request_id, FinishReason.ERROR, f"KV install failed: {done.exception()}")
 
     def _expire_reservations(self) -> None:
         while True:
@@ -133,8 +149,10 @@ class DecodeWorker(WorkerRuntime):
             now = time.monotonic()
             for request_id, since in list(self._reserved_at.items()):
                 if now - since > self.reservation_timeout_s:
-                    self._reserved_at.pop(request_id, None)
-                    self.loop.call(lambda e, r=request_id: e.abort(r)).result()
+                    with self._transfer_lock:
+                        if self._reserved_at.pop(request_id, None) is None:
+                            continue  # its pages arrived meanwhile
+                        self.loop.call(lambda e, r=request_id: e.abort(r)).result()
                     self.loop.call(self._waiting.grant)
                     self._end(
                         request_id,

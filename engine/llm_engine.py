@@ -262,11 +262,30 @@ class LLMEngine:
         return self._reserved[request_id]
 
     @torch.inference_mode()
+    def write_reserved(self, payload: KVPayload) -> None:
+        """Copy received pages into the blocks reserved for their request.
+
+        Safe on a transport thread while the engine steps: reserved blocks belong to no running
+        request. The caller keeps the reservation from being freed meanwhile (``DecodeWorker``
+        holds its transfer lock), then calls ``import_kv(..., pages_written=True)``.
+        """
+        state = payload.state
+        block_ids = self._reserved.get(state.request_id)
+        if block_ids is None:
+            raise KVImportError(f"request {state.request_id!r} has no reservation (aborted?)")
+        self.layout.check_compatible(payload.layout)
+        num_blocks = self.blocks.blocks_for(state.num_computed_tokens)
+        if num_blocks > len(block_ids):
+            raise KVImportError(f"{num_blocks} blocks arrived, {len(block_ids)} reserved")
+        payload.check_shape(num_blocks)
+        self.kv_cache.import_blocks(block_ids[:num_blocks], payload.blocks)
+
     def import_kv(
         self,
         payload: KVPayload,
         max_output_tokens: int | None = None,
         require_reservation: bool = False,
+        pages_written: bool = False,
     ) -> None:
         """Install received pages into a new RUNNING request that continues decoding.
 
@@ -288,7 +307,8 @@ class LLMEngine:
             if num_blocks > len(block_ids):
                 raise KVImportError(f"{num_blocks} blocks arrived, {len(block_ids)} reserved")
             payload.check_shape(num_blocks)
-            self.kv_cache.import_blocks(block_ids[:num_blocks], payload.blocks)
+            if not pages_written:
+                self.kv_cache.import_blocks(block_ids[:num_blocks], payload.blocks)
             request = self._restore_request(state, max_output_tokens)
         except Exception:
             self.blocks.free(block_ids)

@@ -34,6 +34,7 @@ def pair(request, tiny_model_dir):
     for worker in (prefill, decode):
         worker.loop.stop()
     decode.receiver.close()
+    prefill.sender.close()
 
 
 def _used(worker) -> int:
