@@ -26,7 +26,9 @@ from coordinator.config import CoordinatorConfig
 from coordinator.infer_api import APIError, ModelInfo, create_infer_router
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
+from coordinator.openai_api import create_openai_router
 from coordinator.router import Router
+from coordinator.tgi_api import create_tgi_router
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.model.loader import load_hf_config, load_tokenizer, resolve_model_dir
 
@@ -104,6 +106,8 @@ class Coordinator:
         app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
         limit = self.config["request_limit"]["body_limit"]
         app.include_router(create_infer_router(self.service, self.model, limit))
+        app.include_router(create_openai_router(self.service, self.model, limit))
+        app.include_router(create_tgi_router(self.service, self.model, limit))
 
         @app.middleware("http")
         async def not_ready(request: Request, call_next):

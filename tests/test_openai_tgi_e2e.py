@@ -1,0 +1,90 @@
+"""OpenAI-style and TGI routes through the real clients (``openai``, ``text-generation``)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from text_generation import Client as TGIClient
+from text_generation.errors import ValidationError
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def client(servers) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=servers["zmq"].url("predict_port", "/v1"), api_key="none", max_retries=0
+    )
+
+
+def test_models_list(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny-llama0"] or len(models.data) == 1
+
+
+def test_chat_completion_plain_and_streaming(client):
+    messages = [{"role": "user", "content": "Say hello"}]
+    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=6, seed=3)
+    choice = reply.choices[0]
+    assert reply.object == "chat.completion" and choice.message.role == "assistant"
+    assert choice.finish_reason in ("length", "stop")
+    assert reply.usage.completion_tokens <= 6 and reply.usage.prompt_tokens > 0
+    stream = client.chat.completions.create(
+        model="m",
+        messages=messages,
+        max_tokens=6,
+        seed=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_completion_with_a_stop_string_cut_from_the_answer(client):
+    free = client.completions.create(model="m", prompt="The quick brown", max_tokens=8)
+    text = free.choices[0].text
+    if len(text) < 4:
+        pytest.skip("the tiny model ended too early to pick a stop string")
+    stop = text[2:4]  # spans token boundaries more often than not
+    cut = client.completions.create(model="m", prompt="The quick brown", max_tokens=8, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.index(stop)]
+    streamed = client.completions.create(
+        model="m", prompt="The quick brown", max_tokens=8, stop=stop, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == cut.choices[0].text
+
+
+def test_openai_errors(client):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="m", messages=[], max_tokens=4)
+    assert error.value.body["param"] == "messages"
+    with pytest.raises(openai.BadRequestError, match="'temperature' must be a number in"):
+        client.completions.create(model="m", prompt="x", temperature=3)
+
+
+def test_tgi_client_generate_and_stream(servers):
+    url = servers["zmq"].url("predict_port", "")
+    tgi = TGIClient(url, timeout=60)
+    response = tgi.generate("The quick brown", max_new_tokens=5, seed=4)
+    assert response.details.generated_tokens == len(response.details.tokens) <= 5
+    assert response.details.finish_reason.value in ("length", "eos_token")
+    tokens = list(tgi.generate_stream("The quick brown", max_new_tokens=5, seed=4))
+    assert "".join(t.token.text for t in tokens) == response.generated_text
+    assert tokens[-1].generated_text == response.generated_text
+    with pytest.raises(ValidationError):
+        tgi.generate("The quick brown", max_new_tokens=5, top_p=1.0)
+
+
+def test_tgi_routes_directly(servers):
+    url = servers["zmq"].url("predict_port", "/generate")
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": 3}}
+    answer = httpx.post(url, json=body, timeout=60).json()
+    assert set(answer) == {"generated_text", "details"}
+    bad = httpx.post(url, json={"inputs": "hello", "parameters": {"top_k": 0}}, timeout=60)
+    assert bad.status_code == 422 and bad.json()["error_type"] == "validation"
