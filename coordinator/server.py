@@ -220,10 +220,17 @@ class Coordinator:
             server.install_signal_handlers = lambda: None  # we drain first, then stop them
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+
+        def handle_signals() -> None:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+
+        handle_signals()
         serving = [asyncio.ensure_future(s.serve()) for s in self._servers]
         starting = asyncio.ensure_future(self.start())
+        # ray.init installs its own C++ SIGTERM handler (which ends the process without a drain);
+        # take the signals back once it has run.
+        starting.add_done_callback(lambda _: handle_signals())
         await stop.wait()
         await self.shutdown(starting)
         await asyncio.gather(*serving, return_exceptions=True)
