@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from coordinator.azure_api import create_azure_router
 from coordinator.cluster import Cluster, init_ray
 from coordinator.cluster_config import ClusterConfig
 from coordinator.config import CoordinatorConfig
@@ -108,6 +109,22 @@ class Coordinator:
         app.include_router(create_infer_router(self.service, self.model, limit))
         app.include_router(create_openai_router(self.service, self.model, limit))
         app.include_router(create_tgi_router(self.service, self.model, limit))
+        app.include_router(create_azure_router(self.service, self.model, limit))
+        keys = set(self.config["http_config"]["api_keys"])
+
+        @app.middleware("http")
+        async def authenticate(request: Request, call_next):
+            if keys and not _authorized(request, keys):
+                return JSONResponse(
+                    {
+                        "error": {
+                            "code": "Unauthorized",
+                            "message": "a valid api-key or Authorization: Bearer key is required",
+                        }
+                    },
+                    status_code=401,
+                )
+            return await call_next(request)
 
         @app.middleware("http")
         async def not_ready(request: Request, call_next):
@@ -255,3 +272,9 @@ class Coordinator:
 def with_model(config: CoordinatorConfig, **backend: Any) -> CoordinatorConfig:
     """Copy of ``config`` with ``backend_config`` keys replaced (tests, benchmarks)."""
     return config.with_overrides({f"backend_config.{k}": v for k, v in backend.items()})
+
+
+def _authorized(request: Request, keys: set[str]) -> bool:
+    bearer = request.headers.get("authorization", "")
+    token = bearer[7:] if bearer.lower().startswith("bearer ") else None
+    return request.headers.get("api-key") in keys or token in keys

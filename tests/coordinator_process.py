@@ -28,13 +28,14 @@ class CoordinatorProcess:
     scheme: str
     log_path: Path
     verify: object = True
+    headers: dict | None = None  # sent with every request (api keys)
 
     def url(self, port: str, path: str) -> str:
         scheme = self.scheme if port == "predict_port" else "http"
         return f"{scheme}://127.0.0.1:{self.ports[port]}{path}"
 
     def client(self, **kwargs) -> httpx.Client:
-        return httpx.Client(verify=self.verify, timeout=60, **kwargs)
+        return httpx.Client(verify=self.verify, timeout=60, headers=self.headers, **kwargs)
 
     def wait_ready(self, timeout_s: float = 240) -> None:
         deadline = time.monotonic() + timeout_s

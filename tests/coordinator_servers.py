@@ -16,6 +16,7 @@ from engine.tiny_model import build_tiny_model
 from tests.coordinator_process import CoordinatorProcess, start_coordinator
 
 MAX_ITER = 8
+API_KEY = "test-key"  # the grpc server requires it
 
 
 def infer(server: CoordinatorProcess, body, **kwargs) -> httpx.Response:
@@ -69,7 +70,10 @@ def servers(tmp_path_factory, tiny_model_dir):
             },
             (),
         ),
-        "grpc": ({"backend_config": backend(tiny_model_dir)}, ("--kv-transport", "grpc")),
+        "grpc": (
+            {"http_config": {"api_keys": [API_KEY]}, "backend_config": backend(tiny_model_dir)},
+            ("--kv-transport", "grpc"),
+        ),
         "single": (
             {
                 "digs_scheduler_config": {"deploy_mode": "single_node"},
@@ -95,6 +99,7 @@ def servers(tmp_path_factory, tiny_model_dir):
         for name, (config, args) in configs.items()
     }
     started["single"].verify = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    started["grpc"].headers = {"api-key": API_KEY}
     raylets_before = raylets()
     try:
         not_ready = first_answer(started["zmq"])
