@@ -25,6 +25,7 @@ import ray
 from coordinator.cluster_config import ActorResources, ClusterConfig
 from decode_worker.colocated import ColocatedWorker
 from decode_worker.worker import DecodeWorker
+from engine.embedding_worker import EmbeddingWorker
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
@@ -65,6 +66,7 @@ class Cluster:
         self.colocated: list[Any] = []
         self._routes: dict[str, list[Any]] = {}
         self._cores: list[int] | None = None
+        self.embedders: list[Any] = []
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -99,7 +101,17 @@ class Cluster:
                 self._actor(ColocatedWorker, cfg.colocated_resources, i)
                 for i in range(cfg.num_colocated)
             ]
-        ray.get([a.ready.remote() for a in self.actors], timeout=timeout_s)
+        if cfg.embedding_model_path is not None:
+            self.embedders = [
+                ray.remote(EmbeddingWorker)
+                .options(
+                    num_cpus=cfg.embedding_resources.num_cpus,
+                    max_restarts=-1,
+                    max_concurrency=256,
+                )
+                .remote(cfg.embedding_model_path, cfg.embedding_resources.num_threads)
+            ]
+        ray.get([a.ready.remote() for a in [*self.actors, *self.embedders]], timeout=timeout_s)
 
     def _core_plan(self) -> list[int] | None:
         """Cores to hand out in actor order, when pinning applies: a one-node Ray with at least
@@ -147,9 +159,15 @@ class Cluster:
         return [*self.prefills, *self.decodes, *self.colocated]
 
     def shutdown(self) -> None:
-        for actor in self.actors:
+        for actor in [*self.actors, *self.embedders]:
             ray.kill(actor, no_restart=True)
-        self.prefills, self.decodes, self.colocated = [], [], []
+        self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
+
+    async def embed(self, texts: list[str]) -> dict[str, Any]:
+        """Embeddings (float32 ``[n, d]``) and token counts from the embedding worker."""
+        if not self.embedders:
+            raise RuntimeError("this cluster has no embedding worker")
+        return await self.embedders[0].embed.remote(texts)
 
     # ---- requests --------------------------------------------------------------------------------
 

@@ -10,9 +10,11 @@ down and stops a Ray it started itself.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -24,6 +26,7 @@ from coordinator.azure_api import create_azure_router
 from coordinator.cluster import Cluster, init_ray
 from coordinator.cluster_config import ClusterConfig
 from coordinator.config import CoordinatorConfig
+from coordinator.embeddings_api import create_embeddings_router
 from coordinator.infer_api import APIError, ModelInfo, create_infer_router
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
@@ -31,6 +34,7 @@ from coordinator.openai_api import create_openai_router
 from coordinator.router import Router
 from coordinator.tgi_api import create_tgi_router
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.embedding_model import bundled_embedding_dir
 from engine.model.loader import load_hf_config, load_tokenizer, resolve_model_dir
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,7 @@ def cluster_config(config: CoordinatorConfig) -> ClusterConfig:
         num_decode=b["num_decode_instances"],
         kv_transport=b["kv_transport"],
         engine=engine,
+        embedding_model_path=b["embedding_model_path"],
         reservation_wait_s=float(config["exception_config"]["schedule_timeout"] or 3600),
     )
 
@@ -78,6 +83,13 @@ def model_info(config: CoordinatorConfig) -> ModelInfo:
         b["fullTextEnabled"],
         allowed_media_dirs=b["allowed_media_dirs"],
     )
+
+
+def embedding_info(path: str) -> tuple[str, int]:
+    """Name and dimensions of the embedding model, read from its config.json."""
+    model_dir = bundled_embedding_dir() if path == "bundled" else Path(path)
+    config = json.loads((model_dir / "config.json").read_text())
+    return ("all-MiniLM-L6-v2" if path == "bundled" else model_dir.name), config["hidden_size"]
 
 
 class Coordinator:
@@ -110,6 +122,8 @@ class Coordinator:
         app.include_router(create_openai_router(self.service, self.model, limit))
         app.include_router(create_tgi_router(self.service, self.model, limit))
         app.include_router(create_azure_router(self.service, self.model, limit))
+        name, dimensions = embedding_info(self.config["backend_config"]["embedding_model_path"])
+        app.include_router(create_embeddings_router(self.cluster, name, dimensions, limit))
         keys = set(self.config["http_config"]["api_keys"])
 
         @app.middleware("http")

