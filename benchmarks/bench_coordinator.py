@@ -1,4 +1,5 @@
-"""The coordinator's own overhead: streaming ``/infer`` against the cluster API, same actors.
+"""The coordinator's own overhead: streaming ``/infer`` against the cluster API, same actors;
+and ``/v1/embeddings`` through the cluster against the encoder called in-process.
 
     python benchmarks/bench_coordinator.py --out results/coordinator.json
 
@@ -101,6 +102,37 @@ async def measure(
     }
 
 
+async def measure_embeddings(url: str, batch: int, requests: int) -> dict[str, float]:
+    """Inputs per second: ``requests`` calls of ``batch`` inputs, 8 in flight, through HTTP,
+    against the same encoder called directly in this process."""
+    from engine.embedding_model import EmbeddingModel
+
+    texts = [f"sentence number {i} about prefill and decode" for i in range(batch)]
+    direct = EmbeddingModel()
+    direct.embed(texts)
+    start = time.monotonic()
+    for _ in range(requests):
+        direct.embed(texts)
+    direct_rate = batch * requests / (time.monotonic() - start)
+    async with httpx.AsyncClient(timeout=600) as client:
+        await client.post(url, json={"input": texts})
+        gate = asyncio.Semaphore(8)
+
+        async def one() -> None:
+            async with gate:
+                response = await client.post(url, json={"input": texts})
+                response.raise_for_status()
+
+        start = time.monotonic()
+        await asyncio.gather(*[one() for _ in range(requests)])
+        http_rate = batch * requests / (time.monotonic() - start)
+    return {
+        "direct_inputs_per_s": round(direct_rate, 1),
+        "http_inputs_per_s": round(http_rate, 1),
+        "ratio": round(http_rate / direct_rate, 3),
+    }
+
+
 def start_server(coordinator: Coordinator) -> threading.Thread:
     config = coordinator.uvicorn_configs()[0]
     server = uvicorn.Server(config)
@@ -156,6 +188,12 @@ def main() -> None:
                 f"{'':>11}  http   {figures['http']}\n"
                 f"{'':>11}  the coordinator adds {figures['added_tpot']:+.1%} to TPOT"
             )
+        embeddings_url = f"http://127.0.0.1:{port}/v1/embeddings"
+        out["embeddings"] = {}
+        for batch in (1, 64):
+            figures = await measure_embeddings(embeddings_url, batch, 64 if batch == 1 else 16)
+            out["embeddings"][str(batch)] = figures
+            print(f"embeddings batch {batch:>2}: {figures}")
         await coordinator.shutdown()
         return out
 
