@@ -25,6 +25,7 @@ from coordinator.openai_api import (
     _Completion,
     _prompt_ids,
     _stream,
+    input_blocked,
     openai_sampling,
 )
 
@@ -157,6 +158,17 @@ def create_azure_router(
             extras = split_extras(request, body)
             check_supported(body)
             ids = await _prompt_ids(body, "chat", model)
+            if input_blocked(model, body, "chat"):
+                raise AzureError(
+                    400,
+                    {
+                        "status": 400,
+                        "code": "content_filter",
+                        "message": "The response was filtered",
+                        "param": "messages",
+                        "type": None,
+                    },
+                )
             known = {k: v for k, v in body.items() if k in CHAT_KEYS}
             params = openai_sampling({**known, **extras}, model.vocab_size, 512)
             if extras.get("ignore_eos"):
@@ -169,7 +181,7 @@ def create_azure_router(
             return AzureError(
                 exc.status, {"error": {"code": "BadRequest", "message": exc.message}}
             ).response()
-        answer = _Completion("chat", model.name, len(ids))
+        answer = _Completion("chat", model.name, len(ids), model.content_filter)
         events = service.generate(service.new_request_id(), ids, params, 5, 600)
         if body.get("stream"):
             try:
@@ -181,6 +193,8 @@ def create_azure_router(
         try:
             async for event in events:
                 answer.add(event)
+                if answer.blocked:
+                    break  # closing the events aborts the generation
         except SERVICE_ERRORS as exc:
             return _error(STATUS[type(exc)], type(exc).__name__, str(exc)).response()
         finally:

@@ -46,6 +46,7 @@ class Key:
             "ip": "an IP address",
             "list": "a list of strings",
             "str": "a string",
+            "dict": "a JSON object",
         }[self.kind]
 
     def parse(self, name: str, value: Any) -> Any:
@@ -78,6 +79,8 @@ class Key:
             )
         if self.kind == "ip":
             return str(ipaddress.ip_address(value)) if isinstance(value, str) else None
+        if self.kind == "dict":
+            return value if isinstance(value, dict) else None
         if self.kind == "list":
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
             return tuple(value) if ok else None
@@ -118,6 +121,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "log_info": {
         "log_level": Key("str", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")),
+    },
+    "content_safety": {
+        "enabled": Key("bool", False),
+        "categories": Key("dict", {}),
     },
     "backend_config": {
         "model_path": Key("str", "bundled"),
@@ -200,6 +207,9 @@ def load_config(path: str | os.PathLike | None = None) -> CoordinatorConfig:
 
 
 def _checked(config: CoordinatorConfig) -> CoordinatorConfig:
+    from coordinator.content_safety import ContentFilter
+
+    ContentFilter.from_config(config["content_safety"])  # a bad pattern fails at start-up
     http = config["http_config"]
     if not http["allow_all_zero_ip_listening"]:
         for key in ("predict_ip", "manage_ip"):

@@ -46,6 +46,7 @@ class ModelInfo:
     full_text_enabled: bool = False
     modalities: tuple[str, ...] = ("text",)
     allowed_media_dirs: tuple[str, ...] = ()
+    content_filter: Any = None  # a ContentFilter when content_safety is enabled
 
 
 class APIError(Exception):

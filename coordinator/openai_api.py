@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from coordinator.content_safety import ContentFilter
 from coordinator.infer_api import APIError, ModelInfo, read_json
 from coordinator.inference import (
     GenerationFailed,
@@ -49,9 +50,11 @@ class OpenAIError(Exception):
         message: str,
         param: str | None = None,
         kind: str = "invalid_request_error",
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.code = code
 
     def response(self) -> JSONResponse:
         return JSONResponse(
@@ -60,7 +63,7 @@ class OpenAIError(Exception):
                     "message": self.message,
                     "type": self.kind,
                     "param": self.param,
-                    "code": None,
+                    "code": self.code,
                 }
             },
             status_code=self.status,
@@ -116,17 +119,39 @@ def openai_sampling(body: dict, vocab_size: int, default_max_tokens: int) -> Sam
 class _Completion:
     """Accumulates events into OpenAI's shapes, for chat or text completions."""
 
-    def __init__(self, kind: str, model: str, num_prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        kind: str,
+        model: str,
+        num_prompt_tokens: int,
+        content_filter: ContentFilter | None = None,
+    ) -> None:
         self.kind, self.model, self.num_prompt_tokens = kind, model, num_prompt_tokens
         self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.text, self.num_tokens, self.finish = "", 0, None
+        self.content_filter = content_filter
+        self.blocked = False
+        self.sent = 0  # characters already streamed
 
     def add(self, event: TokenEvent) -> None:
+        """Take an event; a filtered output is cut before the match and ``blocked``."""
         self.text += event.text
         self.num_tokens += event.token_id is not None
         if event.finish_reason is not None:
             self.finish = FINISH[event.finish_reason]
+        match = self.content_filter.search(self.text) if self.content_filter else None
+        if match is not None:
+            self.text, self.finish, self.blocked = (
+                self.text[: match.start()],
+                "content_filter",
+                True,
+            )
+
+    def pending(self) -> str:
+        """Text not streamed yet (taken)."""
+        piece, self.sent = self.text[self.sent :], len(self.text)
+        return piece
 
     @property
     def usage(self) -> dict[str, int]:
@@ -192,12 +217,19 @@ def create_openai_router(
             if not isinstance(body, dict):
                 raise OpenAIError(400, "the request body must be a JSON object")
             ids = await _prompt_ids(body, kind, model)
+            if input_blocked(model, body, kind):
+                raise OpenAIError(
+                    400,
+                    "The response was filtered",
+                    "messages" if kind == "chat" else "prompt",
+                    code="content_filter",
+                )
             params = openai_sampling(body, model.vocab_size, 16 if kind == "text" else 512)
         except APIError as exc:
             return OpenAIError(exc.status, exc.message).response()
         except OpenAIError as exc:
             return exc.response()
-        answer = _Completion(kind, model.name, len(ids))
+        answer = _Completion(kind, model.name, len(ids), model.content_filter)
         events = service.generate(service.new_request_id(), ids, params, 5, 600)
         if body.get("stream"):
             try:
@@ -209,6 +241,8 @@ def create_openai_router(
         try:
             async for event in events:
                 answer.add(event)
+                if answer.blocked:
+                    break  # closing the events aborts the generation
         except SERVICE_ERRORS as exc:
             return OpenAIError(STATUS[type(exc)], str(exc), kind="server_error").response()
         finally:
@@ -281,13 +315,12 @@ async def _stream(
         event: TokenEvent | None = first
         while event is not None:
             answer.add(event)
-            if event.finished:
-                if event.text:
-                    yield answer.chunk(event.text, None)
+            piece = answer.pending()
+            if piece:
+                yield answer.chunk(piece, None)
+            if event.finished or answer.blocked:
                 yield answer.chunk(None if answer.kind == "chat" else "", answer.finish, usage=True)
                 break
-            if event.text:
-                yield answer.chunk(event.text, None)
             event = await events.__anext__()
         yield b"data: [DONE]\n\n"
     except SERVICE_ERRORS as exc:
@@ -302,3 +335,15 @@ async def _stream(
         yield b"data: " + json.dumps(payload).encode() + b"\n\n"
     finally:
         await events.aclose()
+
+
+def input_blocked(model: ModelInfo, body: dict, kind: str) -> bool:
+    """Whether the content filter blocks the request's text (messages or prompt)."""
+    if model.content_filter is None:
+        return False
+    if kind == "chat":
+        text = "\n".join(_content_text(m.get("content")) for m in body.get("messages", []))
+    else:
+        prompt = body.get("prompt")
+        text = "\n".join(prompt) if isinstance(prompt, list) else str(prompt)
+    return model.content_filter.search(text) is not None

@@ -26,6 +26,7 @@ from coordinator.azure_api import create_azure_router
 from coordinator.cluster import Cluster, init_ray
 from coordinator.cluster_config import ClusterConfig
 from coordinator.config import CoordinatorConfig
+from coordinator.content_safety import ContentFilter
 from coordinator.embeddings_api import create_embeddings_router
 from coordinator.infer_api import APIError, ModelInfo, create_infer_router
 from coordinator.inference import InferenceService, Timeouts
@@ -82,6 +83,7 @@ def model_info(config: CoordinatorConfig) -> ModelInfo:
         limit,
         b["fullTextEnabled"],
         allowed_media_dirs=b["allowed_media_dirs"],
+        content_filter=ContentFilter.from_config(config["content_safety"]),
     )
 
 

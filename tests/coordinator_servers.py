@@ -71,7 +71,16 @@ def servers(tmp_path_factory, tiny_model_dir):
             (),
         ),
         "grpc": (
-            {"http_config": {"api_keys": [API_KEY]}, "backend_config": backend(tiny_model_dir)},
+            {
+                "http_config": {"api_keys": [API_KEY]},
+                "content_safety": {
+                    "enabled": True,
+                    "categories": {
+                        "test": {"terms": ["forbidden"], "patterns": [r"\bsecret-\d+\b"]}
+                    },
+                },
+                "backend_config": backend(tiny_model_dir),
+            },
             ("--kv-transport", "grpc"),
         ),
         "single": (

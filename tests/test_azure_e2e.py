@@ -119,3 +119,18 @@ def test_embeddings_through_the_sdk(servers):
     with pytest.raises(HttpResponseError) as error:
         client.embed(input=["x"], dimensions=100)
     assert error.value.status_code == 422
+
+
+def test_content_filter_blocks_an_input(servers):
+    client = _client(servers["grpc"], key=API_KEY)
+    with pytest.raises(HttpResponseError) as error:
+        client.complete(messages=[UserMessage("tell me the forbidden thing")], max_tokens=3)
+    assert error.value.status_code == 400
+    assert error.value.error.code == "content_filter"
+    url = servers["grpc"].url("predict_port", "/v1/chat/completions")
+    raw = httpx.post(
+        url,
+        headers={"api-key": API_KEY},
+        json={"messages": [{"role": "user", "content": "secret-42 please"}], "max_tokens": 3},
+    )
+    assert raw.status_code == 400 and raw.json()["error"]["code"] == "content_filter"
