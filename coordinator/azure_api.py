@@ -14,19 +14,18 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from coordinator.infer_api import APIError, ModelInfo, read_json
 from coordinator.inference import InferenceService
 from coordinator.openai_api import (
-    SERVICE_ERRORS,
     STATUS,
     OpenAIError,
     _Completion,
     _prompt_ids,
-    _stream,
     input_blocked,
     openai_sampling,
+    respond,
 )
 
 API_VERSIONS = ("2024-04-01-preview", "2024-05-01-preview", "2025-04-01", "2025-05-01")
@@ -74,6 +73,10 @@ def not_supported(param: str, value: Any) -> AzureError:
         },
         {"x-ms-error-code": "parameter_not_supported"},
     )
+
+
+def _service_error(exc: Exception) -> Response:
+    return _error(STATUS[type(exc)], type(exc).__name__, str(exc)).response()
 
 
 def check_api_version(request: Request) -> None:
@@ -183,23 +186,7 @@ def create_azure_router(
             ).response()
         answer = _Completion("chat", model.name, len(ids), model.content_filter)
         events = service.generate(service.new_request_id(), ids, params, 5, 600)
-        if body.get("stream"):
-            try:
-                first = await events.__anext__()
-            except SERVICE_ERRORS as exc:
-                await events.aclose()
-                return _error(STATUS[type(exc)], type(exc).__name__, str(exc)).response()
-            return StreamingResponse(_stream(first, events, answer), media_type="text/event-stream")
-        try:
-            async for event in events:
-                answer.add(event)
-                if answer.blocked:
-                    break  # closing the events aborts the generation
-        except SERVICE_ERRORS as exc:
-            return _error(STATUS[type(exc)], type(exc).__name__, str(exc)).response()
-        finally:
-            await events.aclose()
-        return JSONResponse(answer.body())
+        return await respond(events, answer, bool(body.get("stream")), _service_error)
 
     for prefix in ("", "/models"):
         router.add_api_route(f"{prefix}/info", info, methods=["GET"])

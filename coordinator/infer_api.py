@@ -24,10 +24,11 @@ from coordinator.infer_request import (
     parse_infer_body,
 )
 from coordinator.inference import (
-    GenerationFailed,
+    SERVICE_ERRORS,
     InferenceService,
     RequestTimeout,
     TooManyRequests,
+    first_event,
 )
 from coordinator.media import check_media
 from coordinator.router import NoWorkerError
@@ -148,9 +149,8 @@ def create_infer_router(
         )
         if req.stream:
             try:  # errors before the first token still get their HTTP status
-                first = await events.__anext__()
-            except (TooManyRequests, RequestTimeout, NoWorkerError, GenerationFailed) as exc:
-                await events.aclose()
+                first = await first_event(events)
+            except SERVICE_ERRORS as exc:
                 return _service_error(exc).response()
             return StreamingResponse(_stream(first, events, answer), media_type="text/event-stream")
         return await _text(request, events, answer)
@@ -195,7 +195,7 @@ async def _stream(first: Any, events: AsyncIterator, answer: InferAnswer) -> Asy
             payload = answer.add(event, time.monotonic())
             if payload is not None:
                 yield sse(payload)
-    except (TooManyRequests, RequestTimeout, NoWorkerError, GenerationFailed) as exc:
+    except SERVICE_ERRORS as exc:
         error = _service_error(exc)
         yield sse(error_body(error.message, error.error_type))
     finally:
@@ -219,7 +219,7 @@ async def _text(request: Request, events: AsyncIterator, answer: InferAnswer) ->
                     await task
                 return Response(status_code=499)
         task.result()
-    except (TooManyRequests, RequestTimeout, NoWorkerError, GenerationFailed) as exc:
+    except SERVICE_ERRORS as exc:
         return _service_error(exc).response()
     finally:
         await events.aclose()

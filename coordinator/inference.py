@@ -210,3 +210,18 @@ class InferenceService:
             else:
                 return
         raise GenerationFailed(f"request failed after {self.max_retry + 1} attempts")
+
+
+# What InferenceService.generate raises for a request that cannot be served; front doors map
+# each to their own status and body.
+SERVICE_ERRORS = (TooManyRequests, RequestTimeout, NoWorkerError, GenerationFailed)
+
+
+async def first_event(events: AsyncIterator[TokenEvent]) -> TokenEvent:
+    """The first event of a stream about to be answered; on a service error the stream is
+    closed and the error raised, so the caller can still answer with an HTTP status."""
+    try:
+        return await events.__anext__()
+    except SERVICE_ERRORS:
+        await events.aclose()
+        raise

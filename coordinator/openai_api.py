@@ -12,7 +12,7 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -22,17 +22,18 @@ from starlette.concurrency import run_in_threadpool
 from coordinator.content_safety import ContentFilter
 from coordinator.infer_api import APIError, ModelInfo, read_json
 from coordinator.inference import (
+    SERVICE_ERRORS,
     GenerationFailed,
     InferenceService,
     RequestTimeout,
     TooManyRequests,
+    first_event,
 )
 from coordinator.router import NoWorkerError
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import MAX_SEED, SamplingParams
 
-SERVICE_ERRORS = (TooManyRequests, RequestTimeout, NoWorkerError, GenerationFailed)
 FINISH = {
     FinishReason.EOS: "stop",
     FinishReason.STOP: "stop",
@@ -231,23 +232,7 @@ def create_openai_router(
             return exc.response()
         answer = _Completion(kind, model.name, len(ids), model.content_filter)
         events = service.generate(service.new_request_id(), ids, params, 5, 600)
-        if body.get("stream"):
-            try:
-                first = await events.__anext__()
-            except SERVICE_ERRORS as exc:
-                await events.aclose()
-                return OpenAIError(STATUS[type(exc)], str(exc), kind="server_error").response()
-            return StreamingResponse(_stream(first, events, answer), media_type="text/event-stream")
-        try:
-            async for event in events:
-                answer.add(event)
-                if answer.blocked:
-                    break  # closing the events aborts the generation
-        except SERVICE_ERRORS as exc:
-            return OpenAIError(STATUS[type(exc)], str(exc), kind="server_error").response()
-        finally:
-            await events.aclose()
-        return JSONResponse(answer.body())
+        return await respond(events, answer, bool(body.get("stream")), _server_error)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -258,6 +243,36 @@ def create_openai_router(
         return await complete(request, "chat")
 
     return router
+
+
+def _server_error(exc: Exception) -> Response:
+    return OpenAIError(STATUS[type(exc)], str(exc), kind="server_error").response()
+
+
+async def respond(
+    events: AsyncIterator[TokenEvent],
+    answer: _Completion,
+    stream: bool,
+    on_error: Callable[[Exception], Response],
+) -> Response:
+    """Answer a chat or text completion, streamed or whole (OpenAI and Azure shapes alike);
+    ``on_error`` shapes a service error that happens before anything was sent."""
+    if stream:
+        try:
+            first = await first_event(events)
+        except SERVICE_ERRORS as exc:
+            return on_error(exc)
+        return StreamingResponse(_stream(first, events, answer), media_type="text/event-stream")
+    try:
+        async for event in events:
+            answer.add(event)
+            if answer.blocked:
+                break  # closing the events aborts the generation
+    except SERVICE_ERRORS as exc:
+        return on_error(exc)
+    finally:
+        await events.aclose()
+    return JSONResponse(answer.body())
 
 
 async def _prompt_ids(body: dict, kind: str, model: ModelInfo) -> list[int]:

