@@ -131,9 +131,8 @@ def check_supported(body: dict) -> None:
             raise not_supported(name, body[name])
 
 
-def create_azure_router(
-    service: InferenceService, model: ModelInfo, body_limit_mb: int
-) -> APIRouter:
+def create_info_router(name: str, model_type: str) -> APIRouter:
+    """``GET /info`` (also under ``/models``): the model's name, type and provider."""
     router = APIRouter()
 
     async def info(request: Request) -> Response:
@@ -142,12 +141,18 @@ def create_azure_router(
         except AzureError as exc:
             return exc.response()
         return JSONResponse(
-            {
-                "model_name": model.name,
-                "model_type": "chat-completion",
-                "model_provider_name": "pdserve",
-            }
+            {"model_name": name, "model_type": model_type, "model_provider_name": "pdserve"}
         )
+
+    for prefix in ("", "/models"):
+        router.add_api_route(f"{prefix}/info", info, methods=["GET"])
+    return router
+
+
+def create_azure_router(
+    service: InferenceService, model: ModelInfo, body_limit_mb: int
+) -> APIRouter:
+    router = create_info_router(model.name, "chat-completion")
 
     async def images_embeddings(request: Request) -> Response:
         return _error(404, "NotFound", "Modality not supported by the model").response()
@@ -189,7 +194,6 @@ def create_azure_router(
         return await respond(events, answer, bool(body.get("stream")), _service_error)
 
     for prefix in ("", "/models"):
-        router.add_api_route(f"{prefix}/info", info, methods=["GET"])
         router.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
         router.add_api_route(f"{prefix}/images/embeddings", images_embeddings, methods=["POST"])
     return router

@@ -3,6 +3,7 @@
     pdserve [--config PATH] [--predict-ip IP] [--predict-port PORT] [--manage-ip IP]
             [--manage-port PORT] [--model PATH] [--deploy-mode pd_separate|single_node]
             [--prefill N] [--decode M] [--kv-transport zmq|grpc] [--ray-address ADDR]
+            [--model-config JSON]
     pdserve PREDICT_IP PREDICT_PORT MANAGE_IP MANAGE_PORT     (MindIE's positional form)
 
 CLI values win over ``ms_coordinator.json`` (``--config`` or
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 
@@ -32,6 +34,7 @@ OVERRIDES = {  # CLI option -> config key
     "decode": "backend_config.num_decode_instances",
     "kv_transport": "backend_config.kv_transport",
     "ray_address": "backend_config.ray_address",
+    "model_config": "backend_config.model_config",
 }
 POSITIONAL = ("predict_ip", "predict_port", "manage_ip", "manage_port")
 
@@ -59,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode", type=int, help="decode actors (pd_separate)")
     parser.add_argument("--kv-transport", choices=("zmq", "grpc"))
     parser.add_argument("--ray-address", help="join this Ray cluster ('auto' inside one)")
+    parser.add_argument(
+        "--model-config",
+        type=_json_object,
+        help="MLflow model: JSON object overriding keys of its saved model_config",
+    )
     args = parser.parse_args(argv)
     if len(args.positional) > len(POSITIONAL):
         parser.error(f"at most {len(POSITIONAL)} positional values: {' '.join(POSITIONAL)}")
@@ -66,6 +74,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     return args
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text}")
+    return value
 
 
 def resolve_config(args: argparse.Namespace) -> CoordinatorConfig:

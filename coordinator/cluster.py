@@ -74,7 +74,9 @@ class Cluster:
         """Create the actors and wait until every one has loaded its model."""
         cfg = self.config
         self._cores = self._core_plan()
-        if cfg.deploy_mode == "pd_separate":
+        if not cfg.generation:
+            pass  # embeddings only
+        elif cfg.deploy_mode == "pd_separate":
             self.prefills = [
                 self._actor(
                     PrefillWorker,
@@ -117,7 +119,7 @@ class Cluster:
         """Cores to hand out in actor order, when pinning applies: a one-node Ray with at least
         as many cores as the actors ask for (else None: the OS schedules)."""
         cfg = self.config
-        if not cfg.pin_cpus or len(ray.nodes()) != 1:
+        if not cfg.pin_cpus or not cfg.generation or len(ray.nodes()) != 1:
             return None
         if cfg.deploy_mode == "pd_separate":
             wanted = [cfg.prefill_resources.num_threads] * cfg.num_prefill + [

@@ -129,6 +129,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "backend_config": {
         "model_path": Key("str", "bundled"),
         "embedding_model_path": Key("str", "bundled"),
+        "model_config": Key("dict", {}),  # MLflow models: load-time model_config overrides
         "dtype": Key("str", "auto", choices=("auto", "float32", "bfloat16", "float16")),
         "device": Key("str", "auto"),
         "num_prefill_instances": Key("int", 1, 1, 1024),

@@ -196,9 +196,8 @@ class _Completion:
         return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
-def create_openai_router(
-    service: InferenceService, model: ModelInfo, body_limit_mb: int
-) -> APIRouter:
+def create_models_router(name: str) -> APIRouter:
+    """``GET /v1/models``: the one served model."""
     router = APIRouter()
 
     @router.get("/v1/models")
@@ -206,11 +205,17 @@ def create_openai_router(
         return JSONResponse(
             {
                 "object": "list",
-                "data": [
-                    {"id": model.name, "object": "model", "created": 0, "owned_by": "pdserve"}
-                ],
+                "data": [{"id": name, "object": "model", "created": 0, "owned_by": "pdserve"}],
             }
         )
+
+    return router
+
+
+def create_openai_router(
+    service: InferenceService, model: ModelInfo, body_limit_mb: int
+) -> APIRouter:
+    router = create_models_router(model.name)
 
     async def complete(request: Request, kind: str) -> Response:
         try:

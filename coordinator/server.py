@@ -10,11 +10,9 @@ down and stops a Ray it started itself.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -22,85 +20,31 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.azure_api import create_azure_router
+from coordinator.azure_api import create_azure_router, create_info_router
 from coordinator.cluster import Cluster, init_ray
-from coordinator.cluster_config import ClusterConfig
 from coordinator.config import CoordinatorConfig
-from coordinator.content_safety import ContentFilter
 from coordinator.embeddings_api import create_embeddings_router
-from coordinator.infer_api import APIError, ModelInfo, create_infer_router
+from coordinator.infer_api import APIError, create_infer_router
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
-from coordinator.openai_api import create_openai_router
+from coordinator.mlflow_api import MlflowScorer, create_mlflow_router
+from coordinator.openai_api import create_models_router, create_openai_router
 from coordinator.router import Router
+from coordinator.served_model import cluster_config, served_models
 from coordinator.tgi_api import create_tgi_router
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.embedding_model import bundled_embedding_dir
-from engine.model.loader import load_hf_config, load_tokenizer, resolve_model_dir
 
 log = logging.getLogger(__name__)
 PROBES = ("/v1/startup", "/v1/health", "/v1/readiness", "/v2/health/live", "/v2/health/ready")
-
-
-def cluster_config(config: CoordinatorConfig) -> ClusterConfig:
-    b = config["backend_config"]
-    engine = EngineConfig(
-        model_path=b["model_path"],
-        device=b["device"],
-        dtype=b["dtype"],
-        cache=CacheConfig(block_size=b["cacheBlockSize"], memory_mb=b["kvCacheMemoryMB"]),
-        scheduler=SchedulerConfig(
-            max_seq_len=b["maxSeqLen"],
-            max_input_token_len=b["maxInputTokenLen"],
-            max_iter_times=b["maxIterTimes"],
-            max_batch_size=b["maxBatchSize"],
-            max_prefill_tokens=b["maxPrefillTokens"],
-            max_prefill_batch_size=b["maxPrefillBatchSize"],
-        ),
-    )
-    return ClusterConfig(
-        deploy_mode=config["digs_scheduler_config"]["deploy_mode"],
-        num_prefill=b["num_prefill_instances"],
-        num_decode=b["num_decode_instances"],
-        kv_transport=b["kv_transport"],
-        engine=engine,
-        embedding_model_path=b["embedding_model_path"],
-        reservation_wait_s=float(config["exception_config"]["schedule_timeout"] or 3600),
-    )
-
-
-def model_info(config: CoordinatorConfig) -> ModelInfo:
-    b = config["backend_config"]
-    model_dir = resolve_model_dir(b["model_path"])
-    hf = load_hf_config(model_dir)
-    name = "SmolLM2-135M-Instruct" if b["model_path"] == "bundled" else model_dir.name
-    limit = min(b["maxInputTokenLen"], b["maxSeqLen"] - 1, hf.max_position_embeddings)
-    return ModelInfo(
-        name,
-        load_tokenizer(model_dir),
-        hf.max_position_embeddings,
-        hf.vocab_size,
-        limit,
-        b["fullTextEnabled"],
-        allowed_media_dirs=b["allowed_media_dirs"],
-        content_filter=ContentFilter.from_config(config["content_safety"]),
-    )
-
-
-def embedding_info(path: str) -> tuple[str, int]:
-    """Name and dimensions of the embedding model, read from its config.json."""
-    model_dir = bundled_embedding_dir() if path == "bundled" else Path(path)
-    config = json.loads((model_dir / "config.json").read_text())
-    return ("all-MiniLM-L6-v2" if path == "bundled" else model_dir.name), config["hidden_size"]
 
 
 class Coordinator:
     def __init__(self, config: CoordinatorConfig, drain_timeout_s: float = 30.0) -> None:
         self.config = config
         self.drain_timeout_s = drain_timeout_s
-        self.model = model_info(config)
-        self.metrics = Metrics(self.model.name)
-        self.cluster = Cluster(cluster_config(config))
+        self.served = served_models(config)
+        self.model = self.served.generation
+        self.metrics = Metrics(self.served.name)
+        self.cluster = Cluster(cluster_config(config, self.served))
         self.router = Router(self.cluster)
         exc = config["exception_config"]
         self.service = InferenceService(
@@ -120,12 +64,24 @@ class Coordinator:
     def predict_app(self) -> FastAPI:
         app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
         limit = self.config["request_limit"]["body_limit"]
-        app.include_router(create_infer_router(self.service, self.model, limit))
-        app.include_router(create_openai_router(self.service, self.model, limit))
-        app.include_router(create_tgi_router(self.service, self.model, limit))
-        app.include_router(create_azure_router(self.service, self.model, limit))
-        name, dimensions = embedding_info(self.config["backend_config"]["embedding_model_path"])
-        app.include_router(create_embeddings_router(self.cluster, name, dimensions, limit))
+        served = self.served
+        if self.model is not None:
+            app.include_router(create_infer_router(self.service, self.model, limit))
+            app.include_router(create_openai_router(self.service, self.model, limit))
+            app.include_router(create_tgi_router(self.service, self.model, limit))
+            app.include_router(create_azure_router(self.service, self.model, limit))
+        else:
+            app.include_router(create_models_router(served.name))
+            app.include_router(create_info_router(served.name, "embeddings"))
+        if served.embedding_path is not None:
+            app.include_router(
+                create_embeddings_router(
+                    self.cluster, served.embedding_name, served.embedding_dimensions, limit
+                )
+            )
+        config = served.mlflow.model_config if served.mlflow else {}
+        scorer = MlflowScorer(served.task, config, self.service, self.model, self.cluster.embed)
+        app.include_router(create_mlflow_router(scorer, served.mlflow, limit))
         keys = set(self.config["http_config"]["api_keys"])
 
         @app.middleware("http")
@@ -159,9 +115,10 @@ class Coordinator:
 
         @app.exception_handler(404)
         async def not_found(request: Request, exc: Exception) -> JSONResponse:
-            return APIError(
-                404, f"no route {request.method} {request.url.path}", "NotFoundError"
-            ).response()
+            message = f"no route {request.method} {request.url.path}"
+            if self.model is None:
+                message += f": this server runs the embeddings model {served.name} only"
+            return APIError(404, message, "NotFoundError").response()
 
         return app
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import ModelLoadError
+from engine.model.mlflow_model import is_mlflow_dir, read_mlflow_model
 
 
 def bundled_embedding_dir() -> Path:
@@ -24,15 +25,29 @@ def bundled_embedding_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
+def embedding_model_dirs(path: str) -> tuple[Path, Path, str]:
+    """Weights directory, tokenizer directory and served name of an embedding model: the
+    bundled one, a Hugging Face directory, or an MLflow ``llm/v1/embeddings`` directory."""
+    if path == "bundled":
+        model_dir = bundled_embedding_dir()
+        return model_dir, model_dir, "all-MiniLM-L6-v2"
+    if is_mlflow_dir(path):
+        mlflow = read_mlflow_model(path)
+        if mlflow.generates:
+            raise ModelLoadError(f"{path} is an {mlflow.inference_task} model, not an encoder")
+        return mlflow.weights_dir, mlflow.tokenizer_dir, mlflow.name
+    model_dir = Path(path).expanduser()
+    if not (model_dir / "config.json").is_file():
+        raise ModelLoadError(f"no embedding model (config.json) in {model_dir}")
+    return model_dir, model_dir, model_dir.name
+
+
 class EmbeddingModel:
     def __init__(self, path: str = "bundled", device: str = "cpu", max_tokens: int = 256) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        model_dir = bundled_embedding_dir() if path == "bundled" else Path(path)
-        if not (model_dir / "config.json").is_file():
-            raise ModelLoadError(f"no embedding model (config.json) in {model_dir}")
-        self.name = "all-MiniLM-L6-v2" if path == "bundled" else model_dir.name
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model_dir, tokenizer_dir, self.name = embedding_model_dirs(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
         self.device = torch.device(device)
         self.max_tokens = min(max_tokens, self.tokenizer.model_max_length)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -10,8 +12,10 @@ from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel, load_model
 from engine.tiny_model import build_tiny_model
 from tests.coordinator_servers import servers  # noqa: F401 - a session fixture
+from tests.mlflow_models import mlflow_chat_dir, mlflow_embed_dir  # noqa: F401 - fixtures
 
 torch.set_num_threads(2)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
 
 
 @pytest.fixture(scope="session")

