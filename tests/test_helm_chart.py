@@ -1,0 +1,486 @@
+"""The Helm chart ``deploy/helm/pdserve``, checked with the real helm binary.
+
+``helm lint --strict``; ``helm template`` over every ``ci/*-values.yaml`` (with and without the
+Prometheus Operator's ServiceMonitor API); every built-in object validated offline by
+kubernetes-validate in strict mode (a kind it does not know is a failure); every RayCluster
+validated against the ``openAPIV3Schema`` of KubeRay's CRD (``../shared/kuberay-crds``) with
+unknown fields rejected, as the API server's strict field validation does (CEL
+``x-kubernetes-validations`` rules are not evaluated); the values schema rejects wrong types;
+and the rendered ``ms_coordinator.json`` loads with pdserve's own loader and agrees with the
+Service, the probes and the mounts.
+
+helm comes from ``scripts/fetch_helm.py`` (run by ``scripts/install.sh``) or ``PATH``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from coordinator.config import SCHEMA, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "deploy" / "helm" / "pdserve"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+CRDS = ROOT.parent / "shared" / "kuberay-crds"
+RELEASE, NAMESPACE = "demo", "serving"
+SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
+CUSTOM_KINDS = {("ray.io/v1", "RayCluster"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
+BUILTIN_KINDS = {"ConfigMap", "Secret", "Service", "Deployment"}
+KUBE_VERSIONS = ("1.25", kubernetes_validate.latest_version())  # Chart.yaml kubeVersion: >=1.25
+NAMES = [path.name.removesuffix("-values.yaml") for path in CI_VALUES]
+CASES = [(name, monitoring) for name in NAMES for monitoring in (False, True)]
+CASE_IDS = [f"{name}{'+prometheus-operator' if monitoring else ''}" for name, monitoring in CASES]
+
+
+# ---- helm -----------------------------------------------------------------------------------
+
+
+def helm_binary() -> Path:
+    cached = ROOT / ".cache" / "tools" / "bin" / "helm"
+    if cached.is_file() and os.access(cached, os.X_OK):
+        return cached
+    found = shutil.which("helm")
+    if found:
+        return Path(found)
+    pytest.fail(
+        f"no helm binary at {cached} nor on PATH: run `python scripts/fetch_helm.py` "
+        "(scripts/install.sh does it)"
+    )
+
+
+def run_helm(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [helm_binary(), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def values_file(name: str) -> Path:
+    return CHART / "ci" / f"{name}-values.yaml"
+
+
+def values_of(name: str) -> dict[str, Any]:
+    """The chart's values.yaml with the ci file on top (maps merged, null deletes)."""
+
+    def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, value in top.items():
+            if value is None:
+                out.pop(key, None)
+            elif isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merge(out[key], value)
+            else:
+                out[key] = value
+        return out
+
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    return merge(defaults, yaml.safe_load(values_file(name).read_text()) or {})
+
+
+@cache
+def render(name: str, monitoring: bool = False) -> tuple[dict[str, Any], ...]:
+    args: list[str | Path] = ["template", RELEASE, CHART, "-n", NAMESPACE, "-f", values_file(name)]
+    if monitoring:
+        args += ["--api-versions", SERVICE_MONITOR_API]
+    result = run_helm(*args)
+    assert result.returncode == 0, f"helm template with {name}: {result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def objects(docs: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def one(docs: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
+    found = objects(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def ms_coordinator(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    (config_map,) = [d for d in objects(docs, "ConfigMap") if "ms_coordinator.json" in d["data"]]
+    return json.loads(config_map["data"]["ms_coordinator.json"])
+
+
+def pod_specs(docs: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
+    """Every pod template by role: coordinator, head, prefill, decode."""
+    cluster = one(docs, "RayCluster")["spec"]
+    pods = {"coordinator": one(docs, "Deployment")["spec"]["template"]["spec"]}
+    pods["head"] = cluster["headGroupSpec"]["template"]["spec"]
+    for group in cluster["workerGroupSpecs"]:
+        pods[group["groupName"]] = group["template"]["spec"]
+    return pods
+
+
+# ---- KubeRay CRD --------------------------------------------------------------------------
+
+
+def structural(schema: dict[str, Any]) -> dict[str, Any]:
+    """A CRD's OpenAPI v3 schema as JSON Schema: int-or-string as anyOf, nullable as a null type,
+    and unknown fields refused wherever the schema lists properties and does not preserve them."""
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {key: structural(sub) for key, sub in out["properties"].items()}
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(out.get(key), dict):
+            out[key] = structural(out[key])
+    for key in ("anyOf", "allOf", "oneOf"):
+        if key in out:
+            out[key] = [structural(sub) for sub in out[key]]
+    if out.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    if out.pop("nullable", False) and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if (
+        out.get("type") == "object"
+        and "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+FORMATS = jsonschema.FormatChecker()
+for _name, (_low, _high) in INT_RANGES.items():
+    FORMATS.checks(_name)(
+        lambda value, low=_low, high=_high: not isinstance(value, int) or low <= value <= high
+    )
+
+
+@pytest.fixture(scope="module")
+def raycluster_validator() -> jsonschema.protocols.Validator:
+    crd_file = CRDS / "ray.io_rayclusters.yaml"
+    if not crd_file.is_file():
+        pytest.skip(f"KubeRay CRDs not found at {CRDS} (shared/kuberay-crds beside the repo)")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd = yaml.load(crd_file.read_text(), Loader=loader)
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = structural(version["schema"]["openAPIV3Schema"])
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    return jsonschema.Draft7Validator(schema, format_checker=FORMATS)
+
+
+def crd_errors(validator: jsonschema.protocols.Validator, obj: dict[str, Any]) -> list[str]:
+    return [
+        f"{'.'.join(map(str, error.absolute_path))}: {error.message}"
+        for error in validator.iter_errors(obj)
+    ]
+
+
+# ---- the chart as a whole -----------------------------------------------------------------
+
+
+def test_chart_metadata_follows_pyproject() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert (chart["apiVersion"], chart["name"], chart["appVersion"]) == ("v2", "pdserve", version)
+
+
+@pytest.mark.parametrize(
+    "values", [None, *CI_VALUES], ids=["chart-defaults", *[p.stem for p in CI_VALUES]]
+)
+def test_helm_lint_strict(values: Path | None) -> None:
+    result = run_helm("lint", "--strict", CHART, *(["-f", values] if values else []))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_values_yaml_documents_every_key() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented = [
+        f"{number}: {line.strip()}"
+        for number, line in enumerate(lines, 1)
+        if re.match(r"^\s*[\w.-]+:", line)
+        and "#" not in line
+        and not lines[number - 2].lstrip().startswith("#")
+    ]
+    assert not undocumented, "values.yaml keys without a comment:\n" + "\n".join(undocumented)
+
+
+def test_values_schema_only_uses_pdserve_config_keys() -> None:
+    """Every ms_coordinator.json key the chart accepts is one pdserve's loader knows."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    sections = schema["properties"]["msCoordinator"]["properties"]
+    for section, spec in sections.items():
+        assert section in SCHEMA, f"msCoordinator.{section} is no section of coordinator.config"
+        assert spec["additionalProperties"] is False
+        unknown = set(spec["properties"]) - set(SCHEMA[section])
+        assert not unknown, f"msCoordinator.{section}: keys pdserve would ignore: {unknown}"
+        for key, key_schema in spec["properties"].items():
+            pd_key = SCHEMA[section][key]
+            if pd_key.low is not None:
+                assert (key_schema["minimum"], key_schema["maximum"]) == (pd_key.low, pd_key.high)
+            if pd_key.choices:
+                assert key_schema["enum"] == list(pd_key.choices)
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"prefill": {"replicas": "two"}}, "/prefill/replicas"),
+        ({"msCoordinator": {"backend_config": {"maxSeqLen": "long"}}}, "maxSeqLen"),
+        ({"msCoordinator": {"http_config": {"predict_port": 80}}}, "predict_port"),
+        ({"msCoordinator": {"http_config": {"predict_prot": 1025}}}, "predict_prot"),
+        ({"decode": {"resources": {"gpu": 0.5}}}, "/decode/resources/gpu"),
+        ({"replica": 3}, "replica"),
+    ],
+    ids=["string-replicas", "string-int", "port-range", "typo-key", "float-gpu", "unknown-top"],
+)
+def test_values_schema_rejects_bad_values(tmp_path: Path, values: dict, named: str) -> None:
+    bad = tmp_path / "bad-values.yaml"
+    bad.write_text(yaml.safe_dump(values))
+    for args in (["template", RELEASE, CHART], ["lint", "--strict", CHART]):
+        result = run_helm(*args, "-f", bad)
+        assert result.returncode != 0, f"helm {args[0]} accepted {values}"
+        assert named in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_replicas_outside_min_max_fail_clearly(tmp_path: Path) -> None:
+    bad = tmp_path / "bad-values.yaml"
+    bad.write_text(yaml.safe_dump({"decode": {"replicas": 9, "maxReplicas": 4}}))
+    result = run_helm("template", RELEASE, CHART, "-f", bad)
+    assert result.returncode != 0
+    assert "decode.replicas (9) must lie in" in result.stderr
+
+
+def test_grafana_dashboard_is_the_chart_file() -> None:
+    dashboard = CHART / "dashboards" / "pdserve.json"
+    content = json.loads(dashboard.read_text())
+    assert (content["title"], content["uid"]) == ("pdserve", "pdserve")
+    link = ROOT / "deploy" / "grafana" / "pdserve.json"
+    assert link.is_symlink() and not os.readlink(link).startswith("/")
+    assert link.resolve() == dashboard.resolve()
+    (config_map,) = [
+        d for d in objects(render("defaults"), "ConfigMap") if "pdserve.json" in d["data"]
+    ]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(config_map["data"]["pdserve.json"]) == content
+    monitored = [
+        d for d in objects(render("monitoring-on"), "ConfigMap") if "pdserve.json" in d["data"]
+    ]
+    assert monitored[0]["metadata"]["labels"]["grafana_dashboard"] == "pdserve"
+    assert monitored[0]["metadata"]["annotations"]["grafana_folder"] == "LLM serving"
+    assert not [d for d in objects(render("minimal"), "ConfigMap") if "pdserve.json" in d["data"]]
+
+
+# ---- every rendering ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "monitoring"), CASES, ids=CASE_IDS)
+def test_builtin_objects_pass_kubernetes_validate_strict(name: str, monitoring: bool) -> None:
+    docs = render(name, monitoring)
+    builtin = [d for d in docs if (d["apiVersion"], d["kind"]) not in CUSTOM_KINDS]
+    assert {d["kind"] for d in builtin} <= BUILTIN_KINDS
+    for doc in builtin:
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.SchemaNotFoundError as exc:
+                pytest.fail(f"{doc['kind']} was skipped by kubernetes-validate: {exc.message}")
+            except kubernetes_validate.ValidationError as exc:
+                path = ".".join(map(str, exc.path))
+                pytest.fail(
+                    f"{doc['kind']}/{doc['metadata']['name']} ({version}) {path}: {exc.message}"
+                )
+
+
+@pytest.mark.parametrize(("name", "monitoring"), CASES, ids=CASE_IDS)
+def test_raycluster_matches_kuberay_crd(raycluster_validator, name: str, monitoring: bool) -> None:
+    cluster = one(render(name, monitoring), "RayCluster")
+    assert crd_errors(raycluster_validator, cluster) == []
+    assert [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"]] == ["prefill", "decode"]
+
+
+def test_crd_validation_catches_mistakes(raycluster_validator) -> None:
+    """The CRD check is not vacuous: wrong types and unknown fields are refused."""
+    cluster = json.loads(json.dumps(one(render("defaults"), "RayCluster")))
+    cluster["spec"]["workerGroupSpecs"][0]["replicas"] = "two"
+    cluster["spec"]["workerGroupSpec"] = []
+    cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
+        "cpu"
+    ] = [1]
+    errors = "\n".join(crd_errors(raycluster_validator, cluster))
+    assert "workerGroupSpecs.0.replicas" in errors
+    assert "workerGroupSpec" in errors and "Additional properties" in errors
+    assert "limits.cpu" in errors
+
+
+def test_kubernetes_validate_strict_catches_unknown_fields() -> None:
+    deployment = json.loads(json.dumps(one(render("defaults"), "Deployment")))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize(("name", "monitoring"), CASES, ids=CASE_IDS)
+def test_service_monitor_only_with_the_operator_api(name: str, monitoring: bool) -> None:
+    monitors = objects(render(name, monitoring), "ServiceMonitor")
+    enabled = values_of(name)["monitoring"]["serviceMonitor"]["enabled"]
+    assert len(monitors) == (1 if enabled and monitoring else 0)
+    if monitors:
+        service = one(render(name, monitoring), "Service")
+        spec = monitors[0]["spec"]
+        assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert spec["selector"]["matchLabels"] == service["spec"]["selector"]
+        (endpoint,) = spec["endpoints"]
+        assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+        assert monitors[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ms_coordinator_json_loads_with_pdserve(tmp_path: Path, name: str) -> None:
+    docs, values = render(name), values_of(name)
+    config_file = tmp_path / "ms_coordinator.json"
+    config_file.write_text(json.dumps(ms_coordinator(docs)))
+    config = load_config(config_file)
+    http, backend = config["http_config"], config["backend_config"]
+    for key, value in values["msCoordinator"]["http_config"].items():
+        assert http[key] == (tuple(value) if isinstance(value, list) else value), key
+    cluster_name = f"{values['fullnameOverride'] or f'{RELEASE}-pdserve'}-ray"
+    assert one(docs, "RayCluster")["metadata"]["name"] == cluster_name
+    # KubeRay names the head Service "<RayCluster>-head-svc"; 6379 is the GCS port.
+    assert backend["ray_address"] == f"{cluster_name}-head-svc.{NAMESPACE}.svc:6379"
+    assert backend["model_path"] == values["msCoordinator"]["backend_config"]["model_path"]
+    scheduler = values["msCoordinator"]["digs_scheduler_config"]
+    assert config["digs_scheduler_config"]["deploy_mode"] == scheduler["deploy_mode"]
+    assert config["tls_config"]["request_server_tls_enable"] == values["tls"]["enabled"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_coordinator_agrees_with_its_config(name: str) -> None:
+    docs = render(name)
+    http = ms_coordinator(docs)["http_config"]
+    ports = {"predict": "predict_port", "manage": "manage_port", "status": "status_port"}
+    ports["metrics"] = "external_port"
+    service = one(docs, "Service")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        name: http[key] for name, key in ports.items()
+    }
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        name: http[key] for name, key in ports.items()
+    }
+    script = container["args"][0]
+    assert "exec pdserve --config /etc/pdserve/ms_coordinator.json" in script
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RAY_ADDRESS"] == ms_coordinator(docs)["backend_config"]["ray_address"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["port"] == "status" and get["path"] in server_probe_paths(), probe
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["config"] == "/etc/pdserve/ms_coordinator.json"
+
+
+def server_probe_paths() -> tuple[str, ...]:
+    """``PROBES`` of coordinator/server.py, read without importing Ray and torch."""
+    tree = ast.parse((ROOT / "coordinator" / "server.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PROBES":
+            return ast.literal_eval(node.value)
+    raise AssertionError("coordinator/server.py has no PROBES")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tls_config_points_at_the_mounted_secret(name: str) -> None:
+    docs, values = render(name), values_of(name)
+    tls = ms_coordinator(docs)["tls_config"]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    if not values["tls"]["enabled"]:
+        assert tls == {"request_server_tls_enable": False}
+        assert "tls" not in volumes and "tls" not in mounts
+        return
+    secret_name = volumes["tls"]["secret"]["secretName"]
+    expected = {"tls_cert": "tls.crt", "tls_key": "tls.key"}
+    if values["tls"]["selfSigned"] or values["tls"]["caCert"]:
+        expected["ca_cert"] = "ca.crt"
+    for key, file in expected.items():
+        assert tls[key] == f"{mounts['tls']}/{file}", key
+    secrets = [s for s in objects(docs, "Secret") if s["metadata"]["name"] == secret_name]
+    if values["tls"]["selfSigned"]:
+        assert set(secrets[0]["data"]) == set(expected.values())
+        assert secrets[0]["type"] == "kubernetes.io/tls"
+    else:
+        assert secret_name == values["tls"]["secretName"] and not secrets
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ray_pods_have_shm_and_the_model_volume(name: str) -> None:
+    docs, values = render(name), values_of(name)
+    model = values["model"]
+    for role, pod in pod_specs(docs).items():
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        shm = volumes[
+            [
+                m["name"]
+                for m in pod["containers"][0]["volumeMounts"]
+                if m["mountPath"] == "/dev/shm"
+            ][0]
+        ]
+        assert shm["emptyDir"]["medium"] == "Memory", role
+        if role != "coordinator":
+            assert shm["emptyDir"]["sizeLimit"] == values[role]["shmSize"], role
+        mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        if model["type"] == "none":
+            assert "model" not in volumes, role
+            continue
+        assert mounts["model"] == model["mountPath"], role
+        if model["type"] == "persistentVolumeClaim":
+            assert volumes["model"]["persistentVolumeClaim"]["claimName"] == model["claimName"]
+        else:
+            assert volumes["model"]["hostPath"]["path"] == model["hostPath"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_worker_groups_follow_values(name: str) -> None:
+    docs, values = render(name), values_of(name)
+    cluster = one(docs, "RayCluster")["spec"]
+    gpu_name = values["ray"]["gpuResourceName"]
+    for group in cluster["workerGroupSpecs"]:
+        wanted = values[group["groupName"]]
+        assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (
+            wanted["replicas"],
+            wanted["minReplicas"],
+            wanted["maxReplicas"],
+        )
+        pod = group["template"]["spec"]
+        resources = pod["containers"][0]["resources"]
+        assert resources["requests"] == resources["limits"]
+        assert resources["limits"]["cpu"] == str(wanted["resources"]["cpu"])
+        assert resources["limits"]["memory"] == wanted["resources"]["memory"]
+        assert resources["limits"].get(gpu_name, 0) == wanted["resources"]["gpu"]
+        assert pod.get("nodeSelector", {}) == wanted["nodeSelector"]
+        assert pod.get("tolerations", []) == wanted["tolerations"]
+        params = group["rayStartParams"]
+        if wanted["rayResources"]:
+            # KubeRay passes the value as is to `ray start --resources=`; the shell unquotes it.
+            assert json.loads(json.loads(params["resources"])) == wanted["rayResources"]
+        else:
+            assert "resources" not in params
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+
+
+def test_gpu_workers_ask_for_gpus() -> None:
+    cluster = one(render("gpu-workers"), "RayCluster")["spec"]
+    for group in cluster["workerGroupSpecs"]:
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == 1
+        assert group["template"]["spec"]["nodeSelector"]["pdserve.io/role"] == group["groupName"]
+    assert cluster["enableInTreeAutoscaling"] is True
