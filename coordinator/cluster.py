@@ -148,6 +148,7 @@ class Cluster:
             .options(
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,
+                resources=dict(resources.resources),
                 max_restarts=-1,
                 max_task_retries=0,
                 max_concurrency=256,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
@@ -15,10 +16,32 @@ DEPLOY_MODES = ("pd_separate", "single_node")
 class ActorResources:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+    resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources, e.g. a node group's
 
     def __post_init__(self) -> None:
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ConfigError(f"actor resources must be >= 0, got {self}")
+        if any(amount < 0 for _, amount in self.resources):
+            raise ConfigError(f"custom resources must be >= 0, got {dict(self.resources)}")
+
+    @classmethod
+    def from_dict(cls, name: str, value: dict, default: ActorResources) -> ActorResources:
+        """``{"num_cpus", "num_gpus", "resources": {name: amount}}``, each key optional."""
+        custom = value.get("resources", dict(default.resources))
+        amounts = [value.get("num_cpus", 0), value.get("num_gpus", 0)]
+        amounts += list(custom.values()) if isinstance(custom, dict) else [None]
+        if set(value) - {"num_cpus", "num_gpus", "resources"} or not all(
+            isinstance(n, int | float) and not isinstance(n, bool) and n >= 0 for n in amounts
+        ):
+            raise ConfigError(
+                f'{name} must be {{"num_cpus": >= 0, "num_gpus": >= 0, "resources": '
+                f"{{name: >= 0}}}}, got {json.dumps(value)}"
+            )
+        return cls(
+            float(value.get("num_cpus", default.num_cpus)),
+            float(value.get("num_gpus", default.num_gpus)),
+            tuple(sorted((str(k), float(v)) for k, v in custom.items())),
+        )
 
     @property
     def num_threads(self) -> int:

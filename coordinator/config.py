@@ -136,6 +136,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "num_decode_instances": Key("int", 1, 1, 1024),
         "kv_transport": Key("str", "zmq", choices=("zmq", "grpc")),
         "ray_address": Key("str", ""),
+        "kv_host": Key("str", "127.0.0.1"),  # decode KV endpoints bind here; "auto": node IP
+        "prefill_resources": Key("dict", {}),  # {"num_cpus", "num_gpus", "resources": {...}}
+        "decode_resources": Key("dict", {}),
+        "colocated_resources": Key("dict", {}),
         "maxSeqLen": Key("int", 2560, 2, 1 << 22),
         "maxInputTokenLen": Key("int", 2048, 1, 1 << 22),
         "maxIterTimes": Key("int", 512, 1, 1 << 22),
@@ -208,9 +212,15 @@ def load_config(path: str | os.PathLike | None = None) -> CoordinatorConfig:
 
 
 def _checked(config: CoordinatorConfig) -> CoordinatorConfig:
+    from coordinator.cluster_config import ActorResources
     from coordinator.content_safety import ContentFilter
 
+    default = ActorResources()
+
     ContentFilter.from_config(config["content_safety"])  # a bad pattern fails at start-up
+    for role in ("prefill", "decode", "colocated"):
+        key = f"{role}_resources"
+        ActorResources.from_dict(f"backend_config.{key}", config["backend_config"][key], default)
     http = config["http_config"]
     if not http["allow_all_zero_ip_listening"]:
         for key in ("predict_ip", "manage_ip"):

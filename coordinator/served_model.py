@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from coordinator.cluster_config import ClusterConfig
+from coordinator.cluster_config import ActorResources, ClusterConfig
 from coordinator.config import CoordinatorConfig
 from coordinator.content_safety import ContentFilter
 from coordinator.infer_api import ModelInfo
@@ -105,8 +105,21 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
             max_prefill_batch_size=b["maxPrefillBatchSize"],
         ),
     )
+    base = ClusterConfig()
     return ClusterConfig(
         deploy_mode=config["digs_scheduler_config"]["deploy_mode"],
+        kv_host=b["kv_host"],
+        prefill_resources=ActorResources.from_dict(
+            "backend_config.prefill_resources", b["prefill_resources"], base.prefill_resources
+        ),
+        decode_resources=ActorResources.from_dict(
+            "backend_config.decode_resources", b["decode_resources"], base.decode_resources
+        ),
+        colocated_resources=ActorResources.from_dict(
+            "backend_config.colocated_resources",
+            b["colocated_resources"],
+            base.colocated_resources,
+        ),
         num_prefill=b["num_prefill_instances"],
         num_decode=b["num_decode_instances"],
         kv_transport=b["kv_transport"],

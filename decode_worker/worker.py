@@ -28,6 +28,16 @@ from engine.transfer import create_receiver
 from engine.worker_runtime import WorkerRuntime
 
 
+def kv_bind_address(host: str) -> str:
+    """The address the KV endpoint binds to and advertises: ``auto`` is this node's IP (pods of
+    a Kubernetes RayCluster), anything else is taken as given."""
+    if host != "auto":
+        return host
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
 class DecodeWorker(WorkerRuntime):
     role = "decode"
 
@@ -41,7 +51,7 @@ class DecodeWorker(WorkerRuntime):
         reservation_timeout_s: float = 30.0,
     ) -> None:
         super().__init__(config, instance, cpu_ids)
-        self.receiver = create_receiver(kv_transport, self._on_transfer, host)
+        self.receiver = create_receiver(kv_transport, self._on_transfer, kv_bind_address(host))
         self.reservation_timeout_s = reservation_timeout_s
         self._reserved_at: dict[str, float] = {}
         self._waiting = ReservationQueue()

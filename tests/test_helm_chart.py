@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from coordinator.config import SCHEMA, load_config
+from coordinator.served_model import ServedModels, cluster_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "pdserve"
@@ -359,6 +360,19 @@ def test_ms_coordinator_json_loads_with_pdserve(tmp_path: Path, name: str) -> No
     scheduler = values["msCoordinator"]["digs_scheduler_config"]
     assert config["digs_scheduler_config"]["deploy_mode"] == scheduler["deploy_mode"]
     assert config["tls_config"]["request_server_tls_enable"] == values["tls"]["enabled"]
+    # Decode pods advertise their own IP; each role's actors ask for their group's resource,
+    # and the actor placement the cluster computes from the config agrees.
+    assert backend["kv_host"] == "auto"
+    cluster = cluster_config(config, ServedModels(None, None))
+    groups = {g["groupName"]: g for g in one(docs, "RayCluster")["spec"]["workerGroupSpecs"]}
+    for role, resources in (
+        ("prefill", cluster.prefill_resources),
+        ("decode", cluster.decode_resources),
+    ):
+        offered = groups[role]["rayStartParams"].get("resources", "{}")
+        wanted = {f"pdserve_{role}": 1.0} if f"pdserve_{role}" in offered else {}
+        assert dict(resources.resources) == wanted
+        assert resources.num_gpus == values[role]["resources"]["gpu"]
 
 
 @pytest.mark.parametrize("name", NAMES)

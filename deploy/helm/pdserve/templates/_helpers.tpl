@@ -83,6 +83,25 @@ backend_config.ray_address). */}}
 {{- define "pdserve.msCoordinatorJson" -}}
 {{- $config := deepCopy .Values.msCoordinator }}
 {{- $_ := set $config.backend_config "ray_address" (include "pdserve.rayAddress" .) }}
+{{- /* Decode pods advertise their pod IP for the KV hand-off; each role's actors ask for their
+      group's custom resource, so prefill actors land on prefill pods and decode on decode. */}}
+{{- if not (hasKey $config.backend_config "kv_host") }}
+{{- $_ := set $config.backend_config "kv_host" "auto" }}
+{{- end }}
+{{- range $role := list "prefill" "decode" }}
+{{- $key := printf "%s_resources" $role }}
+{{- if not (hasKey $config.backend_config $key) }}
+{{- $group := index $.Values $role }}
+{{- $cpu := toString $group.resources.cpu }}
+{{- $cpus := ternary (divf (trimSuffix "m" $cpu | float64) 1000) ($cpu | float64) (hasSuffix "m" $cpu) }}
+{{- $name := printf "pdserve_%s" $role }}
+{{- $custom := dict }}
+{{- if index ($group.rayResources | default dict) $name }}
+{{- $custom = dict $name 1 }}
+{{- end }}
+{{- $_ := set $config.backend_config $key (dict "num_cpus" $cpus "num_gpus" (int $group.resources.gpu) "resources" $custom) }}
+{{- end }}
+{{- end }}
 {{- $tls := dict "request_server_tls_enable" .Values.tls.enabled }}
 {{- if .Values.tls.enabled }}
 {{- $dir := include "pdserve.tlsDir" . }}
