@@ -179,8 +179,6 @@ def create_azure_router(
                 )
             known = {k: v for k, v in body.items() if k in CHAT_KEYS}
             params = openai_sampling({**known, **extras}, model.vocab_size, 512)
-            if extras.get("ignore_eos"):
-                params = type(params)(**{**params.to_dict(), "ignore_eos": True})
         except AzureError as exc:
             return exc.response()
         except APIError as exc:

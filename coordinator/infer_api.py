@@ -96,6 +96,7 @@ def sampling_params(req: InferRequest, vocab_size: int) -> SamplingParams:
         typical_p=p.typical_p or 1.0,
         repetition_penalty=p.repetition_penalty,
         seed=p.seed if p.seed is not None else secrets.randbelow(MAX_SEED) + 1,
+        ignore_eos=p.ignore_eos,
     )
 
 

@@ -40,6 +40,7 @@ class InferParameters:
     details: bool = False
     typical_p: float | None = None
     watermark: bool = False  # accepted, not applied
+    ignore_eos: bool = False  # pdserve extension: generate max_new_tokens (benchmarks)
     priority: int = 5
     timeout: int = 600
 
@@ -129,7 +130,7 @@ def parse_parameters(raw: Any) -> InferParameters:
         value = _number(raw, name, valid, ok, integer)
         if value is not None:
             values[name] = value
-    for name in ("do_sample", "details", "watermark"):
+    for name in ("do_sample", "details", "watermark", "ignore_eos"):
         value = _bool(raw, name)
         if value is not None:
             values[name] = value

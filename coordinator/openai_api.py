@@ -114,7 +114,15 @@ def openai_sampling(body: dict, vocab_size: int, default_max_tokens: int) -> Sam
         repetition_penalty=_number(body, "repetition_penalty", 1e-6, 100, False, 1.0),
         seed=seed if seed is not None else secrets.randbelow(MAX_SEED) + 1,
         stop=tuple(stop or ()),
+        ignore_eos=_flag(body, "ignore_eos"),
     )
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise OpenAIError(400, f"'{name}' must be true or false, got {json.dumps(value)}", name)
+    return value
 
 
 class _Completion:

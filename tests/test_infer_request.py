@@ -36,6 +36,7 @@ ACCEPTED = [
     ("do_sample", True),
     ("details", False),
     ("watermark", True),
+    ("ignore_eos", True),
 ]
 
 REJECTED = [  # (parameter, value, the range named in the message)
@@ -69,6 +70,7 @@ REJECTED = [  # (parameter, value, the range named in the message)
     ("do_sample", "yes", "a boolean"),
     ("details", 1, "a boolean"),
     ("watermark", 0, "boolean"),
+    ("ignore_eos", "yes", "boolean"),
 ]
 
 
