@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -50,7 +50,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
         kwargs["num_cpus"] = num_cpus
-    ray.init(address=address, **kwargs)
+    # "local": a Ray of our own even when another one runs on this machine (never join it
+    # unasked: that is what --ray-address auto is for).
+    ray.init(address=address or "local", **kwargs)
     return address is None
 
 
@@ -67,6 +69,7 @@ class Cluster:
         self._routes: dict[str, list[Any]] = {}
         self._cores: list[int] | None = None
         self.embedders: list[Any] = []
+        self.on_handoff: Callable[[int, float], None] | None = None  # (bytes, seconds) per KV move
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -245,6 +248,8 @@ class Cluster:
                 if not item.ok:
                     yield error_event(request_id, item.error or "KV hand-off failed")
                     return
+                if self.on_handoff is not None:
+                    self.on_handoff(item.num_bytes, item.transfer_seconds)
                 break
             if item.finished and endpoint is not None:
                 await self._release(request_id)  # ended on its first token: free the reservation

@@ -57,6 +57,16 @@ class Metrics:
         self.batch_size = Gauge(
             "worker_num_requests_running", "Requests in a worker's batch", worker, registry=r
         )
+        self.kv_transfer_seconds = Histogram(
+            "kv_transfer_seconds",
+            "Time to move a request's KV pages from prefill to decode",
+            m,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            registry=r,
+        )
+        self.kv_transfer_bytes = Counter(
+            "kv_transfer_bytes", "KV bytes moved from prefill to decode", m, registry=r
+        )
         self.ttft = Histogram(
             "time_to_first_token_seconds",
             "Time to first token",
@@ -107,6 +117,11 @@ class Metrics:
             self.ttft.labels(name).observe(ttft)
             if output_tokens > 1:
                 self.tpot.labels(name).observe((e2e - ttft) / (output_tokens - 1))
+
+    def record_handoff(self, num_bytes: int, seconds: float) -> None:
+        """One KV hand-off that reached its decode worker."""
+        self.kv_transfer_seconds.labels(self.model_name).observe(seconds)
+        self.kv_transfer_bytes.labels(self.model_name).inc(num_bytes)
 
     def record_loads(self, loads: list[dict[str, Any]]) -> None:
         for load in loads:

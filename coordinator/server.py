@@ -45,6 +45,7 @@ class Coordinator:
         self.model = self.served.generation
         self.metrics = Metrics(self.served.name)
         self.cluster = Cluster(cluster_config(config, self.served))
+        self.cluster.on_handoff = self.metrics.record_handoff
         self.router = Router(self.cluster)
         exc = config["exception_config"]
         self.service = InferenceService(

@@ -1,0 +1,421 @@
+"""Observability as operators see it: the coordinator's real ``/metrics`` through ``promtool``, the
+Prometheus alert rules and their unit tests, and the Grafana dashboard, whose every query a real
+Prometheus answers while it scrapes the running coordinators (SPEC §6)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.coordinator_process import CoordinatorProcess, free_port
+from tests.coordinator_servers import infer
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "deploy" / "helm" / "pdserve" / "dashboards" / "pdserve.json"
+PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+
+PLAIN = {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 6}}
+STREAMED = {"inputs": "A paged KV cache", "stream": True, "parameters": {"max_new_tokens": 6}}
+RATE_WINDOW = "10s"  # stands for Grafana's $__rate_interval etc. under 1 s scraping
+
+# Each figure the dashboard must show: the series one panel must query together.
+FIGURES = {
+    "request rate by outcome": (
+        "request_received_total",
+        "request_success_total",
+        "request_failed_total",
+    ),
+    "TTFT percentiles": ("time_to_first_token_seconds_bucket",),
+    "TPOT percentiles": ("time_per_output_token_seconds_bucket",),
+    "end-to-end latency percentiles": ("e2e_request_latency_seconds_bucket",),
+    "tokens/s in and out": ("prompt_tokens_total", "generation_tokens_total"),
+    "waiting and running requests": ("num_requests_waiting", "num_requests_running"),
+    "KV cache usage per worker and role": ("kv_cache_usage_perc",),
+    "per-instance queue depth": ("worker_num_requests_waiting",),
+    "per-instance batch size": ("worker_num_requests_running",),
+}
+QUANTILE_FIGURES = ("TTFT percentiles", "TPOT percentiles", "end-to-end latency percentiles")
+WORKER_FIGURES = (
+    "KV cache usage per worker and role",
+    "per-instance queue depth",
+    "per-instance batch size",
+)
+DUPLICATE_FAMILIES = {"npu_cache_usage_perc"}  # MindIE's name for kv_cache_usage_perc
+NOT_METRICS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "group_left", "group_right"}
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def _binary(name: str) -> str:
+    """promtool or prometheus; skips only where Debian's prometheus is not installed at all."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (Debian package prometheus; .ci/run installs it)")
+    path = shutil.which(name)
+    assert path, f"prometheus is installed but {name} is not on PATH"
+    return path
+
+
+def _promtool_run(*args: str, stdin: str | None = None) -> None:
+    result = subprocess.run(
+        [_binary("promtool"), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=PROMETHEUS_DIR,
+    )
+    assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}{result.stderr}"
+
+
+def _panels() -> list[dict]:
+    return [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"]
+
+
+def _exprs() -> list[tuple[str, str]]:
+    return [(p["title"], t["expr"]) for p in _panels() for t in p["targets"]]
+
+
+def metric_names(expr: str) -> set[str]:
+    """The series names a PromQL expression selects (not functions, labels or keywords)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", expr)
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    found = re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)\s*(\()?", expr)
+    return {m[1] for m in found if not m[2] and m[1].lower() not in NOT_METRICS}
+
+
+def _shows(figure: str, names: tuple[str, ...], panel: dict) -> bool:
+    """Whether the panel shows the figure: its series together, counters and buckets as rates,
+    latencies as p50/p90/p99, worker figures by role and instance."""
+    exprs = [t["expr"] for t in panel["targets"]]
+    if not set(names) <= set().union(*map(metric_names, exprs)):
+        return False
+    counters = [n for n in names if n.endswith(("_total", "_bucket"))]
+    if not all(any(f"rate({n}{{" in e for e in exprs) for n in counters):
+        return False
+    if figure in QUANTILE_FIGURES:
+        found = [re.match(r"histogram_quantile\((0\.\d+),", e) for e in exprs if names[0] in e]
+        if sorted(m[1] for m in found if m) != ["0.5", "0.9", "0.99"]:
+            return False
+    grouped = r"by \([^)]*\brole\b[^)]*\binstance\b[^)]*\)"
+    return figure not in WORKER_FIGURES or all(re.search(grouped, e) for e in exprs)
+
+
+def _sample_names(text: str) -> set[str]:
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def _families(text: str) -> set[str]:
+    """The metric families of an exposition, less the *_created timestamps of prometheus_client."""
+    names = re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE)
+    return {name for name in names if not name.endswith("_created")}
+
+
+def _model_names(text: str) -> set[str]:
+    return {
+        s.labels["model_name"]
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if "model_name" in s.labels
+    }
+
+
+def _metrics(server: CoordinatorProcess) -> str:
+    response = httpx.get(server.url("external_port", "/metrics"), timeout=10)
+    assert response.status_code == 200
+    return response.text
+
+
+def _received(server: CoordinatorProcess) -> float:
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(_metrics(server))
+        for s in f.samples
+        if s.name == "request_received_total"
+    )
+
+
+def _wait_until(ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not in {timeout_s} s: {what}")
+        time.sleep(0.05)
+
+
+def _overload(server: CoordinatorProcess) -> None:
+    """A fourth request while max_requests (3) are in flight: a real request_failed_total."""
+    long = {"inputs": "hello", "parameters": {"max_new_tokens": 200}}
+    before = _received(server)
+    with ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(infer, server, long) for _ in range(3)]
+        _wait_until(lambda: _received(server) >= before + 3, 30, "three requests in flight")
+        refused = infer(server, {"inputs": "hi", "parameters": {"max_new_tokens": 2}})
+        assert [f.result().status_code for f in held] == [200, 200, 200]
+    assert refused.status_code == 429, refused.text
+
+
+@pytest.fixture(scope="module")
+def exercised(servers) -> dict[str, str]:
+    """Each server's /metrics after real traffic: plain and streamed /infer on zmq, /infer with
+    the api key on grpc, and a request refused for max_requests on single."""
+    zmq, grpc = servers["zmq"], servers["grpc"]
+    for server, body in ((zmq, PLAIN), (zmq, STREAMED), (grpc, PLAIN), (grpc, STREAMED)):
+        response = infer(server, body)
+        assert response.status_code == 200, response.text
+    assert httpx.post(grpc.url("predict_port", "/infer"), json=PLAIN).status_code == 401
+    _overload(servers["single"])
+    return {name: _metrics(server) for name, server in servers.items()}
+
+
+@contextlib.contextmanager
+def _traffic(servers: dict[str, CoordinatorProcess]) -> Iterator[list[int | str]]:
+    """Requests to zmq and grpc without pause, so that every rate() window sees some."""
+    stop, statuses = threading.Event(), []
+    bodies = itertools.cycle([(servers[n], b) for b in (PLAIN, STREAMED) for n in ("zmq", "grpc")])
+
+    def send() -> None:
+        while not stop.is_set():
+            server, body = next(bodies)
+            try:
+                statuses.append(infer(server, body).status_code)
+            except httpx.HTTPError as exc:
+                statuses.append(repr(exc))
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+
+@contextlib.contextmanager
+def _prometheus(config: Path, workdir: Path) -> Iterator[str]:
+    """A real Prometheus on loopback; its base URL."""
+    binary, port = _binary("prometheus"), free_port()
+    with open(workdir / "prometheus.log", "w") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until(lambda: _answers(f"{url}/-/ready", process, workdir), 30, "prometheus ready")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _answers(url: str, process: subprocess.Popen, workdir: Path) -> bool:
+    if process.poll() is not None:
+        raise RuntimeError(f"prometheus exited: {(workdir / 'prometheus.log').read_text()}")
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _api(url: str, path: str, **params: str) -> dict:
+    body = httpx.get(f"{url}/api/v1/{path}", params=params, timeout=10).json()
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def _grafana_to_promql(expr: str, models: set[str]) -> str:
+    pattern = "|".join(re.escape(m) for m in sorted(models)).replace("\\", "\\\\")
+    expr = re.sub(r"\$\{model_name(?::\w+)?\}|\$model_name\b", lambda _: pattern, expr)
+    return re.sub(r"\$\{__\w+\}|\$__\w+", RATE_WINDOW, expr)
+
+
+def _targets_up(url: str) -> bool:
+    return {t["health"] for t in _api(url, "targets")["activeTargets"]} == {"up"}
+
+
+def _rules_health(url: str) -> dict[str, str]:
+    return {r["name"]: r["health"] for g in _api(url, "rules")["groups"] for r in g["rules"]}
+
+
+def _has_finite_value(result: list[dict]) -> bool:
+    return any(math.isfinite(float(series["value"][1])) for series in result)
+
+
+# ---- rules and configuration (no servers) -------------------------------------------------
+
+
+def test_alert_rules_pass_promtool_check_and_their_unit_tests():
+    _promtool_run("check", "rules", "alerts.yml")
+    _promtool_run("test", "rules", "alerts_test.yml")
+
+
+def test_alert_unit_tests_cover_every_alert_firing_and_not_firing():
+    rules = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    assert {
+        "PdserveHighTTFT",
+        "PdserveKVCacheNearlyFull",
+        "PdserveHighErrorRate",
+        "PdserveTargetDown",
+    } <= alerts
+    cases = yaml.safe_load((PROMETHEUS_DIR / "alerts_test.yml").read_text())["tests"]
+    checks = [c for t in cases for c in t["alert_rule_test"]]
+    fired = {c["alertname"] for c in checks if c["exp_alerts"]}
+    quiet = {c["alertname"] for c in checks if not c["exp_alerts"]}
+    assert fired == alerts and quiet == alerts
+
+
+def test_example_prometheus_config_is_valid():
+    _promtool_run("check", "config", "prometheus.yml")
+
+
+def test_dashboard_is_grafana_schema_39_with_datasource_and_model_variables():
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert (dashboard["uid"], dashboard["title"], dashboard["schemaVersion"]) == (
+        "pdserve",
+        "pdserve",
+        39,
+    )
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert (variables["datasource"]["type"], variables["datasource"]["query"]) == (
+        "datasource",
+        "prometheus",
+    )
+    model = variables["model_name"]
+    assert model["type"] == "query" and model["datasource"]["uid"] == "${datasource}"
+    assert re.fullmatch(r"label_values\(\w+, model_name\)", model["definition"])
+    assert model["query"]["query"] == model["definition"]
+    panels = _panels()
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    assert {p["type"] for p in panels} == {"timeseries", "stat"}
+    for panel in panels:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert ref_ids and len(set(ref_ids)) == len(ref_ids), panel["title"]
+        for target in panel["targets"]:
+            for selector in re.findall(r"\{[^}]*\}", target["expr"]):
+                assert 'model_name=~"$model_name"' in selector, target["expr"]
+            for window in re.findall(r"\[[^\]]*\]", target["expr"]):
+                assert window == "[$__rate_interval]", target["expr"]
+
+
+def test_dashboard_panels_do_not_overlap():
+    taken: set[tuple[int, int]] = set()
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+        cells = {
+            (x, y)
+            for x in range(pos["x"], pos["x"] + pos["w"])
+            for y in range(pos["y"], pos["y"] + pos["h"])
+        }
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        taken |= cells
+
+
+def test_dashboard_has_a_panel_for_each_figure():
+    missing = [f for f, names in FIGURES.items() if not any(_shows(f, names, p) for p in _panels())]
+    assert not missing, f"figures without a panel: {missing}"
+
+
+def test_metric_names_are_read_off_promql():
+    expr = (
+        'histogram_quantile(0.9, sum by (le, model_name) (rate(a_bucket{model_name=~"x|y"}'
+        "[$__rate_interval]))) / on (model_name) group_left max(b) or vector(1) and c offset 5m"
+    )
+    assert metric_names(expr) == {"a_bucket", "b", "c"}
+
+
+# ---- against the running coordinators -----------------------------------------------------
+
+
+@pytest.mark.ray
+def test_real_metrics_pass_promtool_check_metrics(exercised):
+    text = exercised["zmq"]
+    for name in ("time_to_first_token_seconds_count", "time_per_output_token_seconds_count"):
+        (sample,) = [
+            s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name
+        ]
+        assert sample.value >= 2, f"{name}: the plain and streamed requests were not recorded"
+    assert 'request_failed_total{model_name="' in exercised["single"]
+    for text in exercised.values():
+        _promtool_run("check", "metrics", stdin=text)
+
+
+@pytest.mark.ray
+def test_dashboard_uses_only_exported_names_and_shows_every_family(exercised):
+    exported = set().union(*(_sample_names(text) for text in exercised.values()))
+    used: set[str] = set()
+    for title, expr in _exprs():
+        names = metric_names(expr)
+        assert names, (title, expr)
+        assert names <= exported, f"{title}: {names - exported} not in /metrics"
+        used |= names
+    variable = json.loads(DASHBOARD.read_text())["templating"]["list"][1]["definition"]
+    assert re.fullmatch(r"label_values\((\w+), model_name\)", variable)[1] in exported
+    families = set().union(*(_families(text) for text in exercised.values()))
+    shown = {f for f in families if any(n == f or n == f"{f}_bucket" for n in used)}
+    assert families - DUPLICATE_FAMILIES - shown == set(), "exported families without a panel"
+
+
+@pytest.mark.ray
+def test_every_dashboard_query_answers_from_a_real_prometheus(servers, exercised, tmp_path):
+    targets = {name: f"127.0.0.1:{s.ports['external_port']}" for name, s in servers.items()}
+    config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    intervals = ("scrape_interval", "scrape_timeout", "evaluation_interval")
+    config["global"] = dict.fromkeys(intervals, "1s")
+    config["rule_files"] = [str(PROMETHEUS_DIR / "alerts.yml")]
+    (job,) = config["scrape_configs"]
+    job["static_configs"] = [{"targets": sorted(targets.values())}]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    models = set().union(*(_model_names(text) for text in exercised.values()))
+    queries = [(title, _grafana_to_promql(expr, models)) for title, expr in _exprs()]
+    with _prometheus(tmp_path / "prometheus.yml", tmp_path) as url, _traffic(servers) as statuses:
+        _wait_until(lambda: _targets_up(url), 20, "every coordinator scraped")
+        answers: dict[str, list] = {}
+
+        def all_answer() -> bool:
+            answers.update({q: _api(url, "query", query=q)["result"] for _, q in queries})
+            return all(_has_finite_value(answers[q]) for _, q in queries)
+
+        with contextlib.suppress(TimeoutError):
+            _wait_until(all_answer, 45, "every dashboard query answers")
+        with contextlib.suppress(TimeoutError):  # evaluated against the real series
+            _wait_until(lambda: set(_rules_health(url).values()) == {"ok"}, 10, "rules")
+        rules = _rules_health(url)
+    empty = [(title, q, answers[q]) for title, q in queries if not _has_finite_value(answers[q])]
+    assert not empty, f"queries without data: {empty}"
+    assert statuses and set(statuses) == {200}, statuses
+    assert len(rules) == 4 and set(rules.values()) == {"ok"}, rules
+    kv = next(q for title, q in queries if title == "KV cache usage per worker")
+    workers = {(s["metric"]["instance"], s["metric"]["role"]) for s in answers[kv]}
+    for name in ("zmq", "grpc"):  # pdserve's worker label is stored as exported_instance
+        assert {(targets[name], "prefill"), (targets[name], "decode")} <= workers, workers
+    assert all("exported_instance" in s["metric"] for s in answers[kv])
