@@ -1,0 +1,189 @@
+"""PD disaggregation vs colocated serving on the same cores: the same sweep against pdserve in
+``pd_separate`` (1 prefill + 1 decode actor, one core each) and in ``single_node`` (one engine
+on both cores), one after the other, each on its own freshly started pdserve.
+
+    python benchmarks/compare_modes.py --out results/compare_modes.json
+
+Prints (and writes as Markdown next to the JSON) one table: the highest request rate with SLO
+attainment >= 90 %, and p99 TPOT / TTFT at a common rate, for each mode; plus PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_serving import parse_args as serving_args  # noqa: E402
+from benchmarks.bench_serving import print_report, sweep, workload  # noqa: E402
+from benchmarks.serving_client import Target  # noqa: E402
+from benchmarks.serving_metrics import SLO  # noqa: E402
+from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
+
+MODES = ("pd_separate", "single_node")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_pdserve(mode: str, model: str, workdir: Path) -> tuple[subprocess.Popen, dict]:
+    names = ("predict_port", "manage_port", "status_port", "external_port")
+    ports = {name: free_port() for name in names}
+    config = {
+        "http_config": ports,
+        "digs_scheduler_config": {"deploy_mode": mode},
+        "backend_config": {"model_path": model, "embedding_model_path": "", "device": "cpu"},
+    }
+    path = workdir / f"{mode}.json"
+    path.write_text(json.dumps(config))
+    log = open(workdir / f"{mode}.log", "w")  # noqa: SIM115 - lives as long as the process
+    process = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", "--config", str(path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 600
+    ready = f"http://127.0.0.1:{ports['status_port']}/v1/readiness"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"pdserve ({mode}) exited; see {workdir / f'{mode}.log'}")
+        try:
+            if httpx.get(ready, timeout=2).status_code == 200:
+                return process, ports
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"pdserve ({mode}) not ready in 600 s")
+
+
+def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    process, ports = start_pdserve(mode, args.model, workdir)
+    try:
+        bench = serving_args(
+            [
+                "--num-requests",
+                str(args.num_requests),
+                "--request-rates",
+                args.request_rates,
+                "--mix",
+                args.mix,
+                "--tokenizer",
+                args.model,
+                "--slo-ttft",
+                str(args.slo_ttft),
+                "--slo-tpot",
+                str(args.slo_tpot),
+                "--seed",
+                str(args.seed),
+                "--label",
+                mode,
+            ]  # fmt: skip
+        )
+        items = workload(bench)
+        target = Target(f"http://127.0.0.1:{ports['predict_port']}")
+        warmup = serving_args(["--request-rates", "inf", "--no-progress", *_common(args)])
+        asyncio.run(sweep(target, items[:4], warmup, SLO()))  # kernels, caches, first batches
+        result = asyncio.run(sweep(target, items, bench, SLO(args.slo_ttft, args.slo_tpot)))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    print_report(result)
+    return result
+
+
+def _common(args: argparse.Namespace) -> list[str]:
+    return ["--tokenizer", args.model, "--seed", str(args.seed)]
+
+
+def at_rate(result: dict[str, Any], rate: float) -> dict[str, Any] | None:
+    return next((r["summary"] for r in result["runs"] if r["request_rate"] == rate), None)
+
+
+def table(results: dict[str, dict[str, Any]], common_rate: float) -> str:
+    lines = [
+        f"| mode | max rate with >= 90 % SLO attainment (req/s) | p99 TPOT @ {common_rate} req/s "
+        f"(ms) | p99 TTFT @ {common_rate} req/s (s) | goodput @ {common_rate} req/s |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, result in results.items():
+        summary = at_rate(result, common_rate) or {}
+        tpot = (summary.get("tpot_s") or {}).get("p99")
+        ttft = (summary.get("ttft_s") or {}).get("p99")
+        lines.append(
+            f"| {mode} | {result['max_rate_within_slo']} | "
+            f"{'-' if tpot is None else f'{tpot * 1000:.0f}'} | "
+            f"{'-' if ttft is None else f'{ttft:.2f}'} | {summary.get('goodput', 0):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, float | None]:
+    pd, single = (results.get(m) for m in MODES)
+    if pd is None or single is None:
+        return {}
+    pd_at, single_at = at_rate(pd, common_rate) or {}, at_rate(single, common_rate) or {}
+    pd_tpot = (pd_at.get("tpot_s") or {}).get("p99")
+    single_tpot = (single_at.get("tpot_s") or {}).get("p99")
+    pd_max, single_max = pd["max_rate_within_slo"], single["max_rate_within_slo"]
+    return {
+        "p99_tpot_pd_over_single": pd_tpot / single_tpot if pd_tpot and single_tpot else None,
+        "max_rate_pd_over_single": pd_max / single_max if pd_max and single_max else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--request-rates", default="0.25,0.5,0.75,1,1.5")
+    parser.add_argument("--common-rate", type=float, default=1.0)
+    parser.add_argument("--num-requests", type=int, default=30, help="per rate")
+    parser.add_argument("--mix", default="chat=0.6,summarise=0.2,generate=0.2")
+    parser.add_argument("--slo-ttft", type=float, default=3.0)
+    parser.add_argument("--slo-tpot", type=float, default=0.150)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="results/compare_modes.json")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pdserve-modes-") as tmp:
+        results = {mode: run_mode(mode, args, Path(tmp)) for mode in args.modes.split(",")}
+    summary = table(results, args.common_rate)
+    report = {
+        "machine": f"{os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d"),
+        "minutes": (time.monotonic() - started) / 60,
+        "settings": vars(args),
+        "ratios": ratios(results, args.common_rate),
+        "table": summary,
+        "results": results,
+    }
+    out.write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(summary + "\n")
+    plot_goodput(results, out.with_suffix(".goodput.png"))
+    plot_cdfs(results, out.with_suffix(".cdf.png"))
+    print(summary)
+    print(f"ratios: {report['ratios']}  ({report['minutes']:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Serving figures from per-request timings: percentiles, throughput, SLO attainment, goodput.
+
+TTFT is the time from sending a request to its first token; TPOT the mean gap between its later
+tokens, ``(e2e - ttft) / (output_tokens - 1)``; a request meets the SLOs when it succeeded, its
+TTFT is within ``ttft_s`` and its TPOT within ``tpot_s`` (a one-token answer has no TPOT and
+meets that part). Goodput is the number of such requests per second of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestRecord:
+    """What one request did, as the load generator saw it."""
+
+    prompt_tokens: int
+    target_output_tokens: int
+    sent_at: float = 0.0  # seconds since the start of the run
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    output_tokens: int = 0
+    gaps_s: list[float] = field(default_factory=list)  # between consecutive token arrivals
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.ttft_s is not None and self.output_tokens > 0
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.output_tokens < 2 or self.e2e_s is None:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def meets(self, ttft_s: float, tpot_s: float) -> bool:
+        tpot = self.tpot_s
+        return self.ok and self.ttft_s <= ttft_s and (tpot is None or tpot <= tpot_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tpot_s": self.tpot_s}
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float = 3.0
+    tpot_s: float = 0.150
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile with linear interpolation between closest ranks (numpy's
+    default); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def distribution(values: list[float]) -> dict[str, float | None]:
+    summary: dict[str, float | None] = {f"p{q}": percentile(values, q) for q in PERCENTILES}
+    summary["mean"] = sum(values) / len(values) if values else None
+    return summary
+
+
+def attainment(records: list[RequestRecord], slo: SLO) -> float:
+    """Share of all sent requests that met both SLOs (failures count against it)."""
+    if not records:
+        return 0.0
+    return sum(r.meets(slo.ttft_s, slo.tpot_s) for r in records) / len(records)
+
+
+def summarize(records: list[RequestRecord], duration_s: float, slo: SLO) -> dict[str, Any]:
+    """Throughput, latency percentiles, SLO attainment and goodput of one run."""
+    done = [r for r in records if r.ok]
+    output_tokens = sum(r.output_tokens for r in done)
+    return {
+        "num_requests": len(records),
+        "num_succeeded": len(done),
+        "num_failed": len(records) - len(done),
+        "duration_s": duration_s,
+        "request_throughput": len(done) / duration_s if duration_s else 0.0,
+        "output_token_throughput": output_tokens / duration_s if duration_s else 0.0,
+        "total_prompt_tokens": sum(r.prompt_tokens for r in done),
+        "total_output_tokens": output_tokens,
+        "ttft_s": distribution([r.ttft_s for r in done]),
+        "tpot_s": distribution([r.tpot_s for r in done if r.tpot_s is not None]),
+        "itl_s": distribution([g for r in done for g in r.gaps_s]),
+        "e2e_s": distribution([r.e2e_s for r in done if r.e2e_s is not None]),
+        "slo": asdict(slo),
+        "slo_attainment": attainment(records, slo),
+        "goodput": (
+            sum(r.meets(slo.ttft_s, slo.tpot_s) for r in records) / duration_s
+            if duration_s
+            else 0.0
+        ),
+    }
+
+
+def max_rate_within_slo(runs: list[dict[str, Any]], target: float = 0.9) -> float | None:
+    """The highest request rate of a sweep whose SLO attainment is at least ``target``, where
+    every lower rate passed too (None when the lowest already fails)."""
+    best = None
+    for run in sorted(runs, key=lambda r: r["request_rate"]):
+        if run["summary"]["slo_attainment"] < target:
+            break
+        best = run["request_rate"]
+    return best

@@ -1,0 +1,103 @@
+"""Workloads for the serving benchmark: a JSONL dataset, or a synthetic mix made on the fly.
+
+One line per request: ``{"prompt": str, "output_tokens": int, "kind": str, "prompt_tokens": int}``
+(``prompt_tokens`` as counted by the tokenizer the mix was made with; optional in user files).
+The synthetic kinds are short chat, long-prompt summarisation and long generation; a mix is a
+list of ``kind=weight``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# name: (prompt tokens, output tokens)
+KINDS = {"chat": (64, 64), "summarise": (1000, 32), "generate": (32, 192)}
+DEFAULT_MIX = "chat=0.6,summarise=0.2,generate=0.2"
+_SENTENCE = (
+    "the cache keeps keys and values in blocks while a scheduler batches prompts and decodes "
+    "tokens for many requests at once across prefill and decode workers that share pages over "
+    "sockets river mountain city garden library winter summer engine signal paper music story "
+    "quiet bright early late north south market harbour bridge window forest island"
+)
+_WORDS = _SENTENCE.split()
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    prompt: str
+    output_tokens: int
+    kind: str = "custom"
+    prompt_tokens: int = 0
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    mix = {}
+    for part in text.split(","):
+        name, _, weight = part.partition("=")
+        if name not in KINDS or not weight:
+            raise ValueError(f"mix entries are kind=weight with kind in {sorted(KINDS)}: {part!r}")
+        mix[name] = float(weight)
+    return mix
+
+
+def synthetic(
+    num: int, mix: dict[str, float], count_tokens: Callable[[str], list[int]] | None, seed: int = 0
+) -> list[WorkItem]:
+    """``num`` requests drawn from ``mix``; prompts are cut to their token length with
+    ``count_tokens`` (a tokenizer's encode), else sized at about 1.3 tokens per word."""
+    rng = random.Random(seed)
+    kinds = rng.choices(list(mix), weights=list(mix.values()), k=num)
+    return [_item(kind, rng, count_tokens) for kind in kinds]
+
+
+def _item(kind: str, rng: random.Random, encode: Callable[[str], list[int]] | None) -> WorkItem:
+    prompt_tokens, output_tokens = KINDS[kind]
+    words = [rng.choice(_WORDS) for _ in range(prompt_tokens)]
+    if kind == "summarise":
+        words = ["Summarise", "this", "text:", *words]
+    text = " ".join(words)
+    if encode is None:
+        text = " ".join(words[: max(1, int(prompt_tokens / 1.3))])
+        return WorkItem(text, output_tokens, kind, prompt_tokens)
+    cut = _decode_prefix(text, encode, prompt_tokens)
+    return WorkItem(cut, output_tokens, kind, len(encode(cut)))
+
+
+def _decode_prefix(text: str, encode: Callable[[str], list[int]], num_tokens: int) -> str:
+    """The longest word-boundary prefix of ``text`` with at most ``num_tokens`` tokens."""
+    words = text.split(" ")
+    low, high = 1, len(words)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if len(encode(" ".join(words[:mid]))) <= num_tokens:
+            low = mid
+        else:
+            high = mid - 1
+    return " ".join(words[:low])
+
+
+def load_dataset(path: str | Path) -> list[WorkItem]:
+    items = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not isinstance(row.get("prompt"), str) or not isinstance(row.get("output_tokens"), int):
+            raise ValueError(f"{path}:{number}: needs a string prompt and an int output_tokens")
+        items.append(
+            WorkItem(
+                row["prompt"],
+                row["output_tokens"],
+                row.get("kind", "custom"),
+                row.get("prompt_tokens", 0),
+            )
+        )
+    return items
+
+
+def write_dataset(items: list[WorkItem], path: str | Path) -> None:
+    Path(path).write_text("".join(json.dumps(asdict(item)) + "\n" for item in items))
