@@ -8,7 +8,8 @@ Life of a request here:
 3. Otherwise the engine holds its blocks; the pages are exported on the engine thread and sent by
    a transfer thread to the decode worker's endpoint.
 4. On the decode worker's acknowledgement, or on a refusal, an error or ``transfer_timeout_s``,
-   the blocks are freed and the stream ends with a :class:`HandoffResult`.
+   the stream ends with a :class:`HandoffResult` and the blocks are freed (between two engine
+   steps, so the result never waits for a long prefill step).
 ``abort`` frees the request wherever it is; a transfer already on the wire finishes or fails on
 its own, and its blocks are not held for it.
 """
@@ -109,5 +110,7 @@ class PrefillWorker(WorkerRuntime):
         except (KVTransferError, OSError) as exc:
             log.warning("request %s: KV hand-off to %s failed: %s", request_id, endpoint, exc)
             result = HandoffResult(request_id, False, f"KV hand-off failed: {exc}")
-        self.loop.call(lambda e: e.release(request_id)).result()
+        # The result first: the caller switches to the decode worker's stream at once, instead
+        # of waiting for the engine thread to finish its current (maybe long) prefill step.
         self._put(request_id, result)
+        self.loop.call(lambda e: e.release(request_id)).result()
