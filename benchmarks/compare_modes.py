@@ -117,21 +117,25 @@ def at_rate(result: dict[str, Any], rate: float) -> dict[str, Any] | None:
 
 
 def table(results: dict[str, dict[str, Any]], common_rate: float) -> str:
+    at = f"@ {common_rate} req/s"
     lines = [
-        f"| mode | max rate with >= 90 % SLO attainment (req/s) | p99 TPOT @ {common_rate} req/s "
-        f"(ms) | p99 TTFT @ {common_rate} req/s (s) | goodput @ {common_rate} req/s |",
-        "|---|---|---|---|---|",
+        f"| mode | max rate with >= 90 % SLO attainment (req/s) | p99 TPOT {at} (ms) | "
+        f"p99 TTFT {at} (s) | p99 inter-token gap {at} (ms) | goodput {at} (req/s) |",
+        "|---|---|---|---|---|---|",
     ]
     for mode, result in results.items():
         summary = at_rate(result, common_rate) or {}
-        tpot = (summary.get("tpot_s") or {}).get("p99")
-        ttft = (summary.get("ttft_s") or {}).get("p99")
+        p99 = {key: (summary.get(key) or {}).get("p99") for key in ("tpot_s", "ttft_s", "itl_s")}
+        ttft = "-" if p99["ttft_s"] is None else f"{p99['ttft_s']:.2f}"
         lines.append(
-            f"| {mode} | {result['max_rate_within_slo']} | "
-            f"{'-' if tpot is None else f'{tpot * 1000:.0f}'} | "
-            f"{'-' if ttft is None else f'{ttft:.2f}'} | {summary.get('goodput', 0):.2f} |"
+            f"| {mode} | {result['max_rate_within_slo']} | {_ms(p99['tpot_s'])} | {ttft} | "
+            f"{_ms(p99['itl_s'])} | {summary.get('goodput', 0):.2f} |"
         )
     return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
 
 def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, float | None]:
@@ -139,11 +143,16 @@ def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, 
     if pd is None or single is None:
         return {}
     pd_at, single_at = at_rate(pd, common_rate) or {}, at_rate(single, common_rate) or {}
-    pd_tpot = (pd_at.get("tpot_s") or {}).get("p99")
-    single_tpot = (single_at.get("tpot_s") or {}).get("p99")
+
+    def p99_ratio(key: str) -> float | None:
+        ours, theirs = ((s.get(key) or {}).get("p99") for s in (pd_at, single_at))
+        return ours / theirs if ours and theirs else None
+
     pd_max, single_max = pd["max_rate_within_slo"], single["max_rate_within_slo"]
     return {
-        "p99_tpot_pd_over_single": pd_tpot / single_tpot if pd_tpot and single_tpot else None,
+        "p99_tpot_pd_over_single": p99_ratio("tpot_s"),
+        "p99_itl_pd_over_single": p99_ratio("itl_s"),
+        "p99_ttft_pd_over_single": p99_ratio("ttft_s"),
         "max_rate_pd_over_single": pd_max / single_max if pd_max and single_max else None,
     }
 
