@@ -121,10 +121,15 @@ def test_ray_job_submit_runs_the_coordinator(ray_head, tmp_path, tiny_model_dir)
     names = ("predict_port", "manage_port", "status_port", "external_port")
     ports = {name: free_port() for name in names}
     config = _config(tmp_path, tiny_model_dir, ports)
-    submitted = ray_head.cli(
+    submit = (
         "ray", "job", "submit", "--no-wait", "--working-dir", ".", "--submission-id",
         "pdserve-test", "--", "pdserve", "--ray-address", "auto", "--config", str(config),
     )  # fmt: skip
+    submitted = ray_head.cli(*submit)
+    deadline = time.monotonic() + 90
+    while "No available agent" in submitted.stderr and time.monotonic() < deadline:
+        time.sleep(2)  # the head answers before its job agent has registered
+        submitted = ray_head.cli(*submit)
     assert submitted.returncode == 0, submitted.stderr
     try:
         status = f"http://127.0.0.1:{ports['status_port']}/v1/readiness"
