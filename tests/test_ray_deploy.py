@@ -29,6 +29,18 @@ class RayHead:
     def __init__(self) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="pdray", dir="/tmp")  # short: socket paths
         self.gcs_port, self.dashboard_port = free_port(), free_port()
+        # Ports Ray would otherwise take fixed (52365 for the job agent, 10001, ...): another Ray
+        # on this machine (the test session's own) may hold them.
+        own_ports = [
+            f"--{name}={free_port()}"
+            for name in (
+                "dashboard-agent-listen-port",
+                "dashboard-agent-grpc-port",
+                "ray-client-server-port",
+                "metrics-export-port",
+                "runtime-env-agent-port",
+            )
+        ]
         self.env = {**os.environ, **RAY_ENV}
         self.env.pop("RAY_ADDRESS", None)
         self.process = subprocess.Popen(
@@ -37,7 +49,7 @@ class RayHead:
                 "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                 "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
                 "--dashboard-port", str(self.dashboard_port), "--num-cpus", "4",
-                "--temp-dir", self.temp_dir,
+                "--temp-dir", self.temp_dir, *own_ports,
             ],
             env=self.env,
             stdout=subprocess.DEVNULL,
