@@ -89,8 +89,14 @@ def check_api_version(request: Request) -> None:
         )
 
 
-def split_extras(request: Request, body: dict) -> dict[str, Any]:
-    """The body's keys outside the chat API, after the ``extra-parameters`` policy."""
+def split_extras(
+    request: Request,
+    body: dict,
+    known: frozenset[str] | set[str] = CHAT_KEYS,
+    pass_through: frozenset[str] | set[str] = PASS_THROUGH,
+) -> dict[str, Any]:
+    """The body's keys outside the API's ``known`` ones, after the ``extra-parameters`` policy;
+    with ``pass-through`` only keys the model understands (``pass_through``) are let in."""
     mode = request.headers.get("extra-parameters", "error")
     if mode not in EXTRA_MODES:
         raise _error(
@@ -98,7 +104,7 @@ def split_extras(request: Request, body: dict) -> dict[str, Any]:
             "BadRequest",
             f"extra-parameters must be one of {', '.join(EXTRA_MODES)}; got {mode!r}",
         )
-    extras = {k: v for k, v in body.items() if k not in CHAT_KEYS}
+    extras = {k: v for k, v in body.items() if k not in known}
     if extras and mode == "error":
         raise _error(
             400,
@@ -110,7 +116,7 @@ def split_extras(request: Request, body: dict) -> dict[str, Any]:
     if mode != "pass-through":
         return {}
     for key, value in extras.items():
-        if key not in PASS_THROUGH:
+        if key not in pass_through:
             raise not_supported(key, value)
     return extras
 

@@ -16,7 +16,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.azure_api import AzureError, _error, check_api_version, not_supported
+from coordinator.azure_api import (
+    AzureError,
+    _error,
+    check_api_version,
+    not_supported,
+    split_extras,
+)
 from coordinator.infer_api import APIError, read_json
 from coordinator.openai_api import OpenAIError
 
@@ -92,18 +98,7 @@ def create_embeddings_router(
             body = await read_json(request, body_limit_mb)
             if not isinstance(body, dict):
                 raise _error(400, "BadRequest", "the request body must be a JSON object")
-            mode = request.headers.get("extra-parameters", "error")
-            extras = sorted(set(body) - AZURE_KEYS)
-            if extras and mode == "error":
-                raise _error(
-                    400,
-                    "BadRequest",
-                    f"Extra parameters {extras} are not allowed when "
-                    "extra-parameters is not set or set to be 'error'. Set "
-                    "extra-parameters to 'pass-through' to pass to the model.",
-                )
-            if extras and mode == "pass-through":
-                raise not_supported(extras[0], body[extras[0]])
+            split_extras(request, body, AZURE_KEYS, pass_through=frozenset())
             encoding = body.get("encoding_format") or "float"
             if encoding not in ("float", "base64"):
                 raise not_supported("encoding_format", encoding)

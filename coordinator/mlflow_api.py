@@ -28,7 +28,13 @@ from coordinator.mlflow_inputs import (
     merged_settings,
     parse_scoring,
 )
-from coordinator.openai_api import OpenAIError, _Completion, _prompt_ids, input_blocked
+from coordinator.openai_api import (
+    OpenAIError,
+    _Completion,
+    _prompt_ids,
+    collect,
+    input_blocked,
+)
 from coordinator.router import NoWorkerError
 from engine.model.mlflow_model import MlflowModel
 
@@ -72,14 +78,9 @@ class MlflowScorer:
         if input_blocked(self.model, body, kind):
             raise MlflowError("The input was filtered by the content safety policy")
         answer = _Completion(kind, self.model.name, len(ids), self.model.content_filter)
-        events = self.service.generate(self.service.new_request_id(), ids, params, 5, 600)
-        try:
-            async for event in events:
-                answer.add(event)
-                if answer.blocked:
-                    break
-        finally:
-            await events.aclose()
+        await collect(
+            self.service.generate(self.service.new_request_id(), ids, params, 5, 600), answer
+        )
         return answer.body()
 
     async def _embeddings(self, scoring: Scoring) -> dict[str, Any]:

@@ -277,15 +277,22 @@ async def respond(
             return on_error(exc)
         return StreamingResponse(_stream(first, events, answer), media_type="text/event-stream")
     try:
+        await collect(events, answer)
+    except SERVICE_ERRORS as exc:
+        return on_error(exc)
+    return JSONResponse(answer.body())
+
+
+async def collect(events: AsyncIterator[TokenEvent], answer: _Completion) -> None:
+    """Feed every event to ``answer``; a content-filtered output stops (and so aborts) the
+    generation. Service errors propagate."""
+    try:
         async for event in events:
             answer.add(event)
             if answer.blocked:
                 break  # closing the events aborts the generation
-    except SERVICE_ERRORS as exc:
-        return on_error(exc)
     finally:
         await events.aclose()
-    return JSONResponse(answer.body())
 
 
 async def _prompt_ids(body: dict, kind: str, model: ModelInfo) -> list[int]:

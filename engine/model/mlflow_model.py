@@ -9,7 +9,7 @@ and then each request may change. A model saved with ``save_pretrained=False`` h
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +38,7 @@ class MlflowModel:
         model and the override keys that were ignored because the saved config lacks them."""
         ignored = sorted(set(overrides) - set(self.model_config))
         merged = {**self.model_config, **{k: v for k, v in overrides.items() if k not in ignored}}
-        return (
-            MlflowModel(
-                self.path,
-                self.inference_task,
-                self.name,
-                self.weights_dir,
-                self.tokenizer_dir,
-                merged,
-                self.mlflow_version,
-            ),
-            ignored,
-        )
+        return replace(self, model_config=merged), ignored
 
 
 def is_mlflow_dir(model_path: str | Path) -> bool:
