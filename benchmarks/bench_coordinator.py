@@ -30,6 +30,7 @@ import uvicorn
 from coordinator.config import load_config
 from coordinator.server import Coordinator
 from engine.sampling_params import SamplingParams
+from engine.worker_contracts import GenerationRequest
 
 
 def free_port() -> int:
@@ -59,7 +60,7 @@ async def direct_stream(coordinator: Coordinator, prompt: list[int], tokens: int
     times = []
     request_id = coordinator.service.new_request_id()
     params = SamplingParams(max_new_tokens=tokens, seed=1)
-    async for event in coordinator.cluster.generate(request_id, prompt, params):
+    async for event in coordinator.cluster.generate(GenerationRequest(request_id, prompt, params)):
         if event.token_id is not None:
             times.append(time.monotonic())
     return times

@@ -27,6 +27,7 @@ from coordinator.openai_api import (
     openai_sampling,
     respond,
 )
+from engine.worker_contracts import GenerationRequest
 
 API_VERSIONS = ("2024-04-01-preview", "2024-05-01-preview", "2025-04-01", "2025-05-01")
 CHAT_KEYS = {
@@ -194,7 +195,7 @@ def create_azure_router(
                 exc.status, {"error": {"code": "BadRequest", "message": exc.message}}
             ).response()
         answer = _Completion("chat", model.name, len(ids), model.content_filter)
-        events = service.generate(service.new_request_id(), ids, params, 5, 600)
+        events = service.generate(GenerationRequest(service.new_request_id(), ids, params))
         return await respond(events, answer, bool(body.get("stream")), _service_error)
 
     for prefix in ("", "/models"):

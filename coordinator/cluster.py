@@ -30,6 +30,7 @@ from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from engine.token_accounting import pd_output_limit
+from engine.worker_contracts import GenerationRequest
 from engine.worker_runtime import HandoffResult
 from prefill_worker.worker import PrefillWorker
 
@@ -178,19 +179,15 @@ class Cluster:
     # ---- requests --------------------------------------------------------------------------------
 
     async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        priority: int = 5,
-        prefill: int = 0,
-        decode: int = 0,
+        self, request: GenerationRequest, prefill: int = 0, decode: int = 0
     ) -> AsyncIterator[TokenEvent]:
         """Token events of one request; the last one is finished (``error`` set on failure).
 
         However the stream ends (finished, failed, or closed early by the caller), every worker
         that may still hold the request is told to drop it unless it ended cleanly there.
         """
+        request_id, params, priority = request.request_id, request.params, request.priority
+        prompt_token_ids = list(request.prompt_token_ids)
         clean = False
         try:
             if self.config.deploy_mode == "single_node":

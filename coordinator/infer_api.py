@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from coordinator.errors import NoWorkerError, RequestTimeout, ServiceError, TooManyRequests
 from coordinator.infer_format import InferAnswer, error_body, sse
 from coordinator.infer_request import (
     MAX_TOKENS_HARD,
@@ -23,16 +24,10 @@ from coordinator.infer_request import (
     InputValidationError,
     parse_infer_body,
 )
-from coordinator.inference import (
-    SERVICE_ERRORS,
-    InferenceService,
-    RequestTimeout,
-    TooManyRequests,
-    first_event,
-)
+from coordinator.inference import InferenceService, first_event
 from coordinator.media import check_media
-from coordinator.router import NoWorkerError
 from engine.sampling_params import MAX_SEED, SamplingParams
+from engine.worker_contracts import GenerationRequest
 
 
 @dataclass
@@ -146,12 +141,18 @@ def create_infer_router(
             params.seed, req.parameters.details, model.full_text_enabled, time.monotonic()
         )
         events = service.generate(
-            service.new_request_id(), ids, params, req.parameters.priority, req.parameters.timeout
+            GenerationRequest(
+                service.new_request_id(),
+                ids,
+                params,
+                req.parameters.priority,
+                req.parameters.timeout,
+            )
         )
         if req.stream:
             try:  # errors before the first token still get their HTTP status
                 first = await first_event(events)
-            except SERVICE_ERRORS as exc:
+            except ServiceError as exc:
                 return _service_error(exc).response()
             return StreamingResponse(_stream(first, events, answer), media_type="text/event-stream")
         return await _text(request, events, answer)
@@ -196,7 +197,7 @@ async def _stream(first: Any, events: AsyncIterator, answer: InferAnswer) -> Asy
             payload = answer.add(event, time.monotonic())
             if payload is not None:
                 yield sse(payload)
-    except SERVICE_ERRORS as exc:
+    except ServiceError as exc:
         error = _service_error(exc)
         yield sse(error_body(error.message, error.error_type))
     finally:
@@ -220,7 +221,7 @@ async def _text(request: Request, events: AsyncIterator, answer: InferAnswer) ->
                     await task
                 return Response(status_code=499)
         task.result()
-    except SERVICE_ERRORS as exc:
+    except ServiceError as exc:
         return _service_error(exc).response()
     finally:
         await events.aclose()

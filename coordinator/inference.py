@@ -13,28 +13,23 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
+from coordinator.errors import (
+    GenerationFailed,
+    NoWorkerError,
+    RequestTimeout,
+    ServiceError,
+    TooManyRequests,
+)
 from coordinator.metrics import Metrics
-from coordinator.router import NoWorkerError, Router
+from coordinator.router import Router
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-from engine.sampling_params import SamplingParams
+from engine.worker_contracts import GenerationRequest
 
 log = logging.getLogger(__name__)
-
-
-class TooManyRequests(RuntimeError):
-    """``max_requests`` are in flight: HTTP 429."""
-
-
-class RequestTimeout(RuntimeError):
-    """A timeout expired: HTTP 408 with the message (e.g. ``Request inference timeout``)."""
-
-
-class GenerationFailed(RuntimeError):
-    """The cluster could not finish the request (after retries): HTTP 500 / an error event."""
 
 
 @dataclass(frozen=True)
@@ -70,14 +65,7 @@ class InferenceService:
     def new_request_id(self) -> str:
         return f"req-{time.time_ns():x}-{next(self._ids)}"
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt: list[int],
-        params: SamplingParams,
-        priority: int,
-        timeout_s: float,
-    ) -> AsyncIterator[TokenEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         """Token events up to the finished one; raises on timeout or unrecoverable failure."""
         metrics = self.metrics
         if metrics:
@@ -95,7 +83,7 @@ class InferenceService:
         if gauge:
             gauge.inc()
         try:
-            async for event in self._with_timeouts(request_id, prompt, params, priority, timeout_s):
+            async for event in self._with_timeouts(request):
                 if first_at is None and event.token_id is not None:
                     first_at = time.monotonic()
                     gauge = self._move_gauge(gauge)
@@ -103,7 +91,7 @@ class InferenceService:
                     outcome = "ok" if event.finish_reason != FinishReason.ABORT else "aborted"
                     if metrics and outcome == "ok":
                         metrics.record_finished(
-                            len(prompt),
+                            request.num_prompt_tokens,
                             event.num_output_tokens,
                             first_at - start if first_at else None,
                             time.monotonic() - start,
@@ -134,17 +122,10 @@ class InferenceService:
         if self.metrics:
             self.metrics.failed.labels(self.metrics.model_name, reason).inc()
 
-    async def _with_timeouts(
-        self,
-        request_id: str,
-        prompt: list[int],
-        params: SamplingParams,
-        priority: int,
-        timeout_s: float,
-    ) -> AsyncIterator[TokenEvent]:
+    async def _with_timeouts(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         start = time.monotonic()
         t = self.timeouts
-        total = min(x for x in (timeout_s, t.infer or float("inf")) if x)
+        total = min(x for x in (request.timeout_s, t.infer or float("inf")) if x)
         total_message = "Request inference timeout"
         first = min(x for x in (t.first_token or float("inf"), t.schedule or float("inf"), total))
         first_message = (
@@ -154,7 +135,7 @@ class InferenceService:
             if first == t.schedule
             else total_message
         )
-        events = self._with_retries(request_id, prompt, params, priority).__aiter__()
+        events = self._with_retries(request)
         got_token = False
         try:
             while True:
@@ -173,23 +154,22 @@ class InferenceService:
         finally:
             await events.aclose()
 
-    async def _with_retries(
-        self, request_id: str, prompt: list[int], params: SamplingParams, priority: int
-    ) -> AsyncIterator[TokenEvent]:
+    async def _with_retries(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        request_id = request.request_id
         tried: set[tuple[int, int]] = set()
         for attempt in range(self.max_retry + 1):
             try:
-                pair = self.router.choose(len(prompt), tried)
+                pair = self.router.choose(request.num_prompt_tokens, tried)
             except NoWorkerError:
                 if not tried:
                     raise
                 tried.clear()  # every pair failed once: go round again
-                pair = self.router.choose(len(prompt), tried)
+                pair = self.router.choose(request.num_prompt_tokens, tried)
             tried.add(pair)
             attempt_id = request_id if attempt == 0 else f"{request_id}-retry{attempt}"
             streamed = False
             async for event in self.cluster.generate(
-                attempt_id, prompt, params, priority, prefill=pair[0], decode=pair[1]
+                request.with_id(attempt_id), prefill=pair[0], decode=pair[1]
             ):
                 if event.finish_reason == FinishReason.ERROR and not streamed:
                     log.warning(
@@ -212,16 +192,11 @@ class InferenceService:
         raise GenerationFailed(f"request failed after {self.max_retry + 1} attempts")
 
 
-# What InferenceService.generate raises for a request that cannot be served; front doors map
-# each to their own status and body.
-SERVICE_ERRORS = (TooManyRequests, RequestTimeout, NoWorkerError, GenerationFailed)
-
-
-async def first_event(events: AsyncIterator[TokenEvent]) -> TokenEvent:
+async def first_event(events: AsyncGenerator[TokenEvent, None]) -> TokenEvent:
     """The first event of a stream about to be answered; on a service error the stream is
     closed and the error raised, so the caller can still answer with an HTTP status."""
     try:
         return await events.__anext__()
-    except SERVICE_ERRORS:
+    except ServiceError:
         await events.aclose()
         raise

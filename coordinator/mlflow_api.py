@@ -18,8 +18,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from coordinator.errors import NoWorkerError, RequestTimeout, ServiceError, TooManyRequests
 from coordinator.infer_api import APIError, ModelInfo, read_json
-from coordinator.inference import SERVICE_ERRORS, InferenceService, RequestTimeout, TooManyRequests
+from coordinator.inference import InferenceService
 from coordinator.mlflow_inputs import (
     MlflowError,
     Scoring,
@@ -35,8 +36,8 @@ from coordinator.openai_api import (
     collect,
     input_blocked,
 )
-from coordinator.router import NoWorkerError
 from engine.model.mlflow_model import MlflowModel
+from engine.worker_contracts import GenerationRequest
 
 log = logging.getLogger(__name__)
 SERVICE_CODES = {
@@ -79,7 +80,8 @@ class MlflowScorer:
             raise MlflowError("The input was filtered by the content safety policy")
         answer = _Completion(kind, self.model.name, len(ids), self.model.content_filter)
         await collect(
-            self.service.generate(self.service.new_request_id(), ids, params, 5, 600), answer
+            self.service.generate(GenerationRequest(self.service.new_request_id(), ids, params)),
+            answer,
         )
         return answer.body()
 
@@ -128,7 +130,7 @@ def create_mlflow_router(
             return _error(MlflowError(exc.message, status=exc.status))
         except MlflowError as exc:
             return _error(exc)
-        except SERVICE_ERRORS as exc:
+        except ServiceError as exc:
             status, code = SERVICE_CODES.get(type(exc), (500, "INTERNAL_ERROR"))
             return _error(MlflowError(str(exc), code, status))
         return JSONResponse(prediction if scoring.bare else {"predictions": prediction})

@@ -20,19 +20,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.content_safety import ContentFilter
-from coordinator.infer_api import APIError, ModelInfo, read_json
-from coordinator.inference import (
-    SERVICE_ERRORS,
+from coordinator.errors import (
     GenerationFailed,
-    InferenceService,
+    NoWorkerError,
     RequestTimeout,
+    ServiceError,
     TooManyRequests,
-    first_event,
 )
-from coordinator.router import NoWorkerError
+from coordinator.infer_api import APIError, ModelInfo, read_json
+from coordinator.inference import InferenceService, first_event
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import MAX_SEED, SamplingParams
+from engine.worker_contracts import GenerationRequest
 
 FINISH = {
     FinishReason.EOS: "stop",
@@ -244,7 +244,7 @@ def create_openai_router(
         except OpenAIError as exc:
             return exc.response()
         answer = _Completion(kind, model.name, len(ids), model.content_filter)
-        events = service.generate(service.new_request_id(), ids, params, 5, 600)
+        events = service.generate(GenerationRequest(service.new_request_id(), ids, params))
         return await respond(events, answer, bool(body.get("stream")), _server_error)
 
     @router.post("/v1/completions")
@@ -273,12 +273,12 @@ async def respond(
     if stream:
         try:
             first = await first_event(events)
-        except SERVICE_ERRORS as exc:
+        except ServiceError as exc:
             return on_error(exc)
         return StreamingResponse(_stream(first, events, answer), media_type="text/event-stream")
     try:
         await collect(events, answer)
-    except SERVICE_ERRORS as exc:
+    except ServiceError as exc:
         return on_error(exc)
     return JSONResponse(answer.body())
 
@@ -358,7 +358,7 @@ async def _stream(
                 break
             event = await events.__anext__()
         yield b"data: [DONE]\n\n"
-    except SERVICE_ERRORS as exc:
+    except ServiceError as exc:
         payload = {
             "error": {
                 "message": str(exc),

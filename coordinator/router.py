@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.errors import NoWorkerError
+
 log = logging.getLogger(__name__)
 
 
@@ -33,10 +35,6 @@ class WorkerState:
     def decode_cost(self) -> tuple[float, float]:
         running = self.load.get("num_running", 0) + self.load.get("num_reserved", 0)
         return (running + self.pending_requests, -self.load.get("num_free_blocks", 0))
-
-
-class NoWorkerError(RuntimeError):
-    """No (prefill, decode) pair can take a request now."""
 
 
 class Router:

@@ -15,18 +15,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from coordinator.errors import NoWorkerError, RequestTimeout, ServiceError, TooManyRequests
 from coordinator.infer_api import APIError, ModelInfo, read_json, sampling_params
 from coordinator.infer_request import InputValidationError, parse_infer_body
-from coordinator.inference import (
-    SERVICE_ERRORS,
-    InferenceService,
-    RequestTimeout,
-    TooManyRequests,
-    first_event,
-)
-from coordinator.router import NoWorkerError
+from coordinator.inference import InferenceService, first_event
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
+from engine.worker_contracts import GenerationRequest
 
 FINISH = {
     FinishReason.EOS: "eos_token",
@@ -94,13 +89,19 @@ def create_tgi_router(service: InferenceService, model: ModelInfo, body_limit_mb
         params = sampling_params(req, model.vocab_size)
         params = type(params)(**{**params.to_dict(), "stop": tuple(stop)})
         events = service.generate(
-            service.new_request_id(), ids, params, req.parameters.priority, req.parameters.timeout
+            GenerationRequest(
+                service.new_request_id(),
+                ids,
+                params,
+                req.parameters.priority,
+                req.parameters.timeout,
+            )
         )
         streaming = body.get("stream", False) if stream is None else stream
         if streaming:
             try:
                 first = await first_event(events)
-            except SERVICE_ERRORS as exc:
+            except ServiceError as exc:
                 return _service_error(exc)
             return StreamingResponse(
                 _stream(first, events, params.seed, special_ids), media_type="text/event-stream"
@@ -112,7 +113,7 @@ def create_tgi_router(service: InferenceService, model: ModelInfo, body_limit_mb
                 if event.token_id is not None:
                     tokens.append(_token(event, event.token_id in special_ids))
                 finish = event.finish_reason or finish
-        except SERVICE_ERRORS as exc:
+        except ServiceError as exc:
             return _service_error(exc)
         finally:
             await events.aclose()
@@ -172,7 +173,7 @@ async def _stream(
             if event.finished:
                 break
             event = await events.__anext__()
-    except SERVICE_ERRORS as exc:
+    except ServiceError as exc:
         yield (
             b"data:"
             + json.dumps({"error": str(exc), "error_type": "generation"}).encode()

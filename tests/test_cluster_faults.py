@@ -15,6 +15,7 @@ from coordinator.cluster_config import ActorResources, ClusterConfig
 from engine.config import CacheConfig, EngineConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
+from engine.worker_contracts import GenerationRequest
 
 pytestmark = pytest.mark.ray
 
@@ -50,7 +51,9 @@ async def _requests_until_kill(cluster, worker, count: int):
 
     async def one(i: int):
         events = []
-        async for event in cluster.generate(f"victim-{i}", [5 + i, 6, 7, 8], LONG):
+        async for event in cluster.generate(
+            GenerationRequest(f"victim-{i}", [5 + i, 6, 7, 8], LONG)
+        ):
             events.append(event)
             streamed.add(f"victim-{i}")
             if len(streamed) == count:
@@ -83,7 +86,9 @@ def _recovered(cluster, worker) -> None:
         return [
             e
             async for e in cluster.generate(
-                "after", [9, 8, 7], SamplingParams(max_new_tokens=5, ignore_eos=True)
+                GenerationRequest(
+                    "after", [9, 8, 7], SamplingParams(max_new_tokens=5, ignore_eos=True)
+                )
             )
         ]
 
@@ -138,4 +143,4 @@ def test_prefill_worker_killed_with_requests_in_flight(cluster):
 
 
 async def _collect(cluster, request_id, prompt):
-    return [e async for e in cluster.generate(request_id, prompt, LONG)]
+    return [e async for e in cluster.generate(GenerationRequest(request_id, prompt, LONG))]

@@ -13,6 +13,7 @@ from coordinator.cluster_config import ActorResources, ClusterConfig
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
+from engine.worker_contracts import GenerationRequest
 
 pytestmark = pytest.mark.ray
 
@@ -56,7 +57,9 @@ def clusters(ray_session, tiny_model_dir):
 
 
 async def _collect(cluster, request_id, prompt, params):
-    return [event async for event in cluster.generate(request_id, prompt, params)]
+    return [
+        event async for event in cluster.generate(GenerationRequest(request_id, prompt, params))
+    ]
 
 
 def _run(cluster, prompts, params, prefix):

@@ -9,17 +9,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from coordinator.inference import (
-    GenerationFailed,
-    InferenceService,
-    RequestTimeout,
-    Timeouts,
-    TooManyRequests,
-)
-from coordinator.router import NoWorkerError, Router
+from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, TooManyRequests
+from coordinator.inference import InferenceService, Timeouts
+from coordinator.router import Router
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
+from engine.worker_contracts import GenerationRequest
 
 
 @dataclass
@@ -53,7 +49,8 @@ class FakeCluster:
             for i in (0, 1)
         ]
 
-    async def generate(self, request_id, prompt, params, priority, prefill=0, decode=0):
+    async def generate(self, request, prefill=0, decode=0):
+        request_id, prompt = request.request_id, request.prompt_token_ids
         self.calls.append((prefill, decode))
         await asyncio.sleep(self.delay_s)
         now = time.monotonic()
@@ -71,7 +68,12 @@ def _service(cluster, max_retry=5, timeouts=None, max_requests=10) -> InferenceS
 
 
 async def _collect(service, timeout_s=600):
-    return [e async for e in service.generate("r", [1, 2, 3], SamplingParams(), 5, timeout_s)]
+    return [
+        e
+        async for e in service.generate(
+            GenerationRequest("r", [1, 2, 3], SamplingParams(), 5, timeout_s)
+        )
+    ]
 
 
 def test_failed_handoff_is_retried_on_another_pair():

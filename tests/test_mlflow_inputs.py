@@ -135,11 +135,12 @@ class _FakeService:
     def new_request_id(self) -> str:
         return "r"
 
-    async def generate(self, request_id, prompt_ids, params, priority, timeout_s):
-        self.params.append(params)
+    async def generate(self, request):
+        self.params.append(request.params)
         now = time.monotonic()
-        yield TokenEvent(request_id, 5, "ab", len(prompt_ids), 1, now)
-        yield TokenEvent(request_id, 6, "c", len(prompt_ids), 2, now, FinishReason.LENGTH)
+        request_id, num_prompt = request.request_id, request.num_prompt_tokens
+        yield TokenEvent(request_id, 5, "ab", num_prompt, 1, now)
+        yield TokenEvent(request_id, 6, "c", num_prompt, 2, now, FinishReason.LENGTH)
 
 
 def test_completions_scorer_answers_text_completions(tiny_loaded):

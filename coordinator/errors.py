@@ -1,0 +1,34 @@
+"""Why the service could not serve a request. Each error carries its HTTP status; every front door
+answers with that status and shapes the body in its own protocol's format."""
+
+from __future__ import annotations
+
+
+class ServiceError(RuntimeError):
+    """A request the cluster could not serve."""
+
+    status = 500
+
+
+class TooManyRequests(ServiceError):
+    """``max_requests`` are in flight."""
+
+    status = 429
+
+
+class RequestTimeout(ServiceError):
+    """A timeout expired; the message names which (e.g. ``Request inference timeout``)."""
+
+    status = 408
+
+
+class NoWorkerError(ServiceError):
+    """No (prefill, decode) pair can take a request now, or the coordinator is shutting down."""
+
+    status = 503
+
+
+class GenerationFailed(ServiceError):
+    """The cluster could not finish the request (after retries)."""
+
+    status = 500
