@@ -30,7 +30,7 @@ import uvicorn
 from coordinator.config import load_config
 from coordinator.server import Coordinator
 from engine.sampling_params import SamplingParams
-from engine.worker_contracts import GenerationRequest
+from engine.worker.contracts import GenerationRequest
 
 
 def free_port() -> int:

@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig, SchedulerConfig
-from engine.kv_transfer import KVPayload
 from engine.llm_engine import LLMEngine
 from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.transfer import create_receiver, create_sender
+from engine.transfer.payload import KVPayload
 from engine.transfer.zmq_transport import ZmqKVSender
 
 SIZES = (128, 512, 2048)

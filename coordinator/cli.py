@@ -1,15 +1,10 @@
-"""``pdserve``: start the coordinator and its worker cluster.
+"""The ``pdserve`` command: start the coordinator and its worker cluster.
 
-    pdserve [--config PATH] [--predict-ip IP] [--predict-port PORT] [--manage-ip IP]
-            [--manage-port PORT] [--model PATH] [--deploy-mode pd_separate|single_node]
-            [--prefill N] [--decode M] [--kv-transport zmq|grpc] [--ray-address ADDR]
-            [--model-config JSON]
-    pdserve PREDICT_IP PREDICT_PORT MANAGE_IP MANAGE_PORT     (MindIE's positional form)
-
-CLI values win over ``ms_coordinator.json`` (``--config`` or
-``$MINDIE_MS_COORDINATOR_CONFIG_FILE_PATH``), which wins over the defaults. With no arguments:
-a local Ray, the bundled model, one prefill and one decode actor, HTTP on 127.0.0.1:1025.
-A bad configuration is one line on stderr and exit code 2.
+Each option overrides one key of ``ms_coordinator.json`` (``--config`` or
+``$MINDIE_MS_COORDINATOR_CONFIG_FILE_PATH``), which overrides the built-in defaults; ``--help``
+names the key and the default of every option. MindIE's positional form ``pdserve PREDICT_IP
+PREDICT_PORT MANAGE_IP MANAGE_PORT`` is accepted too. A bad configuration is one line on stderr
+and exit code 2. docs/configuration.md lists every key.
 """
 
 from __future__ import annotations
@@ -19,8 +14,11 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
 
-from coordinator.config import CoordinatorConfig, load_config
+from coordinator.config import CONFIG_PATH_ENV, SCHEMA, CoordinatorConfig, load_config
 from engine.errors import ConfigError, EngineError
 
 OVERRIDES = {  # CLI option -> config key
@@ -38,35 +36,115 @@ OVERRIDES = {  # CLI option -> config key
 }
 POSITIONAL = ("predict_ip", "predict_port", "manage_ip", "manage_port")
 
+USAGE = """%(prog)s [options]
+       %(prog)s [options] PREDICT_IP [PREDICT_PORT [MANAGE_IP [MANAGE_PORT]]]"""
+DESCRIPTION = """\
+Start the pdserve coordinator and its prefill/decode worker cluster.
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+With no arguments: a local Ray, the bundled SmolLM2-135M-Instruct model, one prefill and one
+decode actor, and the inference API over plain HTTP on 127.0.0.1:1025 (management on 1026,
+metrics on 1028, health probes on 1029)."""
+EPILOG = f"""\
+Precedence: options > the configuration file > built-in defaults. The file is --config, else
+${CONFIG_PATH_ENV}. Every other key (status and metrics ports, TLS, request
+limits, timeouts, engine limits) is set in the file: see docs/configuration.md. A bad value is
+one line on stderr naming the key, its valid range and the value received, and exit code 2.
+
+examples:
+  pdserve
+  pdserve --config ms_coordinator.json --predict-port 8080
+  pdserve --model ./my-llama-dir --deploy-mode single_node
+  pdserve --ray-address auto --prefill 2 --decode 2 --kv-transport grpc
+  pdserve 127.0.0.1 1025 127.0.0.1 1026      (MindIE's positional form)"""
+
+# option -> (metavar, what it sets); the default and the config key are added from SCHEMA
+OPTIONS = {
+    "predict_ip": ("IP", "address of the inference API"),
+    "predict_port": ("PORT", "port of the inference API, 1024-65535"),
+    "manage_ip": ("IP", "address of the management API (GET /v1/instances)"),
+    "manage_port": ("PORT", "port of the management API, 1024-65535"),
+    "model": (
+        "PATH",
+        "generative model: 'bundled', a Hugging Face model directory, a .gguf file or an "
+        "MLflow model directory",
+    ),
+    "deploy_mode": (
+        "MODE",
+        "pd_separate (prefill and decode actors, KV hand-off) or single_node (one engine)",
+    ),
+    "prefill": ("N", "prefill actors in pd_separate mode, 1-1024"),
+    "decode": ("N", "decode actors in pd_separate mode, 1-1024"),
+    "kv_transport": ("NAME", "KV cache hand-off between prefill and decode: zmq or grpc"),
+    "ray_address": ("ADDR", "join this Ray cluster ('auto' from inside one, or ray://HOST:PORT)"),
+    "model_config": (
+        "JSON",
+        "MLflow models: a JSON object overriding keys of the saved model_config",
+    ),
+}
+DEFAULT_TEXT = {  # where the raw default would say nothing
+    "ray_address": "none: start a local Ray",
+    "model_config": "none: the saved model_config",
+}
+
+
+def option_help(option: str) -> str:
+    """What ``option`` sets, its built-in default and the configuration key it overrides."""
+    key = OVERRIDES[option]
+    section, name = key.split(".")
+    default = DEFAULT_TEXT.get(option, SCHEMA[section][name].default)
+    return f"{OPTIONS[option][1]} (default: {default}; config key {key})"
+
+
+def version() -> str:
+    try:
+        return metadata.version("pdserve")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdserve",
-        description=__doc__.split("\n\n")[0],
+        usage=USAGE,
+        description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "positional",
         nargs="*",
-        metavar="PREDICT_IP PREDICT_PORT ...",
-        help="MindIE's form: predict_ip predict_port manage_ip manage_port",
+        metavar="ADDRESS",
+        help="MindIE's positional form: PREDICT_IP PREDICT_PORT MANAGE_IP MANAGE_PORT, any "
+        "number from the left; a named option wins over its positional value",
     )
-    parser.add_argument("--config", help="path of ms_coordinator.json")
-    parser.add_argument("--predict-ip")
-    parser.add_argument("--predict-port")
-    parser.add_argument("--manage-ip")
-    parser.add_argument("--manage-port")
-    parser.add_argument("--model", help="'bundled', a HF directory or a .gguf file")
-    parser.add_argument("--deploy-mode", choices=("pd_separate", "single_node"))
-    parser.add_argument("--prefill", type=int, help="prefill actors (pd_separate)")
-    parser.add_argument("--decode", type=int, help="decode actors (pd_separate)")
-    parser.add_argument("--kv-transport", choices=("zmq", "grpc"))
-    parser.add_argument("--ray-address", help="join this Ray cluster ('auto' inside one)")
     parser.add_argument(
-        "--model-config",
-        type=_json_object,
-        help="MLflow model: JSON object overriding keys of its saved model_config",
+        "--version", action="version", version=f"%(prog)s {version()}", help="print the version"
     )
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"the ms_coordinator.json to read (default: ${CONFIG_PATH_ENV} when set, else "
+        "none: built-in defaults)",
+    )
+    types: dict[str, Callable[[str], Any]] = {
+        "prefill": int,
+        "decode": int,
+        "model_config": _json_object,
+    }
+    for option, (metavar, _) in OPTIONS.items():
+        section, name = OVERRIDES[option].split(".")
+        parser.add_argument(
+            "--" + option.replace("_", "-"),
+            metavar=metavar,
+            type=types.get(option, str),
+            choices=SCHEMA[section][name].choices or None,
+            help=option_help(option),
+        )
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if len(args.positional) > len(POSITIONAL):
         parser.error(f"at most {len(POSITIONAL)} positional values: {' '.join(POSITIONAL)}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -23,15 +22,18 @@ from typing import Any
 import ray
 
 from coordinator.cluster_config import ActorResources, ClusterConfig
-from decode_worker.colocated import ColocatedWorker
 from decode_worker.worker import DecodeWorker
 from engine.embedding_worker import EmbeddingWorker
 from engine.outputs import TokenEvent
-from engine.request import FinishReason
-from engine.sampling_params import SamplingParams
 from engine.token_accounting import pd_output_limit
-from engine.worker_contracts import GenerationRequest
-from engine.worker_runtime import HandoffResult
+from engine.worker.colocated import ColocatedWorker
+from engine.worker.contracts import (
+    GenerationRequest,
+    HandoffResult,
+    HandoffTarget,
+    Reservation,
+    WorkerLoad,
+)
 from prefill_worker.worker import PrefillWorker
 
 log = logging.getLogger(__name__)
@@ -57,10 +59,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     return address is None
 
 
-def error_event(request_id: str, message: str) -> TokenEvent:
-    return TokenEvent(request_id, None, "", 0, 0, time.monotonic(), FinishReason.ERROR, message)
-
-
 class Cluster:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
@@ -81,32 +79,13 @@ class Cluster:
         if not cfg.generation:
             pass  # embeddings only
         elif cfg.deploy_mode == "pd_separate":
-            self.prefills = [
-                self._actor(
-                    PrefillWorker,
-                    cfg.prefill_resources,
-                    i,
-                    kv_transport=cfg.kv_transport,
-                    transfer_timeout_s=cfg.transfer_timeout_s,
-                )
-                for i in range(cfg.num_prefill)
-            ]
-            self.decodes = [
-                self._actor(
-                    DecodeWorker,
-                    cfg.decode_resources,
-                    i,
-                    kv_transport=cfg.kv_transport,
-                    host=cfg.kv_host,
-                    reservation_timeout_s=cfg.reservation_timeout_s,
-                )
-                for i in range(cfg.num_decode)
-            ]
+            prefill, decode = cfg.prefill_resources, cfg.decode_resources
+            self.prefills = self._actors(PrefillWorker, prefill, cfg.num_prefill, cfg.kv_transfer)
+            self.decodes = self._actors(DecodeWorker, decode, cfg.num_decode, cfg.kv_transfer)
         else:
-            self.colocated = [
-                self._actor(ColocatedWorker, cfg.colocated_resources, i)
-                for i in range(cfg.num_colocated)
-            ]
+            self.colocated = self._actors(
+                ColocatedWorker, cfg.colocated_resources, cfg.num_colocated
+            )
         if cfg.embedding_model_path is not None:
             self.embedders = [
                 ray.remote(EmbeddingWorker)
@@ -140,7 +119,12 @@ class Cluster:
         taken, self._cores = self._cores[:count], self._cores[count:]
         return tuple(taken)
 
-    def _actor(self, cls: type, resources: ActorResources, instance: int, **kwargs: Any) -> Any:
+    def _actors(self, cls: type, resources: ActorResources, count: int, *args: Any) -> list[Any]:
+        return [self._actor(cls, resources, i, *args) for i in range(count)]
+
+    def _actor(self, cls: type, resources: ActorResources, instance: int, *args: Any) -> Any:
+        """Worker ``instance`` of ``cls``, built from the engine config (with ``resources``'
+        threads and device) and ``args``."""
         engine = replace(
             self.config.engine,
             num_threads=resources.num_threads,
@@ -158,7 +142,9 @@ class Cluster:
                 max_concurrency=256,
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}},
             )
-            .remote(engine, instance, self._take_cores(resources.num_threads), **kwargs)
+            .remote(
+                engine, *args, instance=instance, cpu_ids=self._take_cores(resources.num_threads)
+            )
         )
 
     @property
@@ -186,26 +172,16 @@ class Cluster:
         However the stream ends (finished, failed, or closed early by the caller), every worker
         that may still hold the request is told to drop it unless it ended cleanly there.
         """
-        request_id, params, priority = request.request_id, request.params, request.priority
-        prompt_token_ids = list(request.prompt_token_ids)
+        request_id = request.request_id
         clean = False
         try:
             if self.config.deploy_mode == "single_node":
                 worker = self.colocated[decode % len(self.colocated)]
                 self._routes[request_id] = [worker]
-                stream = worker.generate.options(num_returns="streaming").remote(
-                    request_id, prompt_token_ids, params.to_dict(), priority
-                )
+                stream = worker.generate.options(num_returns="streaming").remote(request)
                 events = self._stream(request_id, stream)
             else:
-                events = self._generate_pd(
-                    request_id,
-                    prompt_token_ids,
-                    params,
-                    priority,
-                    self.prefills[prefill],
-                    self.decodes[decode],
-                )
+                events = self._generate_pd(request, self.prefills[prefill], self.decodes[decode])
             async for event in events:
                 clean = event.finished and event.error is None
                 yield event
@@ -215,50 +191,46 @@ class Cluster:
             self._routes.pop(request_id, None)
 
     async def _generate_pd(
-        self,
-        request_id: str,
-        prompt: list[int],
-        params: SamplingParams,
-        priority: int,
-        p_worker: Any,
-        d_worker: Any,
+        self, request: GenerationRequest, p_worker: Any, d_worker: Any
     ) -> AsyncIterator[TokenEvent]:
-        limit = pd_output_limit(params.max_new_tokens, self.config.engine.scheduler.max_iter_times)
-        self._routes[request_id] = [p_worker, d_worker]
-        endpoint = None
-        if limit > 1:
-            try:
-                answer = await d_worker.reserve.remote(
-                    request_id, len(prompt), self.config.reservation_wait_s, priority
-                )
-            except ray.exceptions.RayError as exc:
-                answer = {"ok": False, "reason": f"{type(exc).__name__}"}
-            if not answer["ok"]:
-                yield error_event(request_id, f"decode worker refused: {answer['reason']}")
-                return
-            endpoint = answer["endpoint"]
-        stream = p_worker.prefill.options(num_returns="streaming").remote(
-            request_id, prompt, params.to_dict(), priority, endpoint, limit
+        request_id = request.request_id
+        limit = pd_output_limit(
+            request.params.max_new_tokens, self.config.engine.scheduler.max_iter_times
         )
+        self._routes[request_id] = [p_worker, d_worker]
+        target = None
+        if limit > 1:
+            reservation = await self._reserve(d_worker, request)
+            if not reservation.granted:
+                yield TokenEvent.failure(request_id, f"decode worker refused: {reservation.reason}")
+                return
+            target = HandoffTarget(reservation.endpoint, limit)
+        stream = p_worker.prefill.options(num_returns="streaming").remote(request, target)
+        handoff: HandoffResult | None = None
         async for item in self._stream(request_id, stream):
             if isinstance(item, HandoffResult):
-                if not item.ok:
-                    yield error_event(request_id, item.error or "KV hand-off failed")
-                    return
-                if self.on_handoff is not None:
-                    self.on_handoff(item.num_bytes, item.transfer_seconds)
+                handoff = item
                 break
-            if item.finished and endpoint is not None:
+            if item.finished and target is not None:
                 await self._release(request_id)  # ended on its first token: free the reservation
             yield item
-            if item.finished:
-                return
-        else:
+        if handoff is None:
+            return  # it ended with its first token, or failed
+        if not handoff.ok:
+            yield TokenEvent.failure(request_id, handoff.error or "KV hand-off failed")
             return
+        if self.on_handoff is not None:
+            self.on_handoff(handoff.num_bytes, handoff.transfer_seconds)
         self._routes[request_id] = [d_worker]
         stream = d_worker.stream.options(num_returns="streaming").remote(request_id)
         async for event in self._stream(request_id, stream):
             yield event
+
+    async def _reserve(self, d_worker: Any, request: GenerationRequest) -> Reservation:
+        try:
+            return await d_worker.reserve.remote(request, self.config.reservation_wait_s)
+        except ray.exceptions.RayError as exc:
+            return Reservation.refused(type(exc).__name__)
 
     async def _stream(self, request_id: str, stream: Any) -> AsyncIterator[Any]:
         """Items of a worker stream; a broken stream (the worker died) ends with an error."""
@@ -266,7 +238,9 @@ class Cluster:
             async for ref in stream:
                 yield await ref
         except ray.exceptions.RayError as exc:
-            yield error_event(request_id, f"worker failed: {type(exc).__name__}: {exc}"[:500])
+            yield TokenEvent.failure(
+                request_id, f"worker failed: {type(exc).__name__}: {exc}"[:500]
+            )
 
     async def _release(self, request_id: str) -> None:
         """Tell every worker of a request to drop it (idempotent; dead workers hold nothing)."""
@@ -279,7 +253,7 @@ class Cluster:
             with contextlib.suppress(ray.exceptions.RayError):
                 await worker.abort.remote(request_id)
 
-    async def loads(self) -> list[dict[str, Any]]:
+    async def loads(self) -> list[WorkerLoad]:
         """Queue, running and free-block figures of every worker (dead ones are left out)."""
         loads = []
         for actor in self.actors:

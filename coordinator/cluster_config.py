@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KVTransferConfig
 from engine.errors import ConfigError
-from engine.transfer import TRANSPORTS
 
 DEPLOY_MODES = ("pd_separate", "single_node")
 
@@ -74,14 +73,17 @@ class ClusterConfig:
             raise ConfigError(
                 f"deploy_mode must be one of {', '.join(DEPLOY_MODES)}; got {self.deploy_mode!r}"
             )
-        if self.kv_transport not in TRANSPORTS:
-            raise ConfigError(
-                f"kv_transport must be one of {', '.join(TRANSPORTS)}; got {self.kv_transport!r}"
-            )
+        self.kv_transfer  # noqa: B018 - validates the hand-off fields
         for name in ("num_prefill", "num_decode", "num_colocated"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 1 <= value <= 1024:
                 raise ConfigError(f"{name} must be an integer in [1, 1024], got {value!r}")
-        for name in ("transfer_timeout_s", "reservation_wait_s", "reservation_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.reservation_wait_s <= 0:
+            raise ConfigError(f"reservation_wait_s must be > 0, got {self.reservation_wait_s!r}")
+
+    @property
+    def kv_transfer(self) -> KVTransferConfig:
+        """The hand-off settings both worker roles take."""
+        return KVTransferConfig(
+            self.kv_transport, self.kv_host, self.transfer_timeout_s, self.reservation_timeout_s
+        )

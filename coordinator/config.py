@@ -36,11 +36,10 @@ class Key:
     def describe(self) -> str:
         if self.choices:
             return "one of " + ", ".join(self.choices)
-        if self.low is not None:
-            return (
-                f"{'an integer' if self.kind in ('int', 'port') else 'a number'} in "
-                f"[{self.low:g}, {self.high:g}]"
-            )
+        if self.low is not None and self.high is not None:
+            if self.kind in ("int", "port"):
+                return f"an integer in [{int(self.low)}, {int(self.high)}]"
+            return f"a number in [{self.low:g}, {self.high:g}]"
         return {
             "bool": "true or false",
             "ip": "an IP address",

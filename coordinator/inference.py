@@ -27,7 +27,7 @@ from coordinator.metrics import Metrics
 from coordinator.router import Router
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-from engine.worker_contracts import GenerationRequest
+from engine.worker.contracts import GenerationRequest
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
-"""Prometheus metrics with MindIE's names (SPEC §6), on the external port's ``GET /metrics``."""
+"""Prometheus metrics with MindIE Server's names, on the external port's ``GET /metrics``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engine.worker.contracts import WorkerLoad
 
 LATENCY_BUCKETS = (
     0.005,
@@ -57,50 +57,29 @@ class Metrics:
         self.batch_size = Gauge(
             "worker_num_requests_running", "Requests in a worker's batch", worker, registry=r
         )
-        self.kv_transfer_seconds = Histogram(
-            "kv_transfer_seconds",
-            "Time to move a request's KV pages from prefill to decode",
-            m,
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
-            registry=r,
-        )
         self.kv_transfer_bytes = Counter(
             "kv_transfer_bytes", "KV bytes moved from prefill to decode", m, registry=r
         )
-        self.ttft = Histogram(
-            "time_to_first_token_seconds",
-            "Time to first token",
-            m,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.kv_transfer_seconds = self._histogram(
+            "kv_transfer_seconds",
+            "Time to move a request's KV pages from prefill to decode",
+            (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
         )
-        self.tpot = Histogram(
-            "time_per_output_token_seconds",
-            "Time per output token",
-            m,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token")
+        self.tpot = self._histogram("time_per_output_token_seconds", "Time per output token")
+        self.e2e = self._histogram("e2e_request_latency_seconds", "End-to-end request latency")
+        self.request_prompt = self._histogram(
+            "request_prompt_tokens", "Prompt tokens per request", TOKEN_BUCKETS
         )
-        self.e2e = Histogram(
-            "e2e_request_latency_seconds",
-            "End-to-end request latency",
-            m,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.request_generation = self._histogram(
+            "request_generation_tokens", "Generated tokens per request", TOKEN_BUCKETS
         )
-        self.request_prompt = Histogram(
-            "request_prompt_tokens",
-            "Prompt tokens per request",
-            m,
-            buckets=TOKEN_BUCKETS,
-            registry=r,
-        )
-        self.request_generation = Histogram(
-            "request_generation_tokens",
-            "Generated tokens per request",
-            m,
-            buckets=TOKEN_BUCKETS,
-            registry=r,
+
+    def _histogram(
+        self, name: str, documentation: str, buckets: tuple[float, ...] = LATENCY_BUCKETS
+    ) -> Histogram:
+        return Histogram(
+            name, documentation, ["model_name"], buckets=buckets, registry=self.registry
         )
 
     def record_finished(
@@ -123,14 +102,13 @@ class Metrics:
         self.kv_transfer_seconds.labels(self.model_name).observe(seconds)
         self.kv_transfer_bytes.labels(self.model_name).inc(num_bytes)
 
-    def record_loads(self, loads: list[dict[str, Any]]) -> None:
+    def record_loads(self, loads: list[WorkerLoad]) -> None:
         for load in loads:
-            labels = (self.model_name, load["role"], str(load["instance"]))
-            usage = 1 - load["num_free_blocks"] / max(load["num_total_blocks"], 1)
-            self.npu_cache.labels(*labels).set(usage)
-            self.kv_cache.labels(*labels).set(usage)
-            self.queue_depth.labels(*labels).set(load["num_waiting"])
-            self.batch_size.labels(*labels).set(load["num_running"])
+            labels = (self.model_name, load.role, str(load.instance))
+            self.npu_cache.labels(*labels).set(load.stats.kv_usage)
+            self.kv_cache.labels(*labels).set(load.stats.kv_usage)
+            self.queue_depth.labels(*labels).set(load.stats.num_waiting)
+            self.batch_size.labels(*labels).set(load.stats.num_running)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.errors import NoWorkerError
+from engine.outputs import EngineStats
+from engine.worker.contracts import WorkerLoad
 
 log = logging.getLogger(__name__)
 
@@ -22,19 +25,19 @@ log = logging.getLogger(__name__)
 class WorkerState:
     role: str
     instance: int
-    load: dict[str, Any] = field(default_factory=dict)
+    stats: EngineStats = field(default_factory=EngineStats)  # as of the last poll
     pending_tokens: int = 0  # prompt tokens dispatched here since the last poll
     pending_requests: int = 0
     alive: bool = True
 
     @property
     def prefill_cost(self) -> float:
-        return self.load.get("num_waiting_prompt_tokens", 0) + self.pending_tokens
+        return self.stats.num_waiting_prompt_tokens + self.pending_tokens
 
     @property
     def decode_cost(self) -> tuple[float, float]:
-        running = self.load.get("num_running", 0) + self.load.get("num_reserved", 0)
-        return (running + self.pending_requests, -self.load.get("num_free_blocks", 0))
+        running = self.stats.num_running + self.stats.num_reserved
+        return (running + self.pending_requests, -self.stats.num_free_blocks)
 
 
 class Router:
@@ -44,7 +47,7 @@ class Router:
         self.prefills: list[WorkerState] = []
         self.decodes: list[WorkerState] = []
         self._task: asyncio.Task | None = None
-        self.latest_loads: list[dict[str, Any]] = []
+        self.latest_loads: list[WorkerLoad] = []
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._poll_forever())
@@ -66,17 +69,17 @@ class Router:
                 WorkerState("colocated" if single else "decode", i) for i in range(count)
             ]
 
-    async def refresh(self) -> list[dict[str, Any]]:
+    async def refresh(self) -> list[WorkerLoad]:
         self._bind()
         loads = await self.cluster.loads()
         self.latest_loads = loads
-        seen = {(load["role"], load["instance"]) for load in loads}
-        for state in [*self.prefills, *self.decodes]:
-            state.alive = (state.role, state.instance) in seen
+        seen = {(load.role, load.instance) for load in loads}
+        for worker in [*self.prefills, *self.decodes]:
+            worker.alive = (worker.role, worker.instance) in seen
         for load in loads:
-            state = self._state(load["role"], load["instance"])
+            state = self._state(load.role, load.instance)
             if state is not None:
-                state.load, state.pending_tokens, state.pending_requests = load, 0, 0
+                state.stats, state.pending_tokens, state.pending_requests = load.stats, 0, 0
         return loads
 
     def _state(self, role: str, instance: int) -> WorkerState | None:
@@ -92,7 +95,7 @@ class Router:
             await asyncio.sleep(self.poll_interval_s)
 
     def choose(
-        self, num_prompt_tokens: int, exclude: set[tuple[int, int]] = frozenset()
+        self, num_prompt_tokens: int, exclude: AbstractSet[tuple[int, int]] = frozenset()
     ) -> tuple[int, int]:
         """The least-loaded live pair not in ``exclude``; NoWorkerError if none is left."""
         prefills: list[WorkerState | None] = [p for p in self.prefills if p.alive]

@@ -66,4 +66,5 @@ def build(args: dict[str, str]) -> serve.Application:
     unknown = sorted(set(args) - ARGS)
     if unknown:
         raise ValueError(f"unknown argument(s) {unknown}; accepted: {sorted(ARGS)}")
-    return CoordinatorIngress.bind(dict(args))
+    # serve.deployment replaces the class with a Deployment, which mypy cannot see
+    return CoordinatorIngress.bind(dict(args))  # type: ignore[attr-defined]

@@ -10,31 +10,36 @@ down and stops a Ray it started itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import ray
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.azure_api import create_azure_router, create_info_router
+from coordinator.api.app import create_predict_app
 from coordinator.cluster import Cluster, init_ray
 from coordinator.config import CoordinatorConfig
-from coordinator.embeddings_api import create_embeddings_router
-from coordinator.infer_api import APIError, create_infer_router
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
-from coordinator.mlflow_api import MlflowScorer, create_mlflow_router
-from coordinator.openai_api import create_models_router, create_openai_router
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, served_models
-from coordinator.tgi_api import create_tgi_router
 
 log = logging.getLogger(__name__)
 PROBES = ("/v1/startup", "/v1/health", "/v1/readiness", "/v2/health/live", "/v2/health/ready")
+
+
+class SignalFreeServer(uvicorn.Server):
+    """A uvicorn server that leaves SIGTERM / SIGINT to the coordinator, which drains first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class Coordinator:
@@ -63,65 +68,14 @@ class Coordinator:
     # ---- apps ------------------------------------------------------------------------------
 
     def predict_app(self) -> FastAPI:
-        app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
-        limit = self.config["request_limit"]["body_limit"]
-        served = self.served
-        if self.model is not None:
-            app.include_router(create_infer_router(self.service, self.model, limit))
-            app.include_router(create_openai_router(self.service, self.model, limit))
-            app.include_router(create_tgi_router(self.service, self.model, limit))
-            app.include_router(create_azure_router(self.service, self.model, limit))
-        else:
-            app.include_router(create_models_router(served.name))
-            app.include_router(create_info_router(served.name, "embeddings"))
-        if served.embedding_path is not None:
-            app.include_router(
-                create_embeddings_router(
-                    self.cluster, served.embedding_name, served.embedding_dimensions, limit
-                )
-            )
-        config = served.mlflow.model_config if served.mlflow else {}
-        scorer = MlflowScorer(served.task, config, self.service, self.model, self.cluster.embed)
-        app.include_router(create_mlflow_router(scorer, served.mlflow, limit))
-        keys = set(self.config["http_config"]["api_keys"])
-
-        @app.middleware("http")
-        async def authenticate(request: Request, call_next):
-            if keys and not _authorized(request, keys):
-                return JSONResponse(
-                    {
-                        "error": {
-                            "code": "Unauthorized",
-                            "message": "a valid api-key or Authorization: Bearer key is required",
-                        }
-                    },
-                    status_code=401,
-                )
-            return await call_next(request)
-
-        @app.middleware("http")
-        async def not_ready(request: Request, call_next):
-            if not self.ready:
-                return APIError(
-                    503, "Service Unavailable: the cluster is starting", "Service Unavailable"
-                ).response()
-            return await call_next(request)
-
-        @app.exception_handler(Exception)
-        async def internal(request: Request, exc: Exception) -> JSONResponse:
-            log.exception("%s %s failed", request.method, request.url.path)
-            return APIError(
-                500, f"Incomplete Generation: {type(exc).__name__}: {exc}", "Incomplete Generation"
-            ).response()
-
-        @app.exception_handler(404)
-        async def not_found(request: Request, exc: Exception) -> JSONResponse:
-            message = f"no route {request.method} {request.url.path}"
-            if self.model is None:
-                message += f": this server runs the embeddings model {served.name} only"
-            return APIError(404, message, "NotFoundError").response()
-
-        return app
+        return create_predict_app(
+            self.service,
+            self.served,
+            self.cluster.embed,
+            body_limit_mb=self.config["request_limit"]["body_limit"],
+            api_keys=self.config["http_config"]["api_keys"],
+            is_ready=lambda: self.ready,
+        )
 
     def status_app(self) -> FastAPI:
         app = FastAPI(docs_url=None, redoc_url=None)
@@ -153,7 +107,7 @@ class Coordinator:
                 {
                     "ready": self.ready,
                     "deploy_mode": self.cluster.config.deploy_mode,
-                    "instances": self.router.latest_loads,
+                    "instances": [load.to_dict() for load in self.router.latest_loads],
                 }
             )
 
@@ -185,7 +139,11 @@ class Coordinator:
             tls_args = {"ssl_certfile": tls["tls_cert"], "ssl_keyfile": tls["tls_key"]}
             if tls["ca_cert"]:
                 tls_args["ssl_ca_certs"] = tls["ca_cert"]
-        common = {"log_level": "warning", "lifespan": "off", "timeout_graceful_shutdown": 5}
+        common: dict[str, Any] = {
+            "log_level": "warning",
+            "lifespan": "off",
+            "timeout_graceful_shutdown": 5,
+        }
         return [
             uvicorn.Config(
                 self.predict_app(),
@@ -206,9 +164,7 @@ class Coordinator:
         ]
 
     async def serve(self) -> None:
-        self._servers = [uvicorn.Server(c) for c in self.uvicorn_configs()]
-        for server in self._servers:
-            server.install_signal_handlers = lambda: None  # we drain first, then stop them
+        self._servers = [SignalFreeServer(c) for c in self.uvicorn_configs()]
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
@@ -246,9 +202,3 @@ class Coordinator:
 def with_model(config: CoordinatorConfig, **backend: Any) -> CoordinatorConfig:
     """Copy of ``config`` with ``backend_config`` keys replaced (tests, benchmarks)."""
     return config.with_overrides({f"backend_config.{k}": v for k, v in backend.items()})
-
-
-def _authorized(request: Request, keys: set[str]) -> bool:
-    bearer = request.headers.get("authorization", "")
-    token = bearer[7:] if bearer.lower().startswith("bearer ") else None
-    return request.headers.get("api-key") in keys or token in keys

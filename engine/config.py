@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import ConfigError
+from engine.transfer import TRANSPORTS
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -72,6 +73,25 @@ class SchedulerConfig:
         _check_range("maxBatchSize", self.max_batch_size, 1, 1 << 16)
         _check_range("maxPrefillTokens", self.max_prefill_tokens, 1, 1 << 22)
         _check_range("maxPrefillBatchSize", self.max_prefill_batch_size, 1, 1 << 16)
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """How prefill and decode workers hand a request's KV over, and how long each side waits."""
+
+    transport: str = "zmq"  # kv_transport: a name in engine.transfer.TRANSPORTS
+    host: str = "127.0.0.1"  # kv_host: the decode workers' KV endpoint binds here ("auto": node IP)
+    transfer_timeout_s: float = 10.0  # prefill frees its blocks if no acknowledgement by then
+    reservation_timeout_s: float = 30.0  # decode ends a reservation whose pages never came
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ConfigError(
+                f"kv_transport must be one of {', '.join(TRANSPORTS)}; got {self.transport!r}"
+            )
+        for name in ("transfer_timeout_s", "reservation_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)

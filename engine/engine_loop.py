@@ -2,7 +2,11 @@
 
 Everything else (RPC handlers, transport threads) talks to the engine only through ``call``,
 which runs a function on the engine thread between two steps; so the engine itself needs no
-locks. Events of every step go to ``on_events``, also on the engine thread.
+locks. The one exception is a hand-off's pages: a transport thread writes them into their
+reserved blocks itself (``LLMEngine.take_reservation`` / ``write_pages``), so that a decode step
+in progress does not delay them. Events of every step go to ``on_events``, also on the engine
+thread. Between two steps (or every 50 ms when idle) the loop also ends reservations past their
+deadline.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopped.is_set():
             self._run_commands(block=not self.engine.has_work())
+            self.engine.expire_reservations()
             if not self.engine.has_work():
                 continue
             try:

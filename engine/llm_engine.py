@@ -5,8 +5,13 @@ when its blocks fit (RUNNING) → its prompt is computed in one or more chunks �
 reaches its last token samples the next one and emits a :class:`TokenEvent` → it finishes on EOS,
 a stop string, its length limit or ``maxSeqLen`` and frees its blocks (FINISHED). ``abort`` ends it
 at any point and frees every block. A ``prefill_only`` request instead stops after the first
-token and keeps its blocks (HELD) until ``export_kv`` + ``release``; a decode engine continues
-it with ``import_kv``.
+token and keeps its blocks (HELD) until ``export_kv`` + ``release``.
+
+A decode engine continues such a request: ``reserve_import`` sets blocks aside for it (RESERVED,
+with a deadline); ``take_reservation`` + ``write_pages`` put the arriving pages into them
+(RECEIVING; these two alone may run on the transport's thread, see ``_receive_lock``), and
+``finish_receive`` starts it decoding (RUNNING). A reservation ends like any request: ``abort``,
+or ``expire_reservations`` once its deadline passed. ``import_kv`` does it all in one call.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import threading
 import time
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -24,7 +32,6 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import KVImportError, RequestRejectedError
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
-from engine.kv_transfer import KVLayout, KVPayload, RequestState
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
@@ -33,6 +40,7 @@ from engine.request import FinishReason, Request, RequestStatus
 from engine.sampler import make_generator, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +75,9 @@ class LLMEngine:
             self.shape.head_dim,
         )
         self.requests: dict[str, Request] = {}
-        self._reserved: dict[str, list[int]] = {}
+        # Orders the transport thread's RESERVED -> RECEIVING against this thread ending the
+        # request: blocks being written to are freed only once the write is over.
+        self._receive_lock = threading.Lock()
         self._pending: list[TokenEvent] = []
         self._arrivals = itertools.count()
 
@@ -194,8 +204,10 @@ class LLMEngine:
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         self.scheduler.remove(request)
-        self.blocks.free(request.block_ids)
-        request.status = RequestStatus.FINISHED
+        with self._receive_lock:
+            receiving, request.status = request.status, RequestStatus.FINISHED
+        if receiving != RequestStatus.RECEIVING:  # else finish_receive frees them after the write
+            self.blocks.free(request.block_ids)
         request.finish_reason = reason
         del self.requests[request.request_id]
 
@@ -204,13 +216,10 @@ class LLMEngine:
         request.status = RequestStatus.HELD
 
     def abort(self, request_id: str, error: str | None = None) -> bool:
-        """End a request wherever it is and free its blocks (and any import reservation)."""
-        reserved = self._reserved.pop(request_id, None)
-        if reserved is not None:
-            self.blocks.free(reserved)
+        """End a request wherever it is (a reservation too) and free its blocks."""
         request = self.requests.get(request_id)
         if request is None:
-            return reserved is not None
+            return False
         reason = FinishReason.ERROR if error else FinishReason.ABORT
         self._finish(request, reason)
         self._pending.append(
@@ -227,21 +236,23 @@ class LLMEngine:
         )
         return True
 
-    # ---- KV export / import ----------------------------------------------------------------
+    # ---- KV hand-off: the prefill side ------------------------------------------------------
 
-    def export_kv(self, request_id: str) -> KVPayload:
-        """The KV pages and state of a HELD prefill-only request (its blocks stay held)."""
+    def export_kv(self, request_id: str, max_output_tokens: int = 0) -> KVPayload:
+        """The KV pages and state of a HELD prefill-only request (its blocks stay held);
+        ``max_output_tokens`` is the decode side's output limit, first token included."""
         request = self.requests.get(request_id)
         if request is None or request.status != RequestStatus.HELD:
             raise KeyError(f"request {request_id!r} is not held for export")
-        state = RequestState(
+        state = HandoffState(
             request_id=request_id,
             token_ids=list(request.token_ids),
             num_prompt_tokens=request.num_prompt_tokens,
             num_computed_tokens=request.num_computed_tokens,
-            params=request.params.to_dict(),
+            params=request.params,
             priority=request.priority,
             generator_state=bytes(request.generator.get_state().tolist()),
+            max_output_tokens=max_output_tokens,
         )
         return KVPayload(self.layout, state, self.kv_cache.export_blocks(request.block_ids))
 
@@ -251,101 +262,141 @@ class LLMEngine:
         if request is not None and request.status == RequestStatus.HELD:
             self._finish(request, FinishReason.LENGTH)
 
-    def reserve_import(self, request_id: str, num_tokens: int) -> list[int] | None:
-        """Pre-allocate blocks for an incoming hand-off; None when the cache cannot hold it now."""
-        needed = self.blocks.blocks_for(num_tokens + 1)
-        if request_id in self._reserved or request_id in self.requests:
+    # ---- KV hand-off: the decode side ------------------------------------------------------
+
+    def reserve_import(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        priority: int = 5,
+        timeout_s: float | None = None,
+    ) -> Request | None:
+        """Set blocks aside for an incoming hand-off: a RESERVED request that ends with an error
+        if its pages are not in within ``timeout_s``. None when the cache cannot hold it now."""
+        if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
-        if not self.blocks.can_allocate(needed):
+        num_prompt = len(prompt_token_ids)
+        num_blocks = self.blocks.blocks_for(num_prompt + 1)
+        if not self.blocks.can_allocate(num_blocks):
             return None
-        self._reserved[request_id] = self.blocks.allocate(needed)
-        return self._reserved[request_id]
+        # Its output limit comes with the pages (finish_receive).
+        request = self._new_request(
+            request_id, list(prompt_token_ids), num_prompt, params, 0, priority
+        )
+        request.status = RequestStatus.RESERVED
+        request.block_ids = self.blocks.allocate(num_blocks)
+        if timeout_s is not None:
+            request.deadline = request.arrival_time + timeout_s
+        self.requests[request_id] = request
+        return request
+
+    def reservation_refusal(self, num_prompt_tokens: int) -> str:
+        """Why a reservation for ``num_prompt_tokens`` does not fit now."""
+        return (
+            f"decode cache full: {self.blocks.num_free_blocks} of {self.blocks.num_blocks} "
+            f"blocks free, {self.blocks.blocks_for(num_prompt_tokens + 1)} needed"
+        )
+
+    def expire_reservations(self, now: float | None = None) -> None:
+        """End every RESERVED request past its deadline with an error (its pages never came)."""
+        now = time.monotonic() if now is None else now
+        for request in list(self.requests.values()):
+            deadline = request.deadline
+            if request.status == RequestStatus.RESERVED and deadline is not None and deadline < now:
+                waited = deadline - request.arrival_time
+                self.abort(request.request_id, f"KV pages did not arrive within {waited:.0f} s")
+
+    def take_reservation(self, payload: KVPayload) -> Request:
+        """Any thread: check arriving pages against their reservation and mark it RECEIVING.
+
+        Raises :class:`KVImportError` (the request keeps its reservation) for pages that have no
+        reservation or do not fit it: another model or layout, more blocks, another shape.
+        """
+        state = payload.state
+        num_blocks = self.blocks.blocks_for(state.num_computed_tokens)
+        with self._receive_lock:
+            request = self.requests.get(state.request_id)
+            if request is None or request.status != RequestStatus.RESERVED:
+                raise KVImportError(f"request {state.request_id!r} has no reservation (aborted?)")
+            self.layout.check_compatible(payload.layout)
+            if num_blocks > len(request.block_ids):
+                raise KVImportError(
+                    f"{num_blocks} blocks arrived, {len(request.block_ids)} reserved"
+                )
+            payload.check_shape(num_blocks)
+            request.status = RequestStatus.RECEIVING
+        return request
 
     @torch.inference_mode()
-    def write_reserved(self, payload: KVPayload) -> None:
-        """Copy received pages into the blocks reserved for their request.
-
-        Safe on a transport thread while the engine steps: reserved blocks belong to no running
-        request. The caller keeps the reservation from being freed meanwhile (``DecodeWorker``
-        holds its transfer lock), then calls ``import_kv(..., pages_written=True)``.
-        """
-        state = payload.state
-        block_ids = self._reserved.get(state.request_id)
-        if block_ids is None:
-            raise KVImportError(f"request {state.request_id!r} has no reservation (aborted?)")
-        self.layout.check_compatible(payload.layout)
-        num_blocks = self.blocks.blocks_for(state.num_computed_tokens)
-        if num_blocks > len(block_ids):
-            raise KVImportError(f"{num_blocks} blocks arrived, {len(block_ids)} reserved")
-        payload.check_shape(num_blocks)
-        self.kv_cache.import_blocks(block_ids[:num_blocks], payload.blocks)
-
-    def import_kv(
-        self,
-        payload: KVPayload,
-        max_output_tokens: int | None = None,
-        require_reservation: bool = False,
-        pages_written: bool = False,
-    ) -> None:
-        """Install received pages into a new RUNNING request that continues decoding.
-
-        Uses the blocks of an earlier ``reserve_import`` when there is one; on any failure the
-        reservation is freed and the error raised (a mismatch is never decoded into garbage).
-        """
-        state = payload.state
-        max_output_tokens = max_output_tokens or state.max_output_tokens
-        block_ids = self._reserved.pop(state.request_id, None)
-        if block_ids is None and require_reservation:
-            raise KVImportError(f"request {state.request_id!r} has no reservation (aborted?)")
-        if block_ids is None:
-            if self.reserve_import(state.request_id, state.num_computed_tokens) is None:
-                raise KVImportError(f"no free KV blocks for request {state.request_id!r}")
-            block_ids = self._reserved.pop(state.request_id)
+    def write_pages(self, request: Request, payload: KVPayload) -> str | None:
+        """Any thread: copy the pages into a RECEIVING request's blocks (no running request reads
+        them, and they stay allocated until ``finish_receive``). The error, if the copy failed."""
+        num_blocks = payload.blocks.shape[2]
         try:
-            self.layout.check_compatible(payload.layout)
-            num_blocks = self.blocks.blocks_for(state.num_computed_tokens)
-            if num_blocks > len(block_ids):
-                raise KVImportError(f"{num_blocks} blocks arrived, {len(block_ids)} reserved")
-            payload.check_shape(num_blocks)
-            if not pages_written:
-                self.kv_cache.import_blocks(block_ids[:num_blocks], payload.blocks)
-            request = self._restore_request(state, max_output_tokens)
-        except Exception:
-            self.blocks.free(block_ids)
-            raise
-        request.block_ids = block_ids
-        request.status = RequestStatus.RUNNING
-        self.requests[state.request_id] = request
-        self.scheduler.insert_running(request)
+            self.kv_cache.import_blocks(request.block_ids[:num_blocks], payload.blocks)
+        except RuntimeError as exc:  # e.g. out of device memory
+            return f"KV install failed: {exc}"
+        return None
 
-    def _restore_request(self, state: RequestState, max_output_tokens: int) -> Request:
-        params = SamplingParams.from_dict(state.params)
-        request = self._new_request(
-            state.request_id,
-            list(state.token_ids),
-            state.num_prompt_tokens,
-            params,
-            max_output_tokens,
-            state.priority,
-        )
+    def finish_receive(
+        self,
+        request: Request,
+        state: HandoffState,
+        error: str | None = None,
+        max_output_tokens: int | None = None,
+    ) -> None:
+        """After ``write_pages``: the request continues decoding (RUNNING) from where the prefill
+        side left it, or ends with the write's ``error``. One ended meanwhile (abort, expiry)
+        only frees its blocks now."""
+        if request.is_finished or error is not None:
+            self.blocks.free(request.block_ids)  # _finish leaves them to us while RECEIVING
+            if not request.is_finished:
+                self.abort(request.request_id, error)
+            return
+        request.token_ids = list(state.token_ids)
+        request.num_computed_tokens = state.num_computed_tokens
+        request.max_output_tokens = max_output_tokens or state.max_output_tokens
         request.generator.set_state(torch.tensor(list(state.generator_state), dtype=torch.uint8))
         request.detokenizer.append(request.token_ids)  # the first token, streamed by prefill
         request.detokenizer.take_piece(False)
-        request.num_computed_tokens = state.num_computed_tokens
-        return request
+        self.scheduler.insert_running(request)
+
+    def import_kv(self, payload: KVPayload, max_output_tokens: int | None = None) -> None:
+        """Install received pages into a request that continues decoding: into its reservation,
+        or into blocks reserved now. On a mismatch the reservation ends with the error, which is
+        raised too (pages are never decoded into garbage)."""
+        state = payload.state
+        if state.request_id not in self.requests:
+            reserved = self.reserve_import(
+                state.request_id, state.prompt_token_ids, state.params, state.priority
+            )
+            if reserved is None:
+                raise KVImportError(f"no free KV blocks for request {state.request_id!r}")
+        try:
+            request = self.take_reservation(payload)
+        except KVImportError as exc:
+            if self.requests[state.request_id].status == RequestStatus.RESERVED:
+                self.abort(state.request_id, str(exc))
+            raise
+        error = self.write_pages(request, payload)
+        self.finish_receive(request, state, error, max_output_tokens)
+        if error is not None:
+            raise KVImportError(error)
 
     # ---- introspection ---------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
         waiting = self.scheduler.waiting
+        statuses = Counter(r.status for r in self.requests.values())
         return EngineStats(
             num_waiting=len(waiting),
             num_running=len(self.scheduler.running),
-            num_held=sum(r.status == RequestStatus.HELD for r in self.requests.values()),
+            num_held=statuses[RequestStatus.HELD],
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
             num_waiting_prompt_tokens=sum(r.num_uncomputed_tokens for r in waiting),
-            num_reserved=len(self._reserved),
+            num_reserved=statuses[RequestStatus.RESERVED] + statuses[RequestStatus.RECEIVING],
         )
 
     def generate(

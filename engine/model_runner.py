@@ -14,7 +14,7 @@ class ModelRunner:
     def __init__(
         self,
         model: LlamaModel,
-        kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_layers: list[torch.Tensor],
         block_size: int,
         device: torch.device,
     ) -> None:

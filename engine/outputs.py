@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from engine.request import FinishReason
@@ -24,18 +25,23 @@ class TokenEvent:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @classmethod
+    def failure(cls, request_id: str, error: str) -> TokenEvent:
+        """The last event of a request that failed outside an engine (refused, worker lost)."""
+        return cls(request_id, None, "", 0, 0, time.monotonic(), FinishReason.ERROR, error)
+
 
 @dataclass(frozen=True)
 class EngineStats:
-    """Load figures the router balances on."""
+    """Load figures the router balances on (all zero: a worker not heard from yet)."""
 
-    num_waiting: int
-    num_running: int
-    num_held: int
-    num_free_blocks: int
-    num_total_blocks: int
-    num_waiting_prompt_tokens: int
-    num_reserved: int = 0  # incoming hand-offs with blocks set aside
+    num_waiting: int = 0
+    num_running: int = 0
+    num_held: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    num_waiting_prompt_tokens: int = 0
+    num_reserved: int = 0  # incoming hand-offs with blocks set aside (RESERVED or RECEIVING)
 
     @property
     def num_used_blocks(self) -> int:
@@ -43,4 +49,4 @@ class EngineStats:
 
     @property
     def kv_usage(self) -> float:
-        return self.num_used_blocks / self.num_total_blocks
+        return self.num_used_blocks / max(self.num_total_blocks, 1)

@@ -13,12 +13,15 @@ from engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):
-    """Ordered: every status from FINISHED on is final."""
+    """Ordered by a request's life: a hand-off's reservation comes before any computing, and
+    every status from FINISHED on is final."""
 
-    WAITING = 0  # queued (new, or preempted and waiting to recompute)
-    RUNNING = 1  # in the running batch, holding blocks
-    HELD = 2  # prefill-only request done: blocks kept until its KV is exported and released
-    FINISHED = 3
+    RESERVED = 0  # decode side: blocks set aside for a hand-off whose KV pages have not arrived
+    RECEIVING = 1  # its pages are being written into those blocks, on the transport's thread
+    WAITING = 2  # queued (new, or preempted and waiting to recompute)
+    RUNNING = 3  # in the running batch, holding blocks
+    HELD = 4  # prefill-only request done: blocks kept until its KV is exported and released
+    FINISHED = 5
 
 
 class FinishReason(enum.Enum):
@@ -44,10 +47,11 @@ class Request:
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
-    generator: torch.Generator | None = None
+    generator: torch.Generator = field(default_factory=torch.Generator)  # seeded per request
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     last_token_time: float | None = None
+    deadline: float | None = None  # RESERVED: ended with an error if its pages are not in by then
 
     @property
     def num_tokens(self) -> int:

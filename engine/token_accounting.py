@@ -1,4 +1,4 @@
-"""How many tokens a request may generate, in each deploy mode (SPEC §3).
+"""How many tokens a request may generate, in each deploy mode (``docs/token-accounting.md``).
 
 Colocated (``single_node``): min(max_new_tokens, maxIterTimes). Disaggregated (``pd_separate``):
 the prefill worker's first token plus the decode worker's tokens; when the limit is maxIterTimes

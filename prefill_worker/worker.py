@@ -1,8 +1,10 @@
 """The prefill worker: computes prompts and first tokens, then pushes the KV to a decode worker.
 
-Life of a request here:
-1. ``prefill`` (a streaming call) queues the prompt as a prefill-only request; the engine batches
-   it with other prompts (chunked by ``maxPrefillTokens``).
+Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
+1. ``prefill`` (a streaming call) takes the :class:`GenerationRequest` and, when the decode side
+   has room for it, a :class:`HandoffTarget` (the decode worker's endpoint and output limit); it
+   queues the prompt as a prefill-only request, which the engine batches with other prompts
+   (chunked by ``maxPrefillTokens``).
 2. Its first token is streamed back at once. A request that ends on that token (EOS, a stop
    string, a limit of one token) ends here: no hand-off.
 3. Otherwise the engine holds its blocks; the pages are exported on the engine thread and sent by
@@ -22,14 +24,14 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.kv_transfer import KVPayload
+from engine.config import EngineConfig, KVTransferConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
-from engine.request import FinishReason, RequestStatus
-from engine.sampling_params import SamplingParams
+from engine.request import RequestStatus
 from engine.transfer import KVTransferError, create_sender
-from engine.worker_runtime import HandoffResult, WorkerRuntime
+from engine.transfer.payload import KVPayload
+from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
+from engine.worker.runtime import WorkerRuntime, submit
 
 log = logging.getLogger(__name__)
 
@@ -37,48 +39,27 @@ log = logging.getLogger(__name__)
 class PrefillWorker(WorkerRuntime):
     role = "prefill"
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        instance: int = 0,
-        cpu_ids: tuple[int, ...] | None = None,
-        kv_transport: str = "zmq",
-        transfer_timeout_s: float = 10.0,
-    ) -> None:
-        super().__init__(config, instance, cpu_ids)
-        self.sender = create_sender(kv_transport)
-        self.transfer_timeout_s = transfer_timeout_s
-        self._handoffs: dict[str, tuple[str, int]] = {}  # request id -> (endpoint, output limit)
+    def __init__(self, config: EngineConfig, transfer: KVTransferConfig, **runtime: Any) -> None:
+        """``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
+        super().__init__(config, **runtime)
+        self.sender = create_sender(transfer.transport)
+        self.transfer_timeout_s = transfer.transfer_timeout_s
+        self._handoffs: dict[str, HandoffTarget] = {}  # engine thread only
         self._senders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-send")
         self.num_transferred_bytes = 0
 
     def prefill(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: dict[str, Any],
-        priority: int = 5,
-        decode_endpoint: str | None = None,
-        max_output_tokens: int = 1,
+        self, request: GenerationRequest, target: HandoffTarget | None = None
     ) -> Iterator[TokenEvent | HandoffResult]:
-        """Stream the first token, then (with a decode endpoint) the hand-off's result."""
-        q = self._open(request_id)
-        sampling = SamplingParams.from_dict(params)
-        handoff = decode_endpoint is not None and max_output_tokens > 1
-        if handoff:
-            self._handoffs[request_id] = (decode_endpoint, max_output_tokens)
+        """Stream the first token, then (with a target) the hand-off's result."""
+        handoff = target if target is not None and target.max_output_tokens > 1 else None
 
         def add(engine: LLMEngine) -> None:
-            engine.add_request(
-                request_id, prompt_token_ids, sampling, priority, prefill_only=handoff
-            )
+            submit(engine, request, prefill_only=handoff is not None)
+            if handoff is not None:
+                self._handoffs[request.request_id] = handoff
 
-        try:
-            self.loop.call(add).result()
-        except Exception as exc:
-            self._handoffs.pop(request_id, None)
-            self._end(request_id, FinishReason.ERROR, str(exc))
-        yield from self._drain(request_id, q)
+        yield from self._run(request, add)
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         """On the engine thread: stream events; start the hand-off of requests now held."""
@@ -94,9 +75,8 @@ class PrefillWorker(WorkerRuntime):
                     HandoffResult(event.request_id, ok=False, error="ended before the hand-off"),
                 )
                 continue
-            payload = self.engine.export_kv(event.request_id)
-            payload.state.max_output_tokens = target[1]
-            self._senders.submit(self._send, target[0], payload)
+            payload = self.engine.export_kv(event.request_id, target.max_output_tokens)
+            self._senders.submit(self._send, target.endpoint, payload)
 
     def _send(self, endpoint: str, payload: KVPayload) -> None:
         request_id = payload.state.request_id

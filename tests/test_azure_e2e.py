@@ -34,11 +34,12 @@ def test_info_and_load_client(servers):
 
 def test_complete_plain_and_streaming(servers):
     client = _client(servers["zmq"])
-    reply = client.complete(messages=MESSAGES, max_tokens=6, seed=5)
+    exact = {"model_extras": {"ignore_eos": True}}  # exactly max_tokens
+    reply = client.complete(messages=MESSAGES, max_tokens=6, seed=5, **exact)
     assert reply.choices[0].message.role == "assistant"
-    assert reply.choices[0].finish_reason in ("stop", "length")
-    assert reply.usage.completion_tokens <= 6
-    chunks = list(client.complete(messages=MESSAGES, max_tokens=6, seed=5, stream=True))
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 6
+    chunks = list(client.complete(messages=MESSAGES, max_tokens=6, seed=5, stream=True, **exact))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == reply.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens

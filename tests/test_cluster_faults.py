@@ -15,7 +15,7 @@ from coordinator.cluster_config import ActorResources, ClusterConfig
 from engine.config import CacheConfig, EngineConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.worker_contracts import GenerationRequest
+from engine.worker.contracts import GenerationRequest
 
 pytestmark = pytest.mark.ray
 
@@ -99,16 +99,14 @@ def _recovered(cluster, worker) -> None:
 def _idle(cluster) -> None:
     async def settled():
         for _ in range(100):
-            loads = await cluster.loads()
-            if len(loads) == 2 and all(
-                load["num_free_blocks"] == load["num_total_blocks"] for load in loads
-            ):
-                return loads
+            stats = [load.stats for load in await cluster.loads()]
+            if len(stats) == 2 and all(s.num_free_blocks == s.num_total_blocks for s in stats):
+                return stats
             await asyncio.sleep(0.1)
-        return await cluster.loads()
+        return [load.stats for load in await cluster.loads()]
 
     for load in asyncio.run(settled()):
-        assert load["num_free_blocks"] == load["num_total_blocks"], load
+        assert load.num_free_blocks == load.num_total_blocks, load
 
 
 def test_decode_worker_killed_mid_decode(cluster):
@@ -123,12 +121,12 @@ def test_decode_worker_killed_mid_decode(cluster):
 
 def test_prefill_worker_killed_with_requests_in_flight(cluster):
     async def scenario():
+        pid = (await cluster.prefills[0].ready.remote())["pid"]
         prompts = [list(range(3, 3 + n)) for n in (40, 60, 80, 100, 120, 140)]
         tasks = [
             asyncio.ensure_future(_collect(cluster, f"p-{i}", p)) for i, p in enumerate(prompts)
         ]
-        await asyncio.sleep(0.05)
-        pid = (await cluster.prefills[0].ready.remote())["pid"]
+        await asyncio.sleep(0.02)  # all six hand-offs are done within ~50 ms
         os.kill(pid, signal.SIGKILL)
         start = time.monotonic()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 20)

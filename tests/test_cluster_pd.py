@@ -11,9 +11,10 @@ import pytest
 from coordinator.cluster import Cluster
 from coordinator.cluster_config import ActorResources, ClusterConfig
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.outputs import EngineStats
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.worker_contracts import GenerationRequest
+from engine.worker.contracts import GenerationRequest, Reservation, WorkerLoad
 
 pytestmark = pytest.mark.ray
 
@@ -128,28 +129,28 @@ def test_prefill_and_decode_each_own_a_core(clusters, ray_session):
 
 def test_loads_report_every_worker(clusters):
     loads = asyncio.run(clusters["zmq"].loads())
-    assert sorted(load["role"] for load in loads) == ["decode", "prefill"]
-    assert all(load["num_free_blocks"] == load["num_total_blocks"] == 128 for load in loads)
+    assert all(isinstance(load, WorkerLoad) for load in loads)  # typed across Ray
+    assert all(isinstance(load.stats, EngineStats) and load.pid > 0 for load in loads)
+    assert sorted(load.role for load in loads) == ["decode", "prefill"]
+    stats = [load.stats for load in loads]
+    assert all(s.num_free_blocks == s.num_total_blocks == 128 for s in stats)
 
 
 def _assert_idle(cluster) -> None:
     async def settled():
         for _ in range(100):
-            loads = await cluster.loads()
+            stats = [load.stats for load in await cluster.loads()]
             if all(
-                load["num_free_blocks"] == load["num_total_blocks"]
-                and not load["num_reserved"]
-                and not load["num_held"]
-                for load in loads
+                s.num_free_blocks == s.num_total_blocks and not s.num_reserved and not s.num_held
+                for s in stats
             ):
-                return loads
+                return stats
             await asyncio.sleep(0.1)
-        return await cluster.loads()
+        return [load.stats for load in await cluster.loads()]
 
-    loads = asyncio.run(settled())
-    for load in loads:
-        assert load["num_free_blocks"] == load["num_total_blocks"], load
-        assert load["num_reserved"] == load["num_held"] == load["num_running"] == 0, load
+    for load in asyncio.run(settled()):
+        assert load.num_free_blocks == load.num_total_blocks, load
+        assert load.num_reserved == load.num_held == load.num_running == 0, load
 
 
 @pytest.mark.parametrize("transport", ["zmq", "grpc"])
@@ -193,9 +194,14 @@ def test_full_decode_worker_refuses_with_a_reason(ray_session, tiny_model_dir):
     cluster = Cluster(config)
     cluster.start()
     try:
-        hog = ray_session.get(cluster.decodes[0].reserve.remote("hog", 12, 0.1))
-        assert hog["ok"]  # 13 tokens = all 4 blocks of the decode worker
         params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+        hog_request = GenerationRequest("hog", range(3, 15), params)
+        hog = ray_session.get(cluster.decodes[0].reserve.remote(hog_request, 0.1))
+        assert hog.granted  # 13 tokens = all 4 blocks of the decode worker
+        assert isinstance(hog, Reservation) and hog.endpoint.startswith("tcp://")
+        other = GenerationRequest("other", [5, 6, 7], params)
+        refused = ray_session.get(cluster.decodes[0].reserve.remote(other, 0.1))
+        assert refused == Reservation.refused("decode cache full: 0 of 4 blocks free, 1 needed")
         events = asyncio.run(_collect(cluster, "refused", list(range(3, 12)), params))
         assert events[-1].finish_reason == FinishReason.ERROR
         assert "decode cache full: 0 of 4 blocks free, 3 needed" in events[-1].error

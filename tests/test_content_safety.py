@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from coordinator.api.openai_format import Completion
 from coordinator.config import load_config
 from coordinator.content_safety import ContentFilter
-from coordinator.openai_api import _Completion, _stream
 from engine.errors import ConfigError
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
@@ -47,7 +47,7 @@ def _events(pieces: list[str]) -> list[TokenEvent]:
 
 
 def test_blocked_output_is_cut_and_ends_with_content_filter():
-    answer = _Completion("chat", "m", 3, FILTER)
+    answer = Completion("chat", "m", 3, FILTER)
     for event in _events(["Let us ", "go sho", "oting today"]):
         answer.add(event)
         if answer.blocked:
@@ -58,7 +58,7 @@ def test_blocked_output_is_cut_and_ends_with_content_filter():
 
 
 def test_blocked_stream_never_sends_the_match():
-    answer = _Completion("text", "m", 3, FILTER)
+    answer = Completion("text", "m", 3, FILTER)
     events = _events(["Let us ", "go shoot", "ing now", " and more"])
 
     async def rest():
@@ -66,7 +66,7 @@ def test_blocked_stream_never_sends_the_match():
             yield event
 
     async def collect():
-        return [chunk async for chunk in _stream(events[0], rest(), answer)]
+        return [chunk async for chunk in answer.stream(events[0], rest())]
 
     chunks = asyncio.run(collect())
     payloads = [json.loads(c[6:]) for c in chunks if c != b"data: [DONE]\n\n"]

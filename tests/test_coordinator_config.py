@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 
-from coordinator.cli import parse_args, resolve_config
-from coordinator.config import CONFIG_PATH_ENV, load_config
+from coordinator.cli import OVERRIDES, build_parser, parse_args, resolve_config
+from coordinator.config import CONFIG_PATH_ENV, SCHEMA, load_config
 from engine.errors import ConfigError
 
 
@@ -126,3 +128,66 @@ def test_broken_config_file_is_one_line_and_exit_code_2(tmp_path, contents, mess
 def test_cli_values_are_validated_too():
     with pytest.raises(ConfigError, match="http_config.predict_port must be an integer in"):
         resolve_config(parse_args(["--predict-port", "70000"]))
+
+
+def _help_text(capsys) -> str:
+    with pytest.raises(SystemExit) as done:
+        parse_args(["--help"])
+    assert done.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps help text
+
+
+def test_help_gives_every_option_its_help_default_and_config_key(capsys):
+    text = _help_text(capsys)
+    assert "`" not in text  # plain text, no reST markup
+    for action in build_parser()._actions:
+        assert action.help, f"{action.dest} has no help"
+        if action.dest in OVERRIDES:
+            key = OVERRIDES[action.dest]
+            section, name = key.split(".")
+            help_text = " ".join(action.help.split())
+            assert help_text in text
+            assert f"config key {key})" in help_text
+            assert "(default: " in help_text
+            if SCHEMA[section][name].default not in ("", {}):
+                assert f"(default: {SCHEMA[section][name].default};" in help_text
+    assert "--config PATH" in text and f"${CONFIG_PATH_ENV}" in text
+    assert "PREDICT_IP [PREDICT_PORT [MANAGE_IP [MANAGE_PORT]]]" in text
+
+
+def test_help_lists_every_override():
+    flags = {a.dest for a in build_parser()._actions if a.option_strings}
+    assert set(OVERRIDES) <= flags
+
+
+def test_version_is_the_installed_distributions(capsys):
+    with pytest.raises(SystemExit) as done:
+        parse_args(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"pdserve {metadata.version('pdserve')}\n"
+
+
+def test_integer_ranges_are_printed_as_integers(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config(_write(tmp_path, {"backend_config": {"maxIterTimes": 0}}))
+    assert str(error.value) == (
+        "backend_config.maxIterTimes must be an integer in [1, 4194304], got 0"
+    )
+
+
+@pytest.mark.parametrize(
+    "dotted",
+    [
+        f"{section}.{name}"
+        for section, keys in SCHEMA.items()
+        for name, key in keys.items()
+        if key.kind in ("int", "port")
+    ],
+)
+def test_every_integer_key_names_its_range_in_integers(dotted):
+    section, name = dotted.split(".")
+    with pytest.raises(ConfigError) as error:
+        SCHEMA[section][name].parse(dotted, -1)
+    assert re.fullmatch(
+        rf"{re.escape(dotted)} must be an integer in \[\d+, \d+\], got -1", str(error.value)
+    )

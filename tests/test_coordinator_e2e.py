@@ -11,16 +11,19 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import CacheConfig, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.coordinator_servers import MAX_ITER, infer
+from tests.prerequisites import require
 
 pytestmark = pytest.mark.ray
 
 
-def _engine_answer(model_dir, text: str, max_new_tokens: int) -> str:
+def _engine_answer(model_dir, text: str, max_new_tokens: int) -> tuple[str, int, str]:
+    """The engine alone, greedy: text, number of tokens and finish reason."""
     engine = LLMEngine(
         EngineConfig(
             model_path=str(model_dir), device="cpu", cache=CacheConfig(block_size=4, num_blocks=64)
@@ -29,10 +32,11 @@ def _engine_answer(model_dir, text: str, max_new_tokens: int) -> str:
     engine.add_request(
         "ref", engine.tokenizer.encode(text), SamplingParams(max_new_tokens=max_new_tokens)
     )
-    pieces = []
+    events = []
     while engine.has_work():
-        pieces += [e.text for e in engine.step()]
-    return "".join(pieces)
+        events += engine.step()
+    num_tokens = sum(e.token_id is not None for e in events)
+    return "".join(e.text for e in events), num_tokens, events[-1].finish_reason.value
 
 
 def test_probes_answer_200_once_ready(servers):
@@ -57,9 +61,11 @@ def test_same_greedy_answer_as_the_engine_alone(servers, tiny_model_dir, name):
     )
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["generated_text"] == _engine_answer(tiny_model_dir, text, MAX_ITER)
-    assert body["details"]["seed"] == 7
-    assert body["details"]["finish_reason"] in ("length", "eos_token")
+    expected_text, num_tokens, finish_reason = _engine_answer(tiny_model_dir, text, MAX_ITER)
+    assert body["generated_text"] == expected_text
+    details = body["details"]
+    assert (details["generated_tokens"], details["finish_reason"]) == (num_tokens, finish_reason)
+    assert details["seed"] == 7
     assert set(body) == {"generated_text", "details"}
 
 
@@ -69,12 +75,10 @@ def test_details_only_when_asked(servers):
 
 
 def test_pd_accounting_reports_max_iter_times_plus_one(servers):
-    pd = infer(
-        servers["zmq"], {"inputs": "hello", "parameters": {"max_new_tokens": 50, "details": True}}
-    ).json()
-    assert pd["details"]["generated_tokens"] in (MAX_ITER + 1, *range(1, MAX_ITER + 1))
-    if pd["details"]["finish_reason"] == "length":
-        assert pd["details"]["generated_tokens"] == MAX_ITER + 1
+    parameters = {"max_new_tokens": 50, "details": True, "ignore_eos": True}
+    pd = infer(servers["zmq"], {"inputs": "hello", "parameters": parameters}).json()
+    assert pd["details"]["generated_tokens"] == MAX_ITER + 1  # prefill's token + maxIterTimes
+    assert pd["details"]["finish_reason"] == "length"
 
 
 def test_stream_format_byte_by_byte(servers):
@@ -83,7 +87,7 @@ def test_stream_format_byte_by_byte(servers):
         {
             "inputs": "A paged KV cache",
             "stream": True,
-            "parameters": {"max_new_tokens": 6, "details": True},
+            "parameters": {"max_new_tokens": 6, "details": True, "ignore_eos": True},
         },
     )
     assert response.status_code == 200
@@ -96,7 +100,7 @@ def test_stream_format_byte_by_byte(servers):
         assert chunk.startswith(b"data: ") and b"\n" not in chunk
         events.append(json.loads(chunk[6:]))
     last = events[-1]
-    assert len(events) == last["details"]["generated_tokens"]
+    assert len(events) == last["details"]["generated_tokens"] == 6
     assert events[0]["prefill_time"] > 0 and events[0]["decode_time"] is None
     for event in events[1:]:
         assert event["prefill_time"] is None and event["decode_time"] >= 0
@@ -108,10 +112,12 @@ def test_stream_format_byte_by_byte(servers):
 
 
 def test_full_text_enabled_streams_the_whole_text_so_far(servers):
+    parameters = {"max_new_tokens": 5, "ignore_eos": True}
     response = infer(
-        servers["single"], {"inputs": "hello", "stream": True, "parameters": {"max_new_tokens": 5}}
+        servers["single"], {"inputs": "hello", "stream": True, "parameters": parameters}
     )
     events = [json.loads(c[6:]) for c in response.content[:-2].split(b"\n\n")]
+    assert len(events) == 5
     texts = [e["token"]["text"] for e in events[:-1]]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
     assert events[-1]["generated_text"].startswith(texts[-1]) and events[-1]["details"] is None
@@ -198,8 +204,7 @@ def test_metrics_have_mindie_names_and_pass_promtool(servers):
         assert name in text, name
     assert 'role="decode"' in text and 'role="prefill"' in text
     promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (.ci/run installs Debian's prometheus)")
+    require(promtool, "promtool (Debian's prometheus; .ci/run installs it)")
     check = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -213,10 +218,36 @@ def _idle(server) -> None:
     raise AssertionError(f"blocks still in use: {loads}")
 
 
+def _metric(server, name: str, **labels: str) -> float:
+    """The sum of one family's samples on /metrics that carry ``labels``."""
+    text = httpx.get(server.url("external_port", "/metrics")).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                total += sample.value
+    return total
+
+
+def _await_metric(server, name: str, value: float) -> None:
+    """Polls until the coordinator's gauge ``name`` reads ``value``: the test orders requests by
+    what the coordinator has seen, never by sleeping."""
+    for _ in range(1000):
+        if _metric(server, name) == value:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{name} never reached {value}: {_metric(server, name)}")
+
+
 def test_https_priority_429_timeout_and_disconnect(servers):
     server = servers["single"]
-    long = {"inputs": "hello", "parameters": {"max_new_tokens": 400, "priority": 5}}
-    short = {"inputs": "hello", "parameters": {"max_new_tokens": 3}}
+    # ignore_eos and 500 tokens: the blocker holds the one batch slot (maxBatchSize 1) for
+    # hundreds of decode steps while the test queues requests behind it.
+    long = {
+        "inputs": "hello",
+        "parameters": {"max_new_tokens": 500, "priority": 5, "ignore_eos": True},
+    }
+    short = {"inputs": "hello", "parameters": {"max_new_tokens": 16, "ignore_eos": True}}
     finished: list[str] = []
 
     def run(name, body):
@@ -224,29 +255,33 @@ def test_https_priority_429_timeout_and_disconnect(servers):
         finished.append(name)
         return response
 
+    def short_with(priority: int) -> dict:
+        return {**short, "parameters": {**short["parameters"], "priority": priority}}
+
     with futures.ThreadPoolExecutor(4) as pool:  # maxBatchSize 1: one runs, the rest queue
         first = pool.submit(run, "long-p5", long)
-        time.sleep(0.5)
-        later_p5 = pool.submit(
-            run, "later-p5", {**short, "parameters": {**short["parameters"], "priority": 5}}
-        )
-        time.sleep(0.2)
-        p1 = pool.submit(run, "p1", {**short, "parameters": {**short["parameters"], "priority": 1}})
-        time.sleep(0.2)
+        _await_metric(server, "num_requests_running", 1)
+        later_p5 = pool.submit(run, "later-p5", short_with(5))
+        _await_metric(server, "num_requests_waiting", 1)
+        p1 = pool.submit(run, "p1", short_with(1))
+        _await_metric(server, "num_requests_waiting", 2)
         over = infer(server, short)  # a fourth request while three are in flight
         assert over.status_code == 429 and over.json()["error"] == "Too many requests"
         assert all(f.result().status_code == 200 for f in (first, later_p5, p1))
-    assert finished.index("p1") < finished.index("later-p5")
+    assert finished == ["long-p5", "p1", "later-p5"]  # priority 1 overtakes an earlier 5
 
-    with futures.ThreadPoolExecutor(2) as pool:
+    with futures.ThreadPoolExecutor(1) as pool:
         blocker = pool.submit(infer, server, long)
-        time.sleep(0.3)
-        timed_out = infer(server, {"inputs": "hi", "parameters": {"timeout": 1}})
+        _await_metric(server, "num_requests_running", 1)
+        # Its 1 s covers the wait behind the blocker's ~500 steps plus 500 steps of its own.
+        timed = {"inputs": "hi", "parameters": {**long["parameters"], "timeout": 1}}
+        timed_out = infer(server, timed)
         assert timed_out.status_code == 408
         assert timed_out.json()["error"] == "Request inference timeout"
         assert blocker.result().status_code == 200
     _idle(server)
 
+    aborted_before = _metric(server, "request_failed_total", reason="aborted")
     with (
         server.client() as client,
         client.stream(
@@ -257,3 +292,4 @@ def test_https_priority_429_timeout_and_disconnect(servers):
             if index > 4:
                 break  # the client goes away mid-stream
     _idle(server)
+    assert _metric(server, "request_failed_total", reason="aborted") == aborted_before + 1

@@ -3,8 +3,9 @@
 ``helm lint --strict``; ``helm template`` over every ``ci/*-values.yaml`` (with and without the
 Prometheus Operator's ServiceMonitor API); every built-in object validated offline by
 kubernetes-validate in strict mode (a kind it does not know is a failure); every RayCluster
-validated against the ``openAPIV3Schema`` of KubeRay's CRD (``../shared/kuberay-crds``) with
-unknown fields rejected, as the API server's strict field validation does (CEL
+validated against the ``openAPIV3Schema`` of KubeRay's CRD
+(``../shared/kuberay-crds/ray.io_rayclusters.yaml``; without it those tests skip locally and
+fail in CI) with unknown fields rejected, as the API server's strict field validation does (CEL
 ``x-kubernetes-validations`` rules are not evaluated); the values schema rejects wrong types;
 and the rendered ``ms_coordinator.json`` loads with pdserve's own loader and agrees with the
 Service, the probes and the mounts.
@@ -32,6 +33,7 @@ import yaml
 
 from coordinator.config import SCHEMA, load_config
 from coordinator.served_model import ServedModels, cluster_config
+from tests.prerequisites import require
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "pdserve"
@@ -167,8 +169,7 @@ for _name, (_low, _high) in INT_RANGES.items():
 @pytest.fixture(scope="module")
 def raycluster_validator() -> jsonschema.protocols.Validator:
     crd_file = CRDS / "ray.io_rayclusters.yaml"
-    if not crd_file.is_file():
-        pytest.skip(f"KubeRay CRDs not found at {CRDS} (shared/kuberay-crds beside the repo)")
+    require(crd_file.is_file(), f"KubeRay's RayCluster CRD {crd_file} (shared/ beside the clone)")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     crd = yaml.load(crd_file.read_text(), Loader=loader)
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]

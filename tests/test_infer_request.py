@@ -1,11 +1,12 @@
-"""Every row of SPEC §3's parameter table: accepted boundary values, rejected ones just outside,
-wrong JSON types, null as absent; with the message naming parameter, range and value."""
+"""Every row of the /infer parameter table (docs/api.md): accepted boundary values, rejected
+ones just outside, wrong JSON types, null as absent; with the message naming parameter, range
+and value."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordinator.infer_request import (
+from coordinator.api.mindie_request import (
     MAX_INPUT_CHARS,
     BadRequestError,
     InputValidationError,

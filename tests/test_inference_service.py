@@ -12,10 +12,10 @@ import pytest
 from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, TooManyRequests
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.router import Router
-from engine.outputs import TokenEvent
+from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.worker_contracts import GenerationRequest
+from engine.worker.contracts import GenerationRequest, WorkerLoad
 
 
 @dataclass
@@ -35,19 +35,8 @@ class FakeCluster:
     calls: list = field(default_factory=list)
 
     async def loads(self):
-        return [
-            {
-                "role": role,
-                "instance": i,
-                "num_waiting_prompt_tokens": 0,
-                "num_running": 0,
-                "num_reserved": 0,
-                "num_free_blocks": 10,
-                "num_total_blocks": 10,
-            }
-            for role in ("prefill", "decode")
-            for i in (0, 1)
-        ]
+        idle = EngineStats(num_free_blocks=10, num_total_blocks=10)
+        return [WorkerLoad(role, i, 0, idle) for role in ("prefill", "decode") for i in (0, 1)]
 
     async def generate(self, request, prefill=0, decode=0):
         request_id, prompt = request.request_id, request.prompt_token_ids

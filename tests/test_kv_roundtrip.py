@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.errors import KVImportError
-from engine.request import RequestStatus
+from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
 
@@ -48,7 +48,7 @@ def test_prefill_in_a_decode_in_b_equals_one_engine(tiny_loaded, case):
     payload = prefill.export_kv("req")
     assert payload.state.num_computed_tokens == len(prompt)
     assert payload.num_bytes > 0 and payload.blocks.is_contiguous()
-    assert decode.reserve_import("req", len(prompt)) is not None
+    assert decode.reserve_import("req", prompt, params) is not None
     decode.import_kv(payload, max_output_tokens=params.max_new_tokens)
     prefill.release("req")
     assert prefill.blocks.num_used_blocks == 0
@@ -83,7 +83,7 @@ def test_handshake_mismatch_is_refused_and_frees_the_reservation(tiny_loaded, fi
     _prefill(prefill, "req", PROMPTS[0], PARAMS[0])
     payload = prefill.export_kv("req")
     payload.layout = dataclasses.replace(payload.layout, **{field: value})
-    decode.reserve_import("req", len(PROMPTS[0]))
+    decode.reserve_import("req", PROMPTS[0], PARAMS[0])
     with pytest.raises(KVImportError, match=field):
         decode.import_kv(payload, max_output_tokens=4)
     assert decode.blocks.num_used_blocks == 0 and "req" not in decode.requests
@@ -91,7 +91,84 @@ def test_handshake_mismatch_is_refused_and_frees_the_reservation(tiny_loaded, fi
 
 def test_reserve_refuses_when_the_cache_is_full(tiny_loaded):
     decode = make_engine(tiny_loaded, block_size=4, num_blocks=3)
-    assert decode.reserve_import("a", 8) is not None  # 3 blocks with room for the next token
-    assert decode.reserve_import("b", 1) is None
+    # 3 blocks with room for the next token
+    assert decode.reserve_import("a", [5] * 8, PARAMS[0]) is not None
+    assert decode.reserve_import("b", [5], PARAMS[0]) is None
     decode.abort("a")
     assert decode.blocks.num_used_blocks == 0
+
+
+# ---- a reservation is a request (RESERVED, then RECEIVING) -------------------------------------
+
+
+def _payload(tiny_loaded, request_id="req"):
+    prefill = make_engine(tiny_loaded, block_size=4)
+    _prefill(prefill, request_id, PROMPTS[0], PARAMS[0])
+    return prefill.export_kv(request_id, max_output_tokens=4)
+
+
+def test_a_reservation_is_a_request_that_aborts_like_one(tiny_loaded):
+    decode = make_engine(tiny_loaded, block_size=4, num_blocks=8)
+    reserved = decode.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=30)
+    assert reserved is decode.requests["req"] and reserved.status == RequestStatus.RESERVED
+    assert decode.stats().num_reserved == 1 and decode.blocks.num_used_blocks == 2
+    assert decode.abort("req")
+    [event] = decode.step()
+    assert (event.request_id, event.finish_reason) == ("req", FinishReason.ABORT)
+    assert decode.blocks.num_used_blocks == 0 and not decode.requests
+
+
+def test_a_reservation_past_its_deadline_ends_with_an_error(tiny_loaded):
+    decode = make_engine(tiny_loaded, block_size=4, num_blocks=8)
+    reserved = decode.reserve_import("late", PROMPTS[0], PARAMS[0], timeout_s=2)
+    decode.reserve_import("no-deadline", PROMPTS[2], PARAMS[0])
+    decode.expire_reservations(now=reserved.arrival_time + 1.9)
+    assert "late" in decode.requests
+    decode.expire_reservations(now=reserved.arrival_time + 2.1)
+    [event] = decode.step()
+    assert event.finish_reason == FinishReason.ERROR
+    assert event.error == "KV pages did not arrive within 2 s"
+    assert list(decode.requests) == ["no-deadline"] and decode.blocks.num_used_blocks == 1
+
+
+def test_pages_arriving_after_the_deadline_are_refused(tiny_loaded):
+    payload = _payload(tiny_loaded)
+    decode = make_engine(tiny_loaded, block_size=4)
+    reserved = decode.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=1)
+    decode.expire_reservations(now=reserved.arrival_time + 5)
+    with pytest.raises(KVImportError, match="no reservation"):
+        decode.take_reservation(payload)
+
+
+def test_abort_while_the_pages_are_written_frees_the_blocks_after_the_write(tiny_loaded):
+    payload = _payload(tiny_loaded)
+    decode = make_engine(tiny_loaded, block_size=4)
+    decode.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=30)
+    request = decode.take_reservation(payload)  # the transport thread's part, first half
+    assert request.status == RequestStatus.RECEIVING
+    with pytest.raises(KVImportError, match="no reservation"):
+        decode.take_reservation(payload)  # taken once only
+    decode.expire_reservations(now=request.arrival_time + 60)  # no expiry while receiving
+    assert decode.abort("req")  # the engine thread, meanwhile
+    assert decode.blocks.num_used_blocks == 2  # still being written to
+    assert decode.write_pages(request, payload) is None
+    decode.finish_receive(request, payload.state)
+    assert decode.blocks.num_used_blocks == 0 and not decode.requests
+    assert [e.finish_reason for e in decode.step()] == [FinishReason.ABORT]
+
+
+def test_a_failed_write_ends_the_request_with_its_error(tiny_loaded):
+    payload = _payload(tiny_loaded)
+    decode = make_engine(tiny_loaded, block_size=4)
+    decode.reserve_import("req", PROMPTS[0], PARAMS[0])
+    request = decode.take_reservation(payload)
+    decode.finish_receive(request, payload.state, error="KV install failed: out of memory")
+    [event] = decode.step()
+    assert event.error == "KV install failed: out of memory"
+    assert decode.blocks.num_used_blocks == 0 and not decode.requests
+
+
+def test_status_order_puts_the_reservation_first_and_finished_last():
+    order = sorted(RequestStatus)
+    assert order[:2] == [RequestStatus.RESERVED, RequestStatus.RECEIVING]
+    assert order[-1] == RequestStatus.FINISHED

@@ -89,11 +89,17 @@ def test_abort_frees_blocks_in_every_state(tiny_loaded):
     engine.add_request("held", [8] * 5, params, prefill_only=True)
     while engine.requests["held"].status.name != "HELD":
         engine.step()
-    assert engine.reserve_import("incoming", 9) is not None
+    assert engine.reserve_import("incoming", [9] * 9, params) is not None
     for request_id in ["decoding", "mid-prefill", "waiting", "held", "incoming"]:
         assert engine.abort(request_id)
     events = engine.step()
-    assert {e.request_id for e in events} == {"decoding", "mid-prefill", "waiting", "held"}
+    assert {e.request_id for e in events} == {
+        "decoding",
+        "mid-prefill",
+        "waiting",
+        "held",
+        "incoming",  # a reservation is a request: it ends like one
+    }
     assert all(e.finish_reason == FinishReason.ABORT for e in events)
     _assert_no_leak(engine)
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from coordinator.infer_request import InputValidationError
-from coordinator.media import MB, check_media
+from coordinator.api.media import MB, check_media
+from coordinator.api.mindie_request import InputValidationError
 
 
 def _image(value: str) -> list[dict]:

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from coordinator.infer_api import ModelInfo
-from coordinator.mlflow_api import MlflowScorer
-from coordinator.mlflow_inputs import (
+from coordinator.api.common import ModelInfo
+from coordinator.api.mlflow import MlflowScorer
+from coordinator.api.mlflow_inputs import (
     MlflowError,
     embedding_texts,
     generation_params,

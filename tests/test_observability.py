@@ -1,6 +1,6 @@
 """Observability as operators see it: the coordinator's real ``/metrics`` through ``promtool``, the
 Prometheus alert rules and their unit tests, and the Grafana dashboard, whose every query a real
-Prometheus answers while it scrapes the running coordinators (SPEC §6)."""
+Prometheus answers while it scrapes the running coordinators."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.coordinator_process import CoordinatorProcess, free_port
 from tests.coordinator_servers import infer
+from tests.prerequisites import require
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "helm" / "pdserve" / "dashboards" / "pdserve.json"
@@ -63,9 +64,8 @@ NOT_METRICS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "group_lef
 
 
 def _binary(name: str) -> str:
-    """promtool or prometheus; skips only where Debian's prometheus is not installed at all."""
-    if shutil.which("prometheus") is None:
-        pytest.skip("prometheus not installed (Debian package prometheus; .ci/run installs it)")
+    """promtool or prometheus; without Debian's prometheus a skip locally, a failure in CI."""
+    require(shutil.which("prometheus"), "prometheus (Debian's package; .ci/run installs it)")
     path = shutil.which(name)
     assert path, f"prometheus is installed but {name} is not on PATH"
     return path

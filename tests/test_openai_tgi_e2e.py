@@ -8,6 +8,11 @@ import pytest
 from text_generation import Client as TGIClient
 from text_generation.errors import ValidationError
 
+from engine.config import CacheConfig, EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model.loader import model_name
+from engine.sampling_params import SamplingParams
+
 pytestmark = pytest.mark.ray
 
 
@@ -18,23 +23,27 @@ def client(servers) -> openai.OpenAI:
     )
 
 
-def test_models_list(client):
+def test_models_list(client, tiny_model_dir):
     models = client.models.list()
-    assert [m.id for m in models.data] == ["tiny-llama0"] or len(models.data) == 1
+    assert [m.id for m in models.data] == [model_name(str(tiny_model_dir))]
 
 
 def test_chat_completion_plain_and_streaming(client):
     messages = [{"role": "user", "content": "Say hello"}]
-    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=6, seed=3)
+    exact = {"ignore_eos": True}  # pdserve's extension: exactly max_tokens
+    reply = client.chat.completions.create(
+        model="m", messages=messages, max_tokens=6, seed=3, extra_body=exact
+    )
     choice = reply.choices[0]
     assert reply.object == "chat.completion" and choice.message.role == "assistant"
-    assert choice.finish_reason in ("length", "stop")
-    assert reply.usage.completion_tokens <= 6 and reply.usage.prompt_tokens > 0
+    assert choice.finish_reason == "length"
+    assert reply.usage.completion_tokens == 6 and reply.usage.prompt_tokens > 0
     stream = client.chat.completions.create(
         model="m",
         messages=messages,
         max_tokens=6,
         seed=3,
+        extra_body=exact,
         stream=True,
         stream_options={"include_usage": True},
     )
@@ -46,21 +55,16 @@ def test_chat_completion_plain_and_streaming(client):
 
 
 def test_completion_with_a_stop_string_cut_from_the_answer(client):
-    free = client.completions.create(
-        model="m", prompt="The quick brown", max_tokens=8, temperature=0
-    )
+    greedy = {"model": "m", "prompt": "The quick brown", "max_tokens": 8, "temperature": 0}
+    exact = {"ignore_eos": True}  # eight tokens whatever the tiny model prefers
+    free = client.completions.create(**greedy, extra_body=exact)
     text = free.choices[0].text
-    if len(text) < 4:
-        pytest.skip("the tiny model ended too early to pick a stop string")
+    assert free.usage.completion_tokens == 8 and len(text) >= 4, text
     stop = text[2:4]  # spans token boundaries more often than not
-    cut = client.completions.create(
-        model="m", prompt="The quick brown", max_tokens=8, stop=[stop], temperature=0
-    )
+    cut = client.completions.create(**greedy, stop=[stop], extra_body=exact)
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].text == text[: text.index(stop)]
-    streamed = client.completions.create(
-        model="m", prompt="The quick brown", max_tokens=8, stop=stop, stream=True, temperature=0
-    )
+    streamed = client.completions.create(**greedy, stop=stop, stream=True, extra_body=exact)
     assert "".join(c.choices[0].text for c in streamed) == cut.choices[0].text
 
 
@@ -72,12 +76,29 @@ def test_openai_errors(client):
         client.completions.create(model="m", prompt="x", temperature=3)
 
 
-def test_tgi_client_generate_and_stream(servers):
+def _greedy(model_dir, text: str, max_new_tokens: int) -> tuple[str, int]:
+    """The engine alone: greedy text and number of tokens."""
+    engine = LLMEngine(
+        EngineConfig(
+            model_path=str(model_dir), device="cpu", cache=CacheConfig(block_size=4, num_blocks=64)
+        )
+    )
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    engine.add_request("reference", engine.tokenizer.encode(text), params)
+    events = []
+    while engine.has_work():
+        events += engine.step()
+    return "".join(e.text for e in events), sum(e.token_id is not None for e in events)
+
+
+def test_tgi_client_generate_and_stream(servers, tiny_model_dir):
     url = servers["zmq"].url("predict_port", "")
     tgi = TGIClient(url, timeout=60)
     response = tgi.generate("The quick brown", max_new_tokens=5, seed=4)
-    assert response.details.generated_tokens == len(response.details.tokens) <= 5
-    assert response.details.finish_reason.value in ("length", "eos_token")
+    text, num_tokens = _greedy(tiny_model_dir, "The quick brown", 5)
+    assert response.generated_text == text
+    assert response.details.generated_tokens == len(response.details.tokens) == num_tokens
+    assert response.details.finish_reason.value == ("length" if num_tokens == 5 else "eos_token")
     tokens = list(tgi.generate_stream("The quick brown", max_new_tokens=5, seed=4))
     assert "".join(t.token.text for t in tokens) == response.generated_text
     assert tokens[-1].generated_text == response.generated_text
@@ -87,9 +108,10 @@ def test_tgi_client_generate_and_stream(servers):
 
 def test_tgi_routes_directly(servers):
     url = servers["zmq"].url("predict_port", "/generate")
-    body = {"inputs": "hello", "parameters": {"max_new_tokens": 3}}
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": 3, "ignore_eos": True}}
     answer = httpx.post(url, json=body, timeout=60).json()
     assert set(answer) == {"generated_text", "details"}
+    assert answer["details"]["generated_tokens"] == 3
     bad = httpx.post(url, json={"inputs": "hello", "parameters": {"top_k": 0}}, timeout=60)
     assert bad.status_code == 422 and bad.json()["error_type"] == "validation"
 

@@ -1,13 +1,22 @@
-"""The native CPU decode kernel against the plain torch path, on random paged caches."""
+"""The native CPU decode kernel against the plain torch path, on random paged caches; a kernel that
+does not compile fails here (only a missing toolchain may skip, and not in CI)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.kernels import cpu_kernels
+from engine import kernels
 from engine.model.forward_batch import ForwardBatch
 from engine.model.paged_attention import _decode_attention, _native_decode
+from tests.prerequisites import require
+
+
+@pytest.fixture(scope="module")
+def native():
+    missing = kernels.missing_toolchain()
+    require(missing is None, f"{missing}: the native kernel cannot be built here")
+    return kernels.build_cpu_kernels()  # a compile error fails every test that uses it
 
 
 def _batch(context_lens: list[int], block_size: int, num_blocks: int) -> ForwardBatch:
@@ -29,10 +38,7 @@ def _batch(context_lens: list[int], block_size: int, num_blocks: int) -> Forward
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 12)])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_native_decode_matches_torch(heads, kv_heads, head_dim, block_size):
-    native = cpu_kernels()
-    if native is None:
-        pytest.skip("no C++ compiler: the torch path is the one in use")
+def test_native_decode_matches_torch(native, heads, kv_heads, head_dim, block_size):
     context_lens = [1, 5, 17, 40, 3]
     batch = _batch(context_lens, block_size, num_blocks=256)
     cache = torch.randn(2, 256, block_size, kv_heads, head_dim)
@@ -40,3 +46,33 @@ def test_native_decode_matches_torch(heads, kv_heads, head_dim, block_size):
     expected = _decode_attention(q, cache, batch, head_dim**-0.5)
     got = _native_decode(native, q, cache, batch, head_dim**-0.5)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def fresh_kernels(monkeypatch):
+    """``cpu_kernels`` run anew with the environment's choice removed, and forgotten afterwards."""
+    monkeypatch.delenv(kernels.DISABLE_ENV, raising=False)
+    kernels.cpu_kernels.cache_clear()
+    yield kernels.cpu_kernels
+    kernels.cpu_kernels.cache_clear()
+
+
+def test_a_build_error_raises_instead_of_falling_back(fresh_kernels, monkeypatch):
+    def broken():
+        raise RuntimeError("Error building extension 'pdserve_paged_attention_cpu'")
+
+    monkeypatch.setattr(kernels, "missing_toolchain", lambda: None)
+    monkeypatch.setattr(kernels, "build_cpu_kernels", broken)
+    with pytest.raises(kernels.KernelBuildError, match="paged_attention_cpu.cpp failed to build"):
+        fresh_kernels()
+
+
+def test_only_a_missing_toolchain_falls_back(fresh_kernels, monkeypatch, caplog):
+    monkeypatch.setattr(kernels, "missing_toolchain", lambda: "ninja")
+    with caplog.at_level("WARNING", logger=kernels.__name__):
+        assert fresh_kernels() is None
+    assert "attention: torch fallback (no native kernel: missing ninja)" in caplog.text
+
+
+def test_the_engine_gets_the_kernel_the_toolchain_builds(native, fresh_kernels):
+    assert fresh_kernels() is native

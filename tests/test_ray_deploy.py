@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -122,11 +123,15 @@ def _config(tmp_path: Path, model_dir: Path, ports: dict[str, int]) -> Path:
     return path
 
 
-def _infer(url: str) -> dict:
-    body = {"inputs": "hello", "parameters": {"max_new_tokens": 4, "ignore_eos": True}}
-    response = httpx.post(f"{url}/infer", json=body, timeout=60)
+def _assert_infers(url: str) -> None:
+    """/infer answers with exactly the four tokens asked for."""
+    parameters = {"max_new_tokens": 4, "ignore_eos": True, "details": True}
+    response = httpx.post(
+        f"{url}/infer", json={"inputs": "hello", "parameters": parameters}, timeout=60
+    )
     assert response.status_code == 200, response.text
-    return response.json()
+    details = response.json()["details"]
+    assert (details["generated_tokens"], details["finish_reason"]) == (4, "length")
 
 
 def test_ray_job_submit_runs_the_coordinator(ray_head, tmp_path, tiny_model_dir):
@@ -146,8 +151,7 @@ def test_ray_job_submit_runs_the_coordinator(ray_head, tmp_path, tiny_model_dir)
     try:
         status = f"http://127.0.0.1:{ports['status_port']}/v1/readiness"
         wait_for(lambda: httpx.get(status, timeout=2).status_code == 200, 240, "the job")
-        answer = _infer(f"http://127.0.0.1:{ports['predict_port']}")
-        assert answer["generated_text"]
+        _assert_infers(f"http://127.0.0.1:{ports['predict_port']}")
     finally:
         stopped = ray_head.cli("ray", "job", "stop", "pdserve-test")
     assert stopped.returncode == 0, stopped.stderr
@@ -181,22 +185,28 @@ def test_serve_run_deploys_the_ingress(ray_head, tmp_path, tiny_model_dir):
         wait_for(
             lambda: httpx.get(f"{url}/v1/readiness", timeout=2).status_code == 200, 240, "Serve"
         )
-        assert _infer(url)["generated_text"]
+        _assert_infers(url)
+        parameters = {"max_new_tokens": 3, "ignore_eos": True}
         with httpx.stream(
             "POST",
             f"{url}/infer",
-            json={"inputs": "hi", "stream": True, "parameters": {"max_new_tokens": 3}},
+            json={"inputs": "hi", "stream": True, "parameters": parameters},
             timeout=60,
         ) as stream:
             events = [line for line in stream.iter_lines() if line.startswith("data: ")]
         assert len(events) == 3 and json.loads(events[-1][6:])["generated_text"] is not None
         chat = httpx.post(
             f"{url}/v1/chat/completions",
-            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            json={
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+                "ignore_eos": True,
+            },
             timeout=60,
         )
-        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] <= 2
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 2
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
-        assert "request_success_total" in metrics
+        successes = re.findall(r"^request_success_total\{.*\} (\S+)$", metrics, re.M)
+        assert [float(v) for v in successes] == [3.0]  # /infer, the stream, the chat
     finally:
         ray_head.cli("serve", "shutdown", "-y")

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from engine.kv_transfer import KVLayout, KVPayload
 from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.transfer import KVTransferError, create_receiver, create_sender
+from engine.transfer.payload import KVLayout, KVPayload
 from tests.conftest import make_engine
 
 TRANSPORTS = ["zmq", "grpc", "inprocess"]

@@ -3,33 +3,30 @@ failure paths that must free blocks on both sides."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from decode_worker.worker import DecodeWorker
-from engine.config import CacheConfig, EngineConfig
-from engine.outputs import TokenEvent
-from engine.request import FinishReason
+from engine.config import CacheConfig, EngineConfig, KVTransferConfig
+from engine.outputs import EngineStats, TokenEvent
+from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.worker_runtime import HandoffResult
+from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from prefill_worker.worker import PrefillWorker
 
 
-def _config(model_dir) -> EngineConfig:
-    return EngineConfig(
-        model_path=str(model_dir), device="cpu", cache=CacheConfig(block_size=4, num_blocks=64)
-    )
+def _config(model_dir, num_blocks: int = 64) -> EngineConfig:
+    cache = CacheConfig(block_size=4, num_blocks=num_blocks)
+    return EngineConfig(model_path=str(model_dir), device="cpu", cache=cache)
 
 
 @pytest.fixture(params=["zmq", "grpc", "inprocess"])
 def pair(request, tiny_model_dir):
-    prefill = PrefillWorker(
-        _config(tiny_model_dir), kv_transport=request.param, transfer_timeout_s=1.0
-    )
-    decode = DecodeWorker(
-        _config(tiny_model_dir), kv_transport=request.param, reservation_timeout_s=1.0
-    )
+    transfer = KVTransferConfig(request.param, transfer_timeout_s=1.0, reservation_timeout_s=1.0)
+    prefill = PrefillWorker(_config(tiny_model_dir), transfer)
+    decode = DecodeWorker(_config(tiny_model_dir), transfer)
     yield prefill, decode
     for worker in (prefill, decode):
         worker.loop.stop()
@@ -37,16 +34,28 @@ def pair(request, tiny_model_dir):
     prefill.sender.close()
 
 
+def _decode_worker(model_dir, num_blocks: int = 4) -> DecodeWorker:
+    return DecodeWorker(_config(model_dir, num_blocks), KVTransferConfig("inprocess"))
+
+
+def _stop(worker: DecodeWorker) -> None:
+    worker.loop.stop()
+    worker.receiver.close()
+
+
 def _used(worker) -> int:
-    load = worker.load()
-    return load["num_total_blocks"] - load["num_free_blocks"]
+    return worker.load().stats.num_used_blocks
+
+
+def _request(request_id: str, num_prompt_tokens: int = 5, priority: int = 5) -> GenerationRequest:
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    return GenerationRequest(request_id, range(5, 5 + num_prompt_tokens), params, priority)
 
 
 def test_handoff_then_decode(pair):
     prefill, decode = pair
-    params = SamplingParams(max_new_tokens=6, ignore_eos=True).to_dict()
-    assert decode.reserve("r", 5)["ok"]
-    items = list(prefill.prefill("r", [5, 6, 7, 8, 9], params, 5, decode.endpoint(), 6))
+    assert decode.reserve(_request("r")).granted
+    items = list(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
     assert isinstance(items[0], TokenEvent) and items[0].token_id is not None
     assert isinstance(items[-1], HandoffResult) and items[-1].ok and items[-1].num_bytes > 0
     events = list(decode.stream("r"))
@@ -56,12 +65,11 @@ def test_handoff_then_decode(pair):
 
 def test_transfer_to_a_dead_endpoint_frees_the_prefill_blocks(pair, tiny_model_dir):
     prefill, decode = pair
-    params = SamplingParams(max_new_tokens=6, ignore_eos=True).to_dict()
     dead = {"zmq": "tcp://127.0.0.1:9", "grpc": "127.0.0.1:9", "inprocess": "inprocess://gone"}
     transport = type(decode.receiver).__name__.lower()
     endpoint = next(v for k, v in dead.items() if k in transport)
     start = time.monotonic()
-    items = list(prefill.prefill("r", [5, 6, 7, 8, 9], params, 5, endpoint, 6))
+    items = list(prefill.prefill(_request("r"), HandoffTarget(endpoint, 6)))
     assert isinstance(items[-1], HandoffResult) and not items[-1].ok
     assert "KV hand-off failed" in items[-1].error
     assert time.monotonic() - start < 5
@@ -70,7 +78,7 @@ def test_transfer_to_a_dead_endpoint_frees_the_prefill_blocks(pair, tiny_model_d
 
 def test_pages_that_never_arrive_free_the_reservation(pair):
     _, decode = pair
-    assert decode.reserve("lost", 20)["ok"]
+    assert decode.reserve(_request("lost", 20)).granted
     assert _used(decode) > 0
     events = list(decode.stream("lost"))  # ends when the reservation expires (1 s here)
     assert events[-1].finish_reason == FinishReason.ERROR
@@ -80,28 +88,22 @@ def test_pages_that_never_arrive_free_the_reservation(pair):
 
 def test_abort_before_the_pages_arrive_refuses_them(pair):
     prefill, decode = pair
-    params = SamplingParams(max_new_tokens=6, ignore_eos=True).to_dict()
-    assert decode.reserve("r", 5)["ok"]
+    assert decode.reserve(_request("r")).granted
     decode.abort("r")
-    items = list(prefill.prefill("r", [5, 6, 7, 8, 9], params, 5, decode.endpoint(), 6))
+    items = list(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
     assert isinstance(items[-1], HandoffResult) and not items[-1].ok
     assert "no reservation" in items[-1].error
     assert _used(prefill) == 0 and _used(decode) == 0
 
 
 def test_full_decode_worker_grants_waiting_handoffs_by_priority(tiny_model_dir):
-    import threading
-
-    config = EngineConfig(
-        model_path=str(tiny_model_dir), device="cpu", cache=CacheConfig(block_size=4, num_blocks=4)
-    )
-    decode = DecodeWorker(config, kv_transport="inprocess")
+    decode = _decode_worker(tiny_model_dir)
     try:
-        assert decode.reserve("hog", 12)["ok"]  # every block
+        assert decode.reserve(_request("hog", 12)).granted  # every block
         granted: list[str] = []
 
         def wait(request_id: str, priority: int) -> None:  # 5 + 1 tokens = 2 of the 4 blocks
-            if decode.reserve(request_id, 5, wait_s=3, priority=priority)["ok"]:
+            if decode.reserve(_request(request_id, 5, priority), wait_s=3).granted:
                 granted.append(request_id)
 
         threads = []
@@ -114,5 +116,74 @@ def test_full_decode_worker_grants_waiting_handoffs_by_priority(tiny_model_dir):
             thread.join(timeout=10)
         assert sorted(granted) == ["p1-late", "p5-first"]  # the later priority-5 one waits
     finally:
-        decode.loop.stop()
-        decode.receiver.close()
+        _stop(decode)
+
+
+def test_refusal_reason_is_worked_out_on_the_engine_thread(tiny_model_dir):
+    decode = _decode_worker(tiny_model_dir)
+    threads: list[str] = []
+    reason = decode.engine.reservation_refusal
+
+    def recording(num_prompt_tokens: int) -> str:
+        threads.append(threading.current_thread().name)
+        return reason(num_prompt_tokens)
+
+    decode.engine.reservation_refusal = recording
+    try:
+        assert decode.reserve(_request("hog", 12)).granted
+        refused = decode.reserve(_request("late", 5), wait_s=0.2)
+        assert not refused.granted and refused.endpoint == ""
+        assert refused.reason == "decode cache full: 0 of 4 blocks free, 2 needed"
+        assert threads == ["engine-loop"]
+        assert decode.abort("hog") and not decode.abort("late")
+        events = list(decode.stream("hog"))
+        assert [e.finish_reason for e in events] == [FinishReason.ABORT]
+        assert _used(decode) == 0
+    finally:
+        _stop(decode)
+
+
+def test_pages_are_acknowledged_while_the_engine_thread_is_busy(tiny_model_dir):
+    prefill = PrefillWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
+    decode = _decode_worker(tiny_model_dir, num_blocks=64)
+    try:
+        assert decode.reserve(_request("r")).granted
+        busy, go_on = threading.Event(), threading.Event()
+        decode.loop.call(lambda engine: busy.set() or go_on.wait(10))  # a long "decode step"
+        assert busy.wait(5)
+        items = list(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
+        assert items[-1].ok  # acknowledged: the pages are in the reserved blocks already
+        assert decode.engine.requests["r"].status == RequestStatus.RECEIVING
+        go_on.set()
+        events = list(decode.stream("r"))
+        assert len(events) == 5 and events[-1].finish_reason == FinishReason.LENGTH
+        assert _used(decode) == 0
+    finally:
+        go_on.set()
+        _stop(decode)
+        prefill.loop.stop()
+        prefill.sender.close()
+
+
+def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir):
+    decode = _decode_worker(tiny_model_dir)
+    try:
+        assert decode.reserve(_request("r")).granted
+        load = decode.load()
+        assert isinstance(load.stats, EngineStats) and load.stats.num_reserved == 1
+        assert list(load.to_dict()) == [
+            "role",
+            "instance",
+            "num_waiting",
+            "num_running",
+            "num_held",
+            "num_free_blocks",
+            "num_total_blocks",
+            "num_waiting_prompt_tokens",
+            "num_reserved",
+            "pid",
+        ]
+        assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2
+        decode.abort("r")
+    finally:
+        _stop(decode)

@@ -1,5 +1,14 @@
-"""Optional native CPU kernels, compiled once on first use (cached by torch in
-``~/.cache/torch_extensions``). Without a C++ compiler pdserve falls back to the plain torch path.
+"""Native CPU kernels, compiled once on first use (cached by torch in
+``~/.cache/torch_extensions``).
+
+Where the toolchain is missing (no C++ compiler, no ninja, no Python headers) pdserve runs the plain
+torch path. Where the toolchain is there, the kernel must build: a compile error raises
+``KernelBuildError`` rather than slowing every decode step down unnoticed
+(``PDSERVE_NATIVE_KERNELS=0`` chooses the torch path explicitly).
+
+The first call logs one line saying which decode attention the process runs:
+``attention: native CPU kernel (paged_attention_cpu, ...)`` or ``attention: torch fallback
+(reason)``.
 """
 
 from __future__ import annotations
@@ -7,28 +16,76 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
+import sysconfig
+import time
 from pathlib import Path
 from types import ModuleType
 
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
+DISABLE_ENV = "PDSERVE_NATIVE_KERNELS"
+
+
+class KernelBuildError(RuntimeError):
+    """The toolchain is present but the native kernel does not compile or load."""
+
+
+def missing_toolchain() -> str | None:
+    """What this machine lacks to build the kernel, in words, or None when nothing is missing."""
+    from torch.utils.cpp_extension import is_ninja_available
+
+    compiler = os.environ.get("CXX", "c++")  # what torch's extension builder runs
+    if shutil.which(compiler) is None:
+        return f"a C++ compiler ({compiler} is not on PATH)"
+    if not is_ninja_available():
+        return "ninja (torch builds extensions with it)"
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.is_file():
+        return f"Python's C headers ({headers})"
+    return None
+
+
+def build_cpu_kernels() -> ModuleType:
+    """Compile the kernel (or load torch's cached build); any build error propagates."""
+    from torch.utils.cpp_extension import load
+
+    return load(
+        name="pdserve_paged_attention_cpu",
+        sources=[str(_SOURCE)],
+        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        verbose=False,
+    )
 
 
 @functools.cache
 def cpu_kernels() -> ModuleType | None:
-    """The compiled module, or None when disabled (``PDSERVE_NATIVE_KERNELS=0``) or unbuildable."""
-    if os.environ.get("PDSERVE_NATIVE_KERNELS", "1") == "0":
+    """The compiled module, or None when disabled (``PDSERVE_NATIVE_KERNELS=0``) or when the
+    toolchain is missing; raises ``KernelBuildError`` when the toolchain fails on the source."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        log.info("attention: torch fallback (native kernel disabled by %s=0)", DISABLE_ENV)
         return None
+    missing = missing_toolchain()
+    if missing is not None:
+        log.warning("attention: torch fallback (no native kernel: missing %s)", missing)
+        return None
+    start = time.monotonic()
     try:
-        from torch.utils.cpp_extension import load
+        module = build_cpu_kernels()
+    except Exception as exc:
+        raise KernelBuildError(
+            f"{_SOURCE.name} failed to build ({_first_line(exc)}); "
+            f"{DISABLE_ENV}=0 runs the torch path instead"
+        ) from exc
+    log.info(
+        "attention: native CPU kernel (%s, ready in %.1f s)",
+        _SOURCE.stem,
+        time.monotonic() - start,
+    )
+    return module
 
-        return load(
-            name="pdserve_paged_attention_cpu",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            verbose=False,
-        )
-    except Exception as exc:  # no compiler, no ninja, unsupported platform
-        log.warning("native CPU kernels unavailable, using the torch path: %s", exc)
-        return None
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"

@@ -69,7 +69,8 @@ def _convert(gguf_path: Path, target: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except Exception as exc:  # transformers raises many types for a bad file
         raise ModelLoadError(f"cannot read GGUF file {gguf_path}: {exc}") from exc
-    model.hf_quantizer = None
+    # the weights are dequantized: save them as plain fp32 (no quantizer, no quantization config)
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(work)

@@ -55,7 +55,9 @@ def read_mlflow_model(model_path: str | Path) -> MlflowModel:
     except (OSError, yaml.YAMLError) as exc:
         raise ModelLoadError(f"cannot read {path / MLMODEL}: {exc}") from exc
     flavors = mlmodel.get("flavors") if isinstance(mlmodel, dict) else None
-    flavor = flavors.get("transformers") if isinstance(flavors, dict) else None
+    if not isinstance(flavors, dict):
+        flavors = {}
+    flavor = flavors.get("transformers")
     if not isinstance(flavor, dict):
         raise ModelLoadError(f"{path} is an MLflow model without the transformers flavor")
     task = flavor.get("inference_task")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from engine.kv_transfer import KVLayout, KVPayload
+from engine.transfer.payload import KVLayout, KVPayload
 
 # Called on the receiver with the header's layout first (the handshake), then with the payload.
 # Each returns None to accept or an error message to refuse.

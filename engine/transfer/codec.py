@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import torch
 
-from engine.kv_transfer import KVLayout, KVPayload, RequestState
+from engine.sampling_params import SamplingParams
+from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 
 PROTOCOL_VERSION = 1
@@ -23,7 +25,7 @@ def encode_header(payload: KVPayload) -> pb.KVHeaderMsg:
             token_ids=state.token_ids,
             num_prompt_tokens=state.num_prompt_tokens,
             num_computed_tokens=state.num_computed_tokens,
-            params_json=json.dumps(state.params),
+            params_json=json.dumps(state.params.to_dict()),
             priority=state.priority,
             generator_state=state.generator_state,
             max_output_tokens=state.max_output_tokens,
@@ -52,12 +54,12 @@ def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:
     if layout.dtype not in _DTYPES:
         raise ValueError(f"unknown KV dtype {layout.dtype!r}")
     s = header.state
-    state = RequestState(
+    state = HandoffState(
         request_id=s.request_id,
         token_ids=list(s.token_ids),
         num_prompt_tokens=s.num_prompt_tokens,
         num_computed_tokens=s.num_computed_tokens,
-        params=json.loads(s.params_json),
+        params=SamplingParams.from_dict(json.loads(s.params_json)),
         priority=s.priority,
         generator_state=bytes(s.generator_state),
         max_output_tokens=s.max_output_tokens,
@@ -68,4 +70,10 @@ def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:
 
 def page_bytes(payload: KVPayload) -> memoryview:
     """A zero-copy byte view of the (contiguous, CPU) page buffer."""
-    return memoryview(payload.blocks.view(torch.uint8).numpy()).cast("B")
+    return byte_view(payload.blocks.view(torch.uint8))
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """A zero-copy, writable byte view of a contiguous CPU tensor."""
+    array: Any = tensor.numpy()  # numpy arrays export the buffer protocol
+    return memoryview(array).cast("B")

@@ -13,9 +13,15 @@ from concurrent import futures
 import grpc
 import torch
 
-from engine.kv_transfer import KVPayload
 from engine.transfer.base import BaseKVReceiver, BaseKVSender, KVTransferError, PayloadHandler
-from engine.transfer.codec import decode_layout, decode_payload, encode_header, page_bytes
+from engine.transfer.codec import (
+    byte_view,
+    decode_layout,
+    decode_payload,
+    encode_header,
+    page_bytes,
+)
+from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
 
@@ -47,7 +53,7 @@ class _Servicer(pb_grpc.KVTransferServicer):
         if error is not None:
             return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
         buffer = self._buffer(header.num_bytes)
-        view = memoryview(buffer.numpy())
+        view = byte_view(buffer)
         offset = 0
         for chunk in _chain(first, request_iterator):
             end = offset + len(chunk.data)

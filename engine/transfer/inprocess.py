@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from engine.kv_transfer import KVPayload
 from engine.transfer.base import BaseKVReceiver, BaseKVSender, KVTransferError, PayloadHandler
+from engine.transfer.payload import KVPayload
 
 _RECEIVERS: dict[str, PayloadHandler] = {}
 _IDS = itertools.count()

@@ -20,9 +20,15 @@ import threading
 import torch
 import zmq
 
-from engine.kv_transfer import KVPayload
 from engine.transfer.base import BaseKVReceiver, BaseKVSender, KVTransferError, PayloadHandler
-from engine.transfer.codec import decode_layout, decode_payload, encode_header, page_bytes
+from engine.transfer.codec import (
+    byte_view,
+    decode_layout,
+    decode_payload,
+    encode_header,
+    page_bytes,
+)
+from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.shared_memory import SharedPageBuffer, SharedPageReader
 
@@ -34,9 +40,9 @@ SHM_UNAVAILABLE = "shared memory unavailable"
 class ZmqKVReceiver(BaseKVReceiver):
     def __init__(self, handler: PayloadHandler, host: str = "127.0.0.1") -> None:
         self._handler = handler
-        self._socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self._socket: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        port = self._socket.bind_to_random_port(f"tcp://{host}")
+        port: int = self._socket.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._shared = SharedPageReader()
@@ -60,7 +66,7 @@ class ZmqKVReceiver(BaseKVReceiver):
             return self._receive_shared(header)
         if header.num_bytes > self._buffer.numel():
             self._buffer = torch.empty(header.num_bytes, dtype=torch.uint8)
-        view = memoryview(self._buffer.numpy())
+        view = byte_view(self._buffer)
         received = self._socket.recv_into(view) if self._socket.getsockopt(zmq.RCVMORE) else 0
         while self._socket.getsockopt(zmq.RCVMORE):  # drain anything unexpected
             self._socket.recv()
@@ -96,7 +102,7 @@ class ZmqKVSender(BaseKVSender):
     def __init__(self, shared_memory: bool = True) -> None:
         """``shared_memory=False`` always sends the pages as frames (benchmarks compare both)."""
         self._use_shared_memory = shared_memory
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context = zmq.Context.instance()
         self._sockets: dict[str, zmq.Socket] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._shared: dict[str, SharedPageBuffer | None] = {}  # None: endpoint takes frames

@@ -14,7 +14,9 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from coordinator.openai_api import OpenAIError, openai_sampling
+from coordinator.api.common import APIError
+from coordinator.api.openai_format import OpenAIError
+from coordinator.api.openai_request import openai_sampling
 from engine.sampling_params import SamplingParams
 
 ENVELOPES = ("dataframe_split", "dataframe_records", "instances", "inputs")
@@ -40,15 +42,14 @@ GENERATION_SETTINGS = frozenset(
 DEFAULT_MAX_NEW_TOKENS = {"llm/v1/chat": 512, "llm/v1/completions": 16}
 
 
-class MlflowError(Exception):
+class MlflowError(APIError):
     """Answered 400 (or ``status``) with MLflow's body ``{"error_code", "message"}``."""
 
     def __init__(self, message: str, code: str = "BAD_REQUEST", status: int = 400) -> None:
-        super().__init__(message)
-        self.message, self.code, self.status = message, code, status
+        super().__init__(status, message, code)
 
     def body(self) -> dict[str, str]:
-        return {"error_code": self.code, "message": self.message}
+        return {"error_code": str(self.code), "message": self.message}
 
 
 @dataclass
@@ -149,6 +150,21 @@ def generation_params(
             f"{', '.join(sorted(GENERATION_SETTINGS | {'max_tokens'}))}",
             "INVALID_PARAMETER_VALUE",
         )
+    sampling = _sampling(settings)
+    body = {k: settings.get(k) for k in ("top_p", "top_k", "repetition_penalty", "seed", "stop")}
+    body["n"] = settings.get("n")
+    body["max_tokens"] = settings.get("max_new_tokens")
+    body["temperature"] = settings.get("temperature")
+    try:
+        params = openai_sampling(body, vocab_size, DEFAULT_MAX_NEW_TOKENS[task])
+    except OpenAIError as exc:
+        message = exc.message.replace("'max_tokens'", "'max_tokens' (max_new_tokens)")
+        raise MlflowError(message, "INVALID_PARAMETER_VALUE") from exc
+    return params if sampling else replace(params, do_sample=False, temperature=1.0)
+
+
+def _sampling(settings: dict[str, Any]) -> bool:
+    """``do_sample``, or when absent whether a temperature > 0 is given."""
     temperature = settings.get("temperature")
     sampling = settings.get("do_sample")
     if sampling is None:
@@ -158,16 +174,7 @@ def generation_params(
             f"'do_sample' must be true or false, got {json.dumps(sampling)}",
             "INVALID_PARAMETER_VALUE",
         )
-    body = {k: settings.get(k) for k in ("top_p", "top_k", "repetition_penalty", "seed", "stop")}
-    body["n"] = settings.get("n")
-    body["max_tokens"] = settings.get("max_new_tokens")
-    body["temperature"] = temperature
-    try:
-        params = openai_sampling(body, vocab_size, DEFAULT_MAX_NEW_TOKENS[task])
-    except OpenAIError as exc:
-        message = exc.message.replace("'max_tokens'", "'max_tokens' (max_new_tokens)")
-        raise MlflowError(message, "INVALID_PARAMETER_VALUE") from exc
-    return params if sampling else replace(params, do_sample=False, temperature=1.0)
+    return sampling
 
 
 def embedding_texts(inputs: list[Any]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Checks of multimodal ``inputs`` items (SPEC §3): where a file may come from and how big it is.
+"""Checks of the media items of ``/infer`` inputs: where a file may come from and how big it is.
 
 A value is a local path (only under ``allowed_media_dirs``, resolved, so ``..`` and symlinks
 cannot leave them), an http(s) URL, or base64 (a ``data:`` URI or bare). Local files and base64
@@ -12,7 +12,7 @@ import binascii
 import os
 from pathlib import Path
 
-from coordinator.infer_request import InputValidationError
+from coordinator.api.mindie_request import InputValidationError
 
 MB = 1024 * 1024
 LIMITS = {  # type -> (allowed extensions, max bytes)

@@ -12,46 +12,16 @@ import logging
 import os
 import queue
 import threading
-import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine_loop import EngineLoop
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
-from engine.request import FinishReason
+from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HandoffResult:
-    """The prefill side's last word on a request: its KV reached the decode worker, or not."""
-
-    request_id: str
-    ok: bool
-    error: str | None = None
-    num_bytes: int = 0
-    transfer_seconds: float = 0.0
-
-
-@dataclass
-class WorkerLoad:
-    role: str
-    instance: int
-    num_waiting: int
-    num_running: int
-    num_held: int
-    num_free_blocks: int
-    num_total_blocks: int
-    num_waiting_prompt_tokens: int
-    num_reserved: int = 0
-    pid: int = field(default_factory=os.getpid)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class WorkerRuntime:
@@ -103,11 +73,18 @@ class WorkerRuntime:
             with self._lock:
                 self._queues.pop(request_id, None)
 
-    def _end(self, request_id: str, reason: FinishReason, error: str | None = None) -> None:
-        """Finish a request's stream that has no engine request (a reservation, a refusal)."""
-        self._put(
-            request_id, TokenEvent(request_id, None, "", 0, 0, time.monotonic(), reason, error)
-        )
+    def _run(
+        self, request: GenerationRequest, add: Callable[[LLMEngine], None] | None = None
+    ) -> Iterator[Any]:
+        """Queue ``request`` on the engine and yield its stream up to the final item; a request
+        the engine refuses ends with an error event. ``add`` (default: :func:`submit`) runs on
+        the engine thread."""
+        q = self._open(request.request_id)
+        try:
+            self.loop.call(add or (lambda engine: submit(engine, request))).result()
+        except Exception as exc:
+            self._put(request.request_id, TokenEvent.failure(request.request_id, str(exc)))
+        yield from self._drain(request.request_id, q)
 
     # ---- methods the client calls --------------------------------------------------------------
 
@@ -122,22 +99,22 @@ class WorkerRuntime:
         }
 
     def abort(self, request_id: str) -> bool:
-        found = self.loop.call(lambda e: e.abort(request_id)).result()
-        return found
+        return self.loop.call(lambda e: e.abort(request_id)).result()
 
-    def load(self) -> dict[str, Any]:
+    def load(self) -> WorkerLoad:
         stats = self.loop.call(lambda e: e.stats()).result()
-        return WorkerLoad(
-            self.role,
-            self.instance,
-            stats.num_waiting,
-            stats.num_running,
-            stats.num_held,
-            stats.num_free_blocks,
-            stats.num_total_blocks,
-            stats.num_waiting_prompt_tokens,
-            stats.num_reserved,
-        ).to_dict()
+        return WorkerLoad(self.role, self.instance, os.getpid(), stats)
+
+
+def submit(engine: LLMEngine, request: GenerationRequest, prefill_only: bool = False) -> None:
+    """Engine thread: queue ``request`` (:class:`RequestRejectedError` if it can never run)."""
+    engine.add_request(
+        request.request_id,
+        list(request.prompt_token_ids),
+        request.params,
+        request.priority,
+        prefill_only=prefill_only,
+    )
 
 
 def _pin_process(cpu_ids: tuple[int, ...]) -> None:

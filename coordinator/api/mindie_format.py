@@ -1,11 +1,16 @@
-"""MindIE ``/infer`` response shapes (SPEC §3): the text answer and the SSE events."""
+"""MindIE ``/infer`` response shapes: the text answer, the SSE events and the error body
+``{"error", "error_type"}`` (see ``docs/api.md``)."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.api.common import APIError, Events
+from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 
@@ -15,6 +20,16 @@ FINISH_REASONS = {
     FinishReason.STOP: "stop_sequence",
     FinishReason.ABORT: "stop_sequence",
     FinishReason.ERROR: "stop_sequence",
+}
+ERROR_TYPES = {
+    400: "Bad Request",
+    404: "NotFoundError",
+    408: "Request Timeout",
+    413: "Payload Too Large",
+    422: "Input Validation Error",
+    429: "Too many requests",
+    500: "Incomplete Generation",
+    503: "Service Unavailable",
 }
 
 
@@ -27,8 +42,22 @@ def sse(payload: dict[str, Any]) -> bytes:
     )
 
 
-def error_body(message: str, error_type: str) -> dict[str, str]:
-    return {"error": message, "error_type": error_type}
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, ERROR_TYPES[500])
+
+
+def error_body(error: APIError) -> dict[str, str]:
+    return {"error": error.message, "error_type": error_type(error.status)}
+
+
+def service_error(error: APIError) -> APIError:
+    """MindIE's wording of a service failure: a timeout names the timeout that expired, a full
+    house says only "Too many requests", any other failure leads with its error type."""
+    if error.status == 408:
+        return error
+    if error.status == 429:
+        return APIError(429, error_type(429))
+    return APIError(error.status, f"{error_type(error.status)}: {error.message}")
 
 
 @dataclass
@@ -61,9 +90,9 @@ class InferAnswer:
         if event.token_id is None:
             return None
         self.num_tokens += 1
-        first = self._last_at is None
-        prefill_ms = round((now - self.started_at) * 1000, 3) if first else None
-        decode_ms = None if first else round((now - self._last_at) * 1000, 3)
+        last_at = self._last_at
+        prefill_ms = round((now - self.started_at) * 1000, 3) if last_at is None else None
+        decode_ms = None if last_at is None else round((now - last_at) * 1000, 3)
         self._last_at = now
         if event.finished:
             return {
@@ -85,3 +114,21 @@ class InferAnswer:
         if self.details:
             body["details"] = self.details_body()
         return body
+
+    async def stream(self, first: TokenEvent, events: Events) -> AsyncIterator[bytes]:
+        """SSE events; an error after the headers went out becomes a final error event."""
+        try:
+            async for event in _chain(first, events):
+                payload = self.add(event, time.monotonic())
+                if payload is not None:
+                    yield sse(payload)
+        except ServiceError as exc:
+            yield sse(error_body(service_error(APIError.from_service(exc))))
+        finally:
+            await events.aclose()
+
+
+async def _chain(first: TokenEvent, rest: Events) -> AsyncIterator[TokenEvent]:
+    yield first
+    async for event in rest:
+        yield event

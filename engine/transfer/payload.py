@@ -1,4 +1,5 @@
-"""KV export/import contract: what a prefill engine hands to a decode engine.
+"""What a hand-off carries from a prefill engine to a decode engine (the transports in this
+package move it; ``docs/kv-handoff.md`` tells the flow and the wire protocol).
 
 A payload is the request's KV pages plus everything needed to continue decoding exactly where
 the prefill stopped: the prompt and first token, the sampling parameters, and the sampler's
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from engine.errors import KVImportError
+from engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -42,26 +44,27 @@ class KVLayout:
 
 
 @dataclass
-class RequestState:
+class HandoffState:
     """The request as the prefill side leaves it (first token sampled)."""
 
     request_id: str
     token_ids: list[int]  # prompt + first token
     num_prompt_tokens: int
     num_computed_tokens: int  # tokens whose KV is in the payload (the prompt)
-    params: dict[str, Any]
+    params: SamplingParams
     priority: int
     generator_state: bytes
     max_output_tokens: int = 0  # output limit on the decode side (first token included)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
 
 
 @dataclass
 class KVPayload:
     layout: KVLayout
-    state: RequestState
+    state: HandoffState
     blocks: torch.Tensor  # [num_layers, 2, num_blocks, block_size, kv_heads, head_dim], CPU
 
     @property

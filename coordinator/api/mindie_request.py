@@ -1,7 +1,7 @@
-"""Validation of MindIE's ``POST /infer`` body (SPEC §3), to the letter.
+"""Validation of MindIE's ``POST /infer`` body (the rules of ``docs/api.md``), to the letter.
 
 Every rejected value raises :class:`InputValidationError` whose message names the parameter, its
-valid range and the value received; the app answers it with 422 and MindIE's body. JSON ``null``
+valid range and the value received; the door answers it with 422 and MindIE's body. JSON ``null``
 counts as absent; float parameters accept JSON integers; booleans are never numbers.
 """
 
@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from dataclasses import dataclass
 from typing import Any
+
+from coordinator.api.common import APIError
+from engine.sampling_params import MAX_SEED, SamplingParams
 
 MAX_INPUT_CHARS = 4 * 1024 * 1024
 MAX_TOKENS_HARD = 1024 * 1024
@@ -20,12 +24,18 @@ MEDIA_TYPES = ("image_url", "video_url", "audio_url")
 MAX_MEDIA_ITEMS = 20
 
 
-class InputValidationError(ValueError):
+class InputValidationError(APIError):
     """A client's parameter is invalid: HTTP 422, ``error_type: Input Validation Error``."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(422, message)
 
-class BadRequestError(ValueError):
+
+class BadRequestError(APIError):
     """The body is not a JSON object of the expected shape: HTTP 400."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message)
 
 
 @dataclass(frozen=True)
@@ -46,11 +56,27 @@ class InferParameters:
 
     @property
     def sampling(self) -> bool:
-        """Decision (SPEC §3): absent do_sample samples iff a sampling knob is given."""
+        """Absent ``do_sample`` samples iff a sampling knob is given (a pdserve decision)."""
         if self.do_sample is not None:
             return self.do_sample
         return any(
             v is not None for v in (self.temperature, self.top_k, self.top_p, self.typical_p)
+        )
+
+    def sampling_params(self, vocab_size: int, stop: tuple[str, ...] = ()) -> SamplingParams:
+        """The engine's settings; a ``top_k`` past the vocabulary means all of it, and an absent
+        seed is drawn here so the answer can echo it."""
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            do_sample=self.sampling,
+            temperature=self.temperature or 1.0,
+            top_k=min(self.top_k or 0, vocab_size),
+            top_p=self.top_p or 1.0,
+            typical_p=self.typical_p or 1.0,
+            repetition_penalty=self.repetition_penalty,
+            seed=self.seed if self.seed is not None else secrets.randbelow(MAX_SEED) + 1,
+            stop=stop,
+            ignore_eos=self.ignore_eos,
         )
 
 
@@ -197,3 +223,13 @@ def parse_token_ids(raw: Any) -> list[int]:
     ):
         raise _bad("input_id", "a non-empty list of token ids (integers >= 0)", raw)
     return raw
+
+
+def parse_tokenizer_body(body: Any) -> str:
+    """The text of a ``/v1/tokenizer`` body ``{"inputs": str}``."""
+    inputs = body.get("inputs") if isinstance(body, dict) else None
+    if not isinstance(inputs, str) or not inputs:
+        raise InputValidationError(
+            f"Parameter inputs must be a non-empty string, but got {json.dumps(inputs)[:200]}"
+        )
+    return inputs

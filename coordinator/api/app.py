@@ -1,0 +1,114 @@
+"""The predict app: every front door's router, the API-key check, the not-ready answer, and the
+answers to an unknown route or an unexpected failure (MindIE's error body for both).
+
+Which doors open depends on what is served: a generating model opens MindIE, OpenAI, TGI and
+Azure chat; an embeddings-only server answers ``/v1/models`` and ``/info`` only; the embedding
+routes open when an embedding model is configured, and MLflow's scoring routes always.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from coordinator.api import azure, mindie
+from coordinator.api.azure import create_azure_router, create_info_router
+from coordinator.api.common import APIError
+from coordinator.api.embeddings import Embed, create_embeddings_router
+from coordinator.api.mindie import create_infer_router
+from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
+from coordinator.api.openai import create_models_router, create_openai_router
+from coordinator.api.tgi import create_tgi_router
+from coordinator.inference import InferenceService
+from coordinator.served_model import ServedModels
+
+log = logging.getLogger(__name__)
+CallNext = Callable[[Request], Awaitable[Response]]
+GENERATION_DOORS = (
+    create_infer_router,
+    create_openai_router,
+    create_tgi_router,
+    create_azure_router,
+)
+
+
+def create_predict_app(
+    service: InferenceService,
+    served: ServedModels,
+    embed: Embed,
+    *,
+    body_limit_mb: int,
+    api_keys: Iterable[str],
+    is_ready: Callable[[], bool],
+) -> FastAPI:
+    """The app on the predict port; ``is_ready`` says whether the cluster is up."""
+    app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
+    for router in create_routers(service, served, embed, body_limit_mb):
+        app.include_router(router)
+    # the middleware added last runs first: not ready → 503 before the key is even checked
+    app.middleware("http")(partial(require_api_key, keys=set(api_keys)))
+    app.middleware("http")(partial(refuse_until_ready, is_ready=is_ready))
+    app.add_exception_handler(Exception, internal_error)
+    app.add_exception_handler(404, partial(not_found, served=served))
+    return app
+
+
+def create_routers(
+    service: InferenceService, served: ServedModels, embed: Embed, body_limit_mb: int
+) -> list[APIRouter]:
+    model = served.generation
+    if model is not None:
+        routers = [create(service, model, body_limit_mb) for create in GENERATION_DOORS]
+    else:
+        routers = [create_models_router(served.name), create_info_router(served.name, "embeddings")]
+    if served.embedding_path is not None:
+        routers.append(
+            create_embeddings_router(
+                embed, served.embedding_name, served.embedding_dimensions, body_limit_mb
+            )
+        )
+    config = served.mlflow.model_config if served.mlflow else {}
+    scorer = MlflowScorer(served.task, config, service, model, embed)
+    routers.append(create_mlflow_router(scorer, served.mlflow, body_limit_mb))
+    return routers
+
+
+def authorized(request: Request, keys: set[str]) -> bool:
+    """``api-key: K`` or ``Authorization: Bearer K`` with one of ``keys``."""
+    bearer = request.headers.get("authorization", "")
+    token = bearer[7:] if bearer.lower().startswith("bearer ") else None
+    return request.headers.get("api-key") in keys or token in keys
+
+
+async def require_api_key(request: Request, call_next: CallNext, keys: set[str]) -> Response:
+    """With ``api_keys`` configured, 401 (Azure's error body) without a valid key."""
+    if keys and not authorized(request, keys):
+        message = "a valid api-key or Authorization: Bearer key is required"
+        return azure.error_response(APIError(401, message, "Unauthorized"))
+    return await call_next(request)
+
+
+async def refuse_until_ready(
+    request: Request, call_next: CallNext, is_ready: Callable[[], bool]
+) -> Response:
+    if not is_ready():
+        error = APIError(503, "Service Unavailable: the cluster is starting")
+        return mindie.error_response(error)
+    return await call_next(request)
+
+
+async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("%s %s failed", request.method, request.url.path)
+    message = f"Incomplete Generation: {type(exc).__name__}: {exc}"
+    return mindie.error_response(APIError(500, message))
+
+
+async def not_found(request: Request, exc: Exception, served: ServedModels) -> JSONResponse:
+    message = f"no route {request.method} {request.url.path}"
+    if served.generation is None:
+        message += f": this server runs the embeddings model {served.name} only"
+    return mindie.error_response(APIError(404, message))

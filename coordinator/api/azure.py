@@ -1,0 +1,222 @@
+"""Azure AI Model Inference routes, mounted at ``/`` and at ``/models``: ``GET /info``,
+``POST /chat/completions``, ``POST /images/embeddings`` (``/embeddings`` is in
+:mod:`~coordinator.api.embeddings`).
+
+Every call needs a known ``api-version``. The ``extra-parameters`` header decides what happens
+to body keys outside the API: ``error`` (default) → 400, ``drop`` → ignored, ``pass-through`` →
+handed to the engine when pdserve understands them (else 422). Known parameters this model
+cannot honour answer 422 ``parameter_not_supported``. Chat requests are read and answered as
+OpenAI's (:mod:`~coordinator.api.openai_request`, :mod:`~coordinator.api.openai_format`):
+streams are exactly ``data: {json}\\n\\n`` chunks and ``data: [DONE]\\n\\n`` (no comments, no
+``event:`` lines: the SDK rejects them). Errors are ``{"error": {"code", "message"}}`` unless
+the API defines another body.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from coordinator.api.common import APIError, ModelInfo, create_router, read_object, respond
+from coordinator.api.openai_format import Completion
+from coordinator.api.openai_request import input_blocked, openai_sampling, prompt_ids
+from coordinator.inference import InferenceService
+from engine.worker.contracts import GenerationRequest
+
+API_VERSIONS = ("2024-04-01-preview", "2024-05-01-preview", "2025-04-01", "2025-05-01")
+CHAT_KEYS = {
+    "messages",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "stop",
+    "seed",
+    "stream",
+    "presence_penalty",
+    "frequency_penalty",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "model",
+    "stream_options",
+}
+PASS_THROUGH = {"top_k", "repetition_penalty", "typical_p", "do_sample", "ignore_eos", "min_tokens"}
+EXTRA_MODES = ("error", "drop", "pass-through")
+PREFIXES = ("", "/models")
+
+
+class AzureError(APIError):
+    """An error with a body of the API's own (and maybe headers)."""
+
+    def __init__(self, status: int, body: dict[str, Any], headers: dict | None = None) -> None:
+        super().__init__(status, json.dumps(body))
+        self.body, self.headers = body, headers or {}
+
+
+def _error(status: int, code: str, message: str) -> AzureError:
+    return AzureError(status, {"error": {"code": code, "message": message}})
+
+
+def error_response(error: APIError) -> JSONResponse:
+    """Azure's body for any error: its own, or ``{"error": {"code", "message"}}`` where the code
+    is the error's name (``BadRequest`` when it has none)."""
+    if not isinstance(error, AzureError):
+        error = _error(error.status, error.code or "BadRequest", error.message)
+    return JSONResponse(error.body, status_code=error.status, headers=error.headers)
+
+
+def not_supported(param: str, value: Any) -> AzureError:
+    return AzureError(
+        422,
+        {
+            "status": 422,
+            "code": "parameter_not_supported",
+            "detail": {"loc": ["body", param], "input": value},
+            "message": "One of the parameters contain invalid values.",
+        },
+        {"x-ms-error-code": "parameter_not_supported"},
+    )
+
+
+def content_filtered() -> AzureError:
+    body = {
+        "status": 400,
+        "code": "content_filter",
+        "message": "The response was filtered",
+        "param": "messages",
+        "type": None,
+    }
+    return AzureError(400, body)
+
+
+def check_api_version(request: Request) -> None:
+    version = request.query_params.get("api-version")
+    if version not in API_VERSIONS:
+        raise _error(
+            400,
+            "BadRequest",
+            f"api-version {version!r} is not supported; use one of {', '.join(API_VERSIONS)}",
+        )
+
+
+def split_extras(
+    request: Request,
+    body: dict,
+    known: frozenset[str] | set[str] = CHAT_KEYS,
+    pass_through: frozenset[str] | set[str] = PASS_THROUGH,
+) -> dict[str, Any]:
+    """The body's keys outside the API's ``known`` ones, after the ``extra-parameters`` policy;
+    with ``pass-through`` only keys the model understands (``pass_through``) are let in."""
+    mode = _extra_mode(request)
+    extras = {k: v for k, v in body.items() if k not in known}
+    if extras and mode == "error":
+        raise _error(
+            400,
+            "BadRequest",
+            f"Extra parameters {sorted(extras)} are not allowed when "
+            "extra-parameters is not set or set to be 'error'. Set extra-parameters to "
+            "'pass-through' to pass to the model.",
+        )
+    if mode != "pass-through":
+        return {}
+    for key, value in extras.items():
+        if key not in pass_through:
+            raise not_supported(key, value)
+    return extras
+
+
+def _extra_mode(request: Request) -> str:
+    mode = request.headers.get("extra-parameters", "error")
+    if mode not in EXTRA_MODES:
+        raise _error(
+            400,
+            "BadRequest",
+            f"extra-parameters must be one of {', '.join(EXTRA_MODES)}; got {mode!r}",
+        )
+    return mode
+
+
+def check_supported(body: dict) -> None:
+    """Known parameters a text-only model without tool use cannot honour."""
+    if body.get("tools"):
+        raise not_supported("tools", body["tools"])
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise not_supported("tool_choice", body["tool_choice"])
+    response_format = body.get("response_format")
+    if response_format is not None and (
+        not isinstance(response_format, dict) or response_format.get("type") != "text"
+    ):
+        raise not_supported("response_format", response_format)
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise not_supported(name, body[name])
+
+
+@dataclass(frozen=True)
+class AzureInfo:
+    """``GET /info``: the model's name, type and provider."""
+
+    name: str
+    model_type: str
+
+    async def info(self, request: Request) -> Response:
+        try:
+            check_api_version(request)
+        except APIError as exc:
+            return error_response(exc)
+        return JSONResponse(
+            {
+                "model_name": self.name,
+                "model_type": self.model_type,
+                "model_provider_name": "pdserve",
+            }
+        )
+
+
+def create_info_router(name: str, model_type: str) -> APIRouter:
+    return create_router(("GET", "/info", AzureInfo(name, model_type).info), prefixes=PREFIXES)
+
+
+class AzureRoutes:
+    """The chat and image-embeddings handlers over one service and model."""
+
+    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
+        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            check_api_version(request)
+            body = await read_object(request, self.body_limit_mb)
+            extras = split_extras(request, body)
+            check_supported(body)
+            ids = await prompt_ids(body, "chat", self.model)
+            if input_blocked(self.model, body, "chat"):
+                raise content_filtered()
+            known = {k: v for k, v in body.items() if k in CHAT_KEYS}
+            params = openai_sampling({**known, **extras}, self.model.vocab_size, 512)
+        except APIError as exc:
+            return error_response(exc)
+        answer = Completion("chat", self.model.name, len(ids), self.model.content_filter)
+        events = self.service.generate(
+            GenerationRequest(self.service.new_request_id(), ids, params)
+        )
+        return await respond(events, answer, bool(body.get("stream")), error_response)
+
+    async def images_embeddings(self, request: Request) -> Response:
+        return error_response(_error(404, "NotFound", "Modality not supported by the model"))
+
+
+def create_azure_router(
+    service: InferenceService, model: ModelInfo, body_limit_mb: int
+) -> APIRouter:
+    routes = AzureRoutes(service, model, body_limit_mb)
+    return create_router(
+        ("GET", "/info", AzureInfo(model.name, "chat-completion").info),
+        ("POST", "/chat/completions", routes.chat),
+        ("POST", "/images/embeddings", routes.images_embeddings),
+        prefixes=PREFIXES,
+    )

@@ -1,0 +1,125 @@
+"""Embeddings: OpenAI ``POST /v1/embeddings`` and Azure ``POST /embeddings`` (also under
+``/models``), served by the cluster's embedding worker.
+
+``encoding_format``: ``float`` (default) or ``base64`` (little-endian float32 bytes; the openai
+client asks for it by default). ``input_type`` is accepted (the model has a single mode).
+``dimensions`` other than the model's own cannot be honoured: OpenAI answers 400, Azure 422
+``parameter_not_supported``. Errors use each API's own body.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from coordinator.api import azure, openai
+from coordinator.api.azure import PREFIXES, check_api_version, not_supported, split_extras
+from coordinator.api.common import APIError, create_router, read_object
+from coordinator.api.openai_format import OpenAIError
+
+MAX_INPUTS = 2048
+AZURE_KEYS = {"input", "dimensions", "encoding_format", "input_type", "model"}
+ENCODINGS = ("float", "base64")
+
+Embed = Callable[[list[str]], Awaitable[dict[str, Any]]]  # texts -> {"embeddings", "tokens"}
+
+
+def _inputs(body: dict) -> list[str]:
+    value = body.get("input")
+    texts = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(texts, list)
+        or not texts
+        or len(texts) > MAX_INPUTS
+        or not all(isinstance(t, str) and t for t in texts)
+    ):
+        raise OpenAIError(
+            400,
+            f"'input' must be a non-empty string or a list of 1 to {MAX_INPUTS} non-empty strings",
+            "input",
+        )
+    return texts
+
+
+def _encode(vector: Any, encoding: str) -> Any:
+    if encoding == "base64":
+        return base64.b64encode(vector.numpy().astype("<f4").tobytes()).decode()
+    return vector.tolist()
+
+
+class EmbeddingRoutes:
+    """The two embeddings handlers over the embedding worker."""
+
+    def __init__(self, embed: Embed, model_name: str, dimensions: int, body_limit_mb: int) -> None:
+        self.embed, self.model_name = embed, model_name
+        self.dimensions, self.body_limit_mb = dimensions, body_limit_mb
+
+    async def openai_embeddings(self, request: Request) -> Response:
+        try:
+            body = await read_object(request, self.body_limit_mb)
+            texts, encoding = _inputs(body), self._openai_encoding(body)
+        except APIError as exc:
+            return openai.error_response(exc)
+        data, usage = await self._run(texts, encoding)
+        answer = {"object": "list", "data": data, "model": self.model_name, "usage": usage}
+        return JSONResponse(answer)
+
+    async def azure_embeddings(self, request: Request) -> Response:
+        try:
+            check_api_version(request)
+            body = await read_object(request, self.body_limit_mb)
+            split_extras(request, body, AZURE_KEYS, pass_through=frozenset())
+            encoding = self._azure_encoding(body)
+            texts = _inputs(body)
+        except APIError as exc:
+            return azure.error_response(exc)
+        data, usage = await self._run(texts, encoding)
+        answer = {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "model": self.model_name}
+        return JSONResponse({**answer, "data": data, "usage": usage})
+
+    def _openai_encoding(self, body: dict) -> str:
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ENCODINGS:
+            raise OpenAIError(
+                400,
+                f"'encoding_format' must be float or base64, got {json.dumps(encoding)}",
+                "encoding_format",
+            )
+        if body.get("dimensions") not in (None, self.dimensions):
+            raise OpenAIError(
+                400, f"'dimensions' must be {self.dimensions} for {self.model_name}", "dimensions"
+            )
+        return encoding
+
+    def _azure_encoding(self, body: dict) -> str:
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ENCODINGS:
+            raise not_supported("encoding_format", encoding)
+        if body.get("dimensions") not in (None, self.dimensions):
+            raise not_supported("dimensions", body["dimensions"])
+        return encoding
+
+    async def _run(self, texts: list[str], encoding: str) -> tuple[list[dict], dict[str, int]]:
+        result = await self.embed(texts)
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encode(row, encoding)}
+            for i, row in enumerate(result["embeddings"])
+        ]
+        tokens = sum(result["tokens"])
+        return data, {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+def create_embeddings_router(
+    embed: Embed, model_name: str, dimensions: int, body_limit_mb: int
+) -> APIRouter:
+    routes = EmbeddingRoutes(embed, model_name, dimensions, body_limit_mb)
+    azure_routes = (
+        ("POST", f"{prefix}/embeddings", routes.azure_embeddings) for prefix in PREFIXES
+    )
+    return create_router(("POST", "/v1/embeddings", routes.openai_embeddings), *azure_routes)

@@ -1,0 +1,161 @@
+"""MindIE's native routes on the predict port: ``/infer``, ``/infer_token``, ``/v1/tokenizer``.
+
+A request's life: the body is read (413 past ``body_limit``) and validated
+(:mod:`~coordinator.api.mindie_request`: 400 for a wrong shape, 422 naming the parameter), its
+media checked and its text tokenized; the service generates, and the answer is streamed as SSE
+events or collected whole (:mod:`~coordinator.api.mindie_format`). A service error before the
+first byte is answered with its own HTTP status, after it with a final error event. A client that
+goes away while a whole answer is collected aborts the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from coordinator.api.common import (
+    APIError,
+    Events,
+    ModelInfo,
+    create_router,
+    open_stream,
+    read_json,
+)
+from coordinator.api.media import check_media
+from coordinator.api.mindie_format import InferAnswer, error_body, service_error
+from coordinator.api.mindie_request import (
+    MAX_TOKENS_HARD,
+    InferRequest,
+    InputValidationError,
+    parse_infer_body,
+    parse_tokenizer_body,
+)
+from coordinator.errors import ServiceError
+from coordinator.inference import InferenceService
+from engine.worker.contracts import GenerationRequest
+
+
+def error_response(error: APIError) -> JSONResponse:
+    """MindIE's error body ``{"error", "error_type"}`` with the error's status."""
+    return JSONResponse(error_body(error), status_code=error.status)
+
+
+def service_error_response(error: APIError) -> JSONResponse:
+    return error_response(service_error(error))
+
+
+class MindieRoutes:
+    """The MindIE handlers over one service and model."""
+
+    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
+        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
+
+    async def infer(self, request: Request) -> Response:
+        return await self._infer(request, token_input=False)
+
+    async def infer_token(self, request: Request) -> Response:
+        return await self._infer(request, token_input=True)
+
+    async def tokenizer(self, request: Request) -> Response:
+        try:
+            text = parse_tokenizer_body(await read_json(request, self.body_limit_mb))
+        except APIError as exc:
+            return error_response(exc)
+        ids = await run_in_threadpool(self.model.tokenizer.encode, text)
+        return JSONResponse({"token_number": len(ids), "tokens": ids})
+
+    async def _infer(self, request: Request, token_input: bool) -> Response:
+        try:
+            body = await read_json(request, self.body_limit_mb)
+            req = parse_infer_body(body, input_id=token_input)
+            ids = await self._prompt_ids(req)
+        except APIError as exc:
+            return error_response(exc)
+        p = req.parameters
+        params = p.sampling_params(self.model.vocab_size)
+        answer = InferAnswer(params.seed, p.details, self.model.full_text_enabled, time.monotonic())
+        request_id = self.service.new_request_id()
+        events = self.service.generate(
+            GenerationRequest(request_id, ids, params, p.priority, p.timeout)
+        )
+        if req.stream:
+            return await open_stream(events, answer.stream, service_error_response)
+        return await _whole(request, events, answer)
+
+    async def _prompt_ids(self, req: InferRequest) -> list[int]:
+        self._check_media(req)
+        ids: list[int]
+        if req.token_ids is None:
+            ids = await run_in_threadpool(self.model.tokenizer.encode, req.text)
+        else:
+            ids = req.token_ids
+        if req.token_ids is not None and max(ids) >= self.model.vocab_size:
+            raise InputValidationError(
+                f"Parameter input_id must hold token ids in [0, {self.model.vocab_size}), but "
+                f"got {max(ids)}"
+            )
+        limit = min(self.model.max_input_tokens, MAX_TOKENS_HARD)
+        if not 0 < len(ids) <= limit:
+            raise InputValidationError(
+                f"Parameter inputs must be [1, {limit}] tokens after tokenization, but got "
+                f"{len(ids)} tokens"
+            )
+        return ids
+
+    def _check_media(self, req: InferRequest) -> None:
+        if not req.media:
+            return
+        check_media(req.media, self.model.allowed_media_dirs)
+        kinds = sorted({item["type"] for item in req.media} - set(self.model.modalities))
+        if kinds:
+            raise InputValidationError(
+                f"Parameter inputs holds {', '.join(kinds)} items, but model {self.model.name} "
+                "supports text input only"
+            )
+
+
+def create_infer_router(
+    service: InferenceService, model: ModelInfo, body_limit_mb: int
+) -> APIRouter:
+    routes = MindieRoutes(service, model, body_limit_mb)
+    return create_router(
+        ("POST", "/infer", routes.infer),
+        ("POST", "/infer_token", routes.infer_token),
+        ("POST", "/v1/tokenizer", routes.tokenizer),
+    )
+
+
+async def _whole(request: Request, events: Events, answer: InferAnswer) -> Response:
+    """Collect the answer; a client that disconnects meanwhile aborts the request (499)."""
+    task = asyncio.ensure_future(_collect(events, answer))
+    try:
+        if not await _done_unless_gone(request, task):
+            return Response(status_code=499)
+        task.result()
+    except ServiceError as exc:
+        return service_error_response(APIError.from_service(exc))
+    finally:
+        await events.aclose()
+    return JSONResponse(answer.text_body())
+
+
+async def _collect(events: Events, answer: InferAnswer) -> None:
+    async for event in events:
+        answer.add(event, time.monotonic())
+
+
+async def _done_unless_gone(request: Request, task: asyncio.Future) -> bool:
+    """Wait for ``task``; if the client goes away first, cancel it and say False."""
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.5)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return False
+    return True

@@ -1,0 +1,166 @@
+"""MLflow's scoring server: ``POST /invocations``, ``GET /ping``, ``/health``, ``/version``.
+
+The served task is the MLflow model's ``inference_task`` (``llm/v1/chat`` for any other model).
+A request's life: the body is read and parsed into rows and settings
+(:mod:`~coordinator.api.mlflow_inputs`); chat and completions rows are generated concurrently
+through the cluster and answered with OpenAI's shapes (:mod:`~coordinator.api.openai_format`);
+embeddings go to the embedding worker in one call. Answers are MLflow's: a list of
+``chat.completion`` / ``text_completion`` objects, or one ``{object: "list", data, usage}`` for
+embeddings; wrapped in ``{"predictions": ...}`` unless the body was the unified LLM body. Errors
+are ``{"error_code", "message"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib import metadata
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from coordinator.api.common import APIError, ModelInfo, collect, create_router, read_json
+from coordinator.api.mlflow_inputs import (
+    MlflowError,
+    Scoring,
+    embedding_texts,
+    generation_params,
+    merged_settings,
+    parse_scoring,
+)
+from coordinator.api.openai_format import Completion, OpenAIError
+from coordinator.api.openai_request import input_blocked, prompt_ids
+from coordinator.errors import ServiceError
+from coordinator.inference import InferenceService
+from engine.model.mlflow_model import MlflowModel
+from engine.worker.contracts import GenerationRequest
+
+ERROR_CODES = {  # MLflow's names for service failures, by status; any other is INTERNAL_ERROR
+    408: "DEADLINE_EXCEEDED",
+    429: "RESOURCE_EXHAUSTED",
+    503: "TEMPORARILY_UNAVAILABLE",
+}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    if not isinstance(error, MlflowError):
+        error = MlflowError(error.message, status=error.status)
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def service_error_response(exc: ServiceError) -> JSONResponse:
+    error = APIError.from_service(exc)
+    code = ERROR_CODES.get(error.status, "INTERNAL_ERROR")
+    return error_response(MlflowError(error.message, code, error.status))
+
+
+class MlflowScorer:
+    """Runs one parsed scoring request for the served task."""
+
+    def __init__(
+        self,
+        task: str,
+        model_config: dict[str, Any],
+        service: InferenceService | None,
+        model: ModelInfo | None,
+        embed: Any = None,  # async (texts) -> {"embeddings", "tokens"}
+    ) -> None:
+        self.task, self.model_config = task, model_config
+        self.service, self.model, self.embed = service, model, embed
+        self.saved_keys = frozenset(model_config)
+
+    async def predict(self, scoring: Scoring) -> Any:
+        if self.task == "llm/v1/embeddings":
+            return await self._embeddings(scoring)
+        _, model = self._generation()
+        settings = merged_settings(self.model_config, scoring.settings)
+        params = generation_params(settings, self.task, model.vocab_size, self.saved_keys)
+        return list(await asyncio.gather(*(self._generate(i, params) for i in scoring.inputs)))
+
+    async def _generate(self, value: Any, params: Any) -> dict[str, Any]:
+        service, model = self._generation()
+        kind = "chat" if self.task == "llm/v1/chat" else "text"
+        body = {"messages": value} if kind == "chat" else {"prompt": value}
+        try:
+            ids = await prompt_ids(body, kind, model)
+        except OpenAIError as exc:
+            raise MlflowError(exc.message, "INVALID_PARAMETER_VALUE") from exc
+        if input_blocked(model, body, kind):
+            raise MlflowError("The input was filtered by the content safety policy")
+        answer = Completion(kind, model.name, len(ids), model.content_filter)
+        await collect(
+            service.generate(GenerationRequest(service.new_request_id(), ids, params)), answer
+        )
+        return answer.body()
+
+    def _generation(self) -> tuple[InferenceService, ModelInfo]:
+        """The service and model of a generative task (an embeddings-only server has neither)."""
+        if self.service is None or self.model is None:
+            raise MlflowError(f"{self.task} does not generate text", "INTERNAL_ERROR", 500)
+        return self.service, self.model
+
+    async def _embeddings(self, scoring: Scoring) -> dict[str, Any]:
+        unknown = sorted(set(scoring.settings) - {"encoding_format"})
+        if unknown or scoring.settings.get("encoding_format", "float") != "float":
+            name = unknown[0] if unknown else "encoding_format"
+            raise MlflowError(
+                f"unsupported parameter {name!r} for llm/v1/embeddings", "INVALID_PARAMETER_VALUE"
+            )
+        result = await self.embed(embedding_texts(scoring.inputs))
+        tokens = sum(result["tokens"])
+        return {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": row.tolist()}
+                for i, row in enumerate(result["embeddings"])
+            ],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+
+def _check_content_type(request: Request) -> None:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip()
+    if content_type != "application/json":
+        raise MlflowError(
+            "This predictor only supports the following content types: "
+            f"['application/json']. Got '{content_type}'.",
+            status=415,
+        )
+
+
+class MlflowRoutes:
+    """The scoring server's handlers over one scorer."""
+
+    def __init__(
+        self, scorer: MlflowScorer, mlflow: MlflowModel | None, body_limit_mb: int
+    ) -> None:
+        self.scorer, self.body_limit_mb = scorer, body_limit_mb
+        self.server_version = mlflow.mlflow_version if mlflow and mlflow.mlflow_version else None
+
+    async def invocations(self, request: Request) -> Response:
+        try:
+            _check_content_type(request)
+            scoring = parse_scoring(await read_json(request, self.body_limit_mb), self.scorer.task)
+            prediction = await self.scorer.predict(scoring)
+        except APIError as exc:
+            return error_response(exc)
+        except ServiceError as exc:
+            return service_error_response(exc)
+        return JSONResponse(prediction if scoring.bare else {"predictions": prediction})
+
+    async def ping(self) -> Response:
+        return PlainTextResponse("\n")
+
+    async def version(self) -> Response:
+        return PlainTextResponse(self.server_version or metadata.version("pdserve"))
+
+
+def create_mlflow_router(
+    scorer: MlflowScorer, mlflow: MlflowModel | None, body_limit_mb: int
+) -> APIRouter:
+    routes = MlflowRoutes(scorer, mlflow, body_limit_mb)
+    return create_router(
+        ("POST", "/invocations", routes.invocations),
+        *(("GET", path, routes.ping) for path in ("/ping", "/health")),
+        ("GET", "/version", routes.version),
+    )

@@ -1,0 +1,92 @@
+"""OpenAI-style routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+
+A request's life: the body is read and validated (:mod:`~coordinator.api.openai_request`), the
+prompt tokenized and checked by the content filter; the service generates, and the answer is
+streamed or collected whole (:mod:`~coordinator.api.openai_format`). Refusals answer 400 with
+OpenAI's error body; service errors their own status with ``type: "server_error"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from coordinator.api.common import APIError, ModelInfo, create_router, read_object, respond
+from coordinator.api.openai_format import Completion, OpenAIError
+from coordinator.api.openai_request import input_blocked, openai_sampling, prompt_field, prompt_ids
+from coordinator.inference import InferenceService
+from engine.worker.contracts import GenerationRequest
+
+DEFAULT_MAX_TOKENS = {"text": 16, "chat": 512}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    """OpenAI's error body for a refused request."""
+    if not isinstance(error, OpenAIError):
+        error = OpenAIError(error.status, error.message)
+    return error.response()
+
+
+def service_error_response(error: APIError) -> JSONResponse:
+    return OpenAIError(error.status, error.message, kind="server_error").response()
+
+
+@dataclass(frozen=True)
+class ModelList:
+    """``GET /v1/models``: the one served model."""
+
+    name: str
+
+    async def models(self) -> JSONResponse:
+        model = {"id": self.name, "object": "model", "created": 0, "owned_by": "pdserve"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+
+def create_models_router(name: str) -> APIRouter:
+    return create_router(("GET", "/v1/models", ModelList(name).models))
+
+
+class OpenAIRoutes:
+    """The completion handlers over one service and model."""
+
+    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
+        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, "text")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._complete(request, "chat")
+
+    async def _complete(self, request: Request, kind: str) -> Response:
+        try:
+            body = await read_object(request, self.body_limit_mb)
+            ids = await prompt_ids(body, kind, self.model)
+            self._check_input(body, kind)
+            params = openai_sampling(body, self.model.vocab_size, DEFAULT_MAX_TOKENS[kind])
+        except APIError as exc:
+            return error_response(exc)
+        answer = Completion(kind, self.model.name, len(ids), self.model.content_filter)
+        events = self.service.generate(
+            GenerationRequest(self.service.new_request_id(), ids, params)
+        )
+        return await respond(events, answer, bool(body.get("stream")), service_error_response)
+
+    def _check_input(self, body: dict, kind: str) -> None:
+        if input_blocked(self.model, body, kind):
+            raise OpenAIError(
+                400, "The response was filtered", prompt_field(kind), code="content_filter"
+            )
+
+
+def create_openai_router(
+    service: InferenceService, model: ModelInfo, body_limit_mb: int
+) -> APIRouter:
+    routes = OpenAIRoutes(service, model, body_limit_mb)
+    return create_router(
+        ("GET", "/v1/models", ModelList(model.name).models),
+        ("POST", "/v1/completions", routes.completions),
+        ("POST", "/v1/chat/completions", routes.chat_completions),
+    )

@@ -1,0 +1,165 @@
+"""OpenAI's answer shapes, which the Azure and MLflow doors share: ``chat.completion`` and
+``text_completion`` bodies, their stream chunks, and the error body
+``{"error": {"message", "type", "param", "code"}}``.
+
+Streams are ``data: {json}\\n\\n`` chunks ending with ``data: [DONE]\\n\\n``; the last content
+chunk carries ``finish_reason`` and ``usage``. A content-filtered output is cut before the match
+and ends with ``finish_reason: "content_filter"``; a service error after the first chunk is a
+final ``data: {"error": ...}`` chunk, with no ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from coordinator.api.common import APIError, Events
+from coordinator.content_safety import ContentFilter
+from coordinator.errors import ServiceError
+from engine.outputs import TokenEvent
+from engine.request import FinishReason
+
+FINISH = {
+    FinishReason.EOS: "stop",
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.ABORT: "stop",
+    FinishReason.ERROR: "stop",
+}
+DONE = b"data: [DONE]\n\n"
+
+
+class OpenAIError(APIError):
+    """An error answered with OpenAI's body; ``kind`` is its ``type``, ``param`` the field."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(status, message, code)
+        self.param, self.kind = param, kind
+
+    def response(self) -> JSONResponse:
+        body = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        return JSONResponse({"error": body}, status_code=self.status)
+
+
+def _data(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _stream_error(exc: ServiceError) -> bytes:
+    """The chunk that ends a stream a service error broke."""
+    error = {"message": str(exc), "type": "server_error", "param": None, "code": exc.status}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
+class Completion:
+    """Accumulates events into OpenAI's shapes, for chat (``kind="chat"``) or text completions."""
+
+    def __init__(
+        self,
+        kind: str,
+        model: str,
+        num_prompt_tokens: int,
+        content_filter: ContentFilter | None = None,
+    ) -> None:
+        self.kind, self.model, self.num_prompt_tokens = kind, model, num_prompt_tokens
+        self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.text, self.num_tokens = "", 0
+        self.finish: str | None = None
+        self.content_filter = content_filter
+        self.blocked = False
+        self.sent = 0  # characters already streamed
+
+    def add(self, event: TokenEvent) -> bool:
+        """Take an event; a filtered output is cut before the match and ``blocked`` (True)."""
+        self.text += event.text
+        self.num_tokens += event.token_id is not None
+        if event.finish_reason is not None:
+            self.finish = FINISH[event.finish_reason]
+        match = self.content_filter.search(self.text) if self.content_filter else None
+        if match is not None:
+            self.text, self.finish, self.blocked = (
+                self.text[: match.start()],
+                "content_filter",
+                True,
+            )
+        return self.blocked
+
+    def pending(self) -> str:
+        """Text not streamed yet (taken)."""
+        piece, self.sent = self.text[self.sent :], len(self.text)
+        return piece
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.num_prompt_tokens,
+            "completion_tokens": self.num_tokens,
+            "total_tokens": self.num_prompt_tokens + self.num_tokens,
+        }
+
+    def _envelope(self, chunk: bool) -> dict[str, Any]:
+        obj = {"chat": "chat.completion", "text": "text_completion"}[self.kind]
+        if chunk and self.kind == "chat":
+            obj += ".chunk"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def body(self) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": self.text, "tool_calls": None},
+                "finish_reason": self.finish,
+                "logprobs": None,
+            }
+        else:
+            choice = {"index": 0, "text": self.text, "finish_reason": self.finish, "logprobs": None}
+        return {**self._envelope(False), "choices": [choice], "usage": self.usage}
+
+    def chunk(
+        self, piece: str | None, finish: str | None, role: bool = False, usage: bool = False
+    ) -> bytes:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if piece is not None:
+                delta["content"] = piece
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+        payload = {**self._envelope(True), "choices": [choice]}
+        if usage:
+            payload["usage"] = self.usage
+        return _data(payload)
+
+    async def stream(self, first: TokenEvent, events: Events) -> AsyncIterator[bytes]:
+        """The chunks from ``first`` on; text is checked by the filter before it is sent."""
+        try:
+            if self.kind == "chat":
+                yield self.chunk(None, None, role=True)
+            event = first
+            while True:
+                self.add(event)
+                piece = self.pending()
+                if piece:
+                    yield self.chunk(piece, None)
+                if event.finished or self.blocked:
+                    yield self.chunk(None if self.kind == "chat" else "", self.finish, usage=True)
+                    break
+                event = await events.__anext__()
+            yield DONE
+        except ServiceError as exc:
+            yield _stream_error(exc)
+        finally:
+            await events.aclose()

@@ -1,0 +1,144 @@
+"""What OpenAI-style requests ask for, validated: the sampling settings pdserve honours, the
+prompt as token ids (chat messages through the model's chat template), and whether the content
+filter blocks the input. The Azure chat route and MLflow's scorer read their requests the same
+way. Every refusal is an :class:`~coordinator.api.openai_format.OpenAIError` naming the field.
+
+``stop`` (a string or a list of up to 4) ends generation on an exact match in the decoded text
+and is cut from the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from coordinator.api.common import ModelInfo
+from coordinator.api.openai_format import OpenAIError
+from engine.sampling_params import MAX_SEED, SamplingParams
+
+
+def _number(body: dict, name: str, low: float, high: float, integer: bool, default: Any) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, int if integer else int | float) and not isinstance(value, bool)
+    if not ok or not low <= value <= high:
+        kind = "an integer" if integer else "a number"
+        bounds = f"[{int(low)}, {int(high)}]" if integer else f"[{low:g}, {high:g}]"
+        raise OpenAIError(
+            400, f"'{name}' must be {kind} in {bounds}, got {json.dumps(value)}", name
+        )
+    return value
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise OpenAIError(400, f"'{name}' must be true or false, got {json.dumps(value)}", name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (
+        not isinstance(stop, list)
+        or len(stop) > 4
+        or not all(isinstance(s, str) and s for s in stop)
+    ):
+        raise OpenAIError(
+            400, "'stop' must be a string or a list of up to 4 non-empty strings", "stop"
+        )
+    return tuple(stop or ())
+
+
+def openai_sampling(body: dict, vocab_size: int, default_max_tokens: int) -> SamplingParams:
+    """The OpenAI parameters pdserve honours, validated."""
+    if body.get("n") not in (None, 1):
+        raise OpenAIError(400, f"'n' must be 1, got {json.dumps(body['n'])}", "n")
+    stop = _stop(body)
+    max_tokens = {"max_tokens": body.get("max_completion_tokens", body.get("max_tokens"))}
+    temperature = _number(body, "temperature", 0, 2, False, 1.0)
+    top_p = _number(body, "top_p", 0, 1, False, 1.0)
+    seed = _number(body, "seed", 0, MAX_SEED, True, None)
+    return SamplingParams(
+        max_new_tokens=_number(max_tokens, "max_tokens", 1, 2**31 - 1, True, default_max_tokens),
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else 1.0,
+        top_p=top_p if top_p > 0 else 1e-9,
+        top_k=min(_number(body, "top_k", 0, 2**31 - 1, True, 0), vocab_size),
+        repetition_penalty=_number(body, "repetition_penalty", 1e-6, 100, False, 1.0),
+        seed=seed if seed is not None else secrets.randbelow(MAX_SEED) + 1,
+        stop=stop,
+        ignore_eos=_flag(body, "ignore_eos"),
+    )
+
+
+def prompt_field(kind: str) -> str:
+    """The body field that holds the prompt: ``messages`` for chat, else ``prompt``."""
+    return "messages" if kind == "chat" else "prompt"
+
+
+async def prompt_ids(body: dict, kind: str, model: ModelInfo) -> list[int]:
+    """The prompt's token ids: chat ``messages`` through the chat template, or ``prompt``."""
+    ids = await (_chat_ids(body, model) if kind == "chat" else _text_ids(body, model))
+    if not 0 < len(ids) <= model.max_input_tokens:
+        raise OpenAIError(
+            400,
+            f"the prompt has {len(ids)} tokens; this model takes at most {model.max_input_tokens}",
+            prompt_field(kind),
+        )
+    return ids
+
+
+async def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
+    messages = body.get("messages")
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+    ):
+        raise OpenAIError(400, "'messages' must be a non-empty list of {role, content}", "messages")
+    rendered = [{"role": m["role"], "content": content_text(m.get("content"))} for m in messages]
+    ids = await run_in_threadpool(
+        model.tokenizer.apply_chat_template, rendered, add_generation_prompt=True, tokenize=True
+    )
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+async def _text_ids(body: dict, model: ModelInfo) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise OpenAIError(400, "'prompt' must be a non-empty string", "prompt")
+    return await run_in_threadpool(model.tokenizer.encode, prompt)
+
+
+def content_text(content: Any) -> str:
+    """A message's text: the string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def input_blocked(model: ModelInfo, body: dict, kind: str) -> bool:
+    """Whether the content filter blocks the request's text (messages or prompt)."""
+    if model.content_filter is None:
+        return False
+    if kind == "chat":
+        text = "\n".join(content_text(m.get("content")) for m in body.get("messages", []))
+    else:
+        prompt = body.get("prompt")
+        text = "\n".join(prompt) if isinstance(prompt, list) else str(prompt)
+    return model.content_filter.search(text) is not None

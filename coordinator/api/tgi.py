@@ -1,0 +1,200 @@
+"""TGI routes: ``POST /generate``, ``POST /generate_stream`` and the compat ``POST /`` that the
+``text-generation`` client calls (a one-element list, or SSE when ``stream`` is true).
+
+TGI's parameters are a subset of MindIE's and are validated the same way
+(:mod:`~coordinator.api.mindie_request`), plus ``stop``. Errors:
+``{"error": msg, "error_type": "validation" | "overloaded" | "generation"}`` (TGI's lowercase
+values), 422 for invalid parameters; a service error after the stream began is a final
+``generation`` error event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from coordinator.api.common import (
+    APIError,
+    Events,
+    ModelInfo,
+    create_router,
+    read_json,
+    respond,
+)
+from coordinator.api.mindie_request import InferRequest, InputValidationError, parse_infer_body
+from coordinator.errors import ServiceError
+from coordinator.inference import InferenceService
+from engine.outputs import TokenEvent
+from engine.request import FinishReason
+from engine.worker.contracts import GenerationRequest
+
+FINISH = {
+    FinishReason.EOS: "eos_token",
+    FinishReason.LENGTH: "length",
+    FinishReason.STOP: "stop_sequence",
+    FinishReason.ABORT: "stop_sequence",
+    FinishReason.ERROR: "stop_sequence",
+}
+PARAMETERS = frozenset(
+    {
+        "temperature",
+        "top_k",
+        "top_p",
+        "max_new_tokens",
+        "do_sample",
+        "seed",
+        "repetition_penalty",
+        "typical_p",
+        "details",
+        "watermark",
+    }
+)
+OVERLOADED = (429, 503)  # the statuses TGI calls "overloaded"; other failures are "generation"
+
+
+def tgi_error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": kind}, status_code=status)
+
+
+def validation_error(error: APIError) -> JSONResponse:
+    return tgi_error(error.status, error.message, "validation")
+
+
+def service_error_response(error: APIError) -> JSONResponse:
+    kind = "overloaded" if error.status in OVERLOADED else "generation"
+    return tgi_error(error.status, error.message, kind)
+
+
+def parse_tgi_body(body: Any) -> tuple[InferRequest, tuple[str, ...]]:
+    """A TGI body as a MindIE request (unknown parameters dropped) and its stop sequences."""
+    if not isinstance(body, dict) or not isinstance(body.get("inputs"), str):
+        raise InputValidationError("inputs must be a non-empty string")
+    raw = dict(body.get("parameters") or {})
+    stop = raw.pop("stop", None) or []
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise InputValidationError("stop must be a list of non-empty strings")
+    known = {k: v for k, v in raw.items() if k in PARAMETERS}
+    return parse_infer_body({"inputs": body["inputs"], "parameters": known}), tuple(stop)
+
+
+class TgiAnswer:
+    """Accumulates events into TGI's shapes: the answer with its ``details`` (in a one-element
+    list for the compat route), or the stream's token events."""
+
+    def __init__(self, seed: int, special_ids: set[int], listed: bool) -> None:
+        self.seed, self.special_ids, self.listed = seed, special_ids, listed
+        self.text = ""
+        self.finish: FinishReason | None = None
+        self.tokens: list[dict[str, Any]] = []
+
+    def add(self, event: TokenEvent) -> bool:
+        self.text += event.text
+        if event.token_id is not None:
+            special = event.token_id in self.special_ids
+            token = {"id": event.token_id, "text": event.text, "logprob": None, "special": special}
+            self.tokens.append(token)
+        self.finish = event.finish_reason or self.finish
+        return False
+
+    def body(self) -> Any:
+        details = {
+            "finish_reason": FINISH[self.finish or FinishReason.LENGTH],
+            "generated_tokens": len(self.tokens),
+            "seed": self.seed,
+            "prefill": [],
+            "tokens": self.tokens,
+            "top_tokens": None,
+            "best_of_sequences": None,
+        }
+        answer = {"generated_text": self.text, "details": details}
+        return [answer] if self.listed else answer
+
+    def chunk(self, event: TokenEvent) -> bytes:
+        """The event of the token just added; the last one carries the text and details."""
+        done = event.finished
+        payload = {
+            "token": self.tokens[-1],
+            "top_tokens": None,
+            "generated_text": self.text if done else None,
+            "details": self._stream_details(event) if done else None,
+        }
+        return b"data:" + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+    def _stream_details(self, event: TokenEvent) -> dict[str, Any]:
+        return {
+            "finish_reason": FINISH[event.finish_reason or FinishReason.LENGTH],
+            "generated_tokens": len(self.tokens),
+            "seed": self.seed,
+        }
+
+    async def stream(self, first: TokenEvent, events: Events) -> AsyncIterator[bytes]:
+        try:
+            event = first
+            while True:
+                self.add(event)
+                if event.token_id is not None:
+                    yield self.chunk(event)
+                if event.finished:
+                    break
+                event = await events.__anext__()
+        except ServiceError as exc:
+            error = {"error": str(exc), "error_type": "generation"}
+            yield b"data:" + json.dumps(error).encode() + b"\n\n"
+        finally:
+            await events.aclose()
+
+
+class TgiRoutes:
+    """The TGI handlers over one service and model."""
+
+    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
+        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
+        self.special_ids = set(getattr(model.tokenizer, "all_special_ids", []))
+
+    async def generate(self, request: Request) -> Response:
+        return await self._generate(request, stream=False)
+
+    async def generate_stream(self, request: Request) -> Response:
+        return await self._generate(request, stream=True)
+
+    async def compat(self, request: Request) -> Response:
+        return await self._generate(request, stream=None)
+
+    async def _generate(self, request: Request, stream: bool | None) -> Response:
+        """``stream=None``: the compat route, which streams when the body asks to."""
+        try:
+            body = await read_json(request, self.body_limit_mb)
+            req, stop = parse_tgi_body(body)
+            ids = await self._prompt_ids(req.text)
+        except APIError as exc:
+            return validation_error(exc)
+        p = req.parameters
+        params = p.sampling_params(self.model.vocab_size, stop)
+        request_id = self.service.new_request_id()
+        events = self.service.generate(
+            GenerationRequest(request_id, ids, params, p.priority, p.timeout)
+        )
+        answer = TgiAnswer(params.seed, self.special_ids, listed=stream is None)
+        streaming = body.get("stream", False) if stream is None else stream
+        return await respond(events, answer, streaming, service_error_response)
+
+    async def _prompt_ids(self, text: str) -> list[int]:
+        ids = await run_in_threadpool(self.model.tokenizer.encode, text)
+        limit = self.model.max_input_tokens
+        if not 0 < len(ids) <= limit:
+            raise InputValidationError(f"inputs must have [1, {limit}] tokens, got {len(ids)}")
+        return ids
+
+
+def create_tgi_router(service: InferenceService, model: ModelInfo, body_limit_mb: int) -> APIRouter:
+    routes = TgiRoutes(service, model, body_limit_mb)
+    return create_router(
+        ("POST", "/generate", routes.generate),
+        ("POST", "/generate_stream", routes.generate_stream),
+        ("POST", "/", routes.compat),  # the text-generation client's route
+    )
