@@ -1,15 +1,25 @@
 """The coordinator's own overhead: streaming ``/infer`` against the cluster API, same actors;
-and ``/v1/embeddings`` through the cluster against the encoder called in-process.
+and ``/v1/embeddings`` through the cluster against the same embedding worker in-process.
 
     python benchmarks/bench_coordinator.py --out results/coordinator.json
+    python benchmarks/bench_coordinator.py --out /tmp/coordinator.json --model DIR --tokens 4 \\
+        --concurrency 2 --rounds 2 --embedding-batches 2 --embedding-requests 4   # a quick check
 
 One cluster (pd_separate, 1 prefill + 1 decode, bundled model unless ``--model``) serves both
-paths, measured alternately: ``direct`` calls ``Cluster.generate`` from this process;
-``http`` sends ``POST /infer_token`` with ``stream: true`` to the real coordinator app (uvicorn,
-in a thread of this process) over loopback and parses the SSE events. Same prompts (random token
-ids), greedy, same lengths. For 1 and 64 concurrent streams it reports delivered tokens/s and the
-p50/p99 time between tokens seen by the client; the figure of merit is how much the coordinator
-adds to the mean time per output token.
+paths: ``direct`` calls ``Cluster.generate`` from this process; ``http`` sends
+``POST /infer_token`` with ``stream: true`` to the real coordinator app (uvicorn, in a thread of
+this process) over loopback and parses the SSE events. Same prompts (random token ids), greedy,
+``ignore_eos``, the same number of concurrent streams. For each ``--concurrency`` it reports
+delivered tokens/s and the p50/p99 time between tokens seen by the client; the figure of merit
+is how much the coordinator adds to the mean time per output token.
+
+Embeddings: ``http`` posts to ``/v1/embeddings`` (the cluster's embedding actor); ``direct`` calls
+an ``EmbeddingWorker`` built in this process, the actor's own class with its batching thread and
+its torch threads; both keep ``--in-flight`` calls going.
+
+Every measure runs ``--rounds`` rounds; the two sides alternate which goes first; the first round
+warms both up and is dropped. The JSON gives each figure's median, min and max over the kept
+rounds, and the same for the per-round ratio of the two sides.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import socket
 import statistics
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -29,6 +40,7 @@ import uvicorn
 
 from coordinator.config import load_config
 from coordinator.server import Coordinator
+from engine.embedding_worker import EmbeddingWorker
 from engine.sampling_params import SamplingParams
 from engine.worker.contracts import GenerationRequest
 
@@ -59,7 +71,7 @@ def _summary(streams: list[list[float]], wall_s: float) -> dict[str, float]:
 async def direct_stream(coordinator: Coordinator, prompt: list[int], tokens: int) -> list[float]:
     times = []
     request_id = coordinator.service.new_request_id()
-    params = SamplingParams(max_new_tokens=tokens, seed=1)
+    params = SamplingParams(max_new_tokens=tokens, seed=1, ignore_eos=True)
     async for event in coordinator.cluster.generate(GenerationRequest(request_id, prompt, params)):
         if event.token_id is not None:
             times.append(time.monotonic())
@@ -70,7 +82,8 @@ async def http_stream(
     client: httpx.AsyncClient, url: str, prompt: list[int], tokens: int
 ) -> list[float]:
     times = []
-    body = {"input_id": prompt, "stream": True, "parameters": {"max_new_tokens": tokens, "seed": 1}}
+    parameters = {"max_new_tokens": tokens, "seed": 1, "ignore_eos": True}
+    body = {"input_id": prompt, "stream": True, "parameters": parameters}
     async with client.stream("POST", url, json=body) as response:
         async for line in response.aiter_lines():
             if line.startswith("data: "):
@@ -79,59 +92,105 @@ async def http_stream(
     return times
 
 
+async def _round(
+    path: str, coordinator: Coordinator, client: httpx.AsyncClient, url: str, prompts, tokens: int
+) -> dict[str, float]:
+    start = time.monotonic()
+    if path == "direct":
+        streams = await asyncio.gather(*[direct_stream(coordinator, p, tokens) for p in prompts])
+    else:
+        streams = await asyncio.gather(*[http_stream(client, url, p, tokens) for p in prompts])
+    return _summary(streams, time.monotonic() - start)
+
+
+def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
+def _alternating(rounds: int) -> list[tuple[str, str]]:
+    """The order of the two sides in each round: it alternates, so neither always goes first."""
+    return [("direct", "http") if i % 2 == 0 else ("http", "direct") for i in range(rounds)]
+
+
 async def measure(
     coordinator: Coordinator, url: str, prompts: list[list[int]], tokens: int, rounds: int
-) -> dict[str, dict[str, float]]:
-    results: dict[str, list] = {"direct": [], "http": []}
+) -> dict[str, dict]:
+    """Both paths, all streams at once, ``rounds`` alternating rounds; the first is a warm-up
+    for both and is dropped."""
+    kept: list[dict[str, dict[str, float]]] = []
     limits = httpx.Limits(max_connections=len(prompts) + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        for _ in range(rounds):
-            for path in ("direct", "http"):
-                start = time.monotonic()
-                if path == "direct":
-                    streams = await asyncio.gather(
-                        *[direct_stream(coordinator, p, tokens) for p in prompts]
-                    )
-                else:
-                    streams = await asyncio.gather(
-                        *[http_stream(client, url, p, tokens) for p in prompts]
-                    )
-                results[path].append(_summary(streams, time.monotonic() - start))
-    return {
-        path: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-        for path, runs in results.items()
+        for index, order in enumerate(_alternating(rounds)):
+            figures = {
+                path: await _round(path, coordinator, client, url, prompts, tokens)
+                for path in order
+            }
+            if index > 0:
+                kept.append(figures)
+    out: dict[str, dict] = {
+        path: {key: _spread([r[path][key] for r in kept]) for key in kept[0][path]}
+        for path in ("direct", "http")
     }
+    out["added_tpot"] = _spread(
+        [r["http"]["tpot_ms"] / r["direct"]["tpot_ms"] - 1 for r in kept], 4
+    )
+    return out
 
 
-async def measure_embeddings(url: str, batch: int, requests: int) -> dict[str, float]:
-    """Inputs per second: ``requests`` calls of ``batch`` inputs, 8 in flight, through HTTP,
-    against the same encoder called directly in this process."""
-    from engine.embedding_model import EmbeddingModel
+async def _embed_rate(call, batch: int, requests: int, in_flight: int) -> float:
+    """Inputs per second over ``requests`` calls of ``batch`` inputs, ``in_flight`` at a time."""
+    gate = asyncio.Semaphore(in_flight)
 
-    texts = [f"sentence number {i} about prefill and decode" for i in range(batch)]
-    direct = EmbeddingModel()
-    direct.embed(texts)
+    async def one() -> None:
+        async with gate:
+            await call()
+
     start = time.monotonic()
-    for _ in range(requests):
-        direct.embed(texts)
-    direct_rate = batch * requests / (time.monotonic() - start)
+    await asyncio.gather(*[one() for _ in range(requests)])
+    return batch * requests / (time.monotonic() - start)
+
+
+async def measure_embeddings(
+    url: str, worker: EmbeddingWorker, batch: int, requests: int, rounds: int, in_flight: int
+) -> dict[str, dict]:
+    """``/v1/embeddings`` against the same worker class in this process: its batching thread,
+    its torch threads, the same ``in_flight`` concurrent calls; alternating rounds, the first
+    dropped."""
+    texts = [f"sentence number {i} about prefill and decode" for i in range(batch)]
+    loop = asyncio.get_running_loop()
+    callers = ThreadPoolExecutor(in_flight)  # callers block on their future, as Ray's threads do
+
     async with httpx.AsyncClient(timeout=600) as client:
-        await client.post(url, json={"input": texts})
-        gate = asyncio.Semaphore(8)
 
-        async def one() -> None:
-            async with gate:
-                response = await client.post(url, json={"input": texts})
-                response.raise_for_status()
+        async def direct() -> None:
+            await loop.run_in_executor(callers, worker.embed, texts)
 
-        start = time.monotonic()
-        await asyncio.gather(*[one() for _ in range(requests)])
-        http_rate = batch * requests / (time.monotonic() - start)
+        async def http() -> None:
+            response = await client.post(url, json={"input": texts})
+            response.raise_for_status()
+
+        sides = {"direct": direct, "http": http}
+        kept = []
+        for index, order in enumerate(_alternating(rounds)):
+            rates = {
+                side: await _embed_rate(sides[side], batch, requests, in_flight) for side in order
+            }
+            if index > 0:
+                kept.append(rates)
+    callers.shutdown()
     return {
-        "direct_inputs_per_s": round(direct_rate, 1),
-        "http_inputs_per_s": round(http_rate, 1),
-        "ratio": round(http_rate / direct_rate, 3),
+        "direct_inputs_per_s": _spread([r["direct"] for r in kept], 1),
+        "http_inputs_per_s": _spread([r["http"] for r in kept], 1),
+        "ratio": _spread([r["http"] / r["direct"] for r in kept], 3),
     }
+
+
+def _ms(spread: dict[str, float]) -> str:
+    return f"{spread['median']:.2f} ms [{spread['min']:.2f}-{spread['max']:.2f}]"
 
 
 def start_server(coordinator: Coordinator) -> threading.Thread:
@@ -153,8 +212,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=6, help="per measure; the first is dropped")
+    parser.add_argument("--embedding-batches", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--embedding-requests", type=int, default=32, help="calls per round")
+    parser.add_argument("--in-flight", type=int, default=8, help="embedding calls at a time")
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2: the first is dropped")
     port = free_port()
     config = load_config(None).with_overrides(
         {
@@ -170,7 +234,7 @@ def main() -> None:
         start_server(coordinator)
         url = f"http://127.0.0.1:{port}/infer_token"
         rng = random.Random(0)
-        out = {}
+        out: dict[str, dict] = {}
         for concurrency in args.concurrency:
             prompts = [
                 [
@@ -180,22 +244,45 @@ def main() -> None:
                 for _ in range(concurrency)
             ]
             figures = await measure(coordinator, url, prompts, args.tokens, args.rounds)
-            figures["added_tpot"] = round(
-                figures["http"]["tpot_ms"] / figures["direct"]["tpot_ms"] - 1, 4
-            )
             out[str(concurrency)] = figures
+            added = figures["added_tpot"]
             print(
-                f"{concurrency:>3} streams  direct {figures['direct']}\n"
-                f"{'':>11}  http   {figures['http']}\n"
-                f"{'':>11}  the coordinator adds {figures['added_tpot']:+.1%} to TPOT"
+                f"{concurrency:>3} streams  TPOT direct {_ms(figures['direct']['tpot_ms'])}, "
+                f"http {_ms(figures['http']['tpot_ms'])}; the coordinator adds "
+                f"{added['median']:+.1%} ({added['min']:+.1%} to {added['max']:+.1%})"
             )
-        embeddings_url = f"http://127.0.0.1:{port}/v1/embeddings"
-        out["embeddings"] = {}
-        for batch in (1, 64):
-            figures = await measure_embeddings(embeddings_url, batch, 64 if batch == 1 else 16)
-            out["embeddings"][str(batch)] = figures
-            print(f"embeddings batch {batch:>2}: {figures}")
+        cluster = coordinator.cluster.config
+        if cluster.embedding_model_path is not None:
+            # The actor's own class and torch threads, in this process (sets this process's
+            # torch threads, which nothing else here uses).
+            worker = EmbeddingWorker(
+                cluster.embedding_model_path, cluster.embedding_resources.num_threads
+            )
+            embeddings_url = f"http://127.0.0.1:{port}/v1/embeddings"
+            out["embeddings"] = {}
+            for batch in args.embedding_batches:
+                figures = await measure_embeddings(
+                    embeddings_url,
+                    worker,
+                    batch,
+                    args.embedding_requests,
+                    args.rounds,
+                    args.in_flight,
+                )
+                out["embeddings"][str(batch)] = figures
+                print(f"embeddings batch {batch:>2}: {figures}")
         await coordinator.shutdown()
+        out["_meta"] = {
+            "model": args.model,
+            "tokens": args.tokens,
+            "prompt_tokens": args.prompt_tokens,
+            "rounds": args.rounds,
+            "dropped_rounds": 1,
+            "order": "alternating, direct first in the dropped round",
+            "embedding_in_flight": args.in_flight,
+            "embedding_threads": cluster.embedding_resources.num_threads,
+            "date": time.strftime("%Y-%m-%d"),
+        }
         return out
 
     results = asyncio.run(run())

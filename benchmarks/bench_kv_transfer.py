@@ -29,11 +29,11 @@ from engine.config import EngineConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.transfer import create_receiver, create_sender
+from engine.transfer import CHUNKS, FRAMES, SHARED_MEMORY, create_receiver, create_sender
 from engine.transfer.payload import KVPayload
-from engine.transfer.zmq_transport import ZmqKVSender
 
 SIZES = (128, 512, 2048)
+PATHS = {"zmq": SHARED_MEMORY, "zmq_frames": FRAMES, "grpc": CHUNKS}  # what each one measures
 
 
 def _serve(transport: str, conn) -> None:
@@ -64,7 +64,7 @@ def time_transport(name: str, payload: KVPayload, repeats: int) -> float:
     process = mp.get_context("spawn").Process(target=_serve, args=(transport, child), daemon=True)
     process.start()
     endpoint = parent.recv()
-    sender = ZmqKVSender(shared_memory=False) if name == "zmq_frames" else create_sender(transport)
+    sender = create_sender(transport, shared_memory=name != "zmq_frames")
     try:
         for _ in range(2):
             sender.send(endpoint, payload, timeout=60)
@@ -73,6 +73,9 @@ def time_transport(name: str, payload: KVPayload, repeats: int) -> float:
             start = time.perf_counter()
             sender.send(endpoint, payload, timeout=60)
             times.append(time.perf_counter() - start)
+        paths = sender.payloads_by_path.as_dict()
+        if paths != {PATHS[name]: repeats + 2}:
+            raise RuntimeError(f"{name}: the pages took {paths}, not {PATHS[name]}")
     finally:
         sender.close()
         parent.send("stop")

@@ -56,6 +56,7 @@ class ClusterConfig:
     num_colocated: int = 1  # single_node: engines that each do prefill and decode
     kv_transport: str = "zmq"
     kv_host: str = "127.0.0.1"  # address decode workers bind their KV endpoint to ("auto": node IP)
+    kv_shared_memory: bool = True  # zmq on one host: pages through /dev/shm (False: the socket)
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefill_resources: ActorResources = field(default_factory=ActorResources)
     decode_resources: ActorResources = field(default_factory=ActorResources)
@@ -85,5 +86,9 @@ class ClusterConfig:
     def kv_transfer(self) -> KVTransferConfig:
         """The hand-off settings both worker roles take."""
         return KVTransferConfig(
-            self.kv_transport, self.kv_host, self.transfer_timeout_s, self.reservation_timeout_s
+            self.kv_transport,
+            self.kv_host,
+            self.transfer_timeout_s,
+            self.reservation_timeout_s,
+            self.kv_shared_memory,
         )

@@ -136,6 +136,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "kv_transport": Key("str", "zmq", choices=("zmq", "grpc")),
         "ray_address": Key("str", ""),
         "kv_host": Key("str", "127.0.0.1"),  # decode KV endpoints bind here; "auto": node IP
+        "kv_shared_memory": Key("bool", True),  # zmq on one host: pages through /dev/shm
         "prefill_resources": Key("dict", {}),  # {"num_cpus", "num_gpus", "resources": {...}}
         "decode_resources": Key("dict", {}),
         "colocated_resources": Key("dict", {}),

@@ -123,6 +123,7 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
         num_prefill=b["num_prefill_instances"],
         num_decode=b["num_decode_instances"],
         kv_transport=b["kv_transport"],
+        kv_shared_memory=b["kv_shared_memory"],
         engine=engine,
         generation=served.generation is not None,
         embedding_model_path=served.embedding_path,

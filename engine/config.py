@@ -83,12 +83,16 @@ class KVTransferConfig:
     host: str = "127.0.0.1"  # kv_host: the decode workers' KV endpoint binds here ("auto": node IP)
     transfer_timeout_s: float = 10.0  # prefill frees its blocks if no acknowledgement by then
     reservation_timeout_s: float = 30.0  # decode ends a reservation whose pages never came
+    # kv_shared_memory: zmq on one host hands pages over in /dev/shm; False: always on the socket
+    shared_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
             raise ConfigError(
                 f"kv_transport must be one of {', '.join(TRANSPORTS)}; got {self.transport!r}"
             )
+        if not isinstance(self.shared_memory, bool):
+            raise ConfigError(f"kv_shared_memory must be true or false, got {self.shared_memory!r}")
         for name in ("transfer_timeout_s", "reservation_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")

@@ -42,7 +42,7 @@ class PrefillWorker(WorkerRuntime):
     def __init__(self, config: EngineConfig, transfer: KVTransferConfig, **runtime: Any) -> None:
         """``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
         super().__init__(config, **runtime)
-        self.sender = create_sender(transfer.transport)
+        self.sender = create_sender(transfer.transport, transfer.shared_memory)
         self.transfer_timeout_s = transfer.transfer_timeout_s
         self._handoffs: dict[str, HandoffTarget] = {}  # engine thread only
         self._senders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-send")
@@ -60,6 +60,10 @@ class PrefillWorker(WorkerRuntime):
                 self._handoffs[request.request_id] = handoff
 
         yield from self._run(request, add)
+
+    def num_handoffs_by_path(self) -> dict[str, int]:
+        """Hand-offs acknowledged so far, by the path their pages took (``engine.transfer``)."""
+        return self.sender.payloads_by_path.as_dict()
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         """On the engine thread: stream events; start the hand-off of requests now held."""

@@ -1,5 +1,6 @@
 """The disaggregated cluster on a local Ray: prefill and decode actors with a real KV hand-off
-over ZMQ and gRPC, against the colocated ``single_node`` mode."""
+over ZMQ (through ``/dev/shm``, and with the pages on the socket) and gRPC, against the colocated
+``single_node`` mode. One PD cluster runs at a time: each test runs once per hand-off path."""
 
 from __future__ import annotations
 
@@ -45,16 +46,32 @@ def _cluster(model_dir, **overrides) -> Cluster:
     return cluster
 
 
+# a PD cluster's hand-off settings, and the path its pages must take
+HANDOFFS = {
+    "zmq_shm": ({"kv_transport": "zmq"}, "shared_memory"),
+    "zmq_frames": ({"kv_transport": "zmq", "kv_shared_memory": False}, "frames"),
+    "grpc": ({"kv_transport": "grpc"}, "chunks"),
+}
+
+
 @pytest.fixture(scope="module")
-def clusters(ray_session, tiny_model_dir):
-    built = {
-        "zmq": _cluster(tiny_model_dir, kv_transport="zmq"),
-        "grpc": _cluster(tiny_model_dir, kv_transport="grpc"),
-        "single_node": _cluster(tiny_model_dir, deploy_mode="single_node"),
-    }
-    yield built
-    for cluster in built.values():
-        cluster.shutdown()
+def single_node(ray_session, tiny_model_dir):
+    cluster = _cluster(tiny_model_dir, deploy_mode="single_node")
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module", params=list(HANDOFFS))
+def handoff(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def pd(handoff, ray_session, tiny_model_dir):
+    """The pd_separate cluster of ``handoff``: one at a time, its tests run before the next's."""
+    cluster = _cluster(tiny_model_dir, **HANDOFFS[handoff][0])
+    yield cluster
+    cluster.shutdown()
 
 
 async def _collect(cluster, request_id, prompt, params):
@@ -86,11 +103,19 @@ PARAMS = [
 ]
 
 
-@pytest.mark.parametrize("transport", ["zmq", "grpc"])
-def test_pd_output_is_token_identical_to_single_node(clusters, transport):
-    pd = _run(clusters[transport], PROMPTS, PARAMS, f"pd-{transport}")
-    single = _run(clusters["single_node"], PROMPTS, PARAMS, f"single-{transport}")
-    for pd_events, single_events in zip(pd, single, strict=True):
+def _handoffs_by_path(ray_session, cluster) -> dict[str, int]:
+    return ray_session.get(cluster.prefills[0].num_handoffs_by_path.remote())
+
+
+def test_pd_output_is_token_identical_to_single_node(pd, single_node, handoff, ray_session):
+    path = HANDOFFS[handoff][1]
+    before = _handoffs_by_path(ray_session, pd)
+    pd_runs = _run(pd, PROMPTS, PARAMS, f"pd-{handoff}")
+    single = _run(single_node, PROMPTS, PARAMS, f"single-{handoff}")
+    after = _handoffs_by_path(ray_session, pd)
+    assert set(after) == {path}  # every hand-off so far took the configured path
+    assert after[path] - before.get(path, 0) == len(PROMPTS)
+    for pd_events, single_events in zip(pd_runs, single, strict=True):
         assert pd_events[-1].error is None
         assert [e.token_id for e in pd_events] == [e.token_id for e in single_events]
         assert "".join(e.text for e in pd_events) == "".join(e.text for e in single_events)
@@ -106,29 +131,29 @@ def test_pd_output_is_token_identical_to_single_node(clusters, transport):
         (1, 1, 1),
     ],
 )
-def test_pd_token_accounting(clusters, max_new_tokens, pd_tokens, single_tokens):
+def test_pd_token_accounting(pd, single_node, handoff, max_new_tokens, pd_tokens, single_tokens):
     params = [SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)]
-    pd = _run(clusters["zmq"], [[5, 6, 7]], params, f"acct-pd-{max_new_tokens}")[0]
-    single = _run(clusters["single_node"], [[5, 6, 7]], params, f"acct-s-{max_new_tokens}")[0]
-    assert len(pd) == pd[-1].num_output_tokens == pd_tokens
+    prefix = f"acct-{handoff}-{max_new_tokens}"
+    split = _run(pd, [[5, 6, 7]], params, f"{prefix}-pd")[0]
+    single = _run(single_node, [[5, 6, 7]], params, f"{prefix}-single")[0]
+    assert len(split) == split[-1].num_output_tokens == pd_tokens
     assert len(single) == single[-1].num_output_tokens == single_tokens
-    assert pd[-1].finish_reason == single[-1].finish_reason == FinishReason.LENGTH
+    assert split[-1].finish_reason == single[-1].finish_reason == FinishReason.LENGTH
 
 
-def test_prefill_and_decode_each_own_a_core(clusters, ray_session):
+def test_prefill_and_decode_each_own_a_core(pd, ray_session):
     import os
 
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("one core: nothing to pin apart")
-    cluster = clusters["zmq"]
-    prefill = ray_session.get(cluster.prefills[0].ready.remote())["cpus"]
-    decode = ray_session.get(cluster.decodes[0].ready.remote())["cpus"]
+    prefill = ray_session.get(pd.prefills[0].ready.remote())["cpus"]
+    decode = ray_session.get(pd.decodes[0].ready.remote())["cpus"]
     assert len(prefill) == len(decode) == 1 and prefill != decode
 
 
-def test_loads_report_every_worker(clusters):
-    loads = asyncio.run(clusters["zmq"].loads())
+def test_loads_report_every_worker(pd):
+    loads = asyncio.run(pd.loads())
     assert all(isinstance(load, WorkerLoad) for load in loads)  # typed across Ray
     assert all(isinstance(load.stats, EngineStats) and load.pid > 0 for load in loads)
     assert sorted(load.role for load in loads) == ["decode", "prefill"]
@@ -153,9 +178,7 @@ def _assert_idle(cluster) -> None:
         assert load.num_reserved == load.num_held == load.num_running == 0, load
 
 
-@pytest.mark.parametrize("transport", ["zmq", "grpc"])
-def test_200_mixed_requests_with_aborts_leak_no_block(clusters, transport):
-    cluster = clusters[transport]
+def test_200_mixed_requests_with_aborts_leak_no_block(pd, handoff):
     rng = random.Random(3)
 
     async def one(i: int):
@@ -163,14 +186,14 @@ def test_200_mixed_requests_with_aborts_leak_no_block(clusters, transport):
         params = SamplingParams(
             max_new_tokens=rng.randrange(1, 12), ignore_eos=True, do_sample=rng.random() < 0.5
         )
-        request_id = f"leak-{transport}-{i}"
-        events = _collect(cluster, request_id, prompt, params)
+        request_id = f"leak-{handoff}-{i}"
+        events = _collect(pd, request_id, prompt, params)
         if (
             rng.random() < 0.4
         ):  # abort at a random moment: queued, in prefill, in transfer, decoding
             task = asyncio.ensure_future(events)
             await asyncio.sleep(rng.random() * 0.05)
-            await cluster.abort(request_id)
+            await pd.abort(request_id)
             return await task
         return await events
 
@@ -181,7 +204,7 @@ def test_200_mixed_requests_with_aborts_leak_no_block(clusters, transport):
     assert all(events and events[-1].finished for events in results)
     reasons = {events[-1].finish_reason for events in results}
     assert FinishReason.LENGTH in reasons and FinishReason.ABORT in reasons
-    _assert_idle(cluster)
+    _assert_idle(pd)
 
 
 def test_full_decode_worker_refuses_with_a_reason(ray_session, tiny_model_dir):

@@ -247,7 +247,8 @@ def test_https_priority_429_timeout_and_disconnect(servers):
         "inputs": "hello",
         "parameters": {"max_new_tokens": 500, "priority": 5, "ignore_eos": True},
     }
-    short = {"inputs": "hello", "parameters": {"max_new_tokens": 16, "ignore_eos": True}}
+    # 64 steps each: the order the answers reach the client is the order they ran in.
+    short = {"inputs": "hello", "parameters": {"max_new_tokens": 64, "ignore_eos": True}}
     finished: list[str] = []
 
     def run(name, body):

@@ -44,12 +44,22 @@ def test_top_p(p, expected):
     assert _kept(TopPLogitsWarper(top_p=p)(None, SCORES.clone())) == expected
 
 
-@pytest.mark.parametrize("mass", [0.2, 0.5, 0.8, 0.95])
-def test_typical_p_matches_transformers(mass):
-    ours = apply_typical_p(SCORES.clone(), mass)
-    ref = TypicalLogitsWarper(mass=mass)(None, SCORES.clone())
-    assert _kept(ours) == _kept(ref)
-    assert 1 <= len(_kept(ours)) <= 6
+# Typical sampling ranks tokens by |-log p - entropy| (entropy 1.526 nats here): 0.25, 0.15, 0.4,
+# 0.1, 0.06, 0.04, with cumulative mass 0.25, 0.40, 0.80, 0.90, 0.96, 1.0, and keeps the shortest
+# prefix of that ranking whose mass reaches ``mass``.
+@pytest.mark.parametrize(
+    "mass, expected",
+    [
+        (0.2, {3}),
+        (0.3, {3, 5}),
+        (0.5, {1, 3, 5}),
+        (0.85, {0, 1, 3, 5}),
+        (0.95, {0, 1, 3, 4, 5}),
+    ],
+)
+def test_typical_p_matches_transformers(mass, expected):
+    assert _kept(apply_typical_p(SCORES.clone(), mass)) == expected
+    assert _kept(TypicalLogitsWarper(mass=mass)(None, SCORES.clone())) == expected
 
 
 @pytest.mark.parametrize("penalty", [0.5, 1.3, 2.0])
@@ -97,17 +107,37 @@ def test_same_seed_same_tokens_whatever_shares_the_batch(tiny_engine):
     assert different != alone
 
 
-def test_greedy_ignores_seed_and_repetition_penalty_changes_output(tiny_engine):
+def test_greedy_ignores_seed(tiny_engine):
     prompt = [5, 6, 7, 8]
     a = _sampled(tiny_engine, prompt, SamplingParams(max_new_tokens=12, seed=1, ignore_eos=True))
     b = _sampled(tiny_engine, prompt, SamplingParams(max_new_tokens=12, seed=2, ignore_eos=True))
     assert a == b
+
+
+def _first_repeat(prompt: list[int], output: list[int]) -> int:
+    """Index of the first output token already seen in the prompt or earlier output."""
+    seen = set(prompt)
+    for index, token in enumerate(output):
+        if token in seen:
+            return index
+        seen.add(token)
+    raise AssertionError(f"no repeat in {output}")
+
+
+def test_repetition_penalty_steers_greedy_away_from_repeats(tiny_engine):
+    prompt = [100, 200, 300]  # greedy repeats itself within 12 tokens on the tiny model
+    greedy = _sampled(tiny_engine, prompt, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    repeat_at = _first_repeat(prompt, greedy)
     penalised = _sampled(
         tiny_engine,
         prompt,
         SamplingParams(max_new_tokens=12, repetition_penalty=50.0, ignore_eos=True),
     )
-    assert len(set(penalised)) == len(penalised)  # a huge penalty forbids any repeat
+    # The penalty only lowers seen tokens: greedy's choices stand until its first repeat, where
+    # the penalty picks another token; a penalty of 50 forbids every repeat after that.
+    assert penalised[:repeat_at] == greedy[:repeat_at]
+    assert penalised[repeat_at] != greedy[repeat_at]
+    assert len(set(penalised)) == len(penalised) and not set(penalised) & set(prompt)
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,26 @@ def _config(model_dir, num_blocks: int = 64) -> EngineConfig:
     return EngineConfig(model_path=str(model_dir), device="cpu", cache=cache)
 
 
-@pytest.fixture(params=["zmq", "grpc", "inprocess"])
-def pair(request, tiny_model_dir):
-    transfer = KVTransferConfig(request.param, transfer_timeout_s=1.0, reservation_timeout_s=1.0)
+# the workers' hand-off settings (transport, shared_memory), and the path the pages must take
+HANDOFFS = {
+    "zmq_shm": (("zmq", True), "shared_memory"),
+    "zmq_frames": (("zmq", False), "frames"),
+    "grpc": (("grpc", True), "chunks"),
+    "inprocess": (("inprocess", True), "direct"),
+}
+
+
+@pytest.fixture(params=list(HANDOFFS))
+def handoff(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def pair(handoff, tiny_model_dir):
+    (transport, shared_memory), _ = HANDOFFS[handoff]
+    transfer = KVTransferConfig(
+        transport, transfer_timeout_s=1.0, reservation_timeout_s=1.0, shared_memory=shared_memory
+    )
     prefill = PrefillWorker(_config(tiny_model_dir), transfer)
     decode = DecodeWorker(_config(tiny_model_dir), transfer)
     yield prefill, decode
@@ -47,33 +64,43 @@ def _used(worker) -> int:
     return worker.load().stats.num_used_blocks
 
 
+def _assert_freed(worker, deadline_s: float = 5.0) -> None:
+    """All the worker's blocks come free within ``deadline_s``: prefill posts a hand-off's result
+    first and frees the blocks right after, on its engine thread."""
+    deadline = time.monotonic() + deadline_s
+    while _used(worker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _used(worker) == 0
+
+
 def _request(request_id: str, num_prompt_tokens: int = 5, priority: int = 5) -> GenerationRequest:
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
     return GenerationRequest(request_id, range(5, 5 + num_prompt_tokens), params, priority)
 
 
-def test_handoff_then_decode(pair):
+def test_handoff_then_decode(pair, handoff):
     prefill, decode = pair
     assert decode.reserve(_request("r")).granted
     items = list(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
     assert isinstance(items[0], TokenEvent) and items[0].token_id is not None
     assert isinstance(items[-1], HandoffResult) and items[-1].ok and items[-1].num_bytes > 0
+    assert prefill.num_handoffs_by_path() == {HANDOFFS[handoff][1]: 1}
     events = list(decode.stream("r"))
     assert len(events) == 5 and events[-1].finish_reason == FinishReason.LENGTH
-    assert _used(prefill) == 0 and _used(decode) == 0
+    _assert_freed(prefill)
+    assert _used(decode) == 0
 
 
-def test_transfer_to_a_dead_endpoint_frees_the_prefill_blocks(pair, tiny_model_dir):
-    prefill, decode = pair
+def test_transfer_to_a_dead_endpoint_frees_the_prefill_blocks(pair, handoff):
+    prefill, _ = pair
     dead = {"zmq": "tcp://127.0.0.1:9", "grpc": "127.0.0.1:9", "inprocess": "inprocess://gone"}
-    transport = type(decode.receiver).__name__.lower()
-    endpoint = next(v for k, v in dead.items() if k in transport)
+    endpoint = dead[HANDOFFS[handoff][0][0]]
     start = time.monotonic()
     items = list(prefill.prefill(_request("r"), HandoffTarget(endpoint, 6)))
     assert isinstance(items[-1], HandoffResult) and not items[-1].ok
     assert "KV hand-off failed" in items[-1].error
     assert time.monotonic() - start < 5
-    assert _used(prefill) == 0
+    _assert_freed(prefill)
 
 
 def test_pages_that_never_arrive_free_the_reservation(pair):
@@ -93,7 +120,8 @@ def test_abort_before_the_pages_arrive_refuses_them(pair):
     items = list(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
     assert isinstance(items[-1], HandoffResult) and not items[-1].ok
     assert "no reservation" in items[-1].error
-    assert _used(prefill) == 0 and _used(decode) == 0
+    _assert_freed(prefill)
+    assert _used(decode) == 0
 
 
 def test_full_decode_worker_grants_waiting_handoffs_by_priority(tiny_model_dir):

@@ -1,13 +1,23 @@
 """KV hand-off transports behind one small interface, chosen by name.
 
-``zmq`` (default): one multipart message per request (header frame + page frames sent zero-copy
-from the exported buffer), received into reused buffers. ``grpc``: client streaming of 4 MiB
-chunks. ``inprocess``: a direct call, for unit tests of engines in one process.
+``zmq`` (default): on one host the pages go through a ``/dev/shm`` file of the sender's and the
+socket carries only the header (``shared_memory.py``); otherwise, or with ``shared_memory=False``,
+one multipart message per request: a header frame and one page frame sent zero-copy from the
+exported buffer, received into a reused buffer. ``grpc``: client streaming of 4 MiB chunks.
+``inprocess``: a direct call, for unit tests of engines in one process.
+
+Senders and receivers count the payloads installed by the path their pages took
+(``payloads_by_path``: ``shared_memory``, ``frames``, ``chunks`` or ``direct``).
 """
 
 from __future__ import annotations
 
 from engine.transfer.base import (
+    CHUNKS,
+    DIRECT,
+    FRAMES,
+    PATHS,
+    SHARED_MEMORY,
     BaseKVReceiver,
     BaseKVSender,
     KVTransferError,
@@ -34,11 +44,13 @@ def create_receiver(name: str, handler: PayloadHandler, host: str = "127.0.0.1")
     raise ValueError(f"kv_transport must be one of {', '.join(TRANSPORTS)}; got {name!r}")
 
 
-def create_sender(name: str) -> BaseKVSender:
+def create_sender(name: str, shared_memory: bool = True) -> BaseKVSender:
+    """A sender for transport ``name``. ``shared_memory=False`` keeps ``zmq`` from its same-host
+    ``/dev/shm`` path (the pages then always cross the socket); other transports have none."""
     if name == "zmq":
         from engine.transfer.zmq_transport import ZmqKVSender
 
-        return ZmqKVSender()
+        return ZmqKVSender(shared_memory)
     if name == "grpc":
         from engine.transfer.grpc_transport import GrpcKVSender
 
@@ -51,6 +63,11 @@ def create_sender(name: str) -> BaseKVSender:
 
 
 __all__ = [
+    "CHUNKS",
+    "DIRECT",
+    "FRAMES",
+    "PATHS",
+    "SHARED_MEMORY",
     "TRANSPORTS",
     "BaseKVReceiver",
     "BaseKVSender",

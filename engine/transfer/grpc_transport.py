@@ -1,7 +1,8 @@
 """KV hand-off over gRPC: client streaming of the pages in 4 MiB chunks (``KVTransfer.Push``).
 
 The first chunk carries the header; the receiver checks its layout before reading further and
-answers a mismatch at once. Chunks are copied into a per-thread reused buffer.
+answers a mismatch at once. Chunks are copied into a per-thread reused buffer. Both sides count
+each installed payload under ``CHUNKS``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from concurrent import futures
 import grpc
 import torch
 
-from engine.transfer.base import BaseKVReceiver, BaseKVSender, KVTransferError, PayloadHandler
+from engine.transfer.base import (
+    CHUNKS,
+    BaseKVReceiver,
+    BaseKVSender,
+    KVTransferError,
+    PathCounts,
+    PayloadHandler,
+)
 from engine.transfer.codec import (
     byte_view,
     decode_layout,
@@ -33,8 +41,9 @@ _OPTIONS = [
 
 
 class _Servicer(pb_grpc.KVTransferServicer):
-    def __init__(self, handler: PayloadHandler) -> None:
+    def __init__(self, handler: PayloadHandler, counts: PathCounts) -> None:
         self._handler = handler
+        self._counts = counts
         self._local = threading.local()
 
     def _buffer(self, num_bytes: int) -> torch.Tensor:
@@ -70,6 +79,8 @@ class _Servicer(pb_grpc.KVTransferServicer):
                 error=f"expected {header.num_bytes} bytes, got {offset}",
             )
         error = self._handler(decode_payload(header, buffer))
+        if error is None:
+            self._counts.add(CHUNKS)
         return pb.KVAckMsg(request_id=request_id, ok=error is None, error=error or "")
 
 
@@ -80,8 +91,10 @@ def _chain(first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]) -> Iterator[pb.K
 
 class GrpcKVReceiver(BaseKVReceiver):
     def __init__(self, handler: PayloadHandler, host: str = "127.0.0.1") -> None:
+        super().__init__()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=_OPTIONS)
-        pb_grpc.add_KVTransferServicer_to_server(_Servicer(handler), self._server)
+        servicer = _Servicer(handler, self.payloads_by_path)
+        pb_grpc.add_KVTransferServicer_to_server(servicer, self._server)
         port = self._server.add_insecure_port(f"{host}:0")
         self.endpoint = f"{host}:{port}"
         self._server.start()
@@ -92,6 +105,7 @@ class GrpcKVReceiver(BaseKVReceiver):
 
 class GrpcKVSender(BaseKVSender):
     def __init__(self) -> None:
+        super().__init__()
         self._channels: dict[str, grpc.Channel] = {}
         self._guard = threading.Lock()
 
@@ -103,11 +117,12 @@ class GrpcKVSender(BaseKVSender):
 
     def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
         try:
-            ack = self._stub(endpoint).Push(_chunks(payload), timeout=timeout)
+            ack = self._stub(endpoint).Push(chunk_messages(payload), timeout=timeout)
         except grpc.RpcError as exc:
             raise KVTransferError(f"gRPC {exc.code().name}: {exc.details()}") from exc
         if not ack.ok:
             raise KVTransferError(ack.error)
+        self.payloads_by_path.add(CHUNKS)
 
     def close(self) -> None:
         for channel in self._channels.values():
@@ -115,7 +130,8 @@ class GrpcKVSender(BaseKVSender):
         self._channels.clear()
 
 
-def _chunks(payload: KVPayload) -> Iterator[pb.KVChunkMsg]:
+def chunk_messages(payload: KVPayload) -> Iterator[pb.KVChunkMsg]:
+    """The header with the first ``CHUNK_BYTES`` of pages, then the next ``CHUNK_BYTES`` each."""
     data = page_bytes(payload)
     yield pb.KVChunkMsg(header=encode_header(payload), data=bytes(data[:CHUNK_BYTES]))
     for start in range(CHUNK_BYTES, len(data), CHUNK_BYTES):

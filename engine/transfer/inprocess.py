@@ -4,29 +4,47 @@ from __future__ import annotations
 
 import itertools
 
-from engine.transfer.base import BaseKVReceiver, BaseKVSender, KVTransferError, PayloadHandler
+from engine.transfer.base import (
+    DIRECT,
+    BaseKVReceiver,
+    BaseKVSender,
+    KVTransferError,
+    PayloadHandler,
+)
 from engine.transfer.payload import KVPayload
 
-_RECEIVERS: dict[str, PayloadHandler] = {}
 _IDS = itertools.count()
 
 
 class InProcessKVReceiver(BaseKVReceiver):
     def __init__(self, handler: PayloadHandler) -> None:
+        super().__init__()
         self.endpoint = f"inprocess://{next(_IDS)}"
-        _RECEIVERS[self.endpoint] = handler
+        self._handler = handler
+        _RECEIVERS[self.endpoint] = self
+
+    def deliver(self, payload: KVPayload) -> str | None:
+        """The handshake, then a copy of the pages (as if they had crossed): None or the refusal."""
+        error = self._handler(payload.layout) or self._handler(
+            KVPayload(payload.layout, payload.state, payload.blocks.clone())
+        )
+        if error is None:
+            self.payloads_by_path.add(DIRECT)
+        return error
 
     def close(self) -> None:
         _RECEIVERS.pop(self.endpoint, None)
 
 
+_RECEIVERS: dict[str, InProcessKVReceiver] = {}
+
+
 class InProcessKVSender(BaseKVSender):
     def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
-        handler = _RECEIVERS.get(endpoint)
-        if handler is None:
+        receiver = _RECEIVERS.get(endpoint)
+        if receiver is None:
             raise KVTransferError(f"no receiver at {endpoint}")
-        error = handler(payload.layout) or handler(
-            KVPayload(payload.layout, payload.state, payload.blocks.clone())
-        )
+        error = receiver.deliver(payload)
         if error is not None:
             raise KVTransferError(error)
+        self.payloads_by_path.add(DIRECT)

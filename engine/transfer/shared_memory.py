@@ -4,7 +4,8 @@ When sender and receiver share a host, the sender copies the pages into its own 
 file and sends only the header; the receiver maps that file and installs the pages straight from
 it. This saves the socket's two kernel copies and the receive copy. A sender owns one file per
 receiver endpoint and reuses it (a bigger transfer replaces it with a bigger file); transfers to
-one endpoint are serialised, so the file is never rewritten before the acknowledgement.
+one endpoint are serialised, so the file is never rewritten before the acknowledgement. A file
+is reserved in full when created: with ``/dev/shm`` too small for it, the sender sends frames.
 
 Nothing is left in ``/dev/shm`` when a process is killed: the receiver unlinks a file as soon as
 it has mapped it (both mappings stay valid; the memory goes when both are gone), and a sender
@@ -49,7 +50,11 @@ class SharedPageBuffer:
         self.path = SHM_DIR / f"pdserve-kv-{os.getpid()}-{next(_COUNTER)}"
         self.num_bytes = num_bytes
         with open(self.path, "w+b") as file:
-            file.truncate(num_bytes)
+            try:  # reserved now: a full /dev/shm is an OSError here, not a SIGBUS on write
+                os.posix_fallocate(file.fileno(), 0, num_bytes)
+            except OSError:
+                self.path.unlink(missing_ok=True)
+                raise
             self._map = mmap.mmap(file.fileno(), num_bytes)
         self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
         self.is_mapped_by_receiver = False

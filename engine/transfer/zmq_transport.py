@@ -7,9 +7,11 @@ with a ``KVAckMsg``. Sender: one DEALER socket per endpoint, pages sent zero-cop
 exported buffer; the answer is awaited with a timeout, after which the socket is discarded so a
 late answer can never be taken for the next transfer's.
 
-Same host: the sender first tries a shared-memory hand-off (``shared_memory.py``): the pages go
-into its ``/dev/shm`` file and the message carries only the header. A receiver that cannot map
-the file (another host, another IPC namespace) says so, and that endpoint gets frames from then on.
+Same host: unless built with ``shared_memory=False``, the sender first tries a shared-memory
+hand-off (``shared_memory.py``): the pages go into its ``/dev/shm`` file and the message carries
+only the header. A receiver that cannot map the file (another host, another IPC namespace) says
+so, and that endpoint gets frames from then on. Both sides count each installed payload under
+``SHARED_MEMORY`` or ``FRAMES``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import threading
 import torch
 import zmq
 
-from engine.transfer.base import BaseKVReceiver, BaseKVSender, KVTransferError, PayloadHandler
+from engine.transfer.base import (
+    FRAMES,
+    SHARED_MEMORY,
+    BaseKVReceiver,
+    BaseKVSender,
+    KVTransferError,
+    PayloadHandler,
+)
 from engine.transfer.codec import (
     byte_view,
     decode_layout,
@@ -39,6 +48,7 @@ SHM_UNAVAILABLE = "shared memory unavailable"
 
 class ZmqKVReceiver(BaseKVReceiver):
     def __init__(self, handler: PayloadHandler, host: str = "127.0.0.1") -> None:
+        super().__init__()
         self._handler = handler
         self._socket: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -76,7 +86,7 @@ class ZmqKVReceiver(BaseKVReceiver):
                 ok=False,
                 error=f"expected {header.num_bytes} bytes, got {received}",
             )
-        return self._deliver(header, self._buffer)
+        return self._deliver(header, self._buffer, FRAMES)
 
     def _receive_shared(self, header: pb.KVHeaderMsg) -> pb.KVAckMsg:
         while self._socket.getsockopt(zmq.RCVMORE):
@@ -87,10 +97,12 @@ class ZmqKVReceiver(BaseKVReceiver):
             return pb.KVAckMsg(
                 request_id=header.state.request_id, ok=False, error=f"{SHM_UNAVAILABLE}: {exc}"
             )
-        return self._deliver(header, pages)
+        return self._deliver(header, pages, SHARED_MEMORY)
 
-    def _deliver(self, header: pb.KVHeaderMsg, data: torch.Tensor) -> pb.KVAckMsg:
+    def _deliver(self, header: pb.KVHeaderMsg, data: torch.Tensor, path: str) -> pb.KVAckMsg:
         error = self._handler(decode_layout(header)) or self._handler(decode_payload(header, data))
+        if error is None:
+            self.payloads_by_path.add(path)
         return pb.KVAckMsg(request_id=header.state.request_id, ok=error is None, error=error or "")
 
     def close(self) -> None:
@@ -100,7 +112,8 @@ class ZmqKVReceiver(BaseKVReceiver):
 
 class ZmqKVSender(BaseKVSender):
     def __init__(self, shared_memory: bool = True) -> None:
-        """``shared_memory=False`` always sends the pages as frames (benchmarks compare both)."""
+        """``shared_memory=False``: the pages always go as frames, as between hosts."""
+        super().__init__()
         self._use_shared_memory = shared_memory
         self._context: zmq.Context = zmq.Context.instance()
         self._sockets: dict[str, zmq.Socket] = {}
@@ -122,7 +135,7 @@ class ZmqKVSender(BaseKVSender):
                 ack = self._exchange(endpoint, [header.SerializeToString()], timeout)
                 if ack.ok or not ack.error.startswith(SHM_UNAVAILABLE):
                     shared.is_mapped_by_receiver = True
-                    return _check(ack)
+                    return self._check(ack, SHARED_MEMORY)
                 shared.close()
                 self._shared[endpoint] = None
                 if not shared.is_mapped_by_receiver:
@@ -130,7 +143,7 @@ class ZmqKVSender(BaseKVSender):
                 del self._shared[endpoint]
             header.shm_path = ""
             frames = [header.SerializeToString(), page_bytes(payload)]
-            _check(self._exchange(endpoint, frames, timeout))
+            self._check(self._exchange(endpoint, frames, timeout), FRAMES)
 
     def _shared_buffer(self, endpoint: str, num_bytes: int) -> SharedPageBuffer | None:
         if not self._use_shared_memory or (
@@ -150,6 +163,11 @@ class ZmqKVSender(BaseKVSender):
             current.close()
         self._shared[endpoint] = fresh
         return fresh
+
+    def _check(self, ack: pb.KVAckMsg, path: str) -> None:
+        if not ack.ok:
+            raise KVTransferError(ack.error)
+        self.payloads_by_path.add(path)
 
     def _exchange(self, endpoint: str, frames: list, timeout: float) -> pb.KVAckMsg:
         socket = self._socket(endpoint)
@@ -181,8 +199,3 @@ class ZmqKVSender(BaseKVSender):
             if shared is not None:
                 shared.close()
         self._shared.clear()
-
-
-def _check(ack: pb.KVAckMsg) -> None:
-    if not ack.ok:
-        raise KVTransferError(ack.error)
