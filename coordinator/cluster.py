@@ -25,6 +25,7 @@ from coordinator.cluster_config import ActorResources, ClusterConfig
 from decode_worker.worker import DecodeWorker
 from engine.embedding_worker import EmbeddingWorker
 from engine.outputs import TokenEvent
+from engine.request import FinishReason
 from engine.token_accounting import pd_output_limit
 from engine.worker.colocated import ColocatedWorker
 from engine.worker.contracts import (
@@ -37,6 +38,7 @@ from engine.worker.contracts import (
 from prefill_worker.worker import PrefillWorker
 
 log = logging.getLogger(__name__)
+_UNCLEAN = (FinishReason.ERROR, FinishReason.ABORT)
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
@@ -66,6 +68,8 @@ class Cluster:
         self.decodes: list[Any] = []
         self.colocated: list[Any] = []
         self._routes: dict[str, list[Any]] = {}
+        self._in_flight: set[str] = set()  # ids of requests streaming now
+        self._aborted: set[str] = set()  # ids among them their caller aborted
         self._cores: list[int] | None = None
         self.embedders: list[Any] = []
         self.on_handoff: Callable[[int, float], None] | None = None  # (bytes, seconds) per KV move
@@ -173,6 +177,7 @@ class Cluster:
         that may still hold the request is told to drop it unless it ended cleanly there.
         """
         request_id = request.request_id
+        self._in_flight.add(request_id)
         clean = False
         try:
             if self.config.deploy_mode == "single_node":
@@ -183,12 +188,17 @@ class Cluster:
             else:
                 events = self._generate_pd(request, self.prefills[prefill], self.decodes[decode])
             async for event in events:
-                clean = event.finished and event.error is None
+                if event.finish_reason == FinishReason.ERROR and request_id in self._aborted:
+                    event = TokenEvent.aborted(request_id)  # the caller's abort, not a failure
+                # ended where it ran, with nothing left on any worker
+                clean = event.finished and event.finish_reason not in _UNCLEAN
                 yield event
         finally:
             if not clean:
                 await self._release(request_id)
             self._routes.pop(request_id, None)
+            self._in_flight.discard(request_id)
+            self._aborted.discard(request_id)
 
     async def _generate_pd(
         self, request: GenerationRequest, p_worker: Any, d_worker: Any
@@ -205,6 +215,9 @@ class Cluster:
                 yield TokenEvent.failure(request_id, f"decode worker refused: {reservation.reason}")
                 return
             target = HandoffTarget(reservation.endpoint, limit)
+        if request_id in self._aborted:  # aborted while its blocks were being reserved
+            yield TokenEvent.aborted(request_id)
+            return
         stream = p_worker.prefill.options(num_returns="streaming").remote(request, target)
         handoff: HandoffResult | None = None
         async for item in self._stream(request_id, stream):
@@ -249,6 +262,9 @@ class Cluster:
                 await worker.abort.remote(request_id)
 
     async def abort(self, request_id: str) -> None:
+        """End an in-flight request: its stream ends with ``abort`` wherever it is."""
+        if request_id in self._in_flight:
+            self._aborted.add(request_id)
         for worker in list(self._routes.get(request_id, [])):
             with contextlib.suppress(ray.exceptions.RayError):
                 await worker.abort.remote(request_id)

@@ -30,6 +30,11 @@ class TokenEvent:
         """The last event of a request that failed outside an engine (refused, worker lost)."""
         return cls(request_id, None, "", 0, 0, time.monotonic(), FinishReason.ERROR, error)
 
+    @classmethod
+    def aborted(cls, request_id: str) -> TokenEvent:
+        """The last event of a request its caller aborted outside an engine."""
+        return cls(request_id, None, "", 0, 0, time.monotonic(), FinishReason.ABORT)
+
 
 @dataclass(frozen=True)
 class EngineStats:
