@@ -5,13 +5,17 @@ worker first reserves blocks for the prompt (or refuses, saying why); the prefil
 the prompt and first token, streams that token, and pushes the KV pages to the decode worker's
 endpoint; the decode worker's events follow. ``single_node``: one colocated worker does it all.
 
-Failures end the stream with an ``error`` event (``FinishReason.ERROR``): a refused reservation,
-a failed hand-off, or a worker that died (Ray restarts it; later requests use the new one).
-``abort`` reaches every worker that may hold the request.
+Failures end the stream with an ``error`` event (``FinishReason.ERROR``) whose ``cause`` names
+the kind: ``reservation_refused``, ``handoff_failed``, ``worker_lost`` (the actor died; Ray
+restarts it and later requests use the new one) or ``engine_error``. Whatever ends a stream
+early, ``abort`` reaches every worker that may still hold the request, in the background if the
+caller is cancelled, and without waiting past ``RELEASE_WAIT_S`` for a worker that does not
+answer (a stopped process gets the call when it resumes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -39,6 +43,8 @@ from prefill_worker.worker import PrefillWorker
 
 log = logging.getLogger(__name__)
 _UNCLEAN = (FinishReason.ERROR, FinishReason.ABORT)
+RELEASE_WAIT_S = 2.0  # how long a finished stream waits for its workers to drop the request
+LOAD_TIMEOUT_S = 2.0  # a worker that does not report its load within this is left out (stale)
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
@@ -70,6 +76,7 @@ class Cluster:
         self._routes: dict[str, list[Any]] = {}
         self._in_flight: set[str] = set()  # ids of requests streaming now
         self._aborted: set[str] = set()  # ids among them their caller aborted
+        self._releases: set[asyncio.Task] = set()  # aborts still on their way to workers
         self._cores: list[int] | None = None
         self.embedders: list[Any] = []
         self.on_handoff: Callable[[int, float], None] | None = None  # (bytes, seconds) per KV move
@@ -194,11 +201,11 @@ class Cluster:
                 clean = event.finished and event.finish_reason not in _UNCLEAN
                 yield event
         finally:
-            if not clean:
-                await self._release(request_id)
-            self._routes.pop(request_id, None)
+            routes = self._routes.pop(request_id, [])
             self._in_flight.discard(request_id)
             self._aborted.discard(request_id)
+            if not clean:
+                await self._release_in_background(request_id, routes)
 
     async def _generate_pd(
         self, request: GenerationRequest, p_worker: Any, d_worker: Any
@@ -212,7 +219,8 @@ class Cluster:
         if limit > 1:
             reservation = await self._reserve(d_worker, request)
             if not reservation.granted:
-                yield TokenEvent.failure(request_id, f"decode worker refused: {reservation.reason}")
+                refusal = f"decode worker refused: {reservation.reason}"
+                yield TokenEvent.failure(request_id, refusal, "reservation_refused")
                 return
             target = HandoffTarget(reservation.endpoint, limit)
         if request_id in self._aborted:  # aborted while its blocks were being reserved
@@ -230,7 +238,8 @@ class Cluster:
         if handoff is None:
             return  # it ended with its first token, or failed
         if not handoff.ok:
-            yield TokenEvent.failure(request_id, handoff.error or "KV hand-off failed")
+            error = handoff.error or "KV hand-off failed"
+            yield TokenEvent.failure(request_id, error, "handoff_failed")
             return
         if self.on_handoff is not None:
             self.on_handoff(handoff.num_bytes, handoff.transfer_seconds)
@@ -240,8 +249,10 @@ class Cluster:
             yield event
 
     async def _reserve(self, d_worker: Any, request: GenerationRequest) -> Reservation:
+        """Blocks on ``d_worker``, waiting for room no longer than the request may take."""
+        wait_s = min(x for x in (self.config.reservation_wait_s, request.timeout_s) if x)
         try:
-            return await d_worker.reserve.remote(request, self.config.reservation_wait_s)
+            return await d_worker.reserve.remote(request, wait_s)
         except ray.exceptions.RayError as exc:
             return Reservation.refused(type(exc).__name__)
 
@@ -251,30 +262,47 @@ class Cluster:
             async for ref in stream:
                 yield await ref
         except ray.exceptions.RayError as exc:
-            yield TokenEvent.failure(
-                request_id, f"worker failed: {type(exc).__name__}: {exc}"[:500]
-            )
+            error = f"worker failed: {type(exc).__name__}: {exc}"[:500]
+            yield TokenEvent.failure(request_id, error, "worker_lost")
 
     async def _release(self, request_id: str) -> None:
-        """Tell every worker of a request to drop it (idempotent; dead workers hold nothing)."""
-        for worker in self._routes.pop(request_id, []):
-            with contextlib.suppress(ray.exceptions.RayError):
-                await worker.abort.remote(request_id)
+        """Tell every worker of a request to drop it, and wait (up to ``RELEASE_WAIT_S``)."""
+        await self._release_in_background(request_id, self._routes.pop(request_id, []))
+
+    async def _release_in_background(self, request_id: str, workers: list[Any]) -> None:
+        """Abort ``request_id`` on ``workers`` in a task of its own: it goes on when the caller
+        is cancelled, and the caller waits for it at most ``RELEASE_WAIT_S``."""
+        if not workers:
+            return
+        task = asyncio.ensure_future(_abort_on(workers, request_id))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), RELEASE_WAIT_S)
 
     async def abort(self, request_id: str) -> None:
         """End an in-flight request: its stream ends with ``abort`` wherever it is."""
         if request_id in self._in_flight:
             self._aborted.add(request_id)
-        for worker in list(self._routes.get(request_id, [])):
-            with contextlib.suppress(ray.exceptions.RayError):
-                await worker.abort.remote(request_id)
+        await _abort_on(list(self._routes.get(request_id, [])), request_id)
 
     async def loads(self) -> list[WorkerLoad]:
-        """Queue, running and free-block figures of every worker (dead ones are left out)."""
-        loads = []
-        for actor in self.actors:
-            try:
-                loads.append(await actor.load.remote())
-            except ray.exceptions.RayError:
-                continue
-        return loads
+        """Queue, running and free-block figures of every worker, asked all at once; a worker
+        that is dead, restarting or does not answer within ``LOAD_TIMEOUT_S`` is left out."""
+        answers = await asyncio.gather(*(_load_of(actor) for actor in self.actors))
+        return [load for load in answers if load is not None]
+
+
+async def _load_of(actor: Any) -> WorkerLoad | None:
+    try:
+        return await asyncio.wait_for(actor.load.remote(), LOAD_TIMEOUT_S)
+    except (TimeoutError, ray.exceptions.RayError):
+        return None
+
+
+async def _abort_on(workers: list[Any], request_id: str) -> None:
+    """Abort ``request_id`` on every worker at once (idempotent; dead workers hold nothing)."""
+    calls = [worker.abort.remote(request_id) for worker in workers]
+    for outcome in await asyncio.gather(*calls, return_exceptions=True):
+        if isinstance(outcome, Exception) and not isinstance(outcome, ray.exceptions.RayError):
+            log.warning("abort of %s failed: %r", request_id, outcome)

@@ -1,15 +1,29 @@
-"""Runs one request on the cluster for any front door: admission, routing, retries, timeouts.
+"""Runs one request on the cluster for any front door: admission, routing, migration, timeouts.
 
 Life of a request here: admitted under ``max_requests`` (else :class:`TooManyRequests`) → a
-(prefill, decode) pair is chosen by load → its token events are relayed as they come. A hand-off
-that fails before any token reached the client is retried on another pair, up to ``max_retry``
-times. A timeout (the request's own, or ``exception_config``'s) aborts it on every worker and
-raises :class:`RequestTimeout`; so does a client that goes away (the caller cancels us).
+(prefill, decode) pair is chosen by load → its token events are relayed as they come.
+
+When its pair fails (a worker dies, a reservation is refused, a hand-off fails or times out, a
+transport breaks), before or after tokens reached the client, the request migrates: the prompt
+plus every token generated so far goes to a healthy pair (or the restarted actor), which computes
+them and continues after them, and the same stream goes on. No token is repeated or lost, the
+token accounting is the same, greedy output is token-identical to an uninterrupted run, and a
+seeded request draws the same tokens (each token's seed comes from the request's seed and its
+position: ``engine.sampler``). A request migrates at most ``max_retry`` times; each migration is
+logged with its cause and counted in ``request_migrations_total{reason}``.
+
+A request that cannot be completed is never reported as finished: the stream raises a
+:class:`ServiceError` (:class:`GenerationFailed` once the migrations are used up,
+:class:`NoWorkerError` when no pair can take it at all), before or after events were yielded, and
+``request_failed_total{reason}`` counts it. A timeout (the request's own, or
+``exception_config``'s) aborts it on every worker and raises :class:`RequestTimeout`; a client that
+goes away cancels us, which aborts it the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -30,6 +44,7 @@ from engine.request import FinishReason
 from engine.worker.contracts import GenerationRequest
 
 log = logging.getLogger(__name__)
+REPICK_INTERVAL_S = 0.25  # a migrating request's wait between tries for a pair
 
 
 @dataclass(frozen=True)
@@ -100,7 +115,10 @@ class InferenceService:
         except RequestTimeout:
             outcome = "timeout"
             raise
-        except (GenerationFailed, NoWorkerError):
+        except NoWorkerError:
+            outcome = "unavailable"
+            raise
+        except GenerationFailed:
             outcome = "error"
             raise
         finally:
@@ -135,7 +153,7 @@ class InferenceService:
             if first == t.schedule
             else total_message
         )
-        events = self._with_retries(request)
+        events = self._with_migration(request)
         got_token = False
         try:
             while True:
@@ -154,42 +172,70 @@ class InferenceService:
         finally:
             await events.aclose()
 
-    async def _with_retries(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+    async def _with_migration(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        """The request's events from one pair after another, as one stream (module docstring)."""
         request_id = request.request_id
-        tried: set[tuple[int, int]] = set()
-        for attempt in range(self.max_retry + 1):
+        generated: list[int] = []  # every token yielded so far
+        failed: tuple[int, int] | None = None
+        migration = 0
+        while True:
+            pair = await self._pair(request.num_tokens + len(generated), failed)
+            attempt = (
+                request
+                if migration == 0
+                else request.continued(f"{request_id}-m{migration}", generated)
+            )
+            failure = None
+            events = self.cluster.generate(attempt, prefill=pair[0], decode=pair[1])
+            async with contextlib.aclosing(events):  # a failed attempt is released at once
+                async for event in events:
+                    if event.finish_reason == FinishReason.ERROR:
+                        failure = event
+                        break
+                    if event.token_id is not None:
+                        generated.append(event.token_id)
+                    event.request_id = request_id
+                    yield event
+                    if event.finished:
+                        return
+            cause, error = _failure(failure)
+            if migration == self.max_retry:
+                raise GenerationFailed(
+                    f"request failed after {self.max_retry} migrations: {cause}: {error}"
+                )
+            log.warning(
+                "request %s: migrating after %d tokens off pair %s (%s): %s",
+                request_id,
+                len(generated),
+                pair,
+                cause,
+                error,
+            )
+            if self.metrics:
+                self.metrics.migrations.labels(self.metrics.model_name, cause).inc()
+            failed, migration = pair, migration + 1
+
+    async def _pair(self, num_tokens: int, failed: tuple[int, int] | None) -> tuple[int, int]:
+        """A pair for a new request (NoWorkerError if none), or for one migrating off ``failed``:
+        another pair if there is one, else the same pair (its actor restarted), waiting for one
+        to come back if need be (the request's timeouts bound the wait)."""
+        while True:
             try:
-                pair = self.router.choose(request.num_prompt_tokens, tried)
+                return self.router.choose(num_tokens, {failed} if failed else frozenset())
             except NoWorkerError:
-                if not tried:
+                if failed is None:
                     raise
-                tried.clear()  # every pair failed once: go round again
-                pair = self.router.choose(request.num_prompt_tokens, tried)
-            tried.add(pair)
-            attempt_id = request_id if attempt == 0 else f"{request_id}-retry{attempt}"
-            streamed = False
-            async for event in self.cluster.generate(
-                request.with_id(attempt_id), prefill=pair[0], decode=pair[1]
-            ):
-                if event.finish_reason == FinishReason.ERROR and not streamed:
-                    log.warning(
-                        "request %s: attempt %d on pair %s failed: %s",
-                        request_id,
-                        attempt,
-                        pair,
-                        event.error,
-                    )
-                    break
-                streamed = True
-                event.request_id = request_id
-                yield event
-                if event.finish_reason == FinishReason.ERROR:
-                    raise GenerationFailed(event.error or "generation failed")
-                if event.finished:
-                    return
-            else:
-                return
-        raise GenerationFailed(f"request failed after {self.max_retry + 1} attempts")
+            try:
+                return self.router.choose(num_tokens)
+            except NoWorkerError:
+                await asyncio.sleep(REPICK_INTERVAL_S)
+
+
+def _failure(event: TokenEvent | None) -> tuple[str, str]:
+    """(cause, message) of a failed attempt; None: its stream ended without a last event."""
+    if event is None:
+        return "worker_lost", "the worker stream ended before the request finished"
+    return event.cause or "engine_error", event.error or "generation failed"
 
 
 async def first_event(events: AsyncGenerator[TokenEvent, None]) -> TokenEvent:

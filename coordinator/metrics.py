@@ -42,6 +42,12 @@ class Metrics:
         self.failed = Counter(
             "request_failed", "Requests failed, by reason", [*m, "reason"], registry=r
         )
+        self.migrations = Counter(
+            "request_migrations",
+            "Requests moved to another worker pair with their tokens so far, by cause",
+            [*m, "reason"],
+            registry=r,
+        )
         self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens", m, registry=r)
         self.generation_tokens = Counter("generation_tokens", "Generated tokens", m, registry=r)
         self.running = Gauge("num_requests_running", "Requests streaming tokens", m, registry=r)

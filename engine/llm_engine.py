@@ -7,6 +7,10 @@ a stop string, its length limit or ``maxSeqLen`` and frees its blocks (FINISHED)
 at any point and frees every block. A ``prefill_only`` request instead stops after the first
 token and keeps its blocks (HELD) until ``export_kv`` + ``release``.
 
+A request may also arrive with output tokens it already generated elsewhere (``output_token_ids``:
+a request migrated off a failed worker): they are computed with the prompt, count against its
+output limit, and are replayed through its detokenizer, so it continues exactly where it stopped.
+
 A decode engine continues such a request: ``reserve_import`` sets blocks aside for it (RESERVED,
 with a deadline); ``take_reservation`` + ``write_pages`` put the arriving pages into them
 (RECEIVING; these two alone may run on the transport's thread, see ``_receive_lock``), and
@@ -94,8 +98,10 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 5,
         prefill_only: bool = False,
+        output_token_ids: Sequence[int] = (),
     ) -> None:
-        """Queue a request; :class:`RequestRejectedError` if it can never run."""
+        """Queue a request; :class:`RequestRejectedError` if it can never run. A request with
+        ``output_token_ids`` continues after them (see the module docstring)."""
         if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
         num_prompt = len(prompt_token_ids)
@@ -103,12 +109,16 @@ class LLMEngine:
             raise RequestRejectedError(
                 f"prompt has {num_prompt} tokens; valid range is [1, {self.max_prompt_tokens()}]"
             )
-        max_output = (
-            1 if prefill_only else min(params.max_new_tokens, self.config.scheduler.max_iter_times)
-        )
+        max_output = min(params.max_new_tokens, self.config.scheduler.max_iter_times)
+        if not prefill_only and len(output_token_ids) >= max_output:
+            raise RequestRejectedError(
+                f"{len(output_token_ids)} output tokens already generated; the limit is "
+                f"{max_output}"
+            )
         request = self._new_request(
-            request_id, list(prompt_token_ids), num_prompt, params, max_output, priority
+            request_id, [*prompt_token_ids, *output_token_ids], num_prompt, params, 0, priority
         )
+        request.max_output_tokens = len(output_token_ids) + 1 if prefill_only else max_output
         request.prefill_only = prefill_only
         self._check_fits(request)
         self.requests[request_id] = request
@@ -123,7 +133,9 @@ class LLMEngine:
         max_output: int,
         priority: int,
     ) -> Request:
-        return Request(
+        """A request over ``token_ids`` (the prompt, then any outputs so far, which are replayed
+        through the detokenizer as if they had just been generated and streamed)."""
+        request = Request(
             request_id=request_id,
             token_ids=token_ids,
             num_prompt_tokens=num_prompt,
@@ -132,8 +144,10 @@ class LLMEngine:
             priority=priority,
             detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids[:num_prompt], params.stop),
             arrival_seq=next(self._arrivals),
-            generator=make_generator(params.seed, self.device),
+            generator=make_generator(self.device),
         )
+        _replay_outputs(request)
+        return request
 
     def _check_fits(self, request: Request) -> None:
         longest = min(
@@ -251,7 +265,6 @@ class LLMEngine:
             num_computed_tokens=request.num_computed_tokens,
             params=request.params,
             priority=request.priority,
-            generator_state=bytes(request.generator.get_state().tolist()),
             max_output_tokens=max_output_tokens,
         )
         return KVPayload(self.layout, state, self.kv_cache.export_blocks(request.block_ids))
@@ -271,16 +284,18 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 5,
         timeout_s: float | None = None,
+        output_token_ids: Sequence[int] = (),
     ) -> Request | None:
         """Set blocks aside for an incoming hand-off: a RESERVED request that ends with an error
-        if its pages are not in within ``timeout_s``. None when the cache cannot hold it now."""
+        if its pages are not in within ``timeout_s``. None when the cache cannot hold it now.
+        ``output_token_ids``: the outputs a migrated request arrives with, besides its prompt."""
         if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
         num_prompt = len(prompt_token_ids)
-        num_blocks = self.blocks.blocks_for(num_prompt + 1)
+        num_blocks = self.blocks.blocks_for(num_prompt + len(output_token_ids) + 1)
         if not self.blocks.can_allocate(num_blocks):
             return None
-        # Its output limit comes with the pages (finish_receive).
+        # Its token ids and output limit come with the pages (finish_receive).
         request = self._new_request(
             request_id, list(prompt_token_ids), num_prompt, params, 0, priority
         )
@@ -291,11 +306,11 @@ class LLMEngine:
         self.requests[request_id] = request
         return request
 
-    def reservation_refusal(self, num_prompt_tokens: int) -> str:
-        """Why a reservation for ``num_prompt_tokens`` does not fit now."""
+    def reservation_refusal(self, num_tokens: int) -> str:
+        """Why a reservation for ``num_tokens`` (prompt and outputs so far) does not fit now."""
         return (
             f"decode cache full: {self.blocks.num_free_blocks} of {self.blocks.num_blocks} "
-            f"blocks free, {self.blocks.blocks_for(num_prompt_tokens + 1)} needed"
+            f"blocks free, {self.blocks.blocks_for(num_tokens + 1)} needed"
         )
 
     def expire_reservations(self, now: float | None = None) -> None:
@@ -357,9 +372,7 @@ class LLMEngine:
         request.token_ids = list(state.token_ids)
         request.num_computed_tokens = state.num_computed_tokens
         request.max_output_tokens = max_output_tokens or state.max_output_tokens
-        request.generator.set_state(torch.tensor(list(state.generator_state), dtype=torch.uint8))
-        request.detokenizer.append(request.token_ids)  # the first token, streamed by prefill
-        request.detokenizer.take_piece(False)
+        _replay_outputs(request)  # every output so far was streamed by the prefill side
         self.scheduler.insert_running(request)
 
     def import_kv(self, payload: KVPayload, max_output_tokens: int | None = None) -> None:
@@ -369,7 +382,11 @@ class LLMEngine:
         state = payload.state
         if state.request_id not in self.requests:
             reserved = self.reserve_import(
-                state.request_id, state.prompt_token_ids, state.params, state.priority
+                state.request_id,
+                state.prompt_token_ids,
+                state.params,
+                state.priority,
+                output_token_ids=state.token_ids[state.num_prompt_tokens :],
             )
             if reserved is None:
                 raise KVImportError(f"no free KV blocks for request {state.request_id!r}")
@@ -413,6 +430,15 @@ class LLMEngine:
                 if event.request_id in outputs and event.token_id is not None:
                     outputs[event.request_id].append(event.token_id)
         return [outputs[i] for i in ids]
+
+
+def _replay_outputs(request: Request) -> None:
+    """Run a request's outputs so far through its (new) detokenizer token by token, as their
+    own engine did, so its next piece of text follows exactly the text already streamed."""
+    detokenizer = request.detokenizer
+    for end in range(detokenizer.read_offset + 1, request.num_tokens + 1):
+        detokenizer.append(request.token_ids[:end])
+        detokenizer.take_piece(False)
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:

@@ -20,15 +20,18 @@ class TokenEvent:
     emitted_at: float  # time.monotonic() when the token was sampled
     finish_reason: FinishReason | None = None
     error: str | None = None
+    cause: str = ""  # an ERROR finish's kind, a metric label: worker_lost, handoff_failed, ...
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     @classmethod
-    def failure(cls, request_id: str, error: str) -> TokenEvent:
+    def failure(cls, request_id: str, error: str, cause: str = "engine_error") -> TokenEvent:
         """The last event of a request that failed outside an engine (refused, worker lost)."""
-        return cls(request_id, None, "", 0, 0, time.monotonic(), FinishReason.ERROR, error)
+        return cls(
+            request_id, None, "", 0, 0, time.monotonic(), FinishReason.ERROR, error, cause
+        )
 
     @classmethod
     def aborted(cls, request_id: str) -> TokenEvent:

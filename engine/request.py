@@ -47,7 +47,8 @@ class Request:
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
-    generator: torch.Generator = field(default_factory=torch.Generator)  # seeded per request
+    # re-seeded for every sampled token from the seed and the token's position (engine.sampler)
+    generator: torch.Generator = field(default_factory=torch.Generator)
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     last_token_time: float | None = None

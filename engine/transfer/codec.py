@@ -27,7 +27,6 @@ def encode_header(payload: KVPayload) -> pb.KVHeaderMsg:
             num_computed_tokens=state.num_computed_tokens,
             params_json=json.dumps(state.params.to_dict()),
             priority=state.priority,
-            generator_state=state.generator_state,
             max_output_tokens=state.max_output_tokens,
         ),
         shape=list(payload.blocks.shape),
@@ -61,7 +60,6 @@ def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:
         num_computed_tokens=s.num_computed_tokens,
         params=SamplingParams.from_dict(json.loads(s.params_json)),
         priority=s.priority,
-        generator_state=bytes(s.generator_state),
         max_output_tokens=s.max_output_tokens,
     )
     blocks = data[: header.num_bytes].view(_DTYPES[layout.dtype]).view(*header.shape)

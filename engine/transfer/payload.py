@@ -2,8 +2,8 @@
 package move it; ``docs/kv-handoff.md`` tells the flow and the wire protocol).
 
 A payload is the request's KV pages plus everything needed to continue decoding exactly where
-the prefill stopped: the prompt and first token, the sampling parameters, and the sampler's
-random-generator state (so seeded sampling gives the same tokens as one engine doing both).
+the prefill stopped: the prompt, the outputs so far and the sampling parameters (seeded sampling
+needs nothing more: each token's seed comes from the request's seed and the token's position).
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ class HandoffState:
     num_computed_tokens: int  # tokens whose KV is in the payload (the prompt)
     params: SamplingParams
     priority: int
-    generator_state: bytes
     max_output_tokens: int = 0  # output limit on the decode side (first token included)
 
     @property

@@ -29,18 +29,28 @@ class GenerationRequest:
     params: SamplingParams
     priority: int = 5  # 1 is served first
     timeout_s: float = 600.0  # the client's own limit for the whole request; 0 = none
+    # Tokens the request already generated and streamed on a worker pair that failed: the next
+    # pair computes them with the prompt and continues after them (stored as a tuple).
+    output_token_ids: Sequence[int] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prompt_token_ids, tuple):
-            object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
+        for name in ("prompt_token_ids", "output_token_ids"):
+            if not isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
-    def with_id(self, request_id: str) -> GenerationRequest:
-        """The same request under another id (a retry on another worker pair)."""
-        return replace(self, request_id=request_id)
+    @property
+    def num_tokens(self) -> int:
+        """Prompt and outputs so far: what a worker pair computes before its first new token."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def continued(self, request_id: str, output_token_ids: Sequence[int]) -> GenerationRequest:
+        """The same request under another id, continuing after ``output_token_ids`` (a
+        migration to another worker pair)."""
+        return replace(self, request_id=request_id, output_token_ids=tuple(output_token_ids))
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,15 @@ class WorkerLoad:
     instance: int
     pid: int
     stats: EngineStats
+    num_open_streams: int = 0  # per-request event queues the worker holds (0 once idle)
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat JSON: role, instance, every EngineStats figure, pid."""
-        return {"role": self.role, "instance": self.instance, **asdict(self.stats), "pid": self.pid}
+        """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid."""
+        return {
+            "role": self.role,
+            "instance": self.instance,
+            **asdict(self.stats),
+            "num_used_blocks": self.stats.num_used_blocks,
+            "num_open_streams": self.num_open_streams,
+            "pid": self.pid,
+        }

@@ -25,14 +25,13 @@ class KVLayoutMsg(_message.Message):
     def __init__(self, model_fingerprint: _Optional[str] = ..., layout: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ...) -> None: ...
 
 class RequestStateMsg(_message.Message):
-    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "params_json", "priority", "generator_state", "max_output_tokens")
+    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "params_json", "priority", "max_output_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
-    GENERATOR_STATE_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -40,9 +39,8 @@ class RequestStateMsg(_message.Message):
     num_computed_tokens: int
     params_json: str
     priority: int
-    generator_state: bytes
     max_output_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., params_json: _Optional[str] = ..., priority: _Optional[int] = ..., generator_state: _Optional[bytes] = ..., max_output_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., params_json: _Optional[str] = ..., priority: _Optional[int] = ..., max_output_tokens: _Optional[int] = ...) -> None: ...
 
 class KVHeaderMsg(_message.Message):
     __slots__ = ("protocol_version", "layout", "state", "shape", "num_bytes", "shm_path")
