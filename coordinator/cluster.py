@@ -42,9 +42,14 @@ from engine.worker.contracts import (
 from prefill_worker.worker import PrefillWorker
 
 log = logging.getLogger(__name__)
+FAULT_INJECTION = "PDSERVE_FAULT_INJECTION"  # "1": workers accept inject_fault (chaos tests)
 _UNCLEAN = (FinishReason.ERROR, FinishReason.ABORT)
 RELEASE_WAIT_S = 2.0  # how long a finished stream waits for its workers to drop the request
 LOAD_TIMEOUT_S = 2.0  # a worker that does not report its load within this is left out (stale)
+
+
+def fault_injection_enabled() -> bool:
+    return os.environ.get(FAULT_INJECTION) == "1"
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
@@ -142,6 +147,9 @@ class Cluster:
             device="cuda" if resources.num_gpus > 0 else self.config.engine.device,
         )
         threads = str(resources.num_threads)
+        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        if fault_injection_enabled():
+            env[FAULT_INJECTION] = "1"
         return (
             ray.remote(cls)
             .options(
@@ -151,12 +159,21 @@ class Cluster:
                 max_restarts=-1,
                 max_task_retries=0,
                 max_concurrency=256,
-                runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}},
+                runtime_env={"env_vars": env},
             )
             .remote(
                 engine, *args, instance=instance, cpu_ids=self._take_cores(resources.num_threads)
             )
         )
+
+    def worker(self, role: str, instance: int) -> Any:
+        """The actor of ``role`` (prefill, decode, colocated) number ``instance``."""
+        pools = {"prefill": self.prefills, "decode": self.decodes, "colocated": self.colocated}
+        if role not in pools:
+            raise ValueError(f"role must be one of {', '.join(pools)}, got {role!r}")
+        if not 0 <= instance < len(pools[role]):
+            raise IndexError(f"instance must be in [0, {len(pools[role])}), got {instance}")
+        return pools[role][instance]
 
     @property
     def actors(self) -> list[Any]:

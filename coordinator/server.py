@@ -1,6 +1,7 @@
 """The coordinator process: the worker cluster plus its HTTP listeners.
 
-Listeners: predict (``/infer`` and friends; HTTPS with ``tls_config``), manage (instance list),
+Listeners: predict (``/infer`` and friends; HTTPS with ``tls_config``), manage (instance list;
+``POST /v1/faults`` too when ``PDSERVE_FAULT_INJECTION=1``: chaos testing),
 status (probes: 503 until every actor is up, then 200), external (``/metrics``). The cluster
 starts in the background so the probes answer from the first second. SIGTERM stops taking new
 requests, lets in-flight ones finish (bounded by ``drain_timeout_s``), then shuts the actors
@@ -19,11 +20,11 @@ from typing import Any
 
 import ray
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from coordinator.api.app import create_predict_app
-from coordinator.cluster import Cluster, init_ray
+from coordinator.cluster import Cluster, fault_injection_enabled, init_ray
 from coordinator.config import CoordinatorConfig
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
@@ -100,6 +101,8 @@ class Coordinator:
 
     def manage_app(self) -> FastAPI:
         app = FastAPI(docs_url=None, redoc_url=None)
+        if fault_injection_enabled():
+            app.add_api_route("/v1/faults", self._inject_fault, methods=["POST"])
 
         @app.get("/v1/instances")
         async def instances() -> JSONResponse:
@@ -112,6 +115,17 @@ class Coordinator:
             )
 
         return app
+
+    async def _inject_fault(self, request: Request) -> JSONResponse:
+        """``{"role": "decode", "instance": 0, "fault": "break_transport", "count": 1}``: the
+        worker's ``inject_fault`` (``docs/kv-handoff.md``); 400 when it refuses."""
+        try:
+            body = await request.json()
+            worker = self.cluster.worker(str(body["role"]), int(body["instance"]))
+            await worker.inject_fault.remote(str(body["fault"]), int(body.get("count", 1)))
+        except (ValueError, KeyError, TypeError, IndexError, ray.exceptions.RayError) as exc:
+            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=400)
+        return JSONResponse({"injected": body})
 
     # ---- lifecycle ---------------------------------------------------------------------------
 

@@ -58,7 +58,10 @@ class CoordinatorProcess:
         return self.process.wait(timeout=timeout_s)
 
 
-def start_coordinator(workdir: Path, config: dict, *args: str) -> CoordinatorProcess:
+def start_coordinator(
+    workdir: Path, config: dict, *args: str, env: dict[str, str] | None = None
+) -> CoordinatorProcess:
+    """A coordinator process on free ports; ``env``: extra environment variables."""
     ports = {
         name: free_port()
         for name in ("predict_port", "manage_port", "status_port", "external_port")
@@ -67,7 +70,7 @@ def start_coordinator(workdir: Path, config: dict, *args: str) -> CoordinatorPro
     path = workdir / "ms_coordinator.json"
     path.write_text(json.dumps(config))
     log_path = workdir / "coordinator.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("RAY_ADDRESS", None)  # its own local Ray, not the test session's
     with open(log_path, "w") as log:
         process = subprocess.Popen(
