@@ -30,6 +30,7 @@ import json
 import random
 import socket
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,9 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.sse import sse_lines  # noqa: E402
 from coordinator.config import load_config
 from coordinator.server import Coordinator
 from engine.embedding_worker import EmbeddingWorker
@@ -85,7 +89,7 @@ async def http_stream(
     parameters = {"max_new_tokens": tokens, "seed": 1, "ignore_eos": True}
     body = {"input_id": prompt, "stream": True, "parameters": parameters}
     async with client.stream("POST", url, json=body) as response:
-        async for line in response.aiter_lines():
+        async for line in sse_lines(response):
             if line.startswith("data: "):
                 json.loads(line[6:])
                 times.append(time.monotonic())

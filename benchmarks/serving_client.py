@@ -19,6 +19,7 @@ import httpx
 
 from benchmarks.serving_metrics import RequestRecord
 from benchmarks.serving_workload import WorkItem
+from benchmarks.sse import sse_lines
 
 APIS = ("infer", "completions", "chat")
 
@@ -62,7 +63,7 @@ async def send(client: httpx.AsyncClient, target: Target, item: WorkItem) -> Req
                 await response.aread()
                 record.error = f"HTTP {response.status_code}: {response.text[:200]}"
                 return record
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response):
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
