@@ -34,7 +34,6 @@ from coordinator.errors import (
     GenerationFailed,
     NoWorkerError,
     RequestTimeout,
-    ServiceError,
     TooManyRequests,
 )
 from coordinator.metrics import Metrics
@@ -236,13 +235,3 @@ def _failure(event: TokenEvent | None) -> tuple[str, str]:
     if event is None:
         return "worker_lost", "the worker stream ended before the request finished"
     return event.cause or "engine_error", event.error or "generation failed"
-
-
-async def first_event(events: AsyncGenerator[TokenEvent, None]) -> TokenEvent:
-    """The first event of a stream about to be answered; on a service error the stream is
-    closed and the error raised, so the caller can still answer with an HTTP status."""
-    try:
-        return await events.__anext__()
-    except ServiceError:
-        await events.aclose()
-        raise

@@ -1,5 +1,10 @@
-"""The predict app: every front door's router, the API-key check, the not-ready answer, and the
-answers to an unknown route or an unexpected failure (MindIE's error body for both).
+"""The predict app: every front door's router, the API-key check, the not-ready answer, the
+disconnect guard, and the answers to an unknown route or an unexpected failure (MindIE's error
+body for both).
+
+A request passes, in order: the not-ready gate (503), the API-key gate (401), the disconnect guard
+(:mod:`~coordinator.api.middleware`: a client that goes away cancels its handler, on every route),
+then its door's handler.
 
 Which doors open depends on what is served: a generating model opens MindIE, OpenAI, TGI and
 Azure chat; an embeddings-only server answers ``/v1/models`` and ``/info`` only; the embedding
@@ -9,7 +14,7 @@ routes open when an embedding model is configured, and MLflow's scoring routes a
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from fastapi import APIRouter, FastAPI, Request
@@ -19,6 +24,7 @@ from coordinator.api import azure, mindie
 from coordinator.api.azure import create_azure_router, create_info_router
 from coordinator.api.common import APIError
 from coordinator.api.embeddings import Embed, create_embeddings_router
+from coordinator.api.middleware import DisconnectGuard, RequestGate
 from coordinator.api.mindie import create_infer_router
 from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
@@ -27,7 +33,6 @@ from coordinator.inference import InferenceService
 from coordinator.served_model import ServedModels
 
 log = logging.getLogger(__name__)
-CallNext = Callable[[Request], Awaitable[Response]]
 GENERATION_DOORS = (
     create_infer_router,
     create_openai_router,
@@ -50,8 +55,9 @@ def create_predict_app(
     for router in create_routers(service, served, embed, body_limit_mb):
         app.include_router(router)
     # the middleware added last runs first: not ready → 503 before the key is even checked
-    app.middleware("http")(partial(require_api_key, keys=set(api_keys)))
-    app.middleware("http")(partial(refuse_until_ready, is_ready=is_ready))
+    app.add_middleware(DisconnectGuard)
+    app.add_middleware(RequestGate, refuse=partial(missing_api_key, keys=set(api_keys)))
+    app.add_middleware(RequestGate, refuse=partial(not_ready, is_ready=is_ready))
     app.add_exception_handler(Exception, internal_error)
     app.add_exception_handler(404, partial(not_found, served=served))
     return app
@@ -84,21 +90,19 @@ def authorized(request: Request, keys: set[str]) -> bool:
     return request.headers.get("api-key") in keys or token in keys
 
 
-async def require_api_key(request: Request, call_next: CallNext, keys: set[str]) -> Response:
+def missing_api_key(request: Request, keys: set[str]) -> Response | None:
     """With ``api_keys`` configured, 401 (Azure's error body) without a valid key."""
     if keys and not authorized(request, keys):
         message = "a valid api-key or Authorization: Bearer key is required"
         return azure.error_response(APIError(401, message, "Unauthorized"))
-    return await call_next(request)
+    return None
 
 
-async def refuse_until_ready(
-    request: Request, call_next: CallNext, is_ready: Callable[[], bool]
-) -> Response:
+def not_ready(request: Request, is_ready: Callable[[], bool]) -> Response | None:
+    """503 (MindIE's error body) while the cluster is starting."""
     if not is_ready():
-        error = APIError(503, "Service Unavailable: the cluster is starting")
-        return mindie.error_response(error)
-    return await call_next(request)
+        return mindie.error_response(APIError(503, "Service Unavailable: the cluster is starting"))
+    return None
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:

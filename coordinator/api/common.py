@@ -4,22 +4,33 @@ its size limit, the one error type they raise, and the two forms of an answer (s
 A refused or failed request is an :class:`APIError`: an HTTP status and a message; each protocol
 shapes its body. A service error carries its own status (:mod:`coordinator.errors`), and
 :meth:`APIError.from_service` is the one place that turns it into an answer.
+
+A generation's life here: the service's events pass through :func:`raising_failures`, so a request
+that ends without completing always reaches a door as a raised :class:`ServiceError`, never as a
+finish. :func:`respond` answers whole (:func:`collect`: every event, then the body, or the error
+status; never partial text) or streamed (:func:`open_stream`: the first event decides between the
+error status and a 200 stream; a failure after it is the door's own last error event). A client
+that goes away cancels the handler (:mod:`~coordinator.api.middleware`); the cancellation closes
+the events, which aborts the request on the workers.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from coordinator.errors import ServiceError
-from coordinator.inference import first_event
+from coordinator.errors import GenerationFailed, ServiceError
 from engine.outputs import TokenEvent
+from engine.request import FinishReason
 
+log = logging.getLogger(__name__)
 Events = AsyncGenerator[TokenEvent, None]
 
 
@@ -64,7 +75,7 @@ class Answer(Protocol):
         """Take an event; True when the answer is complete and the generation should stop."""
         ...
 
-    def stream(self, first: TokenEvent, events: Events) -> AsyncIterator[bytes]:
+    def stream(self, first: TokenEvent, events: Events) -> AsyncGenerator[bytes, None]:
         """The SSE chunks, from the first event on; closes ``events``."""
         ...
 
@@ -82,13 +93,28 @@ def create_router(*routes: Route, prefixes: tuple[str, ...] = ("",)) -> APIRoute
     return router
 
 
+async def read_body(request: Request, body_limit_mb: int) -> bytes:
+    """The body, refused with 413 as soon as ``Content-Length`` or the bytes read so far are over
+    ``body_limit_mb`` (the rest is never read)."""
+    limit = body_limit_mb * 1024 * 1024
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise body_too_large(f"{declared} bytes", body_limit_mb)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise body_too_large(f"more than {limit} bytes", body_limit_mb)
+    return bytes(body)
+
+
+def body_too_large(size: str, body_limit_mb: int) -> APIError:
+    return APIError(413, f"request body of {size} is over the limit of {body_limit_mb} MB")
+
+
 async def read_json(request: Request, body_limit_mb: int) -> Any:
     """The decoded body: 413 over ``body_limit_mb``, 400 when it is not JSON."""
-    body = await request.body()
-    if len(body) > body_limit_mb * 1024 * 1024:
-        raise APIError(
-            413, f"request body of {len(body)} bytes is over the limit of {body_limit_mb} MB"
-        )
+    body = await read_body(request, body_limit_mb)
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -103,23 +129,71 @@ async def read_object(request: Request, body_limit_mb: int) -> dict[str, Any]:
     return body
 
 
+async def raising_failures(events: Events) -> Events:
+    """The service's events, with every way a request can end without completing raised as a
+    :class:`ServiceError`: an ``error`` or ``abort`` finish (the service raises instead, and
+    yields ``abort`` only for a client that is gone: a safeguard), an end without a finished
+    event, or an unexpected exception (logged). Closing this generator closes ``events``."""
+    finished = False
+    try:
+        async for event in events:
+            if event.finish_reason == FinishReason.ERROR:
+                raise GenerationFailed(event.error or "the generation failed")
+            if event.finish_reason == FinishReason.ABORT:
+                raise GenerationFailed("the request was aborted")
+            finished = event.finished
+            yield event
+    except Exception as exc:
+        if isinstance(exc, ServiceError):
+            raise
+        log.exception("request failed in the service")
+        raise GenerationFailed(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        await events.aclose()
+    if not finished:
+        raise GenerationFailed("the generation ended without a finish")
+
+
+class EventStream(StreamingResponse):
+    """An SSE response whose chunks come from an async generator, which is closed however the
+    response ends: finished, or cancelled because the client went away
+    (:mod:`~coordinator.api.middleware` cancels the handler; this response does not listen for
+    the disconnect itself, so nothing but that one cancellation interrupts the closing)."""
+
+    body_iterator: AsyncGenerator[bytes, None]
+
+    def __init__(self, chunks: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(chunks, media_type="text/event-stream")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.stream_response(send)
+        except OSError:  # a server that reports the disconnect on send: the guard cancels us
+            log.debug("the client went away while its stream was sent")
+        finally:
+            await self.body_iterator.aclose()
+
+
 async def open_stream(
     events: Events,
-    chunks: Callable[[TokenEvent, Events], AsyncIterator[bytes]],
+    chunks: Callable[[TokenEvent, Events], AsyncGenerator[bytes, None]],
     on_error: OnError,
 ) -> Response:
     """An SSE response once the first event is there; a service error before it still gets its
     HTTP status (shaped by ``on_error``)."""
+    events = raising_failures(events)
     try:
-        first = await first_event(events)
+        first = await anext(events)
     except ServiceError as exc:
+        await events.aclose()
         return on_error(APIError.from_service(exc))
-    return StreamingResponse(chunks(first, events), media_type="text/event-stream")
+    return EventStream(chunks(first, events))
 
 
 async def collect(events: Events, answer: Answer) -> None:
     """Feed every event to ``answer`` until it is complete (closing the events aborts the rest of
-    the generation). Service errors propagate."""
+    the generation). Service errors, and every unfinished end, propagate as ServiceError."""
+    events = raising_failures(events)
     try:
         async for event in events:
             if answer.add(event):
@@ -130,7 +204,7 @@ async def collect(events: Events, answer: Answer) -> None:
 
 async def respond(events: Events, answer: Answer, stream: bool, on_error: OnError) -> Response:
     """Answer a generation streamed or whole; ``on_error`` shapes a service error that happens
-    before anything was sent."""
+    before anything was sent (a whole answer is never sent with partial text)."""
     if stream:
         return await open_stream(events, answer.stream, on_error)
     try:

@@ -3,15 +3,15 @@
 A request's life: the body is read (413 past ``body_limit``) and validated
 (:mod:`~coordinator.api.mindie_request`: 400 for a wrong shape, 422 naming the parameter), its
 media checked and its text tokenized; the service generates, and the answer is streamed as SSE
-events or collected whole (:mod:`~coordinator.api.mindie_format`). A service error before the
-first byte is answered with its own HTTP status, after it with a final error event. A client that
-goes away while a whole answer is collected aborts the generation.
+events or collected whole (:mod:`~coordinator.api.mindie_format`). A failure before the first byte
+is answered with its own HTTP status, after it with a final error event
+(``finish_reason: "stop_sequence"`` and the error); a whole answer is never sent with partial
+text. A client that goes away aborts the request, streamed or not (the app's disconnect guard
+cancels the handler).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 
 from fastapi import APIRouter, Request
@@ -20,11 +20,10 @@ from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.common import (
     APIError,
-    Events,
     ModelInfo,
     create_router,
-    open_stream,
     read_json,
+    respond,
 )
 from coordinator.api.media import check_media
 from coordinator.api.mindie_format import InferAnswer, error_body, service_error
@@ -35,7 +34,6 @@ from coordinator.api.mindie_request import (
     parse_infer_body,
     parse_tokenizer_body,
 )
-from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from engine.worker.contracts import GenerationRequest
 
@@ -83,9 +81,7 @@ class MindieRoutes:
         events = self.service.generate(
             GenerationRequest(request_id, ids, params, p.priority, p.timeout)
         )
-        if req.stream:
-            return await open_stream(events, answer.stream, service_error_response)
-        return await _whole(request, events, answer)
+        return await respond(events, answer, req.stream, service_error_response)
 
     async def _prompt_ids(self, req: InferRequest) -> list[int]:
         self._check_media(req)
@@ -128,34 +124,3 @@ def create_infer_router(
         ("POST", "/infer_token", routes.infer_token),
         ("POST", "/v1/tokenizer", routes.tokenizer),
     )
-
-
-async def _whole(request: Request, events: Events, answer: InferAnswer) -> Response:
-    """Collect the answer; a client that disconnects meanwhile aborts the request (499)."""
-    task = asyncio.ensure_future(_collect(events, answer))
-    try:
-        if not await _done_unless_gone(request, task):
-            return Response(status_code=499)
-        task.result()
-    except ServiceError as exc:
-        return service_error_response(APIError.from_service(exc))
-    finally:
-        await events.aclose()
-    return JSONResponse(answer.text_body())
-
-
-async def _collect(events: Events, answer: InferAnswer) -> None:
-    async for event in events:
-        answer.add(event, time.monotonic())
-
-
-async def _done_unless_gone(request: Request, task: asyncio.Future) -> bool:
-    """Wait for ``task``; if the client goes away first, cancel it and say False."""
-    while not task.done():
-        await asyncio.wait({task}, timeout=0.5)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            return False
-    return True

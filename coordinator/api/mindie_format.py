@@ -1,11 +1,15 @@
 """MindIE ``/infer`` response shapes: the text answer, the SSE events and the error body
-``{"error", "error_type"}`` (see ``docs/api.md``)."""
+``{"error", "error_type"}`` (see ``docs/api.md``).
+
+A stream that fails after its first event ends with one last event like a normal last one, but
+with ``details.finish_reason`` ``stop_sequence`` (``details`` is there even when not asked for),
+an empty ``generated_text``, ``token`` null, and the failure in ``error`` and ``error_type``."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,13 +18,12 @@ from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 
-FINISH_REASONS = {
+FINISH_REASONS = {  # the normal finishes; a failure is raised, never a finish
     FinishReason.EOS: "eos_token",
     FinishReason.LENGTH: "length",
     FinishReason.STOP: "stop_sequence",
-    FinishReason.ABORT: "stop_sequence",
-    FinishReason.ERROR: "stop_sequence",
 }
+FAILED = "stop_sequence"  # the finish_reason of the error event that ends a failed stream
 ERROR_TYPES = {
     400: "Bad Request",
     404: "NotFoundError",
@@ -76,13 +79,21 @@ class InferAnswer:
     def details_body(self) -> dict[str, Any] | None:
         if not self.details:
             return None
+        return self._details(self.finish_reason)
+
+    def _details(self, finish_reason: str | None) -> dict[str, Any]:
         return {
-            "finish_reason": self.finish_reason,
+            "finish_reason": finish_reason,
             "generated_tokens": self.num_tokens,
             "seed": self.seed,
         }
 
-    def add(self, event: TokenEvent, now: float) -> dict[str, Any] | None:
+    def add(self, event: TokenEvent) -> bool:
+        """Take one event of a whole answer (never complete before its finished event)."""
+        self.payload(event, time.monotonic())
+        return False
+
+    def payload(self, event: TokenEvent, now: float) -> dict[str, Any] | None:
         """Take one event; return the SSE payload for it (None for an event with no token)."""
         self.text += event.text
         if event.finish_reason is not None:
@@ -109,21 +120,32 @@ class InferAnswer:
             "token": {"id": event.token_id, "text": piece},
         }
 
-    def text_body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"generated_text": self.text}
         if self.details:
             body["details"] = self.details_body()
         return body
 
-    async def stream(self, first: TokenEvent, events: Events) -> AsyncIterator[bytes]:
-        """SSE events; an error after the headers went out becomes a final error event."""
+    def failure_payload(self, error: APIError) -> dict[str, Any]:
+        """The last event of a stream that failed after it began."""
+        return {
+            "prefill_time": None,
+            "decode_time": None,
+            "generated_text": "",
+            "details": self._details(FAILED),
+            "token": None,
+            **error_body(error),
+        }
+
+    async def stream(self, first: TokenEvent, events: Events) -> AsyncGenerator[bytes, None]:
+        """SSE events; a failure after the headers went out becomes a final error event."""
         try:
             async for event in _chain(first, events):
-                payload = self.add(event, time.monotonic())
+                payload = self.payload(event, time.monotonic())
                 if payload is not None:
                     yield sse(payload)
         except ServiceError as exc:
-            yield sse(error_body(service_error(APIError.from_service(exc))))
+            yield sse(self.failure_payload(service_error(APIError.from_service(exc))))
         finally:
             await events.aclose()
 

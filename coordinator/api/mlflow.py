@@ -3,8 +3,10 @@
 The served task is the MLflow model's ``inference_task`` (``llm/v1/chat`` for any other model).
 A request's life: the body is read and parsed into rows and settings
 (:mod:`~coordinator.api.mlflow_inputs`); chat and completions rows are generated concurrently
-through the cluster and answered with OpenAI's shapes (:mod:`~coordinator.api.openai_format`);
-embeddings go to the embedding worker in one call. Answers are MLflow's: a list of
+through the cluster, as the tasks of one task group, and answered with OpenAI's shapes
+(:mod:`~coordinator.api.openai_format`): the first row that fails cancels the others and its error
+answers the request (never a partial prediction), and a client that goes away cancels them all.
+Embeddings go to the embedding worker in one call. Answers are MLflow's: a list of
 ``chat.completion`` / ``text_completion`` objects, or one ``{object: "list", data, usage}`` for
 embeddings; wrapped in ``{"predictions": ...}`` unless the body was the unified LLM body. Errors
 are ``{"error_code", "message"}``.
@@ -75,7 +77,12 @@ class MlflowScorer:
         _, model = self._generation()
         settings = merged_settings(self.model_config, scoring.settings)
         params = generation_params(settings, self.task, model.vocab_size, self.saved_keys)
-        return list(await asyncio.gather(*(self._generate(i, params) for i in scoring.inputs)))
+        try:
+            async with asyncio.TaskGroup() as rows:
+                answers = [rows.create_task(self._generate(i, params)) for i in scoring.inputs]
+        except BaseExceptionGroup as failed:  # the other rows were cancelled
+            raise failed.exceptions[0] from None
+        return [answer.result() for answer in answers]
 
     async def _generate(self, value: Any, params: Any) -> dict[str, Any]:
         service, model = self._generation()

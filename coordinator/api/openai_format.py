@@ -4,8 +4,9 @@
 
 Streams are ``data: {json}\\n\\n`` chunks ending with ``data: [DONE]\\n\\n``; the last content
 chunk carries ``finish_reason`` and ``usage``. A content-filtered output is cut before the match
-and ends with ``finish_reason: "content_filter"``; a service error after the first chunk is a
-final ``data: {"error": ...}`` chunk, with no ``[DONE]``.
+and ends with ``finish_reason: "content_filter"``. A request that fails after the first chunk
+ends with one ``data: {"error": {"message", "type", "param", "code"}}`` chunk and the stream
+closes: no ``finish_reason`` chunk, no ``[DONE]`` (the ``openai`` client raises on it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -24,12 +25,10 @@ from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 
-FINISH = {
+FINISH = {  # the normal finishes; a failure is raised, never a finish (common.raising_failures)
     FinishReason.EOS: "stop",
     FinishReason.STOP: "stop",
     FinishReason.LENGTH: "length",
-    FinishReason.ABORT: "stop",
-    FinishReason.ERROR: "stop",
 }
 DONE = b"data: [DONE]\n\n"
 
@@ -143,7 +142,7 @@ class Completion:
             payload["usage"] = self.usage
         return _data(payload)
 
-    async def stream(self, first: TokenEvent, events: Events) -> AsyncIterator[bytes]:
+    async def stream(self, first: TokenEvent, events: Events) -> AsyncGenerator[bytes, None]:
         """The chunks from ``first`` on; text is checked by the filter before it is sent."""
         try:
             if self.kind == "chat":

@@ -4,14 +4,16 @@
 TGI's parameters are a subset of MindIE's and are validated the same way
 (:mod:`~coordinator.api.mindie_request`), plus ``stop``. Errors:
 ``{"error": msg, "error_type": "validation" | "overloaded" | "generation"}`` (TGI's lowercase
-values), 422 for invalid parameters; a service error after the stream began is a final
-``generation`` error event.
+values), 422 for invalid parameters. A failure before the first byte is answered with its own
+status; after it, the stream ends with one ``data:{"error", "error_type"}`` event (the error type
+as the status would have had), never with a finished token event; a whole answer is never sent
+with partial text.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -33,12 +35,10 @@ from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.worker.contracts import GenerationRequest
 
-FINISH = {
+FINISH = {  # the normal finishes; a failure is raised, never a finish
     FinishReason.EOS: "eos_token",
     FinishReason.LENGTH: "length",
     FinishReason.STOP: "stop_sequence",
-    FinishReason.ABORT: "stop_sequence",
-    FinishReason.ERROR: "stop_sequence",
 }
 PARAMETERS = frozenset(
     {
@@ -65,9 +65,18 @@ def validation_error(error: APIError) -> JSONResponse:
     return tgi_error(error.status, error.message, "validation")
 
 
+def service_error_kind(status: int) -> str:
+    return "overloaded" if status in OVERLOADED else "generation"
+
+
 def service_error_response(error: APIError) -> JSONResponse:
-    kind = "overloaded" if error.status in OVERLOADED else "generation"
-    return tgi_error(error.status, error.message, kind)
+    return tgi_error(error.status, error.message, service_error_kind(error.status))
+
+
+def stream_error(exc: ServiceError) -> bytes:
+    """The event that ends a stream a failure broke."""
+    error = {"error": str(exc), "error_type": service_error_kind(exc.status)}
+    return b"data:" + json.dumps(error, ensure_ascii=False).encode() + b"\n\n"
 
 
 def parse_tgi_body(body: Any) -> tuple[InferRequest, tuple[str, ...]]:
@@ -132,7 +141,7 @@ class TgiAnswer:
             "seed": self.seed,
         }
 
-    async def stream(self, first: TokenEvent, events: Events) -> AsyncIterator[bytes]:
+    async def stream(self, first: TokenEvent, events: Events) -> AsyncGenerator[bytes, None]:
         try:
             event = first
             while True:
@@ -143,8 +152,7 @@ class TgiAnswer:
                     break
                 event = await events.__anext__()
         except ServiceError as exc:
-            error = {"error": str(exc), "error_type": "generation"}
-            yield b"data:" + json.dumps(error).encode() + b"\n\n"
+            yield stream_error(exc)
         finally:
             await events.aclose()
 
