@@ -3,8 +3,12 @@
 Engine thread only: the decode worker reaches it through ``EngineLoop.call`` and from its event
 callback, so it needs no lock. ``grant`` runs when a hand-off arrives and whenever blocks may have
 been freed: it reserves blocks for waiters in order and stops at the first that does not fit, so
-a priority-1 hand-off is never overtaken by a later or lower-priority one. Each waiter's answer
-(a future) is None once granted, else the reason it was refused.
+a priority-1 hand-off is never overtaken by a later or lower-priority one.
+
+Each waiter's answer is a future its ``reserve`` call waits on: None once granted, else the reason
+it was refused. The caller may give up first (``answer.cancel()``, when the engine thread did not
+answer in time); the future's own protocol (``set_running_or_notify_cancel``) decides who was
+first, and a waiter given up on is dropped, its blocks freed if they were just reserved.
 """
 
 from __future__ import annotations
@@ -36,17 +40,21 @@ class ReservationQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, engine: LLMEngine, request: GenerationRequest) -> Future[str | None]:
-        """Queue a hand-off and serve the queue; the future answers it."""
-        waiter = Waiter(request.priority, next(self._seq), request)
-        heapq.heappush(self._heap, waiter)
+    def add(self, engine: LLMEngine, request: GenerationRequest, answer: Future) -> None:
+        """Queue a hand-off, answered through ``answer``, and serve the queue."""
+        if answer.cancelled():  # its caller gave up before we got here
+            return
+        heapq.heappush(self._heap, Waiter(request.priority, next(self._seq), request, answer))
         self.grant(engine)
-        return waiter.answer
 
     def grant(self, engine: LLMEngine) -> None:
         """Reserve blocks for waiters in order while they fit."""
         while self._heap:
-            request = self._heap[0].request
+            waiter = self._heap[0]
+            if waiter.answer.cancelled():
+                heapq.heappop(self._heap)
+                continue
+            request = waiter.request
             try:
                 reserved = engine.reserve_import(
                     request.request_id,
@@ -54,25 +62,28 @@ class ReservationQueue:
                     request.params,
                     request.priority,
                     self.timeout_s,
+                    output_token_ids=request.output_token_ids,
                 )
                 if reserved is None:
                     return
                 refusal = None
             except RequestRejectedError as exc:  # e.g. the request id is already in use
                 refusal = str(exc)
-            heapq.heappop(self._heap).answer.set_result(refusal)
+            heapq.heappop(self._heap)
+            if not _answer(waiter, refusal) and refusal is None:
+                engine.abort(request.request_id)  # given up on just now: free its blocks
 
     def withdraw(self, engine: LLMEngine, request_id: str) -> None:
         """A waiter waited long enough: refuse it, saying why (unless answered meanwhile)."""
         waiter = self._remove(request_id)
         if waiter is not None:
-            waiter.answer.set_result(engine.reservation_refusal(waiter.request.num_prompt_tokens))
+            _answer(waiter, engine.reservation_refusal(waiter.request.num_tokens))
 
     def cancel(self, request_id: str) -> bool:
         """Abort a waiting hand-off: refused at once."""
         waiter = self._remove(request_id)
         if waiter is not None:
-            waiter.answer.set_result("aborted while waiting for KV blocks")
+            _answer(waiter, "aborted while waiting for KV blocks")
         return waiter is not None
 
     def _remove(self, request_id: str) -> Waiter | None:
@@ -82,3 +93,11 @@ class ReservationQueue:
                 heapq.heapify(self._heap)
                 return waiter
         return None
+
+
+def _answer(waiter: Waiter, refusal: str | None) -> bool:
+    """Answer ``waiter``; False if its caller gave up on it already."""
+    if not waiter.answer.set_running_or_notify_cancel():
+        return False
+    waiter.answer.set_result(refusal)
+    return True

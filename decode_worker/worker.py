@@ -3,15 +3,16 @@
 Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
 1. ``reserve`` takes the :class:`GenerationRequest` and opens its event stream. On the engine
    thread the request becomes RESERVED: blocks for its prompt set aside, with a deadline
-   ``reservation_timeout_s`` away. On a full cache it waits up to ``wait_s`` among other
-   hand-offs, served by (priority, arrival) (``reservations.py``), else it is refused with the
-   reason, worked out on the engine thread. The :class:`Reservation` names this worker's KV
-   endpoint for the prefill worker to push to.
+   ``reservation_timeout_s`` away. On a full cache it waits among other hand-offs, served by
+   (priority, arrival) (``reservations.py``), else it is refused with the reason, worked out on
+   the engine thread; ``reserve`` returns within its ``wait_s`` whatever the engine thread is
+   doing. The :class:`Reservation` names this worker's KV endpoint for the prefill worker.
 2. The transport's receiver thread checks the header's layout (model, dtype, block size, shape)
    against ours. When the pages arrive it takes the reservation (RECEIVING; checked against the
    layout, the block count and the shape) and writes the pages into its blocks right there, then
    acknowledges, so the prefill side may free its copy. (Waiting for the engine thread first would
-   cost each hand-off a whole decode step.)
+   cost each hand-off a whole decode step.) A transfer that breaks after its header ends the
+   reservation at once, with the error.
 3. Between two steps the engine thread starts the request decoding (RUNNING) with everything else
    running; each token is streamed by ``stream``.
 4. It ends on EOS, a stop string or its output limit (``docs/token-accounting.md``), or on
@@ -19,11 +20,19 @@ Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
    finish path: on ``abort``, or when its deadline passes with no pages (the error "KV pages did
    not arrive within N s"). One that ends while its pages are being written keeps its blocks
    until the write is over.
+The request's event queue goes with the stream that reads it, or with ``abort``, or, ended and
+never streamed, after ``reservation_timeout_s`` more (``engine/worker/runtime.py``).
+
+Chaos tests break transfers on purpose with ``inject_fault`` (``docs/kv-handoff.md``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 from decode_worker.reservations import ReservationQueue
@@ -31,11 +40,15 @@ from engine.config import EngineConfig, KVTransferConfig
 from engine.errors import KVImportError
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
-from engine.request import Request
+from engine.request import Request, RequestStatus
 from engine.transfer import create_receiver
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 from engine.worker.contracts import GenerationRequest, Reservation
 from engine.worker.runtime import WorkerRuntime
+
+FAULT_INJECTION_ENV = "PDSERVE_FAULT_INJECTION"
+FAULTS = ("break_transport",)
+SETTLE_S = 0.1  # kept of reserve's wait_s for the engine thread to say why it refuses
 
 
 def kv_bind_address(host: str) -> str:
@@ -54,28 +67,49 @@ class DecodeWorker(WorkerRuntime):
     def __init__(self, config: EngineConfig, transfer: KVTransferConfig, **runtime: Any) -> None:
         """``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
         super().__init__(config, **runtime)
+        self.unclaimed_grace_s = transfer.reservation_timeout_s
         self._waiting = ReservationQueue(transfer.reservation_timeout_s)
-        host = kv_bind_address(transfer.host)
-        self.receiver = create_receiver(transfer.transport, self._on_transfer, host)
+        self.receiver = create_receiver(
+            transfer.transport,
+            self._on_transfer,
+            kv_bind_address(transfer.host),
+            on_broken=self._on_broken,
+            stream_timeout_s=transfer.transfer_timeout_s,
+        )
 
     def endpoint(self) -> str:
         return self.receiver.endpoint
 
     def reserve(self, request: GenerationRequest, wait_s: float = 5.0) -> Reservation:
-        """Set blocks aside for an incoming hand-off and open its stream. Waits up to ``wait_s``
-        for room; waiting hand-offs are served by priority, then arrival."""
+        """Set blocks aside for an incoming hand-off and open its stream. Waits for room, among
+        waiting hand-offs served by priority then arrival; returns within ``wait_s``."""
         request_id = request.request_id
         self._open(request_id)
-        answer = self.loop.call(lambda e: self._waiting.add(e, request)).result()
         try:
-            refusal = answer.result(timeout=wait_s)
-        except TimeoutError:
-            self.loop.call(lambda e: self._waiting.withdraw(e, request_id)).result()
-            refusal = answer.result()
+            refusal = self._wait_for_blocks(request, max(wait_s, 0.0))
+        except BaseException:
+            self._close(request_id)
+            raise
         if refusal is not None:
             self._close(request_id)
             return Reservation.refused(refusal)
         return Reservation(True, self.receiver.endpoint)
+
+    def _wait_for_blocks(self, request: GenerationRequest, wait_s: float) -> str | None:
+        """None once blocks are reserved, else why not, within ``wait_s`` (the last
+        ``SETTLE_S`` of it for the engine thread to say why)."""
+        deadline = time.monotonic() + wait_s
+        answer: Future[str | None] = Future()
+        added = self.loop.call(lambda e: self._waiting.add(e, request, answer))
+        with contextlib.suppress(TimeoutError):
+            return answer.result(timeout=_left(deadline - min(SETTLE_S, wait_s / 2)))
+        self.loop.call(lambda e: self._waiting.withdraw(e, request.request_id))
+        with contextlib.suppress(TimeoutError):
+            return answer.result(timeout=_left(deadline))
+        if answer.cancel():  # the engine thread is busy: it drops the waiter when it gets to it
+            added.cancel()  # or never even queues it
+            return f"decode worker busy: no answer within {wait_s:.1f} s"
+        return answer.result()  # being answered this instant
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         super()._dispatch(events)
@@ -84,10 +118,12 @@ class DecodeWorker(WorkerRuntime):
 
     def stream(self, request_id: str) -> Iterator[TokenEvent]:
         """Token events of a reserved request, up to its finish."""
-        with self._lock:
-            q = self._queues.get(request_id)
+        q = self._claim(request_id)
         if q is None:
-            unknown = f"request {request_id!r} is unknown to decode worker {self.instance}"
+            unknown = (
+                f"request {request_id!r} is unknown to decode worker {self.instance} "
+                "(ended and dropped, or streamed already)"
+            )
             yield TokenEvent.failure(request_id, unknown)
             return
         yield from self._drain(request_id, q)
@@ -96,11 +132,24 @@ class DecodeWorker(WorkerRuntime):
         def abort(engine: LLMEngine) -> bool:
             return self._waiting.cancel(request_id) or engine.abort(request_id)
 
-        return self.loop.call(abort).result()
+        aborted = self.loop.call(abort).result()
+        self._close(request_id)  # a stream in progress ends on the abort's event instead
+        return aborted
 
-    def _close(self, request_id: str) -> None:
-        with self._lock:
-            self._queues.pop(request_id, None)
+    def inject_fault(self, kind: str, count: int = 1) -> int:
+        """Chaos tests only, with ``PDSERVE_FAULT_INJECTION=1`` in this worker's environment:
+        ``break_transport`` breaks the next ``count`` incoming transfers mid-stream (see
+        ``docs/kv-handoff.md``). Returns how many breaks are pending."""
+        if os.environ.get(FAULT_INJECTION_ENV) != "1":
+            raise RuntimeError(
+                f"fault injection is off: set {FAULT_INJECTION_ENV}=1 in the decode worker's "
+                "environment"
+            )
+        if kind not in FAULTS:
+            raise ValueError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        return self.receiver.break_next(count)
 
     def _on_transfer(self, item: KVLayout | KVPayload) -> str | None:
         """Transport thread: the handshake (a layout), then the pages (a payload), written into
@@ -117,8 +166,22 @@ class DecodeWorker(WorkerRuntime):
         self.loop.call(lambda e: self._install(e, request, state, error))
         return error
 
+    def _on_broken(self, request_id: str, error: str) -> None:
+        """Transport thread: a transfer broke after its header; its pages will not come."""
+
+        def end(engine: LLMEngine) -> None:
+            request = engine.requests.get(request_id)
+            if request is not None and request.status == RequestStatus.RESERVED:
+                engine.abort(request_id, f"KV transfer broke: {error}")
+
+        self.loop.call(end)
+
     def _install(
         self, engine: LLMEngine, request: Request, state: HandoffState, error: str | None
     ) -> None:
         engine.finish_receive(request, state, error)
         self._waiting.grant(engine)  # the blocks of one aborted meanwhile were freed just now
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.0)

@@ -5,8 +5,12 @@ which runs a function on the engine thread between two steps; so the engine itse
 locks. The one exception is a hand-off's pages: a transport thread writes them into their
 reserved blocks itself (``LLMEngine.take_reservation`` / ``write_pages``), so that a decode step
 in progress does not delay them. Events of every step go to ``on_events``, also on the engine
-thread. Between two steps (or every 50 ms when idle) the loop also ends reservations past their
-deadline.
+thread. Every ``HOUSEKEEPING_PERIOD_S`` (between two steps, or while idle) the loop also ends
+reservations past their deadline and runs ``on_housekeeping`` (the worker's own clean-up); each
+costs a pass over the requests, so not every step pays it.
+
+A caller that stops waiting may ``cancel`` the future of a call that has not started: it never
+runs. An error in a callback is logged; the engine thread goes on.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
@@ -23,12 +28,20 @@ from engine.outputs import TokenEvent
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+HOUSEKEEPING_PERIOD_S = 0.25
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, on_events: Callable[[list[TokenEvent]], None]) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_events: Callable[[list[TokenEvent]], None],
+        on_housekeeping: Callable[[], None] | None = None,
+    ) -> None:
         self.engine = engine
         self._on_events = on_events
+        self._on_housekeeping = on_housekeeping
+        self._next_housekeeping = 0.0
         self._commands: queue.Queue[tuple[Callable[[LLMEngine], object], Future]] = queue.Queue()
         self._stopped = threading.Event()
         self.num_steps = 0
@@ -52,10 +65,11 @@ class EngineLoop:
         except queue.Empty:
             return
         while True:
-            try:
-                future.set_result(fn(self.engine))
-            except Exception as exc:  # the caller sees it through the future
-                future.set_exception(exc)
+            if future.set_running_or_notify_cancel():  # else its caller gave up: skip it
+                try:
+                    future.set_result(fn(self.engine))
+                except Exception as exc:  # the caller sees it through the future
+                    future.set_exception(exc)
             try:
                 fn, future = self._commands.get_nowait()
             except queue.Empty:
@@ -64,7 +78,7 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopped.is_set():
             self._run_commands(block=not self.engine.has_work())
-            self.engine.expire_reservations()
+            self._housekeeping()
             if not self.engine.has_work():
                 continue
             try:
@@ -74,7 +88,25 @@ class EngineLoop:
                 log.exception("engine step failed; aborting its requests")
                 events = self._abort_all("engine step failed")
             if events:
-                self._on_events(events)
+                self._emit(events)
+
+    def _emit(self, events: list[TokenEvent]) -> None:
+        try:
+            self._on_events(events)
+        except Exception:
+            log.exception("event callback failed")
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + HOUSEKEEPING_PERIOD_S
+        try:
+            self.engine.expire_reservations(now)
+            if self._on_housekeeping is not None:
+                self._on_housekeeping()
+        except Exception:
+            log.exception("housekeeping failed")
 
     def _abort_all(self, error: str) -> list[TokenEvent]:
         for request_id in list(self.engine.requests):

@@ -9,8 +9,9 @@ Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
    string, a limit of one token) ends here: no hand-off.
 3. Otherwise the engine holds its blocks; the pages are exported on the engine thread and sent by
    a transfer thread to the decode worker's endpoint.
-4. On the decode worker's acknowledgement, or on a refusal, an error or ``transfer_timeout_s``,
-   the stream ends with a :class:`HandoffResult` and the blocks are freed (between two engine
+4. On the decode worker's acknowledgement, or on a refusal, any error (of the transport, the
+   codec, or anything else) or ``transfer_timeout_s``, the stream ends with a
+   :class:`HandoffResult` (failed ones say why) and the blocks are freed (between two engine
    steps, so the result never waits for a long prefill step).
 ``abort`` frees the request wherever it is; a transfer already on the wire finishes or fails on
 its own, and its blocks are not held for it.
@@ -79,22 +80,38 @@ class PrefillWorker(WorkerRuntime):
                     HandoffResult(event.request_id, ok=False, error="ended before the hand-off"),
                 )
                 continue
-            payload = self.engine.export_kv(event.request_id, target.max_output_tokens)
-            self._senders.submit(self._send, target.endpoint, payload)
+            try:
+                payload = self.engine.export_kv(event.request_id, target.max_output_tokens)
+                deadline = time.monotonic() + self.transfer_timeout_s
+                self._senders.submit(self._send, target.endpoint, payload, deadline)
+            except Exception as exc:
+                self._put(event.request_id, _failed(event.request_id, target.endpoint, exc))
+                self.engine.release(event.request_id)
 
-    def _send(self, endpoint: str, payload: KVPayload) -> None:
+    def _send(self, endpoint: str, payload: KVPayload, deadline: float) -> None:
+        """Sender thread: push the pages by ``deadline`` (``transfer_timeout_s`` after the
+        export, time waiting for this thread included); whatever happens, post the result and
+        free the blocks."""
         request_id = payload.state.request_id
         start = time.monotonic()
         try:
-            self.sender.send(endpoint, payload, self.transfer_timeout_s)
+            if deadline <= start:
+                raise KVTransferError(f"no sender free within {self.transfer_timeout_s:.1f} s")
+            self.sender.send(endpoint, payload, deadline - start)
             result = HandoffResult(
                 request_id, True, None, payload.num_bytes, time.monotonic() - start
             )
             self.num_transferred_bytes += payload.num_bytes
-        except (KVTransferError, OSError) as exc:
-            log.warning("request %s: KV hand-off to %s failed: %s", request_id, endpoint, exc)
-            result = HandoffResult(request_id, False, f"KV hand-off failed: {exc}")
+        except Exception as exc:
+            result = _failed(request_id, endpoint, exc)
         # The result first: the caller switches to the decode worker's stream at once, instead
         # of waiting for the engine thread to finish its current (maybe long) prefill step.
         self._put(request_id, result)
-        self.loop.call(lambda e: e.release(request_id)).result()
+        self.loop.call(lambda e: e.release(request_id))
+
+
+def _failed(request_id: str, endpoint: str, exc: Exception) -> HandoffResult:
+    """The result of a hand-off that failed with ``exc``, saying why."""
+    reason = str(exc) if isinstance(exc, KVTransferError) else f"{type(exc).__name__}: {exc}"
+    log.warning("request %s: KV hand-off to %s failed: %s", request_id, endpoint, reason)
+    return HandoffResult(request_id, False, f"KV hand-off failed: {reason}")

@@ -6,6 +6,11 @@ one multipart message per request: a header frame and one page frame sent zero-c
 exported buffer, received into a reused buffer. ``grpc``: client streaming of 4 MiB chunks.
 ``inprocess``: a direct call, for unit tests of engines in one process.
 
+A receiver serves its transfers within ``stream_timeout_s`` each (gRPC cuts longer pushes; a ZMQ
+message is whole or absent) and tells ``on_broken`` about transfers that broke after their
+header. A sender keeps one connection per endpoint in use, closed when a transfer over it breaks
+or when it stays unused (``endpoints.py``).
+
 Senders and receivers count the payloads installed by the path their pages took
 (``payloads_by_path``: ``shared_memory``, ``frames``, ``chunks`` or ``direct``).
 """
@@ -20,6 +25,8 @@ from engine.transfer.base import (
     SHARED_MEMORY,
     BaseKVReceiver,
     BaseKVSender,
+    BrokenHandler,
+    KVRefusedError,
     KVTransferError,
     PayloadHandler,
 )
@@ -27,20 +34,29 @@ from engine.transfer.base import (
 TRANSPORTS = ("zmq", "grpc", "inprocess")
 
 
-def create_receiver(name: str, handler: PayloadHandler, host: str = "127.0.0.1") -> BaseKVReceiver:
-    """Start a receiver that calls ``handler`` for every payload and answers with its result."""
+def create_receiver(
+    name: str,
+    handler: PayloadHandler,
+    host: str = "127.0.0.1",
+    *,
+    on_broken: BrokenHandler | None = None,
+    stream_timeout_s: float = 10.0,
+) -> BaseKVReceiver:
+    """Start a receiver that calls ``handler`` for every payload and answers with its result,
+    and ``on_broken`` (request id, why) for a transfer that broke after its header. A gRPC push
+    still unfinished after ``stream_timeout_s`` is cut (use the senders' transfer timeout)."""
     if name == "zmq":
         from engine.transfer.zmq_transport import ZmqKVReceiver
 
-        return ZmqKVReceiver(handler, host)
+        return ZmqKVReceiver(handler, host, on_broken)
     if name == "grpc":
         from engine.transfer.grpc_transport import GrpcKVReceiver
 
-        return GrpcKVReceiver(handler, host)
+        return GrpcKVReceiver(handler, host, on_broken, stream_timeout_s)
     if name == "inprocess":
         from engine.transfer.inprocess import InProcessKVReceiver
 
-        return InProcessKVReceiver(handler)
+        return InProcessKVReceiver(handler, on_broken)
     raise ValueError(f"kv_transport must be one of {', '.join(TRANSPORTS)}; got {name!r}")
 
 
@@ -71,6 +87,8 @@ __all__ = [
     "TRANSPORTS",
     "BaseKVReceiver",
     "BaseKVSender",
+    "BrokenHandler",
+    "KVRefusedError",
     "KVTransferError",
     "PayloadHandler",
     "create_receiver",

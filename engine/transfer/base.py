@@ -2,11 +2,17 @@
 returns when the receiver answered; a receiver hands each payload to its handler, whose
 ``None`` (installed) or error text (refused) goes back as the acknowledgement.
 
+A receiver that learns a transfer broke after its header (the stream was cut, or fault
+injection broke it) tells its ``on_broken`` callback which request it was, so that the request's
+reservation can be freed at once. Fault injection itself (``break_next``) is for chaos tests: the
+receiver breaks its next transfers the way a network break looks to the sender.
+
 Both sides count the payloads installed by the path their pages took (``PATHS``), for tests and
 metrics to tell which path a transport actually used."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -14,9 +20,13 @@ from collections.abc import Callable
 
 from engine.transfer.payload import KVLayout, KVPayload
 
+log = logging.getLogger(__name__)
+
 # Called on the receiver with the header's layout first (the handshake), then with the payload.
 # Each returns None to accept or an error message to refuse.
 PayloadHandler = Callable[[KVLayout | KVPayload], str | None]
+# Called on the receiver with (request id, why) when a transfer broke after its header.
+BrokenHandler = Callable[[str, str], None]
 
 SHARED_MEMORY = "shared_memory"  # zmq, one host: a /dev/shm file; only the header on the socket
 FRAMES = "frames"  # zmq: the pages as one frame of the message
@@ -24,9 +34,15 @@ CHUNKS = "chunks"  # grpc: the pages streamed in 4 MiB chunks
 DIRECT = "direct"  # inprocess: a function call
 PATHS = (SHARED_MEMORY, FRAMES, CHUNKS, DIRECT)
 
+INJECTED_BREAK = "transport broken by fault injection"
+
 
 class KVTransferError(Exception):
     """The hand-off did not complete: refused by the receiver, timed out or connection lost."""
+
+
+class KVRefusedError(KVTransferError):
+    """The receiver answered, refusing the pages: the connection itself is sound."""
 
 
 class PathCounts:
@@ -45,13 +61,40 @@ class PathCounts:
             return dict(self._counts)
 
 
+class TransferBreaker:
+    """How many of the next incoming transfers to break (fault injection; thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = 0
+
+    def arm(self, count: int) -> int:
+        """Break ``count`` more transfers; returns how many are now pending."""
+        with self._lock:
+            self._pending += count
+            return self._pending
+
+    def take(self) -> bool:
+        """Whether to break the transfer at hand (counts it)."""
+        with self._lock:
+            if self._pending == 0:
+                return False
+            self._pending -= 1
+            return True
+
+
 class BaseKVSender(ABC):
     def __init__(self) -> None:
         self.payloads_by_path = PathCounts()  # acknowledged as installed
 
     @abstractmethod
     def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
-        """Deliver ``payload``; raise :class:`KVTransferError` unless the receiver installed it."""
+        """Deliver ``payload`` within ``timeout`` seconds; raise :class:`KVTransferError` unless
+        the receiver installed it (:class:`KVRefusedError` when the receiver refused it)."""
+
+    def num_connections(self) -> int:
+        """Endpoints this sender holds a socket or channel for."""
+        return 0
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release sockets and channels."""
@@ -60,8 +103,24 @@ class BaseKVSender(ABC):
 class BaseKVReceiver(ABC):
     endpoint: str
 
-    def __init__(self) -> None:
+    def __init__(self, on_broken: BrokenHandler | None = None) -> None:
         self.payloads_by_path = PathCounts()  # accepted by the handler
+        self.breaker = TransferBreaker()
+        self._on_broken = on_broken
+
+    def break_next(self, count: int) -> int:
+        """Fault injection: break the next ``count`` incoming transfers mid-stream, as a network
+        break would (see the transport). Returns how many breaks are pending."""
+        return self.breaker.arm(count)
+
+    def report_broken(self, request_id: str, error: str) -> None:
+        """Tell ``on_broken`` that ``request_id``'s transfer broke after its header."""
+        if self._on_broken is None or not request_id:
+            return
+        try:
+            self._on_broken(request_id, error)
+        except Exception:  # the receiver thread must go on serving
+            log.exception("on_broken failed for request %s", request_id)
 
     @abstractmethod
     def close(self) -> None:

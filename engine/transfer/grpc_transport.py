@@ -3,23 +3,37 @@
 The first chunk carries the header; the receiver checks its layout before reading further and
 answers a mismatch at once. Chunks are copied into a per-thread reused buffer. Both sides count
 each installed payload under ``CHUNKS``.
+
+The receiver serves at most ``MAX_CONCURRENT_PUSHES`` pushes at once; one more is refused at
+once with RESOURCE_EXHAUSTED, and the sender tries again (with a short back-off) until its
+deadline. A push may last at most ``stream_timeout_s`` on the receiver (the transfer timeout):
+then it is cut, so idle or stalled clients cannot hold the receiver's threads. The sender's
+deadline is its transfer timeout; a failed call closes its channel (``endpoints.py``).
+
+Fault injection (``break_next``): the receiver reads the first chunk, then ends the call with
+UNAVAILABLE, as a connection lost mid-stream: the sender fails at once.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 
 import grpc
 import torch
 
 from engine.transfer.base import (
     CHUNKS,
+    INJECTED_BREAK,
     BaseKVReceiver,
     BaseKVSender,
+    BrokenHandler,
+    KVRefusedError,
     KVTransferError,
-    PathCounts,
     PayloadHandler,
 )
 from engine.transfer.codec import (
@@ -29,21 +43,61 @@ from engine.transfer.codec import (
     encode_header,
     page_bytes,
 )
+from engine.transfer.endpoints import EndpointCache
 from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
 
 CHUNK_BYTES = 4 * 2**20
+MAX_CONCURRENT_PUSHES = 4
 _OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 2**20),
     ("grpc.max_send_message_length", 64 * 2**20),
 ]
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.02, 0.1
+
+
+class _StreamWatchdog:
+    """Cancels pushes that last longer than ``timeout_s``, from a thread of its own."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._active: dict[int, tuple[float, grpc.ServicerContext]] = {}
+        self._keys = itertools.count()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kv-grpc-watchdog", daemon=True)
+        self._thread.start()
+
+    @contextmanager
+    def watch(self, context: grpc.ServicerContext) -> Iterator[None]:
+        key = next(self._keys)
+        with self._lock:
+            self._active[key] = (time.monotonic() + self._timeout_s, context)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active.pop(key, None)
+
+    def _run(self) -> None:
+        period = min(0.1, self._timeout_s / 4)
+        while not self._stopped.wait(period):
+            now = time.monotonic()
+            with self._lock:
+                late = [key for key, (deadline, _) in self._active.items() if deadline < now]
+                contexts = [self._active.pop(key)[1] for key in late]
+            for context in contexts:
+                context.cancel()  # the handler's next read raises; its thread is free again
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 class _Servicer(pb_grpc.KVTransferServicer):
-    def __init__(self, handler: PayloadHandler, counts: PathCounts) -> None:
+    def __init__(self, receiver: GrpcKVReceiver, handler: PayloadHandler) -> None:
+        self._receiver = receiver
         self._handler = handler
-        self._counts = counts
         self._local = threading.local()
 
     def _buffer(self, num_bytes: int) -> torch.Tensor:
@@ -55,7 +109,26 @@ class _Servicer(pb_grpc.KVTransferServicer):
     def Push(
         self, request_iterator: Iterator[pb.KVChunkMsg], context: grpc.ServicerContext
     ) -> pb.KVAckMsg:
-        first = next(request_iterator)
+        request_id = ""
+        with self._receiver.watchdog.watch(context):
+            try:
+                first = next(request_iterator, None)
+                if first is None:
+                    return pb.KVAckMsg(ok=False, error="no header")
+                request_id = first.header.state.request_id
+                if not self._receiver.breaker.take():
+                    return self._push(first, request_iterator)
+            except grpc.RpcError:  # cut by the watchdog, or the client went away
+                self._receiver.report_broken(request_id, "the stream was cut before its end")
+                return pb.KVAckMsg(request_id=request_id, ok=False, error="stream cut")
+            except Exception as exc:  # e.g. an unknown dtype: refused, the server goes on
+                error = f"malformed transfer: {type(exc).__name__}: {exc}"
+                return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
+        self._receiver.report_broken(request_id, INJECTED_BREAK)
+        context.abort(grpc.StatusCode.UNAVAILABLE, INJECTED_BREAK)  # raises
+        raise AssertionError("unreachable")
+
+    def _push(self, first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]) -> pb.KVAckMsg:
         header = first.header
         request_id = header.state.request_id
         error = self._handler(decode_layout(header))
@@ -64,7 +137,7 @@ class _Servicer(pb_grpc.KVTransferServicer):
         buffer = self._buffer(header.num_bytes)
         view = byte_view(buffer)
         offset = 0
-        for chunk in _chain(first, request_iterator):
+        for chunk in _chain(first, rest):
             end = offset + len(chunk.data)
             if end > header.num_bytes:
                 return pb.KVAckMsg(
@@ -80,7 +153,7 @@ class _Servicer(pb_grpc.KVTransferServicer):
             )
         error = self._handler(decode_payload(header, buffer))
         if error is None:
-            self._counts.add(CHUNKS)
+            self._receiver.payloads_by_path.add(CHUNKS)
         return pb.KVAckMsg(request_id=request_id, ok=error is None, error=error or "")
 
 
@@ -90,44 +163,72 @@ def _chain(first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]) -> Iterator[pb.K
 
 
 class GrpcKVReceiver(BaseKVReceiver):
-    def __init__(self, handler: PayloadHandler, host: str = "127.0.0.1") -> None:
-        super().__init__()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=_OPTIONS)
-        servicer = _Servicer(handler, self.payloads_by_path)
-        pb_grpc.add_KVTransferServicer_to_server(servicer, self._server)
+    def __init__(
+        self,
+        handler: PayloadHandler,
+        host: str = "127.0.0.1",
+        on_broken: BrokenHandler | None = None,
+        stream_timeout_s: float = 10.0,
+    ) -> None:
+        """``stream_timeout_s``: a push still unfinished after it is cut."""
+        super().__init__(on_broken)
+        self.watchdog = _StreamWatchdog(stream_timeout_s)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(MAX_CONCURRENT_PUSHES, thread_name_prefix="kv-grpc"),
+            options=_OPTIONS,
+            maximum_concurrent_rpcs=MAX_CONCURRENT_PUSHES,
+        )
+        pb_grpc.add_KVTransferServicer_to_server(_Servicer(self, handler), self._server)
         port = self._server.add_insecure_port(f"{host}:0")
         self.endpoint = f"{host}:{port}"
         self._server.start()
 
     def close(self) -> None:
         self._server.stop(grace=1)
+        self.watchdog.stop()
 
 
 class GrpcKVSender(BaseKVSender):
     def __init__(self) -> None:
         super().__init__()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._guard = threading.Lock()
+        self._channels: EndpointCache[grpc.Channel] = EndpointCache(
+            lambda endpoint: grpc.insecure_channel(endpoint, options=_OPTIONS),
+            lambda channel: channel.close(),
+        )
 
-    def _stub(self, endpoint: str) -> pb_grpc.KVTransferStub:
-        with self._guard:
-            if endpoint not in self._channels:
-                self._channels[endpoint] = grpc.insecure_channel(endpoint, options=_OPTIONS)
-            return pb_grpc.KVTransferStub(self._channels[endpoint])
+    def num_connections(self) -> int:
+        return len(self._channels)
 
     def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
-        try:
-            ack = self._stub(endpoint).Push(chunk_messages(payload), timeout=timeout)
-        except grpc.RpcError as exc:
-            raise KVTransferError(f"gRPC {exc.code().name}: {exc.details()}") from exc
+        deadline = time.monotonic() + timeout
+        with self._channels.lease(endpoint) as link:
+            try:
+                ack = _push(pb_grpc.KVTransferStub(link.conn), payload, deadline)
+            except grpc.RpcError as exc:
+                self._channels.discard(endpoint, link)
+                raise KVTransferError(f"gRPC {exc.code().name}: {exc.details()}") from exc
         if not ack.ok:
-            raise KVTransferError(ack.error)
+            raise KVRefusedError(ack.error)
         self.payloads_by_path.add(CHUNKS)
 
     def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
+        self._channels.close()
+
+
+def _push(stub: pb_grpc.KVTransferStub, payload: KVPayload, deadline: float) -> pb.KVAckMsg:
+    """One ``Push`` call, tried again while the receiver is busy (RESOURCE_EXHAUSTED) and the
+    deadline allows."""
+    pause = _RETRY_FIRST_S
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return stub.Push(chunk_messages(payload), timeout=max(left, 0.001))
+        except grpc.RpcError as exc:
+            busy = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            if not busy or deadline - time.monotonic() <= pause:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, _RETRY_MAX_S)
 
 
 def chunk_messages(payload: KVPayload) -> Iterator[pb.KVChunkMsg]:

@@ -1,4 +1,6 @@
-"""In-process transport for unit tests: the sender calls the receiver's handler directly."""
+"""In-process transport for unit tests: the sender calls the receiver's handler directly.
+
+Fault injection (``break_next``): the call fails as a lost connection would, after the header."""
 
 from __future__ import annotations
 
@@ -6,8 +8,11 @@ import itertools
 
 from engine.transfer.base import (
     DIRECT,
+    INJECTED_BREAK,
     BaseKVReceiver,
     BaseKVSender,
+    BrokenHandler,
+    KVRefusedError,
     KVTransferError,
     PayloadHandler,
 )
@@ -17,14 +22,18 @@ _IDS = itertools.count()
 
 
 class InProcessKVReceiver(BaseKVReceiver):
-    def __init__(self, handler: PayloadHandler) -> None:
-        super().__init__()
+    def __init__(self, handler: PayloadHandler, on_broken: BrokenHandler | None = None) -> None:
+        super().__init__(on_broken)
         self.endpoint = f"inprocess://{next(_IDS)}"
         self._handler = handler
         _RECEIVERS[self.endpoint] = self
 
     def deliver(self, payload: KVPayload) -> str | None:
-        """The handshake, then a copy of the pages (as if they had crossed): None or the refusal."""
+        """The handshake, then a copy of the pages (as if they had crossed): None or the refusal.
+        Raises :class:`KVTransferError` for a transfer broken on purpose."""
+        if self.breaker.take():
+            self.report_broken(payload.state.request_id, INJECTED_BREAK)
+            raise KVTransferError(INJECTED_BREAK)
         error = self._handler(payload.layout) or self._handler(
             KVPayload(payload.layout, payload.state, payload.blocks.clone())
         )
@@ -46,5 +55,5 @@ class InProcessKVSender(BaseKVSender):
             raise KVTransferError(f"no receiver at {endpoint}")
         error = receiver.deliver(payload)
         if error is not None:
-            raise KVTransferError(error)
+            raise KVRefusedError(error)
         self.payloads_by_path.add(DIRECT)

@@ -10,15 +10,21 @@ is reserved in full when created: with ``/dev/shm`` too small for it, the sender
 Nothing is left in ``/dev/shm`` when a process is killed: the receiver unlinks a file as soon as
 it has mapped it (both mappings stay valid; the memory goes when both are gone), and a sender
 removes files of processes that no longer exist when it creates its first file.
+
+Nothing stays mapped longer than needed either: a sender's replaced or closed file is unmapped at
+once (its name, if the receiver never unlinked it, goes then too, or when the buffer is garbage
+collected, or at exit); a receiver keeps one mapping per sending process, the file that process
+uses now, and at most ``max_open`` in all.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import itertools
 import mmap
 import os
 import warnings
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 
@@ -55,20 +61,34 @@ class SharedPageBuffer:
             except OSError:
                 self.path.unlink(missing_ok=True)
                 raise
-            self._map = mmap.mmap(file.fileno(), num_bytes)
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+            self._map: mmap.mmap | None = mmap.mmap(file.fileno(), num_bytes)
+        self.tensor: torch.Tensor | None = torch.frombuffer(self._map, dtype=torch.uint8)
         self.is_mapped_by_receiver = False
-        atexit.register(self.close)
+        # Unlinks the name at close, garbage collection or exit, without keeping self alive.
+        self._unlink = weakref.finalize(self, self.path.unlink, missing_ok=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._map is None
 
     def write(self, pages: torch.Tensor) -> None:
+        if self.tensor is None:
+            raise ValueError(f"{self.path} is closed")
         self.tensor[: pages.numel() * pages.element_size()].copy_(pages.view(torch.uint8).flatten())
 
     def close(self) -> None:
-        self.path.unlink(missing_ok=True)
+        """Unlink the name and unmap the file (idempotent)."""
+        self._unlink()
+        mapping, self._map, self.tensor = self._map, None, None
+        if mapping is not None:
+            with contextlib.suppress(BufferError):  # a view still out: unmapped with the last one
+                mapping.close()
 
 
 class SharedPageReader:
-    """The receiver's read-only mappings of senders' files, most recently used kept."""
+    """The receiver's read-only mappings of senders' files: the newest file of each sending
+    process (a sender replaces its file for this receiver only with a larger one), the most
+    recently used ``max_open`` of them."""
 
     def __init__(self, max_open: int = 16) -> None:
         self._maps: OrderedDict[str, tuple[mmap.mmap, torch.Tensor]] = OrderedDict()
@@ -88,8 +108,15 @@ class SharedPageReader:
                 tensor = torch.frombuffer(mapping, dtype=torch.uint8) if len(mapping) else None
             if tensor is None or tensor.numel() < num_bytes:
                 raise OSError(f"{path} holds fewer than {num_bytes} bytes")
+            for superseded in [p for p in self._maps if _sender(p) == _sender(path)]:
+                del self._maps[superseded]
             entry = self._maps[path] = (mapping, tensor)
             while len(self._maps) > self._max_open:
                 self._maps.popitem(last=False)
         self._maps.move_to_end(path)
         return entry[1][:num_bytes]
+
+
+def _sender(path: str) -> str:
+    """The sending process's part of a file name: ``/dev/shm/pdserve-kv-<pid>``."""
+    return path.rsplit("-", 1)[0]

@@ -3,30 +3,42 @@
 Receiver: a ROUTER socket on a random port, served by one thread. Each transfer is one multipart
 message ``[header, pages]``; the pages are received straight into a reused buffer
 (``recv_into``), checked against the header's layout first, handed to the handler, and answered
-with a ``KVAckMsg``. Sender: one DEALER socket per endpoint, pages sent zero-copy from the
-exported buffer; the answer is awaited with a timeout, after which the socket is discarded so a
-late answer can never be taken for the next transfer's.
+with a ``KVAckMsg``. A malformed message is answered with a refusal; the thread goes on serving.
+
+Sender: one DEALER socket per endpoint (``endpoints.py``), one transfer at a time on it, pages
+sent zero-copy from the exported buffer. The answer is awaited at most the transfer's timeout;
+then, or on any socket error, the socket is closed and forgotten, so a late answer can never be
+taken for the next transfer's, and an endpoint that is gone leaves nothing open.
 
 Same host: unless built with ``shared_memory=False``, the sender first tries a shared-memory
 hand-off (``shared_memory.py``): the pages go into its ``/dev/shm`` file and the message carries
 only the header. A receiver that cannot map the file (another host, another IPC namespace) says
 so, and that endpoint gets frames from then on. Both sides count each installed payload under
 ``SHARED_MEMORY`` or ``FRAMES``.
+
+Fault injection (``break_next``): the receiver reads the header, drops the rest and never
+answers, which is what a connection lost mid-transfer looks like to a ZMQ sender (ZMQ reconnects
+silently; the message is simply gone): the sender fails when its timeout runs out.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import dataclass, field
 
 import torch
 import zmq
 
 from engine.transfer.base import (
     FRAMES,
+    INJECTED_BREAK,
     SHARED_MEMORY,
     BaseKVReceiver,
     BaseKVSender,
+    BrokenHandler,
+    KVRefusedError,
     KVTransferError,
     PayloadHandler,
 )
@@ -37,6 +49,7 @@ from engine.transfer.codec import (
     encode_header,
     page_bytes,
 )
+from engine.transfer.endpoints import EndpointCache, Link
 from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.shared_memory import SharedPageBuffer, SharedPageReader
@@ -47,8 +60,13 @@ SHM_UNAVAILABLE = "shared memory unavailable"
 
 
 class ZmqKVReceiver(BaseKVReceiver):
-    def __init__(self, handler: PayloadHandler, host: str = "127.0.0.1") -> None:
-        super().__init__()
+    def __init__(
+        self,
+        handler: PayloadHandler,
+        host: str = "127.0.0.1",
+        on_broken: BrokenHandler | None = None,
+    ) -> None:
+        super().__init__(on_broken)
         self._handler = handler
         self._socket: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -64,22 +82,36 @@ class ZmqKVReceiver(BaseKVReceiver):
         while not self._stop.is_set():
             if self._socket.poll(_POLL_MS, zmq.POLLIN):
                 identity = self._socket.recv()
-                ack = self._receive_one()
-                self._socket.send_multipart([identity, ack.SerializeToString()])
+                try:
+                    ack = self._receive_one()
+                except Exception as exc:  # a malformed message must not stop the receiver
+                    log.warning("malformed KV transfer refused: %r", exc)
+                    ack = pb.KVAckMsg(ok=False, error=f"malformed transfer: {exc}")
+                self._drain()
+                if ack is not None:
+                    self._socket.send_multipart([identity, ack.SerializeToString()])
         self._socket.close(0)
 
-    def _receive_one(self) -> pb.KVAckMsg:
+    def _drain(self) -> None:
+        """Discard what is left of the current message."""
+        while self._socket.getsockopt(zmq.RCVMORE):
+            self._socket.recv()
+
+    def _receive_one(self) -> pb.KVAckMsg | None:
+        """The answer to one message; None: broken on purpose, no answer."""
         header = pb.KVHeaderMsg()
         header.ParseFromString(self._socket.recv())
         request_id = header.state.request_id
+        if self.breaker.take():
+            self.report_broken(request_id, INJECTED_BREAK)
+            return None
         if header.shm_path:
             return self._receive_shared(header)
         if header.num_bytes > self._buffer.numel():
             self._buffer = torch.empty(header.num_bytes, dtype=torch.uint8)
         view = byte_view(self._buffer)
         received = self._socket.recv_into(view) if self._socket.getsockopt(zmq.RCVMORE) else 0
-        while self._socket.getsockopt(zmq.RCVMORE):  # drain anything unexpected
-            self._socket.recv()
+        self._drain()  # anything unexpected
         if received != header.num_bytes:
             return pb.KVAckMsg(
                 request_id=request_id,
@@ -89,8 +121,7 @@ class ZmqKVReceiver(BaseKVReceiver):
         return self._deliver(header, self._buffer, FRAMES)
 
     def _receive_shared(self, header: pb.KVHeaderMsg) -> pb.KVAckMsg:
-        while self._socket.getsockopt(zmq.RCVMORE):
-            self._socket.recv()
+        self._drain()
         try:
             pages = self._shared.view(header.shm_path, header.num_bytes)
         except (OSError, ValueError) as exc:
@@ -110,92 +141,130 @@ class ZmqKVReceiver(BaseKVReceiver):
         self._thread.join(timeout=2)
 
 
+@dataclass(eq=False)
+class _Connection:
+    """A sender's state for one endpoint: its socket and, same host, its shared file."""
+
+    socket: zmq.Socket
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one transfer at a time
+    shared: SharedPageBuffer | None = None
+    frames_only: bool = False  # the receiver cannot map our files (another host)
+
+    def close(self) -> None:
+        self.socket.close(0)
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
+
+
 class ZmqKVSender(BaseKVSender):
     def __init__(self, shared_memory: bool = True) -> None:
         """``shared_memory=False``: the pages always go as frames, as between hosts."""
         super().__init__()
         self._use_shared_memory = shared_memory
         self._context: zmq.Context = zmq.Context.instance()
-        self._sockets: dict[str, zmq.Socket] = {}
-        self._locks: dict[str, threading.Lock] = {}
-        self._shared: dict[str, SharedPageBuffer | None] = {}  # None: endpoint takes frames
-        self._guard = threading.Lock()
+        self._connections: EndpointCache[_Connection] = EndpointCache(
+            self._connect, _Connection.close
+        )
+
+    def num_connections(self) -> int:
+        return len(self._connections)
+
+    def _connect(self, endpoint: str) -> _Connection:
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(endpoint)
+        return _Connection(socket)
 
     def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
-        with self._guard:
-            lock = self._locks.setdefault(endpoint, threading.Lock())
-        with lock:
-            header = encode_header(payload)
-            for _ in range(2):  # a receiver that dropped its mapping gets a fresh file once
-                shared = self._shared_buffer(endpoint, payload.num_bytes)
-                if shared is None:
-                    break
-                shared.write(payload.blocks)
-                header.shm_path = str(shared.path)
-                ack = self._exchange(endpoint, [header.SerializeToString()], timeout)
-                if ack.ok or not ack.error.startswith(SHM_UNAVAILABLE):
-                    shared.is_mapped_by_receiver = True
-                    return self._check(ack, SHARED_MEMORY)
-                shared.close()
-                self._shared[endpoint] = None
-                if not shared.is_mapped_by_receiver:
-                    break  # never could map it: another host; frames from now on
-                del self._shared[endpoint]
-            header.shm_path = ""
-            frames = [header.SerializeToString(), page_bytes(payload)]
-            self._check(self._exchange(endpoint, frames, timeout), FRAMES)
+        deadline = _Deadline(timeout)
+        while True:
+            with self._connections.lease(endpoint) as link, link.conn.lock:
+                if link.discarded:  # the transfer before ours broke it: take a fresh one
+                    continue
+                return self._send_over(endpoint, link, payload, deadline)
 
-    def _shared_buffer(self, endpoint: str, num_bytes: int) -> SharedPageBuffer | None:
-        if not self._use_shared_memory or (
-            endpoint in self._shared and self._shared[endpoint] is None
-        ):
+    def _send_over(
+        self, endpoint: str, link: Link[_Connection], payload: KVPayload, deadline: _Deadline
+    ) -> None:
+        try:
+            self._transfer(link.conn, endpoint, payload, deadline)
+        except KVRefusedError:
+            raise
+        except Exception as exc:  # the socket's state is unknown now: never reuse it
+            self._connections.discard(endpoint, link)
+            if isinstance(exc, KVTransferError):
+                raise
+            raise KVTransferError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _transfer(
+        self, conn: _Connection, endpoint: str, payload: KVPayload, deadline: _Deadline
+    ) -> None:
+        header = encode_header(payload)
+        for _ in range(2):  # a receiver that dropped its mapping gets a fresh file once
+            shared = self._shared_buffer(conn, endpoint, payload.num_bytes)
+            if shared is None:
+                break
+            shared.write(payload.blocks)
+            header.shm_path = str(shared.path)
+            ack = self._exchange(conn.socket, endpoint, [header.SerializeToString()], deadline)
+            if ack.ok or not ack.error.startswith(SHM_UNAVAILABLE):
+                shared.is_mapped_by_receiver = True
+                return self._check(ack, SHARED_MEMORY)
+            shared.close()
+            conn.shared = None
+            if not shared.is_mapped_by_receiver:
+                conn.frames_only = True  # never could map it: another host; frames from now on
+                break
+        header.shm_path = ""
+        frames = [header.SerializeToString(), page_bytes(payload)]
+        self._check(self._exchange(conn.socket, endpoint, frames, deadline), FRAMES)
+
+    def _shared_buffer(
+        self, conn: _Connection, endpoint: str, num_bytes: int
+    ) -> SharedPageBuffer | None:
+        if not self._use_shared_memory or conn.frames_only:
             return None
-        current = self._shared.get(endpoint)
+        current = conn.shared
         if current is not None and current.num_bytes >= num_bytes:
             return current
         try:
             fresh = SharedPageBuffer(num_bytes)
         except OSError as exc:
             log.info("no shared-memory hand-off to %s: %s", endpoint, exc)
-            self._shared[endpoint] = None
+            conn.frames_only = True
             return None
         if current is not None:
             current.close()
-        self._shared[endpoint] = fresh
+        conn.shared = fresh
         return fresh
 
     def _check(self, ack: pb.KVAckMsg, path: str) -> None:
         if not ack.ok:
-            raise KVTransferError(ack.error)
+            raise KVRefusedError(ack.error)
         self.payloads_by_path.add(path)
 
-    def _exchange(self, endpoint: str, frames: list, timeout: float) -> pb.KVAckMsg:
-        socket = self._socket(endpoint)
+    def _exchange(
+        self, socket: zmq.Socket, endpoint: str, frames: list, deadline: _Deadline
+    ) -> pb.KVAckMsg:
+        socket.setsockopt(zmq.SNDTIMEO, deadline.millis_left())
         socket.send_multipart(frames, copy=False)
-        if not socket.poll(int(timeout * 1000), zmq.POLLIN):
-            self._drop(endpoint)
-            raise KVTransferError(f"no answer from {endpoint} within {timeout:.1f} s")
+        if not socket.poll(deadline.millis_left(), zmq.POLLIN):
+            raise KVTransferError(f"no answer from {endpoint} within {deadline.timeout:.1f} s")
         ack = pb.KVAckMsg()
-        ack.ParseFromString(socket.recv())
+        ack.ParseFromString(socket.recv(zmq.NOBLOCK))
         return ack
 
-    def _socket(self, endpoint: str) -> zmq.Socket:
-        if endpoint not in self._sockets:
-            socket = self._context.socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(endpoint)
-            self._sockets[endpoint] = socket
-        return self._sockets[endpoint]
-
-    def _drop(self, endpoint: str) -> None:
-        socket = self._sockets.pop(endpoint, None)
-        if socket is not None:
-            socket.close(0)
-
     def close(self) -> None:
-        for endpoint in list(self._sockets):
-            self._drop(endpoint)
-        for shared in self._shared.values():
-            if shared is not None:
-                shared.close()
-        self._shared.clear()
+        self._connections.close()
+
+
+class _Deadline:
+    """A transfer's time limit, shared by its exchanges (a shared-memory try, then frames)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.at = time.monotonic() + timeout
+
+    def millis_left(self) -> int:
+        return max(int((self.at - time.monotonic()) * 1000), 0)

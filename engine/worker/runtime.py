@@ -3,6 +3,19 @@ the stream / abort / load methods the cluster client calls.
 
 Worker actors are threaded Ray actors: ``stream`` is a Ray streaming generator that blocks on a
 ``queue.Queue`` the engine thread fills, so token events reach the client as they are made.
+
+Life of a request's event queue: it is opened when the request arrives (``generate``,
+``prefill``, or a decode worker's ``reserve``) and dropped when
+
+- the stream reading it gets the final item (a finished event, or a hand-off's result);
+- the request is aborted while nobody streams it (a stream in progress ends on the abort's
+  event and drops it itself);
+- or its final item came while nobody streamed it and nobody came for it within
+  ``unclaimed_grace_s``: a decode request may legitimately finish before its ``stream`` call (it
+  ended on its first decode step), but a coordinator that is gone never calls, and the queue must
+  not outlive it. The engine thread checks for those in its housekeeping.
+
+So an idle worker holds no queue: ``load().num_open_streams`` is 0.
 """
 
 from __future__ import annotations
@@ -12,6 +25,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +36,7 @@ from engine.outputs import TokenEvent
 from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
 
 log = logging.getLogger(__name__)
+UNCLAIMED_GRACE_S = 30.0
 
 
 class WorkerRuntime:
@@ -38,40 +53,81 @@ class WorkerRuntime:
             _pin_process(cpu_ids)
         self.instance = instance
         self.engine = LLMEngine(config)
+        self.unclaimed_grace_s = UNCLAIMED_GRACE_S
         self._queues: dict[str, queue.Queue] = {}
+        self._streaming: set[str] = set()  # queues a stream is reading
+        self._unclaimed: dict[str, float] = {}  # ended, unread: when (oldest first)
         self._lock = threading.Lock()
-        self.loop = EngineLoop(self.engine, self._dispatch)
+        self.loop = EngineLoop(self.engine, self._dispatch, self._drop_unclaimed)
 
     # ---- events ------------------------------------------------------------------------------
 
-    def _open(self, request_id: str) -> queue.Queue:
+    def _open(self, request_id: str, streaming: bool = False) -> queue.Queue:
         with self._lock:
             if request_id in self._queues:
                 raise ValueError(f"request id {request_id!r} is already in use on {self.role}")
-            self._queues[request_id] = queue.Queue()
-            return self._queues[request_id]
+            q = self._queues[request_id] = queue.Queue()
+            if streaming:
+                self._streaming.add(request_id)
+            return q
+
+    def _claim(self, request_id: str) -> queue.Queue | None:
+        """The queue of ``request_id`` for one stream to read; None if there is none, or a
+        stream reads it already."""
+        with self._lock:
+            q = self._queues.get(request_id)
+            if q is None or request_id in self._streaming:
+                return None
+            self._streaming.add(request_id)
+            self._unclaimed.pop(request_id, None)
+            return q
 
     def _put(self, request_id: str, item: Any) -> None:
         with self._lock:
             q = self._queues.get(request_id)
-        if q is not None:
+            if q is None:
+                return
+            if _is_final(item) and request_id not in self._streaming:
+                self._unclaimed.setdefault(request_id, time.monotonic())
             q.put(item)
+
+    def _close(self, request_id: str) -> None:
+        """Drop the queue of ``request_id``, unless a stream reads it (it drops it itself)."""
+        with self._lock:
+            if request_id not in self._streaming:
+                self._queues.pop(request_id, None)
+                self._unclaimed.pop(request_id, None)
+
+    def _drop_unclaimed(self) -> None:
+        """Engine thread, housekeeping: drop queues ended and unread for ``unclaimed_grace_s``."""
+        horizon = time.monotonic() - self.unclaimed_grace_s
+        with self._lock:
+            while self._unclaimed:
+                request_id, ended = next(iter(self._unclaimed.items()))
+                if ended > horizon:
+                    return
+                del self._unclaimed[request_id]
+                self._queues.pop(request_id, None)
+                log.info("dropped the events of %s: nobody streamed them", request_id)
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         for event in events:
             self._put(event.request_id, event)
 
     def _drain(self, request_id: str, q: queue.Queue) -> Iterator[Any]:
-        """Yield items until a final one (a finished event or a HandoffResult)."""
+        """Yield items until a final one (a finished event or a HandoffResult); ``q`` must be
+        this stream's (``_open(streaming=True)`` or ``_claim``)."""
         try:
             while True:
                 item = q.get()
                 yield item
-                if isinstance(item, HandoffResult) or item.finished:
+                if _is_final(item):
                     return
         finally:
             with self._lock:
                 self._queues.pop(request_id, None)
+                self._streaming.discard(request_id)
+                self._unclaimed.pop(request_id, None)
 
     def _run(
         self, request: GenerationRequest, add: Callable[[LLMEngine], None] | None = None
@@ -79,7 +135,7 @@ class WorkerRuntime:
         """Queue ``request`` on the engine and yield its stream up to the final item; a request
         the engine refuses ends with an error event. ``add`` (default: :func:`submit`) runs on
         the engine thread."""
-        q = self._open(request.request_id)
+        q = self._open(request.request_id, streaming=True)
         try:
             self.loop.call(add or (lambda engine: submit(engine, request))).result()
         except Exception as exc:
@@ -99,11 +155,19 @@ class WorkerRuntime:
         }
 
     def abort(self, request_id: str) -> bool:
-        return self.loop.call(lambda e: e.abort(request_id)).result()
+        aborted = self.loop.call(lambda e: e.abort(request_id)).result()
+        self._close(request_id)
+        return aborted
 
     def load(self) -> WorkerLoad:
         stats = self.loop.call(lambda e: e.stats()).result()
-        return WorkerLoad(self.role, self.instance, os.getpid(), stats)
+        with self._lock:
+            num_open_streams = len(self._queues)
+        return WorkerLoad(self.role, self.instance, os.getpid(), stats, num_open_streams)
+
+
+def _is_final(item: Any) -> bool:
+    return isinstance(item, HandoffResult) or bool(item.finished)
 
 
 def submit(engine: LLMEngine, request: GenerationRequest, prefill_only: bool = False) -> None:
@@ -114,6 +178,7 @@ def submit(engine: LLMEngine, request: GenerationRequest, prefill_only: bool = F
         request.params,
         request.priority,
         prefill_only=prefill_only,
+        output_token_ids=request.output_token_ids,
     )
 
 
