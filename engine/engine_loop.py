@@ -9,6 +9,9 @@ thread. Every ``HOUSEKEEPING_PERIOD_S`` (between two steps, or while idle) the l
 reservations past their deadline and runs ``on_housekeeping`` (the worker's own clean-up); each
 costs a pass over the requests, so not every step pays it.
 
+``stats`` holds the engine's figures as of the last step, for a caller that cannot wait for the
+engine thread (a load poll during a long prefill step).
+
 A caller that stops waiting may ``cancel`` the future of a call that has not started: it never
 runs. An error in a callback is logged; the engine thread goes on.
 """
@@ -24,7 +27,7 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from engine.llm_engine import LLMEngine
-from engine.outputs import TokenEvent
+from engine.outputs import EngineStats, TokenEvent
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,6 +48,7 @@ class EngineLoop:
         self._commands: queue.Queue[tuple[Callable[[LLMEngine], object], Future]] = queue.Queue()
         self._stopped = threading.Event()
         self.num_steps = 0
+        self.stats: EngineStats = engine.stats()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -84,6 +88,7 @@ class EngineLoop:
             try:
                 events = self.engine.step()
                 self.num_steps += 1
+                self.stats = self.engine.stats()
             except Exception:
                 log.exception("engine step failed; aborting its requests")
                 events = self._abort_all("engine step failed")

@@ -37,6 +37,7 @@ from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
 
 log = logging.getLogger(__name__)
 UNCLAIMED_GRACE_S = 30.0
+LOAD_WAIT_S = 0.5
 
 
 class WorkerRuntime:
@@ -160,7 +161,14 @@ class WorkerRuntime:
         return aborted
 
     def load(self) -> WorkerLoad:
-        stats = self.loop.call(lambda e: e.stats()).result()
+        """The engine's figures now, or, when the engine thread is in a step longer than
+        ``LOAD_WAIT_S``, as of its last step: a load poll never waits for a long prefill."""
+        future = self.loop.call(lambda e: e.stats())
+        try:
+            stats = future.result(timeout=LOAD_WAIT_S)
+        except TimeoutError:
+            future.cancel()
+            stats = self.loop.stats
         with self._lock:
             num_open_streams = len(self._queues)
         return WorkerLoad(self.role, self.instance, os.getpid(), stats, num_open_streams)

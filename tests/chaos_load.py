@@ -1,0 +1,143 @@
+"""The client side of the chaos suite: a steady load of streaming and non-streaming requests over
+MindIE ``/infer`` and OpenAI ``/v1/completions``, each classified as it ends.
+
+An outcome is ``ok`` (a normal finish; its text is compared with an uninterrupted run's),
+``error`` (an honest failure: an error status with an error body, or a stream whose last event
+is an error) or ``dishonest`` (anything else: a 200 with no finish, a stream that stops without
+an error, a body that is not the protocol's). A request that never ends is caught by the
+caller's bound on the whole load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from benchmarks.sse import sse_lines
+
+PROMPTS = (
+    "def add(a, b):",
+    "The quick brown fox",
+    "import numpy as np",
+    "class Stack:",
+    "for i in range(10):",
+    "Once upon a time",
+    "SELECT * FROM",
+    "hello world",
+)
+KINDS = ("openai", "openai-stream", "mindie", "mindie-stream")
+MAX_TOKENS = 48
+
+
+@dataclass
+class Outcome:
+    kind: str
+    prompt: str
+    status: str  # ok, error, dishonest
+    text: str = ""
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Load:
+    """``concurrency`` clients, each sending one request after another until ``stop`` is set."""
+
+    base_url: str
+    model: str
+    concurrency: int = 16
+    outcomes: list[Outcome] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=90) as client:
+            await asyncio.gather(*(self._client(client, i) for i in range(self.concurrency)))
+
+    async def _client(self, client: httpx.AsyncClient, index: int) -> None:
+        n = index
+        while not self.stop.is_set():
+            prompt, kind = PROMPTS[n % len(PROMPTS)], KINDS[n % len(KINDS)]
+            self.outcomes.append(await request(client, self.model, kind, prompt))
+            n += self.concurrency + 1  # every client goes through every (prompt, kind)
+
+
+async def request(client: httpx.AsyncClient, model: str, kind: str, prompt: str) -> Outcome:
+    start = time.monotonic()
+    try:
+        if kind.startswith("openai"):
+            status, text, detail = await _openai(client, model, prompt, kind.endswith("stream"))
+        else:
+            status, text, detail = await _mindie(client, prompt, kind.endswith("stream"))
+    except httpx.HTTPError as exc:
+        status, text, detail = "dishonest", "", f"transport: {type(exc).__name__}: {exc}"
+    return Outcome(kind, prompt, status, text, detail, time.monotonic() - start)
+
+
+async def _openai(client: httpx.AsyncClient, model: str, prompt: str, stream: bool):
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if not stream:
+        response = await client.post("/v1/completions", json=body)
+        if response.status_code != 200:
+            return _error_body(response)
+        choice = response.json()["choices"][0]
+        if choice["finish_reason"] not in ("length", "stop"):
+            return "dishonest", choice["text"], f"finish_reason {choice['finish_reason']}"
+        return "ok", choice["text"], ""
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return _error_body(response)
+        text, finish = "", None
+        async for data in _sse(response):
+            if data == "[DONE]":
+                return ("ok", text, "") if finish else ("dishonest", text, "[DONE], no finish")
+            chunk = json.loads(data)
+            if "error" in chunk:
+                return "error", text, chunk["error"]["message"]
+            text += chunk["choices"][0]["text"]
+            finish = chunk["choices"][0]["finish_reason"] or finish
+    return "dishonest", text, "the stream ended without [DONE] or an error"
+
+
+async def _mindie(client: httpx.AsyncClient, prompt: str, stream: bool):
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": MAX_TOKENS}, "stream": stream}
+    if not stream:
+        response = await client.post("/infer", json=body)
+        if response.status_code != 200:
+            return _error_body(response)
+        return "ok", response.json()["generated_text"], ""
+    async with client.stream("POST", "/infer", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return _error_body(response)
+        async for data in _sse(response):
+            event = json.loads(data)
+            if event.get("error"):
+                return "error", "", event["error"]
+            if "generated_text" in event:
+                return "ok", event["generated_text"], ""
+    return "dishonest", "", "the stream ended without a last event"
+
+
+def _error_body(response: httpx.Response) -> tuple[str, str, str]:
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return "dishonest", "", f"{response.status_code} without an error body: {response.text}"
+    return "error", "", f"{response.status_code}: {error}"
+
+
+async def _sse(response: httpx.Response):
+    async for line in sse_lines(response):
+        if line.startswith("data:"):
+            yield line[5:].strip()
