@@ -29,6 +29,9 @@ LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
+# Why a request migrated (TokenEvent.cause of its pair's error event): each series exists from
+# the start, at zero, so rate() and alerts see it before the first migration.
+MIGRATION_CAUSES = ("worker_lost", "handoff_failed", "reservation_refused", "engine_error")
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -48,6 +51,8 @@ class Metrics:
             [*m, "reason"],
             registry=r,
         )
+        for cause in MIGRATION_CAUSES:
+            self.migrations.labels(model_name, cause)
         self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens", m, registry=r)
         self.generation_tokens = Counter("generation_tokens", "Generated tokens", m, registry=r)
         self.running = Gauge("num_requests_running", "Requests streaming tokens", m, registry=r)

@@ -16,7 +16,7 @@ import torch
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig
 from engine.engine_loop import EngineLoop
-from engine.outputs import TokenEvent
+from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from engine.transfer import create_receiver, create_sender
@@ -301,6 +301,9 @@ class _CountingEngine:
 
     def expire_reservations(self, now: float | None = None) -> None:
         self.expiry_passes += 1
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
 
 
 def test_reservation_expiry_runs_at_most_every_quarter_second():
