@@ -29,9 +29,7 @@ class TokenEvent:
     @classmethod
     def failure(cls, request_id: str, error: str, cause: str = "engine_error") -> TokenEvent:
         """The last event of a request that failed outside an engine (refused, worker lost)."""
-        return cls(
-            request_id, None, "", 0, 0, time.monotonic(), FinishReason.ERROR, error, cause
-        )
+        return cls(request_id, None, "", 0, 0, time.monotonic(), FinishReason.ERROR, error, cause)
 
     @classmethod
     def aborted(cls, request_id: str) -> TokenEvent:
