@@ -1,6 +1,10 @@
 """Native CPU kernels, compiled once on first use (cached by torch in
 ``~/.cache/torch_extensions``).
 
+The module's name carries a hash of its source and flags, and once built it is imported straight
+from the cache: a worker that starts never takes torch's build lock, so one killed while starting
+(a chaos test, an OOM kill) cannot leave a lock that hangs every later start.
+
 Where the toolchain is missing (no C++ compiler, no ninja, no Python headers) pdserve runs the plain
 torch path. Where the toolchain is there, the kernel must build: a compile error raises
 ``KernelBuildError`` rather than slowing every decode step down unnoticed
@@ -14,6 +18,8 @@ The first call logs one line saying which decode attention the process runs:
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -25,6 +31,7 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 DISABLE_ENV = "PDSERVE_NATIVE_KERNELS"
 
 
@@ -48,15 +55,28 @@ def missing_toolchain() -> str | None:
 
 
 def build_cpu_kernels() -> ModuleType:
-    """Compile the kernel (or load torch's cached build); any build error propagates."""
-    from torch.utils.cpp_extension import load
+    """The kernel: imported from an earlier build of this very source, else compiled (under
+    torch's build lock); any build error propagates."""
+    from torch.utils.cpp_extension import get_default_build_root, load
 
-    return load(
-        name="pdserve_paged_attention_cpu",
-        sources=[str(_SOURCE)],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
-        verbose=False,
-    )
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()
+    name = f"pdserve_paged_attention_cpu_{digest[:12]}"
+    built = Path(get_default_build_root()) / name / f"{name}.so"
+    if built.is_file():
+        try:
+            return _import_extension(name, built)
+        except ImportError:
+            log.warning("%s does not load; building it again", built)
+    return load(name=name, sources=[str(_SOURCE)], extra_cflags=_CFLAGS, verbose=False)
+
+
+def _import_extension(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module spec for {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @functools.cache
