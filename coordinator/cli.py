@@ -18,7 +18,13 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from coordinator.config import CONFIG_PATH_ENV, SCHEMA, CoordinatorConfig, load_config
+from coordinator.config import (
+    CONFIG_PATH_ENV,
+    SCHEMA,
+    CoordinatorConfig,
+    check_manage_listener,
+    load_config,
+)
 from engine.errors import ConfigError, EngineError
 
 OVERRIDES = {  # CLI option -> config key
@@ -61,7 +67,11 @@ examples:
 OPTIONS = {
     "predict_ip": ("IP", "address of the inference API"),
     "predict_port": ("PORT", "port of the inference API, 1024-65535"),
-    "manage_ip": ("IP", "address of the management API (GET /v1/instances)"),
+    "manage_ip": (
+        "IP",
+        "address of the management API (GET /v1/instances); other than loopback it needs "
+        "http_config.manage_api_keys",
+    ),
     "manage_port": ("PORT", "port of the management API, 1024-65535"),
     "model": (
         "PATH",
@@ -174,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = resolve_config(args)
+        check_manage_listener(config)
     except ConfigError as exc:
         print(f"pdserve: configuration error: {exc}", file=sys.stderr)
         return 2

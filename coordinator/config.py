@@ -97,6 +97,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "external_port": Key("port", 1028, *PORT),
         "allow_all_zero_ip_listening": Key("bool", False),
         "api_keys": Key("list", ()),
+        "manage_api_keys": Key("list", ()),
     },
     "request_limit": {
         "max_requests": Key("int", 10000, 1, 1_000_000),
@@ -237,3 +238,15 @@ def _checked(config: CoordinatorConfig) -> CoordinatorConfig:
             "tls_config.request_server_tls_enable needs tls_config.tls_cert and tls_config.tls_key"
         )
     return config
+
+
+def check_manage_listener(config: CoordinatorConfig) -> None:
+    """The management API must stay on loopback unless it has keys of its own: a manage listener
+    on any other address with no ``http_config.manage_api_keys`` is a :class:`ConfigError`."""
+    http = config["http_config"]
+    if not ipaddress.ip_address(http["manage_ip"]).is_loopback and not http["manage_api_keys"]:
+        raise ConfigError(
+            f"http_config.manage_ip {http['manage_ip']} is not a loopback address; set "
+            "http_config.manage_api_keys to protect the management API there (or bind it to "
+            "127.0.0.1)"
+        )

@@ -6,7 +6,8 @@ Configured in ``ms_coordinator.json``::
         "violence": {"terms": ["kill"], "patterns": ["\\\\bshoot(ing)?\\\\b"]}}}
 
 Terms match whole words, case-insensitively; patterns are Python regular expressions (also
-case-insensitive). A blocked input is refused with 400 ``content_filter``; a blocked output is cut
+case-insensitive). A blocked input is refused with 400 ``content_filter`` on every generation
+route (:func:`text_blocked`); a blocked output of an OpenAI, Azure or MLflow answer is cut
 before the match and ends with ``finish_reason: "content_filter"``. While streaming, text is
 checked before it is sent, so a completed match is never sent (the first characters of a term
 spanning two tokens may be).
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ConfigError
+
+INPUT_FILTERED = "The input was filtered by the content safety policy"
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,8 @@ class ContentFilter:
         """The earliest match of any category in ``text``."""
         matches = [m for _, p in self.patterns if (m := p.search(text))]
         return min(matches, key=lambda m: m.start(), default=None)
+
+
+def text_blocked(content_filter: ContentFilter | None, text: str) -> bool:
+    """Whether ``content_filter`` (None: content safety is off) blocks ``text``."""
+    return content_filter is not None and content_filter.search(text) is not None

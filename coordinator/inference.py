@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -77,7 +78,8 @@ class InferenceService:
         self._ids = itertools.count()
 
     def new_request_id(self) -> str:
-        return f"req-{time.time_ns():x}-{next(self._ids)}"
+        """Unique and unguessable: a counter and 64 random bits."""
+        return f"req-{next(self._ids):x}-{secrets.token_hex(8)}"
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         """Token events up to the finished one; raises on timeout or unrecoverable failure."""

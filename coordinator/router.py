@@ -3,6 +3,11 @@
 Worker loads are polled in the background; between polls the router counts what it dispatched
 itself, so a burst of requests spreads out instead of piling onto the worker that looked idle at
 the last poll. Prefill cost: prompt tokens queued. Decode cost: running requests, then free blocks.
+
+A worker that did not answer the last poll (busy, stopped, restarting) is *stale*: pairs of fresh
+workers are chosen first, a stale worker only when no fresh pair is left, and a worker silent for
+``STALE_GRACE_S`` is not chosen at all (NoWorkerError when nothing else is left). So a machine
+too busy to answer a poll in time slows requests down instead of failing them.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +26,7 @@ from engine.outputs import EngineStats
 from engine.worker.contracts import WorkerLoad
 
 log = logging.getLogger(__name__)
+STALE_GRACE_S = 30.0
 
 
 @dataclass
@@ -28,7 +36,11 @@ class WorkerState:
     stats: EngineStats = field(default_factory=EngineStats)  # as of the last poll
     pending_tokens: int = 0  # prompt tokens dispatched here since the last poll
     pending_requests: int = 0
-    alive: bool = True
+    fresh: bool = True  # answered the last poll
+    last_seen: float = field(default_factory=time.monotonic)
+
+    def reachable(self, now: float) -> bool:
+        return self.fresh or now - self.last_seen < STALE_GRACE_S
 
     @property
     def prefill_cost(self) -> float:
@@ -74,8 +86,11 @@ class Router:
         loads = await self.cluster.loads()
         self.latest_loads = loads
         seen = {(load.role, load.instance) for load in loads}
+        now = time.monotonic()
         for worker in [*self.prefills, *self.decodes]:
-            worker.alive = (worker.role, worker.instance) in seen
+            worker.fresh = (worker.role, worker.instance) in seen
+            if worker.fresh:
+                worker.last_seen = now
         for load in loads:
             state = self._state(load.role, load.instance)
             if state is not None:
@@ -97,17 +112,12 @@ class Router:
     def choose(
         self, num_prompt_tokens: int, exclude: AbstractSet[tuple[int, int]] = frozenset()
     ) -> tuple[int, int]:
-        """The least-loaded live pair not in ``exclude``; NoWorkerError if none is left."""
-        prefills: list[WorkerState | None] = [p for p in self.prefills if p.alive]
-        if not self.prefills:  # single_node: the colocated worker does it all
-            prefills = [None]
-        decodes = [d for d in self.decodes if d.alive]
-        pairs = [
-            (p, d)
-            for p in prefills
-            for d in decodes
-            if (p.instance if p else 0, d.instance) not in exclude
-        ]
+        """The least-loaded pair not in ``exclude``, fresh if possible (module docstring);
+        NoWorkerError if none is left."""
+        now = time.monotonic()
+        pairs = self._pairs(exclude, lambda w: w.fresh) or self._pairs(
+            exclude, lambda w: w.reachable(now)
+        )
         if not pairs:
             raise NoWorkerError("no prefill/decode worker pair is available")
         p, d = min(
@@ -117,3 +127,16 @@ class Router:
             p.pending_tokens += num_prompt_tokens
         d.pending_requests += 1
         return (p.instance if p else 0, d.instance)
+
+    def _pairs(
+        self, exclude: AbstractSet[tuple[int, int]], usable: Callable[[WorkerState], bool]
+    ) -> list[tuple[WorkerState | None, WorkerState]]:
+        prefills: list[WorkerState | None] = [p for p in self.prefills if usable(p)]
+        if not self.prefills:  # single_node: the colocated worker does it all
+            prefills = [None]
+        return [
+            (p, d)
+            for p in prefills
+            for d in self.decodes
+            if usable(d) and (p.instance if p else 0, d.instance) not in exclude
+        ]

@@ -1,7 +1,9 @@
 """The coordinator process: the worker cluster plus its HTTP listeners.
 
-Listeners: predict (``/infer`` and friends; HTTPS with ``tls_config``), manage (instance list;
-``POST /v1/faults`` too when ``PDSERVE_FAULT_INJECTION=1``: chaos testing),
+Listeners: predict (``/infer`` and friends; HTTPS with ``tls_config``, client certificates required
+with ``ca_cert``), manage (instance list; ``POST /v1/faults`` too when
+``PDSERVE_FAULT_INJECTION=1``: chaos testing; behind ``manage_api_keys`` when they are set, and
+never off loopback without them),
 status (probes: 503 until every actor is up, then 200), external (``/metrics``). The cluster
 starts in the background so the probes answer from the first second. SIGTERM stops taking new
 requests, lets in-flight ones finish (bounded by ``drain_timeout_s``), then shuts the actors
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,9 +26,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
 from coordinator.cluster import Cluster, fault_injection_enabled, init_ray
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, check_manage_listener
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
 from coordinator.router import Router
@@ -100,7 +104,10 @@ class Coordinator:
         return app
 
     def manage_app(self) -> FastAPI:
+        """The management API; with ``http_config.manage_api_keys`` every route needs one of them
+        (``api-key: K`` or ``Authorization: Bearer K``), else 401."""
         app = FastAPI(docs_url=None, redoc_url=None)
+        api_assembly.require_api_keys(app, self.config["http_config"]["manage_api_keys"])
         if fault_injection_enabled():
             app.add_api_route("/v1/faults", self._inject_fault, methods=["POST"])
 
@@ -147,12 +154,10 @@ class Coordinator:
         log.info("ready: /v1/readiness answers 200")
 
     def uvicorn_configs(self) -> list[uvicorn.Config]:
-        http, tls = self.config["http_config"], self.config["tls_config"]
-        tls_args: dict[str, Any] = {}
-        if tls["request_server_tls_enable"]:
-            tls_args = {"ssl_certfile": tls["tls_cert"], "ssl_keyfile": tls["tls_key"]}
-            if tls["ca_cert"]:
-                tls_args["ssl_ca_certs"] = tls["ca_cert"]
+        """The four listeners; a ConfigError when the manage listener would be unprotected."""
+        check_manage_listener(self.config)
+        http = self.config["http_config"]
+        tls_args = tls_options(self.config["tls_config"])
         common: dict[str, Any] = {
             "log_level": "warning",
             "lifespan": "off",
@@ -211,6 +216,19 @@ class Coordinator:
             self.cluster.shutdown()
             if self.started_ray:
                 ray.shutdown()
+
+
+def tls_options(tls: dict[str, Any]) -> dict[str, Any]:
+    """uvicorn's TLS settings for the predict port: none unless ``request_server_tls_enable``;
+    with ``ca_cert`` (mutual TLS) a client must present a certificate that CA signed, else the
+    handshake fails."""
+    if not tls["request_server_tls_enable"]:
+        return {}
+    options: dict[str, Any] = {"ssl_certfile": tls["tls_cert"], "ssl_keyfile": tls["tls_key"]}
+    if tls["ca_cert"]:
+        options["ssl_ca_certs"] = tls["ca_cert"]
+        options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    return options
 
 
 def with_model(config: CoordinatorConfig, **backend: Any) -> CoordinatorConfig:

@@ -28,6 +28,7 @@ class Waiter:
     priority: int
     seq: int
     request: GenerationRequest = field(compare=False)
+    token: str = field(compare=False, repr=False)  # the reservation's secret
     answer: Future[str | None] = field(default_factory=Future, compare=False)
 
 
@@ -40,11 +41,15 @@ class ReservationQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, engine: LLMEngine, request: GenerationRequest, answer: Future) -> None:
-        """Queue a hand-off, answered through ``answer``, and serve the queue."""
+    def add(
+        self, engine: LLMEngine, request: GenerationRequest, token: str, answer: Future
+    ) -> None:
+        """Queue a hand-off whose pages must carry ``token``, answered through ``answer``, and
+        serve the queue."""
         if answer.cancelled():  # its caller gave up before we got here
             return
-        heapq.heappush(self._heap, Waiter(request.priority, next(self._seq), request, answer))
+        waiter = Waiter(request.priority, next(self._seq), request, token, answer)
+        heapq.heappush(self._heap, waiter)
         self.grant(engine)
 
     def grant(self, engine: LLMEngine) -> None:
@@ -63,6 +68,7 @@ class ReservationQueue:
                     request.priority,
                     self.timeout_s,
                     output_token_ids=request.output_token_ids,
+                    token=waiter.token,
                 )
                 if reserved is None:
                     return

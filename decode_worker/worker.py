@@ -6,13 +6,16 @@ Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
    ``reservation_timeout_s`` away. On a full cache it waits among other hand-offs, served by
    (priority, arrival) (``reservations.py``), else it is refused with the reason, worked out on
    the engine thread; ``reserve`` returns within its ``wait_s`` whatever the engine thread is
-   doing. The :class:`Reservation` names this worker's KV endpoint for the prefill worker.
-2. The transport's receiver thread checks the header's layout (model, dtype, block size, shape)
-   against ours. When the pages arrive it takes the reservation (RECEIVING; checked against the
-   layout, the block count and the shape) and writes the pages into its blocks right there, then
+   doing. The :class:`Reservation` names this worker's KV endpoint for the prefill worker and
+   carries the reservation's secret (128 random bits): only pages carrying it are taken.
+2. The transport's receiver thread checks the header before any page is read: a live
+   reservation with that secret, our layout (model, dtype, block size), a shape and size that
+   fit the reserved blocks. When the pages arrive it takes the reservation (RECEIVING; checked
+   again, with the request state: the reserved prompt, token ids within the vocabulary, counts
+   that fit the blocks) and writes the pages into its blocks right there, then
    acknowledges, so the prefill side may free its copy. (Waiting for the engine thread first would
-   cost each hand-off a whole decode step.) A transfer that breaks after its header ends the
-   reservation at once, with the error.
+   cost each hand-off a whole decode step.) A transfer that breaks after its header passed the
+   handshake ends the reservation at once, with the error.
 3. Between two steps the engine thread starts the request decoding (RUNNING) with everything else
    running; each token is streamed by ``stream``.
 4. It ends on EOS, a stop string or its output limit (``docs/token-accounting.md``), or on
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -42,7 +46,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import Request, RequestStatus
 from engine.transfer import create_receiver
-from engine.transfer.payload import HandoffState, KVLayout, KVPayload
+from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from engine.worker.contracts import GenerationRequest, Reservation
 from engine.worker.runtime import WorkerRuntime
 
@@ -75,6 +79,7 @@ class DecodeWorker(WorkerRuntime):
             kv_bind_address(transfer.host),
             on_broken=self._on_broken,
             stream_timeout_s=transfer.transfer_timeout_s,
+            max_payload_bytes=self.engine.kv_cache_bytes,
         )
 
     def endpoint(self) -> str:
@@ -84,23 +89,24 @@ class DecodeWorker(WorkerRuntime):
         """Set blocks aside for an incoming hand-off and open its stream. Waits for room, among
         waiting hand-offs served by priority then arrival; returns within ``wait_s``."""
         request_id = request.request_id
+        token = secrets.token_hex(16)  # only pages carrying it are accepted
         self._open(request_id)
         try:
-            refusal = self._wait_for_blocks(request, max(wait_s, 0.0))
+            refusal = self._wait_for_blocks(request, token, max(wait_s, 0.0))
         except BaseException:
             self._close(request_id)
             raise
         if refusal is not None:
             self._close(request_id)
             return Reservation.refused(refusal)
-        return Reservation(True, self.receiver.endpoint)
+        return Reservation(True, self.receiver.endpoint, token=token)
 
-    def _wait_for_blocks(self, request: GenerationRequest, wait_s: float) -> str | None:
+    def _wait_for_blocks(self, request: GenerationRequest, token: str, wait_s: float) -> str | None:
         """None once blocks are reserved, else why not, within ``wait_s`` (the last
         ``SETTLE_S`` of it for the engine thread to say why)."""
         deadline = time.monotonic() + wait_s
         answer: Future[str | None] = Future()
-        added = self.loop.call(lambda e: self._waiting.add(e, request, answer))
+        added = self.loop.call(lambda e: self._waiting.add(e, request, token, answer))
         with contextlib.suppress(TimeoutError):
             return answer.result(timeout=_left(deadline - min(SETTLE_S, wait_s / 2)))
         self.loop.call(lambda e: self._waiting.withdraw(e, request.request_id))
@@ -151,19 +157,23 @@ class DecodeWorker(WorkerRuntime):
             raise ValueError(f"count must be >= 1, got {count}")
         return self.receiver.break_next(count)
 
-    def _on_transfer(self, item: KVLayout | KVPayload) -> str | None:
-        """Transport thread: the handshake (a layout), then the pages (a payload), written into
-        their reserved blocks right here; the engine thread only starts the request decoding."""
+    def _on_transfer(self, item: TransferHeader | KVPayload) -> str | None:
+        """Transport thread: the handshake (a header, checked against its reservation before
+        any page is read), then the pages (a payload, checked again, state included), written
+        into their reserved blocks right here; the engine thread only starts the request."""
         try:
-            if isinstance(item, KVLayout):
-                self.engine.layout.check_compatible(item)
+            if isinstance(item, TransferHeader):
+                self.engine.check_transfer_header(item)
                 return None
             request = self.engine.take_reservation(item)
         except KVImportError as exc:
             return str(exc)
-        error = self.engine.write_pages(request, item)
-        state = item.state
-        self.loop.call(lambda e: self._install(e, request, state, error))
+        error: str | None = "KV install failed"
+        try:
+            error = self.engine.write_pages(request, item)
+        finally:  # whatever happens, the engine thread starts the request or frees its blocks
+            state = item.state
+            self.loop.call(lambda e: self._install(e, request, state, error))
         return error
 
     def _on_broken(self, request_id: str, error: str) -> None:

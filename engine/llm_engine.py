@@ -21,6 +21,7 @@ or ``expire_reservations`` once its deadline passed. ``import_kv`` does it all i
 from __future__ import annotations
 
 import hashlib
+import hmac
 import itertools
 import logging
 import threading
@@ -44,7 +45,7 @@ from engine.request import FinishReason, Request, RequestStatus
 from engine.sampler import make_generator, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.transfer.payload import HandoffState, KVLayout, KVPayload
+from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferHeader
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class LLMEngine:
         # Orders the transport thread's RESERVED -> RECEIVING against this thread ending the
         # request: blocks being written to are freed only once the write is over.
         self._receive_lock = threading.Lock()
+        self._import_tokens: dict[str, str] = {}  # reservation secrets, under _receive_lock
         self._pending: list[TokenEvent] = []
         self._arrivals = itertools.count()
 
@@ -285,10 +287,12 @@ class LLMEngine:
         priority: int = 5,
         timeout_s: float | None = None,
         output_token_ids: Sequence[int] = (),
+        token: str = "",
     ) -> Request | None:
         """Set blocks aside for an incoming hand-off: a RESERVED request that ends with an error
         if its pages are not in within ``timeout_s``. None when the cache cannot hold it now.
-        ``output_token_ids``: the outputs a migrated request arrives with, besides its prompt."""
+        ``output_token_ids``: the outputs a migrated request arrives with, besides its prompt.
+        ``token``: the reservation's secret; only pages carrying it are taken."""
         if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
         num_prompt = len(prompt_token_ids)
@@ -304,6 +308,10 @@ class LLMEngine:
         if timeout_s is not None:
             request.deadline = request.arrival_time + timeout_s
         self.requests[request_id] = request
+        with self._receive_lock:
+            for ended in [r for r in self._import_tokens if r not in self.requests]:
+                del self._import_tokens[ended]
+            self._import_tokens[request_id] = token
         return request
 
     def reservation_refusal(self, num_tokens: int) -> str:
@@ -322,26 +330,91 @@ class LLMEngine:
                 waited = deadline - request.arrival_time
                 self.abort(request.request_id, f"KV pages did not arrive within {waited:.0f} s")
 
-    def take_reservation(self, payload: KVPayload) -> Request:
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the whole KV cache: more pages than that never arrive for one request."""
+        block_bytes = bytes_per_block(self.shape, self.layout.block_size, self.dtype)
+        return self.blocks.num_blocks * block_bytes
+
+    def check_transfer_header(self, header: TransferHeader) -> None:
+        """Any thread: the handshake, before any page is read. Raises :class:`KVImportError`
+        unless a live reservation with the header's secret awaits pages of this layout and
+        shape."""
+        with self._receive_lock:
+            request = self._live_reservation(header.request_id, header.token)
+            self.layout.check_compatible(header.layout)
+            self._check_page_shape(request, header.shape)
+
+    def take_reservation(self, payload: KVPayload, max_output_tokens: int | None = None) -> Request:
         """Any thread: check arriving pages against their reservation and mark it RECEIVING.
 
         Raises :class:`KVImportError` (the request keeps its reservation) for pages that have no
-        reservation or do not fit it: another model or layout, more blocks, another shape.
+        live reservation with their secret or do not fit it: another model or layout, more
+        blocks, another shape, or a request state at odds with the reservation (another prompt,
+        token ids out of the vocabulary, counts that do not add up). ``max_output_tokens``
+        overrides the state's output limit.
         """
         state = payload.state
         num_blocks = self.blocks.blocks_for(state.num_computed_tokens)
         with self._receive_lock:
-            request = self.requests.get(state.request_id)
-            if request is None or request.status != RequestStatus.RESERVED:
-                raise KVImportError(f"request {state.request_id!r} has no reservation (aborted?)")
+            request = self._live_reservation(state.request_id, payload.token)
             self.layout.check_compatible(payload.layout)
-            if num_blocks > len(request.block_ids):
-                raise KVImportError(
-                    f"{num_blocks} blocks arrived, {len(request.block_ids)} reserved"
-                )
+            self._check_page_shape(request, tuple(payload.blocks.shape))
             payload.check_shape(num_blocks)
+            self._check_state(request, state, max_output_tokens or state.max_output_tokens)
             request.status = RequestStatus.RECEIVING
+            self._import_tokens.pop(state.request_id, None)
         return request
+
+    def _live_reservation(self, request_id: str, token: str) -> Request:
+        """Under ``_receive_lock``: the RESERVED request whose secret is ``token``. Every miss
+        gets the same answer, whatever was wrong."""
+        request = self.requests.get(request_id)
+        expected = self._import_tokens.get(request_id, "")
+        matches = hmac.compare_digest(token.encode(), expected.encode())
+        if not matches or request is None or request.status != RequestStatus.RESERVED:
+            raise KVImportError("no reservation for these pages (aborted?)")
+        return request
+
+    def _check_page_shape(self, request: Request, shape: tuple[int, ...]) -> None:
+        layout = self.layout
+        num_blocks = shape[2] if len(shape) == 6 else 0
+        expected = (
+            layout.num_layers,
+            2,
+            num_blocks,
+            layout.block_size,
+            layout.num_kv_heads,
+            layout.head_dim,
+        )
+        if shape != expected:
+            raise KVImportError(f"KV blocks have shape {shape}, expected {expected}")
+        if num_blocks > len(request.block_ids):
+            raise KVImportError(f"{num_blocks} blocks arrived, {len(request.block_ids)} reserved")
+
+    def _check_state(self, request: Request, state: HandoffState, max_output_tokens: int) -> None:
+        """The arriving state must continue the reserved request and fit its blocks: a forged
+        one never reaches a step, where a bad token id would fail every running request."""
+        num_prompt = request.num_prompt_tokens
+        tokens = state.token_ids
+        if state.num_prompt_tokens != num_prompt or tokens[:num_prompt] != request.token_ids:
+            raise KVImportError("the pages' prompt is not the reserved request's")
+        computed = state.num_computed_tokens
+        if computed < num_prompt or len(tokens) != computed + 1:
+            raise KVImportError(
+                f"inconsistent request state: {len(tokens)} tokens, {computed} computed"
+            )
+        if self.blocks.blocks_for(len(tokens)) > len(request.block_ids):
+            raise KVImportError(f"{len(tokens)} tokens do not fit the reserved blocks")
+        vocab_size = self.shape.vocab_size
+        if any(not 0 <= t < vocab_size for t in tokens):
+            raise KVImportError(f"a token id is outside the vocabulary (0..{vocab_size - 1})")
+        num_outputs = len(tokens) - num_prompt
+        if not num_outputs <= max_output_tokens <= self.config.scheduler.max_seq_len:
+            raise KVImportError(
+                f"output limit {max_output_tokens} is not within {num_outputs}.."
+                f"{self.config.scheduler.max_seq_len}"
+            )
 
     @torch.inference_mode()
     def write_pages(self, request: Request, payload: KVPayload) -> str | None:
@@ -387,11 +460,12 @@ class LLMEngine:
                 state.params,
                 state.priority,
                 output_token_ids=state.token_ids[state.num_prompt_tokens :],
+                token=payload.token,
             )
             if reserved is None:
                 raise KVImportError(f"no free KV blocks for request {state.request_id!r}")
         try:
-            request = self.take_reservation(payload)
+            request = self.take_reservation(payload, max_output_tokens)
         except KVImportError as exc:
             if self.requests[state.request_id].status == RequestStatus.RESERVED:
                 self.abort(state.request_id, str(exc))

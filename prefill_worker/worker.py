@@ -2,7 +2,8 @@
 
 Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
 1. ``prefill`` (a streaming call) takes the :class:`GenerationRequest` and, when the decode side
-   has room for it, a :class:`HandoffTarget` (the decode worker's endpoint and output limit); it
+   has room for it, a :class:`HandoffTarget` (the decode worker's endpoint, output limit and the
+   reservation's secret, sent with the pages); it
    queues the prompt as a prefill-only request, which the engine batches with other prompts
    (chunked by ``maxPrefillTokens``).
 2. Its first token is streamed back at once. A request that ends on that token (EOS, a stop
@@ -82,6 +83,7 @@ class PrefillWorker(WorkerRuntime):
                 continue
             try:
                 payload = self.engine.export_kv(event.request_id, target.max_output_tokens)
+                payload.token = target.token
                 deadline = time.monotonic() + self.transfer_timeout_s
                 self._senders.submit(self._send, target.endpoint, payload, deadline)
             except Exception as exc:

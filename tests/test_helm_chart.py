@@ -16,11 +16,13 @@ helm comes from ``scripts/fetch_helm.py`` (run by ``scripts/install.sh``) or ``P
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -41,12 +43,29 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CRDS = ROOT.parent / "shared" / "kuberay-crds"
 RELEASE, NAMESPACE = "demo", "serving"
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
-CUSTOM_KINDS = {("ray.io/v1", "RayCluster"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
-BUILTIN_KINDS = {"ConfigMap", "Secret", "Service", "Deployment"}
+CERT_MANAGER_API = "cert-manager.io/v1"
+CUSTOM_KINDS = {
+    ("ray.io/v1", "RayCluster"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
+}
+BUILTIN_KINDS = {"ConfigMap", "Secret", "Service", "Deployment", "NetworkPolicy"}
 KUBE_VERSIONS = ("1.25", kubernetes_validate.latest_version())  # Chart.yaml kubeVersion: >=1.25
 NAMES = [path.name.removesuffix("-values.yaml") for path in CI_VALUES]
 CASES = [(name, monitoring) for name in NAMES for monitoring in (False, True)]
 CASE_IDS = [f"{name}{'+prometheus-operator' if monitoring else ''}" for name, monitoring in CASES]
+# The image's user and home (deploy/docker/Dockerfile); tests/test_dockerfile.py holds the
+# Dockerfile to them.
+IMAGE_UID, IMAGE_GID, IMAGE_HOME = 1000, 100, "/home/ray"
+# Paths Ray and pdserve write to at run time: each must lie on a writable (emptyDir) volume.
+WRITABLE_PATHS = (
+    "/tmp",
+    "/tmp/ray",
+    "/dev/shm",
+    f"{IMAGE_HOME}/.cache/pdserve",
+    f"{IMAGE_HOME}/.cache/torch_extensions",
+)
 
 
 # ---- helm -----------------------------------------------------------------------------------
@@ -94,11 +113,26 @@ def values_of(name: str) -> dict[str, Any]:
 
 
 @cache
-def render(name: str, monitoring: bool = False) -> tuple[dict[str, Any], ...]:
+def render(
+    name: str, monitoring: bool = False, cert_manager: bool = False, extra: str = ""
+) -> tuple[dict[str, Any], ...]:
+    """``helm template`` with ci/<name>-values.yaml, the APIs the cluster is said to serve, and
+    ``extra`` (YAML) on top."""
     args: list[str | Path] = ["template", RELEASE, CHART, "-n", NAMESPACE, "-f", values_file(name)]
     if monitoring:
         args += ["--api-versions", SERVICE_MONITOR_API]
-    result = run_helm(*args)
+    if cert_manager:
+        args += ["--api-versions", CERT_MANAGER_API]
+    if extra:
+        args += ["-f", "-"]
+    result = subprocess.run(
+        [helm_binary(), *args],
+        input=extra or None,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, f"helm template with {name}: {result.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
@@ -240,8 +274,23 @@ def test_values_schema_only_uses_pdserve_config_keys() -> None:
         ({"msCoordinator": {"http_config": {"predict_prot": 1025}}}, "predict_prot"),
         ({"decode": {"resources": {"gpu": 0.5}}}, "/decode/resources/gpu"),
         ({"replica": 3}, "replica"),
+        ({"ray": {"authMode": "password"}}, "authMode"),
+        ({"networkPolicy": {"predictFrom": [{"podSelectr": {}}]}}, "podSelectr"),
+        ({"networkPolicy": {"predictFrom": [{"ipBlock": {}}]}}, "cidr"),
+        ({"tls": {"certManager": {"issuerRef": {"kind": "Vault"}}}}, "kind"),
     ],
-    ids=["string-replicas", "string-int", "port-range", "typo-key", "float-gpu", "unknown-top"],
+    ids=[
+        "string-replicas",
+        "string-int",
+        "port-range",
+        "typo-key",
+        "float-gpu",
+        "unknown-top",
+        "auth-mode",
+        "peer-typo",
+        "peer-cidr",
+        "issuer-kind",
+    ],
 )
 def test_values_schema_rejects_bad_values(tmp_path: Path, values: dict, named: str) -> None:
     bad = tmp_path / "bad-values.yaml"
@@ -378,13 +427,17 @@ def test_ms_coordinator_json_loads_with_pdserve(tmp_path: Path, name: str) -> No
 
 @pytest.mark.parametrize("name", NAMES)
 def test_coordinator_agrees_with_its_config(name: str) -> None:
-    docs = render(name)
+    docs, values = render(name), values_of(name)
     http = ms_coordinator(docs)["http_config"]
     ports = {"predict": "predict_port", "manage": "manage_port", "status": "status_port"}
     ports["metrics"] = "external_port"
+    # The management port is on the Service only when asked for.
+    on_service = dict(ports)
+    if not values["coordinator"]["service"]["exposeManagePort"]:
+        del on_service["manage"]
     service = one(docs, "Service")
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
-        name: http[key] for name, key in ports.items()
+        name: http[key] for name, key in on_service.items()
     }
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -392,14 +445,21 @@ def test_coordinator_agrees_with_its_config(name: str) -> None:
         name: http[key] for name, key in ports.items()
     }
     script = container["args"][0]
-    assert "exec pdserve --config /etc/pdserve/ms_coordinator.json" in script
+    assert 'exec pdserve --config "$CONFIG"' in script
+    assert "CONFIG=/etc/pdserve/ms_coordinator.json" in script
+    # The raylet of the coordinator listens on the fixed Ray ports the NetworkPolicies name.
+    flags = dict(re.findall(r"--([a-z-]+-port) (\d+)", script))
+    head_params = one(docs, "RayCluster")["spec"]["headGroupSpec"]["rayStartParams"]
+    for flag, port in flags.items():
+        assert head_params[flag] == port, flag
+    assert len(flags) == 8
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["RAY_ADDRESS"] == ms_coordinator(docs)["backend_config"]["ray_address"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         get = container[probe]["httpGet"]
         assert get["port"] == "status" and get["path"] in server_probe_paths(), probe
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts["config"] == "/etc/pdserve/ms_coordinator.json"
+    config_mounts = {m["mountPath"] for m in container["volumeMounts"] if m["name"] == "config"}
+    assert "/etc/pdserve/ms_coordinator.json" in config_mounts
 
 
 def server_probe_paths() -> tuple[str, ...]:
@@ -424,13 +484,15 @@ def test_tls_config_points_at_the_mounted_secret(name: str) -> None:
         return
     secret_name = volumes["tls"]["secret"]["secretName"]
     expected = {"tls_cert": "tls.crt", "tls_key": "tls.key"}
-    if values["tls"]["selfSigned"] or values["tls"]["caCert"]:
+    if values["tls"]["caCert"]:  # mutual TLS
         expected["ca_cert"] = "ca.crt"
+    else:
+        assert "ca_cert" not in tls
     for key, file in expected.items():
         assert tls[key] == f"{mounts['tls']}/{file}", key
     secrets = [s for s in objects(docs, "Secret") if s["metadata"]["name"] == secret_name]
-    if values["tls"]["selfSigned"]:
-        assert set(secrets[0]["data"]) == set(expected.values())
+    if values["tls"]["selfSigned"]:  # the generated Secret always carries its CA
+        assert set(secrets[0]["data"]) == {"tls.crt", "tls.key", "ca.crt"}
         assert secrets[0]["type"] == "kubernetes.io/tls"
     else:
         assert secret_name == values["tls"]["secretName"] and not secrets
@@ -499,3 +561,366 @@ def test_gpu_workers_ask_for_gpus() -> None:
         assert limits["nvidia.com/gpu"] == 1
         assert group["template"]["spec"]["nodeSelector"]["pdserve.io/role"] == group["groupName"]
     assert cluster["enableInTreeAutoscaling"] is True
+
+
+# ---- locked-down defaults -------------------------------------------------------------------
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def ray_reads_auth_env() -> tuple[str, str]:
+    """The names of the auth mode and token variables, read from the installed ray's sources
+    (importing ray is not needed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ray")
+    assert spec is not None and spec.origin is not None, "ray is not installed"
+    root = Path(spec.origin).parent
+    setup = (root / "_private" / "authentication" / "authentication_token_setup.py").read_text()
+    (mode,) = re.findall(r'^AUTH_MODE_ENV_VAR = "(\w+)"', setup, re.M)
+    assert '"RAY_AUTH_TOKEN"' in (root / "_private" / "runtime_env" / "image_uri.py").read_text()
+    return mode, "RAY_AUTH_TOKEN"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ray_token_auth_reaches_every_ray_process(name: str) -> None:
+    docs, values = render(name), values_of(name)
+    ray = values["ray"]
+    cluster = one(docs, "RayCluster")["spec"]
+    pods = pod_specs(docs)
+    containers = {role: pod["containers"][0] for role, pod in pods.items()}
+    mode_var, token_var = ray_reads_auth_env()
+    if ray["authMode"] != "token":
+        assert cluster.get("authOptions", {}).get("mode", "") == ray["authMode"]
+        assert "secretName" not in cluster.get("authOptions", {})
+        for role, container in containers.items():
+            assert token_var not in env_of(container), role
+        return
+    secret_name = ray["authSecret"]["name"] or f"{RELEASE}-pdserve-ray-auth"
+    key = ray["authSecret"]["key"]
+    assert cluster["authOptions"] == {"mode": "token", "secretName": secret_name}
+    sidecars = {}
+    if ray["enableInTreeAutoscaling"]:
+        sidecars["autoscaler"] = cluster["autoscalerOptions"]
+    for role, container in {**containers, **sidecars}.items():
+        env = env_of(container)
+        assert env[mode_var]["value"] == "token", role
+        ref = env[token_var]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (secret_name, key), role
+    generated = [s for s in objects(docs, "Secret") if s["metadata"]["name"] == secret_name]
+    if ray["authSecret"]["name"]:
+        assert not generated, "an existing Secret is named: the chart creates none"
+    else:
+        (secret,) = generated
+        token = base64.b64decode(secret["data"][key]).decode()
+        assert len(token) >= 32 and token.isalnum()
+
+
+def test_ray_token_is_generated_once() -> None:
+    """The generated token is random per rendering, and an upgrade keeps the Secret's token:
+    the template looks the Secret up and reuses its data."""
+    first, second = render("defaults"), render("defaults", extra="{}\n")
+    name = f"{RELEASE}-pdserve-ray-auth"
+    tokens = [
+        [s for s in objects(docs, "Secret") if s["metadata"]["name"] == name][0]["data"]
+        for docs in (first, second)
+    ]
+    assert tokens[0] != tokens[1]
+    template = (CHART / "templates" / "ray-auth-secret.yaml").read_text()
+    assert 'lookup "v1" "Secret" .Release.Namespace $name' in template
+    assert '$token := dig "data" $key "" $existing' in template
+    assert "$token | default (randAlphaNum" in template
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ray_dashboard_listens_on_loopback(name: str) -> None:
+    params = one(render(name), "RayCluster")["spec"]["headGroupSpec"]["rayStartParams"]
+    assert params["dashboard-host"] == "127.0.0.1"
+
+
+def ports_of(rule: dict[str, Any]) -> set[int]:
+    out: set[int] = set()
+    for port in rule.get("ports", []):
+        out |= set(range(port["port"], port.get("endPort", port["port"]) + 1))
+    return out
+
+
+def policy(docs: tuple[dict[str, Any], ...], suffix: str) -> dict[str, Any]:
+    (found,) = [
+        d for d in objects(docs, "NetworkPolicy") if d["metadata"]["name"].endswith(f"-{suffix}")
+    ]
+    return found["spec"]
+
+
+def admitted(spec: dict[str, Any], port: int) -> list[dict[str, Any]]:
+    """The peers any rule of the policy admits to ``port``."""
+    return [peer for rule in spec["ingress"] if port in ports_of(rule) for peer in rule["from"]]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_network_policies(name: str) -> None:
+    docs, values = render(name), values_of(name)
+    np = values["networkPolicy"]
+    if not np["enabled"]:
+        assert not objects(docs, "NetworkPolicy")
+        return
+    http = values["msCoordinator"]["http_config"]
+    cluster_name = one(docs, "RayCluster")["metadata"]["name"]
+    ray_ports = values["ray"]["ports"]
+    coordinator = {"podSelector": {"matchLabels": one(docs, "Service")["spec"]["selector"]}}
+    workers = {
+        "podSelector": {
+            "matchLabels": {"ray.io/cluster": cluster_name, "ray.io/node-type": "worker"}
+        }
+    }
+    prefill = {
+        "podSelector": {"matchLabels": {"ray.io/cluster": cluster_name, "ray.io/group": "prefill"}}
+    }
+    ray_pods = {"podSelector": {"matchLabels": {"ray.io/cluster": cluster_name}}}
+    assert len(objects(docs, "NetworkPolicy")) == 4
+    for doc in objects(docs, "NetworkPolicy"):
+        assert doc["spec"]["policyTypes"] == ["Ingress"]
+
+    # The coordinator: predict and status from predictFrom, manage from nobody unless exposed.
+    spec = policy(docs, "coordinator")
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert admitted(spec, http["predict_port"]) == np["predictFrom"]
+    assert admitted(spec, http["status_port"]) == np["predictFrom"]
+    assert admitted(spec, http["external_port"]) == np["metricsFrom"]
+    manage = admitted(spec, http["manage_port"])
+    if values["coordinator"]["service"]["exposeManagePort"]:
+        assert manage == np["manageFrom"]
+    else:
+        assert manage == []
+    assert admitted(spec, ray_ports["nodeManager"]) == [ray_pods]
+
+    # The head: GCS from the coordinator and the workers, the client port from the coordinator
+    # only, the dashboard from nobody.
+    spec = policy(docs, "ray-head")
+    assert spec["podSelector"]["matchLabels"] == {
+        "ray.io/cluster": cluster_name,
+        "ray.io/node-type": "head",
+    }
+    assert admitted(spec, 6379) == [coordinator, workers]
+    assert admitted(spec, 10001) == [coordinator]
+    assert admitted(spec, 8265) == []
+
+    # Decode: the KV ports from prefill pods only; no Ray port falls among them.
+    spec = policy(docs, "ray-decode")
+    kv = range(np["kvPorts"]["start"], np["kvPorts"]["end"] + 1)
+    for port in (kv.start, kv.stop - 1, 49152, 60999):
+        assert admitted(spec, port) == [prefill], port
+    assert all(port < kv.start for port in ray_ports.values())
+    groups = [g["groupName"] for g in one(docs, "RayCluster")["spec"]["workerGroupSpecs"]]
+    for role in groups:
+        spec = policy(docs, f"ray-{role}")
+        assert spec["podSelector"]["matchLabels"] == {
+            "ray.io/cluster": cluster_name,
+            "ray.io/group": role,
+        }
+        for port in (ray_ports["objectManager"], ray_ports["minWorker"], ray_ports["maxWorker"]):
+            assert admitted(spec, port) == [coordinator, ray_pods], (role, port)
+        assert admitted(spec, http["predict_port"]) == []
+
+
+def test_network_policy_sources_follow_values() -> None:
+    values = values_of("network")
+    docs = render("network")
+    spec = policy(docs, "coordinator")
+    http = values["msCoordinator"]["http_config"]
+    assert admitted(spec, http["predict_port"])[1] == {"ipBlock": {"cidr": "10.20.0.0/16"}}
+    assert admitted(spec, http["manage_port"]) == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    assert "manage" in {p["name"] for p in one(docs, "Service")["spec"]["ports"]}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pods_run_locked_down(name: str) -> None:
+    docs = render(name)
+    for role, pod in pod_specs(docs).items():
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True, role
+        assert (context["runAsUser"], context["runAsGroup"]) == (IMAGE_UID, IMAGE_GID), role
+        assert context["fsGroup"] == IMAGE_GID, role
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, role
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            where = f"{role}/{container['name']}"
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, where
+            assert security["capabilities"] == {"drop": ["ALL"]}, where
+            assert security["readOnlyRootFilesystem"] is True, where
+        (container,) = pod["containers"]
+        scratch = {
+            m["mountPath"]: m["name"]
+            for m in container["volumeMounts"]
+            if "emptyDir" in volumes[m["name"]]
+        }
+        for path in WRITABLE_PATHS:
+            under = [mount for mount in scratch if path == mount or path.startswith(mount + "/")]
+            assert under, f"{role}: {path} is on the read-only root filesystem"
+        # The caches baked into the image are copied into ~/.cache before the main container.
+        if role != "head":
+            (seed,) = pod["initContainers"]
+            assert seed["name"] == "seed-cache"
+            assert seed["volumeMounts"] == [{"name": "cache", "mountPath": f"{IMAGE_HOME}/.cache"}]
+            assert f"cp -a /opt/pdserve/cache/. {IMAGE_HOME}/.cache/;" in seed["command"][-1]
+
+
+def test_api_keys_come_from_a_secret(tmp_path: Path) -> None:
+    """The keys never land in the ConfigMap: the coordinator merges them from the Secret into a
+    private copy of its config at start, with the chart's own script."""
+    values = values_of("tls-on")
+    docs = render("tls-on")
+    assert "api_keys" not in ms_coordinator(docs)["http_config"]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    secret = volumes["api-keys"]["secret"]
+    assert secret["secretName"] == values["apiKeys"]["secretName"]
+    assert secret["items"] == [{"key": values["apiKeys"]["secretKey"], "path": "api-keys"}]
+    assert mounts["/etc/pdserve/api-keys"]["name"] == "api-keys"
+    assert mounts["/etc/pdserve/compose_config.py"]["subPath"] == "compose_config.py"
+    assert "manage-api-keys" not in volumes
+    script = container["args"][0]
+    command = (
+        'python /etc/pdserve/compose_config.py "$CONFIG" /tmp/pdserve/ms_coordinator.json '
+        "--api-keys /etc/pdserve/api-keys/api-keys\n"
+    )
+    assert command in script
+    assert script.index(command) < script.index('exec pdserve --config "$CONFIG"')
+    assert "CONFIG=/tmp/pdserve/ms_coordinator.json" in script
+
+    # Run the script the ConfigMap carries on the rendered config and a keys file.
+    (config_map,) = [d for d in objects(docs, "ConfigMap") if "compose_config.py" in d["data"]]
+    compose = tmp_path / "compose_config.py"
+    compose.write_text(config_map["data"]["compose_config.py"])
+    source, keys, target = tmp_path / "in.json", tmp_path / "keys", tmp_path / "out" / "c.json"
+    source.write_text(config_map["data"]["ms_coordinator.json"])
+    keys.write_text("k-123\n\n  k-456  \n")
+    run = [sys.executable, compose, source, target]
+    subprocess.run([*run, "--api-keys", keys], check=True, timeout=30)
+    assert load_config(target)["http_config"]["api_keys"] == ("k-123", "k-456")
+    assert target.stat().st_mode & 0o777 == 0o600
+    keys.write_text("\n")
+    empty = subprocess.run([*run, "--api-keys", keys], capture_output=True, timeout=30)
+    assert empty.returncode != 0 and b"no API key" in empty.stderr
+
+    # Without a Secret the config is used as rendered.
+    defaults = one(render("defaults"), "Deployment")["spec"]["template"]["spec"]
+    assert not {"api-keys", "manage-api-keys"} & {v["name"] for v in defaults["volumes"]}
+    assert "compose_config.py" not in defaults["containers"][0]["args"][0]
+
+
+def test_management_api_stays_on_loopback_unless_exposed_with_keys(tmp_path: Path) -> None:
+    import coordinator.config as pd_config
+
+    check = getattr(pd_config, "check_manage_listener", None)
+    # Defaults: loopback, not on the Service.
+    docs = render("defaults")
+    assert ms_coordinator(docs)["http_config"]["manage_ip"] == "127.0.0.1"
+    assert "manage" not in {p["name"] for p in one(docs, "Service")["spec"]["ports"]}
+    config_file = tmp_path / "defaults.json"
+    config_file.write_text(json.dumps(ms_coordinator(docs)))
+    if check:
+        check(load_config(config_file))
+    # Exposed: off loopback, with the keys of their own Secret merged in at start.
+    values = values_of("network")
+    docs = render("network")
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    secret = {v["name"]: v for v in pod["volumes"]}["manage-api-keys"]["secret"]
+    assert secret["secretName"] == values["apiKeys"]["manage"]["secretName"]
+    assert secret["items"] == [
+        {"key": values["apiKeys"]["manage"]["secretKey"], "path": "manage-api-keys"}
+    ]
+    script = pod["containers"][0]["args"][0]
+    assert "--manage-api-keys /etc/pdserve/manage-api-keys/manage-api-keys" in script
+    (config_map,) = [d for d in objects(docs, "ConfigMap") if "compose_config.py" in d["data"]]
+    compose, source = tmp_path / "compose_config.py", tmp_path / "in.json"
+    compose.write_text(config_map["data"]["compose_config.py"])
+    source.write_text(config_map["data"]["ms_coordinator.json"])
+    keys, target = tmp_path / "manage-keys", tmp_path / "out.json"
+    keys.write_text("m-1\n")
+    run = [sys.executable, compose, source, target, "--manage-api-keys", keys]
+    subprocess.run(run, check=True, timeout=30)
+    composed = json.loads(target.read_text())["http_config"]
+    assert (composed["manage_ip"], composed["manage_api_keys"]) == ("0.0.0.0", ["m-1"])
+    if check:
+        check(load_config(target))
+    # Exposing it without keys, or on loopback, fails the rendering.
+    for extra, message in (
+        ({"coordinator": {"service": {"exposeManagePort": True}}}, "manage_ip off loopback"),
+        (
+            {
+                "coordinator": {"service": {"exposeManagePort": True}},
+                "msCoordinator": {"http_config": {"manage_ip": "0.0.0.0"}},
+            },
+            "apiKeys.manage.secretName",
+        ),
+    ):
+        bad = tmp_path / "bad-values.yaml"
+        bad.write_text(yaml.safe_dump(extra))
+        result = run_helm("template", RELEASE, CHART, "-f", bad)
+        assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_inline_api_keys_are_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad-values.yaml"
+    bad.write_text(yaml.safe_dump({"msCoordinator": {"http_config": {"api_keys": ["k"]}}}))
+    result = run_helm("template", RELEASE, CHART, "-f", bad)
+    assert result.returncode != 0 and "api_keys" in result.stderr
+
+
+def test_certificate_from_cert_manager_when_its_api_is_there() -> None:
+    docs = render("defaults", cert_manager=True)
+    service = one(docs, "Service")["metadata"]["name"]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    secret_name = {v["name"]: v for v in pod["volumes"]}["tls"]["secret"]["secretName"]
+    certificate = one(docs, "Certificate")["spec"]
+    issuer = one(docs, "Issuer")
+    assert certificate["secretName"] == secret_name
+    assert f"{service}.{NAMESPACE}.svc" in certificate["dnsNames"]
+    assert certificate["issuerRef"] == {
+        "name": issuer["metadata"]["name"],
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert certificate["duration"] == "2160h" and certificate["renewBefore"] == "720h"
+    # cert-manager writes the Secret: the chart's generated one is gone; no client certificate
+    # is required unless tls.caCert asks for mutual TLS.
+    assert not [s for s in objects(docs, "Secret") if s["metadata"]["name"] == secret_name]
+    assert "ca_cert" not in ms_coordinator(docs)["tls_config"]
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, KUBE_VERSIONS[-1], strict=True)
+
+    # Without the API: the generated self-signed Secret, no Certificate.
+    plain = render("defaults")
+    assert not objects(plain, "Certificate") and not objects(plain, "Issuer")
+    assert [s for s in objects(plain, "Secret") if s["metadata"]["name"] == secret_name]
+    # A Secret of one's own wins over cert-manager; cert-manager may be turned off.
+    assert not objects(render("tls-on", cert_manager=True), "Certificate")
+    off = render("defaults", cert_manager=True, extra="tls: {certManager: {enabled: false}}\n")
+    assert not objects(off, "Certificate")
+
+
+def test_cert_manager_with_an_issuer_of_ones_own() -> None:
+    issuer = {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
+    extra = yaml.safe_dump({"tls": issuer})
+    docs = render("defaults", cert_manager=True, extra=extra)
+    assert not objects(docs, "Issuer")
+    assert one(docs, "Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+    # Mutual TLS only with tls.caCert.
+    assert "ca_cert" not in ms_coordinator(docs)["tls_config"]
+    with_ca = render(
+        "defaults", cert_manager=True, extra=yaml.safe_dump({"tls": {**issuer, "caCert": True}})
+    )
+    assert "ca_cert" in ms_coordinator(with_ca)["tls_config"]

@@ -13,7 +13,7 @@ import pytest
 from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, TooManyRequests
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
-from coordinator.router import Router
+from coordinator.router import STALE_GRACE_S, Router, WorkerState
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
@@ -88,6 +88,29 @@ async def _collect(service, timeout_s=600, into=None):
     return events
 
 
+def _gone(worker: WorkerState) -> None:
+    """Silent for longer than the router waits for a stale worker."""
+    worker.fresh, worker.last_seen = False, time.monotonic() - STALE_GRACE_S - 1
+
+
+def _stale(worker: WorkerState) -> None:
+    """Missed the last poll only."""
+    worker.fresh = False
+
+
+def test_a_stale_worker_is_chosen_only_when_no_fresh_pair_is_left():
+    service = _service(FakeCluster())
+    router = service.router
+    _stale(router.decodes[0])
+    assert {router.choose(3)[1] for _ in range(4)} == {1}
+    _stale(router.decodes[1])
+    assert router.choose(3)[1] in (0, 1)  # slow, not failed: no 503
+    _gone(router.decodes[0])
+    _gone(router.decodes[1])
+    with pytest.raises(NoWorkerError):
+        router.choose(3)
+
+
 def _migrations(metrics: Metrics, cause: str) -> float:
     value = metrics.registry.get_sample_value(
         "request_migrations_total", {"model_name": "m", "reason": cause}
@@ -146,7 +169,7 @@ def test_a_lone_failed_pair_is_tried_again():
     cluster = FakeCluster(fail_after={(0, 0): 2}, fail_once=True)
     service = _service(cluster)
     for worker in [*service.router.prefills[1:], *service.router.decodes[1:]]:
-        worker.alive = False
+        _gone(worker)
     events = asyncio.run(_collect(service))
     assert [e.token_id for e in events] == [100 + n for n in range(MAX_NEW)]
     assert [pair for pair, _ in cluster.calls] == [(0, 0), (0, 0)]
@@ -155,13 +178,13 @@ def test_a_lone_failed_pair_is_tried_again():
 def test_a_migration_waits_for_a_pair_within_the_request_timeout():
     cluster = FakeCluster(fail_after={(0, 0): 1})
     service = _service(cluster, timeouts=Timeouts(infer=1))
-    service.router.prefills[1].alive = False
-    service.router.decodes[1].alive = False
+    _gone(service.router.prefills[1])
+    _gone(service.router.decodes[1])
 
     async def run():
         async def kill_the_rest():
             await asyncio.sleep(0.05)
-            service.router.prefills[0].alive = False
+            _gone(service.router.prefills[0])
 
         asyncio.ensure_future(kill_the_rest())
         return await _collect(service)
@@ -177,7 +200,7 @@ def test_a_migration_waits_for_a_pair_within_the_request_timeout():
 def test_no_pair_at_all_is_503_at_once():
     service = _service(FakeCluster())
     for worker in service.router.decodes:
-        worker.alive = False
+        _gone(worker)
     with pytest.raises(NoWorkerError):
         asyncio.run(_collect(service))
 

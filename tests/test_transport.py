@@ -20,7 +20,7 @@ from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.transfer import KVTransferError, create_receiver, create_sender
 from engine.transfer.grpc_transport import CHUNK_BYTES, chunk_messages
-from engine.transfer.payload import KVLayout, KVPayload
+from engine.transfer.payload import KVLayout, KVPayload, TransferHeader
 from tests.conftest import make_engine
 
 # a hand-off's settings (transport, shared_memory), and the path its pages must take
@@ -64,9 +64,9 @@ class Recorder:
         self.received: list[KVPayload] = []
 
     def __call__(self, item):
-        if isinstance(item, KVLayout):
+        if isinstance(item, TransferHeader):
             try:
-                self.expected.check_compatible(item)
+                self.expected.check_compatible(item.layout)
             except Exception as exc:
                 return str(exc)
             return None

@@ -21,7 +21,7 @@ from engine.sampling_params import SamplingParams
 from engine.transfer import KVTransferError, create_receiver, create_sender
 from engine.transfer.endpoints import EndpointCache
 from engine.transfer.grpc_transport import MAX_CONCURRENT_PUSHES, chunk_messages
-from engine.transfer.payload import HandoffState, KVLayout, KVPayload
+from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferHeader
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
 from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
@@ -104,10 +104,13 @@ def test_fault_injection_needs_its_environment_switch(tiny_model_dir, monkeypatc
 
 def test_a_transport_broken_mid_transfer_fails_the_handoff_and_frees_both_sides(pair):
     prefill, decode = pair
-    assert decode.reserve(_request("broken")).granted
+    reservation = decode.reserve(_request("broken"))
+    assert reservation.granted
     assert decode.inject_fault("break_transport", 1) == 1
     start = time.monotonic()
-    items = _collect(prefill.prefill(_request("broken"), HandoffTarget(decode.endpoint(), 6)))
+    items = _collect(
+        prefill.prefill(_request("broken"), HandoffTarget(decode.endpoint(), 6, reservation.token))
+    )
     seconds = time.monotonic() - start
     result = items[-1]
     assert isinstance(result, HandoffResult) and not result.ok
@@ -120,8 +123,11 @@ def test_a_transport_broken_mid_transfer_fails_the_handoff_and_frees_both_sides(
     assert decode.load().num_open_streams == 0
 
     # the transport recovers: the next hand-off goes through
-    assert decode.reserve(_request("next")).granted
-    items = _collect(prefill.prefill(_request("next"), HandoffTarget(decode.endpoint(), 6)))
+    reservation = decode.reserve(_request("next"))
+    assert reservation.granted
+    items = _collect(
+        prefill.prefill(_request("next"), HandoffTarget(decode.endpoint(), 6, reservation.token))
+    )
     assert items[-1].ok
     events = _collect(decode.stream("next"))
     assert events[-1].finish_reason == FinishReason.LENGTH
@@ -139,7 +145,7 @@ def _payload(num_blocks: int = 1) -> KVPayload:
     return KVPayload(_LAYOUT, _STATE, torch.randn(2, 2, num_blocks, 4, 2, 8))
 
 
-def _accept_all(item: KVLayout | KVPayload) -> str | None:
+def _accept_all(item: TransferHeader | KVPayload) -> str | None:
     return None
 
 

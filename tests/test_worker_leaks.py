@@ -106,10 +106,10 @@ def test_a_request_that_finished_before_its_stream_call_is_still_streamed(tiny_m
     prefill = PrefillWorker(_config(tiny_model_dir), transfer)
     decode = DecodeWorker(_config(tiny_model_dir), transfer)
     try:
-        assert decode.reserve(_request("r", max_new_tokens=2)).granted
-        items = _collect(
-            prefill.prefill(_request("r", max_new_tokens=2), HandoffTarget(decode.endpoint(), 2))
-        )
+        reservation = decode.reserve(_request("r", max_new_tokens=2))
+        assert reservation.granted
+        target = HandoffTarget(decode.endpoint(), 2, reservation.token)
+        items = _collect(prefill.prefill(_request("r", max_new_tokens=2), target))
         assert isinstance(items[-1], HandoffResult) and items[-1].ok
         assert _wait_until(lambda: "r" not in decode.engine.requests, 3)  # done on its 1st step
         time.sleep(0.5)  # the coordinator is slow to call stream

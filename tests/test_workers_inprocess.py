@@ -80,8 +80,11 @@ def _request(request_id: str, num_prompt_tokens: int = 5, priority: int = 5) -> 
 
 def test_handoff_then_decode(pair, handoff):
     prefill, decode = pair
-    assert decode.reserve(_request("r")).granted
-    items = list(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
+    reservation = decode.reserve(_request("r"))
+    assert reservation.granted
+    items = list(
+        prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6, reservation.token))
+    )
     assert isinstance(items[0], TokenEvent) and items[0].token_id is not None
     assert isinstance(items[-1], HandoffResult) and items[-1].ok and items[-1].num_bytes > 0
     assert prefill.num_handoffs_by_path() == {HANDOFFS[handoff][1]: 1}
@@ -115,9 +118,12 @@ def test_pages_that_never_arrive_free_the_reservation(pair):
 
 def test_abort_before_the_pages_arrive_refuses_them(pair):
     prefill, decode = pair
-    assert decode.reserve(_request("r")).granted
+    reservation = decode.reserve(_request("r"))
+    assert reservation.granted
     decode.abort("r")
-    items = list(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
+    items = list(
+        prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6, reservation.token))
+    )
     assert isinstance(items[-1], HandoffResult) and not items[-1].ok
     assert "no reservation" in items[-1].error
     _assert_freed(prefill)
@@ -173,11 +179,14 @@ def test_pages_are_acknowledged_while_the_engine_thread_is_busy(tiny_model_dir):
     prefill = PrefillWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
     decode = _decode_worker(tiny_model_dir, num_blocks=64)
     try:
-        assert decode.reserve(_request("r")).granted
+        reservation = decode.reserve(_request("r"))
+        assert reservation.granted
         busy, go_on = threading.Event(), threading.Event()
         decode.loop.call(lambda engine: busy.set() or go_on.wait(10))  # a long "decode step"
         assert busy.wait(5)
-        items = list(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
+        items = list(
+            prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6, reservation.token))
+        )
         assert items[-1].ok  # acknowledged: the pages are in the reserved blocks already
         assert decode.engine.requests["r"].status == RequestStatus.RECEIVING
         go_on.set()

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 from coordinator.api import azure, mindie
 from coordinator.api.azure import create_azure_router, create_info_router
-from coordinator.api.common import APIError
+from coordinator.api.common import APIError, internal_error_message, new_error_id
 from coordinator.api.embeddings import Embed, create_embeddings_router
 from coordinator.api.middleware import DisconnectGuard, RequestGate
 from coordinator.api.mindie import create_infer_router
@@ -74,13 +74,18 @@ def create_routers(
     if served.embedding_path is not None:
         routers.append(
             create_embeddings_router(
-                embed, served.embedding_name, served.embedding_dimensions, body_limit_mb
+                embed, served.embedding_name, served.embedding_dimensions, body_limit_mb, service
             )
         )
     config = served.mlflow.model_config if served.mlflow else {}
     scorer = MlflowScorer(served.task, config, service, model, embed)
     routers.append(create_mlflow_router(scorer, served.mlflow, body_limit_mb))
     return routers
+
+
+def require_api_keys(app: FastAPI, keys: Iterable[str]) -> None:
+    """Gate every route of ``app`` behind ``keys`` (401 without one of them); none: open."""
+    app.add_middleware(RequestGate, refuse=partial(missing_api_key, keys=set(keys)))
 
 
 def authorized(request: Request, keys: set[str]) -> bool:
@@ -106,9 +111,19 @@ def not_ready(request: Request, is_ready: Callable[[], bool]) -> Response | None
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("%s %s failed", request.method, request.url.path)
-    message = f"Incomplete Generation: {type(exc).__name__}: {exc}"
-    return mindie.error_response(APIError(500, message))
+    """500 with a generic message and a request id; the details are logged under that id only
+    (never sent: they may hold tracebacks of the workers)."""
+    error_id = new_error_id()
+    log.error(
+        "%s %s failed (request id %s)",
+        request.method,
+        request.url.path,
+        error_id,
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
+    response = mindie.error_response(APIError(500, internal_error_message(error_id)))
+    response.headers["x-request-id"] = error_id
+    return response
 
 
 async def not_found(request: Request, exc: Exception, served: ServedModels) -> JSONResponse:

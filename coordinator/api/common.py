@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -129,11 +130,22 @@ async def read_object(request: Request, body_limit_mb: int) -> dict[str, Any]:
     return body
 
 
+def new_error_id() -> str:
+    """The id under which an unexpected failure is logged and answered."""
+    return uuid.uuid4().hex[:16]
+
+
+def internal_error_message(error_id: str) -> str:
+    """What a client is told of an unexpected failure: nothing but the id it was logged under."""
+    return f"Internal error; request id {error_id}"
+
+
 async def raising_failures(events: Events) -> Events:
     """The service's events, with every way a request can end without completing raised as a
     :class:`ServiceError`: an ``error`` or ``abort`` finish (the service raises instead, and
     yields ``abort`` only for a client that is gone: a safeguard), an end without a finished
-    event, or an unexpected exception (logged). Closing this generator closes ``events``."""
+    event, or an unexpected exception (logged with an id; the client is told only the id).
+    Closing this generator closes ``events``."""
     finished = False
     try:
         async for event in events:
@@ -146,8 +158,9 @@ async def raising_failures(events: Events) -> Events:
     except Exception as exc:
         if isinstance(exc, ServiceError):
             raise
-        log.exception("request failed in the service")
-        raise GenerationFailed(f"{type(exc).__name__}: {exc}") from exc
+        error_id = new_error_id()
+        log.exception("request failed in the service (request id %s)", error_id)
+        raise GenerationFailed(internal_error_message(error_id)) from exc
     finally:
         await events.aclose()
     if not finished:

@@ -4,7 +4,8 @@
 ``encoding_format``: ``float`` (default) or ``base64`` (little-endian float32 bytes; the openai
 client asks for it by default). ``input_type`` is accepted (the model has a single mode).
 ``dimensions`` other than the model's own cannot be honoured: OpenAI answers 400, Azure 422
-``parameter_not_supported``. Errors use each API's own body.
+``parameter_not_supported``. Errors use each API's own body. Requests are admitted like
+generations (:mod:`~coordinator.api.admission`): 429 past ``max_requests``, 503 while draining.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from coordinator.api import azure, openai
+from coordinator.api.admission import Admission, admitted
 from coordinator.api.azure import PREFIXES, check_api_version, not_supported, split_extras
 from coordinator.api.common import APIError, create_router, read_object
+from coordinator.api.limits import MAX_EMBEDDING_INPUTS, count_over
 from coordinator.api.openai_format import OpenAIError
+from coordinator.errors import ServiceError
 
-MAX_INPUTS = 2048
+MAX_INPUTS = MAX_EMBEDDING_INPUTS
 AZURE_KEYS = {"input", "dimensions", "encoding_format", "input_type", "model"}
 ENCODINGS = ("float", "base64")
 
@@ -33,12 +37,9 @@ Embed = Callable[[list[str]], Awaitable[dict[str, Any]]]  # texts -> {"embedding
 def _inputs(body: dict) -> list[str]:
     value = body.get("input")
     texts = [value] if isinstance(value, str) else value
-    if (
-        not isinstance(texts, list)
-        or not texts
-        or len(texts) > MAX_INPUTS
-        or not all(isinstance(t, str) and t for t in texts)
-    ):
+    if isinstance(texts, list) and (over := count_over("input", "texts", texts, MAX_INPUTS)):
+        raise OpenAIError(422, over, "input")
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
         raise OpenAIError(
             400,
             f"'input' must be a non-empty string or a list of 1 to {MAX_INPUTS} non-empty strings",
@@ -56,17 +57,27 @@ def _encode(vector: Any, encoding: str) -> Any:
 class EmbeddingRoutes:
     """The two embeddings handlers over the embedding worker."""
 
-    def __init__(self, embed: Embed, model_name: str, dimensions: int, body_limit_mb: int) -> None:
+    def __init__(
+        self,
+        embed: Embed,
+        model_name: str,
+        dimensions: int,
+        body_limit_mb: int,
+        service: Admission | None = None,
+    ) -> None:
         self.embed, self.model_name = embed, model_name
         self.dimensions, self.body_limit_mb = dimensions, body_limit_mb
+        self.service = service
 
     async def openai_embeddings(self, request: Request) -> Response:
         try:
             body = await read_object(request, self.body_limit_mb)
             texts, encoding = _inputs(body), self._openai_encoding(body)
+            data, usage = await self._run(texts, encoding)
         except APIError as exc:
             return openai.error_response(exc)
-        data, usage = await self._run(texts, encoding)
+        except ServiceError as exc:
+            return openai.service_error_response(APIError.from_service(exc))
         answer = {"object": "list", "data": data, "model": self.model_name, "usage": usage}
         return JSONResponse(answer)
 
@@ -77,9 +88,11 @@ class EmbeddingRoutes:
             split_extras(request, body, AZURE_KEYS, pass_through=frozenset())
             encoding = self._azure_encoding(body)
             texts = _inputs(body)
+            data, usage = await self._run(texts, encoding)
         except APIError as exc:
             return azure.error_response(exc)
-        data, usage = await self._run(texts, encoding)
+        except ServiceError as exc:
+            return azure.error_response(APIError.from_service(exc))
         answer = {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "model": self.model_name}
         return JSONResponse({**answer, "data": data, "usage": usage})
 
@@ -106,7 +119,8 @@ class EmbeddingRoutes:
         return encoding
 
     async def _run(self, texts: list[str], encoding: str) -> tuple[list[dict], dict[str, int]]:
-        result = await self.embed(texts)
+        async with admitted(self.service):
+            result = await self.embed(texts)
         data = [
             {"object": "embedding", "index": i, "embedding": _encode(row, encoding)}
             for i, row in enumerate(result["embeddings"])
@@ -116,9 +130,15 @@ class EmbeddingRoutes:
 
 
 def create_embeddings_router(
-    embed: Embed, model_name: str, dimensions: int, body_limit_mb: int
+    embed: Embed,
+    model_name: str,
+    dimensions: int,
+    body_limit_mb: int,
+    service: Admission | None = None,
 ) -> APIRouter:
-    routes = EmbeddingRoutes(embed, model_name, dimensions, body_limit_mb)
+    """The embeddings routes; ``service`` (its ``in_flight``, ``max_requests`` and ``draining``)
+    admits them like generations."""
+    routes = EmbeddingRoutes(embed, model_name, dimensions, body_limit_mb, service)
     azure_routes = (
         ("POST", f"{prefix}/embeddings", routes.azure_embeddings) for prefix in PREFIXES
     )

@@ -2,7 +2,8 @@
 
 A value is a local path (only under ``allowed_media_dirs``, resolved, so ``..`` and symlinks
 cannot leave them), an http(s) URL, or base64 (a ``data:`` URI or bare). Local files and base64
-payloads are checked for type and size here; URLs are not fetched.
+payloads are checked for type and size here; URLs are not fetched. A path the file system cannot
+take (a NUL byte, a name that cannot be encoded) is refused like any invalid value (422).
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ def check_media(items: list[dict], allowed_dirs: tuple[str, ...]) -> None:
         if value.startswith("data:") or _looks_base64(value):
             _check_base64(name, kind, value)
             continue
-        _check_local(name, kind, value, allowed_dirs)
+        try:
+            _check_local(name, kind, value, allowed_dirs)
+        except (ValueError, UnicodeError, OSError) as exc:  # a NUL byte, an unencodable name
+            raise InputValidationError(
+                f"Parameter {name} must be a valid file path, an http(s) URL or base64, but got "
+                f"{value[:200]!r}"
+            ) from exc
 
 
 def _looks_base64(value: str) -> bool:

@@ -2,7 +2,8 @@
 
 A request's life: the body is read (413 past ``body_limit``) and validated
 (:mod:`~coordinator.api.mindie_request`: 400 for a wrong shape, 422 naming the parameter), its
-media checked and its text tokenized; the service generates, and the answer is streamed as SSE
+media checked, its text tokenized and checked by the content filter (400 ``content_filter``); the
+service generates, and the answer is streamed as SSE
 events or collected whole (:mod:`~coordinator.api.mindie_format`). A failure before the first byte
 is answered with its own HTTP status, after it with a final error event
 (``finish_reason: "stop_sequence"`` and the error); a whole answer is never sent with partial
@@ -26,7 +27,12 @@ from coordinator.api.common import (
     respond,
 )
 from coordinator.api.media import check_media
-from coordinator.api.mindie_format import InferAnswer, error_body, service_error
+from coordinator.api.mindie_format import (
+    CONTENT_FILTER,
+    InferAnswer,
+    error_body,
+    service_error,
+)
 from coordinator.api.mindie_request import (
     MAX_TOKENS_HARD,
     InferRequest,
@@ -34,6 +40,7 @@ from coordinator.api.mindie_request import (
     parse_infer_body,
     parse_tokenizer_body,
 )
+from coordinator.content_safety import INPUT_FILTERED, text_blocked
 from coordinator.inference import InferenceService
 from engine.worker.contracts import GenerationRequest
 
@@ -62,9 +69,10 @@ class MindieRoutes:
     async def tokenizer(self, request: Request) -> Response:
         try:
             text = parse_tokenizer_body(await read_json(request, self.body_limit_mb))
+            ids = await run_in_threadpool(self.model.tokenizer.encode, text)
+            self._check_token_count(ids)
         except APIError as exc:
             return error_response(exc)
-        ids = await run_in_threadpool(self.model.tokenizer.encode, text)
         return JSONResponse({"token_number": len(ids), "tokens": ids})
 
     async def _infer(self, request: Request, token_input: bool) -> Response:
@@ -72,6 +80,7 @@ class MindieRoutes:
             body = await read_json(request, self.body_limit_mb)
             req = parse_infer_body(body, input_id=token_input)
             ids = await self._prompt_ids(req)
+            await self._check_content(req, ids)
         except APIError as exc:
             return error_response(exc)
         p = req.parameters
@@ -95,13 +104,28 @@ class MindieRoutes:
                 f"Parameter input_id must hold token ids in [0, {self.model.vocab_size}), but "
                 f"got {max(ids)}"
             )
+        self._check_token_count(ids)
+        return ids
+
+    def _check_token_count(self, ids: list[int]) -> None:
         limit = min(self.model.max_input_tokens, MAX_TOKENS_HARD)
         if not 0 < len(ids) <= limit:
             raise InputValidationError(
                 f"Parameter inputs must be [1, {limit}] tokens after tokenization, but got "
                 f"{len(ids)} tokens"
             )
-        return ids
+
+    async def _check_content(self, req: InferRequest, ids: list[int]) -> None:
+        """400 ``content_filter`` when the content filter blocks the prompt (``/infer_token``:
+        its decoded text)."""
+        content_filter = self.model.content_filter
+        if content_filter is None:
+            return
+        text = req.text
+        if req.token_ids is not None:
+            text = await run_in_threadpool(self.model.tokenizer.decode, ids)
+        if text_blocked(content_filter, text):
+            raise APIError(400, INPUT_FILTERED, CONTENT_FILTER)
 
     def _check_media(self, req: InferRequest) -> None:
         if not req.media:

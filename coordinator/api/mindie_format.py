@@ -45,12 +45,17 @@ def sse(payload: dict[str, Any]) -> bytes:
     )
 
 
+CONTENT_FILTER = "content_filter"
+
+
 def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, ERROR_TYPES[500])
 
 
 def error_body(error: APIError) -> dict[str, str]:
-    return {"error": error.message, "error_type": error_type(error.status)}
+    """``{"error", "error_type"}``; a blocked input's type is ``content_filter``."""
+    kind = CONTENT_FILTER if error.code == CONTENT_FILTER else error_type(error.status)
+    return {"error": error.message, "error_type": kind}
 
 
 def service_error(error: APIError) -> APIError:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.api.common import APIError
+from coordinator.api.limits import MAX_INPUT_CHARS, MAX_INPUT_TOKENS
 from engine.sampling_params import MAX_SEED, SamplingParams
 
-MAX_INPUT_CHARS = 4 * 1024 * 1024
-MAX_TOKENS_HARD = 1024 * 1024
+MAX_TOKENS_HARD = MAX_INPUT_TOKENS
 INT32_MAX = 2147483647
 SEED_MAX = 18446744073709551615
 MEDIA_TYPES = ("image_url", "video_url", "audio_url")
@@ -231,5 +231,10 @@ def parse_tokenizer_body(body: Any) -> str:
     if not isinstance(inputs, str) or not inputs:
         raise InputValidationError(
             f"Parameter inputs must be a non-empty string, but got {json.dumps(inputs)[:200]}"
+        )
+    if len(inputs) > MAX_INPUT_CHARS:
+        raise InputValidationError(
+            f"Parameter inputs must be a non-empty string of at most {MAX_INPUT_CHARS} "
+            f"characters, but got {len(inputs)} characters"
         )
     return inputs

@@ -21,7 +21,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from coordinator.api.admission import admitted
 from coordinator.api.common import APIError, ModelInfo, collect, create_router, read_json
+from coordinator.api.limits import MAX_INVOCATION_ROWS, over_limit
 from coordinator.api.mlflow_inputs import (
     MlflowError,
     Scoring,
@@ -70,8 +72,14 @@ class MlflowScorer:
         self.task, self.model_config = task, model_config
         self.service, self.model, self.embed = service, model, embed
         self.saved_keys = frozenset(model_config)
+        # rows run at once, each a request in flight: never more than max_requests of them
+        in_flight_limit = getattr(service, "max_requests", MAX_INVOCATION_ROWS)
+        self.max_rows = min(MAX_INVOCATION_ROWS, in_flight_limit)
 
     async def predict(self, scoring: Scoring) -> Any:
+        if len(scoring.inputs) > self.max_rows:
+            message = over_limit("the input", "rows", self.max_rows, len(scoring.inputs))
+            raise MlflowError(message, "INVALID_PARAMETER_VALUE", 422)
         if self.task == "llm/v1/embeddings":
             return await self._embeddings(scoring)
         _, model = self._generation()
@@ -91,7 +99,7 @@ class MlflowScorer:
         try:
             ids = await prompt_ids(body, kind, model)
         except OpenAIError as exc:
-            raise MlflowError(exc.message, "INVALID_PARAMETER_VALUE") from exc
+            raise MlflowError(exc.message, "INVALID_PARAMETER_VALUE", exc.status) from exc
         if input_blocked(model, body, kind):
             raise MlflowError("The input was filtered by the content safety policy")
         answer = Completion(kind, model.name, len(ids), model.content_filter)
@@ -113,7 +121,9 @@ class MlflowScorer:
             raise MlflowError(
                 f"unsupported parameter {name!r} for llm/v1/embeddings", "INVALID_PARAMETER_VALUE"
             )
-        result = await self.embed(embedding_texts(scoring.inputs))
+        texts = embedding_texts(scoring.inputs)
+        async with admitted(self.service):
+            result = await self.embed(texts)
         tokens = sum(result["tokens"])
         return {
             "object": "list",

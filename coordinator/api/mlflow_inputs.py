@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coordinator.api.common import APIError
+from coordinator.api.limits import MAX_EMBEDDING_INPUTS, over_limit
 from coordinator.api.openai_format import OpenAIError
 from coordinator.api.openai_request import openai_sampling
 from engine.sampling_params import SamplingParams
@@ -159,7 +160,7 @@ def generation_params(
         params = openai_sampling(body, vocab_size, DEFAULT_MAX_NEW_TOKENS[task])
     except OpenAIError as exc:
         message = exc.message.replace("'max_tokens'", "'max_tokens' (max_new_tokens)")
-        raise MlflowError(message, "INVALID_PARAMETER_VALUE") from exc
+        raise MlflowError(message, "INVALID_PARAMETER_VALUE", exc.status) from exc
     return params if sampling else replace(params, do_sample=False, temperature=1.0)
 
 
@@ -179,6 +180,9 @@ def _sampling(settings: dict[str, Any]) -> bool:
 
 def embedding_texts(inputs: list[Any]) -> list[str]:
     texts = [t for value in inputs for t in (value if isinstance(value, list) else [value])]
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        message = over_limit("input", "texts", MAX_EMBEDDING_INPUTS, len(texts))
+        raise MlflowError(message, "INVALID_PARAMETER_VALUE", 422)
     if not texts or not all(isinstance(t, str) and t for t in texts):
         raise MlflowError(
             "'input' must be a non-empty string or a list of non-empty strings",

@@ -3,8 +3,9 @@ prompt as token ids (chat messages through the model's chat template), and wheth
 filter blocks the input. The Azure chat route and MLflow's scorer read their requests the same
 way. Every refusal is an :class:`~coordinator.api.openai_format.OpenAIError` naming the field.
 
-``stop`` (a string or a list of up to 4) ends generation on an exact match in the decoded text
-and is cut from the answer.
+``stop`` (a string or a list of up to :data:`~coordinator.api.limits.MAX_STOP_SEQUENCES`) ends
+generation on an exact match in the decoded text and is cut from the answer. Over-limit lists
+(stop strings, messages) are 422.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.common import ModelInfo
+from coordinator.api.limits import MAX_MESSAGES, MAX_STOP_SEQUENCES, count_over, stop_limit_message
 from coordinator.api.openai_format import OpenAIError
 from engine.sampling_params import MAX_SEED, SamplingParams
 
@@ -45,15 +47,17 @@ def _stop(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
-    if stop is not None and (
-        not isinstance(stop, list)
-        or len(stop) > 4
-        or not all(isinstance(s, str) and s for s in stop)
-    ):
+    if stop is None:
+        return ()
+    if isinstance(stop, list) and (over := stop_limit_message("stop", stop)):
+        raise OpenAIError(422, over, "stop")
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise OpenAIError(
-            400, "'stop' must be a string or a list of up to 4 non-empty strings", "stop"
+            400,
+            f"'stop' must be a string or a list of up to {MAX_STOP_SEQUENCES} non-empty strings",
+            "stop",
         )
-    return tuple(stop or ())
+    return tuple(stop)
 
 
 def openai_sampling(body: dict, vocab_size: int, default_max_tokens: int) -> SamplingParams:
@@ -97,6 +101,10 @@ async def prompt_ids(body: dict, kind: str, model: ModelInfo) -> list[int]:
 
 async def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
     messages = body.get("messages")
+    if isinstance(messages, list) and (
+        over := count_over("messages", "messages", messages, MAX_MESSAGES)
+    ):
+        raise OpenAIError(422, over, "messages")
     if (
         not isinstance(messages, list)
         or not messages

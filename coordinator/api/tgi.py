@@ -4,7 +4,8 @@
 TGI's parameters are a subset of MindIE's and are validated the same way
 (:mod:`~coordinator.api.mindie_request`), plus ``stop``. Errors:
 ``{"error": msg, "error_type": "validation" | "overloaded" | "generation"}`` (TGI's lowercase
-values), 422 for invalid parameters. A failure before the first byte is answered with its own
+values), 422 for invalid parameters, 400 ``content_filter`` for a prompt the content filter
+blocks. A failure before the first byte is answered with its own
 status; after it, the stream ends with one ``data:{"error", "error_type"}`` event (the error type
 as the status would have had), never with a finished token event; a whole answer is never sent
 with partial text.
@@ -28,7 +29,9 @@ from coordinator.api.common import (
     read_json,
     respond,
 )
+from coordinator.api.limits import stop_limit_message
 from coordinator.api.mindie_request import InferRequest, InputValidationError, parse_infer_body
+from coordinator.content_safety import INPUT_FILTERED, text_blocked
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from engine.outputs import TokenEvent
@@ -85,6 +88,8 @@ def parse_tgi_body(body: Any) -> tuple[InferRequest, tuple[str, ...]]:
         raise InputValidationError("inputs must be a non-empty string")
     raw = dict(body.get("parameters") or {})
     stop = raw.pop("stop", None) or []
+    if isinstance(stop, list) and (over := stop_limit_message("stop", stop)):
+        raise InputValidationError(over)
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise InputValidationError("stop must be a list of non-empty strings")
     known = {k: v for k, v in raw.items() if k in PARAMETERS}
@@ -181,6 +186,8 @@ class TgiRoutes:
             ids = await self._prompt_ids(req.text)
         except APIError as exc:
             return validation_error(exc)
+        if text_blocked(self.model.content_filter, req.text):
+            return tgi_error(400, INPUT_FILTERED, "content_filter")
         p = req.parameters
         params = p.sampling_params(self.model.vocab_size, stop)
         request_id = self.service.new_request_id()

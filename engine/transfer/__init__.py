@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from engine.transfer.base import (
     CHUNKS,
+    DEFAULT_MAX_PAYLOAD_BYTES,
     DIRECT,
     FRAMES,
     PATHS,
@@ -41,18 +42,21 @@ def create_receiver(
     *,
     on_broken: BrokenHandler | None = None,
     stream_timeout_s: float = 10.0,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> BaseKVReceiver:
-    """Start a receiver that calls ``handler`` for every payload and answers with its result,
-    and ``on_broken`` (request id, why) for a transfer that broke after its header. A gRPC push
-    still unfinished after ``stream_timeout_s`` is cut (use the senders' transfer timeout)."""
+    """Start a receiver that calls ``handler`` for every header (the handshake) and payload and
+    answers with its result, and ``on_broken`` (request id, why) for a transfer that broke after
+    its header. A gRPC push still unfinished after ``stream_timeout_s`` is cut (use the senders'
+    transfer timeout). Page buffers over ``max_payload_bytes`` (the receiver's KV cache) are
+    refused before they are read, larger messages by the transport itself."""
     if name == "zmq":
         from engine.transfer.zmq_transport import ZmqKVReceiver
 
-        return ZmqKVReceiver(handler, host, on_broken)
+        return ZmqKVReceiver(handler, host, on_broken, max_payload_bytes)
     if name == "grpc":
         from engine.transfer.grpc_transport import GrpcKVReceiver
 
-        return GrpcKVReceiver(handler, host, on_broken, stream_timeout_s)
+        return GrpcKVReceiver(handler, host, on_broken, stream_timeout_s, max_payload_bytes)
     if name == "inprocess":
         from engine.transfer.inprocess import InProcessKVReceiver
 
@@ -80,6 +84,7 @@ def create_sender(name: str, shared_memory: bool = True) -> BaseKVSender:
 
 __all__ = [
     "CHUNKS",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
     "DIRECT",
     "FRAMES",
     "PATHS",

@@ -8,7 +8,13 @@ reservation can be freed at once. Fault injection itself (``break_next``) is for
 receiver breaks its next transfers the way a network break looks to the sender.
 
 Both sides count the payloads installed by the path their pages took (``PATHS``), for tests and
-metrics to tell which path a transport actually used."""
+metrics to tell which path a transport actually used.
+
+A receiver cannot be knocked over by what arrives: every message is handled in its own error
+boundary and answered (a refusal for anything malformed), and nothing is sized by a header before
+the handshake accepted it: the header must be consistent with itself, its page buffer at most
+``max_payload_bytes`` (the receiver's whole KV cache), and the handler (the reservation) must
+accept it."""
 
 from __future__ import annotations
 
@@ -18,13 +24,15 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 
-from engine.transfer.payload import KVLayout, KVPayload
+from engine.transfer.codec import decode_header
+from engine.transfer.payload import KVPayload, TransferHeader
+from engine.transfer.proto import kv_transfer_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# Called on the receiver with the header's layout first (the handshake), then with the payload.
-# Each returns None to accept or an error message to refuse.
-PayloadHandler = Callable[[KVLayout | KVPayload], str | None]
+# Called on the receiver with the header first (the handshake, before any page is read), then
+# with the payload. Each returns None to accept or an error message to refuse.
+PayloadHandler = Callable[[TransferHeader | KVPayload], str | None]
 # Called on the receiver with (request id, why) when a transfer broke after its header.
 BrokenHandler = Callable[[str, str], None]
 
@@ -35,6 +43,10 @@ DIRECT = "direct"  # inprocess: a function call
 PATHS = (SHARED_MEMORY, FRAMES, CHUNKS, DIRECT)
 
 INJECTED_BREAK = "transport broken by fault injection"
+# Default bound on one transfer's pages, for receivers not told their cache's size.
+DEFAULT_MAX_PAYLOAD_BYTES = 4 * 2**30
+# Room for a header (token ids, sampling parameters) on top of the pages.
+MAX_HEADER_BYTES = 16 * 2**20
 
 
 class KVTransferError(Exception):
@@ -103,10 +115,35 @@ class BaseKVSender(ABC):
 class BaseKVReceiver(ABC):
     endpoint: str
 
-    def __init__(self, on_broken: BrokenHandler | None = None) -> None:
+    def __init__(
+        self,
+        handler: PayloadHandler,
+        on_broken: BrokenHandler | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
         self.payloads_by_path = PathCounts()  # accepted by the handler
         self.breaker = TransferBreaker()
+        self.max_payload_bytes = max_payload_bytes
+        self._handler = handler
         self._on_broken = on_broken
+
+    def handshake(self, header: pb.KVHeaderMsg) -> str | None:
+        """Check a header before any page is read or any buffer sized for it: its consistency,
+        the size bound, then the handler. None to go on, else the refusal."""
+        try:
+            view = decode_header(header)
+        except ValueError as exc:
+            return f"malformed transfer: {exc}"
+        if view.num_bytes > self.max_payload_bytes:
+            return f"malformed transfer: {view.num_bytes} bytes exceed the receiver's KV cache"
+        return self._handler(view)
+
+    def accept(self, payload: KVPayload, path: str) -> str | None:
+        """Hand the received payload to the handler; counts it under ``path`` if accepted."""
+        error = self._handler(payload)
+        if error is None:
+            self.payloads_by_path.add(path)
+        return error
 
     def break_next(self, count: int) -> int:
         """Fault injection: break the next ``count`` incoming transfers mid-stream, as a network

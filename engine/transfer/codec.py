@@ -1,14 +1,19 @@
-"""KVPayload <-> protobuf header + raw page bytes."""
+"""KVPayload <-> protobuf header + raw page bytes.
+
+``decode_header`` is the receiver's first look at a transfer: it checks the header's own
+consistency (a known dtype, a six-axis shape whose size is ``num_bytes``) so that nothing sized by
+a forged header is ever allocated; the handler then checks it against the reservation."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import torch
 
 from engine.sampling_params import SamplingParams
-from engine.transfer.payload import HandoffState, KVLayout, KVPayload
+from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferHeader
 from engine.transfer.proto import kv_transfer_pb2 as pb
 
 PROTOCOL_VERSION = 1
@@ -31,6 +36,24 @@ def encode_header(payload: KVPayload) -> pb.KVHeaderMsg:
         ),
         shape=list(payload.blocks.shape),
         num_bytes=payload.num_bytes,
+        reservation_token=payload.token,
+    )
+
+
+def decode_header(header: pb.KVHeaderMsg) -> TransferHeader:
+    """The handshake's view of ``header``; raises ValueError for a header at odds with itself."""
+    layout = decode_layout(header)
+    dtype = _DTYPES.get(layout.dtype)
+    if dtype is None:
+        raise ValueError(f"unknown KV dtype {layout.dtype!r}")
+    shape = tuple(int(n) for n in header.shape)
+    if len(shape) != 6 or shape[1] != 2:
+        raise ValueError(f"KV page shape {shape} is not [layers, 2, blocks, slots, heads, dim]")
+    expected_bytes = math.prod(shape) * dtype.itemsize
+    if header.num_bytes != expected_bytes:
+        raise ValueError(f"num_bytes {header.num_bytes} != {expected_bytes} for shape {shape}")
+    return TransferHeader(
+        layout, header.state.request_id, header.reservation_token, shape, header.num_bytes
     )
 
 
@@ -63,7 +86,7 @@ def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:
         max_output_tokens=s.max_output_tokens,
     )
     blocks = data[: header.num_bytes].view(_DTYPES[layout.dtype]).view(*header.shape)
-    return KVPayload(layout, state, blocks)
+    return KVPayload(layout, state, blocks, header.reservation_token)
 
 
 def page_bytes(payload: KVPayload) -> memoryview:

@@ -1,7 +1,9 @@
 """KV hand-off over gRPC: client streaming of the pages in 4 MiB chunks (``KVTransfer.Push``).
 
-The first chunk carries the header; the receiver checks its layout before reading further and
-answers a mismatch at once. Chunks are copied into a per-thread reused buffer. Both sides count
+The first chunk carries the header; the receiver runs the handshake on it before reading further
+or sizing anything and answers a refusal at once. Chunks are copied into a per-thread reused
+buffer; more bytes or chunks than the header declared are refused, and a message larger than one
+chunk plus a header is refused by gRPC itself. Both sides count
 each installed payload under ``CHUNKS``.
 
 The receiver serves at most ``MAX_CONCURRENT_PUSHES`` pushes at once; one more is refused at
@@ -17,18 +19,23 @@ UNAVAILABLE, as a connection lost mid-stream: the sender fails at once.
 from __future__ import annotations
 
 import itertools
+import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import grpc
 import torch
 
 from engine.transfer.base import (
     CHUNKS,
+    DEFAULT_MAX_PAYLOAD_BYTES,
     INJECTED_BREAK,
+    MAX_HEADER_BYTES,
     BaseKVReceiver,
     BaseKVSender,
     BrokenHandler,
@@ -38,7 +45,6 @@ from engine.transfer.base import (
 )
 from engine.transfer.codec import (
     byte_view,
-    decode_layout,
     decode_payload,
     encode_header,
     page_bytes,
@@ -48,6 +54,7 @@ from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
 
+log = logging.getLogger(__name__)
 CHUNK_BYTES = 4 * 2**20
 MAX_CONCURRENT_PUSHES = 4
 _OPTIONS = [
@@ -95,9 +102,8 @@ class _StreamWatchdog:
 
 
 class _Servicer(pb_grpc.KVTransferServicer):
-    def __init__(self, receiver: GrpcKVReceiver, handler: PayloadHandler) -> None:
+    def __init__(self, receiver: GrpcKVReceiver) -> None:
         self._receiver = receiver
-        self._handler = handler
         self._local = threading.local()
 
     def _buffer(self, num_bytes: int) -> torch.Tensor:
@@ -109,39 +115,45 @@ class _Servicer(pb_grpc.KVTransferServicer):
     def Push(
         self, request_iterator: Iterator[pb.KVChunkMsg], context: grpc.ServicerContext
     ) -> pb.KVAckMsg:
-        request_id = ""
+        push = _PushState()
         with self._receiver.watchdog.watch(context):
             try:
                 first = next(request_iterator, None)
                 if first is None:
-                    return pb.KVAckMsg(ok=False, error="no header")
-                request_id = first.header.state.request_id
+                    return pb.KVAckMsg(ok=False, error="malformed transfer: no header")
+                push.request_id = first.header.state.request_id
                 if not self._receiver.breaker.take():
-                    return self._push(first, request_iterator)
+                    return self._push(push, first, request_iterator)
             except grpc.RpcError:  # cut by the watchdog, or the client went away
-                self._receiver.report_broken(request_id, "the stream was cut before its end")
-                return pb.KVAckMsg(request_id=request_id, ok=False, error="stream cut")
-            except Exception as exc:  # e.g. an unknown dtype: refused, the server goes on
-                error = f"malformed transfer: {type(exc).__name__}: {exc}"
-                return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
-        self._receiver.report_broken(request_id, INJECTED_BREAK)
+                if push.accepted:  # only a sender the reservation accepted may end it
+                    self._receiver.report_broken(push.request_id, "the stream was cut")
+                return pb.KVAckMsg(request_id=push.request_id, ok=False, error="stream cut")
+            except Exception as exc:  # anything malformed: refused, the server goes on
+                log.warning("malformed KV transfer refused: %r", exc)
+                error = f"malformed transfer: {type(exc).__name__}"
+                return pb.KVAckMsg(request_id=push.request_id, ok=False, error=error)
+        self._receiver.report_broken(push.request_id, INJECTED_BREAK)
         context.abort(grpc.StatusCode.UNAVAILABLE, INJECTED_BREAK)  # raises
         raise AssertionError("unreachable")
 
-    def _push(self, first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]) -> pb.KVAckMsg:
+    def _push(
+        self, push: _PushState, first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]
+    ) -> pb.KVAckMsg:
         header = first.header
-        request_id = header.state.request_id
-        error = self._handler(decode_layout(header))
+        request_id = push.request_id
+        error = self._receiver.handshake(header)  # before any buffer is sized by the header
         if error is not None:
             return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
+        push.accepted = True
         buffer = self._buffer(header.num_bytes)
         view = byte_view(buffer)
         offset = 0
-        for chunk in _chain(first, rest):
+        max_chunks = max(math.ceil(header.num_bytes / CHUNK_BYTES), 1)
+        for count, chunk in enumerate(_chain(first, rest), start=1):
             end = offset + len(chunk.data)
-            if end > header.num_bytes:
+            if end > header.num_bytes or count > max_chunks:
                 return pb.KVAckMsg(
-                    request_id=request_id, ok=False, error="more bytes than declared"
+                    request_id=request_id, ok=False, error="more bytes or chunks than declared"
                 )
             view[offset:end] = chunk.data
             offset = end
@@ -151,10 +163,14 @@ class _Servicer(pb_grpc.KVTransferServicer):
                 ok=False,
                 error=f"expected {header.num_bytes} bytes, got {offset}",
             )
-        error = self._handler(decode_payload(header, buffer))
-        if error is None:
-            self._receiver.payloads_by_path.add(CHUNKS)
+        error = self._receiver.accept(decode_payload(header, buffer), CHUNKS)
         return pb.KVAckMsg(request_id=request_id, ok=error is None, error=error or "")
+
+
+@dataclass
+class _PushState:
+    request_id: str = ""
+    accepted: bool = False  # the handshake accepted its header
 
 
 def _chain(first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]) -> Iterator[pb.KVChunkMsg]:
@@ -169,16 +185,22 @@ class GrpcKVReceiver(BaseKVReceiver):
         host: str = "127.0.0.1",
         on_broken: BrokenHandler | None = None,
         stream_timeout_s: float = 10.0,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         """``stream_timeout_s``: a push still unfinished after it is cut."""
-        super().__init__(on_broken)
+        super().__init__(handler, on_broken, max_payload_bytes)
         self.watchdog = _StreamWatchdog(stream_timeout_s)
+        # One chunk at most: a larger message is refused by gRPC before it reaches us.
+        max_message = min(CHUNK_BYTES, max_payload_bytes) + MAX_HEADER_BYTES
         self._server = grpc.server(
             futures.ThreadPoolExecutor(MAX_CONCURRENT_PUSHES, thread_name_prefix="kv-grpc"),
-            options=_OPTIONS,
+            options=[
+                ("grpc.max_receive_message_length", max_message),
+                ("grpc.max_send_message_length", 2**20),  # an acknowledgement
+            ],
             maximum_concurrent_rpcs=MAX_CONCURRENT_PUSHES,
         )
-        pb_grpc.add_KVTransferServicer_to_server(_Servicer(self, handler), self._server)
+        pb_grpc.add_KVTransferServicer_to_server(_Servicer(self), self._server)
         port = self._server.add_insecure_port(f"{host}:0")
         self.endpoint = f"{host}:{port}"
         self._server.start()

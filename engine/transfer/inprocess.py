@@ -16,16 +16,15 @@ from engine.transfer.base import (
     KVTransferError,
     PayloadHandler,
 )
-from engine.transfer.payload import KVPayload
+from engine.transfer.payload import KVPayload, TransferHeader
 
 _IDS = itertools.count()
 
 
 class InProcessKVReceiver(BaseKVReceiver):
     def __init__(self, handler: PayloadHandler, on_broken: BrokenHandler | None = None) -> None:
-        super().__init__(on_broken)
+        super().__init__(handler, on_broken)
         self.endpoint = f"inprocess://{next(_IDS)}"
-        self._handler = handler
         _RECEIVERS[self.endpoint] = self
 
     def deliver(self, payload: KVPayload) -> str | None:
@@ -34,12 +33,15 @@ class InProcessKVReceiver(BaseKVReceiver):
         if self.breaker.take():
             self.report_broken(payload.state.request_id, INJECTED_BREAK)
             raise KVTransferError(INJECTED_BREAK)
-        error = self._handler(payload.layout) or self._handler(
-            KVPayload(payload.layout, payload.state, payload.blocks.clone())
+        header = TransferHeader(
+            payload.layout,
+            payload.state.request_id,
+            payload.token,
+            tuple(payload.blocks.shape),
+            payload.num_bytes,
         )
-        if error is None:
-            self.payloads_by_path.add(DIRECT)
-        return error
+        copy = KVPayload(payload.layout, payload.state, payload.blocks.clone(), payload.token)
+        return self._handler(header) or self.accept(copy, DIRECT)
 
     def close(self) -> None:
         _RECEIVERS.pop(self.endpoint, None)

@@ -8,7 +8,7 @@ needs nothing more: each token's seed comes from the request's seed and the toke
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ class KVLayout:
     def check_compatible(self, other: KVLayout) -> None:
         """Raise :class:`KVImportError` naming every field that differs."""
         diffs = [
-            f"{f.name}: sender {getattr(other, f.name)!r} != receiver {getattr(self, f.name)!r}"
+            _difference(f.name, getattr(other, f.name), getattr(self, f.name))
             for f in fields(self)
             if getattr(self, f.name) != getattr(other, f.name)
         ]
@@ -41,6 +41,25 @@ class KVLayout:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _difference(name: str, sender: Any, receiver: Any) -> str:
+    """One differing field; the model fingerprint's values are never echoed to the sender."""
+    if name == "model_fingerprint":
+        return f"{name}: sender and receiver differ"
+    return f"{name}: sender {sender!r} != receiver {receiver!r}"
+
+
+@dataclass(frozen=True)
+class TransferHeader:
+    """What a receiver knows of a transfer before any page arrives (the handshake): checked
+    against the receiver's layout and the request's reservation before any buffer is sized."""
+
+    layout: KVLayout
+    request_id: str
+    token: str = field(repr=False)  # the reservation's secret
+    shape: tuple[int, ...]
+    num_bytes: int
 
 
 @dataclass
@@ -65,6 +84,7 @@ class KVPayload:
     layout: KVLayout
     state: HandoffState
     blocks: torch.Tensor  # [num_layers, 2, num_blocks, block_size, kv_heads, head_dim], CPU
+    token: str = field(default="", repr=False)  # the reservation's secret, set by the sender
 
     @property
     def num_bytes(self) -> int:

@@ -15,14 +15,22 @@ Nothing stays mapped longer than needed either: a sender's replaced or closed fi
 once (its name, if the receiver never unlinked it, goes then too, or when the buffer is garbage
 collected, or at exit); a receiver keeps one mapping per sending process, the file that process
 uses now, and at most ``max_open`` in all.
+
+Nothing on the wire can make a receiver open anything else: the header carries only a file's
+name, which must match ``NAME_PATTERN`` (the sender's pid and 128 random bits), and the receiver
+builds the path in ``/dev/shm`` itself. It opens the file without following links and without
+blocking (a FIFO), and maps it only if it is a regular file of this user holding the pages. A
+sender creates its files new (``O_EXCL``, never through a link), readable by this user only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import mmap
 import os
+import re
+import secrets
+import stat
 import warnings
 import weakref
 from collections import OrderedDict
@@ -31,37 +39,51 @@ from pathlib import Path
 import torch
 
 SHM_DIR = Path("/dev/shm")
-_COUNTER = itertools.count()
+PREFIX = "pdserve-kv-"
+# The only names a receiver opens: ours, made by ``new_name``; never a path.
+NAME_PATTERN = re.compile(r"pdserve-kv-[0-9]{1,10}-[0-9a-f]{32}\Z")
 _STALE_CHECK = iter([True])  # once per process
 
 
+def new_name() -> str:
+    """A fresh file name: the sending process, then 128 random bits (never guessed ahead)."""
+    return f"{PREFIX}{os.getpid()}-{secrets.token_hex(16)}"
+
+
 def _remove_stale_files() -> None:
-    for path in SHM_DIR.glob("pdserve-kv-*"):
+    for path in SHM_DIR.glob(PREFIX + "*"):
         try:
             pid = int(path.name.split("-")[2])
+            if path.lstat().st_uid != os.getuid():
+                continue
             if pid != os.getpid():
                 os.kill(pid, 0)
         except ProcessLookupError:
             path.unlink(missing_ok=True)
-        except (ValueError, IndexError, PermissionError):
+        except (ValueError, IndexError, OSError):
             continue
 
 
 class SharedPageBuffer:
-    """A sender's writable shared-memory file."""
+    """A sender's writable shared-memory file: created new (never an existing file or link),
+    readable by this user only, and reserved in full."""
 
     def __init__(self, num_bytes: int) -> None:
         if next(_STALE_CHECK, None) is not None:
             _remove_stale_files()
-        self.path = SHM_DIR / f"pdserve-kv-{os.getpid()}-{next(_COUNTER)}"
+        self.name = new_name()
+        self.path = SHM_DIR / self.name
         self.num_bytes = num_bytes
-        with open(self.path, "w+b") as file:
-            try:  # reserved now: a full /dev/shm is an OSError here, not a SIGBUS on write
-                os.posix_fallocate(file.fileno(), 0, num_bytes)
-            except OSError:
-                self.path.unlink(missing_ok=True)
-                raise
-            self._map: mmap.mmap | None = mmap.mmap(file.fileno(), num_bytes)
+        flags = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_RDWR
+        fd = os.open(self.path, flags, 0o600)
+        try:  # reserved now: a full /dev/shm is an OSError here, not a SIGBUS on write
+            os.posix_fallocate(fd, 0, num_bytes)
+            self._map: mmap.mmap | None = mmap.mmap(fd, num_bytes)
+        except (OSError, ValueError):
+            self.path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
         self.tensor: torch.Tensor | None = torch.frombuffer(self._map, dtype=torch.uint8)
         self.is_mapped_by_receiver = False
         # Unlinks the name at close, garbage collection or exit, without keeping self alive.
@@ -94,29 +116,44 @@ class SharedPageReader:
         self._maps: OrderedDict[str, tuple[mmap.mmap, torch.Tensor]] = OrderedDict()
         self._max_open = max_open
 
-    def view(self, path: str, num_bytes: int) -> torch.Tensor:
-        """The first ``num_bytes`` of ``path`` as a uint8 tensor (raises OSError if unreachable)."""
-        if not path.startswith(str(SHM_DIR) + "/pdserve-kv-"):
-            raise OSError(f"refusing to map {path!r}")
-        entry = self._maps.get(path)
+    def view(self, name: str, num_bytes: int) -> torch.Tensor:
+        """The first ``num_bytes`` of the sender's file ``name`` as a uint8 tensor. Raises
+        OSError for a name not of ours, or a file that is not a regular file of this user at
+        least that large (a link, a FIFO, a device, a short file)."""
+        if not NAME_PATTERN.match(name):
+            raise OSError("not a shared-memory file name of this service")
+        entry = self._maps.get(name)
         if entry is None or entry[1].numel() < num_bytes:
-            with open(path, "rb") as file:
-                mapping = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ)
-            os.unlink(path)  # mapped on both sides now: the name is no longer needed
+            mapping = _map_read_only(SHM_DIR / name, num_bytes)
             with warnings.catch_warnings():  # read-only on purpose: we never write to it
                 warnings.simplefilter("ignore", UserWarning)
-                tensor = torch.frombuffer(mapping, dtype=torch.uint8) if len(mapping) else None
-            if tensor is None or tensor.numel() < num_bytes:
-                raise OSError(f"{path} holds fewer than {num_bytes} bytes")
-            for superseded in [p for p in self._maps if _sender(p) == _sender(path)]:
+                tensor = torch.frombuffer(mapping, dtype=torch.uint8)
+            for superseded in [n for n in self._maps if _sender(n) == _sender(name)]:
                 del self._maps[superseded]
-            entry = self._maps[path] = (mapping, tensor)
+            entry = self._maps[name] = (mapping, tensor)
             while len(self._maps) > self._max_open:
                 self._maps.popitem(last=False)
-        self._maps.move_to_end(path)
+        self._maps.move_to_end(name)
         return entry[1][:num_bytes]
 
 
-def _sender(path: str) -> str:
-    """The sending process's part of a file name: ``/dev/shm/pdserve-kv-<pid>``."""
-    return path.rsplit("-", 1)[0]
+def _map_read_only(path: Path, num_bytes: int) -> mmap.mmap:
+    """Map ``path`` read-only once it proved a regular file of ours, of at least ``num_bytes``
+    bytes; its name is unlinked then (mapped on both sides, it is no longer needed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise OSError("not a regular file of this user")
+        if info.st_size < max(num_bytes, 1):
+            raise OSError(f"holds {info.st_size} bytes, fewer than {num_bytes}")
+        mapping = mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    os.unlink(path)
+    return mapping
+
+
+def _sender(name: str) -> str:
+    """The sending process's part of a file name: ``pdserve-kv-<pid>``."""
+    return name.rsplit("-", 1)[0]

@@ -2,8 +2,10 @@
 
 Receiver: a ROUTER socket on a random port, served by one thread. Each transfer is one multipart
 message ``[header, pages]``; the pages are received straight into a reused buffer
-(``recv_into``), checked against the header's layout first, handed to the handler, and answered
-with a ``KVAckMsg``. A malformed message is answered with a refusal; the thread goes on serving.
+(``recv_into``) once the handshake accepted the header (nothing is sized by a header before),
+handed to the handler, and answered with a ``KVAckMsg``. A malformed message is answered with a
+refusal; the thread goes on serving. A frame larger than the receiver's KV cache (``MAXMSGSIZE``)
+never arrives: ZMQ drops its sender's connection.
 
 Sender: one DEALER socket per endpoint (``endpoints.py``), one transfer at a time on it, pages
 sent zero-copy from the exported buffer. The answer is awaited at most the transfer's timeout;
@@ -12,9 +14,9 @@ taken for the next transfer's, and an endpoint that is gone leaves nothing open.
 
 Same host: unless built with ``shared_memory=False``, the sender first tries a shared-memory
 hand-off (``shared_memory.py``): the pages go into its ``/dev/shm`` file and the message carries
-only the header. A receiver that cannot map the file (another host, another IPC namespace) says
-so, and that endpoint gets frames from then on. Both sides count each installed payload under
-``SHARED_MEMORY`` or ``FRAMES``.
+only the header, with the file's name (never a path). A receiver that cannot map the file
+(another host, another IPC namespace) says so, and that endpoint gets frames from then on. Both
+sides count each installed payload under ``SHARED_MEMORY`` or ``FRAMES``.
 
 Fault injection (``break_next``): the receiver reads the header, drops the rest and never
 answers, which is what a connection lost mid-transfer looks like to a ZMQ sender (ZMQ reconnects
@@ -32,8 +34,10 @@ import torch
 import zmq
 
 from engine.transfer.base import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
     FRAMES,
     INJECTED_BREAK,
+    MAX_HEADER_BYTES,
     SHARED_MEMORY,
     BaseKVReceiver,
     BaseKVSender,
@@ -44,7 +48,6 @@ from engine.transfer.base import (
 )
 from engine.transfer.codec import (
     byte_view,
-    decode_layout,
     decode_payload,
     encode_header,
     page_bytes,
@@ -65,11 +68,13 @@ class ZmqKVReceiver(BaseKVReceiver):
         handler: PayloadHandler,
         host: str = "127.0.0.1",
         on_broken: BrokenHandler | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
-        super().__init__(on_broken)
-        self._handler = handler
+        super().__init__(handler, on_broken, max_payload_bytes)
         self._socket: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        # A larger frame never reaches us: ZMQ drops its sender's connection.
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max(max_payload_bytes, MAX_HEADER_BYTES))
         port: int = self._socket.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         self._buffer = torch.empty(0, dtype=torch.uint8)
@@ -86,7 +91,7 @@ class ZmqKVReceiver(BaseKVReceiver):
                     ack = self._receive_one()
                 except Exception as exc:  # a malformed message must not stop the receiver
                     log.warning("malformed KV transfer refused: %r", exc)
-                    ack = pb.KVAckMsg(ok=False, error=f"malformed transfer: {exc}")
+                    ack = pb.KVAckMsg(ok=False, error=f"malformed transfer: {type(exc).__name__}")
                 self._drain()
                 if ack is not None:
                     self._socket.send_multipart([identity, ack.SerializeToString()])
@@ -99,13 +104,18 @@ class ZmqKVReceiver(BaseKVReceiver):
 
     def _receive_one(self) -> pb.KVAckMsg | None:
         """The answer to one message; None: broken on purpose, no answer."""
+        if not self._socket.getsockopt(zmq.RCVMORE):
+            return pb.KVAckMsg(ok=False, error="malformed transfer: no header")
         header = pb.KVHeaderMsg()
         header.ParseFromString(self._socket.recv())
         request_id = header.state.request_id
         if self.breaker.take():
             self.report_broken(request_id, INJECTED_BREAK)
             return None
-        if header.shm_path:
+        error = self.handshake(header)  # before any buffer is sized by the header
+        if error is not None:
+            return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
+        if header.shm_name:
             return self._receive_shared(header)
         if header.num_bytes > self._buffer.numel():
             self._buffer = torch.empty(header.num_bytes, dtype=torch.uint8)
@@ -123,7 +133,7 @@ class ZmqKVReceiver(BaseKVReceiver):
     def _receive_shared(self, header: pb.KVHeaderMsg) -> pb.KVAckMsg:
         self._drain()
         try:
-            pages = self._shared.view(header.shm_path, header.num_bytes)
+            pages = self._shared.view(header.shm_name, header.num_bytes)
         except (OSError, ValueError) as exc:
             return pb.KVAckMsg(
                 request_id=header.state.request_id, ok=False, error=f"{SHM_UNAVAILABLE}: {exc}"
@@ -131,9 +141,7 @@ class ZmqKVReceiver(BaseKVReceiver):
         return self._deliver(header, pages, SHARED_MEMORY)
 
     def _deliver(self, header: pb.KVHeaderMsg, data: torch.Tensor, path: str) -> pb.KVAckMsg:
-        error = self._handler(decode_layout(header)) or self._handler(decode_payload(header, data))
-        if error is None:
-            self.payloads_by_path.add(path)
+        error = self.accept(decode_payload(header, data), path)
         return pb.KVAckMsg(request_id=header.state.request_id, ok=error is None, error=error or "")
 
     def close(self) -> None:
@@ -206,7 +214,7 @@ class ZmqKVSender(BaseKVSender):
             if shared is None:
                 break
             shared.write(payload.blocks)
-            header.shm_path = str(shared.path)
+            header.shm_name = shared.name
             ack = self._exchange(conn.socket, endpoint, [header.SerializeToString()], deadline)
             if ack.ok or not ack.error.startswith(SHM_UNAVAILABLE):
                 shared.is_mapped_by_receiver = True
@@ -216,7 +224,7 @@ class ZmqKVSender(BaseKVSender):
             if not shared.is_mapped_by_receiver:
                 conn.frames_only = True  # never could map it: another host; frames from now on
                 break
-        header.shm_path = ""
+        header.shm_name = ""
         frames = [header.SerializeToString(), page_bytes(payload)]
         self._check(self._exchange(conn.socket, endpoint, frames, deadline), FRAMES)
 

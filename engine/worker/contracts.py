@@ -13,7 +13,7 @@ string keys, and a field added on one side is seen by the other.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from engine.outputs import EngineStats
@@ -59,16 +59,19 @@ class HandoffTarget:
 
     endpoint: str  # the decode worker's KV endpoint, from its Reservation
     max_output_tokens: int  # output limit, first token included (docs/token-accounting.md)
+    token: str = field(default="", repr=False)  # the Reservation's secret, sent with the pages
 
 
 @dataclass(frozen=True)
 class Reservation:
-    """A decode worker's answer to ``reserve``: blocks set aside and the endpoint to push the
-    pages to, or the reason it refused."""
+    """A decode worker's answer to ``reserve``: blocks set aside, the endpoint to push the
+    pages to and the reservation's secret (only pages carrying it are accepted: only the
+    coordinator and the prefill worker it picks may learn it), or the reason it refused."""
 
     granted: bool
     endpoint: str = ""
     reason: str = ""
+    token: str = field(default="", repr=False)
 
     @classmethod
     def refused(cls, reason: str) -> Reservation:

@@ -43,20 +43,22 @@ class RequestStateMsg(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., params_json: _Optional[str] = ..., priority: _Optional[int] = ..., max_output_tokens: _Optional[int] = ...) -> None: ...
 
 class KVHeaderMsg(_message.Message):
-    __slots__ = ("protocol_version", "layout", "state", "shape", "num_bytes", "shm_path")
+    __slots__ = ("protocol_version", "layout", "state", "shape", "num_bytes", "shm_name", "reservation_token")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
-    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     layout: KVLayoutMsg
     state: RequestStateMsg
     shape: _containers.RepeatedScalarFieldContainer[int]
     num_bytes: int
-    shm_path: str
-    def __init__(self, protocol_version: _Optional[int] = ..., layout: _Optional[_Union[KVLayoutMsg, _Mapping]] = ..., state: _Optional[_Union[RequestStateMsg, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., num_bytes: _Optional[int] = ..., shm_path: _Optional[str] = ...) -> None: ...
+    shm_name: str
+    reservation_token: str
+    def __init__(self, protocol_version: _Optional[int] = ..., layout: _Optional[_Union[KVLayoutMsg, _Mapping]] = ..., state: _Optional[_Union[RequestStateMsg, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., num_bytes: _Optional[int] = ..., shm_name: _Optional[str] = ..., reservation_token: _Optional[str] = ...) -> None: ...
 
 class KVChunkMsg(_message.Message):
     __slots__ = ("header", "data")

@@ -1,0 +1,294 @@
+"""The edges of the predict app a client controls: every list and size has a limit answered 422
+(naming the parameter, the limit and the value) in the door's own shape; embeddings are admitted
+like generations; the content filter guards every generation route; an unexpected failure tells
+the client only an id; a huge chunked body costs the server no memory. The app runs in process
+over a scripted service (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import torch
+
+from coordinator.api.app import create_predict_app
+from coordinator.api.common import ModelInfo
+from coordinator.api.limits import (
+    MAX_EMBEDDING_INPUTS,
+    MAX_INVOCATION_ROWS,
+    MAX_MESSAGES,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+)
+from coordinator.content_safety import ContentFilter
+from coordinator.served_model import ServedModels
+from tests.test_door_failures import AZURE_CHAT, MESSAGES, CharTokenizer, ScriptedService, serving
+
+AZURE_EMBED = "/embeddings?api-version=2024-05-01-preview"
+MAX_INPUT_TOKENS = 100
+FILTER = ContentFilter.from_config(
+    {"enabled": True, "categories": {"test": {"terms": ["forbidden"]}}}
+)
+
+
+class DecodingTokenizer(CharTokenizer):
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+class AdmittingService(ScriptedService):
+    """A scripted service with the admission state the service keeps."""
+
+    def __init__(self, max_requests: int = 100) -> None:
+        super().__init__(2)
+        self.in_flight, self.max_requests, self.draining = 0, max_requests, False
+
+
+async def fake_embed(texts: list[str]) -> dict[str, Any]:
+    return {"embeddings": [torch.zeros(4) for _ in texts], "tokens": [1] * len(texts)}
+
+
+def app_for(service: Any = None, content_filter: Any = None, body_limit_mb: int = 1) -> Any:
+    service = service or AdmittingService()
+    model = ModelInfo("fake", DecodingTokenizer(), 1024, 1000, MAX_INPUT_TOKENS)
+    model.content_filter = content_filter
+    served = ServedModels(model, "embedder", "embedder", 4)
+    return create_predict_app(
+        service,
+        served,
+        fake_embed,
+        body_limit_mb=body_limit_mb,
+        api_keys=(),
+        is_ready=lambda: True,
+    )
+
+
+def post(app: Any, path: str, body: Any, **kwargs: Any) -> httpx.Response:
+    async def run() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://door") as client:
+            return await client.post(path, json=body, **kwargs)
+
+    return asyncio.run(run())
+
+
+def message_of(response: httpx.Response) -> str:
+    """The error message, whatever the door's shape."""
+    body = response.json()
+    error = body.get("error", body)
+    if isinstance(error, dict):
+        return str(error.get("message"))
+    return str(body.get("message", error))
+
+
+MANY_STOPS = ["s"] * 10_000
+LONG_STOP = ["x" * (MAX_STOP_CHARS + 1)]
+STOP_ROUTES = [  # (path, body with the stop list in it)
+    ("/v1/completions", lambda stop: {"prompt": "hi", "stop": stop}),
+    ("/v1/chat/completions", lambda stop: {"messages": MESSAGES, "stop": stop}),
+    (AZURE_CHAT, lambda stop: {"messages": MESSAGES, "stop": stop}),
+    ("/generate", lambda stop: {"inputs": "hi", "parameters": {"stop": stop}}),
+    ("/", lambda stop: {"inputs": "hi", "parameters": {"stop": stop}}),
+    ("/invocations", lambda stop: {"messages": MESSAGES, "stop": stop}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), STOP_ROUTES, ids=[r[0] for r in STOP_ROUTES])
+def test_ten_thousand_stop_strings_are_422_naming_the_limit(path, body):
+    response = post(app_for(), path, body(MANY_STOPS))
+    assert response.status_code == 422, response.text
+    expected = f"stop may hold at most {MAX_STOP_SEQUENCES} stop sequences, but got 10000"
+    assert message_of(response) == expected
+
+
+@pytest.mark.parametrize(("path", "body"), STOP_ROUTES, ids=[r[0] for r in STOP_ROUTES])
+def test_a_stop_string_over_the_length_limit_is_422(path, body):
+    response = post(app_for(), path, body(LONG_STOP))
+    assert response.status_code == 422, response.text
+    expected = f"stop[0] may hold at most {MAX_STOP_CHARS} characters, but got {MAX_STOP_CHARS + 1}"
+    assert message_of(response) == expected
+
+
+def test_stop_within_the_limits_still_generates():
+    response = post(app_for(), "/v1/completions", {"prompt": "hi", "stop": ["x"] * 4})
+    assert response.status_code == 200, response.text
+
+
+def test_ten_thousand_invocations_rows_are_422():
+    body = {"dataframe_records": [{"messages": MESSAGES}] * 10_000}
+    response = post(app_for(), "/invocations", body)
+    assert response.status_code == 422
+    assert response.json() == {
+        "error_code": "INVALID_PARAMETER_VALUE",
+        "message": f"the input may hold at most {MAX_INVOCATION_ROWS} rows, but got 10000",
+    }
+
+
+def test_invocations_rows_never_exceed_max_requests():
+    body = {"dataframe_records": [{"messages": MESSAGES}] * 3}
+    response = post(app_for(AdmittingService(max_requests=2)), "/invocations", body)
+    assert response.status_code == 422
+    assert response.json()["message"] == "the input may hold at most 2 rows, but got 3"
+    two = {"dataframe_records": [{"messages": MESSAGES}] * 2}
+    assert post(app_for(AdmittingService(max_requests=2)), "/invocations", two).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", AZURE_CHAT, "/invocations"])
+def test_too_many_chat_messages_are_422(path):
+    messages = [{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1)
+    response = post(app_for(), path, {"messages": messages})
+    assert response.status_code == 422, response.text
+    expected = f"messages may hold at most {MAX_MESSAGES} messages, but got {MAX_MESSAGES + 1}"
+    assert message_of(response) == expected
+
+
+def test_tokenizer_input_has_the_token_limit_of_infer():
+    app = app_for()
+    ok = post(app, "/v1/tokenizer", {"inputs": "x" * MAX_INPUT_TOKENS})
+    assert ok.status_code == 200 and ok.json()["token_number"] == MAX_INPUT_TOKENS
+    over = post(app, "/v1/tokenizer", {"inputs": "x" * (MAX_INPUT_TOKENS + 1)})
+    assert over.status_code == 422
+    assert over.json() == {
+        "error": f"Parameter inputs must be [1, {MAX_INPUT_TOKENS}] tokens after tokenization, "
+        f"but got {MAX_INPUT_TOKENS + 1} tokens",
+        "error_type": "Input Validation Error",
+    }
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", AZURE_EMBED])
+def test_too_many_embedding_inputs_are_422(path):
+    response = post(app_for(), path, {"input": ["x"] * (MAX_EMBEDDING_INPUTS + 1)})
+    assert response.status_code == 422
+    expected = f"input may hold at most {MAX_EMBEDDING_INPUTS} texts, but got 2049"
+    assert message_of(response) == expected
+
+
+# ---- embeddings under max_requests and draining ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "busy", "draining"),
+    [
+        (
+            "/v1/embeddings",
+            {"message": "1 requests in flight (max_requests 1)", "type": "server_error"},
+            {"type": "server_error"},
+        ),
+        (AZURE_EMBED, {"code": "TooManyRequests"}, {"code": "NoWorkerError"}),
+    ],
+)
+def test_embeddings_are_admitted_like_generations(path, busy, draining):
+    service = AdmittingService(max_requests=1)
+    app = app_for(service)
+    assert post(app, path, {"input": "x"}).status_code == 200
+    assert service.in_flight == 0  # counted while it ran, released after
+    service.in_flight = 1
+    full = post(app, path, {"input": "x"})
+    assert full.status_code == 429
+    assert busy.items() <= full.json()["error"].items()
+    service.in_flight, service.draining = 0, True
+    drained = post(app, path, {"input": "x"})
+    assert drained.status_code == 503
+    assert "shutting down" in message_of(drained)
+    assert draining.items() <= drained.json()["error"].items()
+
+
+# ---- content safety on every generation route -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/infer", {"inputs": "a forbidden word"}),
+        ("/infer", {"inputs": [{"type": "text", "text": "a forbidden word"}], "stream": True}),
+        ("/infer_token", {"input_id": [ord(c) for c in "so forbidden"]}),
+        ("/generate", {"inputs": "a forbidden word"}),
+        ("/generate_stream", {"inputs": "a forbidden word"}),
+        ("/", {"inputs": "a forbidden word", "stream": True}),
+    ],
+)
+def test_mindie_and_tgi_refuse_a_blocked_input(path, body):
+    response = post(app_for(content_filter=FILTER), path, body)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": "The input was filtered by the content safety policy",
+        "error_type": "content_filter",
+    }
+
+
+@pytest.mark.parametrize("path", ["/infer", "/generate"])
+def test_an_allowed_input_still_generates(path):
+    response = post(app_for(content_filter=FILTER), path, {"inputs": "a fine word"})
+    assert response.status_code == 200, response.text
+
+
+# ---- unexpected failures and media paths ------------------------------------------------------
+
+
+class BrokenService(AdmittingService):
+    def new_request_id(self) -> str:
+        raise RuntimeError("ray.exceptions.RayTaskError: Traceback (most recent call last) ...")
+
+
+def test_an_unexpected_failure_is_a_generic_500_with_a_logged_id(caplog):
+    with caplog.at_level(logging.ERROR, logger="coordinator.api.app"):
+        response = post(app_for(BrokenService()), "/infer", {"inputs": "hi"})
+    assert response.status_code == 500
+    error_id = response.headers["x-request-id"]
+    assert response.json() == {
+        "error": f"Internal error; request id {error_id}",
+        "error_type": "Incomplete Generation",
+    }
+    assert "Traceback" not in response.text and "RuntimeError" not in response.text
+    logged = [r for r in caplog.records if error_id in r.getMessage()]
+    assert logged and logged[0].exc_info and "RayTaskError" in str(logged[0].exc_info[1])
+
+
+class FailingEventsService(AdmittingService):
+    async def generate(self, request: Any):
+        raise KeyError("worker internals")
+        yield  # an async generator
+
+
+def test_a_failure_inside_the_service_names_only_an_id():
+    response = post(app_for(FailingEventsService()), "/infer", {"inputs": "hi"})
+    assert response.status_code == 500
+    message = response.json()["error"]
+    assert message.startswith("Incomplete Generation: Internal error; request id ")
+    assert "worker internals" not in message and "KeyError" not in message
+
+
+@pytest.mark.parametrize("path", ["/tmp/a\x00b.png", "/tmp/\udcff.png", "\x00" * 80])
+def test_a_media_path_the_file_system_cannot_take_is_422(path):
+    body = {"inputs": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": path}]}
+    raw = json.dumps(body).encode()  # lone surrogates survive as \\udcff escapes
+    response = post(app_for(), "/infer", None, content=raw)
+    assert response.status_code == 422, response.text
+    assert response.json()["error_type"] == "Input Validation Error"
+
+
+# ---- a huge chunked body --------------------------------------------------------------------
+
+
+def test_a_chunked_100_mb_body_is_413_without_buffering():
+    process = psutil.Process(os.getpid())  # the uvicorn server runs in this process
+    chunk = b"x" * (1024 * 1024)
+
+    def body():
+        yield b'{"inputs": "'
+        for _ in range(100):
+            yield chunk
+
+    with serving(app_for(body_limit_mb=1)) as url:
+        before = process.memory_info().rss
+        response = httpx.post(f"{url}/infer", content=body(), timeout=60)
+        grown = process.memory_info().rss - before
+    assert response.status_code == 413
+    assert response.json()["error_type"] == "Payload Too Large"
+    assert grown < 8 * 1024 * 1024, f"RSS grew by {grown} bytes"
