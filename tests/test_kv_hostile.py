@@ -31,6 +31,7 @@ from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
 from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget, Reservation
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
+from tests.worker_streams import collect as _collect
 
 PROMPT = list(range(5, 10))
 REFUSAL = "no reservation for these pages (aborted?)"
@@ -43,15 +44,6 @@ def _config(model_dir: Any) -> EngineConfig:
 
 def _request(request_id: str) -> GenerationRequest:
     return GenerationRequest(request_id, PROMPT, SamplingParams(max_new_tokens=6, ignore_eos=True))
-
-
-def _collect(items: Iterator[Any], timeout_s: float = 10.0) -> list[Any]:
-    got: list[Any] = []
-    reader = threading.Thread(target=lambda: got.extend(items), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    assert not reader.is_alive(), f"stream still open after {timeout_s} s: {got}"
-    return got
 
 
 class Pair:

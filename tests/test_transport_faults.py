@@ -26,6 +26,8 @@ from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
 from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from prefill_worker.worker import PrefillWorker
+from tests.worker_streams import collect as _collect
+from tests.worker_streams import wait_until as _wait_until
 
 # a hand-off's settings (transport, shared_memory)
 SOCKETS = {"zmq_shm": ("zmq", True), "zmq_frames": ("zmq", False), "grpc": ("grpc", True)}
@@ -40,24 +42,6 @@ def _config(model_dir) -> EngineConfig:
 def _request(request_id: str) -> GenerationRequest:
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
     return GenerationRequest(request_id, range(5, 10), params)
-
-
-def _collect(items: Iterator[Any], timeout_s: float = 10.0) -> list[Any]:
-    got: list[Any] = []
-    reader = threading.Thread(target=lambda: got.extend(items), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    assert not reader.is_alive(), f"stream still open after {timeout_s} s: {got}"
-    return got
-
-
-def _wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.fixture(params=list(SOCKETS))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,8 @@ from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 from engine.transfer.shared_memory import SharedPageBuffer
 from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from prefill_worker.worker import PrefillWorker
+from tests.worker_streams import collect as _collect
+from tests.worker_streams import wait_until as _wait_until
 
 
 def _config(model_dir, num_blocks: int = 64) -> EngineConfig:
@@ -54,25 +55,6 @@ def _open_streams(worker: Any) -> int:
 
 def _used(worker: Any) -> int:
     return worker.load().stats.num_used_blocks
-
-
-def _wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def _collect(items: Iterator[Any], timeout_s: float = 10.0) -> list[Any]:
-    """Every item of a worker stream, read on a thread; fails instead of hanging."""
-    got: list[Any] = []
-    reader = threading.Thread(target=lambda: got.extend(items), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    assert not reader.is_alive(), f"stream still open after {timeout_s} s: {got}"
-    return got
 
 
 # ---- event queues ------------------------------------------------------------------------------
