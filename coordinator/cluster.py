@@ -232,8 +232,9 @@ class Cluster:
             request.params.max_new_tokens, self.config.engine.scheduler.max_iter_times
         )
         self._routes[request_id] = [p_worker, d_worker]
-        target = None
-        if limit > 1:
+        # the first token is the last: it ends on the prefill worker, no pages move
+        target = HandoffTarget("", limit)
+        if limit > len(request.output_token_ids) + 1:
             reservation = await self._reserve(d_worker, request)
             if not reservation.granted:
                 refusal = f"decode worker refused: {reservation.reason}"
@@ -249,7 +250,7 @@ class Cluster:
             if isinstance(item, HandoffResult):
                 handoff = item
                 break
-            if item.finished and target is not None:
+            if item.finished and target.endpoint:
                 await self._release(request_id)  # ended on its first token: free the reservation
             yield item
         if handoff is None:

@@ -101,9 +101,13 @@ class LLMEngine:
         priority: int = 5,
         prefill_only: bool = False,
         output_token_ids: Sequence[int] = (),
+        max_output_tokens: int = 0,
     ) -> None:
         """Queue a request; :class:`RequestRejectedError` if it can never run. A request with
-        ``output_token_ids`` continues after them (see the module docstring)."""
+        ``output_token_ids`` continues after them (see the module docstring).
+        ``max_output_tokens``: its output limit, first token included, when the caller set one
+        (a disaggregated request's, docs/token-accounting.md); else min(max_new_tokens,
+        maxIterTimes)."""
         if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
         num_prompt = len(prompt_token_ids)
@@ -111,7 +115,9 @@ class LLMEngine:
             raise RequestRejectedError(
                 f"prompt has {num_prompt} tokens; valid range is [1, {self.max_prompt_tokens()}]"
             )
-        max_output = min(params.max_new_tokens, self.config.scheduler.max_iter_times)
+        max_output = max_output_tokens or min(
+            params.max_new_tokens, self.config.scheduler.max_iter_times
+        )
         if not prefill_only and len(output_token_ids) >= max_output:
             raise RequestRejectedError(
                 f"{len(output_token_ids)} output tokens already generated; the limit is "
@@ -410,9 +416,9 @@ class LLMEngine:
         if any(not 0 <= t < vocab_size for t in tokens):
             raise KVImportError(f"a token id is outside the vocabulary (0..{vocab_size - 1})")
         num_outputs = len(tokens) - num_prompt
-        if not num_outputs <= max_output_tokens <= self.config.scheduler.max_seq_len:
-            raise KVImportError(
-                f"output limit {max_output_tokens} is not within {num_outputs}.."
+        if not num_outputs < max_output_tokens <= self.config.scheduler.max_seq_len:
+            raise KVImportError(  # at least one token left to decode
+                f"output limit {max_output_tokens} is not within {num_outputs + 1}.."
                 f"{self.config.scheduler.max_seq_len}"
             )
 

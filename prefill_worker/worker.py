@@ -53,11 +53,14 @@ class PrefillWorker(WorkerRuntime):
     def prefill(
         self, request: GenerationRequest, target: HandoffTarget | None = None
     ) -> Iterator[TokenEvent | HandoffResult]:
-        """Stream the first token, then (with a target) the hand-off's result."""
-        handoff = target if target is not None and target.max_output_tokens > 1 else None
+        """Stream the first token, then (with a target) the hand-off's result. A target whose
+        limit this first token reaches (a migrated request one token short of it) is not
+        handed off: the request finishes here, at the limit."""
+        limit = target.max_output_tokens if target is not None else 0
+        handoff = target if limit > len(request.output_token_ids) + 1 else None
 
         def add(engine: LLMEngine) -> None:
-            submit(engine, request, prefill_only=handoff is not None)
+            submit(engine, request, prefill_only=handoff is not None, max_output_tokens=limit)
             if handoff is not None:
                 self._handoffs[request.request_id] = handoff
 

@@ -65,3 +65,16 @@ def test_continued_request_across_a_handoff(tiny_loaded, params):
     assert [*full[:k], full[k], *rest] == full
     for engine in (prefill, decode):
         assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_pages_with_no_token_left_to_decode_are_refused(tiny_loaded):
+    """A hand-off whose outputs already reach the decode limit would make decode overshoot it."""
+    from engine.errors import KVImportError
+
+    prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
+    prefill.add_request("m", PROMPT, GREEDY, prefill_only=True, output_token_ids=[9, 9, 9])
+    prefill.step()
+    with pytest.raises(KVImportError, match="output limit 4 is not within 5"):
+        decode.import_kv(prefill.export_kv("m", 4))
+    prefill.release("m")
+    assert decode.blocks.num_free_blocks == decode.blocks.num_blocks

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
 from decode_worker.worker import DecodeWorker
-from engine.config import CacheConfig, EngineConfig, KVTransferConfig
+from engine.config import CacheConfig, EngineConfig, KVTransferConfig, SchedulerConfig
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import SamplingParams
@@ -224,3 +225,22 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
         decode.abort("r")
     finally:
         _stop(decode)
+
+
+@pytest.mark.parametrize("limit", [6, 9])
+def test_migrated_request_one_token_short_of_its_limit_ends_on_prefill(tiny_model_dir, limit):
+    """A request migrated with ``limit - 1`` outputs gets one more token, on the prefill worker,
+    and finishes there at exactly its limit (none handed off for decode to overshoot), even when
+    the limit is past the engine's own (a disaggregated ``maxIterTimes + 1``)."""
+    config = replace(_config(tiny_model_dir), scheduler=SchedulerConfig(max_iter_times=8))
+    prefill = PrefillWorker(config, KVTransferConfig("inprocess"))
+    try:
+        request = _request("r").continued("r-m1", range(20, 20 + limit - 1))
+        items = list(prefill.prefill(request, HandoffTarget("", limit)))
+        assert len(items) == 1 and isinstance(items[0], TokenEvent)
+        assert items[0].finish_reason == FinishReason.LENGTH
+        assert items[0].num_output_tokens == limit
+        _assert_freed(prefill)
+    finally:
+        prefill.loop.stop()
+        prefill.sender.close()

@@ -178,8 +178,14 @@ def _is_final(item: Any) -> bool:
     return isinstance(item, HandoffResult) or bool(item.finished)
 
 
-def submit(engine: LLMEngine, request: GenerationRequest, prefill_only: bool = False) -> None:
-    """Engine thread: queue ``request`` (:class:`RequestRejectedError` if it can never run)."""
+def submit(
+    engine: LLMEngine,
+    request: GenerationRequest,
+    prefill_only: bool = False,
+    max_output_tokens: int = 0,
+) -> None:
+    """Engine thread: queue ``request`` (:class:`RequestRejectedError` if it can never run);
+    ``max_output_tokens``: see :meth:`LLMEngine.add_request`."""
     engine.add_request(
         request.request_id,
         list(request.prompt_token_ids),
@@ -187,6 +193,7 @@ def submit(engine: LLMEngine, request: GenerationRequest, prefill_only: bool = F
         request.priority,
         prefill_only=prefill_only,
         output_token_ids=request.output_token_ids,
+        max_output_tokens=max_output_tokens,
     )
 
 
