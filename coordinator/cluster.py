@@ -31,6 +31,7 @@ from engine.embedding_worker import EmbeddingWorker
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import pd_output_limit
+from engine.transfer.security import generate_credentials
 from engine.worker.colocated import ColocatedWorker
 from engine.worker.contracts import (
     GenerationRequest,
@@ -96,8 +97,15 @@ class Cluster:
             pass  # embeddings only
         elif cfg.deploy_mode == "pd_separate":
             prefill, decode = cfg.prefill_resources, cfg.decode_resources
-            self.prefills = self._actors(PrefillWorker, prefill, cfg.num_prefill, cfg.kv_transfer)
-            self.decodes = self._actors(DecodeWorker, decode, cfg.num_decode, cfg.kv_transfer)
+            transfer = cfg.kv_transfer
+            # fresh per start, to the actors only (restarted ones get the same)
+            keys = generate_credentials() if transfer.encrypted else None
+            self.prefills = self._actors(
+                PrefillWorker, prefill, cfg.num_prefill, transfer, keys and keys.sender
+            )
+            self.decodes = self._actors(
+                DecodeWorker, decode, cfg.num_decode, transfer, keys and keys.receiver
+            )
         else:
             self.colocated = self._actors(
                 ColocatedWorker, cfg.colocated_resources, cfg.num_colocated

@@ -57,6 +57,7 @@ class ClusterConfig:
     kv_transport: str = "zmq"
     kv_host: str = "127.0.0.1"  # address decode workers bind their KV endpoint to ("auto": node IP)
     kv_shared_memory: bool = True  # zmq on one host: pages through /dev/shm (False: the socket)
+    kv_encryption: str = "auto"  # CURVE / TLS on the KV plane; auto: unless kv_host is loopback
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefill_resources: ActorResources = field(default_factory=ActorResources)
     decode_resources: ActorResources = field(default_factory=ActorResources)
@@ -91,4 +92,5 @@ class ClusterConfig:
             self.transfer_timeout_s,
             self.reservation_timeout_s,
             self.kv_shared_memory,
+            self.kv_encryption,
         )

@@ -138,6 +138,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "ray_address": Key("str", ""),
         "kv_host": Key("str", "127.0.0.1"),  # decode KV endpoints bind here; "auto": node IP
         "kv_shared_memory": Key("bool", True),  # zmq on one host: pages through /dev/shm
+        # CURVE / TLS with peer authentication on the KV plane; auto: unless kv_host is loopback
+        "kv_encryption": Key("str", "auto", choices=("auto", "on", "off")),
         "kv_transfer_timeout_s": Key("int", 10, 1, 3600),
         "kv_reservation_timeout_s": Key("int", 30, 1, 3600),
         "prefill_resources": Key("dict", {}),  # {"num_cpus", "num_gpus", "resources": {...}}

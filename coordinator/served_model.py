@@ -124,6 +124,7 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
         num_decode=b["num_decode_instances"],
         kv_transport=b["kv_transport"],
         kv_shared_memory=b["kv_shared_memory"],
+        kv_encryption=b["kv_encryption"],
         transfer_timeout_s=float(b["kv_transfer_timeout_s"]),
         reservation_timeout_s=float(b["kv_reservation_timeout_s"]),
         engine=engine,

@@ -45,8 +45,9 @@ from engine.errors import KVImportError
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import Request, RequestStatus
-from engine.transfer import create_receiver
+from engine.transfer import KVCredentials, create_receiver
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
+from engine.transfer.security import transfer_credentials
 from engine.worker.contracts import GenerationRequest, Reservation
 from engine.worker.runtime import WorkerRuntime
 
@@ -68,8 +69,16 @@ def kv_bind_address(host: str) -> str:
 class DecodeWorker(WorkerRuntime):
     role = "decode"
 
-    def __init__(self, config: EngineConfig, transfer: KVTransferConfig, **runtime: Any) -> None:
-        """``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
+    def __init__(
+        self,
+        config: EngineConfig,
+        transfer: KVTransferConfig,
+        credentials: KVCredentials | None = None,
+        **runtime: Any,
+    ) -> None:
+        """``credentials``: the receivers' share, required when ``transfer`` is encrypted;
+        ``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
+        credentials = transfer_credentials(transfer, credentials)  # before the model loads
         super().__init__(config, **runtime)
         self.unclaimed_grace_s = transfer.reservation_timeout_s
         self._waiting = ReservationQueue(transfer.reservation_timeout_s)
@@ -80,6 +89,7 @@ class DecodeWorker(WorkerRuntime):
             on_broken=self._on_broken,
             stream_timeout_s=transfer.transfer_timeout_s,
             max_payload_bytes=self.engine.kv_cache_bytes,
+            credentials=credentials,
         )
 
     def endpoint(self) -> str:

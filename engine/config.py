@@ -11,6 +11,7 @@ import torch
 
 from engine.errors import ConfigError
 from engine.transfer import TRANSPORTS
+from engine.transfer.security import ENCRYPTION_MODES, needs_encryption
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -85,8 +86,16 @@ class KVTransferConfig:
     reservation_timeout_s: float = 30.0  # decode ends a reservation whose pages never came
     # kv_shared_memory: zmq on one host hands pages over in /dev/shm; False: always on the socket
     shared_memory: bool = True
+    # kv_encryption: CURVE / TLS with peer authentication (engine/transfer/security.py); "auto":
+    # on unless ``host`` is a loopback address
+    encryption: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.encryption not in ENCRYPTION_MODES:
+            raise ConfigError(
+                f"kv_encryption must be one of {', '.join(ENCRYPTION_MODES)}; "
+                f"got {self.encryption!r}"
+            )
         if self.transport not in TRANSPORTS:
             raise ConfigError(
                 f"kv_transport must be one of {', '.join(TRANSPORTS)}; got {self.transport!r}"
@@ -96,6 +105,12 @@ class KVTransferConfig:
         for name in ("transfer_timeout_s", "reservation_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether hand-offs are encrypted and their peers authenticated (``inprocess``: never,
+        nothing leaves the process)."""
+        return self.transport != "inprocess" and needs_encryption(self.encryption, self.host)
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ from engine.config import EngineConfig, KVTransferConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import RequestStatus
-from engine.transfer import KVTransferError, create_sender
+from engine.transfer import KVCredentials, KVTransferError, create_sender
 from engine.transfer.payload import KVPayload
+from engine.transfer.security import transfer_credentials
 from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from engine.worker.runtime import WorkerRuntime, submit
 
@@ -41,10 +42,18 @@ log = logging.getLogger(__name__)
 class PrefillWorker(WorkerRuntime):
     role = "prefill"
 
-    def __init__(self, config: EngineConfig, transfer: KVTransferConfig, **runtime: Any) -> None:
-        """``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
+    def __init__(
+        self,
+        config: EngineConfig,
+        transfer: KVTransferConfig,
+        credentials: KVCredentials | None = None,
+        **runtime: Any,
+    ) -> None:
+        """``credentials``: the senders' share, required when ``transfer`` is encrypted;
+        ``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
+        credentials = transfer_credentials(transfer, credentials)  # before the model loads
         super().__init__(config, **runtime)
-        self.sender = create_sender(transfer.transport, transfer.shared_memory)
+        self.sender = create_sender(transfer.transport, transfer.shared_memory, credentials)
         self.transfer_timeout_s = transfer.transfer_timeout_s
         self._handoffs: dict[str, HandoffTarget] = {}  # engine thread only
         self._senders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-send")

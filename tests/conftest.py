@@ -10,6 +10,9 @@ import torch
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel, load_model
+from engine.request import RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.transfer.payload import KVPayload
 from tests.coordinator_servers import servers  # noqa: F401 - a session fixture
 from tests.mlflow_models import mlflow_chat_dir, mlflow_embed_dir  # noqa: F401 - fixtures
 from tests.tiny_model import build_tiny_model
@@ -61,3 +64,17 @@ def ray_session():
     init_ray(num_cpus=8)  # logical CPUs, so that several small clusters fit side by side
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def payload(tiny_loaded) -> KVPayload:
+    """The exported KV of a 37-token prompt (tiny model, blocks of 4 tokens)."""
+    engine = make_engine(tiny_loaded, block_size=4)
+    engine.add_request(
+        "r1", list(range(3, 40)), SamplingParams(max_new_tokens=5, seed=11), prefill_only=True
+    )
+    while engine.requests["r1"].status != RequestStatus.HELD:
+        engine.step()
+    payload = engine.export_kv("r1")
+    payload.state.max_output_tokens = 5
+    return payload

@@ -46,11 +46,13 @@ def _cluster(model_dir, **overrides) -> Cluster:
     return cluster
 
 
-# a PD cluster's hand-off settings, and the path its pages must take
+# a PD cluster's hand-off settings, and the path its pages must take; the socket paths run
+# encrypted, as between hosts (credentials made by the cluster, handed to its actors)
+ENCRYPTED = {"kv_encryption": "on"}
 HANDOFFS = {
     "zmq_shm": ({"kv_transport": "zmq"}, "shared_memory"),
-    "zmq_frames": ({"kv_transport": "zmq", "kv_shared_memory": False}, "frames"),
-    "grpc": ({"kv_transport": "grpc"}, "chunks"),
+    "zmq_frames_curve": ({"kv_transport": "zmq", "kv_shared_memory": False, **ENCRYPTED}, "frames"),
+    "grpc_tls": ({"kv_transport": "grpc", **ENCRYPTED}, "chunks"),
 }
 
 

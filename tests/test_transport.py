@@ -16,12 +16,9 @@ import torch
 
 from engine.config import KVTransferConfig
 from engine.errors import ConfigError
-from engine.request import RequestStatus
-from engine.sampling_params import SamplingParams
 from engine.transfer import KVTransferError, create_receiver, create_sender
 from engine.transfer.grpc_transport import CHUNK_BYTES, chunk_messages
 from engine.transfer.payload import KVLayout, KVPayload, TransferHeader
-from tests.conftest import make_engine
 
 # a hand-off's settings (transport, shared_memory), and the path its pages must take
 HANDOFFS = {
@@ -43,19 +40,6 @@ def _assert_path(handoff: str, sender, receiver, count: int) -> None:
     expected = {HANDOFFS[handoff][1]: count} if count else {}
     assert sender.payloads_by_path.as_dict() == expected
     assert receiver.payloads_by_path.as_dict() == expected
-
-
-@pytest.fixture
-def payload(tiny_loaded) -> KVPayload:
-    engine = make_engine(tiny_loaded, block_size=4)
-    engine.add_request(
-        "r1", list(range(3, 40)), SamplingParams(max_new_tokens=5, seed=11), prefill_only=True
-    )
-    while engine.requests["r1"].status != RequestStatus.HELD:
-        engine.step()
-    payload = engine.export_kv("r1")
-    payload.state.max_output_tokens = 5
-    return payload
 
 
 class Recorder:

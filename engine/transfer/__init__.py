@@ -6,6 +6,10 @@ one multipart message per request: a header frame and one page frame sent zero-c
 exported buffer, received into a reused buffer. ``grpc``: client streaming of 4 MiB chunks.
 ``inprocess``: a direct call, for unit tests of engines in one process.
 
+With :class:`KVCredentials` (``security.py``) ZMQ runs CURVE and gRPC runs TLS, both with peer
+authentication: a receiver admits only the cluster's senders, a sender talks only to the
+cluster's receivers.
+
 A receiver serves its transfers within ``stream_timeout_s`` each (gRPC cuts longer pushes; a ZMQ
 message is whole or absent) and tells ``on_broken`` about transfers that broke after their
 header. A sender keeps one connection per endpoint in use, closed when a transfer over it breaks
@@ -31,6 +35,7 @@ from engine.transfer.base import (
     KVTransferError,
     PayloadHandler,
 )
+from engine.transfer.security import KVCredentials
 
 TRANSPORTS = ("zmq", "grpc", "inprocess")
 
@@ -43,20 +48,24 @@ def create_receiver(
     on_broken: BrokenHandler | None = None,
     stream_timeout_s: float = 10.0,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    credentials: KVCredentials | None = None,
 ) -> BaseKVReceiver:
     """Start a receiver that calls ``handler`` for every header (the handshake) and payload and
     answers with its result, and ``on_broken`` (request id, why) for a transfer that broke after
     its header. A gRPC push still unfinished after ``stream_timeout_s`` is cut (use the senders'
     transfer timeout). Page buffers over ``max_payload_bytes`` (the receiver's KV cache) are
-    refused before they are read, larger messages by the transport itself."""
+    refused before they are read, larger messages by the transport itself. ``credentials``
+    (the receivers' share): encrypted, admitting only the cluster's senders."""
     if name == "zmq":
         from engine.transfer.zmq_transport import ZmqKVReceiver
 
-        return ZmqKVReceiver(handler, host, on_broken, max_payload_bytes)
+        return ZmqKVReceiver(handler, host, on_broken, max_payload_bytes, credentials)
     if name == "grpc":
         from engine.transfer.grpc_transport import GrpcKVReceiver
 
-        return GrpcKVReceiver(handler, host, on_broken, stream_timeout_s, max_payload_bytes)
+        return GrpcKVReceiver(
+            handler, host, on_broken, stream_timeout_s, max_payload_bytes, credentials
+        )
     if name == "inprocess":
         from engine.transfer.inprocess import InProcessKVReceiver
 
@@ -64,17 +73,20 @@ def create_receiver(
     raise ValueError(f"kv_transport must be one of {', '.join(TRANSPORTS)}; got {name!r}")
 
 
-def create_sender(name: str, shared_memory: bool = True) -> BaseKVSender:
+def create_sender(
+    name: str, shared_memory: bool = True, credentials: KVCredentials | None = None
+) -> BaseKVSender:
     """A sender for transport ``name``. ``shared_memory=False`` keeps ``zmq`` from its same-host
-    ``/dev/shm`` path (the pages then always cross the socket); other transports have none."""
+    ``/dev/shm`` path (the pages then always cross the socket); other transports have none.
+    ``credentials`` (the senders' share): encrypted, talking only to the cluster's receivers."""
     if name == "zmq":
         from engine.transfer.zmq_transport import ZmqKVSender
 
-        return ZmqKVSender(shared_memory)
+        return ZmqKVSender(shared_memory, credentials)
     if name == "grpc":
         from engine.transfer.grpc_transport import GrpcKVSender
 
-        return GrpcKVSender()
+        return GrpcKVSender(credentials)
     if name == "inprocess":
         from engine.transfer.inprocess import InProcessKVSender
 
@@ -93,6 +105,7 @@ __all__ = [
     "BaseKVReceiver",
     "BaseKVSender",
     "BrokenHandler",
+    "KVCredentials",
     "KVRefusedError",
     "KVTransferError",
     "PayloadHandler",

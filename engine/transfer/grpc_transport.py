@@ -12,6 +12,10 @@ deadline. A push may last at most ``stream_timeout_s`` on the receiver (the tran
 then it is cut, so idle or stalled clients cannot hold the receiver's threads. The sender's
 deadline is its transfer timeout; a failed call closes its channel (``endpoints.py``).
 
+Encrypted (with :class:`KVCredentials`): TLS on both sides with the cluster's CA; the receiver
+requires a client certificate from it, the sender checks the receiver's certificate for
+``KV_TLS_NAME``.
+
 Fault injection (``break_next``): the receiver reads the first chunk, then ends the call with
 UNAVAILABLE, as a connection lost mid-stream: the sender fails at once.
 """
@@ -53,6 +57,7 @@ from engine.transfer.endpoints import EndpointCache
 from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
+from engine.transfer.security import KV_TLS_NAME, KVCredentials
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 4 * 2**20
@@ -186,6 +191,7 @@ class GrpcKVReceiver(BaseKVReceiver):
         on_broken: BrokenHandler | None = None,
         stream_timeout_s: float = 10.0,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        credentials: KVCredentials | None = None,
     ) -> None:
         """``stream_timeout_s``: a push still unfinished after it is cut."""
         super().__init__(handler, on_broken, max_payload_bytes)
@@ -201,7 +207,16 @@ class GrpcKVReceiver(BaseKVReceiver):
             maximum_concurrent_rpcs=MAX_CONCURRENT_PUSHES,
         )
         pb_grpc.add_KVTransferServicer_to_server(_Servicer(self), self._server)
-        port = self._server.add_insecure_port(f"{host}:0")
+        address = f"{host}:0"
+        if credentials is None:
+            port = self._server.add_insecure_port(address)
+        else:
+            tls = grpc.ssl_server_credentials(
+                [(credentials.tls_key, credentials.tls_certificate)],
+                root_certificates=credentials.tls_ca,
+                require_client_auth=True,
+            )
+            port = self._server.add_secure_port(address, tls)
         self.endpoint = f"{host}:{port}"
         self._server.start()
 
@@ -211,12 +226,23 @@ class GrpcKVReceiver(BaseKVReceiver):
 
 
 class GrpcKVSender(BaseKVSender):
-    def __init__(self) -> None:
+    def __init__(self, credentials: KVCredentials | None = None) -> None:
         super().__init__()
+        self._credentials = credentials
         self._channels: EndpointCache[grpc.Channel] = EndpointCache(
-            lambda endpoint: grpc.insecure_channel(endpoint, options=_OPTIONS),
-            lambda channel: channel.close(),
+            self._open, lambda channel: channel.close()
         )
+
+    def _open(self, endpoint: str) -> grpc.Channel:
+        if self._credentials is None:
+            return grpc.insecure_channel(endpoint, options=_OPTIONS)
+        tls = grpc.ssl_channel_credentials(
+            root_certificates=self._credentials.tls_ca,
+            private_key=self._credentials.tls_key,
+            certificate_chain=self._credentials.tls_certificate,
+        )
+        options = [*_OPTIONS, ("grpc.ssl_target_name_override", KV_TLS_NAME)]
+        return grpc.secure_channel(endpoint, tls, options=options)
 
     def num_connections(self) -> int:
         return len(self._channels)

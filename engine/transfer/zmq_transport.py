@@ -18,6 +18,11 @@ only the header, with the file's name (never a path). A receiver that cannot map
 (another host, another IPC namespace) says so, and that endpoint gets frames from then on. Both
 sides count each installed payload under ``SHARED_MEMORY`` or ``FRAMES``.
 
+Encrypted (with :class:`KVCredentials`): CURVE on both sides. The receiver's socket lives in a
+context of its own whose ZAP handler admits only the senders' public key; a sender that is not
+the cluster's, or a receiver that is not (a wrong server key), never completes the handshake, so
+no message is exchanged and the sender fails when its timeout runs out.
+
 Fault injection (``break_next``): the receiver reads the header, drops the rest and never
 answers, which is what a connection lost mid-transfer looks like to a ZMQ sender (ZMQ reconnects
 silently; the message is simply gone): the sender fails when its timeout runs out.
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from engine.transfer.base import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -55,6 +61,7 @@ from engine.transfer.codec import (
 from engine.transfer.endpoints import EndpointCache, Link
 from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
+from engine.transfer.security import KVCredentials
 from engine.transfer.shared_memory import SharedPageBuffer, SharedPageReader
 
 log = logging.getLogger(__name__)
@@ -69,10 +76,19 @@ class ZmqKVReceiver(BaseKVReceiver):
         host: str = "127.0.0.1",
         on_broken: BrokenHandler | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        credentials: KVCredentials | None = None,
     ) -> None:
         super().__init__(handler, on_broken, max_payload_bytes)
-        self._socket: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self._context, self._authenticator = zmq.Context.instance(), None
+        if credentials is not None:
+            self._context = zmq.Context()
+            self._authenticator = _admit_only(self._context, credentials.curve_peer_public)
+        self._socket: zmq.Socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        if credentials is not None:
+            self._socket.curve_secretkey = credentials.curve_secret
+            self._socket.curve_publickey = credentials.curve_public
+            self._socket.curve_server = True
         # A larger frame never reaches us: ZMQ drops its sender's connection.
         self._socket.setsockopt(zmq.MAXMSGSIZE, max(max_payload_bytes, MAX_HEADER_BYTES))
         port: int = self._socket.bind_to_random_port(f"tcp://{host}")
@@ -147,6 +163,27 @@ class ZmqKVReceiver(BaseKVReceiver):
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._context.term()
+
+
+class _AdmittedKeys:
+    """ZAP credentials provider: the CURVE public keys a receiver admits."""
+
+    def __init__(self, keys: set[bytes]) -> None:
+        self._keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self._keys
+
+
+def _admit_only(context: zmq.Context, sender_public: bytes) -> ThreadAuthenticator:
+    """Start ``context``'s ZAP handler, admitting CURVE clients with ``sender_public`` only."""
+    authenticator = ThreadAuthenticator(context, log=log)
+    authenticator.start()
+    authenticator.configure_curve_callback("*", _AdmittedKeys({sender_public}))
+    return authenticator
 
 
 @dataclass(eq=False)
@@ -166,10 +203,13 @@ class _Connection:
 
 
 class ZmqKVSender(BaseKVSender):
-    def __init__(self, shared_memory: bool = True) -> None:
+    def __init__(
+        self, shared_memory: bool = True, credentials: KVCredentials | None = None
+    ) -> None:
         """``shared_memory=False``: the pages always go as frames, as between hosts."""
         super().__init__()
         self._use_shared_memory = shared_memory
+        self._credentials = credentials
         self._context: zmq.Context = zmq.Context.instance()
         self._connections: EndpointCache[_Connection] = EndpointCache(
             self._connect, _Connection.close
@@ -181,6 +221,10 @@ class ZmqKVSender(BaseKVSender):
     def _connect(self, endpoint: str) -> _Connection:
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        if self._credentials is not None:
+            socket.curve_secretkey = self._credentials.curve_secret
+            socket.curve_publickey = self._credentials.curve_public
+            socket.curve_serverkey = self._credentials.curve_peer_public
         socket.connect(endpoint)
         return _Connection(socket)
 

@@ -184,6 +184,11 @@ backend_config.ray_address). */}}
 {{- if not (hasKey $config.backend_config "kv_host") }}
 {{- $_ := set $config.backend_config "kv_host" "auto" }}
 {{- end }}
+{{- /* Hand-offs between pods: ZMQ CURVE / gRPC TLS with peer authentication, keys made by the
+      coordinator at every start and handed to the actors through Ray (token-authenticated). */}}
+{{- if not (hasKey $config.backend_config "kv_encryption") }}
+{{- $_ := set $config.backend_config "kv_encryption" "on" }}
+{{- end }}
 {{- range $role := list "prefill" "decode" }}
 {{- $key := printf "%s_resources" $role }}
 {{- if not (hasKey $config.backend_config $key) }}
