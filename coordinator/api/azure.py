@@ -70,12 +70,14 @@ def error_response(error: APIError) -> JSONResponse:
 
 
 def not_supported(param: str, value: Any) -> AzureError:
+    """422 echoing the value (``NaN`` and ``Infinity``, which JSON lacks, as strings)."""
+    echoed = json.loads(json.dumps(value), parse_constant=str)
     return AzureError(
         422,
         {
             "status": 422,
             "code": "parameter_not_supported",
-            "detail": {"loc": ["body", param], "input": value},
+            "detail": {"loc": ["body", param], "input": echoed},
             "message": "One of the parameters contain invalid values.",
         },
         {"x-ms-error-code": "parameter_not_supported"},

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from engine.request import FinishReason
 
 log = logging.getLogger(__name__)
 Events = AsyncGenerator[TokenEvent, None]
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape in JSON text
 
 
 @dataclass
@@ -114,12 +116,31 @@ def body_too_large(size: str, body_limit_mb: int) -> APIError:
 
 
 async def read_json(request: Request, body_limit_mb: int) -> Any:
-    """The decoded body: 413 over ``body_limit_mb``, 400 when it is not JSON."""
+    """The decoded body: 413 over ``body_limit_mb``; 400 when it is not JSON (or not UTF-8/16/32,
+    nested too deep, a number of too many digits); 422 when a string holds a lone surrogate
+    (valid JSON, but no tokenizer or answer can take it)."""
     body = await read_body(request, body_limit_mb)
     try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = body.decode(json.detect_encoding(body))  # strict: no encoded surrogates
+        value = json.loads(text)
+    except RecursionError as exc:
+        raise APIError(400, "malformed JSON: nested too deeply") from exc
+    except ValueError as exc:  # not JSON, not UTF-8/16/32, or an integer of over 4300 digits
         raise APIError(400, f"malformed JSON: {exc}") from exc
+    if SURROGATE_ESCAPE.search(text) and not utf8_encodable(value):
+        raise APIError(
+            422, "a string of the JSON body holds a lone surrogate (\\ud800-\\udfff): not Unicode"
+        )
+    return value
+
+
+def utf8_encodable(value: Any) -> bool:
+    """Whether every string of a decoded JSON value can be encoded (no lone surrogate)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def read_object(request: Request, body_limit_mb: int) -> dict[str, Any]:

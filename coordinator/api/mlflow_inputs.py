@@ -99,6 +99,11 @@ def _rows(envelope: str, value: Any, column: str) -> list[dict]:
         if not isinstance(value, dict) or not isinstance(value.get("data"), list):
             raise MlflowError('\'dataframe_split\' must be {"columns": [...], "data": [[...]]}')
         columns = value.get("columns") or [column]
+        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+            raise MlflowError(
+                f"'dataframe_split' columns must be a list of column names, got "
+                f"{json.dumps(columns)[:200]}"
+            )
         if not all(isinstance(r, list) and len(r) == len(columns) for r in value["data"]):
             raise MlflowError(f"every 'dataframe_split' data row must have {len(columns)} values")
         return [dict(zip(columns, r, strict=True)) for r in value["data"]]

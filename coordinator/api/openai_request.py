@@ -111,11 +111,25 @@ async def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
         or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
     ):
         raise OpenAIError(400, "'messages' must be a non-empty list of {role, content}", "messages")
+    _check_text_parts(messages)
     rendered = [{"role": m["role"], "content": content_text(m.get("content"))} for m in messages]
     ids = await run_in_threadpool(
         model.tokenizer.apply_chat_template, rendered, add_generation_prompt=True, tokenize=True
     )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def _check_text_parts(messages: list[dict]) -> None:
+    """400 naming the first text part of a message's content whose ``text`` is not a string."""
+    for index, message in enumerate(messages):
+        content = message.get("content")
+        for part_index, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") == "text":
+                text = part.get("text", "")
+                if not isinstance(text, str):
+                    name = f"messages[{index}].content[{part_index}].text"
+                    got = json.dumps(text)[:200]
+                    raise OpenAIError(400, f"'{name}' must be a string, got {got}", "messages")
 
 
 async def _text_ids(body: dict, model: ModelInfo) -> list[int]:

@@ -86,7 +86,12 @@ def parse_tgi_body(body: Any) -> tuple[InferRequest, tuple[str, ...]]:
     """A TGI body as a MindIE request (unknown parameters dropped) and its stop sequences."""
     if not isinstance(body, dict) or not isinstance(body.get("inputs"), str):
         raise InputValidationError("inputs must be a non-empty string")
-    raw = dict(body.get("parameters") or {})
+    parameters = body.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise InputValidationError(
+            f"parameters must be a JSON object, got {json.dumps(parameters)[:200]}"
+        )
+    raw = dict(parameters or {})
     stop = raw.pop("stop", None) or []
     if isinstance(stop, list) and (over := stop_limit_message("stop", stop)):
         raise InputValidationError(over)
