@@ -79,7 +79,8 @@ class ZmqKVReceiver(BaseKVReceiver):
         credentials: KVCredentials | None = None,
     ) -> None:
         super().__init__(handler, on_broken, max_payload_bytes)
-        self._context, self._authenticator = zmq.Context.instance(), None
+        self._context: zmq.Context = zmq.Context.instance()
+        self._authenticator: ThreadAuthenticator | None = None
         if credentials is not None:
             self._context = zmq.Context()
             self._authenticator = _admit_only(self._context, credentials.curve_peer_public)

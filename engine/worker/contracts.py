@@ -98,9 +98,11 @@ class WorkerLoad:
     pid: int
     stats: EngineStats
     num_open_streams: int = 0  # per-request event queues the worker holds (0 once idle)
+    node_ip: str = ""  # the address of the Ray node it runs on ("" outside Ray)
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid."""
+        """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
+        node address."""
         return {
             "role": self.role,
             "instance": self.instance,
@@ -108,4 +110,5 @@ class WorkerLoad:
             "num_used_blocks": self.stats.num_used_blocks,
             "num_open_streams": self.num_open_streams,
             "pid": self.pid,
+            "node_ip": self.node_ip,
         }

@@ -53,6 +53,7 @@ class WorkerRuntime:
         if cpu_ids:  # own these cores: a prefill and a decode worker never share one
             _pin_process(cpu_ids)
         self.instance = instance
+        self.node_ip = _ray_node_ip()
         self.engine = LLMEngine(config)
         self.unclaimed_grace_s = UNCLAIMED_GRACE_S
         self._queues: dict[str, queue.Queue] = {}
@@ -171,7 +172,9 @@ class WorkerRuntime:
             stats = self.loop.stats
         with self._lock:
             num_open_streams = len(self._queues)
-        return WorkerLoad(self.role, self.instance, os.getpid(), stats, num_open_streams)
+        return WorkerLoad(
+            self.role, self.instance, os.getpid(), stats, num_open_streams, self.node_ip
+        )
 
 
 def _is_final(item: Any) -> bool:
@@ -195,6 +198,13 @@ def submit(
         output_token_ids=request.output_token_ids,
         max_output_tokens=max_output_tokens,
     )
+
+
+def _ray_node_ip() -> str:
+    """The address of the Ray node this worker runs on; "" when it runs outside Ray."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else ""
 
 
 def _pin_process(cpu_ids: tuple[int, ...]) -> None:
