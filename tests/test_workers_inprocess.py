@@ -220,6 +220,7 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "num_used_blocks",
             "num_open_streams",
             "pid",
+            "node_ip",
         ]
         assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2
         decode.abort("r")
