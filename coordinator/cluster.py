@@ -85,7 +85,8 @@ class Cluster:
         self._releases: set[asyncio.Task] = set()  # aborts still on their way to workers
         self._cores: list[int] | None = None
         self.embedders: list[Any] = []
-        self.on_handoff: Callable[[int, float], None] | None = None  # (bytes, seconds) per KV move
+        # (bytes, seconds, path) of each KV move that reached its decode worker
+        self.on_handoff: Callable[[int, float, str], None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class Cluster:
             yield TokenEvent.failure(request_id, error, "handoff_failed")
             return
         if self.on_handoff is not None:
-            self.on_handoff(handoff.num_bytes, handoff.transfer_seconds)
+            self.on_handoff(handoff.num_bytes, handoff.transfer_seconds, handoff.path)
         self._routes[request_id] = [d_worker]
         stream = d_worker.stream.options(num_returns="streaming").remote(request_id)
         async for event in self._stream(request_id, stream):

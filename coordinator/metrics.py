@@ -71,6 +71,12 @@ class Metrics:
         self.kv_transfer_bytes = Counter(
             "kv_transfer_bytes", "KV bytes moved from prefill to decode", m, registry=r
         )
+        self.kv_transfers = Counter(
+            "kv_transfers",
+            "KV hand-offs by the path their pages took (shared_memory, frames, chunks)",
+            [*m, "path"],
+            registry=r,
+        )
         self.kv_transfer_seconds = self._histogram(
             "kv_transfer_seconds",
             "Time to move a request's KV pages from prefill to decode",
@@ -108,10 +114,11 @@ class Metrics:
             if output_tokens > 1:
                 self.tpot.labels(name).observe((e2e - ttft) / (output_tokens - 1))
 
-    def record_handoff(self, num_bytes: int, seconds: float) -> None:
-        """One KV hand-off that reached its decode worker."""
+    def record_handoff(self, num_bytes: int, seconds: float, path: str = "") -> None:
+        """One KV hand-off that reached its decode worker, by the ``path`` its pages took."""
         self.kv_transfer_seconds.labels(self.model_name).observe(seconds)
         self.kv_transfer_bytes.labels(self.model_name).inc(num_bytes)
+        self.kv_transfers.labels(self.model_name, path or "unknown").inc()
 
     def record_loads(self, loads: list[WorkerLoad]) -> None:
         for load in loads:

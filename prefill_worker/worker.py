@@ -111,10 +111,9 @@ class PrefillWorker(WorkerRuntime):
         try:
             if deadline <= start:
                 raise KVTransferError(f"no sender free within {self.transfer_timeout_s:.1f} s")
-            self.sender.send(endpoint, payload, deadline - start)
-            result = HandoffResult(
-                request_id, True, None, payload.num_bytes, time.monotonic() - start
-            )
+            path = self.sender.send(endpoint, payload, deadline - start)
+            seconds = time.monotonic() - start
+            result = HandoffResult(request_id, True, None, payload.num_bytes, seconds, path)
             self.num_transferred_bytes += payload.num_bytes
         except Exception as exc:
             result = _failed(request_id, endpoint, exc)

@@ -78,3 +78,9 @@ def payload(tiny_loaded) -> KVPayload:
     payload = engine.export_kv("r1")
     payload.state.max_output_tokens = 5
     return payload
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The multi-host tests run last: their hosts (three raylets, a coordinator) stay up until
+    the session ends, and must not weigh on the other tests meanwhile."""
+    items.sort(key=lambda item: item.get_closest_marker("multihost") is not None)

@@ -100,9 +100,10 @@ class BaseKVSender(ABC):
         self.payloads_by_path = PathCounts()  # acknowledged as installed
 
     @abstractmethod
-    def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
-        """Deliver ``payload`` within ``timeout`` seconds; raise :class:`KVTransferError` unless
-        the receiver installed it (:class:`KVRefusedError` when the receiver refused it)."""
+    def send(self, endpoint: str, payload: KVPayload, timeout: float) -> str:
+        """Deliver ``payload`` within ``timeout`` seconds and return the path its pages took
+        (``PATHS``); raise :class:`KVTransferError` unless the receiver installed it
+        (:class:`KVRefusedError` when the receiver refused it)."""
 
     def num_connections(self) -> int:
         """Endpoints this sender holds a socket or channel for."""

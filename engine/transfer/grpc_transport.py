@@ -247,7 +247,7 @@ class GrpcKVSender(BaseKVSender):
     def num_connections(self) -> int:
         return len(self._channels)
 
-    def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
+    def send(self, endpoint: str, payload: KVPayload, timeout: float) -> str:
         deadline = time.monotonic() + timeout
         with self._channels.lease(endpoint) as link:
             try:
@@ -258,6 +258,7 @@ class GrpcKVSender(BaseKVSender):
         if not ack.ok:
             raise KVRefusedError(ack.error)
         self.payloads_by_path.add(CHUNKS)
+        return CHUNKS
 
     def close(self) -> None:
         self._channels.close()

@@ -51,7 +51,7 @@ _RECEIVERS: dict[str, InProcessKVReceiver] = {}
 
 
 class InProcessKVSender(BaseKVSender):
-    def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
+    def send(self, endpoint: str, payload: KVPayload, timeout: float) -> str:
         receiver = _RECEIVERS.get(endpoint)
         if receiver is None:
             raise KVTransferError(f"no receiver at {endpoint}")
@@ -59,3 +59,4 @@ class InProcessKVSender(BaseKVSender):
         if error is not None:
             raise KVRefusedError(error)
         self.payloads_by_path.add(DIRECT)
+        return DIRECT

@@ -229,7 +229,7 @@ class ZmqKVSender(BaseKVSender):
         socket.connect(endpoint)
         return _Connection(socket)
 
-    def send(self, endpoint: str, payload: KVPayload, timeout: float) -> None:
+    def send(self, endpoint: str, payload: KVPayload, timeout: float) -> str:
         deadline = _Deadline(timeout)
         while True:
             with self._connections.lease(endpoint) as link, link.conn.lock:
@@ -239,9 +239,9 @@ class ZmqKVSender(BaseKVSender):
 
     def _send_over(
         self, endpoint: str, link: Link[_Connection], payload: KVPayload, deadline: _Deadline
-    ) -> None:
+    ) -> str:
         try:
-            self._transfer(link.conn, endpoint, payload, deadline)
+            return self._transfer(link.conn, endpoint, payload, deadline)
         except KVRefusedError:
             raise
         except Exception as exc:  # the socket's state is unknown now: never reuse it
@@ -252,7 +252,7 @@ class ZmqKVSender(BaseKVSender):
 
     def _transfer(
         self, conn: _Connection, endpoint: str, payload: KVPayload, deadline: _Deadline
-    ) -> None:
+    ) -> str:
         header = encode_header(payload)
         for _ in range(2):  # a receiver that dropped its mapping gets a fresh file once
             shared = self._shared_buffer(conn, endpoint, payload.num_bytes)
@@ -271,7 +271,7 @@ class ZmqKVSender(BaseKVSender):
                 break
         header.shm_name = ""
         frames = [header.SerializeToString(), page_bytes(payload)]
-        self._check(self._exchange(conn.socket, endpoint, frames, deadline), FRAMES)
+        return self._check(self._exchange(conn.socket, endpoint, frames, deadline), FRAMES)
 
     def _shared_buffer(
         self, conn: _Connection, endpoint: str, num_bytes: int
@@ -292,10 +292,11 @@ class ZmqKVSender(BaseKVSender):
         conn.shared = fresh
         return fresh
 
-    def _check(self, ack: pb.KVAckMsg, path: str) -> None:
+    def _check(self, ack: pb.KVAckMsg, path: str) -> str:
         if not ack.ok:
             raise KVRefusedError(ack.error)
         self.payloads_by_path.add(path)
+        return path
 
     def _exchange(
         self, socket: zmq.Socket, endpoint: str, frames: list, deadline: _Deadline

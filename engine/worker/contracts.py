@@ -87,6 +87,7 @@ class HandoffResult:
     error: str | None = None
     num_bytes: int = 0
     transfer_seconds: float = 0.0
+    path: str = ""  # the path the pages took (engine.transfer.PATHS)
 
 
 @dataclass(frozen=True)
