@@ -174,14 +174,20 @@ class TestBed:
         port = self.hosts[name].switch_port
         _ip("-n", self.switch, "link", "set", port, "up" if up else "down")
 
-    def shape(self, rate: str = "10gbit", delay: str = "0.2ms") -> None:
-        """Every host's link becomes ``rate`` with ``delay`` each way (tc netem)."""
+    def shape(self, rate: str = "10gbit", delay: str | None = None) -> None:
+        """Every host's link capped at ``rate`` (tc tbf), with ``delay`` each way if given (tc
+        netem, which some kernels lack: then a RuntimeError says so)."""
         for host in self.hosts.values():
-            subprocess.run(
+            qdisc = ["tbf", "rate", rate, "burst", "1mb", "latency", "10ms"]
+            if delay:
+                qdisc = ["netem", "rate", rate, "delay", delay]
+            result = subprocess.run(
                 ["ip", "netns", "exec", host.netns, "tc", "qdisc", "replace", "dev", "eth0",
-                 "root", "netem", "rate", rate, "delay", delay],
-                check=True, capture_output=True,
+                 "root", *qdisc],
+                capture_output=True, text=True,
             )  # fmt: skip
+            if result.returncode != 0:
+                raise RuntimeError(f"tc {qdisc[0]} on {host.name}: {result.stderr.strip()}")
 
     def close(self) -> None:
         for host in self.hosts.values():
