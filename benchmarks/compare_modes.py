@@ -6,6 +6,12 @@ on both cores), one after the other, each on its own freshly started pdserve.
 
 Prints (and writes as Markdown next to the JSON) one table: the highest request rate with SLO
 attainment >= 90 %, and p99 TPOT / TTFT at a common rate, for each mode; plus PNG plots.
+
+``--multihost`` (root) runs both modes across hosts instead: three network namespaces on a
+bridge (``netns.py``) with a Ray cluster laid out as the Helm chart lays it out
+(``ray_hosts.py``), pdserve and the load generator on the head host, and one CPU on each of
+two worker hosts: ``pd_separate`` puts its prefill actor on one and its decode actor on the
+other (the KV pages cross the bridge, encrypted), ``single_node`` one engine on each.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_serving import parse_args as serving_args  # noqa: E402
 from benchmarks.bench_serving import print_report, sweep, workload  # noqa: E402
+from benchmarks.netns import TestBed, available  # noqa: E402
+from benchmarks.netns import sweep as sweep_beds  # noqa: E402
+from benchmarks.ray_hosts import HOSTS, RayOnHosts, start_coordinator  # noqa: E402
 from benchmarks.serving_client import Target  # noqa: E402
 from benchmarks.serving_metrics import SLO  # noqa: E402
 from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
@@ -73,8 +82,38 @@ def start_pdserve(mode: str, model: str, workdir: Path) -> tuple[subprocess.Pope
     raise TimeoutError(f"pdserve ({mode}) not ready in 600 s")
 
 
-def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    process, ports = start_pdserve(mode, args.model, workdir)
+class Deployment:
+    """Where a mode's pdserve runs: here (``run`` calls in this thread), or on the test bed's
+    head host (``run`` calls from a thread in its network)."""
+
+    def __init__(self, mode: str, args: argparse.Namespace, workdir: Path, ray: Any) -> None:
+        if ray is None:
+            self._process, ports = start_pdserve(mode, args.model, workdir)
+            self.url = f"http://127.0.0.1:{ports['predict_port']}"
+            self.run: Any = lambda fn: fn()
+            self._hosted = None
+            return
+        backend: dict[str, Any] = {"model_path": args.model, "device": "cpu"}
+        if mode == "single_node":  # one engine on each worker host's CPU
+            backend |= {"num_colocated_instances": 2, "colocated_resources": {"num_cpus": 1}}
+        sections = {"digs_scheduler_config": {"deploy_mode": mode}}
+        self._hosted = start_coordinator(ray, backend, workdir / mode, sections)
+        self._hosted.wait_ready(600)
+        self.url = self._hosted.url("predict_port", "")
+        self.run = self._hosted.host.call
+
+    def stop(self) -> None:
+        if self._hosted is not None:
+            self._hosted.stop(120)
+            return
+        self._process.send_signal(signal.SIGTERM)
+        self._process.wait(timeout=120)
+
+
+def run_mode(
+    mode: str, args: argparse.Namespace, workdir: Path, ray: RayOnHosts | None = None
+) -> dict[str, Any]:
+    deployment = Deployment(mode, args, workdir, ray)
     try:
         bench = serving_args(
             [
@@ -97,13 +136,14 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
             ]  # fmt: skip
         )
         items = workload(bench)
-        target = Target(f"http://127.0.0.1:{ports['predict_port']}")
+        target = Target(deployment.url)
         warmup = serving_args(["--request-rates", "inf", "--no-progress", *_common(args)])
-        asyncio.run(sweep(target, items[:4], warmup, SLO()))  # kernels, caches, first batches
-        result = asyncio.run(sweep(target, items, bench, SLO(args.slo_ttft, args.slo_tpot)))
+        slo = SLO(args.slo_ttft, args.slo_tpot)
+        # kernels, caches, first batches
+        deployment.run(lambda: asyncio.run(sweep(target, items[:4], warmup, SLO())))
+        result = deployment.run(lambda: asyncio.run(sweep(target, items, bench, slo)))
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
+        deployment.stop()
     print_report(result)
     return result
 
@@ -157,6 +197,20 @@ def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, 
     }
 
 
+def run_modes(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, Any]]:
+    modes = args.modes.split(",")
+    if not args.multihost:
+        return {mode: run_mode(mode, args, workdir) for mode in modes}
+    why = available()
+    if why is not None:
+        sys.exit(f"--multihost: {why}")
+    sweep_beds()
+    with TestBed(HOSTS, workdir / "bed") as bed:
+        ray = RayOnHosts(bed)
+        ray.start_all()
+        return {mode: run_mode(mode, args, workdir, ray) for mode in modes}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bundled")
@@ -169,15 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo-tpot", type=float, default=0.150)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/compare_modes.json")
+    parser.add_argument(
+        "--multihost", action="store_true", help="both modes across hosts in network namespaces"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pdserve-modes-") as tmp:
-        results = {mode: run_mode(mode, args, Path(tmp)) for mode in args.modes.split(",")}
+        results = run_modes(args, Path(tmp))
     summary = table(results, args.common_rate)
     report = {
-        "machine": f"{os.cpu_count()} cores",
+        "machine": f"{os.cpu_count()} cores{', 3 hosts in namespaces' if args.multihost else ''}",
         "date": time.strftime("%Y-%m-%d"),
         "minutes": (time.monotonic() - started) / 60,
         "settings": vars(args),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,12 +34,13 @@ class WorkItem:
     prompt_tokens: int = 0
 
 
-def parse_mix(text: str) -> dict[str, float]:
+def parse_mix(text: str, kinds: Collection[str] = tuple(KINDS)) -> dict[str, float]:
+    """``kind=weight,...`` with every kind one of ``kinds``."""
     mix = {}
     for part in text.split(","):
         name, _, weight = part.partition("=")
-        if name not in KINDS or not weight:
-            raise ValueError(f"mix entries are kind=weight with kind in {sorted(KINDS)}: {part!r}")
+        if name not in kinds or not weight:
+            raise ValueError(f"mix entries are kind=weight with kind in {sorted(kinds)}: {part!r}")
         mix[name] = float(weight)
     return mix
 

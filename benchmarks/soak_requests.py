@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.serving_workload import parse_mix as parse_weights
+
 DOORS = {
     "infer": "/infer",
     "chat": "/v1/chat/completions",
@@ -86,15 +88,7 @@ class Plan:
 
 def parse_mix(text: str) -> dict[str, float]:
     """``kind=weight,...`` over ``KINDS``; an empty text is the default mix."""
-    if not text:
-        return dict(DEFAULT_MIX)
-    mix: dict[str, float] = {}
-    for part in text.split(","):
-        name, _, weight = part.partition("=")
-        if name not in KINDS or not weight:
-            raise ValueError(f"mix entries are kind=weight with kind in {sorted(KINDS)}: {part!r}")
-        mix[name] = float(weight)
-    return mix
+    return parse_weights(text, tuple(KINDS)) if text else dict(DEFAULT_MIX)
 
 
 def draw_plan(rng: random.Random, mix: dict[str, float], shape: LoadShape) -> Plan:

@@ -134,6 +134,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "device": Key("str", "auto"),
         "num_prefill_instances": Key("int", 1, 1, 1024),
         "num_decode_instances": Key("int", 1, 1, 1024),
+        "num_colocated_instances": Key("int", 1, 1, 1024),  # single_node engines
         "kv_transport": Key("str", "zmq", choices=("zmq", "grpc")),
         "ray_address": Key("str", ""),
         "kv_host": Key("str", "127.0.0.1"),  # decode KV endpoints bind here; "auto": node IP

@@ -122,6 +122,7 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
         ),
         num_prefill=b["num_prefill_instances"],
         num_decode=b["num_decode_instances"],
+        num_colocated=b["num_colocated_instances"],
         kv_transport=b["kv_transport"],
         kv_shared_memory=b["kv_shared_memory"],
         kv_encryption=b["kv_encryption"],
