@@ -1,0 +1,82 @@
+"""A GGUF file's quantized matrices, block for block, under the Hugging Face names the engine
+uses: what ``weight_dtype: auto`` computes with on a GGUF model instead of its fp32 image.
+
+Each matrix keeps the file's own blocks (``Q4_1``: 32 weights in 20 bytes; ``Q8_0``: 32 in 34),
+one row of blocks per output feature, so nothing is lost with respect to the file. The only
+change is the order of the query and key rows: llama.cpp's converter interleaves each head's
+rotary halves, and those rows are put back in Hugging Face's order (a row permutation, exact).
+Dequantized, every matrix equals the fp32 weights the converted checkpoint holds, bit for bit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader
+
+# the block formats the engine's kernels compute with
+KINDS = {GGMLQuantizationType.Q4_1: "q4_1", GGMLQuantizationType.Q8_0: "q8_0"}
+_LAYER = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
+_PARTS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+@dataclass(frozen=True)
+class GGUFMatrix:
+    """One quantized matrix: ``blocks`` is uint8 ``[rows, blocks_per_row * block_bytes]``."""
+
+    kind: str  # q4_1, q8_0
+    rows: int  # output features
+    cols: int  # input features
+    blocks: np.ndarray
+
+
+def read_quantized(path: Path, hf_config: Any) -> dict[str, GGUFMatrix]:
+    """The file's matrices in a block format the engine computes with (others, such as norms
+    stored in fp32, are left to the fp32 checkpoint), by Hugging Face weight name."""
+    reader = GGUFReader(str(path))
+    heads = {"attn_q": hf_config.num_attention_heads}
+    heads["attn_k"] = getattr(hf_config, "num_key_value_heads", None) or heads["attn_q"]
+    matrices = {}
+    for tensor in reader.tensors:
+        kind = KINDS.get(tensor.tensor_type)
+        name, part = _hf_name(tensor.name)
+        if kind is None or name is None:
+            continue
+        blocks = np.ascontiguousarray(tensor.data)
+        if part in heads:
+            blocks = _unpermute_rows(blocks, heads[part])
+        cols, rows = (int(n) for n in tensor.shape)  # GGUF lists the row length first
+        matrices[name] = GGUFMatrix(kind, rows, cols, blocks)
+    return matrices
+
+
+def _hf_name(gguf_name: str) -> tuple[str | None, str]:
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight", "token_embd"
+    if gguf_name == "output.weight":
+        return "lm_head.weight", "output"
+    match = _LAYER.match(gguf_name)
+    if match is None or match.group(2) not in _PARTS:
+        return None, ""
+    layer, part = match.groups()
+    return f"model.layers.{layer}.{_PARTS[part]}.weight", part
+
+
+def _unpermute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo the converter's per-head interleaving of the rotary halves (rows only)."""
+    half = rows.shape[0] // num_heads // 2
+    return np.ascontiguousarray(
+        rows.reshape(num_heads, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+    )
