@@ -4,7 +4,8 @@
     python benchmarks/bench_engine.py --out /tmp/engine.json --rounds 2 --new-tokens 4 \\
         --batch 2 --prefill-tokens 32          # a seconds-long check that it runs
 
-Three measurements on the bundled SmolLM2-135M (fp32):
+Three measurements on the bundled SmolLM2-135M (fp32 activations; pdserve's weights as
+``--weight-dtype`` says, by default the GGUF's own Q4_1 / Q8_0 blocks; transformers' fp32):
   single_stream  one request, ``--new-tokens`` new tokens: decode tokens/s (first token to last)
   batch          ``--batch`` requests of mixed prompt lengths: aggregate tokens/s, against
                  transformers' static-batch ``generate`` with left padding
@@ -35,7 +36,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig
+from engine.config import WEIGHT_DTYPES, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model
 from engine.sampling_params import SamplingParams
@@ -156,12 +157,20 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=6, help="rounds per measure, first dropped")
+    parser.add_argument(
+        "--weight-dtype",
+        default="auto",
+        choices=WEIGHT_DTYPES,
+        help="pdserve's weights (auto: the GGUF's own Q4_1/Q8_0 blocks); transformers: fp32",
+    )
     args = parser.parse_args()
     if args.rounds < 2 or args.new_tokens < 2:
         parser.error("--rounds and --new-tokens must be at least 2")
     torch.set_num_threads(args.threads)
     loaded = load_model("bundled")
-    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32"), loaded)
+    config = EngineConfig(device="cpu", dtype="float32", weight_dtype=args.weight_dtype)
+    engine = LLMEngine(config, loaded)
+    print(f"pdserve {engine.model.describe()}; transformers fp32")
     hf = AutoModelForCausalLM.from_pretrained(loaded.path, dtype=torch.float32).eval()
     pad_id = loaded.tokenizer.pad_token_id or 0
     new = args.new_tokens
@@ -184,13 +193,15 @@ def main() -> None:
         ),
     }
     results: dict[str, dict] = {}
-    print(f"{'tokens/s':<15}{'pdserve':>26}{'transformers':>26}{'ratio':>20}")
+    print(f"{'tokens/s':<15}{'pdserve':>26}{'transformers':>26}{'ratio':>20}  weights")
     for key, (ours, theirs) in pairs.items():
         results[key] = compare(ours, theirs, args.rounds)
-        print(_row(key, results[key]))
+        print(_row(key, results[key]) + f"  {args.weight_dtype}")
     results["_meta"] = {
         "model": loaded.name,
         "dtype": "float32",
+        "weight_dtype": args.weight_dtype,
+        "weights": engine.model.describe(),
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "new_tokens": new,

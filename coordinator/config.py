@@ -131,6 +131,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "embedding_model_path": Key("str", "bundled"),
         "model_config": Key("dict", {}),  # MLflow models: load-time model_config overrides
         "dtype": Key("str", "auto", choices=("auto", "float32", "bfloat16", "float16")),
+        # the linear layers' weights: auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4
+        "weight_dtype": Key("str", "auto", choices=("auto", "fp32", "int8", "int4")),
         "device": Key("str", "auto"),
         "num_prefill_instances": Key("int", 1, 1, 1024),
         "num_decode_instances": Key("int", 1, 1, 1024),

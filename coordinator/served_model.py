@@ -95,6 +95,7 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
         model_path=b["model_path"],
         device=b["device"],
         dtype=b["dtype"],
+        weight_dtype=b["weight_dtype"],
         cache=CacheConfig(block_size=b["cacheBlockSize"], memory_mb=b["kvCacheMemoryMB"]),
         scheduler=SchedulerConfig(
             max_seq_len=b["maxSeqLen"],

@@ -113,6 +113,9 @@ class KVTransferConfig:
         return self.transport != "inprocess" and needs_encryption(self.encryption, self.host)
 
 
+WEIGHT_DTYPES = ("auto", "fp32", "int8", "int4")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything one engine instance needs."""
@@ -120,6 +123,8 @@ class EngineConfig:
     model_path: str = "bundled"  # model_path: "bundled", a HF directory, or a .gguf file
     device: str = "auto"
     dtype: str = "auto"
+    # weight_dtype: auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4 (model/linear.py)
+    weight_dtype: str = "auto"
     num_threads: int | None = None  # torch intra-op threads for this engine's process
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -127,6 +132,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.num_threads is not None:
             _check_range("num_threads", self.num_threads, 1, 1024)
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ConfigError(
+                f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}; got {self.weight_dtype!r}"
+            )
 
     @property
     def torch_device(self) -> torch.device:

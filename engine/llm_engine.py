@@ -37,6 +37,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import KVImportError, RequestRejectedError
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
+from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
@@ -59,7 +60,15 @@ class LLMEngine:
         loaded = loaded or load_model(config.model_path)
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
-        self.model = LlamaModel(loaded.hf_config, loaded.weights, self.device, self.dtype)
+        self.model = LlamaModel(
+            loaded.hf_config,
+            loaded.weights,
+            self.device,
+            self.dtype,
+            weight_dtype=config.weight_dtype,
+            gguf=_gguf_blocks(loaded, config),
+        )
+        log.info("model %s: %s", loaded.name, self.model.describe())
         self.shape = self.model.shape
         self.eos_token_ids = _eos_ids(loaded)
         block_size = config.cache.block_size
@@ -519,6 +528,15 @@ def _replay_outputs(request: Request) -> None:
     for end in range(detokenizer.read_offset + 1, request.num_tokens + 1):
         detokenizer.append(request.token_ids[:end])
         detokenizer.take_piece(False)
+
+
+def _gguf_blocks(loaded: LoadedModel, config: EngineConfig) -> dict | None:
+    """The GGUF's own quantized matrices when ``weight_dtype`` ``auto`` may compute with them."""
+    if config.weight_dtype != "auto" or loaded.gguf_path is None:
+        return None
+    if config.torch_device.type != "cpu" or config.torch_dtype != torch.float32:
+        return None
+    return read_quantized(loaded.gguf_path, loaded.hf_config)
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:

@@ -55,19 +55,25 @@ def missing_toolchain() -> str | None:
 
 
 def build_cpu_kernels() -> ModuleType:
-    """The kernel: imported from an earlier build of this very source, else compiled (under
-    torch's build lock); any build error propagates."""
+    """The paged-attention kernel (see ``build_extension``)."""
+    return build_extension(_SOURCE)
+
+
+def build_extension(source: Path) -> ModuleType:
+    """The module compiled from ``source`` (``pdserve_<stem>_<hash>``): imported from an earlier
+    build of this very source, else compiled (under torch's build lock); any build error
+    propagates."""
     from torch.utils.cpp_extension import get_default_build_root, load
 
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()
-    name = f"pdserve_paged_attention_cpu_{digest[:12]}"
+    digest = hashlib.sha256(source.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()
+    name = f"pdserve_{source.stem}_{digest[:12]}"
     built = Path(get_default_build_root()) / name / f"{name}.so"
     if built.is_file():
         try:
             return _import_extension(name, built)
         except ImportError:
             log.warning("%s does not load; building it again", built)
-    return load(name=name, sources=[str(_SOURCE)], extra_cflags=_CFLAGS, verbose=False)
+    return load(name=name, sources=[str(source)], extra_cflags=_CFLAGS, verbose=False)
 
 
 def _import_extension(name: str, path: Path) -> ModuleType:

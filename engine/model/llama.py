@@ -1,7 +1,8 @@
 """Our forward pass for the Llama family (Llama, Mistral, Qwen2, SmolLM) over a paged KV cache.
 
 Weights are fused at load time (q/k/v into one matrix, gate/up into one) so each layer runs four
-matmuls. Only the rows named by ``logits_indices`` go through the final norm and the LM head.
+matmuls, dense or on quantized blocks (``linear.py``, ``weight_dtype``). Only the rows named by
+``logits_indices`` go through the final norm and the LM head.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 from engine.errors import ModelLoadError
 from engine.kernels import cpu_kernels
 from engine.model.forward_batch import ForwardBatch
+from engine.model.gguf_weights import GGUFMatrix
+from engine.model.linear import WEIGHT_DTYPES, Linear, dense, from_gguf, quantized
 from engine.model.paged_attention import paged_attention
 from engine.model.rotary import RotaryEmbedding, apply_rotary
 
@@ -47,16 +50,14 @@ class ModelShape:
 
 @dataclass
 class LayerWeights:
-    """One decoder layer; matrices are stored transposed (``[in, out]``), which the CPU GEMM
-    kernels run markedly faster than ``F.linear``'s ``[out, in]`` at the batch sizes we see."""
+    """One decoder layer."""
 
     input_norm: torch.Tensor
-    qkv_t: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_proj_t: torch.Tensor
+    qkv: Linear
+    o_proj: Linear
     post_norm: torch.Tensor
-    gate_up_t: torch.Tensor
-    down_t: torch.Tensor
+    gate_up: Linear
+    down: Linear
 
 
 class LlamaModel:
@@ -69,18 +70,24 @@ class LlamaModel:
         device: torch.device,
         dtype: torch.dtype,
         native_kernels: bool = True,
+        weight_dtype: str = "fp32",
+        gguf: dict[str, GGUFMatrix] | None = None,
     ) -> None:
+        """``weight_dtype`` (``linear.WEIGHT_DTYPES``) and ``gguf``, the GGUF's own blocks
+        (``auto`` computes with them on the CPU in fp32), choose the linear layers."""
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             raise ModelLoadError(f"unsupported hidden_act {hf_config.hidden_act!r} (only silu)")
         self.shape = ModelShape.from_hf_config(hf_config)
         self.eps = float(hf_config.rms_norm_eps)
         self.scale = self.shape.head_dim**-0.5
         put = _placer(weights, device, dtype)
+        self.weights = _weight_mode(weight_dtype, gguf, device, dtype)
+        self._linear = _linear_maker(self.weights, put, gguf or {})
         self.embed = put("model.embed_tokens.weight")
         self.layers = [self._layer(put, weights, i) for i in range(self.shape.num_layers)]
         self.norm = put("model.norm.weight")
-        lm_head = put("lm_head.weight") if "lm_head.weight" in weights else self.embed
-        self.lm_head_t = lm_head.t().contiguous()
+        tied = "lm_head.weight" not in weights
+        self.lm_head = self._linear(["model.embed_tokens.weight" if tied else "lm_head.weight"])
         self.rotary = RotaryEmbedding(
             hf_config, self.shape.head_dim, self.shape.max_position_embeddings, device, dtype
         )
@@ -91,15 +98,21 @@ class LlamaModel:
         p = f"model.layers.{i}."
         attn = p + "self_attn."
         has_bias = attn + "q_proj.bias" in weights
+        qkv_bias = torch.cat([put(attn + f"{n}_proj.bias") for n in "qkv"]) if has_bias else None
+        linear = self._linear
         return LayerWeights(
             input_norm=put(p + "input_layernorm.weight"),
-            qkv_t=_transposed([put(attn + f"{n}_proj.weight") for n in "qkv"]),
-            qkv_bias=torch.cat([put(attn + f"{n}_proj.bias") for n in "qkv"]) if has_bias else None,
-            o_proj_t=_transposed([put(attn + "o_proj.weight")]),
+            qkv=linear([attn + f"{n}_proj.weight" for n in "qkv"], qkv_bias),
+            o_proj=linear([attn + "o_proj.weight"]),
             post_norm=put(p + "post_attention_layernorm.weight"),
-            gate_up_t=_transposed([put(p + "mlp.gate_proj.weight"), put(p + "mlp.up_proj.weight")]),
-            down_t=_transposed([put(p + "mlp.down_proj.weight")]),
+            gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+            down=linear([p + "mlp.down_proj.weight"]),
         )
+
+    def describe(self) -> str:
+        """Which weights the linear layers compute with, for logs and ``/info``."""
+        kinds = sorted({lin.kind for layer in self.layers for lin in _linears(layer)})
+        return f"weights {self.weights}: layers {'+'.join(kinds)}, LM head {self.lm_head.kind}"
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
@@ -112,11 +125,11 @@ class LlamaModel:
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = hidden + self._attention(layer, hidden, batch, kv_cache, cos, sin)
             normed = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
-            gate, up = torch.mm(normed, layer.gate_up_t).chunk(2, dim=-1)
-            hidden = hidden + torch.mm(F.silu(gate) * up, layer.down_t)
+            gate, up = layer.gate_up(normed).chunk(2, dim=-1)
+            hidden = hidden + layer.down(F.silu(gate) * up)
         last = hidden[batch.logits_indices]
         last = F.rms_norm(last, (last.shape[-1],), self.norm, self.eps)
-        return torch.mm(last, self.lm_head_t).float()
+        return self.lm_head(last).float()
 
     def _attention(
         self,
@@ -130,21 +143,53 @@ class LlamaModel:
         s = self.shape
         tokens = hidden.shape[0]
         normed = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps)
-        if layer.qkv_bias is None:
-            qkv = torch.mm(normed, layer.qkv_t)
-        else:
-            qkv = torch.addmm(layer.qkv_bias, normed, layer.qkv_t)
+        qkv = layer.qkv(normed)
         heads = qkv.view(tokens, s.num_heads + 2 * s.num_kv_heads, s.head_dim)
         rope_heads = s.num_heads + s.num_kv_heads  # queries and keys, rotated in one go
         heads[:, :rope_heads] = apply_rotary(heads[:, :rope_heads], cos, sin)
         q = heads[:, : s.num_heads]
         kv = heads[:, s.num_heads :].view(tokens, 2, s.num_kv_heads, s.head_dim).transpose(0, 1)
         out = paged_attention(q, kv, kv_cache, batch, self.scale, self.native)
-        return torch.mm(out.reshape(tokens, s.num_heads * s.head_dim), layer.o_proj_t)
+        return layer.o_proj(out.reshape(tokens, s.num_heads * s.head_dim))
 
 
-def _transposed(matrices: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat(matrices).t().contiguous()
+def _linears(layer: LayerWeights) -> tuple[Linear, ...]:
+    return layer.qkv, layer.o_proj, layer.gate_up, layer.down
+
+
+def _weight_mode(
+    weight_dtype: str,
+    gguf: dict[str, GGUFMatrix] | None,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> str:
+    """``gguf`` (the file's own blocks), ``fp32`` (dense, in ``dtype``), ``int8`` or ``int4``."""
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ModelLoadError(
+            f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}; got {weight_dtype!r}"
+        )
+    on_cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+    if weight_dtype == "auto":
+        return "gguf" if gguf and on_cpu_fp32 else "fp32"
+    if weight_dtype in ("int8", "int4") and not on_cpu_fp32:
+        raise ModelLoadError(
+            f"weight_dtype {weight_dtype} runs on the CPU in float32; got {device.type}, {dtype}"
+        )
+    return weight_dtype
+
+
+def _linear_maker(mode: str, put: Any, gguf: dict[str, GGUFMatrix]) -> Any:
+    """``(names, bias) -> Linear`` for ``mode``; a GGUF matrix in a block format the kernels
+    lack is computed dense."""
+
+    def make(names: list[str], bias: torch.Tensor | None = None) -> Linear:
+        if mode == "gguf" and all(n in gguf for n in names):
+            return from_gguf([gguf[n] for n in names], bias)
+        if mode in ("int8", "int4"):
+            return quantized([put(n) for n in names], mode, bias)
+        return dense([put(n) for n in names], bias)
+
+    return make
 
 
 def _placer(weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> Any:

@@ -32,6 +32,7 @@ class LoadedModel:
     hf_config: Any
     weights: dict[str, torch.Tensor]
     tokenizer: Any
+    gguf_path: Path | None = None  # the GGUF file the weights were converted from, if any
 
 
 def resolve_model_dir(model_path: str) -> Path:
@@ -120,6 +121,14 @@ def model_name(model_path: str) -> str:
     return resolve_model_dir(model_path).name
 
 
+def gguf_source(model_path: str) -> Path | None:
+    """The GGUF file behind ``model_path`` ("bundled", or a ``.gguf`` path), else None."""
+    if model_path == "bundled":
+        return bundled_gguf_path()
+    path = Path(model_path).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def load_model(model_path: str) -> LoadedModel:
     """Load config, weights and tokenizer; every failure is a :class:`ModelLoadError`."""
     model_dir = resolve_model_dir(model_path)
@@ -130,4 +139,5 @@ def load_model(model_path: str) -> LoadedModel:
         hf_config,
         load_weights(model_dir),
         load_tokenizer(tokenizer_dir(model_path)),
+        gguf_source(model_path),
     )
