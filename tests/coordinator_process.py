@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,11 +15,27 @@ from pathlib import Path
 
 import httpx
 
+# Below the kernel's ephemeral range (32768-60999) and above Ray's worker ports (10002-19999): a
+# coordinator binds its ports only after its Ray is up, and Ray's processes bind ephemeral ports
+# meanwhile, which could take a port picked from that range.
+PORT_RANGE = range(20000, 32000)
+_handed_out: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now, outside the ranges other processes pick from, never handed out twice
+    in this process."""
+    for port in random.sample(PORT_RANGE, len(PORT_RANGE)):
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {PORT_RANGE}")
 
 
 @dataclass

@@ -4,6 +4,7 @@ HTTPS, a slower model, max_requests 3, maxBatchSize 1, fullTextEnabled)."""
 
 from __future__ import annotations
 
+import os
 import ssl
 import subprocess
 import time
@@ -132,5 +133,14 @@ def servers(tmp_path_factory, tiny_model_dir):
 
 
 def raylets() -> set[int]:
+    """Raylets on this host's network (not those of the multi-host test bed's namespaces)."""
     found = subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout
-    return {int(pid) for pid in found.split()}
+    ours = os.readlink("/proc/self/ns/net")
+    return {int(pid) for pid in found.split() if _netns(int(pid)) == ours}
+
+
+def _netns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None  # gone
