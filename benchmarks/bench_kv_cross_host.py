@@ -30,7 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_kv_transfer import SIZES, prefill_payload, time_transport  # noqa: E402
+from benchmarks.bench_kv_transfer import (  # noqa: E402
+    SIZES,
+    prefill_payload,
+    time_transport,
+    warm_engine,
+)
 from benchmarks.netns import TestBed, available, sweep  # noqa: E402
 from engine.transfer import create_receiver, create_sender  # noqa: E402
 from engine.transfer.security import generate_credentials  # noqa: E402
@@ -64,19 +69,9 @@ def send(keys_path: Path, endpoints: dict[str, str], rounds: int) -> None:
     """Prefill host: time every variant on real pages; print the results as JSON."""
     import torch
 
-    from engine.config import EngineConfig, SchedulerConfig
-    from engine.llm_engine import LLMEngine
-
     torch.set_num_threads(1)
     keys = pickle.loads(keys_path.read_bytes())
-    engine = LLMEngine(
-        EngineConfig(
-            device="cpu",
-            dtype="float32",
-            scheduler=SchedulerConfig(max_input_token_len=4096, max_seq_len=4096),
-        )
-    )
-    prefill_payload(engine, 32)  # warm-up
+    engine = warm_engine()
     senders = {
         name: create_sender(transport, False, keys.sender if encrypted else None)
         for name, (transport, encrypted) in CROSS_HOST.items()

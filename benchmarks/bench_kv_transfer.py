@@ -58,6 +58,19 @@ def _serve(transport: str, keys: ClusterCredentials | None, conn) -> None:
     receiver.close()
 
 
+def warm_engine() -> LLMEngine:
+    """The bundled model in fp32 with room for the longest prompt, its first prefill done."""
+    engine = LLMEngine(
+        EngineConfig(
+            device="cpu",
+            dtype="float32",
+            scheduler=SchedulerConfig(max_input_token_len=4096, max_seq_len=4096),
+        )
+    )
+    prefill_payload(engine, 32)
+    return engine
+
+
 def prefill_payload(engine: LLMEngine, num_tokens: int) -> tuple[KVPayload, float]:
     """The exported KV of a ``num_tokens`` prompt and the prefill's wall time."""
     rng = random.Random(num_tokens)
@@ -131,14 +144,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9, help="timed transfers per transport")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = LLMEngine(
-        EngineConfig(
-            device="cpu",
-            dtype="float32",
-            scheduler=SchedulerConfig(max_input_token_len=4096, max_seq_len=4096),
-        )
-    )
-    prefill_payload(engine, 32)  # warm-up
+    engine = warm_engine()
     results: dict[str, dict] = {name: {} for name in (*TRANSPORTS, "copy")}
     results["encryption_cost"] = {}
     print("MB/s per transport, and the transfer's share of the prompt's prefill time")
