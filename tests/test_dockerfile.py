@@ -169,6 +169,7 @@ def test_bake_step_calls_the_projects_loaders() -> None:
         ("engine.embedding_model", "EmbeddingModel"),
         ("engine.kernels", "cpu_kernels"),
         ("engine.kernels.quantized", "quantized_kernels"),
+        ("engine.model.decode_layers", "decode_layer_kernels"),
     }
     for module, name in imported:
         source = ROOT / (module.replace(".", "/") + ".py")
@@ -182,6 +183,7 @@ def test_bake_step_calls_the_projects_loaders() -> None:
         assert name in defined, f"{module} defines no {name}"
     assert "assert cpu_kernels() is not None" in code.group(1)
     assert "assert quantized_kernels() is not None" in code.group(1)
+    assert "assert decode_layer_kernels() is not None" in code.group(1)
 
 
 def test_install_follows_scripts_install_sh() -> None:

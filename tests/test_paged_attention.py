@@ -58,11 +58,11 @@ def fresh_kernels(monkeypatch):
 
 
 def test_a_build_error_raises_instead_of_falling_back(fresh_kernels, monkeypatch):
-    def broken():
+    def broken(source):
         raise RuntimeError("Error building extension 'pdserve_paged_attention_cpu'")
 
     monkeypatch.setattr(kernels, "missing_toolchain", lambda: None)
-    monkeypatch.setattr(kernels, "build_cpu_kernels", broken)
+    monkeypatch.setattr(kernels, "build_extension", broken)
     with pytest.raises(kernels.KernelBuildError, match="paged_attention_cpu.cpp failed to build"):
         fresh_kernels()
 

@@ -60,12 +60,14 @@ def build_cpu_kernels() -> ModuleType:
 
 
 def build_extension(source: Path) -> ModuleType:
-    """The module compiled from ``source`` (``pdserve_<stem>_<hash>``): imported from an earlier
-    build of this very source, else compiled (under torch's build lock); any build error
-    propagates."""
+    """The module compiled from ``source`` (``pdserve_<stem>_<hash>``, the hash over the source,
+    the kernel headers beside it and the flags): imported from an earlier build of this very
+    code, else compiled (under torch's build lock); any build error propagates."""
     from torch.utils.cpp_extension import get_default_build_root, load
 
-    digest = hashlib.sha256(source.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()
+    headers = sorted(source.parent.glob("*.h"))
+    code = b"".join(path.read_bytes() for path in [source, *headers])
+    digest = hashlib.sha256(code + " ".join(_CFLAGS).encode()).hexdigest()
     name = f"pdserve_{source.stem}_{digest[:12]}"
     built = Path(get_default_build_root()) / name / f"{name}.so"
     if built.is_file():
@@ -73,7 +75,13 @@ def build_extension(source: Path) -> ModuleType:
             return _import_extension(name, built)
         except ImportError:
             log.warning("%s does not load; building it again", built)
-    return load(name=name, sources=[str(source)], extra_cflags=_CFLAGS, verbose=False)
+    return load(
+        name=name,
+        sources=[str(source)],
+        extra_cflags=_CFLAGS,
+        extra_include_paths=[str(source.parent)],
+        verbose=False,
+    )
 
 
 def _import_extension(name: str, path: Path) -> ModuleType:
@@ -87,26 +95,35 @@ def _import_extension(name: str, path: Path) -> ModuleType:
 
 @functools.cache
 def cpu_kernels() -> ModuleType | None:
-    """The compiled module, or None when disabled (``PDSERVE_NATIVE_KERNELS=0``) or when the
-    toolchain is missing; raises ``KernelBuildError`` when the toolchain fails on the source."""
+    """The paged-attention module (see ``load_native``)."""
+    return load_native(_SOURCE, "attention", log)
+
+
+def load_native(source: Path, role: str, logger: logging.Logger) -> ModuleType | None:
+    """The module built from ``source``, or None when disabled (``PDSERVE_NATIVE_KERNELS=0``) or
+    when the toolchain is missing; raises ``KernelBuildError`` when the toolchain fails on the
+    source. Logs to ``logger`` one line starting with ``role`` that says which path runs."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
-        log.info("attention: torch fallback (native kernel disabled by %s=0)", DISABLE_ENV)
+        logger.info("%s: torch fallback (native kernel disabled by %s=0)", role, DISABLE_ENV)
         return None
     missing = missing_toolchain()
     if missing is not None:
-        log.warning("attention: torch fallback (no native kernel: missing %s)", missing)
+        logger.warning("%s: torch fallback (no native kernel: missing %s)", role, missing)
         return None
     start = time.monotonic()
     try:
-        module = build_cpu_kernels()
+        module = build_extension(source)
     except Exception as exc:
         raise KernelBuildError(
-            f"{_SOURCE.name} failed to build ({_first_line(exc)}); "
+            f"{source.name} failed to build ({_first_line(exc)}); "
             f"{DISABLE_ENV}=0 runs the torch path instead"
         ) from exc
-    log.info(
-        "attention: native CPU kernel (%s, ready in %.1f s)",
-        _SOURCE.stem,
+    isa = f", {module.isa()}" if hasattr(module, "isa") else ""
+    logger.info(
+        "%s: native CPU kernel (%s%s, ready in %.1f s)",
+        role,
+        source.stem,
+        isa,
         time.monotonic() - start,
     )
     return module

@@ -54,8 +54,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,28 +212,4 @@ def _dequantizer() -> Dequantizer:
 def quantized_kernels() -> ModuleType | None:
     """The compiled module, or None when disabled (``PDSERVE_NATIVE_KERNELS=0``) or when the
     toolchain is missing; raises ``KernelBuildError`` when the toolchain fails on the source."""
-    if os.environ.get(kernels.DISABLE_ENV, "1") == "0":
-        log.info(
-            "quantized linear: torch fallback (native kernel disabled by %s=0)", kernels.DISABLE_ENV
-        )
-        return None
-    missing = kernels.missing_toolchain()
-    if missing is not None:
-        log.warning("quantized linear: torch fallback (no native kernel: missing %s)", missing)
-        return None
-    start = time.monotonic()
-    try:
-        module = kernels.build_extension(SOURCE)
-    except Exception as exc:
-        first = str(exc).strip().splitlines() or [""]
-        raise kernels.KernelBuildError(
-            f"{SOURCE.name} failed to build ({type(exc).__name__}: {first[0]}); "
-            f"{kernels.DISABLE_ENV}=0 runs the torch path instead"
-        ) from exc
-    log.info(
-        "quantized linear: native CPU kernel (%s, %s, ready in %.1f s)",
-        SOURCE.stem,
-        module.isa(),
-        time.monotonic() - start,
-    )
-    return module
+    return kernels.load_native(SOURCE, "quantized linear", log)

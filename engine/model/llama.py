@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from engine.errors import ModelLoadError
 from engine.kernels import cpu_kernels
+from engine.model.decode_layers import FUSED_MAX_ROWS, fuse_layers
 from engine.model.forward_batch import ForwardBatch
 from engine.model.gguf_weights import GGUFMatrix
 from engine.model.linear import WEIGHT_DTYPES, Linear, dense, from_gguf, quantized
@@ -93,6 +94,7 @@ class LlamaModel:
         )
         use_native = native_kernels and device.type == "cpu" and dtype == torch.float32
         self.native = cpu_kernels() if use_native else None
+        self.fused = fuse_layers(self) if use_native else None
 
     def _layer(self, put: Any, weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
         p = f"model.layers.{i}."
@@ -112,7 +114,10 @@ class LlamaModel:
     def describe(self) -> str:
         """Which weights the linear layers compute with, for logs and ``/info``."""
         kinds = sorted({lin.kind for layer in self.layers for lin in _linears(layer)})
-        return f"weights {self.weights}: layers {'+'.join(kinds)}, LM head {self.lm_head.kind}"
+        step = "fused decode layers" if self.fused is not None else "op-by-op decode"
+        return (
+            f"weights {self.weights}: layers {'+'.join(kinds)}, LM head {self.lm_head.kind}, {step}"
+        )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
@@ -121,15 +126,42 @@ class LlamaModel:
         ``kv_caches[i]`` is layer i's ``[2, num_blocks, block_size, kv_heads, head_dim]``.
         """
         hidden = F.embedding(batch.input_ids, self.embed)
+        if self._fusable(batch):
+            self.fused.forward(
+                hidden,
+                batch.positions,
+                batch.slot_mapping,
+                batch.decode_block_tables,
+                batch.decode_context_lens,
+                kv_caches,
+            )
+        else:
+            hidden = self._layers(hidden, batch, kv_caches)
+        last = hidden[batch.logits_indices]
+        last = F.rms_norm(last, (last.shape[-1],), self.norm, self.eps)
+        return self.lm_head(last).float()
+
+    def _fusable(self, batch: ForwardBatch) -> bool:
+        """A decode-only step the fused native layers take."""
+        decodes = batch.num_decode_tokens
+        return (
+            self.fused is not None
+            and not batch.prefill_seqs
+            and 0 < decodes <= FUSED_MAX_ROWS
+            and decodes == batch.input_ids.shape[0]
+        )
+
+    def _layers(
+        self, hidden: torch.Tensor, batch: ForwardBatch, kv_caches: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """Every decoder layer, op by op."""
         cos, sin = self.rotary.cos_sin(batch.positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = hidden + self._attention(layer, hidden, batch, kv_cache, cos, sin)
             normed = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps)
             gate, up = layer.gate_up(normed).chunk(2, dim=-1)
             hidden = hidden + layer.down(F.silu(gate) * up)
-        last = hidden[batch.logits_indices]
-        last = F.rms_norm(last, (last.shape[-1],), self.norm, self.eps)
-        return self.lm_head(last).float()
+        return hidden
 
     def _attention(
         self,

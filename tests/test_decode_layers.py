@@ -1,0 +1,100 @@
+"""The fused native decode layers against the op-by-op path: the same logits at every step (to
+float32 rounding), the same greedy tokens and the same KV cache, for dense, int8 and int4
+weights, with and without q/k/v biases, on both instruction-set paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import CacheConfig, EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model import decode_layers
+from engine.model.loader import load_model
+from engine.sampling_params import SamplingParams
+from tests.tiny_model import build_tiny_model
+
+pytestmark = pytest.mark.skipif(
+    decode_layers.decode_layer_kernels() is None, reason="needs the native kernels"
+)
+
+PROMPTS = [[5 + i for i in range(n)] for n in (3, 9, 17, 30, 4)]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def loaded(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    return load_model(str(build_tiny_model(path, model_type=request.param, initializer_range=0.3)))
+
+
+def _engine(loaded, weight_dtype: str) -> LLMEngine:
+    config = EngineConfig(
+        model_path=str(loaded.path),
+        device="cpu",
+        weight_dtype=weight_dtype,
+        cache=CacheConfig(block_size=4, num_blocks=128),
+    )
+    return LLMEngine(config, loaded)
+
+
+def _run(engine: LLMEngine) -> tuple[list[torch.Tensor], list[list[int]], int]:
+    """Every step's logits, the tokens, and how many steps ran fused."""
+    steps: list[torch.Tensor] = []
+    fused = 0
+    run, fusable = engine.runner.run, engine.model._fusable
+
+    def recording_run(scheduled):
+        logits, samplers = run(scheduled)
+        steps.append(logits.clone())
+        return logits, samplers
+
+    def counting(batch):
+        nonlocal fused
+        taken = fusable(batch)
+        fused += taken
+        return taken
+
+    engine.runner.run = recording_run
+    engine.model._fusable = counting
+    outputs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    return steps, outputs, fused
+
+
+@pytest.mark.parametrize("weight_dtype", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("isa", ["auto", "scalar"])
+def test_fused_decode_matches_op_by_op(loaded, weight_dtype, isa):
+    module = decode_layers.decode_layer_kernels()
+    module.set_isa(isa)
+    try:
+        fused = _engine(loaded, weight_dtype)
+        plain = _engine(loaded, weight_dtype)
+        plain.model.fused = None
+        fused_steps, fused_tokens, fused_count = _run(fused)
+        plain_steps, plain_tokens, plain_count = _run(plain)
+    finally:
+        module.set_isa("auto")
+    assert fused_count >= 10 and plain_count == 0
+    assert fused_tokens == plain_tokens
+    assert len(fused_steps) == len(plain_steps)
+    for ours, theirs in zip(fused_steps, plain_steps, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    for ours, theirs in zip(fused.kv_cache.layers, plain.kv_cache.layers, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_more_rows_than_the_fused_limit_run_op_by_op(loaded):
+    engine = _engine(loaded, "fp32")
+    limit = decode_layers.FUSED_MAX_ROWS
+    prompts = [[7, 8, 9 + i % 50] for i in range(limit + 1)]
+    fused_steps = []
+    fusable = engine.model._fusable
+    engine.model._fusable = lambda batch: fused_steps.append(fusable(batch)) or fused_steps[-1]
+    engine.generate(prompts, SamplingParams(max_new_tokens=3, ignore_eos=True))
+    assert fused_steps and not any(fused_steps)  # 33 decodes per step: none fused
+
+
+def test_describe_names_the_decode_path(loaded):
+    engine = _engine(loaded, "int8")
+    assert engine.model.describe().endswith("fused decode layers")
+    engine.model.fused = None
+    assert engine.model.describe().endswith("op-by-op decode")
