@@ -126,8 +126,9 @@ class LlamaModel:
         ``kv_caches[i]`` is layer i's ``[2, num_blocks, block_size, kv_heads, head_dim]``.
         """
         hidden = F.embedding(batch.input_ids, self.embed)
-        if self._fusable(batch):
-            self.fused.forward(
+        fused = self.fused
+        if fused is not None and self._fusable(batch):
+            fused.forward(
                 hidden,
                 batch.positions,
                 batch.slot_mapping,
