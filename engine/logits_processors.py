@@ -19,20 +19,6 @@ def apply_repetition_penalty(
     return scores.scatter(-1, token_ids, seen)
 
 
-def apply_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
-    top_k = min(top_k, scores.shape[-1])
-    threshold = torch.topk(scores, top_k)[0][..., -1:]
-    return scores.masked_fill(scores < threshold, _FILTERED)
-
-
-def apply_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    sorted_logits, sorted_indices = torch.sort(scores, descending=False)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    remove = cumulative <= (1 - top_p)
-    remove[..., -1:] = False
-    return scores.masked_fill(remove.scatter(-1, sorted_indices, remove), _FILTERED)
-
-
 def apply_typical_p(scores: torch.Tensor, mass: float) -> torch.Tensor:
     """Locally typical sampling: keep tokens whose surprisal is closest to the entropy."""
     normalized = torch.log_softmax(scores, dim=-1)

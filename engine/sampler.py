@@ -6,21 +6,22 @@ position in the output (:func:`position_seed`). So a request's tokens depend onl
 prompt and parameters, never on what else shares the batch, nor on which engine draws them: a
 request handed from prefill to decode, or migrated to another worker pair with its tokens so far,
 draws its next token exactly as one engine running it from the start would.
+
+No row sorts the whole vocabulary unless typical sampling asks for it: top-k takes the k best
+scores; top-p alone takes the best few (growing ×4 from ``NUCLEUS_START``) until they hold the
+nucleus' mass, which they then must contain; the draw is over those candidates only. The kept sets
+equal transformers' ``TopKLogitsWarper`` then ``TopPLogitsWarper`` (``min_tokens_to_keep=1``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.logits_processors import (
-    apply_repetition_penalty,
-    apply_top_k,
-    apply_top_p,
-    apply_typical_p,
-)
+from engine.logits_processors import apply_repetition_penalty, apply_typical_p
 from engine.request import Request
 
 _MASK64 = 2**64 - 1
+NUCLEUS_START = 64  # candidates first tried for top-p alone
 
 
 def make_generator(device: torch.device) -> torch.Generator:
@@ -55,12 +56,52 @@ def _sample_row(scores: torch.Tensor, request: Request) -> int:
     params = request.params
     if params.temperature != 1.0:
         scores = scores / params.temperature
-    if params.top_k:
-        scores = apply_top_k(scores, params.top_k)
-    if params.top_p < 1.0:
-        scores = apply_top_p(scores, params.top_p)
-    if params.typical_p < 1.0:
-        scores = apply_typical_p(scores, params.typical_p)
-    probs = torch.softmax(scores, dim=-1)
-    request.generator.manual_seed(position_seed(params.seed, request.num_output_tokens))
-    return int(torch.multinomial(probs, 1, generator=request.generator).item())
+    if params.typical_p < 1.0:  # ranks by distance from the entropy: needs every token
+        return _draw(apply_typical_p(_filtered(scores, params), params.typical_p), None, request)
+    values, candidates = _candidates(scores[0], params.top_k, params.top_p)
+    return _draw(values, candidates, request)
+
+
+def _filtered(scores: torch.Tensor, params) -> torch.Tensor:
+    """``scores`` with every token outside the top-k / top-p candidates at -inf."""
+    if not params.top_k and params.top_p >= 1.0:
+        return scores
+    values, candidates = _candidates(scores[0], params.top_k, params.top_p)
+    kept = torch.full_like(scores, -float("inf"))
+    kept[0, candidates] = values
+    return kept
+
+
+def _candidates(
+    scores: torch.Tensor, top_k: int, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The scores and token ids a draw chooses among (ids None: the whole vocabulary)."""
+    vocab = scores.shape[-1]
+    if top_k:
+        values, ids = torch.topk(scores, min(top_k, vocab))  # best first
+        probs = torch.softmax(values, dim=-1)  # top-p then applies to the top-k distribution
+    elif top_p < 1.0:
+        full = torch.softmax(scores, dim=-1)
+        size = min(NUCLEUS_START, vocab)
+        probs, ids = torch.topk(full, size)
+        while float(probs.sum()) < top_p and size < vocab:
+            size = min(size * 4, vocab)
+            probs, ids = torch.topk(full, size)
+        values = scores[ids]
+    else:
+        return scores, None
+    if top_p < 1.0:
+        # keep a token when the mass strictly above it is below top_p (the best always stays)
+        keep = int(((torch.cumsum(probs, dim=-1) - probs) < top_p).sum())
+        values, ids = values[: max(keep, 1)], ids[: max(keep, 1)]
+    return values, ids
+
+
+def _draw(values: torch.Tensor, ids: torch.Tensor | None, request: Request) -> int:
+    """Inverse-CDF draw: one uniform number from the request's generator against the
+    cumulative probabilities (``torch.multinomial`` costs ~20x more over a whole vocabulary)."""
+    cumulative = torch.cumsum(torch.softmax(values.reshape(-1), dim=-1), dim=0)
+    request.generator.manual_seed(position_seed(request.params.seed, request.num_output_tokens))
+    point = torch.rand(1, generator=request.generator) * cumulative[-1]
+    pick = min(int(torch.searchsorted(cumulative, point, right=True)), cumulative.numel() - 1)
+    return pick if ids is None else int(ids[pick])

@@ -12,12 +12,8 @@ from transformers.generation.logits_process import (
 )
 
 from engine.errors import ConfigError
-from engine.logits_processors import (
-    apply_repetition_penalty,
-    apply_top_k,
-    apply_top_p,
-    apply_typical_p,
-)
+from engine.logits_processors import apply_repetition_penalty, apply_typical_p
+from engine.sampler import _candidates
 from engine.sampling_params import SamplingParams
 
 # A fixed distribution: probabilities 0.4, 0.25, 0.15, 0.1, 0.06, 0.04.
@@ -29,9 +25,16 @@ def _kept(scores: torch.Tensor) -> set[int]:
     return set(torch.nonzero(scores[0] > -float("inf")).flatten().tolist())
 
 
+def _candidate_ids(scores: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> set[int]:
+    values, ids = _candidates(scores[0], top_k, top_p)
+    assert ids is not None
+    assert torch.equal(values, scores[0, ids])
+    return set(ids.tolist())
+
+
 @pytest.mark.parametrize("k, expected", [(1, {1}), (3, {1, 3, 5}), (100, {0, 1, 2, 3, 4, 5})])
 def test_top_k(k, expected):
-    assert _kept(apply_top_k(SCORES.clone(), k)) == expected
+    assert _candidate_ids(SCORES.clone(), top_k=k) == expected
     assert _kept(TopKLogitsWarper(top_k=k)(None, SCORES.clone())) == expected
 
 
@@ -40,8 +43,39 @@ def test_top_k(k, expected):
     [(0.3, {1}), (0.6, {1, 3}), (0.62, {1, 3}), (0.66, {1, 3, 5}), (0.999, {0, 1, 2, 3, 4, 5})],
 )
 def test_top_p(p, expected):
-    assert _kept(apply_top_p(SCORES.clone(), p)) == expected
+    assert _candidate_ids(SCORES.clone(), top_p=p) == expected
     assert _kept(TopPLogitsWarper(top_p=p)(None, SCORES.clone())) == expected
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    "top_k, top_p", [(0, 0.5), (0, 0.9), (0, 0.999), (40, 1.0), (40, 0.8), (2000, 0.95)]
+)
+def test_candidates_over_a_real_vocabulary_match_transformers(seed, top_k, top_p):
+    """49,152 tokens, peaked and flat distributions: the candidates (no full sort) are the tokens
+    transformers' top-k then top-p warpers keep, however many that is. Float32 sums taken from
+    the other end may disagree only on tokens whose mass above sits within 1e-5 of top_p (in a
+    flat tail, a few tokens of ~1e-6 each)."""
+    generator = torch.Generator().manual_seed(seed)
+    spread = (0.5, 2.0, 6.0)[seed % 3]  # flat to peaked
+    scores = torch.randn(1, 49152, generator=generator) * spread
+    expected = scores.clone()
+    if top_k:
+        expected = TopKLogitsWarper(top_k=top_k)(None, expected)
+    if top_p < 1.0:
+        expected = TopPLogitsWarper(top_p=top_p)(None, expected)
+    ours, theirs = _candidate_ids(scores, top_k, top_p), _kept(expected)
+    probs, order = torch.sort(torch.softmax(scores[0].double(), -1), descending=True)
+    if top_k:
+        probs, order = probs[:top_k] / probs[:top_k].sum(), order[:top_k]
+    mass_above = dict(zip(order.tolist(), (torch.cumsum(probs, 0) - probs).tolist(), strict=True))
+    assert len(ours ^ theirs) <= 10
+    assert all(abs(mass_above[token] - top_p) < 1e-5 for token in ours ^ theirs)
+
+
+def test_no_filter_draws_from_the_whole_vocabulary():
+    values, ids = _candidates(SCORES[0], 0, 1.0)
+    assert ids is None and torch.equal(values, SCORES[0])
 
 
 # Typical sampling ranks tokens by |-log p - entropy| (entropy 1.526 nats here): 0.25, 0.15, 0.4,
@@ -156,3 +190,26 @@ def test_repetition_penalty_steers_greedy_away_from_repeats(tiny_engine):
 def test_invalid_params_are_rejected_with_the_name(field, value):
     with pytest.raises(ConfigError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_draws_follow_the_distribution_and_never_take_a_removed_token():
+    """20,000 seeded draws (one per output position) over PROBS with one token removed: each
+    token's frequency within 0.015 of its renormalized probability; the removed one never."""
+    from types import SimpleNamespace
+
+    from engine.sampler import _draw
+
+    scores = SCORES[0].clone()
+    scores[2] = -float("inf")  # p = 0.04, removed
+    request = SimpleNamespace(params=SamplingParams(do_sample=True, seed=5), num_output_tokens=0)
+    request.generator = torch.Generator()
+    counts = torch.zeros(6)
+    draws = 20_000
+    for position in range(draws):
+        request.num_output_tokens = position
+        counts[_draw(scores, None, request)] += 1
+    expected = PROBS[0].clone()
+    expected[2] = 0.0
+    expected /= expected.sum()
+    assert counts[2] == 0
+    assert torch.allclose(counts / draws, expected, atol=0.015)
