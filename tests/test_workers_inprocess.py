@@ -221,8 +221,10 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "num_open_streams",
             "pid",
             "node_ip",
+            "weights",
         ]
         assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2
+        assert load.to_dict()["weights"].startswith("weights fp32: layers float32")
         decode.abort("r")
     finally:
         _stop(decode)

@@ -83,33 +83,19 @@ class LlamaModel:
         self.scale = self.shape.head_dim**-0.5
         put = _placer(weights, device, dtype)
         self.weights = _weight_mode(weight_dtype, gguf, device, dtype)
-        self._linear = _linear_maker(self.weights, put, gguf or {})
+        # Local, not kept: the float32 weights the quantized layers replace are freed with it.
+        linear = _linear_maker(self.weights, put, gguf or {})
         self.embed = put("model.embed_tokens.weight")
-        self.layers = [self._layer(put, weights, i) for i in range(self.shape.num_layers)]
+        self.layers = [_layer(put, linear, weights, i) for i in range(self.shape.num_layers)]
         self.norm = put("model.norm.weight")
         tied = "lm_head.weight" not in weights
-        self.lm_head = self._linear(["model.embed_tokens.weight" if tied else "lm_head.weight"])
+        self.lm_head = linear(["model.embed_tokens.weight" if tied else "lm_head.weight"])
         self.rotary = RotaryEmbedding(
             hf_config, self.shape.head_dim, self.shape.max_position_embeddings, device, dtype
         )
         use_native = native_kernels and device.type == "cpu" and dtype == torch.float32
         self.native = cpu_kernels() if use_native else None
         self.fused = fuse_layers(self) if use_native else None
-
-    def _layer(self, put: Any, weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
-        p = f"model.layers.{i}."
-        attn = p + "self_attn."
-        has_bias = attn + "q_proj.bias" in weights
-        qkv_bias = torch.cat([put(attn + f"{n}_proj.bias") for n in "qkv"]) if has_bias else None
-        linear = self._linear
-        return LayerWeights(
-            input_norm=put(p + "input_layernorm.weight"),
-            qkv=linear([attn + f"{n}_proj.weight" for n in "qkv"], qkv_bias),
-            o_proj=linear([attn + "o_proj.weight"]),
-            post_norm=put(p + "post_attention_layernorm.weight"),
-            gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
-            down=linear([p + "mlp.down_proj.weight"]),
-        )
 
     def describe(self) -> str:
         """Which weights the linear layers compute with, for logs and ``/info``."""
@@ -184,6 +170,21 @@ class LlamaModel:
         kv = heads[:, s.num_heads :].view(tokens, 2, s.num_kv_heads, s.head_dim).transpose(0, 1)
         out = paged_attention(q, kv, kv_cache, batch, self.scale, self.native)
         return layer.o_proj(out.reshape(tokens, s.num_heads * s.head_dim))
+
+
+def _layer(put: Any, linear: Any, weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
+    p = f"model.layers.{i}."
+    attn = p + "self_attn."
+    has_bias = attn + "q_proj.bias" in weights
+    qkv_bias = torch.cat([put(attn + f"{n}_proj.bias") for n in "qkv"]) if has_bias else None
+    return LayerWeights(
+        input_norm=put(p + "input_layernorm.weight"),
+        qkv=linear([attn + f"{n}_proj.weight" for n in "qkv"], qkv_bias),
+        o_proj=linear([attn + "o_proj.weight"]),
+        post_norm=put(p + "post_attention_layernorm.weight"),
+        gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+        down=linear([p + "mlp.down_proj.weight"]),
+    )
 
 
 def _linears(layer: LayerWeights) -> tuple[Linear, ...]:

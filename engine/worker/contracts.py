@@ -100,10 +100,11 @@ class WorkerLoad:
     stats: EngineStats
     num_open_streams: int = 0  # per-request event queues the worker holds (0 once idle)
     node_ip: str = ""  # the address of the Ray node it runs on ("" outside Ray)
+    weights: str = ""  # the weights and kernels its engine computes with (LlamaModel.describe)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
-        node address."""
+        node address, weights."""
         return {
             "role": self.role,
             "instance": self.instance,
@@ -112,4 +113,5 @@ class WorkerLoad:
             "num_open_streams": self.num_open_streams,
             "pid": self.pid,
             "node_ip": self.node_ip,
+            "weights": self.weights,
         }

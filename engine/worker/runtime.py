@@ -173,7 +173,13 @@ class WorkerRuntime:
         with self._lock:
             num_open_streams = len(self._queues)
         return WorkerLoad(
-            self.role, self.instance, os.getpid(), stats, num_open_streams, self.node_ip
+            self.role,
+            self.instance,
+            os.getpid(),
+            stats,
+            num_open_streams,
+            self.node_ip,
+            self.engine.model.describe(),
         )
 
 
