@@ -190,11 +190,15 @@ async def _phase(server: CoordinatorProcess, model: str, reference: dict, fault:
     return report
 
 
+@pytest.fixture(scope="module")
+def reference(chaos_server) -> dict[str, str]:
+    """The undisturbed texts, taken once per server before its first fault."""
+    return asyncio.run(_reference(chaos_server, _model(chaos_server)))
+
+
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_every_request_completes_or_fails_honestly(chaos_server, fault):
-    model = _model(chaos_server)
-    reference = asyncio.run(_reference(chaos_server, model))
-    report = asyncio.run(_phase(chaos_server, model, reference, fault))
+def test_every_request_completes_or_fails_honestly(chaos_server, reference, fault):
+    report = asyncio.run(_phase(chaos_server, _model(chaos_server), reference, fault))
     if fault in ("kill decode", "break transport"):
         assert report["migrations"] > 0, report  # requests really were in the way of the fault
     if fault == "stop decode":  # requests waited through the stop (those mid-transfer migrate)

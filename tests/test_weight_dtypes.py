@@ -128,7 +128,7 @@ def test_bundled_quantized_against_fp32(
 @pytest.mark.slow
 def test_bundled_gguf_blocks_answer_as_its_fp32_image(bundled_loaded):
     fp32, auto = _engine(bundled_loaded, "fp32"), _engine(bundled_loaded, "auto")
-    assert auto.model.describe() == "weights gguf: layers q4_1, LM head q8_0"
+    assert auto.model.describe().startswith("weights gguf: layers q4_1, LM head q8_0")
     for prompt in PROMPTS:
         assert greedy(auto, prompt) == greedy(fp32, prompt), prompt
     ids = fp32.tokenizer.encode(FIXED_TEXT)[:48]
