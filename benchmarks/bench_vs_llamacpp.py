@@ -5,7 +5,7 @@
         --batch 2 --prefill-tokens 32        # a quick check that it runs
 
 llama.cpp is built once into the cache folder from the tree inside PyPI's ``llama-cpp-python``
-sdist (``benchmarks/llamacpp_build.py``, about 15 minutes on two cores), or taken from
+sdist (``benchmarks/llamacpp_build.py``, about 8 minutes on two cores), or taken from
 ``--llama-cpp-dir`` (a folder holding ``llama-bench`` and ``llama-batched-bench``).
 
 Three measures on the bundled SmolLM2-135M Q4_1 GGUF, pdserve with ``weight_dtype`` as given

@@ -6,7 +6,7 @@ The sdist comes from the package index pip is configured with (no other network 
 ``vendor/llama.cpp`` tree is configured with CMake (Release, CPU only, ``GGML_NATIVE`` for this
 machine's instruction set, no OpenSSL, no server, no tests) and only ``llama-bench`` and
 ``llama-batched-bench`` are built. The result lives in ``<cache>/llama.cpp/<version>/bin`` and is
-reused by every later run; a build takes about 15 minutes on two cores.
+reused by every later run; a build takes about 8 minutes on two cores.
 """
 
 from __future__ import annotations
@@ -87,7 +87,10 @@ def ensure_tools(version: str = SDIST_VERSION, jobs: int | None = None) -> Path:
     log = target.parent / "build.log"
     tree = _extract_tree(_fetch_sdist(version, work), work)
     build = work / "build"
-    print(f"building llama.cpp {version} into {target} (about 15 minutes; log {log})", flush=True)
+    print(
+        f"building llama.cpp {version} into {target} (about 8 minutes on two cores; log {log})",
+        flush=True,
+    )
     _run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_OPTIONS], log)
     jobs = jobs or os.cpu_count() or 1
     _run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(jobs)], log)

@@ -80,7 +80,7 @@ class RayHead:
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=30)
+            self.process.wait(timeout=10)  # what is left after is killed below
         for pid in self.processes():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
