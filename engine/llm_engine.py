@@ -66,6 +66,7 @@ class LLMEngine:
             self.device,
             self.dtype,
             weight_dtype=config.weight_dtype,
+            activation_dtype=config.activation_dtype,
             gguf=_gguf_blocks(loaded, config),
         )
         log.info("model %s: %s", loaded.name, self.model.describe())
