@@ -157,19 +157,20 @@ class _Servicer(pb_grpc.KVTransferServicer):
         for count, chunk in enumerate(_chain(first, rest), start=1):
             end = offset + len(chunk.data)
             if end > header.num_bytes or count > max_chunks:
-                return pb.KVAckMsg(
-                    request_id=request_id, ok=False, error="more bytes or chunks than declared"
-                )
+                return self._broken(request_id, "more bytes or chunks than declared")
             view[offset:end] = chunk.data
             offset = end
         if offset != header.num_bytes:
-            return pb.KVAckMsg(
-                request_id=request_id,
-                ok=False,
-                error=f"expected {header.num_bytes} bytes, got {offset}",
-            )
+            # a stream cut by the watchdog may end its iterator instead of raising
+            return self._broken(request_id, f"expected {header.num_bytes} bytes, got {offset}")
         error = self._receiver.accept(decode_payload(header, buffer), CHUNKS)
         return pb.KVAckMsg(request_id=request_id, ok=error is None, error=error or "")
+
+
+    def _broken(self, request_id: str, error: str) -> pb.KVAckMsg:
+        """An accepted push that cannot complete: reported (its reservation ends), refused."""
+        self._receiver.report_broken(request_id, error)
+        return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
 
 
 @dataclass
