@@ -27,7 +27,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -70,11 +70,13 @@ _RETRY_FIRST_S, _RETRY_MAX_S = 0.02, 0.1
 
 
 class _StreamWatchdog:
-    """Cancels pushes that last longer than ``timeout_s``, from a thread of its own."""
+    """Cuts pushes that last longer than ``timeout_s``, from a thread of its own: calls the
+    push's ``on_cut``, then cancels its call. (A handler blocked on the next message is not
+    always woken by the cancel, so ``on_cut`` is what reports the transfer broken.)"""
 
     def __init__(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._active: dict[int, tuple[float, grpc.ServicerContext]] = {}
+        self._active: dict[int, tuple[float, grpc.ServicerContext, Callable[[], None]]] = {}
         self._keys = itertools.count()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -82,10 +84,10 @@ class _StreamWatchdog:
         self._thread.start()
 
     @contextmanager
-    def watch(self, context: grpc.ServicerContext) -> Iterator[None]:
+    def watch(self, context: grpc.ServicerContext, on_cut: Callable[[], None]) -> Iterator[None]:
         key = next(self._keys)
         with self._lock:
-            self._active[key] = (time.monotonic() + self._timeout_s, context)
+            self._active[key] = (time.monotonic() + self._timeout_s, context, on_cut)
         try:
             yield
         finally:
@@ -97,10 +99,11 @@ class _StreamWatchdog:
         while not self._stopped.wait(period):
             now = time.monotonic()
             with self._lock:
-                late = [key for key, (deadline, _) in self._active.items() if deadline < now]
-                contexts = [self._active.pop(key)[1] for key in late]
-            for context in contexts:
-                context.cancel()  # the handler's next read raises; its thread is free again
+                late = [key for key, (deadline, _, _) in self._active.items() if deadline < now]
+                cut = [self._active.pop(key)[1:] for key in late]
+            for context, on_cut in cut:
+                on_cut()
+                context.cancel()  # the handler's next read raises (mostly); its thread is freed
 
     def stop(self) -> None:
         self._stopped.set()
@@ -121,16 +124,22 @@ class _Servicer(pb_grpc.KVTransferServicer):
         self, request_iterator: Iterator[pb.KVChunkMsg], context: grpc.ServicerContext
     ) -> pb.KVAckMsg:
         push = _PushState()
-        with self._receiver.watchdog.watch(context):
+
+        def cut() -> None:
+            push.cut = True
+            if push.accepted:  # only a sender the reservation accepted may end it
+                self._receiver.report_broken(push.request_id, "the stream was cut")
+
+        with self._receiver.watchdog.watch(context, cut):
             try:
                 first = next(request_iterator, None)
                 if first is None:
                     return pb.KVAckMsg(ok=False, error="malformed transfer: no header")
                 push.request_id = first.header.state.request_id
                 if not self._receiver.breaker.take():
-                    return self._push(push, first, request_iterator)
-            except grpc.RpcError:  # cut by the watchdog, or the client went away
-                if push.accepted:  # only a sender the reservation accepted may end it
+                    return self._push(push, first, request_iterator, context)
+            except grpc.RpcError:  # cut by the watchdog (reported there), or the client went away
+                if push.accepted and not push.cut:
                     self._receiver.report_broken(push.request_id, "the stream was cut")
                 return pb.KVAckMsg(request_id=push.request_id, ok=False, error="stream cut")
             except Exception as exc:  # anything malformed: refused, the server goes on
@@ -142,7 +151,11 @@ class _Servicer(pb_grpc.KVTransferServicer):
         raise AssertionError("unreachable")
 
     def _push(
-        self, push: _PushState, first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]
+        self,
+        push: _PushState,
+        first: pb.KVChunkMsg,
+        rest: Iterator[pb.KVChunkMsg],
+        context: grpc.ServicerContext,
     ) -> pb.KVAckMsg:
         header = first.header
         request_id = push.request_id
@@ -157,26 +170,25 @@ class _Servicer(pb_grpc.KVTransferServicer):
         for count, chunk in enumerate(_chain(first, rest), start=1):
             end = offset + len(chunk.data)
             if end > header.num_bytes or count > max_chunks:
-                return self._broken(request_id, "more bytes or chunks than declared")
+                return pb.KVAckMsg(
+                    request_id=request_id, ok=False, error="more bytes or chunks than declared"
+                )
             view[offset:end] = chunk.data
             offset = end
         if offset != header.num_bytes:
-            # a stream cut by the watchdog may end its iterator instead of raising
-            return self._broken(request_id, f"expected {header.num_bytes} bytes, got {offset}")
+            error = f"expected {header.num_bytes} bytes, got {offset}"
+            if not context.is_active() and not push.cut:  # the client's call ended early
+                self._receiver.report_broken(request_id, "the stream was cut")
+            return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
         error = self._receiver.accept(decode_payload(header, buffer), CHUNKS)
         return pb.KVAckMsg(request_id=request_id, ok=error is None, error=error or "")
-
-
-    def _broken(self, request_id: str, error: str) -> pb.KVAckMsg:
-        """An accepted push that cannot complete: reported (its reservation ends), refused."""
-        self._receiver.report_broken(request_id, error)
-        return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
 
 
 @dataclass
 class _PushState:
     request_id: str = ""
     accepted: bool = False  # the handshake accepted its header
+    cut: bool = False  # the watchdog cut it (and reported it broken if accepted)
 
 
 def _chain(first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]) -> Iterator[pb.KVChunkMsg]:
