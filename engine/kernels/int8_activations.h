@@ -21,53 +21,9 @@ struct Int8Rows {
   std::vector<float> d, d_sum;
 };
 
-#if PDSERVE_HAS_X86
-// One block as the scalar loop below quantizes it, bit for bit (the same max, product and
-// round-half-to-even): writes q, returns d, sets *sum to sum(q).
-PDSERVE_AVX2 inline float quantize_block_avx2(const float* x, int8_t* q, int* sum) {
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  __m256 v[4], amax = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(x + 8 * i);
-    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-  }
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  const float d = _mm_cvtss_f32(m) / 127.f, inverse = d > 0.f ? 1.f / d : 0.f;
-  const __m256 scale = _mm256_set1_ps(inverse);
-  __m256i ints[4];
-  for (int i = 0; i < 4; ++i)
-    ints[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], scale),
-                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  // packing works within 128-bit lanes; the permutation puts the 32 bytes back in order
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]),
-                                           _mm256_packs_epi32(ints[2], ints[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  const __m256i total = _mm256_add_epi32(_mm256_add_epi32(ints[0], ints[1]),
-                                         _mm256_add_epi32(ints[2], ints[3]));
-  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-  *sum = _mm_cvtsi128_si32(t);
-  return d;
-}
-#endif
-
 inline Int8Rows quantize_rows(const float* x, int64_t M, int64_t blocks) {
   Int8Rows rows{std::vector<int8_t>(M * blocks * 32), std::vector<float>(M * blocks),
                 std::vector<float>(M * blocks)};
-#if PDSERVE_HAS_X86
-  if (use_avx2()) {
-    for (int64_t i = 0; i < M * blocks; ++i) {
-      int sum = 0;
-      rows.d[i] = quantize_block_avx2(x + i * 32, rows.q.data() + i * 32, &sum);
-      rows.d_sum[i] = rows.d[i] * static_cast<float>(sum);
-    }
-    return rows;
-  }
-#endif
   for (int64_t i = 0; i < M * blocks; ++i) {
     const float* xb = x + i * 32;
     float amax = 0.f;
