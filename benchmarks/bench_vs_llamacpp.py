@@ -51,7 +51,7 @@ from benchmarks.bench_engine import (  # noqa: E402
     pdserve_prefill_rate,
 )
 from benchmarks.llamacpp_build import TOOLS, ensure_tools, has_tools  # noqa: E402
-from engine.config import ACTIVATION_DTYPES, WEIGHT_DTYPES, EngineConfig  # noqa: E402
+from engine.config import WEIGHT_DTYPES, EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 
@@ -138,12 +138,6 @@ def main() -> None:
     parser.add_argument("--batch-prompt", type=int, default=64, help="prompt tokens per sequence")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per measure, first dropped")
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
-    parser.add_argument(
-        "--activation-dtype",
-        default="fp32",
-        choices=ACTIVATION_DTYPES,
-        help="int8: decode steps quantize the quantized layers' inputs (lossy, opt-in)",
-    )
     args = parser.parse_args()
     if args.rounds < 2 or args.new_tokens < 2:
         parser.error("--rounds and --new-tokens must be at least 2")
@@ -154,10 +148,7 @@ def main() -> None:
     if loaded.gguf_path is None:
         raise SystemExit("the bundled model has no GGUF to hand llama.cpp")
     llama.gguf = loaded.gguf_path
-    config = EngineConfig(
-        device="cpu", weight_dtype=args.weight_dtype, activation_dtype=args.activation_dtype
-    )
-    engine = LLMEngine(config, loaded)
+    engine = LLMEngine(EngineConfig(device="cpu", weight_dtype=args.weight_dtype), loaded)
     print(f"pdserve {engine.model.describe()}; llama.cpp {llama.folder}")
 
     new = args.new_tokens

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_engine import _prompts  # noqa: E402
 from engine import llm_engine  # noqa: E402
-from engine.config import ACTIVATION_DTYPES, WEIGHT_DTYPES, EngineConfig  # noqa: E402
+from engine.config import WEIGHT_DTYPES, EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -109,18 +109,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
-    parser.add_argument(
-        "--activation-dtype",
-        default="fp32",
-        choices=ACTIVATION_DTYPES,
-        help="int8: decode steps quantize the quantized layers' inputs (lossy, opt-in)",
-    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = EngineConfig(
-        device="cpu", weight_dtype=args.weight_dtype, activation_dtype=args.activation_dtype
+    engine = LLMEngine(
+        EngineConfig(device="cpu", weight_dtype=args.weight_dtype), load_model("bundled")
     )
-    engine = LLMEngine(config, load_model("bundled"))
     fused = engine.model.fused
     if fused is None:
         raise SystemExit("the fused decode layers are not available here (no native kernels)")

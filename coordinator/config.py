@@ -133,8 +133,6 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "dtype": Key("str", "auto", choices=("auto", "float32", "bfloat16", "float16")),
         # the linear layers' weights: auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4
         "weight_dtype": Key("str", "auto", choices=("auto", "fp32", "int8", "int4")),
-        # int8: decode-sized inputs of the quantized layers quantized to 8 bits (lossy, opt-in)
-        "activation_dtype": Key("str", "fp32", choices=("fp32", "int8")),
         "device": Key("str", "auto"),
         "num_prefill_instances": Key("int", 1, 1, 1024),
         "num_decode_instances": Key("int", 1, 1, 1024),

@@ -96,7 +96,6 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
         device=b["device"],
         dtype=b["dtype"],
         weight_dtype=b["weight_dtype"],
-        activation_dtype=b["activation_dtype"],
         cache=CacheConfig(block_size=b["cacheBlockSize"], memory_mb=b["kvCacheMemoryMB"]),
         scheduler=SchedulerConfig(
             max_seq_len=b["maxSeqLen"],

@@ -114,7 +114,6 @@ class KVTransferConfig:
 
 
 WEIGHT_DTYPES = ("auto", "fp32", "int8", "int4")
-ACTIVATION_DTYPES = ("fp32", "int8")
 
 
 @dataclass(frozen=True)
@@ -126,8 +125,6 @@ class EngineConfig:
     dtype: str = "auto"
     # weight_dtype: auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4 (model/linear.py)
     weight_dtype: str = "auto"
-    # activation_dtype: fp32, or int8 (decode-sized inputs of quantized layers, lossy, opt-in)
-    activation_dtype: str = "fp32"
     num_threads: int | None = None  # torch intra-op threads for this engine's process
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -138,11 +135,6 @@ class EngineConfig:
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ConfigError(
                 f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}; got {self.weight_dtype!r}"
-            )
-        if self.activation_dtype not in ACTIVATION_DTYPES:
-            raise ConfigError(
-                f"activation_dtype must be one of {', '.join(ACTIVATION_DTYPES)}; "
-                f"got {self.activation_dtype!r}"
             )
 
     @property

@@ -66,7 +66,6 @@ class LLMEngine:
             self.device,
             self.dtype,
             weight_dtype=config.weight_dtype,
-            activation_dtype=config.activation_dtype,
             gguf=_gguf_blocks(loaded, config),
         )
         log.info("model %s: %s", loaded.name, self.model.describe())

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from engine.config import CacheConfig, EngineConfig
-from engine.kernels.quantized import quantized_kernels
 from engine.llm_engine import LLMEngine
 from engine.model import decode_layers
 from engine.model.loader import load_model
@@ -28,12 +27,11 @@ def loaded(request, tmp_path_factory):
     return load_model(str(build_tiny_model(path, model_type=request.param, initializer_range=0.3)))
 
 
-def _engine(loaded, weight_dtype: str, activation_dtype: str = "fp32") -> LLMEngine:
+def _engine(loaded, weight_dtype: str) -> LLMEngine:
     config = EngineConfig(
         model_path=str(loaded.path),
         device="cpu",
         weight_dtype=weight_dtype,
-        activation_dtype=activation_dtype,
         cache=CacheConfig(block_size=4, num_blocks=128),
     )
     return LLMEngine(config, loaded)
@@ -63,54 +61,28 @@ def _run(engine: LLMEngine) -> tuple[list[torch.Tensor], list[list[int]], int]:
 
 
 @pytest.mark.parametrize(
-    "weight_dtype, isa, activations",
+    "weight_dtype, isa",
     # dense projections run torch's GEMM whatever the quantized kernels' path
-    [
-        ("fp32", "auto", "fp32"),
-        ("int8", "auto", "fp32"),
-        ("int4", "auto", "fp32"),
-        ("int8", "scalar", "fp32"),
-        ("int4", "scalar", "fp32"),
-        ("int4", "auto", "int8"),
-        ("int8", "scalar", "int8"),
-    ],
+    [("fp32", "auto"), ("int8", "auto"), ("int4", "auto"), ("int8", "scalar"), ("int4", "scalar")],
 )
-def test_fused_decode_matches_op_by_op(loaded, weight_dtype, isa, activations):
+def test_fused_decode_matches_op_by_op(loaded, weight_dtype, isa):
     module = decode_layers.decode_layer_kernels()
     module.set_isa(isa)
-    quantized_module = quantized_kernels()
-    quantized_module.set_isa(isa)  # the op-by-op path's kernels take the same path
     try:
-        fused = _engine(loaded, weight_dtype, activations)
-        plain = _engine(loaded, weight_dtype, activations)
+        fused = _engine(loaded, weight_dtype)
+        plain = _engine(loaded, weight_dtype)
         plain.model.fused = None
         fused_steps, fused_tokens, fused_count = _run(fused)
         plain_steps, plain_tokens, plain_count = _run(plain)
     finally:
         module.set_isa("auto")
-        quantized_module.set_isa("auto")
     assert fused_count >= 10 and plain_count == 0
-    if activations == "int8":
-        _assert_close_with_int8_activations(fused_steps, plain_steps, fused_tokens, plain_tokens)
-        return
     assert fused_tokens == plain_tokens
     assert len(fused_steps) == len(plain_steps)
     for ours, theirs in zip(fused_steps, plain_steps, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
     for ours, theirs in zip(fused.kv_cache.layers, plain.kv_cache.layers, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
-
-
-def _assert_close_with_int8_activations(fused_steps, plain_steps, fused_tokens, plain_tokens):
-    """An input that sits on an 8-bit rounding boundary may round one step (max|x_b| / 127)
-    apart on the two paths, whose float32 inputs differ by rounding: the first decode step's
-    logits agree loosely, and on a random model (near-tied choices) later tokens may part."""
-    # step 0 prefills every prompt (both paths op by op); step 1 is the first decode step
-    torch.testing.assert_close(fused_steps[0], plain_steps[0], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(fused_steps[1], plain_steps[1], rtol=0.05, atol=0.1)
-    pairs = [(a, b) for ours, theirs in zip(fused_tokens, plain_tokens, strict=True)
-             for a, b in zip(ours, theirs, strict=True)]  # fmt: skip
-    assert sum(a == b for a, b in pairs) >= 0.8 * len(pairs)
 
 
 def test_more_rows_than_the_fused_limit_run_op_by_op(loaded):

@@ -22,10 +22,8 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from engine import kernels
-from engine.config import EngineConfig
-from engine.errors import ConfigError, ModelLoadError
 from engine.kernels import quantized
-from engine.kernels.quantized import NATIVE_MAX_ROWS, QuantizedWeight, int8_round_trip
+from engine.kernels.quantized import QuantizedWeight
 from tests.prerequisites import require
 
 RTOL = 1e-5
@@ -282,88 +280,3 @@ def test_only_a_missing_toolchain_falls_back(fresh_kernels, monkeypatch, caplog)
 def test_the_toolchain_builds_the_kernel_the_wrapper_uses(native, fresh_kernels):
     module = fresh_kernels()
     assert module is not None and module.__file__ == native.__file__
-
-
-# ---- 8-bit activations (activation_dtype: int8): the native integer kernels on both paths and
-# the torch fallback all compute int8_round_trip(x) @ dequantize(w).T; calls above NATIVE_MAX_ROWS
-# rows stay float32; the setting is refused where no layer is quantized. Same tolerance as above
-# (the integer products are exact; the float32 sums run in another order).
-
-
-def _int8_reference(x: torch.Tensor, weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expected ``x8 @ w.T`` in float64 and the magnitudes of its terms."""
-    x8 = int8_round_trip(x).double()
-    w = weight.dequantize().double()
-    return x8 @ w.T, x8.abs() @ w.abs().T
-
-
-def test_round_trip_keeps_integers_on_the_scale_and_zero_blocks():
-    x = torch.zeros(2, 64)
-    x[0, :32] = torch.arange(-16, 16).float() * (127 / 16)  # max |x| 127: d = 1
-    out = int8_round_trip(x)
-    torch.testing.assert_close(out[0, :32], torch.round(x[0, :32]))
-    assert torch.equal(out[0, 32:], torch.zeros(32)) and torch.equal(out[1], torch.zeros(64))
-    y = torch.randn(3, 96)
-    assert (
-        (int8_round_trip(y) - y).abs()
-        <= y.abs().reshape(3, 3, 32).amax(-1).repeat_interleave(32, dim=1) / 254 + 1e-7
-    ).all()  # within half a step of each block's scale
-
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("m", [1, 3, 8, 9, NATIVE_MAX_ROWS])
-@pytest.mark.parametrize("n, k", [(37, 64), (5, 576)])
-def test_native_int8_matches_reference(native_path, kind, m, n, k):
-    weight = _random_weight(n, k, kind)
-    x = _random_x(m, k)
-    expected, magnitude = _int8_reference(x, weight)
-    got = native_path.quantized_linear_int8(x, weight.blocks, kind).double()
-    assert ((got - expected).abs() <= RTOL * magnitude + 1e-6).all()
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_every_backend_computes_the_same(backend, kind):
-    weight = _random_weight(33, 576, kind)
-    x = _random_x(4, 576)
-    expected, magnitude = _int8_reference(x, weight)
-    got = quantized.quantized_linear(x, weight, int8_activations=True).double()
-    assert ((got - expected).abs() <= RTOL * magnitude + 1e-6).all()
-
-
-def test_more_rows_than_decode_stay_float32(backend):
-    weight = _random_weight(16, 64, "q4_1")
-    x = _random_x(NATIVE_MAX_ROWS + 1, 64)
-    torch.testing.assert_close(
-        quantized.quantized_linear(x, weight, int8_activations=True),
-        quantized.quantized_linear(x, weight),
-    )
-
-
-def test_int8_activations_are_lossy_but_close():
-    """The error is that of rounding x to 8 bits: about 0.3 % of the result's scale here."""
-    weight = _random_weight(64, 576, "q8_0")
-    x = _random_x(1, 576)
-    exact = quantized.quantized_linear(x, weight)
-    rounded = quantized.quantized_linear(x, weight, int8_activations=True)
-    assert not torch.equal(exact, rounded)
-    assert (rounded - exact).abs().max() < 0.01 * exact.abs().max()
-
-
-def test_the_setting_is_checked(tiny_loaded):
-    with pytest.raises(ConfigError, match="activation_dtype must be one of fp32, int8; got 'int4'"):
-        EngineConfig(activation_dtype="int4")
-    from engine.llm_engine import LLMEngine
-
-    config = EngineConfig(model_path=str(tiny_loaded.path), device="cpu", activation_dtype="int8")
-    with pytest.raises(ModelLoadError, match="activation_dtype int8 needs quantized weights"):
-        LLMEngine(config, tiny_loaded)  # a safetensors model: auto runs dense fp32
-    quantized_engine = LLMEngine(
-        EngineConfig(
-            model_path=str(tiny_loaded.path),
-            device="cpu",
-            weight_dtype="int8",
-            activation_dtype="int8",
-        ),
-        tiny_loaded,
-    )
-    assert "int8 activations" in quantized_engine.model.describe()

@@ -25,13 +25,12 @@ FIXED_TEXT = (
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time")
 
 
-def _engine(loaded: LoadedModel, weight_dtype: str, activation_dtype: str = "fp32") -> LLMEngine:
+def _engine(loaded: LoadedModel, weight_dtype: str) -> LLMEngine:
     config = EngineConfig(
         model_path=str(loaded.path),
         device="cpu",
         dtype="float32",
         weight_dtype=weight_dtype,
-        activation_dtype=activation_dtype,
         cache=CacheConfig(block_size=16, num_blocks=512),
     )
     return LLMEngine(config, loaded)
@@ -87,18 +86,15 @@ def test_auto_is_dense_for_a_checkpoint_that_is_not_a_gguf(tiny_loaded):
     assert _engine(tiny_loaded, "auto").model.describe().startswith("weights fp32")
 
 
-def measure(
-    loaded: LoadedModel, weight_dtype: str, num_tokens: int, activation_dtype: str = "fp32"
-) -> tuple[float, float]:
+def measure(loaded: LoadedModel, weight_dtype: str, num_tokens: int) -> tuple[float, float]:
     """Top-1 agreement with fp32 and relative perplexity change, teacher-forced on the text."""
     reference_engine = _engine(loaded, "fp32")
     ids = reference_engine.tokenizer.encode(FIXED_TEXT)[:num_tokens]
     reference = teacher_forced(reference_engine, ids)
-    engine = _engine(loaded, weight_dtype, activation_dtype)
-    quantized = teacher_forced(engine, ids, reference["logits"])
+    quantized = teacher_forced(_engine(loaded, weight_dtype), ids, reference["logits"])
     change = quantized["perplexity"] / reference["perplexity"] - 1
     agreement = quantized["top1_agreement"]
-    print(f"{engine.model.describe()}: top-1 agreement {agreement:.3f}, perplexity {change:+.2%}")
+    print(f"{weight_dtype}: top-1 agreement {agreement:.3f}, perplexity {change:+.2%}")
     return agreement, change
 
 
@@ -143,12 +139,3 @@ def test_bundled_gguf_blocks_answer_as_its_fp32_image(bundled_loaded):
     # decides a greedy choice
     error = (blocks["logits"] - reference["logits"]).abs().max() / reference["logits"].abs().max()
     assert error < 1e-4, error
-
-
-@pytest.mark.slow
-def test_bundled_gguf_with_int8_activations_against_fp32(bundled_loaded):
-    """The GGUF's blocks with 8-bit activations (``activation_dtype: int8``, lossy, opt-in), on
-    the first 32 tokens of the text: every prefix (at most 31 rows) runs the 8-bit kernels, as
-    decode steps do."""
-    agreement, change = measure(bundled_loaded, "auto", 32, activation_dtype="int8")
-    assert agreement >= 0.9 and abs(change) <= 0.03

@@ -8,12 +8,11 @@
 //   -> paged decode attention -> h += attn W_o -> x = rms_norm(h) -> gu = x W_gate_up
 //   -> a = silu(gate) * up -> h += a W_down
 //
-// with the projections on the quantized kernels (quantized_linear.h; int8_activations.h when
-// asked) or on float32 GEMM for dense weights, the attention on paged_attention.h, SwiGLU on
-// torch's vectorized silu, and the rest as plain loops in float32 in the operation order of the
-// Python path (llama.py).
-#include "int8_activations.h"
+// with the projections on the quantized kernels (quantized_linear.h) or on float32 GEMM for
+// dense weights, the attention on paged_attention.h, SwiGLU on torch's vectorized silu, and the
+// rest as plain loops in float32 in the operation order of the Python path (llama.py).
 #include "paged_attention.h"
+#include "quantized_linear.h"
 
 #include <cmath>
 #include <optional>
@@ -29,16 +28,14 @@ struct Projection {
   bool quantized = false;
   pdserve_quantized::Kind kind = pdserve_quantized::Kind::q8_0;
   int64_t n = 0, k = 0;
-  bool int8_activations = false;  // quantized projections only (int8_activations.h)
 
   // out [M, n] = x [M, k] . W^T (+ bias)
   void apply(const torch::Tensor& x, torch::Tensor& out) const {
     const int64_t M = x.size(0);
     if (quantized) {
-      const auto matmul = int8_activations ? pdserve_quantized::quantized_matmul_int8
-                                           : pdserve_quantized::quantized_matmul;
-      matmul(x.data_ptr<float>(), M, weight.data_ptr<uint8_t>(), kind, n,
-             k / pdserve_quantized::kBlockWeights, out.data_ptr<float>());
+      pdserve_quantized::quantized_matmul(x.data_ptr<float>(), M, weight.data_ptr<uint8_t>(),
+                                          kind, n, k / pdserve_quantized::kBlockWeights,
+                                          out.data_ptr<float>());
       if (bias) out.add_(*bias);
     } else if (bias) {
       at::addmm_out(out, *bias, x, weight);
@@ -49,9 +46,8 @@ struct Projection {
 };
 
 Projection make_projection(torch::Tensor weight, const std::string& kind, int64_t n, int64_t k,
-                           std::optional<torch::Tensor> bias, bool int8_activations) {
-  Projection p{weight.contiguous(), bias, kind != "dense", pdserve_quantized::Kind::q8_0, n, k,
-               int8_activations && kind != "dense"};
+                           std::optional<torch::Tensor> bias) {
+  Projection p{weight.contiguous(), bias, kind != "dense", pdserve_quantized::Kind::q8_0, n, k};
   if (p.quantized) {
     p.kind = pdserve_quantized::parse_kind(kind);
     TORCH_CHECK(k % pdserve_quantized::kBlockWeights == 0, "quantized projection: k = ", k,
@@ -96,10 +92,9 @@ void rotate(float* v, int64_t heads, int64_t D, const float* cos, const float* s
 class DecodeLayers {
  public:
   DecodeLayers(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
-               torch::Tensor cos, torch::Tensor sin, bool int8_activations)
+               torch::Tensor cos, torch::Tensor sin)
       : H_(heads), KVH_(kv_heads), D_(head_dim), eps_(static_cast<float>(eps)),
-        scale_(static_cast<float>(scale)), cos_(cos.contiguous()), sin_(sin.contiguous()),
-        int8_activations_(int8_activations) {
+        scale_(static_cast<float>(scale)), cos_(cos.contiguous()), sin_(sin.contiguous()) {
     TORCH_CHECK(H_ % KVH_ == 0 && D_ % 2 == 0, "heads must group over kv heads; even head_dim");
     TORCH_CHECK(cos_.scalar_type() == torch::kFloat32 && cos_.size(1) == D_,
                 "rotary tables: float32 [positions, head_dim]");
@@ -111,7 +106,7 @@ class DecodeLayers {
     TORCH_CHECK(projections.size() == 4, "a layer has 4 projections: qkv, o, gate_up, down");
     std::vector<Projection> p;
     for (auto& [weight, kind, n, k, bias] : projections)
-      p.push_back(make_projection(weight, kind, n, k, bias, int8_activations_));
+      p.push_back(make_projection(weight, kind, n, k, bias));
     const int64_t E = input_norm.size(0);
     TORCH_CHECK(p[0].k == E && p[0].n == (H_ + 2 * KVH_) * D_ && p[1].k == H_ * D_ &&
                     p[1].n == E && p[2].k == E && p[2].n % 2 == 0 && p[3].k == p[2].n / 2 &&
@@ -193,7 +188,6 @@ class DecodeLayers {
   int64_t H_, KVH_, D_;
   float eps_, scale_;
   torch::Tensor cos_, sin_;
-  bool int8_activations_;
   std::vector<Layer> layers_;
 };
 
@@ -206,8 +200,7 @@ void set_isa(const std::string& isa) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecodeLayers>(m, "DecodeLayers")
-      .def(py::init<int64_t, int64_t, int64_t, double, double, torch::Tensor, torch::Tensor,
-                    bool>())
+      .def(py::init<int64_t, int64_t, int64_t, double, double, torch::Tensor, torch::Tensor>())
       .def("add_layer", &DecodeLayers::add_layer)
       .def("num_layers", &DecodeLayers::num_layers)
       .def("forward", &DecodeLayers::forward,

@@ -134,35 +134,19 @@ def from_gguf_blocks(data: np.ndarray, kind: str, n: int, k: int) -> QuantizedWe
     return QuantizedWeight(torch.from_numpy(blocks), kind, n, k)
 
 
-def quantized_linear(
-    x: torch.Tensor, weight: QuantizedWeight, int8_activations: bool = False
-) -> torch.Tensor:
+def quantized_linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
     """``x @ dequantize(weight).T`` for float32 ``x`` of shape ``[..., k]``; returns
-    ``[..., n]``. With ``int8_activations``, calls of up to ``NATIVE_MAX_ROWS`` rows (decode
-    steps) first quantize ``x`` to 8 bits per block of 32 (``int8_activations.h``; lossy) and
-    multiply in integers; larger calls stay float32."""
+    ``[..., n]``."""
     if x.dtype != torch.float32 or x.shape[-1] != weight.k:
         raise ValueError(f"x must be float32 [..., {weight.k}], not {x.dtype} {list(x.shape)}")
     rows = x.reshape(-1, weight.k)
     padded = _padded(rows, weight.padded_k)
     native = quantized_kernels()
-    small = padded.shape[0] <= NATIVE_MAX_ROWS
-    if native is not None and small:
-        linear = native.quantized_linear_int8 if int8_activations else native.quantized_linear
-        out = linear(padded, weight.blocks, weight.kind)
+    if native is not None and padded.shape[0] <= NATIVE_MAX_ROWS:
+        out = native.quantized_linear(padded, weight.blocks, weight.kind)
     else:
-        inputs = int8_round_trip(padded) if int8_activations and small else padded
-        out = dequantized_matmul(inputs, weight, _dequantizer())
+        out = dequantized_matmul(padded, weight, _dequantizer())
     return out.reshape(*x.shape[:-1], weight.n)
-
-
-def int8_round_trip(x: torch.Tensor) -> torch.Tensor:
-    """``x`` ``[m, 32 * blocks]`` quantized to 8 bits per block of 32 and back to float32, as the
-    native int8 path quantizes it: ``d = max|x_b| / 127``, ``q = round(x_b / d)``."""
-    blocks = x.reshape(x.shape[0], -1, BLOCK_WEIGHTS)
-    d = blocks.abs().amax(dim=-1, keepdim=True) / 127.0
-    inverse = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-    return (torch.round(blocks * inverse) * d).reshape(x.shape)
 
 
 def _padded(rows: torch.Tensor, padded_k: int) -> torch.Tensor:

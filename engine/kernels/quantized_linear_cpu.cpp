@@ -1,5 +1,5 @@
-// Python bindings of the quantized linear kernels (quantized_linear.h, int8_activations.h).
-#include "int8_activations.h"
+// Python bindings of the quantized linear kernels (quantized_linear.h).
+#include "quantized_linear.h"
 
 using namespace pdserve_quantized;
 
@@ -17,21 +17,6 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor weight, const std:
   const uint8_t* w = weight.data_ptr<uint8_t>();
   if (s.blocks == 0) return out.zero_();
   quantized_matmul(x.data_ptr<float>(), M, w, s.kind, s.N, s.blocks, out.data_ptr<float>());
-  return out;
-}
-
-// As quantized_linear, with x quantized to 8 bits per block of 32 (int8_activations.h).
-torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor weight, const std::string& kind) {
-  const Shape s = check_blocks(weight, kind);
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2, "x: a 2-D float32 tensor");
-  TORCH_CHECK(x.size(1) == s.blocks * kBlockWeights, "x has ", x.size(1), " features, the ",
-              "weight blocks hold ", s.blocks * kBlockWeights);
-  x = x.contiguous();
-  const int64_t M = x.size(0);
-  auto out = torch::zeros({M, s.N}, x.options());
-  if (M == 0 || s.N == 0 || s.blocks == 0) return out;
-  quantized_matmul_int8(x.data_ptr<float>(), M, weight.data_ptr<uint8_t>(), s.kind, s.N, s.blocks,
-                        out.data_ptr<float>());
   return out;
 }
 
@@ -68,8 +53,6 @@ std::string isa() { return use_avx2() ? "avx2" : "scalar"; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear", &quantized_linear,
         "x @ dequantize(weight).T for GGUF Q8_0/Q4_1 weight blocks (float32, CPU)");
-  m.def("quantized_linear_int8", &quantized_linear_int8,
-        "quantized_linear with x quantized to 8 bits per block of 32, integer products (CPU)");
   m.def("dequantize", &dequantize_blocks, "GGUF Q8_0/Q4_1 weight blocks as float32 (CPU)");
   m.def("dequantize_into", &dequantize_into, "dequantize, writing into a given float32 tensor");
   m.def("set_isa", &set_isa, "'scalar' forces the portable path; 'auto' picks by CPU features");

@@ -51,7 +51,7 @@ def fuse_layers(model: LlamaModel) -> Any | None:
     s = model.shape
     fused = module.DecodeLayers(
         s.num_heads, s.num_kv_heads, s.head_dim, model.eps, model.scale,
-        model.rotary.cos, model.rotary.sin, model.int8_activations,
+        model.rotary.cos, model.rotary.sin,
     )  # fmt: skip
     for layer, layer_projections in zip(model.layers, projections, strict=True):
         fused.add_layer(layer.input_norm, layer.post_norm, layer_projections)

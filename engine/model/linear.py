@@ -42,10 +42,9 @@ class DenseLinear:
 class QuantizedLinear:
     weight: QuantizedWeight
     bias: torch.Tensor | None = None
-    int8_activations: bool = False  # decode-sized inputs quantized to 8 bits (quantized.py)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = quantized_linear(x, self.weight, self.int8_activations)
+        out = quantized_linear(x, self.weight)
         return out if self.bias is None else out + self.bias
 
     @property
@@ -61,27 +60,19 @@ def dense(matrices: Sequence[torch.Tensor], bias: torch.Tensor | None = None) ->
     return DenseLinear(torch.cat(list(matrices)).t().contiguous(), bias)
 
 
-def from_gguf(
-    matrices: Sequence[GGUFMatrix],
-    bias: torch.Tensor | None = None,
-    int8_activations: bool = False,
-) -> QuantizedLinear:
+def from_gguf(matrices: Sequence[GGUFMatrix], bias: torch.Tensor | None = None) -> QuantizedLinear:
     """One layer computing a GGUF's ``matrices`` (same block kind, same input) side by side."""
     kinds = {m.kind for m in matrices}
     if len(kinds) != 1 or len({m.cols for m in matrices}) != 1:
         raise ValueError(f"cannot fuse {[(m.kind, m.cols) for m in matrices]}")
     blocks = np.concatenate([m.blocks for m in matrices])
     rows = sum(m.rows for m in matrices)
-    weight = from_gguf_blocks(blocks, kinds.pop(), rows, matrices[0].cols)
-    return QuantizedLinear(weight, bias, int8_activations)
+    return QuantizedLinear(from_gguf_blocks(blocks, kinds.pop(), rows, matrices[0].cols), bias)
 
 
 def quantized(
-    matrices: Sequence[torch.Tensor],
-    weight_dtype: str,
-    bias: torch.Tensor | None = None,
-    int8_activations: bool = False,
+    matrices: Sequence[torch.Tensor], weight_dtype: str, bias: torch.Tensor | None = None
 ) -> QuantizedLinear:
     """``matrices`` (float, ``[out_i, in]``) quantized as ``weight_dtype`` (int8, int4)."""
     weight = torch.cat([m.float() for m in matrices])
-    return QuantizedLinear(quantize(weight, QUANTIZE_AS[weight_dtype]), bias, int8_activations)
+    return QuantizedLinear(quantize(weight, QUANTIZE_AS[weight_dtype]), bias)

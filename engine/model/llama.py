@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.config import ACTIVATION_DTYPES
 from engine.errors import ModelLoadError
 from engine.kernels import cpu_kernels
 from engine.model.decode_layers import FUSED_MAX_ROWS, fuse_layers
@@ -74,11 +73,9 @@ class LlamaModel:
         native_kernels: bool = True,
         weight_dtype: str = "fp32",
         gguf: dict[str, GGUFMatrix] | None = None,
-        activation_dtype: str = "fp32",
     ) -> None:
         """``weight_dtype`` (``linear.WEIGHT_DTYPES``) and ``gguf``, the GGUF's own blocks
-        (``auto`` computes with them on the CPU in fp32), choose the linear layers;
-        ``activation_dtype`` ``int8`` quantizes the decode-sized inputs of quantized ones."""
+        (``auto`` computes with them on the CPU in fp32), choose the linear layers."""
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             raise ModelLoadError(f"unsupported hidden_act {hf_config.hidden_act!r} (only silu)")
         self.shape = ModelShape.from_hf_config(hf_config)
@@ -86,9 +83,8 @@ class LlamaModel:
         self.scale = self.shape.head_dim**-0.5
         put = _placer(weights, device, dtype)
         self.weights = _weight_mode(weight_dtype, gguf, device, dtype)
-        self.int8_activations = _int8_activations(activation_dtype, self.weights)
         # Local, not kept: the float32 weights the quantized layers replace are freed with it.
-        linear = _linear_maker(self.weights, put, gguf or {}, self.int8_activations)
+        linear = _linear_maker(self.weights, put, gguf or {})
         self.embed = put("model.embed_tokens.weight")
         self.layers = [_layer(put, linear, weights, i) for i in range(self.shape.num_layers)]
         self.norm = put("model.norm.weight")
@@ -102,13 +98,11 @@ class LlamaModel:
         self.fused = fuse_layers(self) if use_native else None
 
     def describe(self) -> str:
-        """Which weights and kernels the model computes with, for logs and ``/v1/instances``."""
+        """Which weights the linear layers compute with, for logs and ``/info``."""
         kinds = sorted({lin.kind for layer in self.layers for lin in _linears(layer)})
         step = "fused decode layers" if self.fused is not None else "op-by-op decode"
-        activations = "int8 activations, " if self.int8_activations else ""
         return (
-            f"weights {self.weights}: layers {'+'.join(kinds)}, LM head {self.lm_head.kind}, "
-            f"{activations}{step}"
+            f"weights {self.weights}: layers {'+'.join(kinds)}, LM head {self.lm_head.kind}, {step}"
         )
 
     @torch.inference_mode()
@@ -218,29 +212,15 @@ def _weight_mode(
     return weight_dtype
 
 
-def _int8_activations(activation_dtype: str, weight_mode: str) -> bool:
-    if activation_dtype not in ACTIVATION_DTYPES:
-        raise ModelLoadError(
-            f"activation_dtype must be one of {', '.join(ACTIVATION_DTYPES)}; "
-            f"got {activation_dtype!r}"
-        )
-    if activation_dtype == "int8" and weight_mode == "fp32":
-        raise ModelLoadError(
-            "activation_dtype int8 needs quantized weights (weight_dtype auto on a GGUF model, "
-            "int8 or int4, on the CPU in float32); these run dense fp32"
-        )
-    return activation_dtype == "int8"
-
-
-def _linear_maker(mode: str, put: Any, gguf: dict[str, GGUFMatrix], int8: bool) -> Any:
+def _linear_maker(mode: str, put: Any, gguf: dict[str, GGUFMatrix]) -> Any:
     """``(names, bias) -> Linear`` for ``mode``; a GGUF matrix in a block format the kernels
-    lack is computed dense. ``int8``: quantized layers take 8-bit activations."""
+    lack is computed dense."""
 
     def make(names: list[str], bias: torch.Tensor | None = None) -> Linear:
         if mode == "gguf" and all(n in gguf for n in names):
-            return from_gguf([gguf[n] for n in names], bias, int8)
+            return from_gguf([gguf[n] for n in names], bias)
         if mode in ("int8", "int4"):
-            return quantized([put(n) for n in names], mode, bias, int8)
+            return quantized([put(n) for n in names], mode, bias)
         return dense([put(n) for n in names], bias)
 
     return make
