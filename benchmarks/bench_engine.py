@@ -121,8 +121,14 @@ def _spread(values: list[float], digits: int) -> dict:
     }
 
 
-def compare(ours: Callable[[], float], theirs: Callable[[], float], rounds: int) -> dict:
-    """``rounds`` rounds, the first dropped; the side that goes first alternates."""
+def compare(
+    ours: Callable[[], float],
+    theirs: Callable[[], float],
+    rounds: int,
+    baseline: str = "baseline",
+) -> dict:
+    """``rounds`` rounds, the first dropped; the side that goes first alternates. The other
+    side's rates are kept under ``baseline``."""
     kept: list[tuple[float, float]] = []
     for index in range(rounds):
         if index % 2 == 0:
@@ -133,18 +139,18 @@ def compare(ours: Callable[[], float], theirs: Callable[[], float], rounds: int)
             kept.append((ours_rate, theirs_rate))
     return {
         "pdserve": _spread([a for a, _ in kept], 2),
-        "baseline": _spread([b for _, b in kept], 2),
+        baseline: _spread([b for _, b in kept], 2),
         "ratio": _spread([a / b for a, b in kept], 3),
     }
 
 
-def _row(key: str, entry: dict) -> str:
+def _row(key: str, entry: dict, baseline: str = "baseline") -> str:
     def cell(spread: dict, digits: int) -> str:
         low, high = spread["min"], spread["max"]
         return f"{spread['median']:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
 
     return (
-        f"{key:<15}{cell(entry['pdserve'], 1):>26}{cell(entry['baseline'], 1):>26}"
+        f"{key:<15}{cell(entry['pdserve'], 1):>26}{cell(entry[baseline], 1):>26}"
         f"{cell(entry['ratio'], 2):>20}"
     )
 

@@ -45,11 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_engine import (  # noqa: E402
     _prompts,
-    _spread,
+    _row,
     pdserve_batch_rate,
     pdserve_decode_rate,
     pdserve_prefill_rate,
 )
+from benchmarks.bench_engine import compare as engine_compare  # noqa: E402
 from benchmarks.llamacpp_build import TOOLS, ensure_tools, has_tools  # noqa: E402
 from engine.config import WEIGHT_DTYPES, EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
@@ -93,30 +94,8 @@ class LlamaCpp:
 
 
 def compare(ours: Callable[[], float], theirs: Callable[[], float], rounds: int) -> dict:
-    kept: list[tuple[float, float]] = []
-    for index in range(rounds):
-        if index % 2 == 0:
-            ours_rate, theirs_rate = ours(), theirs()
-        else:
-            theirs_rate, ours_rate = theirs(), ours()
-        if index > 0:
-            kept.append((ours_rate, theirs_rate))
-    return {
-        "pdserve": _spread([a for a, _ in kept], 2),
-        "llamacpp": _spread([b for _, b in kept], 2),
-        "ratio": _spread([a / b for a, b in kept], 3),
-    }
-
-
-def _row(key: str, entry: dict) -> str:
-    def cell(spread: dict, digits: int) -> str:
-        low, high = spread["min"], spread["max"]
-        return f"{spread['median']:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
-
-    return (
-        f"{key:<15}{cell(entry['pdserve'], 1):>26}{cell(entry['llamacpp'], 1):>26}"
-        f"{cell(entry['ratio'], 2):>20}"
-    )
+    """``bench_engine.compare`` with llama.cpp's rates under ``llamacpp``."""
+    return engine_compare(ours, theirs, rounds, baseline="llamacpp")
 
 
 def _llama_cpp_folder(given: Path | None) -> Path:
@@ -173,7 +152,7 @@ def main() -> None:
     print(f"{'tokens/s':<15}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}")
     for key, (ours, theirs) in pairs.items():
         results[key] = compare(ours, theirs, args.rounds)
-        print(_row(key, results[key]), flush=True)
+        print(_row(key, results[key], baseline="llamacpp"), flush=True)
     results["_meta"] = {
         "model": loaded.name,
         "gguf": loaded.gguf_path.name,

@@ -124,13 +124,7 @@ class _Servicer(pb_grpc.KVTransferServicer):
         self, request_iterator: Iterator[pb.KVChunkMsg], context: grpc.ServicerContext
     ) -> pb.KVAckMsg:
         push = _PushState()
-
-        def cut() -> None:
-            push.cut = True
-            if push.accepted:  # only a sender the reservation accepted may end it
-                self._receiver.report_broken(push.request_id, "the stream was cut")
-
-        with self._receiver.watchdog.watch(context, cut):
+        with self._receiver.watchdog.watch(context, lambda: push.report_cut(self._receiver)):
             try:
                 first = next(request_iterator, None)
                 if first is None:
@@ -138,9 +132,8 @@ class _Servicer(pb_grpc.KVTransferServicer):
                 push.request_id = first.header.state.request_id
                 if not self._receiver.breaker.take():
                     return self._push(push, first, request_iterator, context)
-            except grpc.RpcError:  # cut by the watchdog (reported there), or the client went away
-                if push.accepted and not push.cut:
-                    self._receiver.report_broken(push.request_id, "the stream was cut")
+            except grpc.RpcError:  # cut by the watchdog, or the client went away
+                push.report_cut(self._receiver)
                 return pb.KVAckMsg(request_id=push.request_id, ok=False, error="stream cut")
             except Exception as exc:  # anything malformed: refused, the server goes on
                 log.warning("malformed KV transfer refused: %r", exc)
@@ -177,8 +170,8 @@ class _Servicer(pb_grpc.KVTransferServicer):
             offset = end
         if offset != header.num_bytes:
             error = f"expected {header.num_bytes} bytes, got {offset}"
-            if not context.is_active() and not push.cut:  # the client's call ended early
-                self._receiver.report_broken(request_id, "the stream was cut")
+            if not context.is_active():  # the call ended early: its iterator may just stop
+                push.report_cut(self._receiver)
             return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
         error = self._receiver.accept(decode_payload(header, buffer), CHUNKS)
         return pb.KVAckMsg(request_id=request_id, ok=error is None, error=error or "")
@@ -188,7 +181,16 @@ class _Servicer(pb_grpc.KVTransferServicer):
 class _PushState:
     request_id: str = ""
     accepted: bool = False  # the handshake accepted its header
-    cut: bool = False  # the watchdog cut it (and reported it broken if accepted)
+    cut: bool = False  # reported cut already
+
+    def report_cut(self, receiver: GrpcKVReceiver) -> None:
+        """Once per push: a cut stream ends its reservation, if the handshake accepted it (only
+        a sender the reservation accepted may end it)."""
+        if self.cut:
+            return
+        self.cut = True
+        if self.accepted:
+            receiver.report_broken(self.request_id, "the stream was cut")
 
 
 def _chain(first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]) -> Iterator[pb.KVChunkMsg]:
