@@ -156,6 +156,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "maxPrefillBatchSize": Key("int", 50, 1, 1 << 16),
         "cacheBlockSize": Key("int", 128, 1, 4096),
         "kvCacheMemoryMB": Key("int", 1024, 1, 1 << 24),
+        "enablePrefixCaching": Key("bool", True),
         "fullTextEnabled": Key("bool", False),
         "truncation": Key("bool", False),
         "allowed_media_dirs": Key("list", ()),

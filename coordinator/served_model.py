@@ -96,7 +96,11 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
         device=b["device"],
         dtype=b["dtype"],
         weight_dtype=b["weight_dtype"],
-        cache=CacheConfig(block_size=b["cacheBlockSize"], memory_mb=b["kvCacheMemoryMB"]),
+        cache=CacheConfig(
+            block_size=b["cacheBlockSize"],
+            memory_mb=b["kvCacheMemoryMB"],
+            enable_prefix_caching=b["enablePrefixCaching"],
+        ),
         scheduler=SchedulerConfig(
             max_seq_len=b["maxSeqLen"],
             max_input_token_len=b["maxInputTokenLen"],

@@ -48,8 +48,15 @@ class CacheConfig:
     block_size: int = 128  # cacheBlockSize
     num_blocks: int | None = None  # explicit block count; else derived from memory_mb
     memory_mb: int = 1024
+    # enablePrefixCaching: full blocks stay cached after their request and are reused by any
+    # later request with the same prefix (engine/block_manager.py)
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(
+                f"enablePrefixCaching must be true or false, got {self.enable_prefix_caching!r}"
+            )
         _check_range("cacheBlockSize", self.block_size, 1, 4096)
         _check_range("kv_cache_memory_mb", self.memory_mb, 1, 1 << 24)
         if self.num_blocks is not None:

@@ -21,6 +21,9 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     error: str | None = None
     cause: str = ""  # an ERROR finish's kind, a metric label: worker_lost, handoff_failed, ...
+    # prompt tokens whose KV came from the prefix cache instead of being computed (the engine
+    # that computed the prompt: the prefill worker's in pd_separate, carried on by the decode's)
+    num_cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -48,6 +51,9 @@ class EngineStats:
     num_total_blocks: int = 0
     num_waiting_prompt_tokens: int = 0
     num_reserved: int = 0  # incoming hand-offs with blocks set aside (RESERVED or RECEIVING)
+    num_cached_blocks: int = 0  # blocks holding reusable prefix KV, in use or free (evictable)
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache so far (a counter)
+    prefix_cache_hits: int = 0  # of those, tokens found cached (a counter)
 
     @property
     def num_used_blocks(self) -> int:
