@@ -249,7 +249,7 @@ class Cluster:
                 refusal = f"decode worker refused: {reservation.reason}"
                 yield TokenEvent.failure(request_id, refusal, "reservation_refused")
                 return
-            target = HandoffTarget(reservation.endpoint, limit, reservation.token)
+            target = HandoffTarget.from_reservation(reservation, limit)
         if request_id in self._aborted:  # aborted while its blocks were being reserved
             yield TokenEvent.aborted(request_id)
             return

@@ -112,6 +112,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "digs_scheduler_config": {
         "deploy_mode": Key("str", "pd_separate", choices=("pd_separate", "single_node")),
         "algorithm_type": Key("str", "load_balance", choices=("load_balance",)),
+        # cache-aware routing (coordinator/router.py): prefer workers holding a request's prefix
+        "prefix_routing": Key("bool", True),
+        "prefix_routing_max_imbalance": Key("int", 8192, 0, 1 << 22),  # queued prompt tokens
+        "prefix_routing_max_decode_imbalance": Key("int", 4, 0, 1 << 16),  # running requests
+        "prefix_routing_ttl_s": Key("int", 600, 1, 86400),
     },
     "tls_config": {
         "request_server_tls_enable": Key("bool", False),

@@ -28,7 +28,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from coordinator.errors import (
@@ -180,7 +180,8 @@ class InferenceService:
         failed: tuple[int, int] | None = None
         migration = 0
         while True:
-            pair = await self._pair(request.num_tokens + len(generated), failed)
+            tokens = [*request.prompt_token_ids, *request.output_token_ids, *generated]
+            pair = await self._pair(tokens, failed)
             attempt = (
                 request
                 if migration == 0
@@ -216,18 +217,21 @@ class InferenceService:
                 self.metrics.migrations.labels(self.metrics.model_name, cause).inc()
             failed, migration = pair, migration + 1
 
-    async def _pair(self, num_tokens: int, failed: tuple[int, int] | None) -> tuple[int, int]:
-        """A pair for a new request (NoWorkerError if none), or for one migrating off ``failed``:
-        another pair if there is one, else the same pair (its actor restarted), waiting for one
-        to come back if need be (the request's timeouts bound the wait)."""
+    async def _pair(
+        self, token_ids: Sequence[int], failed: tuple[int, int] | None
+    ) -> tuple[int, int]:
+        """A pair for a request that computes ``token_ids`` (prompt and outputs so far), new
+        (NoWorkerError if none) or migrating off ``failed``: another pair if there is one, else
+        the same pair (its actor restarted), waiting for one to come back if need be (the
+        request's timeouts bound the wait)."""
         while True:
             try:
-                return self.router.choose(num_tokens, {failed} if failed else frozenset())
+                return self.router.choose(token_ids, {failed} if failed else frozenset())
             except NoWorkerError:
                 if failed is None:
                     raise
             try:
-                return self.router.choose(num_tokens)
+                return self.router.choose(token_ids)
             except NoWorkerError:
                 await asyncio.sleep(REPICK_INTERVAL_S)
 

@@ -1,4 +1,8 @@
-"""Prometheus metrics with MindIE Server's names, on the external port's ``GET /metrics``."""
+"""Prometheus metrics with MindIE Server's names, on the external port's ``GET /metrics``.
+
+Worker figures come from the loads the router polls: gauges take the latest value; the prefix
+cache's token counts, cumulative on each worker since it started, feed counters through
+:class:`PolledCounter`, so a restarted worker never makes a counter go backwards."""
 
 from __future__ import annotations
 
@@ -35,6 +39,23 @@ MIGRATION_CAUSES = ("worker_lost", "handoff_failed", "reservation_refused", "eng
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
+class PolledCounter:
+    """A counter per worker fed with a figure the worker counts up itself: each figure seen adds
+    what it gained over the one seen before. A worker with a new pid restarted and counts from zero,
+    so its whole figure is added; a lower figure from the same process (a load answered with the
+    stats of an earlier engine step) adds nothing until the figure passes the last one again."""
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self._last: dict[tuple[str, ...], tuple[int, int]] = {}  # labels -> (pid, figure)
+
+    def observe(self, labels: tuple[str, ...], pid: int, figure: int) -> None:
+        last_pid, last = self._last.get(labels, (pid, 0))
+        base = last if pid == last_pid else 0
+        self.counter.labels(*labels).inc(max(figure - base, 0))
+        self._last[labels] = (pid, max(figure, base))
+
+
 class Metrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
@@ -67,6 +88,28 @@ class Metrics:
         )
         self.batch_size = Gauge(
             "worker_num_requests_running", "Requests in a worker's batch", worker, registry=r
+        )
+        self.cached_blocks = Gauge(
+            "worker_num_cached_blocks",
+            "KV blocks of a worker holding reusable prefix KV",
+            worker,
+            registry=r,
+        )
+        self.prefix_cache_queries = PolledCounter(
+            Counter(
+                "prefix_cache_queries",
+                "Prompt tokens a worker looked up in its prefix cache",
+                worker,
+                registry=r,
+            )
+        )
+        self.prefix_cache_hits = PolledCounter(
+            Counter(
+                "prefix_cache_hits",
+                "Prompt tokens a worker found in its prefix cache (KV not computed)",
+                worker,
+                registry=r,
+            )
         )
         self.kv_transfer_bytes = Counter(
             "kv_transfer_bytes", "KV bytes moved from prefill to decode", m, registry=r
@@ -127,6 +170,9 @@ class Metrics:
             self.kv_cache.labels(*labels).set(load.stats.kv_usage)
             self.queue_depth.labels(*labels).set(load.stats.num_waiting)
             self.batch_size.labels(*labels).set(load.stats.num_running)
+            self.cached_blocks.labels(*labels).set(load.stats.num_cached_blocks)
+            self.prefix_cache_queries.observe(labels, load.pid, load.stats.prefix_cache_queries)
+            self.prefix_cache_hits.observe(labels, load.pid, load.stats.prefix_cache_hits)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

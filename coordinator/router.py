@@ -1,8 +1,23 @@
-"""Load-balanced choice of the (prefill, decode) pair for each request.
+"""Load- and cache-aware choice of the (prefill, decode) pair for each request.
 
 Worker loads are polled in the background; between polls the router counts what it dispatched
 itself, so a burst of requests spreads out instead of piling onto the worker that looked idle at
-the last poll. Prefill cost: prompt tokens queued. Decode cost: running requests, then free blocks.
+the last poll. Prefill load: prompt tokens queued. Decode load: running requests.
+
+Engines keep the KV of full blocks for later prompts with the same prefix, so the router also
+remembers, per worker, the blocks of what it sent there (``coordinator.prefix_index``) and
+weighs them (docs/architecture.md#routing):
+
+- a prefill worker costs its load plus the tokens it would compute, ``num_tokens`` less its
+  cached prefix; among workers whose load is within ``max_prefill_imbalance`` tokens of the least
+  loaded one, the cheapest wins (the others only by load);
+- a decode worker (the colocated one in ``single_node``, which also computes the prompt) whose
+  running requests are within ``max_decode_imbalance`` of the least loaded one is ranked by its
+  cached prefix, longest first, then by load, then by free blocks; the others only by load.
+
+So a cached prefix draws requests until its worker is that much busier than the least loaded,
+which then gets the next one (and caches the prefix too). The index entries of a worker that
+restarted (another pid) or was lost, or of an idle one that reports no cached block, are dropped.
 
 A worker that did not answer the last poll (busy, stopped, restarting) is *stale*: pairs of fresh
 workers are chosen first, a stale worker only when no fresh pair is left, and a worker silent for
@@ -16,17 +31,51 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.errors import NoWorkerError
+from coordinator.prefix_index import PrefixIndex, WorkerKey
+from engine.config import CacheConfig
+from engine.errors import ConfigError
 from engine.outputs import EngineStats
+from engine.prefix_hash import block_hashes
 from engine.worker.contracts import WorkerLoad
 
 log = logging.getLogger(__name__)
 STALE_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """How the router weighs cached prefixes (``digs_scheduler_config``, module docstring)."""
+
+    prefix_routing: bool = True  # False: pairs by load only
+    block_size: int = 128  # the engines' cacheBlockSize
+    max_prefill_imbalance: int = 8192  # queued prompt tokens over the least loaded prefill
+    max_decode_imbalance: int = 4  # running requests over the least loaded decode
+    prefix_ttl_s: float = 600.0  # an index entry not routed again for this long expires
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "prefix_ttl_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"routing {name} must be positive, got {getattr(self, name)}")
+        for name in ("max_prefill_imbalance", "max_decode_imbalance"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be at least 0, got {getattr(self, name)}")
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any], cache: CacheConfig) -> RoutingConfig:
+        """From ``digs_scheduler_config`` and the engines' cache (no caching: load only)."""
+        return cls(
+            prefix_routing=section["prefix_routing"] and cache.enable_prefix_caching,
+            block_size=cache.block_size,
+            max_prefill_imbalance=section["prefix_routing_max_imbalance"],
+            max_decode_imbalance=section["prefix_routing_max_decode_imbalance"],
+            prefix_ttl_s=section["prefix_routing_ttl_s"],
+        )
 
 
 @dataclass
@@ -34,10 +83,15 @@ class WorkerState:
     role: str
     instance: int
     stats: EngineStats = field(default_factory=EngineStats)  # as of the last poll
-    pending_tokens: int = 0  # prompt tokens dispatched here since the last poll
+    pending_tokens: int = 0  # tokens to compute dispatched here since the last poll
     pending_requests: int = 0
     fresh: bool = True  # answered the last poll
     last_seen: float = field(default_factory=time.monotonic)
+    pid: int = 0  # of its actor at the last poll (0: not heard from yet)
+
+    @property
+    def key(self) -> WorkerKey:
+        return (self.role, self.instance)
 
     def reachable(self, now: float) -> bool:
         return self.fresh or now - self.last_seen < STALE_GRACE_S
@@ -47,15 +101,29 @@ class WorkerState:
         return self.stats.num_waiting_prompt_tokens + self.pending_tokens
 
     @property
+    def decode_load(self) -> int:
+        stats = self.stats
+        return stats.num_running + stats.num_reserved + self.pending_requests
+
+    @property
     def decode_cost(self) -> tuple[float, float]:
-        running = self.stats.num_running + self.stats.num_reserved
-        return (running + self.pending_requests, -self.stats.num_free_blocks)
+        return (self.decode_load, -self.stats.num_free_blocks)
+
+
+Pair = tuple[WorkerState | None, WorkerState]  # (None, colocated worker) in single_node
 
 
 class Router:
-    def __init__(self, cluster: Any, poll_interval_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        cluster: Any,
+        poll_interval_s: float = 0.25,
+        routing: RoutingConfig | None = None,
+    ) -> None:
         self.cluster = cluster
         self.poll_interval_s = poll_interval_s
+        self.routing = routing or RoutingConfig()
+        self.index = PrefixIndex(self.routing.prefix_ttl_s)
         self.prefills: list[WorkerState] = []
         self.decodes: list[WorkerState] = []
         self._task: asyncio.Task | None = None
@@ -88,14 +156,29 @@ class Router:
         seen = {(load.role, load.instance) for load in loads}
         now = time.monotonic()
         for worker in [*self.prefills, *self.decodes]:
-            worker.fresh = (worker.role, worker.instance) in seen
+            worker.fresh = worker.key in seen
             if worker.fresh:
                 worker.last_seen = now
+            elif not worker.reachable(now):
+                self.index.drop(worker.key)  # lost: back, if ever, with an empty cache
         for load in loads:
             state = self._state(load.role, load.instance)
             if state is not None:
+                self._forget_lost_cache(state, load)
                 state.stats, state.pending_tokens, state.pending_requests = load.stats, 0, 0
+                state.pid = load.pid
         return loads
+
+    def _forget_lost_cache(self, state: WorkerState, load: WorkerLoad) -> None:
+        """Drop the index entries of a worker whose cache is gone: its actor restarted, or it is
+        idle (nothing on its way to it either) and reports no cached block."""
+        restarted = state.pid != 0 and load.pid != state.pid
+        sent = state.pending_tokens or state.pending_requests  # maybe not there at the poll
+        emptied = load.stats.num_cached_blocks == 0 and _is_idle(load.stats) and not sent
+        if (restarted or emptied) and self.index.num_entries(state.key):
+            why = f"restarted (pid {state.pid} -> {load.pid})" if restarted else "has no cache"
+            log.info("%s worker %d %s: its prefix index is dropped", *state.key, why)
+            self.index.drop(state.key)
 
     def _state(self, role: str, instance: int) -> WorkerState | None:
         pool = self.prefills if role == "prefill" else self.decodes
@@ -110,27 +193,61 @@ class Router:
             await asyncio.sleep(self.poll_interval_s)
 
     def choose(
-        self, num_prompt_tokens: int, exclude: AbstractSet[tuple[int, int]] = frozenset()
+        self, token_ids: Sequence[int], exclude: AbstractSet[tuple[int, int]] = frozenset()
     ) -> tuple[int, int]:
-        """The least-loaded pair not in ``exclude``, fresh if possible (module docstring);
-        NoWorkerError if none is left."""
+        """The cheapest pair not in ``exclude`` for a request that computes ``token_ids``
+        (prompt and outputs so far), fresh if possible (module docstring); NoWorkerError if none
+        is left. The pair's workers are recorded as holding ``token_ids``' blocks from now on."""
         now = time.monotonic()
         pairs = self._pairs(exclude, lambda w: w.fresh) or self._pairs(
             exclude, lambda w: w.reachable(now)
         )
         if not pairs:
             raise NoWorkerError("no prefill/decode worker pair is available")
-        p, d = min(
-            pairs, key=lambda pair: (pair[0].prefill_cost if pair[0] else 0, pair[1].decode_cost)
-        )
+        routing = self.routing
+        hashes = block_hashes(token_ids, routing.block_size) if routing.prefix_routing else []
+        max_blocks = max(len(token_ids) - 1, 0) // routing.block_size  # engines compute the last
+        keys = {w.key for pair in pairs for w in pair if w is not None}
+        cached = {  # tokens each worker should find cached
+            key: min(self.index.match(key, hashes, now), max_blocks) * routing.block_size
+            for key in keys
+        }
+        least = (min(_prefill_load(p) for p, _ in pairs), min(d.decode_load for _, d in pairs))
+        p, d = min(pairs, key=lambda pair: self._cost(pair, len(token_ids), cached, least))
         if p is not None:
-            p.pending_tokens += num_prompt_tokens
+            p.pending_tokens += len(token_ids) - cached[p.key]
         d.pending_requests += 1
+        for worker in (p, d) if hashes else ():
+            if worker is not None:
+                self.index.insert(worker.key, hashes, now, worker.stats.num_total_blocks)
         return (p.instance if p else 0, d.instance)
+
+    def _cost(
+        self,
+        pair: Pair,
+        num_tokens: int,
+        cached: dict[WorkerKey, int],
+        least: tuple[float, int],
+    ) -> tuple[float, ...]:
+        """A pair's cost, prefill first (module docstring), given the least prefill and decode
+        loads among the candidates. Without cached prefixes (or with ``prefix_routing`` off) it
+        orders pairs as their loads alone do."""
+        p, d = pair
+        least_prefill, least_decode = least
+        if p is None:
+            prefill: tuple[float, ...] = (0, 0)
+        elif p.prefill_cost > least_prefill + self.routing.max_prefill_imbalance:
+            prefill = (1, p.prefill_cost)
+        else:
+            prefill = (0, p.prefill_cost + num_tokens - cached[p.key])
+        free = -d.stats.num_free_blocks
+        if d.decode_load > least_decode + self.routing.max_decode_imbalance:
+            return (*prefill, 1, 0, d.decode_load, free)
+        return (*prefill, 0, -cached[d.key], d.decode_load, free)
 
     def _pairs(
         self, exclude: AbstractSet[tuple[int, int]], usable: Callable[[WorkerState], bool]
-    ) -> list[tuple[WorkerState | None, WorkerState]]:
+    ) -> list[Pair]:
         prefills: list[WorkerState | None] = [p for p in self.prefills if usable(p)]
         if not self.prefills:  # single_node: the colocated worker does it all
             prefills = [None]
@@ -140,3 +257,11 @@ class Router:
             for d in self.decodes
             if usable(d) and (p.instance if p else 0, d.instance) not in exclude
         ]
+
+
+def _prefill_load(worker: WorkerState | None) -> float:
+    return worker.prefill_cost if worker is not None else 0
+
+
+def _is_idle(stats: EngineStats) -> bool:
+    return stats.num_waiting + stats.num_running + stats.num_held + stats.num_reserved == 0

@@ -32,7 +32,7 @@ from coordinator.cluster import Cluster, fault_injection_enabled, init_ray
 from coordinator.config import CoordinatorConfig, check_manage_listener
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
-from coordinator.router import Router
+from coordinator.router import Router, RoutingConfig
 from coordinator.served_model import cluster_config, served_models
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,12 @@ class Coordinator:
         self.metrics = Metrics(self.served.name)
         self.cluster = Cluster(cluster_config(config, self.served))
         self.cluster.on_handoff = self.metrics.record_handoff
-        self.router = Router(self.cluster)
+        self.router = Router(
+            self.cluster,
+            routing=RoutingConfig.from_config(
+                config["digs_scheduler_config"], self.cluster.config.engine.cache
+            ),
+        )
         exc = config["exception_config"]
         self.service = InferenceService(
             self.cluster,

@@ -8,6 +8,9 @@ Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
    the engine thread; ``reserve`` returns within its ``wait_s`` whatever the engine thread is
    doing. The :class:`Reservation` names this worker's KV endpoint for the prefill worker and
    carries the reservation's secret (128 random bits): only pages carrying it are taken.
+   Leading blocks of the request already in this worker's prefix cache (an earlier turn of the
+   same chat, a shared system prompt) are shared instead of reserved, and the reservation says
+   how many: the prefill worker sends only the pages after them.
 2. The transport's receiver thread checks the header before any page is read: a live
    reservation with that secret, our layout (model, dtype, block size), a shape and size that
    fit the reserved blocks. When the pages arrive it takes the reservation (RECEIVING; checked
@@ -109,7 +112,9 @@ class DecodeWorker(WorkerRuntime):
         if refusal is not None:
             self._close(request_id)
             return Reservation.refused(refusal)
-        return Reservation(True, self.receiver.endpoint, token=token)
+        reserved = self.engine.requests.get(request_id)  # set before the answer was
+        shared = reserved.num_shared_blocks if reserved is not None else 0
+        return Reservation(True, self.receiver.endpoint, token=token, num_cached_blocks=shared)
 
     def _wait_for_blocks(self, request: GenerationRequest, token: str, wait_s: float) -> str | None:
         """None once blocks are reserved, else why not, within ``wait_s`` (the last

@@ -1,44 +1,191 @@
-"""Owns the KV cache's block ids: a free list, with double-free detection."""
+"""Owns the KV cache's block ids: reference counts, a free list, and the prefix cache.
+
+A block is *in use* while some request holds it (its reference count is above zero). Blocks no
+request holds are free; among them, those with prefix KV worth keeping stay *cached*, evictable
+least recently freed first, and any request whose tokens start with them may take them back.
+
+Prefix caching (``enabled``): once a block is full of computed KV it is registered under the
+hash of its tokens chained from its parent block (``engine.prefix_hash``, rooted in the model
+fingerprint). A new request takes the longest run of cached blocks that starts its tokens
+(``match`` + ``take``), and computes the rest. A hash match is confirmed by the block's own
+tokens and its parent's hash, so a collision can never serve another prefix's KV
+(``num_collisions`` counts the ones caught). Cached free blocks count as free for admission:
+``allocate`` hands out never-used blocks first, then evicts cached ones, oldest first; a block
+in use is never evicted.
+"""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.prefix_hash import extend_block_hashes
+
+
+@dataclass(frozen=True)
+class CachedBlock:
+    """What a cached block holds, to confirm a hash match."""
+
+    block_id: int
+    parent: bytes  # the preceding block's hash (the root for a first block)
+    tokens: tuple[int, ...]
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enabled: bool = False, root: bytes = b""
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
-        self._used: set[int] = set()
+        self.enabled = enabled  # prefix caching
+        self.root = root  # the hash chain's start: the model fingerprint
+        self._empty: deque[int] = deque(range(num_blocks))  # free, holding nothing worth keeping
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # free, cached; oldest first
+        self._refs = [0] * num_blocks
+        self._hash_of: dict[int, bytes] = {}  # block -> its hash, for cached blocks
+        self._cached: dict[bytes, CachedBlock] = {}
+        self.num_collisions = 0
+        self.num_queried_tokens = 0  # tokens looked up (counted once per admission)
+        self.num_hit_tokens = 0  # of those, tokens found cached
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a request may be given: empty ones plus cached ones nobody uses."""
+        return len(self._empty) + len(self._evictable)
 
     @property
     def num_used_blocks(self) -> int:
-        return len(self._used)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
+        return num_blocks <= self.num_free_blocks
+
+    def can_take(self, cached: Sequence[int], num_new: int) -> bool:
+        """Whether ``cached`` (from :meth:`match`) plus ``num_new`` new blocks fit now."""
+        return num_new + sum(1 for b in cached if self._refs[b] == 0) <= self.num_free_blocks
 
     def allocate(self, num_blocks: int) -> list[int]:
+        """``num_blocks`` blocks of no use to anyone, evicting cached ones if need be."""
         if not self.can_allocate(num_blocks):
-            raise RuntimeError(f"asked for {num_blocks} blocks, {len(self._free)} free")
-        block_ids = [self._free.popleft() for _ in range(num_blocks)]
-        self._used.update(block_ids)
+            raise RuntimeError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
+        block_ids = []
+        for _ in range(num_blocks):
+            if self._empty:
+                block_id = self._empty.popleft()
+            else:
+                block_id, _ = self._evictable.popitem(last=False)
+                del self._cached[self._hash_of.pop(block_id)]
+            self._refs[block_id] = 1
+            block_ids.append(block_id)
         return block_ids
 
+    def take(self, cached: Sequence[int]) -> list[int]:
+        """Share the cached blocks ``cached`` (from :meth:`match`): one more user each."""
+        for block_id in cached:
+            if self._refs[block_id] == 0:
+                del self._evictable[block_id]
+            self._refs[block_id] += 1
+        return list(cached)
+
     def free(self, block_ids: list[int]) -> None:
-        """Return the blocks to the free list and empty ``block_ids`` (the owner's list)."""
-        for block_id in block_ids:
-            if block_id not in self._used:
+        """Drop one user of each block and empty ``block_ids`` (the owner's list). A block
+        nobody uses becomes free: cached (its tail first, so a prefix outlives its ends) or
+        empty."""
+        for block_id in reversed(block_ids):
+            if self._refs[block_id] <= 0:
                 raise RuntimeError(f"block {block_id} freed twice or never allocated")
-            self._used.remove(block_id)
-            self._free.append(block_id)
+            self._refs[block_id] -= 1
+            if self._refs[block_id] == 0:
+                if block_id in self._hash_of:
+                    self._evictable[block_id] = None
+                else:
+                    self._empty.append(block_id)
         block_ids.clear()
+
+    # ---- the prefix cache ----------------------------------------------------------------------
+
+    def hashes(self, hashes: list[bytes], token_ids: Sequence[int], num_tokens: int) -> list[bytes]:
+        """Extend ``hashes`` (a request's, cached on it) to every full block of its first
+        ``num_tokens`` tokens."""
+        return extend_block_hashes(hashes, token_ids, self.block_size, self.root, num_tokens)
+
+    def lookup(self, hashes: list[bytes], token_ids: Sequence[int]) -> list[int]:
+        """The cached blocks of the longest cached prefix of ``token_ids``, leaving at least the
+        last token to compute (its logits are needed); extends ``hashes`` as needed."""
+        if not self.enabled:
+            return []
+        max_blocks = (len(token_ids) - 1) // self.block_size
+        self.hashes(hashes, token_ids, max_blocks * self.block_size)
+        return self.match(hashes, token_ids, max_blocks)
+
+    def count_lookup(self, num_tokens: int, num_cached_blocks: int) -> None:
+        """Count one admission's lookup: ``num_tokens`` queried, that many blocks found."""
+        if self.enabled:
+            self.num_queried_tokens += num_tokens
+            self.num_hit_tokens += num_cached_blocks * self.block_size
+
+    def match(
+        self, hashes: Sequence[bytes], token_ids: Sequence[int], max_blocks: int
+    ) -> list[int]:
+        """The cached blocks holding the longest prefix of ``token_ids`` (at most
+        ``max_blocks``), each confirmed by its tokens and its parent's hash."""
+        if not self.enabled:
+            return []
+        found: list[int] = []
+        size = self.block_size
+        for index, block_hash in enumerate(hashes[:max_blocks]):
+            entry = self._cached.get(block_hash)
+            if entry is None:
+                break
+            parent = hashes[index - 1] if index else self.root
+            tokens = tuple(token_ids[index * size : (index + 1) * size])
+            if entry.parent != parent or entry.tokens != tokens:
+                self.num_collisions += 1
+                break
+            found.append(entry.block_id)
+        return found
+
+    def register(
+        self,
+        block_ids: Sequence[int],
+        hashes: Sequence[bytes],
+        token_ids: Sequence[int],
+        start: int,
+    ) -> None:
+        """Cache the full, computed blocks ``block_ids[start:len(hashes)]`` of a request under
+        their hashes. A hash already cached keeps its block (this copy stays private)."""
+        if not self.enabled:
+            return
+        size = self.block_size
+        for index in range(start, min(len(hashes), len(block_ids))):
+            block_id, block_hash = block_ids[index], hashes[index]
+            if block_id in self._hash_of or block_hash in self._cached:
+                continue
+            parent = hashes[index - 1] if index else self.root
+            tokens = tuple(token_ids[index * size : (index + 1) * size])
+            self._cached[block_hash] = CachedBlock(block_id, parent, tokens)
+            self._hash_of[block_id] = block_hash
+
+    def ref_count(self, block_id: int) -> int:
+        return self._refs[block_id]
+
+    def check_consistent(self) -> None:
+        """Raise AssertionError unless the free lists, counts and cache agree (tests)."""
+        empty, evictable = set(self._empty), set(self._evictable)
+        assert len(empty) == len(self._empty), "a block is twice on the empty list"
+        assert not empty & evictable, "a block is both empty and cached"
+        for block_id, refs in enumerate(self._refs):
+            free = block_id in empty or block_id in evictable
+            assert refs >= 0 and free == (refs == 0), f"block {block_id}: {refs} users, free={free}"
+            assert (block_id in evictable) <= (block_id in self._hash_of), block_id
+            assert (block_id in empty) <= (block_id not in self._hash_of), block_id
+        assert {e.block_id: h for h, e in self._cached.items()} == self._hash_of

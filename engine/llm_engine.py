@@ -75,12 +75,18 @@ class LLMEngine:
         num_blocks = config.cache.num_blocks or max(
             config.cache.memory_mb * 2**20 // bytes_per_block(self.shape, block_size, self.dtype), 1
         )
+        fingerprint = _fingerprint(loaded, self.shape)
         self.kv_cache = KVCache(self.shape, num_blocks, block_size, self.device, self.dtype)
-        self.blocks = BlockManager(num_blocks, block_size)
+        self.blocks = BlockManager(
+            num_blocks,
+            block_size,
+            enabled=config.cache.enable_prefix_caching,
+            root=f"{fingerprint}/{self.dtype}".encode(),
+        )
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(self.model, self.kv_cache.layers, block_size, self.device)
         self.layout = KVLayout(
-            _fingerprint(loaded, self.shape),
+            fingerprint,
             KV_LAYOUT,
             str(self.dtype),
             block_size,
@@ -191,13 +197,29 @@ class LLMEngine:
         logits, samplers = self.runner.run(scheduled)
         for request in scheduled.decodes:
             request.num_computed_tokens += 1
+            self._cache_computed(request)
         for request, num_tokens in scheduled.prefills:
             request.num_computed_tokens += num_tokens
+            self._cache_computed(request)
         if samplers:
             now = time.monotonic()
             for request, token_id in zip(samplers, sample(logits, samplers), strict=True):
                 events.append(self._append_token(request, token_id, now))
         return events
+
+    def _cache_computed(self, request: Request) -> None:
+        """Register the request's blocks that are now full of computed KV in the prefix cache."""
+        blocks = self.blocks
+        num_full = request.num_computed_tokens // blocks.block_size
+        if not blocks.enabled or num_full <= request.num_registered_blocks:
+            return
+        hashes = blocks.hashes(
+            request.block_hashes, request.token_ids, num_full * blocks.block_size
+        )
+        blocks.register(
+            request.block_ids, hashes[:num_full], request.token_ids, request.num_registered_blocks
+        )
+        request.num_registered_blocks = num_full
 
     def _append_token(self, request: Request, token_id: int, now: float) -> TokenEvent:
         request.token_ids.append(token_id)
@@ -213,6 +235,7 @@ class LLMEngine:
             request.num_output_tokens,
             now,
             reason,
+            num_cached_tokens=request.num_cached_tokens,
         )
         if reason is not None:
             self._finish(request, reason)
@@ -263,18 +286,26 @@ class LLMEngine:
                 time.monotonic(),
                 reason,
                 error,
+                num_cached_tokens=request.num_cached_tokens,
             )
         )
         return True
 
     # ---- KV hand-off: the prefill side ------------------------------------------------------
 
-    def export_kv(self, request_id: str, max_output_tokens: int = 0) -> KVPayload:
+    def export_kv(
+        self, request_id: str, max_output_tokens: int = 0, first_block: int = 0
+    ) -> KVPayload:
         """The KV pages and state of a HELD prefill-only request (its blocks stay held);
-        ``max_output_tokens`` is the decode side's output limit, first token included."""
+        ``max_output_tokens`` is the decode side's output limit, first token included. Pages
+        start at ``first_block``: the decode side holds the blocks before it already."""
         request = self.requests.get(request_id)
         if request is None or request.status != RequestStatus.HELD:
             raise KeyError(f"request {request_id!r} is not held for export")
+        if not 0 <= first_block < len(request.block_ids):
+            raise ValueError(
+                f"first_block must be in [0, {len(request.block_ids) - 1}], got {first_block}"
+            )
         state = HandoffState(
             request_id=request_id,
             token_ids=list(request.token_ids),
@@ -283,8 +314,11 @@ class LLMEngine:
             params=request.params,
             priority=request.priority,
             max_output_tokens=max_output_tokens,
+            first_block=first_block,
+            num_cached_tokens=request.num_cached_tokens,
         )
-        return KVPayload(self.layout, state, self.kv_cache.export_blocks(request.block_ids))
+        pages = self.kv_cache.export_blocks(request.block_ids[first_block:])
+        return KVPayload(self.layout, state, pages)
 
     def release(self, request_id: str) -> None:
         """Free a HELD request after its KV was delivered (or given up on)."""
@@ -307,19 +341,29 @@ class LLMEngine:
         """Set blocks aside for an incoming hand-off: a RESERVED request that ends with an error
         if its pages are not in within ``timeout_s``. None when the cache cannot hold it now.
         ``output_token_ids``: the outputs a migrated request arrives with, besides its prompt.
-        ``token``: the reservation's secret; only pages carrying it are taken."""
+        ``token``: the reservation's secret; only pages carrying it are taken.
+
+        Leading blocks of the request found in the prefix cache are shared, not reserved anew:
+        ``num_shared_blocks`` of the returned request; the pages that come start after them."""
         if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
-        num_prompt = len(prompt_token_ids)
-        num_blocks = self.blocks.blocks_for(num_prompt + len(output_token_ids) + 1)
-        if not self.blocks.can_allocate(num_blocks):
+        token_ids = [*prompt_token_ids, *output_token_ids]
+        hashes: list[bytes] = []
+        shared = self.blocks.lookup(hashes, token_ids)
+        num_new = self.blocks.blocks_for(len(token_ids) + 1) - len(shared)
+        if not self.blocks.can_take(shared, num_new):
             return None
-        # Its token ids and output limit come with the pages (finish_receive).
+        self.blocks.count_lookup(len(token_ids), len(shared))
+        # Its first token and output limit come with the pages (finish_receive).
+        num_prompt = len(prompt_token_ids)
         request = self._new_request(
-            request_id, list(prompt_token_ids), num_prompt, params, 0, priority
+            request_id, token_ids[:num_prompt], num_prompt, params, 0, priority
         )
+        request.token_ids = token_ids  # its outputs are replayed when their pages are in
         request.status = RequestStatus.RESERVED
-        request.block_ids = self.blocks.allocate(num_blocks)
+        request.block_hashes = hashes
+        request.block_ids = self.blocks.take(shared) + self.blocks.allocate(num_new)
+        request.num_shared_blocks = request.num_registered_blocks = len(shared)
         if timeout_s is not None:
             request.deadline = request.arrival_time + timeout_s
         self.requests[request_id] = request
@@ -370,12 +414,18 @@ class LLMEngine:
         overrides the state's output limit.
         """
         state = payload.state
-        num_blocks = self.blocks.blocks_for(state.num_computed_tokens)
         with self._receive_lock:
             request = self._live_reservation(state.request_id, payload.token)
             self.layout.check_compatible(payload.layout)
             self._check_page_shape(request, tuple(payload.blocks.shape))
-            payload.check_shape(num_blocks)
+            if state.first_block != request.num_shared_blocks:
+                raise KVImportError(
+                    f"pages start at block {state.first_block}; this worker holds "
+                    f"{request.num_shared_blocks} leading blocks of the request"
+                )
+            payload.check_shape(
+                self.blocks.blocks_for(state.num_computed_tokens) - state.first_block
+            )
             self._check_state(request, state, max_output_tokens or state.max_output_tokens)
             request.status = RequestStatus.RECEIVING
             self._import_tokens.pop(state.request_id, None)
@@ -404,16 +454,18 @@ class LLMEngine:
         )
         if shape != expected:
             raise KVImportError(f"KV blocks have shape {shape}, expected {expected}")
-        if num_blocks > len(request.block_ids):
-            raise KVImportError(f"{num_blocks} blocks arrived, {len(request.block_ids)} reserved")
+        reserved = len(request.block_ids) - request.num_shared_blocks
+        if num_blocks > reserved:
+            raise KVImportError(f"{num_blocks} blocks arrived, {reserved} reserved")
 
     def _check_state(self, request: Request, state: HandoffState, max_output_tokens: int) -> None:
         """The arriving state must continue the reserved request and fit its blocks: a forged
         one never reaches a step, where a bad token id would fail every running request."""
         num_prompt = request.num_prompt_tokens
         tokens = state.token_ids
-        if state.num_prompt_tokens != num_prompt or tokens[:num_prompt] != request.token_ids:
-            raise KVImportError("the pages' prompt is not the reserved request's")
+        reserved = request.token_ids  # the prompt and any outputs so far
+        if state.num_prompt_tokens != num_prompt or tokens[: len(reserved)] != reserved:
+            raise KVImportError("the pages' tokens are not the reserved request's")
         computed = state.num_computed_tokens
         if computed < num_prompt or len(tokens) != computed + 1:
             raise KVImportError(
@@ -435,9 +487,11 @@ class LLMEngine:
     def write_pages(self, request: Request, payload: KVPayload) -> str | None:
         """Any thread: copy the pages into a RECEIVING request's blocks (no running request reads
         them, and they stay allocated until ``finish_receive``). The error, if the copy failed."""
-        num_blocks = payload.blocks.shape[2]
+        first, num_blocks = request.num_shared_blocks, payload.blocks.shape[2]
         try:
-            self.kv_cache.import_blocks(request.block_ids[:num_blocks], payload.blocks)
+            self.kv_cache.import_blocks(
+                request.block_ids[first : first + num_blocks], payload.blocks
+            )
         except RuntimeError as exc:  # e.g. out of device memory
             return f"KV install failed: {exc}"
         return None
@@ -459,8 +513,10 @@ class LLMEngine:
             return
         request.token_ids = list(state.token_ids)
         request.num_computed_tokens = state.num_computed_tokens
+        request.num_cached_tokens = state.num_cached_tokens  # the prefill side's, for usage
         request.max_output_tokens = max_output_tokens or state.max_output_tokens
         _replay_outputs(request)  # every output so far was streamed by the prefill side
+        self._cache_computed(request)  # what arrived is reusable by later hand-offs
         self.scheduler.insert_running(request)
 
     def import_kv(self, payload: KVPayload, max_output_tokens: int | None = None) -> None:
@@ -503,6 +559,9 @@ class LLMEngine:
             num_total_blocks=self.blocks.num_blocks,
             num_waiting_prompt_tokens=sum(r.num_uncomputed_tokens for r in waiting),
             num_reserved=statuses[RequestStatus.RESERVED] + statuses[RequestStatus.RECEIVING],
+            num_cached_blocks=self.blocks.num_cached_blocks,
+            prefix_cache_queries=self.blocks.num_queried_tokens,
+            prefix_cache_hits=self.blocks.num_hit_tokens,
         )
 
     def generate(

@@ -35,11 +35,14 @@ class ModelRunner:
         slots: list[int] = []
         logits_rows: list[int] = []
         samplers: list[Request] = []
-        chunks = [(r, 1) for r in scheduled.decodes] + scheduled.prefills
+        # (request, tokens, is a prompt chunk): a chunk may be a single token (the step's last
+        # unit of prefill budget) and is still attended as a chunk, not as a decode
+        chunks = [(r, 1, False) for r in scheduled.decodes]
+        chunks += [(r, n, True) for r, n in scheduled.prefills]
         prefill_seqs: list[PrefillSeq] = []
-        for request, num_tokens in chunks:
+        for request, num_tokens, is_chunk in chunks:
             start, end = request.num_computed_tokens, request.num_computed_tokens + num_tokens
-            if num_tokens > 1:
+            if is_chunk:
                 table = torch.tensor(request.block_ids[: -(-end // bs)], device=self.device)
                 prefill_seqs.append(PrefillSeq(len(input_ids), num_tokens, end, table))
             input_ids.extend(request.token_ids[start:end])

@@ -47,6 +47,13 @@ class Request:
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+    # Prefix caching (engine/block_manager.py): the hashes of its full blocks so far, how many
+    # leading blocks are registered in the cache, and how many prompt tokens came from it.
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
+    num_registered_blocks: int = 0
+    num_cached_tokens: int = 0
+    # Decode side: leading blocks of a reservation it held already (their pages are not sent)
+    num_shared_blocks: int = 0
     # re-seeded for every sampled token from the seed and the token's position (engine.sampler)
     generator: torch.Generator = field(default_factory=torch.Generator)
     arrival_time: float = field(default_factory=time.monotonic)

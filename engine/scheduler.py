@@ -10,6 +10,11 @@ Order: the running batch and the waiting queue are both ordered by (priority, ar
 1 first, FCFS within a priority. Admission needs blocks for the whole uncomputed sequence, so an
 admitted prompt never stalls halfway; a running request that cannot grow preempts the
 lowest-ordered running request (possibly itself).
+
+Prefix caching: an admitted request first takes the longest cached prefix of its tokens
+(always leaving its last token to compute) and needs new blocks only for the rest; cached blocks
+nobody uses count as free. A preempted request frees its blocks like a finished one: those it
+filled stay cached, so its recompute mostly finds them again.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ class Scheduler:
         self.running.remove(request)
         self.blocks.free(request.block_ids)
         request.num_computed_tokens = 0
+        request.num_registered_blocks = 0
         self.num_preemptions += 1
         self.add(request)
 
@@ -112,11 +118,19 @@ class Scheduler:
                 continue
             if len(out.prefills) >= cfg.max_prefill_batch_size:
                 return
-            needed = self.blocks.blocks_for(request.num_tokens)
-            if not self.blocks.can_allocate(needed):
+            cached = self.blocks.lookup(request.block_hashes, request.token_ids)
+            needed = self.blocks.blocks_for(request.num_tokens) - len(cached)
+            if not self.blocks.can_take(cached, needed):
                 return  # the head of the queue waits for blocks; nothing jumps ahead of it
             heapq.heappop(self._waiting)
-            request.block_ids = self.blocks.allocate(needed)
+            self.blocks.count_lookup(request.num_tokens, len(cached))
+            request.block_ids = self.blocks.take(cached) + self.blocks.allocate(needed)
+            request.num_computed_tokens = request.num_registered_blocks = len(cached)
+            request.num_computed_tokens *= self.blocks.block_size
+            if request.first_token_time is None:  # what its usage reports
+                request.num_cached_tokens = min(
+                    request.num_computed_tokens, request.num_prompt_tokens
+                )
             self.insert_running(request)
             num_tokens = min(request.num_uncomputed_tokens, budget)
             if request.num_uncomputed_tokens == 1:

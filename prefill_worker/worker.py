@@ -9,11 +9,13 @@ Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
 2. Its first token is streamed back at once. A request that ends on that token (EOS, a stop
    string, a limit of one token) ends here: no hand-off.
 3. Otherwise the engine holds its blocks; the pages are exported on the engine thread and sent by
-   a transfer thread to the decode worker's endpoint.
+   a transfer thread to the decode worker's endpoint: only those from the target's
+   ``first_block`` on, the decode worker holding the ones before in its prefix cache.
 4. On the decode worker's acknowledgement, or on a refusal, any error (of the transport, the
    codec, or anything else) or ``transfer_timeout_s``, the stream ends with a
    :class:`HandoffResult` (failed ones say why) and the blocks are freed (between two engine
-   steps, so the result never waits for a long prefill step).
+   steps, so the result never waits for a long prefill step). Its full blocks stay in the prefix
+   cache: the next prompt with the same prefix computes only what follows it.
 ``abort`` frees the request wherever it is; a transfer already on the wire finishes or fails on
 its own, and its blocks are not held for it.
 """
@@ -94,7 +96,9 @@ class PrefillWorker(WorkerRuntime):
                 )
                 continue
             try:
-                payload = self.engine.export_kv(event.request_id, target.max_output_tokens)
+                payload = self.engine.export_kv(
+                    event.request_id, target.max_output_tokens, target.first_block
+                )
                 payload.token = target.token
                 deadline = time.monotonic() + self.transfer_timeout_s
                 self._senders.submit(self._send, target.endpoint, payload, deadline)

@@ -33,12 +33,19 @@ def tiny_loaded(tiny_model_dir) -> LoadedModel:
 
 
 def make_engine(
-    loaded: LoadedModel, block_size: int = 4, num_blocks: int = 256, **scheduler: int
+    loaded: LoadedModel,
+    block_size: int = 4,
+    num_blocks: int = 256,
+    prefix_caching: bool = True,
+    **scheduler: int,
 ) -> LLMEngine:
+    cache = CacheConfig(
+        block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix_caching
+    )
     config = EngineConfig(
         model_path=str(loaded.path),
         device="cpu",
-        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
+        cache=cache,
         scheduler=SchedulerConfig(**scheduler),
     )
     return LLMEngine(config, loaded)

@@ -193,7 +193,12 @@ def _mindie_failure(error: str, error_type: str, tokens: int) -> dict:
         "prefill_time": None,
         "decode_time": None,
         "generated_text": "",
-        "details": {"finish_reason": "stop_sequence", "generated_tokens": tokens, "seed": 7},
+        "details": {
+            "finish_reason": "stop_sequence",
+            "generated_tokens": tokens,
+            "seed": 7,
+            "cached_tokens": 0,
+        },
         "token": None,
         "error": error,
         "error_type": error_type,

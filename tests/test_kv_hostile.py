@@ -66,7 +66,7 @@ class Pair:
         """A genuine hand-off goes through and decodes to its end."""
         reservation = reservation or self.decode.reserve(_request(request_id))
         assert reservation.granted
-        target = HandoffTarget(self.endpoint, 6, reservation.token)
+        target = HandoffTarget.from_reservation(reservation, 6)
         items = _collect(self.prefill.prefill(_request(request_id), target))
         assert isinstance(items[-1], HandoffResult) and items[-1].ok, items[-1]
         events = _collect(self.decode.stream(request_id))

@@ -93,7 +93,7 @@ def test_a_transport_broken_mid_transfer_fails_the_handoff_and_frees_both_sides(
     assert decode.inject_fault("break_transport", 1) == 1
     start = time.monotonic()
     items = _collect(
-        prefill.prefill(_request("broken"), HandoffTarget(decode.endpoint(), 6, reservation.token))
+        prefill.prefill(_request("broken"), HandoffTarget.from_reservation(reservation, 6))
     )
     seconds = time.monotonic() - start
     result = items[-1]
@@ -110,7 +110,7 @@ def test_a_transport_broken_mid_transfer_fails_the_handoff_and_frees_both_sides(
     reservation = decode.reserve(_request("next"))
     assert reservation.granted
     items = _collect(
-        prefill.prefill(_request("next"), HandoffTarget(decode.endpoint(), 6, reservation.token))
+        prefill.prefill(_request("next"), HandoffTarget.from_reservation(reservation, 6))
     )
     assert items[-1].ok
     events = _collect(decode.stream("next"))

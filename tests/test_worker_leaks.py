@@ -90,7 +90,7 @@ def test_a_request_that_finished_before_its_stream_call_is_still_streamed(tiny_m
     try:
         reservation = decode.reserve(_request("r", max_new_tokens=2))
         assert reservation.granted
-        target = HandoffTarget(decode.endpoint(), 2, reservation.token)
+        target = HandoffTarget.from_reservation(reservation, 2)
         items = _collect(prefill.prefill(_request("r", max_new_tokens=2), target))
         assert isinstance(items[-1], HandoffResult) and items[-1].ok
         assert _wait_until(lambda: "r" not in decode.engine.requests, 3)  # done on its 1st step

@@ -83,9 +83,7 @@ def test_handoff_then_decode(pair, handoff):
     prefill, decode = pair
     reservation = decode.reserve(_request("r"))
     assert reservation.granted
-    items = list(
-        prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6, reservation.token))
-    )
+    items = list(prefill.prefill(_request("r"), HandoffTarget.from_reservation(reservation, 6)))
     assert isinstance(items[0], TokenEvent) and items[0].token_id is not None
     assert isinstance(items[-1], HandoffResult) and items[-1].ok and items[-1].num_bytes > 0
     assert prefill.num_handoffs_by_path() == {HANDOFFS[handoff][1]: 1}
@@ -122,9 +120,7 @@ def test_abort_before_the_pages_arrive_refuses_them(pair):
     reservation = decode.reserve(_request("r"))
     assert reservation.granted
     decode.abort("r")
-    items = list(
-        prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6, reservation.token))
-    )
+    items = list(prefill.prefill(_request("r"), HandoffTarget.from_reservation(reservation, 6)))
     assert isinstance(items[-1], HandoffResult) and not items[-1].ok
     assert "no reservation" in items[-1].error
     _assert_freed(prefill)
@@ -185,9 +181,7 @@ def test_pages_are_acknowledged_while_the_engine_thread_is_busy(tiny_model_dir):
         busy, go_on = threading.Event(), threading.Event()
         decode.loop.call(lambda engine: busy.set() or go_on.wait(10))  # a long "decode step"
         assert busy.wait(5)
-        items = list(
-            prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6, reservation.token))
-        )
+        items = list(prefill.prefill(_request("r"), HandoffTarget.from_reservation(reservation, 6)))
         assert items[-1].ok  # acknowledged: the pages are in the reserved blocks already
         assert decode.engine.requests["r"].status == RequestStatus.RECEIVING
         go_on.set()
@@ -217,6 +211,9 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "num_total_blocks",
             "num_waiting_prompt_tokens",
             "num_reserved",
+            "num_cached_blocks",
+            "prefix_cache_queries",
+            "prefix_cache_hits",
             "num_used_blocks",
             "num_open_streams",
             "pid",

@@ -6,10 +6,10 @@ Every call needs a known ``api-version``. The ``extra-parameters`` header decide
 to body keys outside the API: ``error`` (default) → 400, ``drop`` → ignored, ``pass-through`` →
 handed to the engine when pdserve understands them (else 422). Known parameters this model
 cannot honour answer 422 ``parameter_not_supported``. Chat requests are read and answered as
-OpenAI's (:mod:`~coordinator.api.openai_request`, :mod:`~coordinator.api.openai_format`):
-streams are exactly ``data: {json}\\n\\n`` chunks and ``data: [DONE]\\n\\n`` (no comments, no
-``event:`` lines: the SDK rejects them). Errors are ``{"error": {"code", "message"}}`` unless
-the API defines another body.
+OpenAI's (:mod:`~coordinator.api.openai_request`, :mod:`~coordinator.api.openai_format`), usage
+with ``prompt_tokens_details.cached_tokens``; streams are exactly ``data: {json}\\n\\n`` chunks
+and ``data: [DONE]\\n\\n`` (no comments, no ``event:`` lines: the SDK rejects them). Errors are
+``{"error": {"code", "message"}}`` unless the API defines another body.
 """
 
 from __future__ import annotations
@@ -202,7 +202,9 @@ class AzureRoutes:
             params = openai_sampling({**known, **extras}, self.model.vocab_size, 512)
         except APIError as exc:
             return error_response(exc)
-        answer = Completion("chat", self.model.name, len(ids), self.model.content_filter)
+        answer = Completion(
+            "chat", self.model.name, len(ids), self.model.content_filter, prompt_details=True
+        )
         events = self.service.generate(
             GenerationRequest(self.service.new_request_id(), ids, params)
         )

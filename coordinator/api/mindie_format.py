@@ -3,7 +3,11 @@
 
 A stream that fails after its first event ends with one last event like a normal last one, but
 with ``details.finish_reason`` ``stop_sequence`` (``details`` is there even when not asked for),
-an empty ``generated_text``, ``token`` null, and the failure in ``error`` and ``error_type``."""
+an empty ``generated_text``, ``token`` null, and the failure in ``error`` and ``error_type``.
+
+``details.cached_tokens`` is the count of prompt tokens whose KV came from a worker's prefix
+cache, as the latest event with a token reports it (a migrated request's new pair reports its
+own figure), never more than the prompt."""
 
 from __future__ import annotations
 
@@ -78,6 +82,7 @@ class InferAnswer:
     started_at: float  # time.monotonic() when the request arrived
     text: str = ""
     num_tokens: int = 0
+    num_cached_tokens: int = 0
     finish_reason: str | None = None
     _last_at: float | None = field(default=None, repr=False)
 
@@ -91,6 +96,7 @@ class InferAnswer:
             "finish_reason": finish_reason,
             "generated_tokens": self.num_tokens,
             "seed": self.seed,
+            "cached_tokens": self.num_cached_tokens,
         }
 
     def add(self, event: TokenEvent) -> bool:
@@ -106,6 +112,7 @@ class InferAnswer:
         if event.token_id is None:
             return None
         self.num_tokens += 1
+        self.num_cached_tokens = min(event.num_cached_tokens, event.num_prompt_tokens)
         last_at = self._last_at
         prefill_ms = round((now - self.started_at) * 1000, 3) if last_at is None else None
         decode_ms = None if last_at is None else round((now - last_at) * 1000, 3)

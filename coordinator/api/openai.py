@@ -2,8 +2,9 @@
 
 A request's life: the body is read and validated (:mod:`~coordinator.api.openai_request`), the
 prompt tokenized and checked by the content filter; the service generates, and the answer is
-streamed or collected whole (:mod:`~coordinator.api.openai_format`). Refusals answer 400 with
-OpenAI's error body; service errors their own status with ``type: "server_error"``.
+streamed or collected whole (:mod:`~coordinator.api.openai_format`), its ``usage`` with
+``prompt_tokens_details.cached_tokens``. Refusals answer 400 with OpenAI's error body; service
+errors their own status with ``type: "server_error"``.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ class OpenAIRoutes:
             params = openai_sampling(body, self.model.vocab_size, DEFAULT_MAX_TOKENS[kind])
         except APIError as exc:
             return error_response(exc)
-        answer = Completion(kind, self.model.name, len(ids), self.model.content_filter)
+        answer = Completion(
+            kind, self.model.name, len(ids), self.model.content_filter, prompt_details=True
+        )
         events = self.service.generate(
             GenerationRequest(self.service.new_request_id(), ids, params)
         )

@@ -7,6 +7,11 @@ chunk carries ``finish_reason`` and ``usage``. A content-filtered output is cut 
 and ends with ``finish_reason: "content_filter"``. A request that fails after the first chunk
 ends with one ``data: {"error": {"message", "type", "param", "code"}}`` chunk and the stream
 closes: no ``finish_reason`` chunk, no ``[DONE]`` (the ``openai`` client raises on it).
+
+``usage`` is ``{prompt_tokens, completion_tokens, total_tokens}``; the OpenAI and Azure doors
+add ``prompt_tokens_details: {cached_tokens}`` (``prompt_details``): the prompt tokens whose KV
+came from a worker's prefix cache, as the latest event with a token reports it (a migrated
+request's new pair reports its own figure), never more than the prompt.
 """
 
 from __future__ import annotations
@@ -71,8 +76,11 @@ class Completion:
         model: str,
         num_prompt_tokens: int,
         content_filter: ContentFilter | None = None,
+        prompt_details: bool = False,
     ) -> None:
         self.kind, self.model, self.num_prompt_tokens = kind, model, num_prompt_tokens
+        self.prompt_details = prompt_details
+        self.num_cached_tokens = 0
         self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.text, self.num_tokens = "", 0
@@ -84,7 +92,9 @@ class Completion:
     def add(self, event: TokenEvent) -> bool:
         """Take an event; a filtered output is cut before the match and ``blocked`` (True)."""
         self.text += event.text
-        self.num_tokens += event.token_id is not None
+        if event.token_id is not None:
+            self.num_tokens += 1
+            self.num_cached_tokens = min(event.num_cached_tokens, self.num_prompt_tokens)
         if event.finish_reason is not None:
             self.finish = FINISH[event.finish_reason]
         match = self.content_filter.search(self.text) if self.content_filter else None
@@ -102,12 +112,15 @@ class Completion:
         return piece
 
     @property
-    def usage(self) -> dict[str, int]:
-        return {
+    def usage(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {
             "prompt_tokens": self.num_prompt_tokens,
             "completion_tokens": self.num_tokens,
             "total_tokens": self.num_prompt_tokens + self.num_tokens,
         }
+        if self.prompt_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.num_cached_tokens}
+        return usage
 
     def _envelope(self, chunk: bool) -> dict[str, Any]:
         obj = {"chat": "chat.completion", "text": "text_completion"}[self.kind]

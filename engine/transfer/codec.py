@@ -33,6 +33,8 @@ def encode_header(payload: KVPayload) -> pb.KVHeaderMsg:
             params_json=json.dumps(state.params.to_dict()),
             priority=state.priority,
             max_output_tokens=state.max_output_tokens,
+            first_block=state.first_block,
+            num_cached_tokens=state.num_cached_tokens,
         ),
         shape=list(payload.blocks.shape),
         num_bytes=payload.num_bytes,
@@ -84,6 +86,8 @@ def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:
         params=SamplingParams.from_dict(json.loads(s.params_json)),
         priority=s.priority,
         max_output_tokens=s.max_output_tokens,
+        first_block=s.first_block,
+        num_cached_tokens=s.num_cached_tokens,
     )
     blocks = data[: header.num_bytes].view(_DTYPES[layout.dtype]).view(*header.shape)
     return KVPayload(layout, state, blocks, header.reservation_token)

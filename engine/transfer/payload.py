@@ -73,6 +73,8 @@ class HandoffState:
     params: SamplingParams
     priority: int
     max_output_tokens: int = 0  # output limit on the decode side (first token included)
+    first_block: int = 0  # the pages start at this block: the receiver holds the ones before
+    num_cached_tokens: int = 0  # prompt tokens the prefill side found in its prefix cache
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -60,6 +60,17 @@ class HandoffTarget:
     endpoint: str  # the decode worker's KV endpoint, from its Reservation
     max_output_tokens: int  # output limit, first token included (docs/token-accounting.md)
     token: str = field(default="", repr=False)  # the Reservation's secret, sent with the pages
+    first_block: int = 0  # the Reservation's num_cached_blocks: pages before it are not sent
+
+    @classmethod
+    def from_reservation(cls, reservation: Reservation, max_output_tokens: int) -> HandoffTarget:
+        """Where and from which block to push the pages a decode worker reserved room for."""
+        return cls(
+            reservation.endpoint,
+            max_output_tokens,
+            reservation.token,
+            reservation.num_cached_blocks,
+        )
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,8 @@ class Reservation:
     endpoint: str = ""
     reason: str = ""
     token: str = field(default="", repr=False)
+    # leading blocks of the request the decode worker's prefix cache holds: only the rest is sent
+    num_cached_blocks: int = 0
 
     @classmethod
     def refused(cls, reason: str) -> Reservation:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'engine/transfer/proto/kv_transfer.proto\x12\rpdserve.kv.v1\"\x97\x01\n\x0bKVLayoutMsg\x12\x19\n\x11model_fingerprint\x18\x01 \x01(\t\x12\x0e\n\x06layout\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nnum_layers\x18\x05 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\"\xb8\x01\n\x0fRequestStateMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x13\n\x0bparams_json\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x08 \x01(\rJ\x04\x08\x07\x10\x08\"\xd1\x01\n\x0bKVHeaderMsg\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12*\n\x06layout\x18\x02 \x01(\x0b\x32\x1a.pdserve.kv.v1.KVLayoutMsg\x12-\n\x05state\x18\x03 \x01(\x0b\x32\x1e.pdserve.kv.v1.RequestStateMsg\x12\r\n\x05shape\x18\x04 \x03(\x04\x12\x11\n\tnum_bytes\x18\x05 \x01(\x04\x12\x10\n\x08shm_name\x18\x06 \x01(\t\x12\x19\n\x11reservation_token\x18\x07 \x01(\t\"F\n\nKVChunkMsg\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x1a.pdserve.kv.v1.KVHeaderMsg\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"9\n\x08KVAckMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t2J\n\nKVTransfer\x12<\n\x04Push\x12\x19.pdserve.kv.v1.KVChunkMsg\x1a\x17.pdserve.kv.v1.KVAckMsg(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'engine/transfer/proto/kv_transfer.proto\x12\rpdserve.kv.v1\"\x97\x01\n\x0bKVLayoutMsg\x12\x19\n\x11model_fingerprint\x18\x01 \x01(\t\x12\x0e\n\x06layout\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nnum_layers\x18\x05 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\"\xe8\x01\n\x0fRequestStateMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x13\n\x0bparams_json\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x08 \x01(\r\x12\x13\n\x0b\x66irst_block\x18\t \x01(\r\x12\x19\n\x11num_cached_tokens\x18\n \x01(\rJ\x04\x08\x07\x10\x08\"\xd1\x01\n\x0bKVHeaderMsg\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12*\n\x06layout\x18\x02 \x01(\x0b\x32\x1a.pdserve.kv.v1.KVLayoutMsg\x12-\n\x05state\x18\x03 \x01(\x0b\x32\x1e.pdserve.kv.v1.RequestStateMsg\x12\r\n\x05shape\x18\x04 \x03(\x04\x12\x11\n\tnum_bytes\x18\x05 \x01(\x04\x12\x10\n\x08shm_name\x18\x06 \x01(\t\x12\x19\n\x11reservation_token\x18\x07 \x01(\t\"F\n\nKVChunkMsg\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x1a.pdserve.kv.v1.KVHeaderMsg\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"9\n\x08KVAckMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t2J\n\nKVTransfer\x12<\n\x04Push\x12\x19.pdserve.kv.v1.KVChunkMsg\x1a\x17.pdserve.kv.v1.KVAckMsg(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVLAYOUTMSG']._serialized_start=59
   _globals['_KVLAYOUTMSG']._serialized_end=210
   _globals['_REQUESTSTATEMSG']._serialized_start=213
-  _globals['_REQUESTSTATEMSG']._serialized_end=397
-  _globals['_KVHEADERMSG']._serialized_start=400
-  _globals['_KVHEADERMSG']._serialized_end=609
-  _globals['_KVCHUNKMSG']._serialized_start=611
-  _globals['_KVCHUNKMSG']._serialized_end=681
-  _globals['_KVACKMSG']._serialized_start=683
-  _globals['_KVACKMSG']._serialized_end=740
-  _globals['_KVTRANSFER']._serialized_start=742
-  _globals['_KVTRANSFER']._serialized_end=816
+  _globals['_REQUESTSTATEMSG']._serialized_end=445
+  _globals['_KVHEADERMSG']._serialized_start=448
+  _globals['_KVHEADERMSG']._serialized_end=657
+  _globals['_KVCHUNKMSG']._serialized_start=659
+  _globals['_KVCHUNKMSG']._serialized_end=729
+  _globals['_KVACKMSG']._serialized_start=731
+  _globals['_KVACKMSG']._serialized_end=788
+  _globals['_KVTRANSFER']._serialized_start=790
+  _globals['_KVTRANSFER']._serialized_end=864
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ class KVLayoutMsg(_message.Message):
     def __init__(self, model_fingerprint: _Optional[str] = ..., layout: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ...) -> None: ...
 
 class RequestStateMsg(_message.Message):
-    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "params_json", "priority", "max_output_tokens")
+    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "params_json", "priority", "max_output_tokens", "first_block", "num_cached_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,8 @@ class RequestStateMsg(_message.Message):
     PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_prompt_tokens: int
@@ -40,7 +42,9 @@ class RequestStateMsg(_message.Message):
     params_json: str
     priority: int
     max_output_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., params_json: _Optional[str] = ..., priority: _Optional[int] = ..., max_output_tokens: _Optional[int] = ...) -> None: ...
+    first_block: int
+    num_cached_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., params_json: _Optional[str] = ..., priority: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., first_block: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class KVHeaderMsg(_message.Message):
     __slots__ = ("protocol_version", "layout", "state", "shape", "num_bytes", "shm_name", "reservation_token")

@@ -1,0 +1,231 @@
+"""Cache-aware routing (unit level): the router's prefix index and pair cost with a fake cluster
+whose polled loads each test sets. Block size 4: a 17-token prompt has 4 full blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from coordinator.errors import NoWorkerError
+from coordinator.prefix_index import PrefixIndex
+from coordinator.router import STALE_GRACE_S, Router, RoutingConfig
+from engine.outputs import EngineStats
+from engine.prefix_hash import block_hashes
+from engine.worker.contracts import WorkerLoad
+
+BLOCK = 4
+IDLE = EngineStats(num_free_blocks=100, num_total_blocks=100, num_cached_blocks=1)
+PROMPT_A = list(range(100, 117))
+PROMPT_B = list(range(200, 217))
+
+
+@dataclass
+class FakeClusterConfig:
+    deploy_mode: str = "pd_separate"
+
+
+@dataclass
+class FakeCluster:
+    """Workers whose polled figures are ``stats`` (idle unless set) and ``pids``."""
+
+    config: FakeClusterConfig = field(default_factory=FakeClusterConfig)
+    prefills: list = field(default_factory=lambda: [0, 1])
+    decodes: list = field(default_factory=lambda: [0, 1])
+    colocated: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)  # (role, instance) -> EngineStats
+    pids: dict = field(default_factory=dict)  # (role, instance) -> pid
+    silent: set = field(default_factory=set)  # (role, instance) that do not answer
+
+    async def loads(self) -> list[WorkerLoad]:
+        single = self.config.deploy_mode == "single_node"
+        roles = [("colocated", self.colocated)] if single else [("prefill", self.prefills)]
+        roles += [] if single else [("decode", self.decodes)]
+        return [
+            WorkerLoad(role, i, self.pids.get((role, i), 1000 + i), self.stats.get((role, i), IDLE))
+            for role, workers in roles
+            for i in range(len(workers))
+            if (role, i) not in self.silent
+        ]
+
+
+def _router(cluster: FakeCluster | None = None, **routing) -> Router:
+    router = Router(cluster or FakeCluster(), routing=RoutingConfig(block_size=BLOCK, **routing))
+    asyncio.run(router.refresh())
+    return router
+
+
+def _poll(router: Router, **stats: EngineStats) -> None:
+    """A poll where worker ``prefill_0`` / ``decode_1`` / ... reports ``stats``."""
+    for name, value in stats.items():
+        role, instance = name.rsplit("_", 1)
+        router.cluster.stats[(role, int(instance))] = value
+    asyncio.run(router.refresh())
+
+
+def _queued(tokens: int) -> EngineStats:
+    return replace(IDLE, num_waiting=1, num_waiting_prompt_tokens=tokens)
+
+
+def _running(count: int) -> EngineStats:
+    return replace(IDLE, num_running=count)
+
+
+def _cached_blocks(router: Router, role: str, instance: int, tokens: list[int]) -> int:
+    return router.index.match((role, instance), block_hashes(tokens, BLOCK), time.monotonic())
+
+
+def test_a_request_goes_to_the_workers_holding_its_prefix():
+    router = _router()
+    assert router.choose(PROMPT_A) == (0, 0)
+    _poll(router, prefill_0=_queued(10), decode_0=_running(2))  # busier, within the knobs
+    assert router.choose(PROMPT_B) == (1, 1)  # no cached prefix: the least loaded
+    _poll(router, prefill_0=_queued(10), decode_0=_running(2))
+    # a continuation of A: 10 queued + 5 to compute beats 0 queued + 21 to compute
+    assert router.choose([*PROMPT_A, 1, 2, 3, 4]) == (0, 0)
+    # now 20 of its 21 tokens are cached there, but 21 queued + 1 > 0 queued + 21
+    _poll(router, prefill_0=_queued(21), decode_0=_running(2))
+    assert router.choose([*PROMPT_A, 1, 2, 3, 4])[0] == 1
+
+
+def test_pending_tokens_count_only_the_tokens_to_compute():
+    router = _router()
+    router.choose(PROMPT_A)
+    _poll(router)
+    router.choose(PROMPT_A)
+    # 16 of 17 tokens are cached (4 blocks); the engine always computes the last one
+    assert router.prefills[0].pending_tokens == 1
+    router.choose(PROMPT_B)
+    assert router.prefills[1].pending_tokens == len(PROMPT_B)
+
+
+def test_an_overloaded_holder_loses_to_the_least_loaded():
+    router = _router(max_prefill_imbalance=50, max_decode_imbalance=1)
+    assert router.choose(PROMPT_A) == (0, 0)
+    _poll(router, prefill_0=_queued(51), decode_0=_running(2))
+    assert router.choose(PROMPT_A) == (1, 1)
+    # now both pairs hold A: the least loaded of them takes it
+    _poll(router, prefill_1=_queued(10), decode_1=_running(1))
+    assert router.choose(PROMPT_A) == (1, 1)
+
+
+def test_within_the_knob_a_decode_holder_wins_over_load_and_beyond_it_loses():
+    router = _router(max_decode_imbalance=3)
+    router.choose(PROMPT_A)
+    _poll(router, decode_0=_running(3))
+    assert router.choose(PROMPT_A)[1] == 0
+    _poll(router, decode_0=_running(4))
+    assert router.choose(PROMPT_A)[1] == 1
+
+
+def test_entries_expire_unless_routed_again(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("coordinator.router.time.monotonic", lambda: now[0])
+    router = _router(prefix_ttl_s=60)
+    router.choose(PROMPT_A)
+    now[0] += 50
+    _poll(router, prefill_0=_queued(10))
+    assert router.choose(PROMPT_A) == (0, 0)  # refreshed at 1050
+    now[0] += 50
+    _poll(router, prefill_0=_queued(10))
+    assert router.choose(PROMPT_A) == (0, 0)
+    now[0] += 61
+    _poll(router, prefill_0=_queued(10))
+    assert _cached_blocks(router, "prefill", 0, PROMPT_A) == 0
+    assert router.choose(PROMPT_A)[0] == 1
+
+
+def test_the_index_is_bounded_by_the_workers_blocks_least_recently_used_first():
+    cluster = FakeCluster(prefills=[0], decodes=[0])
+    cluster.stats[("prefill", 0)] = replace(IDLE, num_total_blocks=6)
+    router = _router(cluster)
+    router.choose(PROMPT_A)
+    router.choose(PROMPT_B)  # 8 blocks routed, room for 6: A's two last blocks go
+    assert router.index.num_entries(("prefill", 0)) == 6
+    assert _cached_blocks(router, "prefill", 0, PROMPT_B) == 4
+    assert _cached_blocks(router, "prefill", 0, PROMPT_A) == 2  # its prefix outlives its end
+    assert router.index.num_entries(("decode", 0)) == 8  # decode: 100 blocks
+
+
+def test_prefix_index_keeps_a_chain_root_longest_and_expires_by_last_use():
+    index = PrefixIndex(ttl_s=10)
+    a, b = block_hashes(PROMPT_A, BLOCK), block_hashes(PROMPT_B, BLOCK)
+    index.insert(("prefill", 0), a, now=0, capacity=5)
+    index.insert(("prefill", 0), b, now=5, capacity=5)
+    assert index.match(("prefill", 0), a, now=5) == 1
+    assert index.match(("prefill", 0), b, now=5) == 4
+    assert index.match(("prefill", 0), b, now=16) == 0
+    index.insert(("prefill", 0), a, now=20)  # capacity 0: the default
+    assert index.match(("prefill", 0), a, now=29) == 4
+    index.drop(("prefill", 0))
+    assert index.num_entries(("prefill", 0)) == 0
+
+
+def test_prefix_routing_off_routes_by_load_alone():
+    router = _router(prefix_routing=False)
+    assert router.choose(PROMPT_A) == (0, 0)
+    _poll(router, prefill_0=_queued(1), decode_0=_running(1))
+    assert router.choose(PROMPT_A) == (1, 1)
+    assert router.prefills[1].pending_tokens == len(PROMPT_A)
+    assert router.index.num_entries(("prefill", 0)) == 0
+
+
+def test_a_migration_never_gets_its_failed_pair_back():
+    router = _router()
+    router.choose(PROMPT_A)
+    _poll(router)
+    assert router.choose(PROMPT_A, {(0, 0)}) == (0, 1)  # the prefill holder, another decode
+    with pytest.raises(NoWorkerError):
+        router.choose(PROMPT_A, {(0, 0), (0, 1), (1, 0), (1, 1)})
+
+
+def test_a_restarted_worker_loses_its_entries():
+    router = _router()
+    router.choose(PROMPT_A)
+    router.cluster.pids[("prefill", 0)] = 4242
+    _poll(router)
+    assert router.index.num_entries(("prefill", 0)) == 0
+    assert router.index.num_entries(("decode", 0)) == 4
+    assert router.prefills[0].pid == 4242
+
+
+def test_a_lost_worker_loses_its_entries(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("coordinator.router.time.monotonic", lambda: now[0])
+    router = _router()
+    router.choose(PROMPT_A)
+    router.cluster.silent.add(("decode", 0))
+    _poll(router)
+    assert router.index.num_entries(("decode", 0)) == 4  # stale only: its cache may be there
+    now[0] += STALE_GRACE_S + 1
+    _poll(router)
+    assert router.index.num_entries(("decode", 0)) == 0
+    assert router.index.num_entries(("prefill", 0)) == 4
+
+
+def test_an_idle_worker_without_cached_blocks_loses_its_entries():
+    router = _router()
+    router.choose(PROMPT_A)
+    empty = replace(IDLE, num_cached_blocks=0)
+    _poll(router, prefill_0=empty)  # sent since the last poll: maybe not there yet
+    assert router.index.num_entries(("prefill", 0)) == 4
+    _poll(router, prefill_0=replace(empty, num_running=1))  # busy: its blocks may come
+    assert router.index.num_entries(("prefill", 0)) == 4
+    _poll(router, prefill_0=empty)
+    assert router.index.num_entries(("prefill", 0)) == 0
+
+
+def test_single_node_prefers_the_colocated_worker_holding_the_prefix():
+    cluster = FakeCluster(
+        config=FakeClusterConfig("single_node"), prefills=[], decodes=[], colocated=[0, 1]
+    )
+    router = _router(cluster, max_decode_imbalance=2)
+    assert router.choose(PROMPT_A) == (0, 0)
+    _poll(router, colocated_0=_running(2))
+    assert router.choose(PROMPT_B) == (0, 1)
+    _poll(router, colocated_0=_running(2))
+    assert router.choose(PROMPT_A) == (0, 0)
+    _poll(router, colocated_0=_running(3))
+    assert router.choose(PROMPT_A) == (0, 1)
