@@ -51,13 +51,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_pdserve(mode: str, model: str, workdir: Path) -> tuple[subprocess.Popen, dict]:
+def start_pdserve(
+    mode: str, model: str, workdir: Path, backend: dict[str, Any] | None = None
+) -> tuple[subprocess.Popen, dict]:
+    """pdserve in ``mode`` on this machine, once ready; ``backend`` adds ``backend_config``
+    keys. Its config and log are ``workdir/{mode}.json`` and ``.log``."""
     names = ("predict_port", "manage_port", "status_port", "external_port")
     ports = {name: free_port() for name in names}
+    backend = {"model_path": model, "embedding_model_path": "", "device": "cpu", **(backend or {})}
     config = {
         "http_config": ports,
         "digs_scheduler_config": {"deploy_mode": mode},
-        "backend_config": {"model_path": model, "embedding_model_path": "", "device": "cpu"},
+        "backend_config": backend,
     }
     path = workdir / f"{mode}.json"
     path.write_text(json.dumps(config))

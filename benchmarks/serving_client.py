@@ -4,6 +4,8 @@ Targets: pdserve's ``POST /infer`` (SSE, one event per token), or any OpenAI-com
 ``/v1/completions`` or ``/v1/chat/completions`` (``stream: true``; the output token count comes
 from the final ``usage`` when the server sends one, else from the content chunks). Requests ask
 for exactly ``output_tokens`` tokens (``ignore_eos``, which pdserve, vLLM and llama.cpp honour).
+A chat request sends the item's prompt as one user message, or a whole conversation
+(``messages``); ``on_event`` sees every parsed event (answer text, usage).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class Target:
     ignore_eos: bool = True
     headers: tuple[tuple[str, str], ...] = ()
 
-    def request(self, item: WorkItem) -> tuple[str, dict]:
+    def request(self, item: WorkItem, messages: list[dict] | None = None) -> tuple[str, dict]:
         if self.api == "infer":
             parameters = {"max_new_tokens": item.output_tokens, "ignore_eos": self.ignore_eos}
             return "/infer", {"inputs": item.prompt, "stream": True, "parameters": parameters}
@@ -46,15 +48,21 @@ class Target:
         if self.ignore_eos:
             body["ignore_eos"] = True
         if self.api == "chat":
-            body["messages"] = [{"role": "user", "content": item.prompt}]
+            body["messages"] = messages or [{"role": "user", "content": item.prompt}]
             return "/v1/chat/completions", body
         return "/v1/completions", {**body, "prompt": item.prompt}
 
 
-async def send(client: httpx.AsyncClient, target: Target, item: WorkItem) -> RequestRecord:
+async def send(
+    client: httpx.AsyncClient,
+    target: Target,
+    item: WorkItem,
+    messages: list[dict] | None = None,
+    on_event: Callable[[dict], None] | None = None,
+) -> RequestRecord:
     """One streamed request, timed token by token."""
     record = RequestRecord(item.prompt_tokens, item.output_tokens)
-    path, body = target.request(item)
+    path, body = target.request(item, messages)
     start = last = time.perf_counter()
     usage_tokens = None
     try:
@@ -67,6 +75,8 @@ async def send(client: httpx.AsyncClient, target: Target, item: WorkItem) -> Req
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
+                if on_event is not None:
+                    on_event(event)
                 if "error" in event:
                     record.error = str(event["error"])
                     break

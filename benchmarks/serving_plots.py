@@ -1,9 +1,11 @@
-"""PNG plots of serving results: latency CDFs and goodput against request rate."""
+"""PNG plots of serving results: latency CDFs, goodput against request rate, TTFT by turn."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from benchmarks.serving_metrics import percentile
 
 FIGURES = (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_s", "end-to-end (s)"))
 
@@ -51,6 +53,33 @@ def plot_goodput(results: dict[str, dict[str, Any]], path: Path) -> None:
     right.set_ylabel("SLO attainment")
     for ax in (left, right):
         ax.set_xlabel("request rate (req/s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_ttft_by_turn(requests: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    """For multi-turn runs (requests with ``turn`` and ``ttft_s``): the TTFT CDF, and the
+    median TTFT of each turn; a line per deployment."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, rows in requests.items():
+        done = [r for r in rows if r.get("ttft_s") is not None]
+        values = sorted(r["ttft_s"] for r in done)
+        if not values:
+            continue
+        left.step(values, [(i + 1) / len(values) for i in range(len(values))], label=label)
+        turns = sorted({r["turn"] for r in done})
+        medians = [percentile([r["ttft_s"] for r in done if r["turn"] == t], 50) for t in turns]
+        right.plot([t + 1 for t in turns], medians, marker="o", label=label)
+    left.set_xlabel("TTFT (s)")
+    left.set_ylabel("share of requests")
+    right.set_xlabel("turn")
+    right.xaxis.get_major_locator().set_params(integer=True)
+    right.set_ylabel("median TTFT (s)")
+    for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.tight_layout()

@@ -23,7 +23,7 @@ _SENTENCE = (
     "sockets river mountain city garden library winter summer engine signal paper music story "
     "quiet bright early late north south market harbour bridge window forest island"
 )
-_WORDS = _SENTENCE.split()
+WORDS = _SENTENCE.split()
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,18 @@ def synthetic(
 
 def _item(kind: str, rng: random.Random, encode: Callable[[str], list[int]] | None) -> WorkItem:
     prompt_tokens, output_tokens = KINDS[kind]
-    words = [rng.choice(_WORDS) for _ in range(prompt_tokens)]
+    words = [rng.choice(WORDS) for _ in range(prompt_tokens)]
     if kind == "summarise":
         words = ["Summarise", "this", "text:", *words]
     text = " ".join(words)
     if encode is None:
         text = " ".join(words[: max(1, int(prompt_tokens / 1.3))])
         return WorkItem(text, output_tokens, kind, prompt_tokens)
-    cut = _decode_prefix(text, encode, prompt_tokens)
+    cut = decode_prefix(text, encode, prompt_tokens)
     return WorkItem(cut, output_tokens, kind, len(encode(cut)))
 
 
-def _decode_prefix(text: str, encode: Callable[[str], list[int]], num_tokens: int) -> str:
+def decode_prefix(text: str, encode: Callable[[str], list[int]], num_tokens: int) -> str:
     """The longest word-boundary prefix of ``text`` with at most ``num_tokens`` tokens."""
     words = text.split(" ")
     low, high = 1, len(words)
