@@ -143,6 +143,28 @@ def test_pd_token_accounting(pd, single_node, handoff, max_new_tokens, pd_tokens
     assert split[-1].finish_reason == single[-1].finish_reason == FinishReason.LENGTH
 
 
+def test_a_shared_prefix_moves_only_new_blocks_and_answers_as_single_node(pd, single_node, handoff):
+    offset = 50 * list(HANDOFFS).index(handoff)  # a prefix no earlier test sent to this pair
+    base = list(range(100 + offset, 140 + offset))  # 40 tokens: ten blocks of 4
+    prompts = [[*base, 1], [*base, 1, 2, 3, 4, 5]]
+    params = [SamplingParams(max_new_tokens=6, ignore_eos=True)]
+    moved: list[int] = []
+    pd.on_handoff = lambda num_bytes, seconds, path: moved.append(num_bytes)
+    try:
+        runs = [_run(pd, [p], params, f"shared-{handoff}-{i}")[0] for i, p in enumerate(prompts)]
+    finally:
+        pd.on_handoff = None
+    block_bytes = moved[0] // 11  # 41 prompt tokens: every one of eleven blocks moved
+    assert moved == [11 * block_bytes, 2 * block_bytes]  # the decode worker held ten of twelve
+    assert runs[1][0].num_cached_tokens == 40  # the prefill worker computed 5 of 45 tokens
+    single = [
+        _run(single_node, [p], params, f"shared-single-{handoff}-{i}")[0]
+        for i, p in enumerate(prompts)
+    ]
+    for pd_events, single_events in zip(runs, single, strict=True):
+        assert [e.token_id for e in pd_events] == [e.token_id for e in single_events]
+
+
 def test_prefill_and_decode_each_own_a_core(pd, ray_session):
     import os
 
