@@ -69,6 +69,7 @@ from benchmarks.serving_workload import WorkItem  # noqa: E402
 METRICS_SETTLE_S = 1.0  # pdserve's router polls worker counts every 0.25 s
 GOALS = {"ttft_p50": ("<=", 0.3), "request_throughput": (">=", 2.0)}
 _COUNTER = re.compile(r"^\w*prefix_cache_(queries|hits)_total(\{[^}]*\})?[ \t]+(\S+)$", re.M)
+_KV_COUNTER = re.compile(r"^\w*kv_transfer(s|_bytes)_total(\{[^}]*\})?[ \t]+(\S+)$", re.M)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -246,6 +247,9 @@ def parse_prefix_counters(text: str) -> dict[str, dict[str, float]] | None:
         role = re.search(r'role="([^"]*)"', labels)
         for key in ("all", role.group(1)) if role else ("all",):
             totals.setdefault(key, {"queries": 0.0, "hits": 0.0})[kind] += float(value)
+    for kind, _, value in _KV_COUNTER.findall(text):  # KV hand-offs, and the bytes they moved
+        name = "handoffs" if kind == "s" else "bytes"
+        totals.setdefault("kv", {"handoffs": 0.0, "bytes": 0.0})[name] += float(value)
     return totals or None
 
 
@@ -258,11 +262,17 @@ def counter_delta(before: dict | None, after: dict | None) -> dict[str, dict[str
     }
 
 
+def bytes_per_handoff(delta: dict[str, dict[str, float]] | None) -> float | None:
+    """KV bytes moved per prefill -> decode hand-off over a run (None: no hand-off seen)."""
+    kv = (delta or {}).get("kv")
+    return kv["bytes"] / kv["handoffs"] if kv and kv["handoffs"] else None
+
+
 def metrics_hit_rate(delta: dict[str, dict[str, float]] | None) -> float | None:
     if not delta:
         return None
-    counts = delta.get("prefill") or delta.get("colocated") or delta["all"]
-    return counts["hits"] / counts["queries"] if counts["queries"] else None
+    counts = delta.get("prefill") or delta.get("colocated") or delta.get("all")
+    return counts["hits"] / counts["queries"] if counts and counts["queries"] else None
 
 
 def request_rows(turns: list[Turn], tokenizer: Tokenizer, block_size: int) -> list[dict]:
@@ -317,7 +327,11 @@ def run_column(column: Column, args: argparse.Namespace, tokenizer: Tokenizer) -
         ]
         summary = summarize([t.record for t in turns], seconds, slo)
         summary |= cache_figures(these, column.with_answers)
-        summary |= {"hit_rate_metrics": metrics_hit_rate(delta), "metrics_delta": delta}
+        summary |= {
+            "hit_rate_metrics": metrics_hit_rate(delta),
+            "kv_bytes_per_handoff": bytes_per_handoff(delta),
+            "metrics_delta": delta,
+        }
         repeats.append(summary)
         records += [t.record for t in turns]
         rows += these
@@ -326,6 +340,7 @@ def run_column(column: Column, args: argparse.Namespace, tokenizer: Tokenizer) -
         print(f"{column.label} #{repeat}: {_brief(summary)}", flush=True)
     pooled = summarize(records, duration, slo) | cache_figures(rows, column.with_answers)
     pooled["hit_rate_metrics"] = metrics_hit_rate(_sum_deltas(deltas))
+    pooled["kv_bytes_per_handoff"] = bytes_per_handoff(_sum_deltas(deltas))
     return {
         "label": column.label,
         "url": column.target.url,
@@ -369,6 +384,7 @@ def ratios(on: dict, off: dict) -> dict[str, dict[str, Any]]:
         "ttft_p99": lambda s: s["ttft_s"]["p99"],
         "e2e_p50": lambda s: s["e2e_s"]["p50"],
         "request_throughput": lambda s: s["request_throughput"],
+        "kv_bytes_per_handoff": lambda s: s.get("kv_bytes_per_handoff"),
     }
     out: dict[str, dict[str, Any]] = {}
     for name, figure in figures.items():
@@ -402,6 +418,7 @@ def table(columns: list[dict], on_off: dict[str, dict[str, Any]] | None, slo: SL
         ("hit rate: usage", lambda c: _pct(c["summary"]["hit_rate_usage"]), None),
         ("hit rate: /metrics", lambda c: _pct(c["summary"]["hit_rate_metrics"]), None),
         ("hit rate the workload allows", lambda c: _pct(c["summary"]["allowed_hit_rate"]), None),
+        ("KV MB moved per hand-off", _handoff_mb, "kv_bytes_per_handoff"),
         ("requests ok", _ok, None),
     ]
     extra = ["on / off"] if on_off else []
@@ -415,6 +432,11 @@ def table(columns: list[dict], on_off: dict[str, dict[str, Any]] | None, slo: SL
             cells.append(_ratio_cell(on_off[key]) if key else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _handoff_mb(column: dict) -> str:
+    num_bytes = column["summary"].get("kv_bytes_per_handoff")
+    return "-" if num_bytes is None else f"{num_bytes / 1e6:.1f}"
 
 
 def _ttft_p50(column: dict) -> str:

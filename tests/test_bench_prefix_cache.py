@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.bench_prefix_cache import (
+    bytes_per_handoff,
     cached_tokens_of,
+    counter_delta,
     metrics_hit_rate,
     parse_prefix_counters,
     ratios,
@@ -133,6 +135,21 @@ def test_prefix_counters_and_usage():
     assert cached_tokens_of({"usage": {"prompt_tokens_details": {"cached_tokens": 7}}}) == 7
     assert cached_tokens_of({"timings": {"cache_n": 5}}) == 5
     assert cached_tokens_of({"usage": {"prompt_tokens": 9}}) is None
+
+
+def test_bytes_per_handoff_from_the_kv_counters():
+    before = parse_prefix_counters(
+        'kv_transfer_bytes_total{model_name="m"} 1000.0\n'
+        'kv_transfers_total{model_name="m",path="shared_memory"} 1.0\n'
+    )
+    after = parse_prefix_counters(
+        'kv_transfer_bytes_total{model_name="m"} 4000.0\n'
+        'kv_transfers_total{model_name="m",path="shared_memory"} 3.0\n'
+        'kv_transfers_total{model_name="m",path="frames"} 1.0\n'
+    )
+    assert bytes_per_handoff(counter_delta(before, after)) == pytest.approx(1000.0)
+    assert bytes_per_handoff(before) == pytest.approx(1000.0)
+    assert bytes_per_handoff(None) is None and metrics_hit_rate(before) is None
 
 
 def column(label, p50s, rates, hit) -> dict:
