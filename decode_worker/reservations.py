@@ -5,10 +5,11 @@ callback, so it needs no lock. ``grant`` runs when a hand-off arrives and whenev
 been freed: it reserves blocks for waiters in order and stops at the first that does not fit, so
 a priority-1 hand-off is never overtaken by a later or lower-priority one.
 
-Each waiter's answer is a future its ``reserve`` call waits on: None once granted, else the reason
-it was refused. The caller may give up first (``answer.cancel()``, when the engine thread did not
-answer in time); the future's own protocol (``set_running_or_notify_cancel``) decides who was
-first, and a waiter given up on is dropped, its blocks freed if they were just reserved.
+Each waiter's answer is a future its ``reserve`` call waits on: once granted, the number of
+leading blocks it shares from the prefix cache (an int, pages not to send), else the reason it
+was refused (a str). The caller may give up first (``answer.cancel()``, when the engine thread
+did not answer in time); the future's own protocol (``set_running_or_notify_cancel``) decides
+who was first, and a waiter given up on is dropped, its blocks freed if they were just reserved.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Waiter:
     seq: int
     request: GenerationRequest = field(compare=False)
     token: str = field(compare=False, repr=False)  # the reservation's secret
-    answer: Future[str | None] = field(default_factory=Future, compare=False)
+    answer: Future[int | str] = field(default_factory=Future, compare=False)
 
 
 class ReservationQueue:
@@ -72,11 +73,11 @@ class ReservationQueue:
                 )
                 if reserved is None:
                     return
-                refusal = None
+                result: int | str = reserved.num_shared_blocks
             except RequestRejectedError as exc:  # e.g. the request id is already in use
-                refusal = str(exc)
+                result = str(exc)
             heapq.heappop(self._heap)
-            if not _answer(waiter, refusal) and refusal is None:
+            if not _answer(waiter, result) and isinstance(result, int):
                 engine.abort(request.request_id)  # given up on just now: free its blocks
 
     def withdraw(self, engine: LLMEngine, request_id: str) -> None:
@@ -101,9 +102,9 @@ class ReservationQueue:
         return None
 
 
-def _answer(waiter: Waiter, refusal: str | None) -> bool:
+def _answer(waiter: Waiter, result: int | str) -> bool:
     """Answer ``waiter``; False if its caller gave up on it already."""
     if not waiter.answer.set_running_or_notify_cancel():
         return False
-    waiter.answer.set_result(refusal)
+    waiter.answer.set_result(result)
     return True

@@ -105,22 +105,20 @@ class DecodeWorker(WorkerRuntime):
         token = secrets.token_hex(16)  # only pages carrying it are accepted
         self._open(request_id)
         try:
-            refusal = self._wait_for_blocks(request, token, max(wait_s, 0.0))
+            answer = self._wait_for_blocks(request, token, max(wait_s, 0.0))
         except BaseException:
             self._close(request_id)
             raise
-        if refusal is not None:
+        if isinstance(answer, str):
             self._close(request_id)
-            return Reservation.refused(refusal)
-        reserved = self.engine.requests.get(request_id)  # set before the answer was
-        shared = reserved.num_shared_blocks if reserved is not None else 0
-        return Reservation(True, self.receiver.endpoint, token=token, num_cached_blocks=shared)
+            return Reservation.refused(answer)
+        return Reservation(True, self.receiver.endpoint, token=token, num_cached_blocks=answer)
 
-    def _wait_for_blocks(self, request: GenerationRequest, token: str, wait_s: float) -> str | None:
-        """None once blocks are reserved, else why not, within ``wait_s`` (the last
-        ``SETTLE_S`` of it for the engine thread to say why)."""
+    def _wait_for_blocks(self, request: GenerationRequest, token: str, wait_s: float) -> int | str:
+        """Once blocks are reserved, how many leading ones the prefix cache gave; else why not,
+        within ``wait_s`` (the last ``SETTLE_S`` of it for the engine thread to say why)."""
         deadline = time.monotonic() + wait_s
-        answer: Future[str | None] = Future()
+        answer: Future[int | str] = Future()
         added = self.loop.call(lambda e: self._waiting.add(e, request, token, answer))
         with contextlib.suppress(TimeoutError):
             return answer.result(timeout=_left(deadline - min(SETTLE_S, wait_s / 2)))

@@ -113,7 +113,9 @@ class BlockManager:
 
     # ---- the prefix cache ----------------------------------------------------------------------
 
-    def hashes(self, hashes: list[bytes], token_ids: Sequence[int], num_tokens: int) -> list[bytes]:
+    def extend_hashes(
+        self, hashes: list[bytes], token_ids: Sequence[int], num_tokens: int
+    ) -> list[bytes]:
         """Extend ``hashes`` (a request's, cached on it) to every full block of its first
         ``num_tokens`` tokens."""
         return extend_block_hashes(hashes, token_ids, self.block_size, self.root, num_tokens)
@@ -123,8 +125,8 @@ class BlockManager:
         last token to compute (its logits are needed); extends ``hashes`` as needed."""
         if not self.enabled:
             return []
-        max_blocks = (len(token_ids) - 1) // self.block_size
-        self.hashes(hashes, token_ids, max_blocks * self.block_size)
+        max_blocks = max(len(token_ids) - 1, 0) // self.block_size
+        self.extend_hashes(hashes, token_ids, max_blocks * self.block_size)
         return self.match(hashes, token_ids, max_blocks)
 
     def count_lookup(self, num_tokens: int, num_cached_blocks: int) -> None:
@@ -162,16 +164,21 @@ class BlockManager:
         start: int,
     ) -> None:
         """Cache the full, computed blocks ``block_ids[start:len(hashes)]`` of a request under
-        their hashes. A hash already cached keeps its block (this copy stays private)."""
+        their hashes. A hash already cached keeps its block (this copy stays private); a hash
+        cached for another prefix (a collision) ends the registration there."""
         if not self.enabled:
             return
         size = self.block_size
         for index in range(start, min(len(hashes), len(block_ids))):
             block_id, block_hash = block_ids[index], hashes[index]
-            if block_id in self._hash_of or block_hash in self._cached:
-                continue
             parent = hashes[index - 1] if index else self.root
             tokens = tuple(token_ids[index * size : (index + 1) * size])
+            entry = self._cached.get(block_hash)
+            if entry is not None and (entry.parent, entry.tokens) != (parent, tokens):
+                self.num_collisions += 1  # another prefix holds this hash: nothing after it
+                return  # may be registered, or a block would be found under a wrong parent
+            if block_id in self._hash_of or entry is not None:
+                continue
             self._cached[block_hash] = CachedBlock(block_id, parent, tokens)
             self._hash_of[block_id] = block_hash
 

@@ -11,17 +11,17 @@ A request may also arrive with output tokens it already generated elsewhere (``o
 a request migrated off a failed worker): they are computed with the prompt, count against its
 output limit, and are replayed through its detokenizer, so it continues exactly where it stopped.
 
-A decode engine continues such a request: ``reserve_import`` sets blocks aside for it (RESERVED,
-with a deadline); ``take_reservation`` + ``write_pages`` put the arriving pages into them
-(RECEIVING; these two alone may run on the transport's thread, see ``_receive_lock``), and
-``finish_receive`` starts it decoding (RUNNING). A reservation ends like any request: ``abort``,
-or ``expire_reservations`` once its deadline passed. ``import_kv`` does it all in one call.
+A decode engine continues a request from the pages a prefill engine exported
+(``engine/kv_import.py``: RESERVED, RECEIVING, then RUNNING like any other).
+
+Prefix caching (``engine/block_manager.py``): every block full of computed KV is registered in
+the cache as soon as it is; an admitted request starts after the longest cached prefix of its
+tokens, and a finished one leaves its blocks cached for later requests.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import itertools
 import logging
 import threading
@@ -35,23 +35,24 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import KVImportError, RequestRejectedError
+from engine.errors import RequestRejectedError
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
+from engine.kv_import import DecodeHandoff
 from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, TokenEvent
-from engine.request import FinishReason, Request, RequestStatus
+from engine.request import FinishReason, Request, RequestStatus, replay_outputs
 from engine.sampler import make_generator, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferHeader
+from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 
 log = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(DecodeHandoff):
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -169,7 +170,7 @@ class LLMEngine:
             arrival_seq=next(self._arrivals),
             generator=make_generator(self.device),
         )
-        _replay_outputs(request)
+        replay_outputs(request)
         return request
 
     def _check_fits(self, request: Request) -> None:
@@ -213,7 +214,7 @@ class LLMEngine:
         num_full = request.num_computed_tokens // blocks.block_size
         if not blocks.enabled or num_full <= request.num_registered_blocks:
             return
-        hashes = blocks.hashes(
+        hashes = blocks.extend_hashes(
             request.block_hashes, request.token_ids, num_full * blocks.block_size
         )
         blocks.register(
@@ -326,226 +327,6 @@ class LLMEngine:
         if request is not None and request.status == RequestStatus.HELD:
             self._finish(request, FinishReason.LENGTH)
 
-    # ---- KV hand-off: the decode side ------------------------------------------------------
-
-    def reserve_import(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        priority: int = 5,
-        timeout_s: float | None = None,
-        output_token_ids: Sequence[int] = (),
-        token: str = "",
-    ) -> Request | None:
-        """Set blocks aside for an incoming hand-off: a RESERVED request that ends with an error
-        if its pages are not in within ``timeout_s``. None when the cache cannot hold it now.
-        ``output_token_ids``: the outputs a migrated request arrives with, besides its prompt.
-        ``token``: the reservation's secret; only pages carrying it are taken.
-
-        Leading blocks of the request found in the prefix cache are shared, not reserved anew:
-        ``num_shared_blocks`` of the returned request; the pages that come start after them."""
-        if request_id in self.requests:
-            raise RequestRejectedError(f"request id {request_id!r} is already in use")
-        token_ids = [*prompt_token_ids, *output_token_ids]
-        hashes: list[bytes] = []
-        shared = self.blocks.lookup(hashes, token_ids)
-        num_new = self.blocks.blocks_for(len(token_ids) + 1) - len(shared)
-        if not self.blocks.can_take(shared, num_new):
-            return None
-        self.blocks.count_lookup(len(token_ids), len(shared))
-        # Its first token and output limit come with the pages (finish_receive).
-        num_prompt = len(prompt_token_ids)
-        request = self._new_request(
-            request_id, token_ids[:num_prompt], num_prompt, params, 0, priority
-        )
-        request.token_ids = token_ids  # its outputs are replayed when their pages are in
-        request.status = RequestStatus.RESERVED
-        request.block_hashes = hashes
-        request.block_ids = self.blocks.take(shared) + self.blocks.allocate(num_new)
-        request.num_shared_blocks = request.num_registered_blocks = len(shared)
-        if timeout_s is not None:
-            request.deadline = request.arrival_time + timeout_s
-        self.requests[request_id] = request
-        with self._receive_lock:
-            for ended in [r for r in self._import_tokens if r not in self.requests]:
-                del self._import_tokens[ended]
-            self._import_tokens[request_id] = token
-        return request
-
-    def reservation_refusal(self, num_tokens: int) -> str:
-        """Why a reservation for ``num_tokens`` (prompt and outputs so far) does not fit now."""
-        return (
-            f"decode cache full: {self.blocks.num_free_blocks} of {self.blocks.num_blocks} "
-            f"blocks free, {self.blocks.blocks_for(num_tokens + 1)} needed"
-        )
-
-    def expire_reservations(self, now: float | None = None) -> None:
-        """End every RESERVED request past its deadline with an error (its pages never came)."""
-        now = time.monotonic() if now is None else now
-        for request in list(self.requests.values()):
-            deadline = request.deadline
-            if request.status == RequestStatus.RESERVED and deadline is not None and deadline < now:
-                waited = deadline - request.arrival_time
-                self.abort(request.request_id, f"KV pages did not arrive within {waited:.0f} s")
-
-    @property
-    def kv_cache_bytes(self) -> int:
-        """Bytes of the whole KV cache: more pages than that never arrive for one request."""
-        block_bytes = bytes_per_block(self.shape, self.layout.block_size, self.dtype)
-        return self.blocks.num_blocks * block_bytes
-
-    def check_transfer_header(self, header: TransferHeader) -> None:
-        """Any thread: the handshake, before any page is read. Raises :class:`KVImportError`
-        unless a live reservation with the header's secret awaits pages of this layout and
-        shape."""
-        with self._receive_lock:
-            request = self._live_reservation(header.request_id, header.token)
-            self.layout.check_compatible(header.layout)
-            self._check_page_shape(request, header.shape)
-
-    def take_reservation(self, payload: KVPayload, max_output_tokens: int | None = None) -> Request:
-        """Any thread: check arriving pages against their reservation and mark it RECEIVING.
-
-        Raises :class:`KVImportError` (the request keeps its reservation) for pages that have no
-        live reservation with their secret or do not fit it: another model or layout, more
-        blocks, another shape, or a request state at odds with the reservation (another prompt,
-        token ids out of the vocabulary, counts that do not add up). ``max_output_tokens``
-        overrides the state's output limit.
-        """
-        state = payload.state
-        with self._receive_lock:
-            request = self._live_reservation(state.request_id, payload.token)
-            self.layout.check_compatible(payload.layout)
-            self._check_page_shape(request, tuple(payload.blocks.shape))
-            if state.first_block != request.num_shared_blocks:
-                raise KVImportError(
-                    f"pages start at block {state.first_block}; this worker holds "
-                    f"{request.num_shared_blocks} leading blocks of the request"
-                )
-            payload.check_shape(
-                self.blocks.blocks_for(state.num_computed_tokens) - state.first_block
-            )
-            self._check_state(request, state, max_output_tokens or state.max_output_tokens)
-            request.status = RequestStatus.RECEIVING
-            self._import_tokens.pop(state.request_id, None)
-        return request
-
-    def _live_reservation(self, request_id: str, token: str) -> Request:
-        """Under ``_receive_lock``: the RESERVED request whose secret is ``token``. Every miss
-        gets the same answer, whatever was wrong."""
-        request = self.requests.get(request_id)
-        expected = self._import_tokens.get(request_id, "")
-        matches = hmac.compare_digest(token.encode(), expected.encode())
-        if not matches or request is None or request.status != RequestStatus.RESERVED:
-            raise KVImportError("no reservation for these pages (aborted?)")
-        return request
-
-    def _check_page_shape(self, request: Request, shape: tuple[int, ...]) -> None:
-        layout = self.layout
-        num_blocks = shape[2] if len(shape) == 6 else 0
-        expected = (
-            layout.num_layers,
-            2,
-            num_blocks,
-            layout.block_size,
-            layout.num_kv_heads,
-            layout.head_dim,
-        )
-        if shape != expected:
-            raise KVImportError(f"KV blocks have shape {shape}, expected {expected}")
-        reserved = len(request.block_ids) - request.num_shared_blocks
-        if num_blocks > reserved:
-            raise KVImportError(f"{num_blocks} blocks arrived, {reserved} reserved")
-
-    def _check_state(self, request: Request, state: HandoffState, max_output_tokens: int) -> None:
-        """The arriving state must continue the reserved request and fit its blocks: a forged
-        one never reaches a step, where a bad token id would fail every running request."""
-        num_prompt = request.num_prompt_tokens
-        tokens = state.token_ids
-        reserved = request.token_ids  # the prompt and any outputs so far
-        if state.num_prompt_tokens != num_prompt or tokens[: len(reserved)] != reserved:
-            raise KVImportError("the pages' tokens are not the reserved request's")
-        computed = state.num_computed_tokens
-        if computed < num_prompt or len(tokens) != computed + 1:
-            raise KVImportError(
-                f"inconsistent request state: {len(tokens)} tokens, {computed} computed"
-            )
-        if self.blocks.blocks_for(len(tokens)) > len(request.block_ids):
-            raise KVImportError(f"{len(tokens)} tokens do not fit the reserved blocks")
-        vocab_size = self.shape.vocab_size
-        if any(not 0 <= t < vocab_size for t in tokens):
-            raise KVImportError(f"a token id is outside the vocabulary (0..{vocab_size - 1})")
-        num_outputs = len(tokens) - num_prompt
-        if not num_outputs < max_output_tokens <= self.config.scheduler.max_seq_len:
-            raise KVImportError(  # at least one token left to decode
-                f"output limit {max_output_tokens} is not within {num_outputs + 1}.."
-                f"{self.config.scheduler.max_seq_len}"
-            )
-
-    @torch.inference_mode()
-    def write_pages(self, request: Request, payload: KVPayload) -> str | None:
-        """Any thread: copy the pages into a RECEIVING request's blocks (no running request reads
-        them, and they stay allocated until ``finish_receive``). The error, if the copy failed."""
-        first, num_blocks = request.num_shared_blocks, payload.blocks.shape[2]
-        try:
-            self.kv_cache.import_blocks(
-                request.block_ids[first : first + num_blocks], payload.blocks
-            )
-        except RuntimeError as exc:  # e.g. out of device memory
-            return f"KV install failed: {exc}"
-        return None
-
-    def finish_receive(
-        self,
-        request: Request,
-        state: HandoffState,
-        error: str | None = None,
-        max_output_tokens: int | None = None,
-    ) -> None:
-        """After ``write_pages``: the request continues decoding (RUNNING) from where the prefill
-        side left it, or ends with the write's ``error``. One ended meanwhile (abort, expiry)
-        only frees its blocks now."""
-        if request.is_finished or error is not None:
-            self.blocks.free(request.block_ids)  # _finish leaves them to us while RECEIVING
-            if not request.is_finished:
-                self.abort(request.request_id, error)
-            return
-        request.token_ids = list(state.token_ids)
-        request.num_computed_tokens = state.num_computed_tokens
-        request.num_cached_tokens = state.num_cached_tokens  # the prefill side's, for usage
-        request.max_output_tokens = max_output_tokens or state.max_output_tokens
-        _replay_outputs(request)  # every output so far was streamed by the prefill side
-        self._cache_computed(request)  # what arrived is reusable by later hand-offs
-        self.scheduler.insert_running(request)
-
-    def import_kv(self, payload: KVPayload, max_output_tokens: int | None = None) -> None:
-        """Install received pages into a request that continues decoding: into its reservation,
-        or into blocks reserved now. On a mismatch the reservation ends with the error, which is
-        raised too (pages are never decoded into garbage)."""
-        state = payload.state
-        if state.request_id not in self.requests:
-            reserved = self.reserve_import(
-                state.request_id,
-                state.prompt_token_ids,
-                state.params,
-                state.priority,
-                output_token_ids=state.token_ids[state.num_prompt_tokens :],
-                token=payload.token,
-            )
-            if reserved is None:
-                raise KVImportError(f"no free KV blocks for request {state.request_id!r}")
-        try:
-            request = self.take_reservation(payload, max_output_tokens)
-        except KVImportError as exc:
-            if self.requests[state.request_id].status == RequestStatus.RESERVED:
-                self.abort(state.request_id, str(exc))
-            raise
-        error = self.write_pages(request, payload)
-        self.finish_receive(request, state, error, max_output_tokens)
-        if error is not None:
-            raise KVImportError(error)
-
     # ---- introspection ---------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
@@ -578,15 +359,6 @@ class LLMEngine:
                 if event.request_id in outputs and event.token_id is not None:
                     outputs[event.request_id].append(event.token_id)
         return [outputs[i] for i in ids]
-
-
-def _replay_outputs(request: Request) -> None:
-    """Run a request's outputs so far through its (new) detokenizer token by token, as their
-    own engine did, so its next piece of text follows exactly the text already streamed."""
-    detokenizer = request.detokenizer
-    for end in range(detokenizer.read_offset + 1, request.num_tokens + 1):
-        detokenizer.append(request.token_ids[:end])
-        detokenizer.take_piece(False)
 
 
 def _gguf_blocks(loaded: LoadedModel, config: EngineConfig) -> dict | None:

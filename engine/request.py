@@ -84,3 +84,12 @@ class Request:
     @property
     def sort_key(self) -> tuple[int, int]:
         return (self.priority, self.arrival_seq)
+
+
+def replay_outputs(request: Request) -> None:
+    """Run a request's outputs so far through its (new) detokenizer token by token, as their
+    own engine did, so its next piece of text follows exactly the text already streamed."""
+    detokenizer = request.detokenizer
+    for end in range(detokenizer.read_offset + 1, request.num_tokens + 1):
+        detokenizer.append(request.token_ids[:end])
+        detokenizer.take_piece(False)

@@ -125,8 +125,8 @@ class Scheduler:
             heapq.heappop(self._waiting)
             self.blocks.count_lookup(request.num_tokens, len(cached))
             request.block_ids = self.blocks.take(cached) + self.blocks.allocate(needed)
-            request.num_computed_tokens = request.num_registered_blocks = len(cached)
-            request.num_computed_tokens *= self.blocks.block_size
+            request.num_registered_blocks = len(cached)
+            request.num_computed_tokens = len(cached) * self.blocks.block_size
             if request.first_token_time is None:  # what its usage reports
                 request.num_cached_tokens = min(
                     request.num_computed_tokens, request.num_prompt_tokens

@@ -217,11 +217,11 @@ def test_a_forged_hash_collision_is_detected(tiny_loaded, monkeypatch):
 def test_the_block_manager_confirms_tokens_and_parent():
     blocks = BlockManager(8, 2, enabled=True, root=b"model")
     tokens = [1, 2, 3, 4]
-    hashes = blocks.hashes([], tokens, 4)
+    hashes = blocks.extend_hashes([], tokens, 4)
     owned = blocks.allocate(2)
     blocks.register(owned, hashes, tokens, 0)
     assert blocks.match(hashes, tokens, 2) == owned
-    other_root = BlockManager(8, 2, enabled=True, root=b"other model").hashes([], tokens, 4)
+    other_root = BlockManager(8, 2, enabled=True, root=b"other model").extend_hashes([], tokens, 4)
     assert blocks.match(other_root, tokens, 2) == []  # another model's chain never matches
     assert blocks.match(hashes, [1, 2, 3, 5], 2) == owned[:1]  # confirmed by tokens: caught
     assert blocks.num_collisions == 1
@@ -231,12 +231,12 @@ def test_cached_free_blocks_are_evicted_oldest_first_and_count_as_free():
     blocks = BlockManager(4, 1, enabled=True)
     for token in (1, 2):
         owned = blocks.allocate(1)
-        blocks.register(owned, blocks.hashes([], [token], 1), [token], 0)
+        blocks.register(owned, blocks.extend_hashes([], [token], 1), [token], 0)
         blocks.free(owned)
     assert blocks.num_free_blocks == 4 and blocks.num_cached_blocks == 2
     blocks.allocate(3)  # two empty blocks, then the oldest cached one
-    assert blocks.match(blocks.hashes([], [1], 1), [1], 1) == []
-    assert len(blocks.match(blocks.hashes([], [2], 1), [2], 1)) == 1
+    assert blocks.match(blocks.extend_hashes([], [1], 1), [1], 1) == []
+    assert len(blocks.match(blocks.extend_hashes([], [2], 1), [2], 1)) == 1
     blocks.check_consistent()
 
 

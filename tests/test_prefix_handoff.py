@@ -117,3 +117,106 @@ def test_pages_that_start_at_the_wrong_block_are_refused(tiny_model_dir):
             worker.loop.stop()
         decode.receiver.close()
         prefill.sender.close()
+
+
+# ---- the decode engine's side, engine to engine ----------------------------------------------
+
+
+def _prefill(engine, request_id: str, prompt: list[int], outputs=()) -> None:
+    engine.add_request(request_id, prompt, PARAMS, prefill_only=True, output_token_ids=outputs)
+    while engine.requests[request_id].first_token_time is None:
+        engine.step()
+
+
+def _decode_to_end(engine, request_id: str) -> list[int]:
+    tokens = list(engine.requests[request_id].output_token_ids)
+    while request_id in engine.requests:
+        tokens += [e.token_id for e in engine.step() if e.request_id == request_id and e.token_id]
+    return tokens
+
+
+def _consistent(engine) -> None:
+    engine.blocks.check_consistent()
+    held = [0] * engine.blocks.num_blocks
+    for request in engine.requests.values():
+        for block_id in request.block_ids:
+            held[block_id] += 1
+    assert [engine.blocks.ref_count(b) for b in range(engine.blocks.num_blocks)] == held
+
+
+def test_import_kv_works_again_once_the_decode_engine_caches_the_prefix(tiny_loaded):
+    prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
+    alone = make_engine(tiny_loaded, prefix_caching=False)
+    for request_id in ("a", "b"):
+        _prefill(prefill, request_id, [*SYSTEM, 1, 2])
+        decode.import_kv(prefill.export_kv(request_id, 6))  # all pages: from block 0
+        prefill.release(request_id)
+        assert decode.requests[request_id].num_shared_blocks == 0
+        assert _decode_to_end(decode, request_id) == alone.generate([[*SYSTEM, 1, 2]], PARAMS)[0]
+    _consistent(decode)
+
+
+def test_ending_a_reservation_that_shares_blocks_keeps_the_counts(tiny_loaded):
+    prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
+    _prefill(prefill, "warm", [*SYSTEM, 1, 2])
+    decode.import_kv(prefill.export_kv("warm", 6))
+    _decode_to_end(decode, "warm")
+    ends = {
+        "aborted reserved": lambda r: decode.abort(r.request_id),
+        "expired": lambda r: decode.expire_reservations(now=r.deadline + 1),
+        "aborted receiving": lambda r: _abort_while_receiving(prefill, decode, r),
+    }
+    for i, (name, end) in enumerate(ends.items()):
+        reserved = decode.reserve_import(f"r{i}", [*SYSTEM, 1, 2, 3], PARAMS, timeout_s=5.0)
+        assert reserved.num_shared_blocks == 7, name
+        shared = reserved.block_ids[:7]
+        assert all(decode.blocks.ref_count(b) == 1 for b in shared)
+        end(reserved)
+        assert f"r{i}" not in decode.requests, name
+        assert all(decode.blocks.ref_count(b) == 0 for b in shared), name
+        _consistent(decode)
+    assert decode.blocks.num_used_blocks == 0 and decode.blocks.num_cached_blocks >= 7
+
+
+def _abort_while_receiving(prefill, decode, reserved) -> None:
+    request_id = reserved.request_id
+    _prefill(prefill, request_id, [*SYSTEM, 1, 2, 3])
+    payload = prefill.export_kv(request_id, 6, first_block=reserved.num_shared_blocks)
+    prefill.release(request_id)
+    payload.token = decode._import_tokens[request_id]
+    receiving = decode.take_reservation(payload)
+    decode.abort(request_id)  # while its pages are being written: blocks stay until the write ends
+    assert decode.write_pages(receiving, payload) is None
+    decode.finish_receive(receiving, payload.state)
+
+
+def test_a_migrated_request_shares_the_blocks_its_outputs_filled(tiny_loaded):
+    """A request continued after outputs it made elsewhere: the decode worker holds the prompt
+    and the earlier outputs' blocks already; only the rest moves, and it goes on as if never
+    moved."""
+    prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    full = make_engine(tiny_loaded, prefix_caching=False).generate([[*SYSTEM, 1, 2]], params)[0]
+    _prefill(prefill, "first", [*SYSTEM, 1, 2])
+    decode.import_kv(prefill.export_kv("first", 12))
+    prefill.release("first")
+    assert _decode_to_end(decode, "first") == full
+    outputs = full[:7]  # 28 prompt + 7 outputs: eight full blocks were computed here
+    reserved = decode.reserve_import(
+        "moved", [*SYSTEM, 1, 2], params, output_token_ids=outputs, token="t"
+    )
+    assert reserved.num_shared_blocks == 8
+    engine_params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    prefill.add_request(
+        "moved", [*SYSTEM, 1, 2], engine_params, prefill_only=True, output_token_ids=outputs
+    )
+    while prefill.requests["moved"].first_token_time is None:
+        prefill.step()
+    payload = prefill.export_kv("moved", 12, first_block=8)
+    payload.token = "t"
+    assert payload.blocks.shape[2] == 9 - 8  # 35 tokens: nine blocks, one moves
+    request = decode.take_reservation(payload)
+    assert decode.write_pages(request, payload) is None
+    decode.finish_receive(request, payload.state)
+    assert _decode_to_end(decode, "moved") == full
+    _consistent(decode)
