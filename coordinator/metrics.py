@@ -106,7 +106,7 @@ class Metrics:
         self.prefix_cache_hits = PolledCounter(
             Counter(
                 "prefix_cache_hits",
-                "Prompt tokens a worker found in its prefix cache (KV not computed; decode: not sent)",
+                "Prompt tokens found in the prefix cache (KV not computed; on decode: not sent)",
                 worker,
                 registry=r,
             )
