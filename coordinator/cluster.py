@@ -202,9 +202,10 @@ class Cluster:
     # ---- requests --------------------------------------------------------------------------------
 
     async def generate(
-        self, request: GenerationRequest, prefill: int = 0, decode: int = 0
+        self, request: GenerationRequest, prefill: int | None = 0, decode: int = 0
     ) -> AsyncIterator[TokenEvent]:
         """Token events of one request; the last one is finished (``error`` set on failure).
+        In ``pd_separate``, ``prefill`` None has the decode worker prefill it itself.
 
         However the stream ends (finished, failed, or closed early by the caller), every worker
         that may still hold the request is told to drop it unless it ended cleanly there.
@@ -218,6 +219,8 @@ class Cluster:
                 self._routes[request_id] = [worker]
                 stream = worker.generate.options(num_returns="streaming").remote(request)
                 events = self._stream(request_id, stream)
+            elif prefill is None:
+                events = self._generate_local(request, self.decodes[decode])
             else:
                 events = self._generate_pd(request, self.prefills[prefill], self.decodes[decode])
             async for event in events:
@@ -273,6 +276,19 @@ class Cluster:
         self._routes[request_id] = [d_worker]
         stream = d_worker.stream.options(num_returns="streaming").remote(request_id)
         async for event in self._stream(request_id, stream):
+            yield event
+
+    async def _generate_local(
+        self, request: GenerationRequest, d_worker: Any
+    ) -> AsyncIterator[TokenEvent]:
+        """The decode worker computes the prompt too; the output limit is a disaggregated
+        request's all the same (docs/token-accounting.md), whichever path it took."""
+        limit = pd_output_limit(
+            request.params.max_new_tokens, self.config.engine.scheduler.max_iter_times
+        )
+        self._routes[request.request_id] = [d_worker]
+        stream = d_worker.generate.options(num_returns="streaming").remote(request, limit)
+        async for event in self._stream(request.request_id, stream):
             yield event
 
     async def _reserve(self, d_worker: Any, request: GenerationRequest) -> Reservation:

@@ -162,6 +162,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "cacheBlockSize": Key("int", 128, 1, 4096),
         "kvCacheMemoryMB": Key("int", 1024, 1, 1 << 24),
         "enablePrefixCaching": Key("bool", True),
+        # pd_separate: decode workers prefill short prompts themselves (coordinator/router.py)
+        "local_prefill_tokens": Key("int", 0, 0, 1 << 22),
+        "local_prefill_queue_tokens": Key("int", 0, 0, 1 << 22),
+        "local_prefill_fallback": Key("bool", True),
         "fullTextEnabled": Key("bool", False),
         "truncation": Key("bool", False),
         "allowed_media_dirs": Key("list", ()),

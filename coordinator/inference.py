@@ -38,7 +38,7 @@ from coordinator.errors import (
     TooManyRequests,
 )
 from coordinator.metrics import Metrics
-from coordinator.router import Router
+from coordinator.router import Route, Router
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.worker.contracts import GenerationRequest
@@ -177,7 +177,7 @@ class InferenceService:
         """The request's events from one pair after another, as one stream (module docstring)."""
         request_id = request.request_id
         generated: list[int] = []  # every token yielded so far
-        failed: tuple[int, int] | None = None
+        failed: Route | None = None
         migration = 0
         while True:
             tokens = [*request.prompt_token_ids, *request.output_token_ids, *generated]
@@ -217,16 +217,16 @@ class InferenceService:
                 self.metrics.migrations.labels(self.metrics.model_name, cause).inc()
             failed, migration = pair, migration + 1
 
-    async def _pair(
-        self, token_ids: Sequence[int], failed: tuple[int, int] | None
-    ) -> tuple[int, int]:
+    async def _pair(self, token_ids: Sequence[int], failed: Route | None) -> Route:
         """A pair for a request that computes ``token_ids`` (prompt and outputs so far), new
         (NoWorkerError if none) or migrating off ``failed``: another pair if there is one, else
         the same pair (its actor restarted), waiting for one to come back if need be (the
         request's timeouts bound the wait)."""
         while True:
             try:
-                return self.router.choose(token_ids, {failed} if failed else frozenset())
+                return self.router.choose(
+                    token_ids, {failed} if failed is not None else frozenset()
+                )
             except NoWorkerError:
                 if failed is None:
                     raise

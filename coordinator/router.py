@@ -57,19 +57,36 @@ class RoutingConfig:
     max_prefill_imbalance: int = 8192  # queued prompt tokens over the least loaded prefill
     max_decode_imbalance: int = 4  # running requests over the least loaded decode
     prefix_ttl_s: float = 600.0  # an index entry not routed again for this long expires
+    # pd_separate: the decode worker prefills a prompt itself (no hand-off) when what it would
+    # compute is at most local_prefill_tokens (0: never), or is less than the chosen prefill
+    # worker's queue once that queue reaches local_prefill_queue_tokens (0: never)
+    local_prefill_tokens: int = 0
+    local_prefill_queue_tokens: int = 0
+    local_prefill_fallback: bool = True  # no prefill worker answers: decode workers prefill
 
     def __post_init__(self) -> None:
         for name in ("block_size", "prefix_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"routing {name} must be positive, got {getattr(self, name)}")
-        for name in ("max_prefill_imbalance", "max_decode_imbalance"):
+        for name in (
+            "max_prefill_imbalance",
+            "max_decode_imbalance",
+            "local_prefill_tokens",
+            "local_prefill_queue_tokens",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be at least 0, got {getattr(self, name)}")
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any], cache: CacheConfig) -> RoutingConfig:
-        """From ``digs_scheduler_config`` and the engines' cache (no caching: load only)."""
+    def from_config(
+        cls, section: Mapping[str, Any], cache: CacheConfig, backend: Mapping[str, Any]
+    ) -> RoutingConfig:
+        """From ``digs_scheduler_config``, ``backend_config`` and the engines' cache (no caching:
+        load only)."""
         return cls(
+            local_prefill_tokens=backend["local_prefill_tokens"],
+            local_prefill_queue_tokens=backend["local_prefill_queue_tokens"],
+            local_prefill_fallback=backend["local_prefill_fallback"],
             prefix_routing=section["prefix_routing"] and cache.enable_prefix_caching,
             block_size=cache.block_size,
             max_prefill_imbalance=section["prefix_routing_max_imbalance"],
@@ -111,6 +128,8 @@ class WorkerState:
 
 
 Pair = tuple[WorkerState | None, WorkerState]  # (None, colocated worker) in single_node
+# (prefill instance, decode instance); prefill None: the decode worker prefills it itself
+Route = tuple[int | None, int]
 
 
 class Router:
@@ -192,16 +211,16 @@ class Router:
                 log.exception("load poll failed")
             await asyncio.sleep(self.poll_interval_s)
 
-    def choose(
-        self, token_ids: Sequence[int], exclude: AbstractSet[tuple[int, int]] = frozenset()
-    ) -> tuple[int, int]:
+    def choose(self, token_ids: Sequence[int], exclude: AbstractSet[Route] = frozenset()) -> Route:
         """The cheapest pair not in ``exclude`` for a request that computes ``token_ids``
         (prompt and outputs so far), fresh if possible (module docstring); NoWorkerError if none
-        is left. The pair's workers are recorded as holding ``token_ids``' blocks from now on."""
+        is left. The pair's workers are recorded as holding ``token_ids``' blocks from now on.
+
+        In ``pd_separate`` the prefill side is None when the decode worker is to prefill the
+        request itself (``local_prefill_*``; or no prefill worker answers and
+        ``local_prefill_fallback`` is on); in ``single_node`` it is always 0."""
         now = time.monotonic()
-        pairs = self._pairs(exclude, lambda w: w.fresh) or self._pairs(
-            exclude, lambda w: w.reachable(now)
-        )
+        pairs = self._candidates(exclude, now)
         if not pairs:
             raise NoWorkerError("no prefill/decode worker pair is available")
         routing = self.routing
@@ -214,13 +233,38 @@ class Router:
         }
         least = (min(_prefill_load(p) for p, _ in pairs), min(d.decode_load for _, d in pairs))
         p, d = min(pairs, key=lambda pair: self._cost(pair, len(token_ids), cached, least))
+        local = p is None and bool(self.prefills)
+        if p is not None and self._prefill_locally(p, len(token_ids) - cached[d.key]):
+            p, local = None, True
         if p is not None:
             p.pending_tokens += len(token_ids) - cached[p.key]
         d.pending_requests += 1
         for worker in (p, d) if hashes else ():
             if worker is not None:
                 self.index.insert(worker.key, hashes, now, worker.stats.num_total_blocks)
-        return (p.instance if p else 0, d.instance)
+        return (None if local else p.instance if p else 0, d.instance)
+
+    def _candidates(self, exclude: AbstractSet[Route], now: float) -> list[Pair]:
+        """Fresh pairs; else, when no prefill worker answers (pd_separate,
+        ``local_prefill_fallback``), fresh decode workers that prefill locally; else pairs of
+        workers not yet given up on."""
+        fresh = self._pairs(exclude, lambda w: w.fresh)
+        prefill_answers = any(p.fresh for p in self.prefills)
+        if fresh or prefill_answers or not self.routing.local_prefill_fallback:
+            return fresh or self._pairs(exclude, lambda w: w.reachable(now))
+        local: list[Pair] = [
+            (None, d) for d in self.decodes if d.fresh and (None, d.instance) not in exclude
+        ]
+        return local or self._pairs(exclude, lambda w: w.reachable(now))
+
+    def _prefill_locally(self, p: WorkerState, num_local_tokens: int) -> bool:
+        """Whether the decode worker computes the prompt itself: ``num_local_tokens`` (what it
+        would compute) is short, or shorter than the prefill worker's long queue."""
+        routing = self.routing
+        if routing.local_prefill_tokens and num_local_tokens <= routing.local_prefill_tokens:
+            return True
+        queue = routing.local_prefill_queue_tokens
+        return bool(queue) and p.prefill_cost >= queue and num_local_tokens < p.prefill_cost
 
     def _cost(
         self,
@@ -246,7 +290,7 @@ class Router:
         return (*prefill, 0, -cached[d.key], d.decode_load, free)
 
     def _pairs(
-        self, exclude: AbstractSet[tuple[int, int]], usable: Callable[[WorkerState], bool]
+        self, exclude: AbstractSet[Route], usable: Callable[[WorkerState], bool]
     ) -> list[Pair]:
         prefills: list[WorkerState | None] = [p for p in self.prefills if usable(p)]
         if not self.prefills:  # single_node: the colocated worker does it all

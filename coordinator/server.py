@@ -59,7 +59,9 @@ class Coordinator:
         self.router = Router(
             self.cluster,
             routing=RoutingConfig.from_config(
-                config["digs_scheduler_config"], self.cluster.config.engine.cache
+                config["digs_scheduler_config"],
+                self.cluster.config.engine.cache,
+                config["backend_config"],
             ),
         )
         exc = config["exception_config"]

@@ -52,7 +52,7 @@ from engine.transfer import KVCredentials, create_receiver
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from engine.transfer.security import transfer_credentials
 from engine.worker.contracts import GenerationRequest, Reservation
-from engine.worker.runtime import WorkerRuntime
+from engine.worker.runtime import WorkerRuntime, submit
 
 FAULT_INJECTION_ENV = "PDSERVE_FAULT_INJECTION"
 FAULTS = ("break_transport",)
@@ -129,6 +129,16 @@ class DecodeWorker(WorkerRuntime):
             added.cancel()  # or never even queues it
             return f"decode worker busy: no answer within {wait_s:.1f} s"
         return answer.result()  # being answered this instant
+
+    def generate(
+        self, request: GenerationRequest, max_output_tokens: int = 0
+    ) -> Iterator[TokenEvent]:
+        """Prefill ``request`` here, in this worker's batches (no hand-off: a short prompt, or no
+        prefill worker to take it), and stream it to its finish; ``max_output_tokens``: its
+        output limit, first token included (docs/token-accounting.md)."""
+        yield from self._run(
+            request, lambda engine: submit(engine, request, max_output_tokens=max_output_tokens)
+        )
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         super()._dispatch(events)

@@ -165,6 +165,38 @@ def test_a_shared_prefix_moves_only_new_blocks_and_answers_as_single_node(pd, si
         assert [e.token_id for e in pd_events] == [e.token_id for e in single_events]
 
 
+def test_a_request_prefilled_on_the_decode_worker_answers_as_single_node(
+    pd, single_node, handoff, ray_session
+):
+    """No hand-off at all: the decode worker computes the prompt in its own batch. Tokens,
+    text and the disaggregated output limit are the same as through a prefill worker."""
+
+    async def local(request_id: str, prompt: list[int], params: SamplingParams):
+        request = GenerationRequest(request_id, prompt, params)
+        return [event async for event in pd.generate(request, prefill=None, decode=0)]
+
+    async def all_of_them():
+        return await asyncio.gather(
+            *[
+                local(f"local-{handoff}-{i}", prompt, p)
+                for i, (prompt, p) in enumerate(zip(PROMPTS, PARAMS, strict=True))
+            ]
+        )
+
+    before = _handoffs_by_path(ray_session, pd)
+    runs = asyncio.run(all_of_them())
+    assert _handoffs_by_path(ray_session, pd) == before  # no page moved
+    single = _run(single_node, PROMPTS, PARAMS, f"local-single-{handoff}")
+    for local_events, single_events in zip(runs, single, strict=True):
+        assert local_events[-1].error is None
+        assert [e.token_id for e in local_events] == [e.token_id for e in single_events]
+        assert "".join(e.text for e in local_events) == "".join(e.text for e in single_events)
+    long = SamplingParams(max_new_tokens=50, ignore_eos=True)
+    events = asyncio.run(local(f"local-limit-{handoff}", [5, 6, 7], long))
+    assert len(events) == events[-1].num_output_tokens == MAX_ITER_TIMES + 1  # as disaggregated
+    _assert_idle(pd)
+
+
 def test_prefill_and_decode_each_own_a_core(pd, ray_session):
     import os
 

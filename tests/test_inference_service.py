@@ -13,7 +13,7 @@ import pytest
 from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, TooManyRequests
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
-from coordinator.router import STALE_GRACE_S, Router, WorkerState
+from coordinator.router import STALE_GRACE_S, Router, RoutingConfig, WorkerState
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
@@ -68,8 +68,8 @@ class FakeCluster:
             self.closed.append(request.request_id)
 
 
-def _service(cluster, max_retry=5, timeouts=None, max_requests=10, metrics=None):
-    router = Router(cluster)
+def _service(cluster, max_retry=5, timeouts=None, max_requests=10, metrics=None, routing=None):
+    router = Router(cluster, routing=routing)
     asyncio.run(router.refresh())
     return InferenceService(
         cluster, router, max_requests, max_retry, timeouts or Timeouts(), metrics
@@ -177,7 +177,8 @@ def test_a_lone_failed_pair_is_tried_again():
 
 def test_a_migration_waits_for_a_pair_within_the_request_timeout():
     cluster = FakeCluster(fail_after={(0, 0): 1})
-    service = _service(cluster, timeouts=Timeouts(infer=1))
+    no_local = RoutingConfig(local_prefill_fallback=False)
+    service = _service(cluster, timeouts=Timeouts(infer=1), routing=no_local)
     _gone(service.router.prefills[1])
     _gone(service.router.decodes[1])
 
@@ -195,6 +196,26 @@ def test_a_migration_waits_for_a_pair_within_the_request_timeout():
         asyncio.run(run())
     assert 0.9 < time.monotonic() - start < 2
     assert service.in_flight == 0
+
+
+def test_with_no_prefill_worker_left_a_migration_completes_on_the_decode_worker():
+    cluster = FakeCluster(fail_after={(0, 0): 1})
+    service = _service(cluster)
+    _gone(service.router.prefills[1])
+    _gone(service.router.decodes[1])
+
+    async def run():
+        async def kill_the_rest():
+            await asyncio.sleep(0.05)
+            _gone(service.router.prefills[0])
+
+        asyncio.ensure_future(kill_the_rest())
+        return await _collect(service)
+
+    cluster.delay_s = 0.1
+    events = asyncio.run(run())
+    assert [e.token_id for e in events] == [100 + n for n in range(MAX_NEW)]
+    assert [pair for pair, _ in cluster.calls] == [(0, 0), (None, 0)]
 
 
 def test_no_pair_at_all_is_503_at_once():

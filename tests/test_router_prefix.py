@@ -229,3 +229,46 @@ def test_single_node_prefers_the_colocated_worker_holding_the_prefix():
     assert router.choose(PROMPT_A) == (0, 0)
     _poll(router, colocated_0=_running(3))
     assert router.choose(PROMPT_A) == (0, 1)
+
+
+# ---- prefill on the decode worker ---------------------------------------------------------------
+
+
+def test_short_prompts_are_prefilled_on_the_decode_worker():
+    router = _router(local_prefill_tokens=8)
+    assert router.choose(list(range(30, 38))) == (None, 0)  # 8 tokens to compute: local
+    prefill, holder = router.choose(PROMPT_A)  # 17: handed off (decode 0 had one pending)
+    assert prefill is not None and holder == 1
+    _poll(router)
+    # 20 tokens, 16 of them cached on the holder: 4 to compute there, locally
+    assert router.choose([*PROMPT_A, 1, 2, 3]) == (None, holder)
+
+
+def test_a_long_prefill_queue_sends_shorter_prompts_to_the_decode_worker():
+    router = _router(local_prefill_queue_tokens=1000)
+    _poll(router, prefill_0=_queued(1500), prefill_1=_queued(1200))
+    assert router.choose(PROMPT_B) == (None, 0)  # 17 tokens to compute beat a 1,200 queue
+    _poll(router, prefill_0=_queued(500), prefill_1=_queued(1200))
+    assert router.choose(PROMPT_B) == (0, 0)  # below the threshold: handed off
+    _poll(router, prefill_0=_queued(1500), prefill_1=_queued(1200))
+    assert router.choose(list(range(3, 1300)))[0] == 1  # longer than the queue: handed off
+
+
+def test_requests_are_prefilled_locally_while_no_prefill_worker_answers():
+    cluster = FakeCluster(silent={("prefill", 0), ("prefill", 1)})
+    router = _router(cluster)
+    assert router.choose(PROMPT_A) in {(None, 0), (None, 1)}
+    assert router.choose(PROMPT_A, exclude={(None, 0)}) == (None, 1)
+    off = _router(
+        FakeCluster(silent={("prefill", 0), ("prefill", 1)}), local_prefill_fallback=False
+    )
+    assert off.choose(PROMPT_A)[0] in {0, 1}  # a stale prefill worker, within its grace
+    cluster.silent.clear()
+    asyncio.run(router.refresh())
+    assert router.choose(PROMPT_A)[0] is not None  # back: hand-offs again
+
+
+def test_single_node_never_routes_locally_by_another_name():
+    cluster = FakeCluster(config=FakeClusterConfig("single_node"), prefills=[], colocated=[0])
+    router = _router(cluster, local_prefill_tokens=100)
+    assert router.choose(PROMPT_A) == (0, 0)
