@@ -52,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")
     parser.add_argument("--slo-ttft", type=float, default=3.0, help="seconds")
     parser.add_argument("--slo-tpot", type=float, default=0.150, help="seconds")
+    parser.add_argument("--slo-itl", type=float, help="seconds: a request's p99 inter-token gap")
     parser.add_argument("--no-ignore-eos", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--label", default="", help="name of the deployment under test")
@@ -115,7 +116,7 @@ async def sweep(target: Target, items: list[WorkItem], args: Any, slo: SLO) -> d
     return {
         "label": args.label,
         "target": {"url": target.url, "api": target.api, "model": target.model},
-        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "itl_s": slo.itl_s},
         "workload": {
             "num_requests": len(items),
             "source": args.dataset or f"synthetic {args.mix}",
@@ -127,11 +128,8 @@ async def sweep(target: Target, items: list[WorkItem], args: Any, slo: SLO) -> d
 
 
 def print_report(result: dict[str, Any]) -> None:
-    slo = result["slo"]
-    print(
-        f"{result['label'] or result['target']['api']}: SLO TTFT <= {slo['ttft_s']} s, "
-        f"TPOT <= {slo['tpot_s'] * 1000:.0f} ms"
-    )
+    slo = SLO(**result["slo"])
+    print(f"{result['label'] or result['target']['api']}: SLO {slo.describe()}")
     print(
         f"{'rate':>6} {'ok':>5} {'req/s':>6} {'tok/s':>7} {'goodput':>7} {'attain':>6} "
         f"{'TTFT p50/p99 s':>15} {'TPOT p50/p99 ms':>16} {'E2E p99 s':>9}"
@@ -161,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     headers = (("authorization", f"Bearer {args.api_key}"),) if args.api_key else ()
     target = Target(args.url.rstrip("/"), args.api, args.model, not args.no_ignore_eos, headers)
-    result = asyncio.run(sweep(target, items, args, SLO(args.slo_ttft, args.slo_tpot)))
+    result = asyncio.run(
+        sweep(target, items, args, SLO(args.slo_ttft, args.slo_tpot, args.slo_itl))
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -134,6 +134,7 @@ def run_mode(
                 str(args.slo_ttft),
                 "--slo-tpot",
                 str(args.slo_tpot),
+                *(["--slo-itl", str(args.slo_itl)] if args.slo_itl else []),
                 "--seed",
                 str(args.seed),
                 "--label",
@@ -143,7 +144,7 @@ def run_mode(
         items = workload(bench)
         target = Target(deployment.url)
         warmup = serving_args(["--request-rates", "inf", "--no-progress", *_common(args)])
-        slo = SLO(args.slo_ttft, args.slo_tpot)
+        slo = SLO(args.slo_ttft, args.slo_tpot, args.slo_itl)
         # kernels, caches, first batches
         deployment.run(lambda: asyncio.run(sweep(target, items[:4], warmup, SLO())))
         result = deployment.run(lambda: asyncio.run(sweep(target, items, bench, slo)))
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix", default="chat=0.6,summarise=0.2,generate=0.2")
     parser.add_argument("--slo-ttft", type=float, default=3.0)
     parser.add_argument("--slo-tpot", type=float, default=0.150)
+    parser.add_argument("--slo-itl", type=float, help="seconds: a request's p99 inter-token gap")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/compare_modes.json")
     parser.add_argument(

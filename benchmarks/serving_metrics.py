@@ -1,9 +1,11 @@
 """Serving figures from per-request timings: percentiles, throughput, SLO attainment, goodput.
 
 TTFT is the time from sending a request to its first token; TPOT the mean gap between its later
-tokens, ``(e2e - ttft) / (output_tokens - 1)``; a request meets the SLOs when it succeeded, its
-TTFT is within ``ttft_s`` and its TPOT within ``tpot_s`` (a one-token answer has no TPOT and
-meets that part). Goodput is the number of such requests per second of the run.
+tokens, ``(e2e - ttft) / (output_tokens - 1)``; its inter-token gap (ITL) the 99th percentile of
+the gaps between consecutive token arrivals. A request meets the SLOs when it succeeded, its
+TTFT is within ``ttft_s``, its TPOT within ``tpot_s`` and, when ``itl_s`` is set, its p99 gap
+within ``itl_s`` (a one-token answer has no TPOT or gap and meets those parts). Goodput is the
+number of such requests per second of the run.
 """
 
 from __future__ import annotations
@@ -38,9 +40,18 @@ class RequestRecord:
             return None
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
-    def meets(self, ttft_s: float, tpot_s: float) -> bool:
-        tpot = self.tpot_s
-        return self.ok and self.ttft_s <= ttft_s and (tpot is None or tpot <= tpot_s)
+    @property
+    def p99_gap_s(self) -> float | None:
+        return percentile(self.gaps_s, 99) if self.ok else None
+
+    def meets(self, ttft_s: float, tpot_s: float, itl_s: float | None = None) -> bool:
+        tpot, gap = self.tpot_s, self.p99_gap_s
+        return (
+            self.ok
+            and self.ttft_s <= ttft_s
+            and (tpot is None or tpot <= tpot_s)
+            and (itl_s is None or gap is None or gap <= itl_s)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tpot_s": self.tpot_s}
@@ -50,6 +61,11 @@ class RequestRecord:
 class SLO:
     ttft_s: float = 3.0
     tpot_s: float = 0.150
+    itl_s: float | None = None  # a request's p99 gap between tokens; None: not an SLO
+
+    def describe(self) -> str:
+        itl = f", p99 inter-token gap <= {self.itl_s * 1000:.0f} ms" if self.itl_s else ""
+        return f"TTFT <= {self.ttft_s} s, TPOT <= {self.tpot_s * 1000:.0f} ms{itl}"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -73,7 +89,7 @@ def attainment(records: list[RequestRecord], slo: SLO) -> float:
     """Share of all sent requests that met both SLOs (failures count against it)."""
     if not records:
         return 0.0
-    return sum(r.meets(slo.ttft_s, slo.tpot_s) for r in records) / len(records)
+    return sum(r.meets(slo.ttft_s, slo.tpot_s, slo.itl_s) for r in records) / len(records)
 
 
 def summarize(records: list[RequestRecord], duration_s: float, slo: SLO) -> dict[str, Any]:
@@ -96,7 +112,7 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: SLO) -> dict
         "slo": asdict(slo),
         "slo_attainment": attainment(records, slo),
         "goodput": (
-            sum(r.meets(slo.ttft_s, slo.tpot_s) for r in records) / duration_s
+            sum(r.meets(slo.ttft_s, slo.tpot_s, slo.itl_s) for r in records) / duration_s
             if duration_s
             else 0.0
         ),

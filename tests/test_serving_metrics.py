@@ -64,6 +64,19 @@ def test_slo_needs_both_targets_and_success():
     assert attainment(records, slo) == pytest.approx(2 / 5)
 
 
+def test_an_inter_token_slo_judges_each_requests_p99_gap():
+    smooth = record(0.5, 0.5 + 0.1 * 9, 10)  # gaps of 100 ms
+    stalled = record(0.5, 0.5 + 0.1 * 9, 10)
+    stalled.gaps_s = [0.05] * 8 + [0.5]  # the same TPOT, one 500 ms stall
+    one_token = record(0.3, 0.3, 1)
+    with_itl, without = SLO(1.0, 0.15, itl_s=0.25), SLO(1.0, 0.15)
+    assert [r.meets(1.0, 0.15, 0.25) for r in (smooth, stalled, one_token)] == [True, False, True]
+    assert attainment([smooth, stalled], with_itl) == pytest.approx(0.5)
+    assert attainment([smooth, stalled], without) == pytest.approx(1.0)
+    assert "p99 inter-token gap <= 250 ms" in with_itl.describe()
+    assert "gap" not in without.describe()
+
+
 def test_summary_throughput_and_goodput():
     slo = SLO(1.0, 0.1)
     records = [record(0.5, 1.4, 10), record(0.5, 1.4, 10), record(2.0, 3.0, 11), record(0, 0, 1)]
