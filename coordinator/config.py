@@ -159,6 +159,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "maxBatchSize": Key("int", 200, 1, 1 << 16),
         "maxPrefillTokens": Key("int", 8192, 1, 1 << 22),
         "maxPrefillBatchSize": Key("int", 50, 1, 1 << 16),
+        "stepTargetMs": Key("int", 0, 0, 60_000),  # prompt tokens per decoding step: what fits
         "cacheBlockSize": Key("int", 128, 1, 4096),
         "kvCacheMemoryMB": Key("int", 1024, 1, 1 << 24),
         "enablePrefixCaching": Key("bool", True),

@@ -108,6 +108,7 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
             max_batch_size=b["maxBatchSize"],
             max_prefill_tokens=b["maxPrefillTokens"],
             max_prefill_batch_size=b["maxPrefillBatchSize"],
+            step_target_ms=b["stepTargetMs"],
         ),
     )
     base = ClusterConfig()

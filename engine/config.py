@@ -73,6 +73,9 @@ class SchedulerConfig:
     max_batch_size: int = 200  # maxBatchSize: running requests
     max_prefill_tokens: int = 8192  # maxPrefillTokens: prompt tokens per step (chunk budget)
     max_prefill_batch_size: int = 50  # maxPrefillBatchSize: prompts per step
+    # stepTargetMs: a step that decodes running requests carries only the prompt tokens that fit
+    # in this time (engine/step_budget.py); 0: up to max_prefill_tokens, always
+    step_target_ms: int = 0
 
     def __post_init__(self) -> None:
         _check_range("maxSeqLen", self.max_seq_len, 2, 1 << 22)
@@ -81,6 +84,7 @@ class SchedulerConfig:
         _check_range("maxBatchSize", self.max_batch_size, 1, 1 << 16)
         _check_range("maxPrefillTokens", self.max_prefill_tokens, 1, 1 << 22)
         _check_range("maxPrefillBatchSize", self.max_prefill_batch_size, 1, 1 << 16)
+        _check_range("stepTargetMs", self.step_target_ms, 0, 60_000)
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,7 @@ class LLMEngine(DecodeHandoff):
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return events
+        start = time.perf_counter()
         logits, samplers = self.runner.run(scheduled)
         for request in scheduled.decodes:
             request.num_computed_tokens += 1
@@ -206,6 +207,9 @@ class LLMEngine(DecodeHandoff):
             now = time.monotonic()
             for request, token_id in zip(samplers, sample(logits, samplers), strict=True):
                 events.append(self._append_token(request, token_id, now))
+        num_prompt_tokens = sum(n for _, n in scheduled.prefills)
+        seconds = time.perf_counter() - start  # sampling waited for the device
+        self.scheduler.step_budget.observe(len(scheduled.decodes), num_prompt_tokens, seconds)
         return events
 
     def _cache_computed(self, request: Request) -> None:

@@ -2,7 +2,8 @@
 
 Every request has ``token_ids`` and ``num_computed_tokens``; a step computes some of its
 uncomputed tokens. A decoding request has exactly one (the token sampled last step); a prompt has
-many and is computed in chunks bounded by ``maxPrefillTokens`` per step. When a step reaches the
+many and is computed in chunks bounded by ``maxPrefillTokens`` per step (fewer while requests
+decode, with ``stepTargetMs``: ``engine/step_budget.py``). When a step reaches the
 end of a request's tokens, the request samples its next token. A preempted request simply drops
 its blocks and computed count and goes back to the waiting queue, where it is recomputed.
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.request import Request, RequestStatus
+from engine.step_budget import StepBudget
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Scheduler:
         self.running: list[Request] = []  # sorted by sort_key
         self._waiting: list[tuple[tuple[int, int], Request]] = []  # heap; finished ones skipped
         self.num_preemptions = 0
+        self.step_budget = StepBudget(config.step_target_ms, config.max_prefill_tokens)
 
     @property
     def waiting(self) -> list[Request]:
@@ -67,7 +70,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_prefill_tokens
+        num_decodes = sum(1 for r in self.running if r.num_uncomputed_tokens == 1)
+        budget = self.step_budget.tokens(num_decodes)
         for request in list(self.running):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop

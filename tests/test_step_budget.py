@@ -44,3 +44,34 @@ def test_prompt_only_steps_teach_the_token_cost_too():
     for _ in range(60):
         budget.observe(0, 500, 1.0)  # 2 ms a token, no decode rows
     assert budget.token_s == pytest.approx(0.002, rel=0.01)
+
+
+def test_an_engine_with_a_target_chunks_prompts_beside_decodes_and_answers_the_same(tiny_loaded):
+    from engine.sampling_params import SamplingParams
+    from tests.conftest import make_engine
+
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    prompts = [[5, 6, 7], list(range(10, 130))]  # a stream, then a 120-token prompt beside it
+    expected = make_engine(tiny_loaded, prefix_caching=False).generate(prompts, params)
+    engine = make_engine(tiny_loaded, prefix_caching=False, step_target_ms=1)
+    chunks: list[tuple[int, int]] = []  # (prompt tokens, decode rows) of each step
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        out = schedule()
+        chunks.append((sum(n for _, n in out.prefills), len(out.decodes)))
+        return out
+
+    engine.scheduler.schedule = recording
+    engine.add_request("stream", prompts[0], params)
+    engine.step()  # the stream decodes from now on
+    outputs = {"stream": [], "long": []}
+    engine.add_request("long", prompts[1], params)
+    while engine.has_work():
+        for event in engine.step():
+            if event.token_id is not None:
+                outputs[event.request_id].append(event.token_id)
+    beside_decodes = [tokens for tokens, decodes in chunks[1:] if decodes and tokens]
+    assert beside_decodes and max(beside_decodes) == MIN_CHUNK_TOKENS  # a 1 ms target: the least
+    assert outputs["long"] == expected[1]
+    assert engine.scheduler.step_budget.token_s != pytest.approx(0.003)  # learnt from its steps
