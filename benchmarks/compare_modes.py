@@ -1,6 +1,9 @@
 """PD disaggregation vs colocated serving on the same cores: the same sweep against pdserve in
 ``pd_separate`` (1 prefill + 1 decode actor, one core each) and in ``single_node`` (one engine
-on both cores), one after the other, each on its own freshly started pdserve.
+on both cores), one after the other, each on its own freshly started pdserve; with
+``--modes pd_separate,pd_adaptive,single_node`` also ``pd_adaptive``: ``pd_separate`` whose decode
+worker prefills short prompts itself, in chunks that keep its steps within ``stepTargetMs``
+(``ADAPTIVE`` below).
 
     python benchmarks/compare_modes.py --out results/compare_modes.json
 
@@ -43,6 +46,14 @@ from benchmarks.serving_metrics import SLO  # noqa: E402
 from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
 
 MODES = ("pd_separate", "single_node")
+# pd_separate whose decode worker prefills short prompts itself (and those behind a long prefill
+# queue), in chunks sized to keep its steps within stepTargetMs (docs/architecture.md#routing)
+ADAPTIVE = {"local_prefill_tokens": 96, "local_prefill_queue_tokens": 1024, "stepTargetMs": 100}
+SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "pd_separate": ("pd_separate", {}),
+    "single_node": ("single_node", {}),
+    "pd_adaptive": ("pd_separate", ADAPTIVE),
+}
 
 
 def free_port() -> int:
@@ -92,16 +103,18 @@ class Deployment:
     head host (``run`` calls from a thread in its network)."""
 
     def __init__(self, mode: str, args: argparse.Namespace, workdir: Path, ray: Any) -> None:
+        deploy_mode, settings = SETTINGS[mode]
         if ray is None:
-            self._process, ports = start_pdserve(mode, args.model, workdir)
+            (workdir / mode).mkdir(parents=True, exist_ok=True)
+            self._process, ports = start_pdserve(deploy_mode, args.model, workdir / mode, settings)
             self.url = f"http://127.0.0.1:{ports['predict_port']}"
             self.run: Any = lambda fn: fn()
             self._hosted = None
             return
-        backend: dict[str, Any] = {"model_path": args.model, "device": "cpu"}
-        if mode == "single_node":  # one engine on each worker host's CPU
+        backend: dict[str, Any] = {"model_path": args.model, "device": "cpu", **settings}
+        if deploy_mode == "single_node":  # one engine on each worker host's CPU
             backend |= {"num_colocated_instances": 2, "colocated_resources": {"num_cpus": 1}}
-        sections = {"digs_scheduler_config": {"deploy_mode": mode}}
+        sections = {"digs_scheduler_config": {"deploy_mode": deploy_mode}}
         self._hosted = start_coordinator(ray, backend, workdir / mode, sections)
         self._hosted.wait_ready(600)
         self.url = self._hosted.url("predict_port", "")
@@ -184,7 +197,7 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
 
-def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, float | None]:
+def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, Any]:
     pd, single = (results.get(m) for m in MODES)
     if pd is None or single is None:
         return {}
@@ -195,12 +208,29 @@ def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, 
         return ours / theirs if ours and theirs else None
 
     pd_max, single_max = pd["max_rate_within_slo"], single["max_rate_within_slo"]
-    return {
+    out: dict[str, Any] = {
         "p99_tpot_pd_over_single": p99_ratio("tpot_s"),
         "p99_itl_pd_over_single": p99_ratio("itl_s"),
         "p99_ttft_pd_over_single": p99_ratio("ttft_s"),
         "max_rate_pd_over_single": pd_max / single_max if pd_max and single_max else None,
     }
+    adaptive = results.get("pd_adaptive")
+    if adaptive is not None:
+        ada_max = adaptive["max_rate_within_slo"]
+        out["max_rate_adaptive_over_single"] = (
+            ada_max / single_max if ada_max and single_max else None
+        )
+        goodput = [
+            (a.get("goodput"), s.get("goodput"))
+            for a, s in ((at_rate(adaptive, r), at_rate(single, r)) for r in _rates(single))
+            if a and s
+        ]
+        out["goodput_adaptive_over_single_by_rate"] = [g / s if s else None for g, s in goodput]
+    return out
+
+
+def _rates(result: dict[str, Any]) -> list[float]:
+    return [run["request_rate"] for run in result["runs"]]
 
 
 def run_modes(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, Any]]:
@@ -220,7 +250,7 @@ def run_modes(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bundled")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(SETTINGS)}")
     parser.add_argument("--request-rates", default="0.25,0.5,0.75,1,1.5")
     parser.add_argument("--common-rate", type=float, default=1.0)
     parser.add_argument("--num-requests", type=int, default=30, help="per rate")
