@@ -50,7 +50,7 @@ class RequestRecord:
             self.ok
             and self.ttft_s <= ttft_s
             and (tpot is None or tpot <= tpot_s)
-            and (itl_s is None or gap is None or gap <= itl_s)
+            and (not itl_s or gap is None or gap <= itl_s)
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -234,7 +234,8 @@ class Router:
         least = (min(_prefill_load(p) for p, _ in pairs), min(d.decode_load for _, d in pairs))
         p, d = min(pairs, key=lambda pair: self._cost(pair, len(token_ids), cached, least))
         local = p is None and bool(self.prefills)
-        if p is not None and self._prefill_locally(p, len(token_ids) - cached[d.key]):
+        locally = p is not None and self._prefill_locally(p, len(token_ids) - cached[d.key])
+        if locally and (None, d.instance) not in exclude:
             p, local = None, True
         if p is not None:
             p.pending_tokens += len(token_ids) - cached[p.key]
@@ -250,7 +251,7 @@ class Router:
         workers not yet given up on."""
         fresh = self._pairs(exclude, lambda w: w.fresh)
         prefill_answers = any(p.fresh for p in self.prefills)
-        if fresh or prefill_answers or not self.routing.local_prefill_fallback:
+        if fresh or prefill_answers or not self.prefills or not self.routing.local_prefill_fallback:
             return fresh or self._pairs(exclude, lambda w: w.reachable(now))
         local: list[Pair] = [
             (None, d) for d in self.decodes if d.fresh and (None, d.instance) not in exclude
@@ -299,7 +300,9 @@ class Router:
             (p, d)
             for p in prefills
             for d in self.decodes
-            if usable(d) and (p.instance if p else 0, d.instance) not in exclude
+            if usable(d)
+            and (p.instance if p else 0, d.instance) not in exclude
+            and (None, d.instance) not in exclude  # failed prefilling there itself
         ]
 
 

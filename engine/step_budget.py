@@ -19,6 +19,7 @@ SMOOTHING = 0.2  # weight of the newest step in the averages
 MIN_CHUNK_TOKENS = 16
 PRIOR_DECODE_S = 0.02  # before any step was seen: a decode step of a small model on a CPU core
 PRIOR_TOKEN_S = 0.003  # and a prompt token
+MIN_TOKEN_S = 1e-6  # a floor for the learnt cost of a prompt token
 
 
 class StepBudget:
@@ -46,3 +47,4 @@ class StepBudget:
         base = self.decode_s if num_decodes else 0.0
         per_token = max(seconds - base, 0.0) / num_prompt_tokens
         self.token_s += SMOOTHING * (per_token - self.token_s)
+        self.token_s = max(self.token_s, MIN_TOKEN_S)

@@ -272,3 +272,12 @@ def test_single_node_never_routes_locally_by_another_name():
     cluster = FakeCluster(config=FakeClusterConfig("single_node"), prefills=[], colocated=[0])
     router = _router(cluster, local_prefill_tokens=100)
     assert router.choose(PROMPT_A) == (0, 0)
+
+
+def test_a_migration_off_a_local_route_never_returns_to_it():
+    router = _router(local_prefill_tokens=100)
+    route = router.choose(PROMPT_A)
+    assert route[0] is None
+    _poll(router)
+    again = router.choose(PROMPT_A, {route})
+    assert again != route and again[1] != route[1]
