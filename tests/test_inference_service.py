@@ -175,6 +175,17 @@ def test_a_lone_failed_pair_is_tried_again():
     assert [pair for pair, _ in cluster.calls] == [(0, 0), (0, 0)]
 
 
+async def _losing_the_last_prefill(service):
+    """The request's events while prefill worker 0, the last one left, goes away 50 ms in."""
+
+    async def kill_the_rest():
+        await asyncio.sleep(0.05)
+        _gone(service.router.prefills[0])
+
+    asyncio.ensure_future(kill_the_rest())
+    return await _collect(service)
+
+
 def test_a_migration_waits_for_a_pair_within_the_request_timeout():
     cluster = FakeCluster(fail_after={(0, 0): 1})
     no_local = RoutingConfig(local_prefill_fallback=False)
@@ -182,18 +193,10 @@ def test_a_migration_waits_for_a_pair_within_the_request_timeout():
     _gone(service.router.prefills[1])
     _gone(service.router.decodes[1])
 
-    async def run():
-        async def kill_the_rest():
-            await asyncio.sleep(0.05)
-            _gone(service.router.prefills[0])
-
-        asyncio.ensure_future(kill_the_rest())
-        return await _collect(service)
-
     cluster.delay_s = 0.1
     start = time.monotonic()
     with pytest.raises(RequestTimeout, match="Request inference timeout"):
-        asyncio.run(run())
+        asyncio.run(_losing_the_last_prefill(service))
     assert 0.9 < time.monotonic() - start < 2
     assert service.in_flight == 0
 
@@ -204,16 +207,8 @@ def test_with_no_prefill_worker_left_a_migration_completes_on_the_decode_worker(
     _gone(service.router.prefills[1])
     _gone(service.router.decodes[1])
 
-    async def run():
-        async def kill_the_rest():
-            await asyncio.sleep(0.05)
-            _gone(service.router.prefills[0])
-
-        asyncio.ensure_future(kill_the_rest())
-        return await _collect(service)
-
     cluster.delay_s = 0.1
-    events = asyncio.run(run())
+    events = asyncio.run(_losing_the_last_prefill(service))
     assert [e.token_id for e in events] == [100 + n for n in range(MAX_NEW)]
     assert [pair for pair, _ in cluster.calls] == [(0, 0), (None, 0)]
 

@@ -4,7 +4,7 @@ output is what one engine alone makes of it."""
 
 from __future__ import annotations
 
-import time
+import contextlib
 
 import pytest
 import torch
@@ -18,6 +18,7 @@ from engine.sampling_params import SamplingParams
 from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
+from tests.test_workers_inprocess import _assert_freed
 
 SYSTEM = list(range(20, 46))  # 26 tokens
 PARAMS = SamplingParams(max_new_tokens=6, ignore_eos=True)
@@ -29,17 +30,26 @@ def _config(model_dir, prefix_caching: bool = True) -> EngineConfig:
     return EngineConfig(model_path=str(model_dir), device="cpu", cache=cache)
 
 
+@contextlib.contextmanager
+def _workers(model_dir, transfer: KVTransferConfig, prefix_caching: bool = True):
+    """A prefill and a decode worker over ``transfer``, stopped on the way out."""
+    prefill = PrefillWorker(_config(model_dir, prefix_caching), transfer)
+    decode = DecodeWorker(_config(model_dir, prefix_caching), transfer)
+    try:
+        yield prefill, decode
+    finally:
+        for worker in (prefill, decode):
+            worker.loop.stop()
+        decode.receiver.close()
+        prefill.sender.close()
+
+
 @pytest.fixture(params=list(TRANSPORTS))
 def pair(request, tiny_model_dir):
     transport, shared_memory = TRANSPORTS[request.param]
     transfer = KVTransferConfig(transport, transfer_timeout_s=5.0, shared_memory=shared_memory)
-    prefill = PrefillWorker(_config(tiny_model_dir), transfer)
-    decode = DecodeWorker(_config(tiny_model_dir), transfer)
-    yield prefill, decode
-    for worker in (prefill, decode):
-        worker.loop.stop()
-    decode.receiver.close()
-    prefill.sender.close()
+    with _workers(tiny_model_dir, transfer) as workers:
+        yield workers
 
 
 def _handoff(prefill, decode, request_id: str, prompt: list[int]):
@@ -76,28 +86,19 @@ def test_a_shared_prefix_moves_only_the_new_blocks(pair, tiny_loaded):
 
 def test_without_caching_every_block_moves(tiny_model_dir):
     transfer = KVTransferConfig("zmq", shared_memory=False)
-    prefill = PrefillWorker(_config(tiny_model_dir, prefix_caching=False), transfer)
-    decode = DecodeWorker(_config(tiny_model_dir, prefix_caching=False), transfer)
-    try:
+    with _workers(tiny_model_dir, transfer, prefix_caching=False) as (prefill, decode):
         block_bytes = bytes_per_block(prefill.engine.shape, 4, torch.float32)
         _handoff(prefill, decode, "first", [*SYSTEM, 1, 2])
         second, result, events = _handoff(prefill, decode, "second", [*SYSTEM, 1, 2, 3, 4, 5])
         assert second.num_cached_blocks == 0 and result.num_bytes == 8 * block_bytes
         assert {e.num_cached_tokens for e in events} == {0}
-    finally:
-        for worker in (prefill, decode):
-            worker.loop.stop()
-        decode.receiver.close()
-        prefill.sender.close()
 
 
 def test_pages_that_start_at_the_wrong_block_are_refused(tiny_model_dir):
     """A sender that ignores the reservation's cached blocks (or forges a start) is refused,
     and both sides free everything."""
     transfer = KVTransferConfig("zmq", shared_memory=False, transfer_timeout_s=5.0)
-    prefill = PrefillWorker(_config(tiny_model_dir), transfer)
-    decode = DecodeWorker(_config(tiny_model_dir), transfer)
-    try:
+    with _workers(tiny_model_dir, transfer) as (prefill, decode):
         _handoff(prefill, decode, "first", [*SYSTEM, 1, 2])
         request = GenerationRequest("second", [*SYSTEM, 1, 2, 3], PARAMS)
         reservation = decode.reserve(request)
@@ -108,15 +109,7 @@ def test_pages_that_start_at_the_wrong_block_are_refused(tiny_model_dir):
         assert "leading blocks" in result.error or "blocks arrived" in result.error
         assert decode.abort("second")  # as the coordinator does after a failed hand-off
         assert decode.load().stats.num_used_blocks == 0
-        deadline = time.monotonic() + 5  # prefill frees its blocks right after the result
-        while prefill.load().stats.num_used_blocks and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert prefill.load().stats.num_used_blocks == 0
-    finally:
-        for worker in (prefill, decode):
-            worker.loop.stop()
-        decode.receiver.close()
-        prefill.sender.close()
+        _assert_freed(prefill)  # prefill frees its blocks right after the result
 
 
 # ---- the decode engine's side, engine to engine ----------------------------------------------
