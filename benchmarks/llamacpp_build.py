@@ -1,12 +1,14 @@
 """Build llama.cpp's benchmark tools once, from the tree inside PyPI's ``llama-cpp-python`` sdist.
 
     python benchmarks/llamacpp_build.py              # prints the folder holding llama-bench
+    python benchmarks/llamacpp_build.py --server     # ... and llama-server
 
 The sdist comes from the package index pip is configured with (no other network access); its
 ``vendor/llama.cpp`` tree is configured with CMake (Release, CPU only, ``GGML_NATIVE`` for this
-machine's instruction set, no OpenSSL, no server, no tests) and only ``llama-bench`` and
-``llama-batched-bench`` are built. The result lives in ``<cache>/llama.cpp/<version>/bin`` and is
-reused by every later run; a build takes about 8 minutes on two cores.
+machine's instruction set, no OpenSSL, no tests) and only the tools asked for are built:
+``llama-bench`` and ``llama-batched-bench`` for the engine benchmark, ``llama-server`` for the
+serving comparison. The result lives in ``<cache>/llama.cpp/<version>/bin`` and is reused by every
+later run; a build takes about 8 minutes on two cores (the server about as long again).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from engine.model.gguf_cache import cache_root  # noqa: E402
 
 SDIST_VERSION = "0.3.36"
 TOOLS = ("llama-bench", "llama-batched-bench")
+SERVER = ("llama-server",)
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -35,7 +38,7 @@ CMAKE_OPTIONS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_APP=OFF",
 )
 
@@ -44,8 +47,8 @@ def tools_dir(version: str = SDIST_VERSION) -> Path:
     return cache_root() / "llama.cpp" / version / "bin"
 
 
-def has_tools(folder: Path) -> bool:
-    return all(os.access(folder / tool, os.X_OK) for tool in TOOLS)
+def has_tools(folder: Path, tools: tuple[str, ...] = TOOLS) -> bool:
+    return all(os.access(folder / tool, os.X_OK) for tool in tools)
 
 
 def _run(command: list[str], log: Path) -> None:
@@ -78,24 +81,29 @@ def _extract_tree(sdist: Path, into: Path) -> Path:
     return into / prefix
 
 
-def ensure_tools(version: str = SDIST_VERSION, jobs: int | None = None) -> Path:
-    """The folder holding ``llama-bench`` and ``llama-batched-bench``, built if not there yet."""
+def ensure_tools(
+    version: str = SDIST_VERSION, jobs: int | None = None, tools: tuple[str, ...] = TOOLS
+) -> Path:
+    """The folder holding ``tools`` (by default ``llama-bench`` and ``llama-batched-bench``),
+    building those not there yet."""
     target = tools_dir(version)
-    if has_tools(target):
+    missing = tuple(tool for tool in tools if not has_tools(target, (tool,)))
+    if not missing:
         return target
     work = target.parent / "work"
     log = target.parent / "build.log"
     tree = _extract_tree(_fetch_sdist(version, work), work)
     build = work / "build"
     print(
-        f"building llama.cpp {version} into {target} (about 8 minutes on two cores; log {log})",
+        f"building {', '.join(missing)} of llama.cpp {version} into {target} "
+        f"(about 8 minutes on two cores; log {log})",
         flush=True,
     )
     _run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_OPTIONS], log)
     jobs = jobs or os.cpu_count() or 1
-    _run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(jobs)], log)
+    _run(["cmake", "--build", str(build), "--target", *missing, "-j", str(jobs)], log)
     target.mkdir(parents=True, exist_ok=True)
-    for tool in TOOLS:
+    for tool in missing:
         shutil.copy2(next(build.rglob(f"bin/{tool}")), target / tool)
     shutil.rmtree(work)
     return target
@@ -105,8 +113,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--version", default=SDIST_VERSION, help="llama-cpp-python sdist version")
     parser.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
+    parser.add_argument("--server", action="store_true", help="build llama-server too")
     args = parser.parse_args()
-    print(ensure_tools(args.version, args.jobs))
+    print(ensure_tools(args.version, args.jobs, TOOLS + SERVER if args.server else TOOLS))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -40,6 +41,7 @@ from engine.worker.contracts import (
     Reservation,
     WorkerLoad,
 )
+from engine.worker.core_sharing import CoreSharing, lending_path, remove_lendings
 from prefill_worker.worker import PrefillWorker
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,7 @@ class Cluster:
         self._aborted: set[str] = set()  # ids among them their caller aborted
         self._releases: set[asyncio.Task] = set()  # aborts still on their way to workers
         self._cores: list[int] | None = None
+        self._id = uuid.uuid4().hex[:12]  # names this cluster's files on its hosts
         self.embedders: list[Any] = []
         # (bytes, seconds, path) of each KV move that reached its decode worker
         self.on_handoff: Callable[[int, float, str], None] | None = None
@@ -101,12 +104,18 @@ class Cluster:
             transfer = cfg.kv_transfer
             # fresh per start, to the actors only (restarted ones get the same)
             keys = generate_credentials() if transfer.encrypted else None
-            self.prefills = self._actors(
-                PrefillWorker, prefill, cfg.num_prefill, transfer, keys and keys.sender
-            )
-            self.decodes = self._actors(
-                DecodeWorker, decode, cfg.num_decode, transfer, keys and keys.receiver
-            )
+            cores = self._role_cores([prefill] * cfg.num_prefill, [decode] * cfg.num_decode)
+            sharing = self._sharing(cfg.num_prefill, cfg.num_decode)
+            self.prefills = [
+                self._actor(PrefillWorker, prefill, i, transfer, keys and keys.sender,
+                            cpu_ids=cores[0][i], sharing=sharing[0][i])
+                for i in range(cfg.num_prefill)
+            ]  # fmt: skip
+            self.decodes = [
+                self._actor(DecodeWorker, decode, i, transfer, keys and keys.receiver,
+                            cpu_ids=cores[1][i], sharing=sharing[1][i])
+                for i in range(cfg.num_decode)
+            ]  # fmt: skip
         else:
             self.colocated = self._actors(
                 ColocatedWorker, cfg.colocated_resources, cfg.num_colocated
@@ -144,12 +153,52 @@ class Cluster:
         taken, self._cores = self._cores[:count], self._cores[count:]
         return tuple(taken)
 
-    def _actors(self, cls: type, resources: ActorResources, count: int, *args: Any) -> list[Any]:
-        return [self._actor(cls, resources, i, *args) for i in range(count)]
+    def _role_cores(
+        self, prefills: list[ActorResources], decodes: list[ActorResources]
+    ) -> tuple[list[tuple[int, ...] | None], list[tuple[int, ...] | None]]:
+        """Each prefill and decode worker's cores when pinning applies (else None): its own,
+        plus, with ``share_idle_cores``, those of the other role it may borrow."""
+        own = [[self._take_cores(r.num_threads) for r in role] for role in (prefills, decodes)]
+        if not self.config.share_idle_cores or self._cores is None:
+            return own[0], own[1]
+        pooled = [tuple(c for cores in role for c in cores or ()) for role in own]
+        widened = [
+            [tuple(sorted({*(cores or ()), *pooled[1 - side]})) or None for cores in own[side]]
+            for side in (0, 1)
+        ]
+        return widened[0], widened[1]
 
-    def _actor(self, cls: type, resources: ActorResources, instance: int, *args: Any) -> Any:
+    def _sharing(
+        self, num_prefill: int, num_decode: int
+    ) -> tuple[list[CoreSharing | None], list[CoreSharing | None]]:
+        """What each prefill and decode worker lends and borrows (None: ``share_idle_cores``
+        is off). The files live on the workers' own hosts: only co-located workers share."""
+        if not self.config.share_idle_cores:
+            return [None] * num_prefill, [None] * num_decode
+        prefill = [lending_path(self._id, "prefill", i) for i in range(num_prefill)]
+        decode = [lending_path(self._id, "decode", i) for i in range(num_decode)]
+        return (
+            [CoreSharing(path, tuple(decode), low_priority=True) for path in prefill],
+            [CoreSharing(path, tuple(prefill)) for path in decode],
+        )
+
+    def _actors(self, cls: type, resources: ActorResources, count: int, *args: Any) -> list[Any]:
+        return [
+            self._actor(cls, resources, i, *args, cpu_ids=self._take_cores(resources.num_threads))
+            for i in range(count)
+        ]
+
+    def _actor(
+        self,
+        cls: type,
+        resources: ActorResources,
+        instance: int,
+        *args: Any,
+        cpu_ids: tuple[int, ...] | None = None,
+        sharing: CoreSharing | None = None,
+    ) -> Any:
         """Worker ``instance`` of ``cls``, built from the engine config (with ``resources``'
-        threads and device) and ``args``."""
+        threads and device) and ``args``, pinned to ``cpu_ids`` (None: not pinned)."""
         engine = replace(
             self.config.engine,
             num_threads=resources.num_threads,
@@ -171,7 +220,11 @@ class Cluster:
                 runtime_env={"env_vars": env},
             )
             .remote(
-                engine, *args, instance=instance, cpu_ids=self._take_cores(resources.num_threads)
+                engine,
+                *args,
+                instance=instance,
+                cpu_ids=cpu_ids,
+                **({"sharing": sharing} if sharing is not None else {}),
             )
         )
 
@@ -191,6 +244,7 @@ class Cluster:
     def shutdown(self) -> None:
         for actor in [*self.actors, *self.embedders]:
             ray.kill(actor, no_restart=True)
+        remove_lendings(self._id)  # the files of killed workers on this host
         self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
 
     async def embed(self, texts: list[str]) -> dict[str, Any]:

@@ -146,6 +146,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "ray_address": Key("str", ""),
         "kv_host": Key("str", "127.0.0.1"),  # decode KV endpoints bind here; "auto": node IP
         "kv_shared_memory": Key("bool", True),  # zmq on one host: pages through /dev/shm
+        # pd_separate: a worker runs extra threads on an idle co-located worker's cores
+        "share_idle_cores": Key("bool", False),
         # CURVE / TLS with peer authentication on the KV plane; auto: unless kv_host is loopback
         "kv_encryption": Key("str", "auto", choices=("auto", "on", "off")),
         "kv_transfer_timeout_s": Key("int", 10, 1, 3600),

@@ -5,9 +5,11 @@ which runs a function on the engine thread between two steps; so the engine itse
 locks. The one exception is a hand-off's pages: a transport thread writes them into their
 reserved blocks itself (``LLMEngine.take_reservation`` / ``write_pages``), so that a decode step
 in progress does not delay them. Events of every step go to ``on_events``, also on the engine
-thread. Every ``HOUSEKEEPING_PERIOD_S`` (between two steps, or while idle) the loop also ends
-reservations past their deadline and runs ``on_housekeeping`` (the worker's own clean-up); each
-costs a pass over the requests, so not every step pays it.
+thread. ``on_busy`` hears, on the engine thread, whether the engine has work, before each step
+(and after each idle wait) (a worker lends or borrows cores by it). Every ``HOUSEKEEPING_PERIOD_S``
+(between two steps, or while idle) the loop also ends reservations past their deadline and runs
+``on_housekeeping`` (the worker's own clean-up); each costs a pass over the requests, so not
+every step pays it.
 
 ``stats`` holds the engine's figures as of the last step, for a caller that cannot wait for the
 engine thread (a load poll during a long prefill step).
@@ -40,8 +42,10 @@ class EngineLoop:
         engine: LLMEngine,
         on_events: Callable[[list[TokenEvent]], None],
         on_housekeeping: Callable[[], None] | None = None,
+        on_busy: Callable[[bool], None] | None = None,
     ) -> None:
         self.engine = engine
+        self._on_busy = on_busy
         self._on_events = on_events
         self._on_housekeeping = on_housekeeping
         self._next_housekeeping = 0.0
@@ -83,7 +87,7 @@ class EngineLoop:
         while not self._stopped.is_set():
             self._run_commands(block=not self.engine.has_work())
             self._housekeeping()
-            if not self.engine.has_work():
+            if not self._busy():
                 continue
             try:
                 events = self.engine.step()
@@ -94,6 +98,15 @@ class EngineLoop:
                 events = self._abort_all("engine step failed")
             if events:
                 self._emit(events)
+
+    def _busy(self) -> bool:
+        busy = self.engine.has_work()
+        if self._on_busy is not None:
+            try:
+                self._on_busy(busy)
+            except Exception:
+                log.exception("busy callback failed")
+        return busy
 
     def _emit(self, events: list[TokenEvent]) -> None:
         try:

@@ -100,6 +100,8 @@ class PrefillWorker(WorkerRuntime):
                     event.request_id, target.max_output_tokens, target.first_block
                 )
                 payload.token = target.token
+                if self.borrower is not None:  # its decode worker is about to be busy
+                    self.borrower.hold()
                 deadline = time.monotonic() + self.transfer_timeout_s
                 self._senders.submit(self._send, target.endpoint, payload, deadline)
             except Exception as exc:

@@ -27,6 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from engine.config import EngineConfig
@@ -34,6 +35,7 @@ from engine.engine_loop import EngineLoop
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
+from engine.worker.core_sharing import Borrower, CoreSharing, Lender, lower_priority
 
 log = logging.getLogger(__name__)
 UNCLAIMED_GRACE_S = 30.0
@@ -44,8 +46,14 @@ class WorkerRuntime:
     role = "worker"
 
     def __init__(
-        self, config: EngineConfig, instance: int = 0, cpu_ids: tuple[int, ...] | None = None
+        self,
+        config: EngineConfig,
+        instance: int = 0,
+        cpu_ids: tuple[int, ...] | None = None,
+        sharing: CoreSharing | None = None,
     ) -> None:
+        """``cpu_ids``: the cores to pin the process to (None: the OS schedules); ``sharing``:
+        the cores it lends and borrows (engine/worker/core_sharing.py)."""
         logging.basicConfig(
             level=logging.INFO,
             format=f"%(asctime)s %(levelname)s {self.role}[{instance}] %(message)s",
@@ -60,7 +68,27 @@ class WorkerRuntime:
         self._streaming: set[str] = set()  # queues a stream is reading
         self._unclaimed: dict[str, float] = {}  # ended, unread: when (oldest first)
         self._lock = threading.Lock()
-        self.loop = EngineLoop(self.engine, self._dispatch, self._drop_unclaimed)
+        self._sharing = sharing
+        own = config.num_threads or 1
+        lend, borrow = (sharing.lend_path, sharing.borrow_paths) if sharing else (None, ())
+        self.lender = Lender(lend, own) if lend else None
+        self.borrower = Borrower(own, borrow) if borrow else None
+        self.loop = EngineLoop(
+            self.engine,
+            self._dispatch,
+            self._drop_unclaimed,
+            self._share_cores if sharing is not None else None,
+        )
+
+    def _share_cores(self, busy: bool) -> None:
+        """Engine thread: say whether this worker is idle; before a step, borrow what is idle."""
+        if self._sharing is not None and self._sharing.low_priority:
+            lower_priority()  # before the engine thread starts its thread pool
+            self._sharing = replace(self._sharing, low_priority=False)
+        if self.lender is not None:
+            self.lender.set_idle(not busy)
+        if busy and self.borrower is not None:
+            self.borrower.update()
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -180,6 +208,8 @@ class WorkerRuntime:
             num_open_streams,
             self.node_ip,
             self.engine.model.describe(),
+            self.borrower.threads if self.borrower else 0,
+            self.borrower.num_borrowing_steps if self.borrower else 0,
         )
 
 
