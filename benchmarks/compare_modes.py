@@ -1,14 +1,22 @@
 """PD disaggregation vs colocated serving on the same cores: the same sweep against pdserve in
-``pd_separate`` (1 prefill + 1 decode actor, one core each) and in ``single_node`` (one engine
-on both cores), one after the other, each on its own freshly started pdserve; with
-``--modes pd_separate,pd_adaptive,single_node`` also ``pd_adaptive``: ``pd_separate`` whose decode
-worker prefills short prompts itself, in chunks that keep its steps within ``stepTargetMs``
-(``ADAPTIVE`` below).
+each mode, one after the other, each on its own freshly started pdserve:
 
-    python benchmarks/compare_modes.py --out results/compare_modes.json
+- ``pd_separate``: 1 prefill + 1 decode actor, one core each;
+- ``pd_adaptive``: the same, but the decode worker prefills short prompts itself, in chunks that
+  keep its steps within ``stepTargetMs``, and each worker runs extra threads on the other's core
+  while that one is idle (``ADAPTIVE`` below);
+- ``single_node``: one engine on both cores, swept over its chunked-prefill budget
+  (``--single-node-budgets``: ``single_node@<maxPrefillTokens>`` each; the best one at each
+  rate is the baseline the ratios use);
+- with ``--peer llamacpp``, ``llama_server``: llama.cpp's server on the same GGUF, two threads,
+  ``--slots`` sequences batched, through its OpenAI-compatible route (``llama_server.py``).
 
-Prints (and writes as Markdown next to the JSON) one table: the highest request rate with SLO
-attainment >= 90 %, and p99 TPOT / TTFT at a common rate, for each mode; plus PNG plots.
+    python benchmarks/compare_modes.py --peer llamacpp --out results/compare_modes.json
+
+Every run is judged against the TTFT / TPOT SLO, and again with a p99 inter-token gap added
+(``--slo-itl``). Prints (and writes as Markdown next to the JSON) one table: per mode, the
+highest request rate with SLO attainment >= 90 % under each, and p99 TPOT / TTFT / inter-token
+gap and goodput at a common rate; then the ratios of the goals; plus PNG plots.
 
 ``--multihost`` (root) runs both modes across hosts instead: three network namespaces on a
 bridge (``netns.py``) with a Ray cluster laid out as the Helm chart lays it out
@@ -38,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_serving import parse_args as serving_args  # noqa: E402
 from benchmarks.bench_serving import print_report, sweep, workload  # noqa: E402
+from benchmarks.llama_server import LlamaServer, gguf_of, server_folder  # noqa: E402
+from benchmarks.modes_report import ratios, rescored, table  # noqa: E402
 from benchmarks.netns import TestBed, available  # noqa: E402
 from benchmarks.netns import sweep as sweep_beds  # noqa: E402
 from benchmarks.ray_hosts import HOSTS, RayOnHosts, start_coordinator  # noqa: E402
@@ -45,15 +55,31 @@ from benchmarks.serving_client import Target  # noqa: E402
 from benchmarks.serving_metrics import SLO  # noqa: E402
 from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
 
-MODES = ("pd_separate", "single_node")
+MODES = ("pd_separate", "pd_adaptive", "single_node")
 # pd_separate whose decode worker prefills short prompts itself (and those behind a long prefill
-# queue), in chunks sized to keep its steps within stepTargetMs (docs/architecture.md#routing)
-ADAPTIVE = {"local_prefill_tokens": 96, "local_prefill_queue_tokens": 1024, "stepTargetMs": 100}
+# queue), in chunks sized to keep its steps within stepTargetMs (docs/architecture.md#routing),
+# and whose workers borrow each other's idle core (docs/architecture.md#sharing-idle-cores)
+ADAPTIVE = {
+    "local_prefill_tokens": 96,
+    "local_prefill_queue_tokens": 1024,
+    "stepTargetMs": 100,
+    "share_idle_cores": True,
+}
 SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "pd_separate": ("pd_separate", {}),
     "single_node": ("single_node", {}),
     "pd_adaptive": ("pd_separate", ADAPTIVE),
 }
+LLAMA_SERVER = "llama_server"
+
+
+def settings(mode: str) -> tuple[str, dict[str, Any]]:
+    """The deploy mode and backend_config keys of ``mode`` (``single_node@<budget>`` too)."""
+    name, _, budget = mode.partition("@")
+    if name not in SETTINGS or (budget and name != "single_node"):
+        raise ValueError(f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N")
+    deploy_mode, keys = SETTINGS[name]
+    return deploy_mode, {**keys, **({"maxPrefillTokens": int(budget)} if budget else {})}
 
 
 def free_port() -> int:
@@ -103,29 +129,37 @@ class Deployment:
     head host (``run`` calls from a thread in its network)."""
 
     def __init__(self, mode: str, args: argparse.Namespace, workdir: Path, ray: Any) -> None:
-        deploy_mode, settings = SETTINGS[mode]
+        self._hosted = self._process = self._server = None
+        self.run: Any = lambda fn: fn()
+        if mode == LLAMA_SERVER:
+            folder = server_folder(args.llama_cpp_dir)
+            log = workdir / f"{mode}.log"
+            self._server = LlamaServer(folder, gguf_of(args.model), free_port(), 2, log, args.slots)
+            self.target = Target(self._server.url, api="completions")
+            return
+        deploy_mode, keys = settings(mode)
         if ray is None:
             (workdir / mode).mkdir(parents=True, exist_ok=True)
-            self._process, ports = start_pdserve(deploy_mode, args.model, workdir / mode, settings)
-            self.url = f"http://127.0.0.1:{ports['predict_port']}"
-            self.run: Any = lambda fn: fn()
-            self._hosted = None
+            self._process, ports = start_pdserve(deploy_mode, args.model, workdir / mode, keys)
+            self.target = Target(f"http://127.0.0.1:{ports['predict_port']}")
             return
-        backend: dict[str, Any] = {"model_path": args.model, "device": "cpu", **settings}
+        backend: dict[str, Any] = {"model_path": args.model, "device": "cpu", **keys}
         if deploy_mode == "single_node":  # one engine on each worker host's CPU
             backend |= {"num_colocated_instances": 2, "colocated_resources": {"num_cpus": 1}}
         sections = {"digs_scheduler_config": {"deploy_mode": deploy_mode}}
         self._hosted = start_coordinator(ray, backend, workdir / mode, sections)
         self._hosted.wait_ready(600)
-        self.url = self._hosted.url("predict_port", "")
+        self.target = Target(self._hosted.url("predict_port", ""))
         self.run = self._hosted.host.call
 
     def stop(self) -> None:
-        if self._hosted is not None:
+        if self._server is not None:
+            self._server.stop()
+        elif self._hosted is not None:
             self._hosted.stop(120)
-            return
-        self._process.send_signal(signal.SIGTERM)
-        self._process.wait(timeout=120)
+        elif self._process is not None:
+            self._process.send_signal(signal.SIGTERM)
+            self._process.wait(timeout=120)
 
 
 def run_mode(
@@ -147,7 +181,6 @@ def run_mode(
                 str(args.slo_ttft),
                 "--slo-tpot",
                 str(args.slo_tpot),
-                *(["--slo-itl", str(args.slo_itl)] if args.slo_itl else []),
                 "--seed",
                 str(args.seed),
                 "--label",
@@ -155,14 +188,19 @@ def run_mode(
             ]  # fmt: skip
         )
         items = workload(bench)
-        target = Target(deployment.url)
+        target = deployment.target
         warmup = serving_args(["--request-rates", "inf", "--no-progress", *_common(args)])
-        slo = SLO(args.slo_ttft, args.slo_tpot, args.slo_itl)
-        # kernels, caches, first batches
-        deployment.run(lambda: asyncio.run(sweep(target, items[:4], warmup, SLO())))
+        slo = SLO(args.slo_ttft, args.slo_tpot)
+        # kernels, caches, first batches: one request of each kind alone (each path once, on
+        # idle workers), then a burst
+        firsts = list({item.kind: item for item in reversed(items)}.values())
+        for item in [*firsts, None]:
+            burst = [item] if item is not None else items[:4]
+            deployment.run(lambda burst=burst: asyncio.run(sweep(target, burst, warmup, SLO())))
         result = deployment.run(lambda: asyncio.run(sweep(target, items, bench, slo)))
     finally:
         deployment.stop()
+    result["with_itl_slo"] = rescored(result, SLO(args.slo_ttft, args.slo_tpot, args.slo_itl))
     print_report(result)
     return result
 
@@ -171,70 +209,22 @@ def _common(args: argparse.Namespace) -> list[str]:
     return ["--tokenizer", args.model, "--seed", str(args.seed)]
 
 
-def at_rate(result: dict[str, Any], rate: float) -> dict[str, Any] | None:
-    return next((r["summary"] for r in result["runs"] if r["request_rate"] == rate), None)
-
-
-def table(results: dict[str, dict[str, Any]], common_rate: float) -> str:
-    at = f"@ {common_rate} req/s"
-    lines = [
-        f"| mode | max rate with >= 90 % SLO attainment (req/s) | p99 TPOT {at} (ms) | "
-        f"p99 TTFT {at} (s) | p99 inter-token gap {at} (ms) | goodput {at} (req/s) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for mode, result in results.items():
-        summary = at_rate(result, common_rate) or {}
-        p99 = {key: (summary.get(key) or {}).get("p99") for key in ("tpot_s", "ttft_s", "itl_s")}
-        ttft = "-" if p99["ttft_s"] is None else f"{p99['ttft_s']:.2f}"
-        lines.append(
-            f"| {mode} | {result['max_rate_within_slo']} | {_ms(p99['tpot_s'])} | {ttft} | "
-            f"{_ms(p99['itl_s'])} | {summary.get('goodput', 0):.2f} |"
-        )
-    return "\n".join(lines)
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f}"
-
-
-def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, Any]:
-    pd, single = (results.get(m) for m in MODES)
-    if pd is None or single is None:
-        return {}
-    pd_at, single_at = at_rate(pd, common_rate) or {}, at_rate(single, common_rate) or {}
-
-    def p99_ratio(key: str) -> float | None:
-        ours, theirs = ((s.get(key) or {}).get("p99") for s in (pd_at, single_at))
-        return ours / theirs if ours and theirs else None
-
-    pd_max, single_max = pd["max_rate_within_slo"], single["max_rate_within_slo"]
-    out: dict[str, Any] = {
-        "p99_tpot_pd_over_single": p99_ratio("tpot_s"),
-        "p99_itl_pd_over_single": p99_ratio("itl_s"),
-        "p99_ttft_pd_over_single": p99_ratio("ttft_s"),
-        "max_rate_pd_over_single": pd_max / single_max if pd_max and single_max else None,
-    }
-    adaptive = results.get("pd_adaptive")
-    if adaptive is not None:
-        ada_max = adaptive["max_rate_within_slo"]
-        out["max_rate_adaptive_over_single"] = (
-            ada_max / single_max if ada_max and single_max else None
-        )
-        goodput = [
-            (a.get("goodput"), s.get("goodput"))
-            for a, s in ((at_rate(adaptive, r), at_rate(single, r)) for r in _rates(single))
-            if a and s
-        ]
-        out["goodput_adaptive_over_single_by_rate"] = [g / s if s else None for g, s in goodput]
-    return out
-
-
-def _rates(result: dict[str, Any]) -> list[float]:
-    return [run["request_rate"] for run in result["runs"]]
+def expand_modes(args: argparse.Namespace) -> list[str]:
+    """``--modes`` with ``single_node`` swept over ``--single-node-budgets``, and the peer."""
+    budgets = [b for b in args.single_node_budgets.split(",") if b]
+    modes: list[str] = []
+    for mode in args.modes.split(","):
+        sweep = mode == "single_node" and budgets
+        modes += [f"single_node@{b}" for b in budgets] if sweep else [mode]
+    for mode in modes:
+        settings(mode)  # fails early on a name it does not know
+    return modes + ([LLAMA_SERVER] if args.peer == "llamacpp" else [])
 
 
 def run_modes(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, Any]]:
-    modes = args.modes.split(",")
+    modes = expand_modes(args)
+    if args.multihost and LLAMA_SERVER in modes:
+        sys.exit("--multihost: llama-server runs on this host only; leave out --peer")
     if not args.multihost:
         return {mode: run_mode(mode, args, workdir) for mode in modes}
     why = available()
@@ -251,13 +241,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bundled")
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(SETTINGS)}")
+    parser.add_argument(
+        "--single-node-budgets",
+        default="256,1024,8192",
+        help="maxPrefillTokens values single_node is swept over ('': its default only)",
+    )
+    parser.add_argument("--peer", choices=("llamacpp",), help="also run llama-server")
+    parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")
+    parser.add_argument("--slots", type=int, default=8, help="llama-server's parallel slots")
     parser.add_argument("--request-rates", default="0.25,0.5,0.75,1,1.5")
     parser.add_argument("--common-rate", type=float, default=1.0)
     parser.add_argument("--num-requests", type=int, default=30, help="per rate")
     parser.add_argument("--mix", default="chat=0.6,summarise=0.2,generate=0.2")
     parser.add_argument("--slo-ttft", type=float, default=3.0)
     parser.add_argument("--slo-tpot", type=float, default=0.150)
-    parser.add_argument("--slo-itl", type=float, help="seconds: a request's p99 inter-token gap")
+    parser.add_argument(
+        "--slo-itl", type=float, default=0.25, help="seconds: a request's p99 inter-token gap"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/compare_modes.json")
     parser.add_argument(
@@ -270,12 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pdserve-modes-") as tmp:
         results = run_modes(args, Path(tmp))
     summary = table(results, args.common_rate)
+    goals = ratios(results, args.common_rate)
     report = {
         "machine": f"{os.cpu_count()} cores{', 3 hosts in namespaces' if args.multihost else ''}",
         "date": time.strftime("%Y-%m-%d"),
         "minutes": (time.monotonic() - started) / 60,
         "settings": vars(args),
-        "ratios": ratios(results, args.common_rate),
+        "ratios": goals,
         "table": summary,
         "results": results,
     }
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     plot_goodput(results, out.with_suffix(".goodput.png"))
     plot_cdfs(results, out.with_suffix(".cdf.png"))
     print(summary)
-    print(f"ratios: {report['ratios']}  ({report['minutes']:.1f} min)")
+    print(f"ratios: {json.dumps(goals, indent=1)}  ({report['minutes']:.1f} min)")
     return 0
 
 

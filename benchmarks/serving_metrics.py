@@ -128,3 +128,29 @@ def max_rate_within_slo(runs: list[dict[str, Any]], target: float = 0.9) -> floa
             break
         best = run["request_rate"]
     return best
+
+
+def record_from_dict(row: dict[str, Any]) -> RequestRecord:
+    """A :class:`RequestRecord` back from its ``to_dict`` form."""
+    fields = {k: v for k, v in row.items() if k != "tpot_s"}
+    return RequestRecord(**fields)
+
+
+def rescore(runs: list[dict[str, Any]], slo: SLO) -> dict[str, Any]:
+    """A sweep's runs judged against another ``slo`` from their requests: attainment and
+    goodput per rate, and the highest rate within it."""
+    scored = []
+    for run in runs:
+        records = [record_from_dict(row) for row in run["requests"]]
+        duration = run["summary"]["duration_s"]
+        met = sum(r.meets(slo.ttft_s, slo.tpot_s, slo.itl_s) for r in records)
+        scored.append(
+            {
+                "request_rate": run["request_rate"],
+                "summary": {
+                    "slo_attainment": met / len(records) if records else 0.0,
+                    "goodput": met / duration if duration else 0.0,
+                },
+            }
+        )
+    return {"slo": asdict(slo), "runs": scored, "max_rate_within_slo": max_rate_within_slo(scored)}

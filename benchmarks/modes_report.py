@@ -1,0 +1,130 @@
+"""The table and ratios of ``compare_modes.py``: each mode's highest rate within the SLO (with and
+without the inter-token gap), its latencies and goodput at a common rate, and the goals' ratios
+against the best-tuned ``single_node`` (the best of its budgets at each rate) and llama-server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.serving_metrics import SLO, rescore
+
+SINGLE = "single_node"
+PEER = "llama_server"
+
+
+def rescored(result: dict[str, Any], slo: SLO) -> dict[str, Any]:
+    return rescore(result["runs"], slo)
+
+
+def at_rate(result: dict[str, Any], rate: float) -> dict[str, Any] | None:
+    return next((r["summary"] for r in result["runs"] if r["request_rate"] == rate), None)
+
+
+def best_single(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The best-tuned ``single_node``: at each rate the budget with the most goodput; its
+    highest rates within each SLO are the best any budget reached."""
+    variants = {mode: r for mode, r in results.items() if mode.partition("@")[0] == SINGLE}
+    if not variants:
+        return None
+    rates = sorted({run["request_rate"] for r in variants.values() for run in r["runs"]})
+    runs = []
+    for rate in rates:
+        mode, summary = max(
+            ((m, at_rate(r, rate)) for m, r in variants.items() if at_rate(r, rate)),
+            key=lambda pair: pair[1]["goodput"],
+        )
+        runs.append({"request_rate": rate, "summary": summary, "mode": mode})
+
+    def best(view: str | None) -> float | None:
+        maxima = [
+            (r[view] if view else r)["max_rate_within_slo"]
+            for r in variants.values()
+            if view is None or view in r
+        ]
+        return max((m for m in maxima if m is not None), default=None)
+
+    itl_runs = []
+    for rate in rates:
+        views = [r["with_itl_slo"] for r in variants.values() if "with_itl_slo" in r]
+        scored = [s for s in (at_rate(view, rate) for view in views) if s]
+        if scored:
+            itl_runs.append({"request_rate": rate, "summary": max(scored, key=_goodput)})
+    return {
+        "runs": runs,
+        "max_rate_within_slo": best(None),
+        "with_itl_slo": {"runs": itl_runs, "max_rate_within_slo": best("with_itl_slo")},
+    }
+
+
+def _goodput(summary: dict[str, Any]) -> float:
+    return summary["goodput"]
+
+
+def table(results: dict[str, dict[str, Any]], common_rate: float) -> str:
+    at = f"@ {common_rate} req/s"
+    lines = [
+        f"| mode | max rate, >= 90 % within TTFT+TPOT (req/s) | ... with p99 gap too (req/s) | "
+        f"p99 TPOT {at} (ms) | p99 TTFT {at} (s) | p99 inter-token gap {at} (ms) | "
+        f"goodput {at} (req/s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    best = best_single(results)
+    rows = dict(results) | ({f"{SINGLE} (best budget per rate)": best} if best else {})
+    for mode, result in rows.items():
+        summary = at_rate(result, common_rate) or {}
+        p99 = {key: (summary.get(key) or {}).get("p99") for key in ("tpot_s", "ttft_s", "itl_s")}
+        ttft = "-" if p99["ttft_s"] is None else f"{p99['ttft_s']:.2f}"
+        itl_max = (result.get("with_itl_slo") or {}).get("max_rate_within_slo")
+        lines.append(
+            f"| {mode} | {result['max_rate_within_slo']} | {itl_max} | {_ms(p99['tpot_s'])} | "
+            f"{ttft} | {_ms(p99['itl_s'])} | {summary.get('goodput', 0):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours and theirs else None
+
+
+def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, Any]:
+    """The goals: adaptive PD against the best-tuned single_node (goodput at every rate, the
+    highest rate within the SLO with the gap), the fixed PD likewise, and pdserve's best mode
+    against llama-server."""
+    single = best_single(results)
+    out: dict[str, Any] = {}
+    if single is None:
+        return out
+    rates = [run["request_rate"] for run in single["runs"]]
+    out["single_node_budget_by_rate"] = {run["request_rate"]: run["mode"] for run in single["runs"]}
+    for mode in ("pd_adaptive", "pd_separate"):
+        ours = results.get(mode)
+        if ours is None:
+            continue
+        goodput = {}
+        for rate in rates:
+            a, s = at_rate(ours, rate), at_rate(single, rate)
+            goodput[rate] = _ratio(a and a["goodput"], s and s["goodput"])
+        out[f"goodput_{mode}_over_single_by_rate"] = goodput
+        out[f"max_rate_{mode}_over_single"] = _ratio(
+            ours["max_rate_within_slo"], single["max_rate_within_slo"]
+        )
+        out[f"max_rate_with_gap_{mode}_over_single"] = _ratio(
+            ours["with_itl_slo"]["max_rate_within_slo"],
+            single["with_itl_slo"]["max_rate_within_slo"],
+        )
+    peer = results.get(PEER)
+    if peer is not None:
+        ours = {m: r for m, r in results.items() if m != PEER}
+        for view, key in ((None, "max_rate"), ("with_itl_slo", "max_rate_with_gap")):
+            maxima = [(r[view] if view else r)["max_rate_within_slo"] for r in ours.values()]
+            best = max((m for m in maxima if m is not None), default=None)
+            theirs = (peer[view] if view else peer)["max_rate_within_slo"]
+            out[f"{key}_pdserve_best_over_llama_server"] = _ratio(best, theirs)
+        out["goodput_at_common_rate_by_mode"] = {
+            m: (at_rate(r, common_rate) or {}).get("goodput") for m, r in results.items()
+        }
+    return out

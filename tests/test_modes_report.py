@@ -1,0 +1,89 @@
+"""compare_modes' report on made-up sweeps: the best-tuned single_node takes the best budget at
+each rate, the gap SLO is judged from the requests, and the goals' ratios follow."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmarks.compare_modes import expand_modes, settings
+from benchmarks.modes_report import best_single, ratios, rescored, table
+from benchmarks.serving_metrics import SLO, RequestRecord, max_rate_within_slo
+
+
+def _request(ttft: float, gap: float, tokens: int = 5) -> dict:
+    record = RequestRecord(10, tokens, ttft_s=ttft, output_tokens=tokens)
+    record.gaps_s = [gap] * (tokens - 1)
+    record.e2e_s = ttft + gap * (tokens - 1)
+    return record.to_dict()
+
+
+def _result(rates_to_requests: dict[float, list[dict]]) -> dict:
+    slo, runs = SLO(), []
+    for rate, requests in rates_to_requests.items():
+        met = sum(
+            RequestRecord(**{k: v for k, v in r.items() if k != "tpot_s"}).meets(
+                slo.ttft_s, slo.tpot_s
+            )
+            for r in requests
+        )
+        summary = {"goodput": met / 10.0, "slo_attainment": met / len(requests), "duration_s": 10}
+        runs.append({"request_rate": rate, "summary": summary, "requests": requests})
+    result = {"runs": runs, "max_rate_within_slo": max_rate_within_slo(runs)}
+    result["with_itl_slo"] = rescored(result, SLO(itl_s=0.25))
+    return result
+
+
+GOOD, SLOW_START, JERKY = _request(1.0, 0.05), _request(5.0, 0.05), _request(1.0, 0.05, tokens=20)
+JERKY["gaps_s"][0] = 0.9  # one long gap: fine on average, not at p99
+JERKY["e2e_s"] = 1.0 + sum(JERKY["gaps_s"])
+
+
+def test_the_gap_slo_is_judged_from_each_requests_gaps():
+    result = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 5 + [JERKY] * 5})
+    assert result["max_rate_within_slo"] == 1.0  # TTFT and TPOT only: all met
+    view = result["with_itl_slo"]
+    assert [run["summary"]["slo_attainment"] for run in view["runs"]] == [1.0, 0.5]
+    assert view["max_rate_within_slo"] == 0.5
+
+
+def test_the_best_single_node_takes_the_best_budget_at_each_rate():
+    small = _result({0.5: [GOOD] * 10, 1.0: [SLOW_START] * 10})
+    large = _result({0.5: [GOOD] * 9 + [SLOW_START], 1.0: [GOOD] * 10})
+    best = best_single({"single_node@256": small, "single_node@8192": large, "pd": small})
+    assert [run["mode"] for run in best["runs"]] == ["single_node@256", "single_node@8192"]
+    assert [run["summary"]["goodput"] for run in best["runs"]] == [1.0, 1.0]
+    assert best["max_rate_within_slo"] == 1.0  # the best any budget reached
+
+
+def test_ratios_against_the_best_single_node_and_the_peer():
+    single = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 5 + [SLOW_START] * 5})
+    adaptive = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 10})
+    peer = _result({0.5: [GOOD] * 5 + [SLOW_START] * 5, 1.0: [SLOW_START] * 10})
+    results = {"pd_adaptive": adaptive, "single_node@512": single, "llama_server": peer}
+    out = ratios(results, 1.0)
+    assert out["goodput_pd_adaptive_over_single_by_rate"] == {0.5: 1.0, 1.0: 2.0}
+    assert out["max_rate_pd_adaptive_over_single"] == 2.0
+    assert out["max_rate_with_gap_pd_adaptive_over_single"] == 2.0
+    assert out["max_rate_pdserve_best_over_llama_server"] is None  # the peer never made 90 %
+    text = table(results, 1.0)
+    assert "| single_node (best budget per rate) | 0.5 | 0.5 |" in text
+    assert "| pd_adaptive | 1.0 | 1.0 |" in text
+
+
+def _args(**overrides) -> argparse.Namespace:
+    base = {"modes": "pd_separate,single_node", "single_node_budgets": "256,1024", "peer": None}
+    return argparse.Namespace(**(base | overrides))
+
+
+def test_single_node_expands_into_its_budgets_and_the_peer_comes_last():
+    assert expand_modes(_args()) == ["pd_separate", "single_node@256", "single_node@1024"]
+    assert expand_modes(_args(single_node_budgets="", peer="llamacpp")) == [
+        "pd_separate",
+        "single_node",
+        "llama_server",
+    ]
+    assert settings("single_node@256") == ("single_node", {"maxPrefillTokens": 256})
+    with pytest.raises(ValueError, match="unknown mode"):
+        expand_modes(_args(modes="pd_adaptive@5"))
