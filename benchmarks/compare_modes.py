@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from benchmarks.netns import TestBed, available  # noqa: E402
 from benchmarks.netns import sweep as sweep_beds  # noqa: E402
 from benchmarks.ray_hosts import HOSTS, RayOnHosts, start_coordinator  # noqa: E402
 from benchmarks.serving_client import Target  # noqa: E402
-from benchmarks.serving_metrics import SLO  # noqa: E402
+from benchmarks.serving_metrics import SLO, max_rate_within_slo  # noqa: E402
 from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
 
 MODES = ("pd_separate", "pd_adaptive", "single_node")
@@ -69,6 +70,8 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "pd_separate": ("pd_separate", {}),
     "single_node": ("single_node", {}),
     "pd_adaptive": ("pd_separate", ADAPTIVE),
+    # what sharing idle cores adds: pd_adaptive without it
+    "pd_adaptive_unshared": ("pd_separate", {**ADAPTIVE, "share_idle_cores": False}),
 }
 LLAMA_SERVER = "llama_server"
 
@@ -165,48 +168,54 @@ class Deployment:
 def run_mode(
     mode: str, args: argparse.Namespace, workdir: Path, ray: RayOnHosts | None = None
 ) -> dict[str, Any]:
+    """The sweep against ``mode``. Each rate gets requests of its own (a cache that kept an
+    earlier rate's prompts would flatter the later ones), the same for every mode."""
     deployment = Deployment(mode, args, workdir, ray)
+    rates = args.request_rates.split(",")
     try:
         bench = serving_args(
             [
                 "--num-requests",
-                str(args.num_requests),
-                "--request-rates",
-                args.request_rates,
+                str(args.num_requests * len(rates)),
                 "--mix",
                 args.mix,
-                "--tokenizer",
-                args.model,
                 "--slo-ttft",
                 str(args.slo_ttft),
                 "--slo-tpot",
                 str(args.slo_tpot),
-                "--seed",
-                str(args.seed),
                 "--label",
                 mode,
+                *_common(args, args.seed),
             ]  # fmt: skip
         )
-        items = workload(bench)
+        pool = workload(bench)
         target = deployment.target
-        warmup = serving_args(["--request-rates", "inf", "--no-progress", *_common(args)])
+        warmup = serving_args(["--request-rates", "inf", "--no-progress", *_common(args, -1)])
         slo = SLO(args.slo_ttft, args.slo_tpot)
         # kernels, caches, first batches: one request of each kind alone (each path once, on
-        # idle workers), then a burst
-        firsts = list({item.kind: item for item in reversed(items)}.values())
-        for item in [*firsts, None]:
-            burst = [item] if item is not None else items[:4]
+        # idle workers), then a burst; prompts of their own
+        spare = workload(serving_args(["--mix", args.mix, *_common(args, args.seed + 1)]))
+        firsts = list({item.kind: item for item in reversed(spare)}.values())
+        for burst in [*([item] for item in firsts), spare[-4:]]:
             deployment.run(lambda burst=burst: asyncio.run(sweep(target, burst, warmup, SLO())))
-        result = deployment.run(lambda: asyncio.run(sweep(target, items, bench, slo)))
+        runs = []
+        for i, rate in enumerate(rates):
+            items = pool[i * args.num_requests : (i + 1) * args.num_requests]
+            bench.request_rates = rate
+            one = deployment.run(lambda items=items: asyncio.run(sweep(target, items, bench, slo)))
+            runs += one["runs"]
     finally:
         deployment.stop()
+    result = {**one, "runs": runs, "max_rate_within_slo": max_rate_within_slo(runs)}
+    result["workload"]["num_requests"] = len(pool)
+    result["workload"]["kinds"] = dict(Counter(item.kind for item in pool))
     result["with_itl_slo"] = rescored(result, SLO(args.slo_ttft, args.slo_tpot, args.slo_itl))
     print_report(result)
     return result
 
 
-def _common(args: argparse.Namespace) -> list[str]:
-    return ["--tokenizer", args.model, "--seed", str(args.seed)]
+def _common(args: argparse.Namespace, seed: int) -> list[str]:
+    return ["--tokenizer", args.model, "--seed", str(seed)]
 
 
 def expand_modes(args: argparse.Namespace) -> list[str]:
