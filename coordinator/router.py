@@ -115,7 +115,7 @@ class WorkerState:
 
     @property
     def prefill_cost(self) -> float:
-        return self.stats.num_waiting_prompt_tokens + self.pending_tokens
+        return self.stats.num_prompt_tokens_to_compute + self.pending_tokens
 
     @property
     def decode_load(self) -> int:
@@ -234,11 +234,14 @@ class Router:
         least = (min(_prefill_load(p) for p, _ in pairs), min(d.decode_load for _, d in pairs))
         p, d = min(pairs, key=lambda pair: self._cost(pair, len(token_ids), cached, least))
         local = p is None and bool(self.prefills)
-        locally = p is not None and self._prefill_locally(p, len(token_ids) - cached[d.key])
+        num_local = len(token_ids) - cached[d.key]  # what the decode worker would compute
+        locally = p is not None and self._prefill_locally(p, d, num_local)
         if locally and (None, d.instance) not in exclude:
             p, local = None, True
         if p is not None:
             p.pending_tokens += len(token_ids) - cached[p.key]
+        elif local:
+            d.pending_tokens += num_local
         d.pending_requests += 1
         for worker in (p, d) if hashes else ():
             if worker is not None:
@@ -258,14 +261,19 @@ class Router:
         ]
         return local or self._pairs(exclude, lambda w: w.reachable(now))
 
-    def _prefill_locally(self, p: WorkerState, num_local_tokens: int) -> bool:
-        """Whether the decode worker computes the prompt itself: ``num_local_tokens`` (what it
-        would compute) is short, or shorter than the prefill worker's long queue."""
+    def _prefill_locally(self, p: WorkerState, d: WorkerState, num_local_tokens: int) -> bool:
+        """Whether decode worker ``d`` computes the prompt itself: ``num_local_tokens`` (what
+        it would compute) is short, or shorter than prefill worker ``p``'s long queue. Either
+        way only while ``d``'s own prompt tokens to compute, this prompt's included, stay within
+        the short limit or below ``p``'s queue: a decode worker that is already prefilling
+        would slow its streams for longer than a hand-off takes."""
         routing = self.routing
-        if routing.local_prefill_tokens and num_local_tokens <= routing.local_prefill_tokens:
+        backlog = d.prefill_cost + num_local_tokens
+        short = routing.local_prefill_tokens
+        if short and num_local_tokens <= short and backlog <= max(short, p.prefill_cost):
             return True
         queue = routing.local_prefill_queue_tokens
-        return bool(queue) and p.prefill_cost >= queue and num_local_tokens < p.prefill_cost
+        return bool(queue) and p.prefill_cost >= queue and backlog < p.prefill_cost
 
     def _cost(
         self,

@@ -342,7 +342,7 @@ class LLMEngine(DecodeHandoff):
             num_held=statuses[RequestStatus.HELD],
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
-            num_waiting_prompt_tokens=sum(r.num_uncomputed_tokens for r in waiting),
+            num_prompt_tokens_to_compute=_prompt_tokens_to_compute(waiting, self.scheduler.running),
             num_reserved=statuses[RequestStatus.RESERVED] + statuses[RequestStatus.RECEIVING],
             num_cached_blocks=self.blocks.num_cached_blocks,
             prefix_cache_queries=self.blocks.num_queried_tokens,
@@ -363,6 +363,13 @@ class LLMEngine(DecodeHandoff):
                 if event.request_id in outputs and event.token_id is not None:
                     outputs[event.request_id].append(event.token_id)
         return [outputs[i] for i in ids]
+
+
+def _prompt_tokens_to_compute(waiting: Sequence[Request], running: Sequence[Request]) -> int:
+    """Prompt tokens not computed yet: all of a waiting request's, and what a running one has
+    left of its prompt (a decoding request has one token to compute: its newest, not a prompt's)."""
+    left = sum(r.num_uncomputed_tokens for r in waiting)
+    return left + sum(n for r in running if (n := r.num_uncomputed_tokens) > 1)
 
 
 def _gguf_blocks(loaded: LoadedModel, config: EngineConfig) -> dict | None:

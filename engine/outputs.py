@@ -49,7 +49,8 @@ class EngineStats:
     num_held: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
-    num_waiting_prompt_tokens: int = 0
+    # prompt tokens still to compute: of waiting requests, and of running ones mid-prompt
+    num_prompt_tokens_to_compute: int = 0
     num_reserved: int = 0  # incoming hand-offs with blocks set aside (RESERVED or RECEIVING)
     num_cached_blocks: int = 0  # blocks holding reusable prefix KV, in use or free (evictable)
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache so far (a counter)

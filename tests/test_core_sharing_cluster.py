@@ -63,4 +63,3 @@ def test_each_worker_may_run_on_both_cores_and_publishes_its_idleness(shared, ra
     assert [f.name.split("-")[2] for f in files] == ["decode", "prefill"]
     asyncio.run(asyncio.sleep(0.2))  # the engine loops note their idleness within 50 ms
     assert all(f.read_bytes() == bytes((1, 1)) for f in files)  # idle, one thread each
-

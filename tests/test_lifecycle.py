@@ -141,3 +141,18 @@ def test_requests_that_can_never_fit_are_rejected(tiny_loaded):
     with pytest.raises(RequestRejectedError, match="valid range"):
         engine.add_request("empty", [], SamplingParams())
     _assert_no_leak(engine)
+
+
+def test_prompt_tokens_to_compute_count_a_prompt_mid_chunk_and_not_decodes(tiny_loaded):
+    engine = make_engine(tiny_loaded, max_prefill_tokens=16)
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    engine.add_request("long", list(range(3, 43)), params)  # 40 tokens: chunks of 16
+    engine.add_request("short", [5, 6, 7], params)
+    assert engine.stats().num_prompt_tokens_to_compute == 43
+    engine.step()  # 16 of the long prompt
+    assert engine.stats().num_prompt_tokens_to_compute == 27
+    while engine.requests["short"].num_computed_tokens < 3:
+        engine.step()
+    assert engine.stats().num_prompt_tokens_to_compute == 0  # decoding requests add nothing
+    while engine.has_work():
+        engine.step()

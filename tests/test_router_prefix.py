@@ -66,7 +66,7 @@ def _poll(router: Router, **stats: EngineStats) -> None:
 
 
 def _queued(tokens: int) -> EngineStats:
-    return replace(IDLE, num_waiting=1, num_waiting_prompt_tokens=tokens)
+    return replace(IDLE, num_waiting=1, num_prompt_tokens_to_compute=tokens)
 
 
 def _running(count: int) -> EngineStats:
@@ -281,3 +281,20 @@ def test_a_migration_off_a_local_route_never_returns_to_it():
     _poll(router)
     again = router.choose(PROMPT_A, {route})
     assert again != route and again[1] != route[1]
+
+
+def test_a_decode_worker_busy_prefilling_hands_short_prompts_off():
+    router = _router(FakeCluster(prefills=[0], decodes=[0]), local_prefill_tokens=8)
+    assert router.choose(list(range(30, 38))) == (None, 0)  # 8 to compute, nothing queued
+    # the first one is still to compute there: 16 would exceed the limit, so hand off
+    assert router.choose(list(range(40, 48))) == (0, 0)
+    _poll(router, decode_0=_queued(6), prefill_0=_queued(100))
+    assert router.choose(list(range(50, 58))) == (None, 0)  # 14 queued there < 100 on prefill
+
+
+def test_the_queue_rule_counts_the_decode_workers_own_backlog():
+    router = _router(FakeCluster(prefills=[0], decodes=[0]), local_prefill_queue_tokens=1000)
+    _poll(router, prefill_0=_queued(1500), decode_0=_queued(1490))
+    assert router.choose(PROMPT_B) == (0, 0)  # 1,490 + 17 there is no shorter than 1,500
+    _poll(router, prefill_0=_queued(1500), decode_0=_queued(100))
+    assert router.choose(PROMPT_B) == (None, 0)

@@ -209,7 +209,7 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "num_held",
             "num_free_blocks",
             "num_total_blocks",
-            "num_waiting_prompt_tokens",
+            "num_prompt_tokens_to_compute",
             "num_reserved",
             "num_cached_blocks",
             "prefix_cache_queries",
@@ -219,6 +219,8 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "pid",
             "node_ip",
             "weights",
+            "threads",
+            "num_borrowing_steps",
         ]
         assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2
         assert load.to_dict()["weights"].startswith("weights fp32: layers float32")
