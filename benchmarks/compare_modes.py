@@ -66,9 +66,16 @@ ADAPTIVE = {
     "stepTargetMs": 100,
     "share_idle_cores": True,
 }
+# the fixed split, whatever the defaults: every prompt handed off, no shared core
+FIXED = {
+    "local_prefill_tokens": 0,
+    "local_prefill_queue_tokens": 0,
+    "stepTargetMs": 0,
+    "share_idle_cores": False,
+}
 SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "pd_separate": ("pd_separate", {}),
-    "single_node": ("single_node", {}),
+    "pd_separate": ("pd_separate", FIXED),
+    "single_node": ("single_node", {"stepTargetMs": 0}),
     "pd_adaptive": ("pd_separate", ADAPTIVE),
     # what sharing idle cores adds: pd_adaptive without it
     "pd_adaptive_unshared": ("pd_separate", {**ADAPTIVE, "share_idle_cores": False}),
