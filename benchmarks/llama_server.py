@@ -57,13 +57,18 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{port}"
         self.command = command
         self._log = log.open("w")
-        self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        except OSError:
+            self._log.close()
+            raise
         self._wait_ready(log)
 
     def _wait_ready(self, log: Path, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
+                self._log.close()
                 raise RuntimeError(f"llama-server exited ({self._process.returncode}); see {log}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:

@@ -177,9 +177,13 @@ class Cluster:
             return [None] * num_prefill, [None] * num_decode
         prefill = [lending_path(self._id, "prefill", i) for i in range(num_prefill)]
         decode = [lending_path(self._id, "decode", i) for i in range(num_decode)]
+        # each lender has one borrower (lender j: borrower j mod n), so no core is lent twice
         return (
-            [CoreSharing(path, tuple(decode), low_priority=True) for path in prefill],
-            [CoreSharing(path, tuple(prefill)) for path in decode],
+            [
+                CoreSharing(path, tuple(decode[i::num_prefill]), low_priority=True)
+                for i, path in enumerate(prefill)
+            ],
+            [CoreSharing(path, tuple(prefill[i::num_decode])) for i, path in enumerate(decode)],
         )
 
     def _actors(self, cls: type, resources: ActorResources, count: int, *args: Any) -> list[Any]:

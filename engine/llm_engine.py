@@ -367,9 +367,9 @@ class LLMEngine(DecodeHandoff):
 
 def _prompt_tokens_to_compute(waiting: Sequence[Request], running: Sequence[Request]) -> int:
     """Prompt tokens not computed yet: all of a waiting request's, and what a running one has
-    left of its prompt (a decoding request has one token to compute: its newest, not a prompt's)."""
+    left of its prompt (a decoding request's one token to compute is its newest, not a prompt's)."""
     left = sum(r.num_uncomputed_tokens for r in waiting)
-    return left + sum(n for r in running if (n := r.num_uncomputed_tokens) > 1)
+    return left + sum(max(r.num_prompt_tokens - r.num_computed_tokens, 0) for r in running)
 
 
 def _gguf_blocks(loaded: LoadedModel, config: EngineConfig) -> dict | None:

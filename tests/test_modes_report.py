@@ -84,6 +84,7 @@ def test_single_node_expands_into_its_budgets_and_the_peer_comes_last():
         "single_node",
         "llama_server",
     ]
-    assert settings("single_node@256") == ("single_node", {"maxPrefillTokens": 256})
+    budget = {"stepTargetMs": 0, "maxPrefillTokens": 256}
+    assert settings("single_node@256") == ("single_node", budget)
     with pytest.raises(ValueError, match="unknown mode"):
         expand_modes(_args(modes="pd_adaptive@5"))

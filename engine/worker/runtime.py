@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from engine.config import EngineConfig
 from engine.engine_loop import EngineLoop
 from engine.llm_engine import LLMEngine
@@ -69,7 +71,7 @@ class WorkerRuntime:
         self._unclaimed: dict[str, float] = {}  # ended, unread: when (oldest first)
         self._lock = threading.Lock()
         self._sharing = sharing
-        own = config.num_threads or 1
+        own = config.num_threads or torch.get_num_threads()
         lend, borrow = (sharing.lend_path, sharing.borrow_paths) if sharing else (None, ())
         self.lender = Lender(lend, own) if lend else None
         self.borrower = Borrower(own, borrow) if borrow else None
