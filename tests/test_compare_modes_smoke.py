@@ -1,0 +1,31 @@
+"""A short run of benchmarks/compare_modes.py: pdserve started in the adaptive PD mode (local
+prefill of short prompts, stepTargetMs, shared idle cores) on the tiny model, every request
+served, the report and plots written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import compare_modes
+
+pytestmark = pytest.mark.ray
+
+
+def test_the_adaptive_mode_serves_the_sweep(tmp_path, tiny_model_dir):
+    out = tmp_path / "modes.json"
+    args = ["--model", str(tiny_model_dir), "--modes", "pd_adaptive", "--single-node-budgets", ""]
+    args += ["--request-rates", "4,inf", "--num-requests", "3", "--mix", "chat=1"]
+    assert compare_modes.main([*args, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    result = report["results"]["pd_adaptive"]
+    assert [run["request_rate"] for run in result["runs"]] == [4.0, float("inf")]
+    for run in result["runs"]:
+        assert run["summary"]["num_failed"] == 0 and run["summary"]["num_requests"] == 3
+        assert all(r["output_tokens"] == 64 for r in run["requests"])
+    prompts = [r["prompt_tokens"] for run in result["runs"] for r in run["requests"]]
+    assert len(prompts) == 6 and all(0 < p <= 64 for p in prompts)
+    assert len(result["with_itl_slo"]["runs"]) == 2
+    assert "| pd_adaptive |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".goodput.png").stat().st_size > 0
