@@ -47,13 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_serving import parse_args as serving_args  # noqa: E402
 from benchmarks.bench_serving import print_report, sweep, workload  # noqa: E402
-from benchmarks.llama_server import LlamaServer, gguf_of, server_folder  # noqa: E402
-from benchmarks.modes_report import ratios, rescored, table  # noqa: E402
+from benchmarks.llama_server import SLOTS, LlamaServer, gguf_of, server_folder  # noqa: E402
+from benchmarks.modes_report import ratios, table  # noqa: E402
 from benchmarks.netns import TestBed, available  # noqa: E402
 from benchmarks.netns import sweep as sweep_beds  # noqa: E402
 from benchmarks.ray_hosts import HOSTS, RayOnHosts, start_coordinator  # noqa: E402
 from benchmarks.serving_client import Target  # noqa: E402
-from benchmarks.serving_metrics import SLO, max_rate_within_slo  # noqa: E402
+from benchmarks.serving_metrics import SLO, max_rate_within_slo, rescore  # noqa: E402
 from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
 
 MODES = ("pd_separate", "pd_adaptive", "single_node")
@@ -216,7 +216,7 @@ def run_mode(
     result = {**one, "runs": runs, "max_rate_within_slo": max_rate_within_slo(runs)}
     result["workload"]["num_requests"] = len(pool)
     result["workload"]["kinds"] = dict(Counter(item.kind for item in pool))
-    result["with_itl_slo"] = rescored(result, SLO(args.slo_ttft, args.slo_tpot, args.slo_itl))
+    result["with_itl_slo"] = rescore(runs, SLO(args.slo_ttft, args.slo_tpot, args.slo_itl))
     print_report(result)
     return result
 
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--peer", choices=("llamacpp",), help="also run llama-server")
     parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")
-    parser.add_argument("--slots", type=int, default=8, help="llama-server's parallel slots")
+    parser.add_argument("--slots", type=int, default=SLOTS, help="llama-server's parallel slots")
     parser.add_argument("--request-rates", default="0.25,0.5,0.75,1,1.5")
     parser.add_argument("--common-rate", type=float, default=1.0)
     parser.add_argument("--num-requests", type=int, default=30, help="per rate")

@@ -6,14 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.serving_metrics import SLO, rescore
-
 SINGLE = "single_node"
 PEER = "llama_server"
-
-
-def rescored(result: dict[str, Any], slo: SLO) -> dict[str, Any]:
-    return rescore(result["runs"], slo)
 
 
 def at_rate(result: dict[str, Any], rate: float) -> dict[str, Any] | None:

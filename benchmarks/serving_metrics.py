@@ -142,15 +142,8 @@ def rescore(runs: list[dict[str, Any]], slo: SLO) -> dict[str, Any]:
     scored = []
     for run in runs:
         records = [record_from_dict(row) for row in run["requests"]]
-        duration = run["summary"]["duration_s"]
-        met = sum(r.meets(slo.ttft_s, slo.tpot_s, slo.itl_s) for r in records)
-        scored.append(
-            {
-                "request_rate": run["request_rate"],
-                "summary": {
-                    "slo_attainment": met / len(records) if records else 0.0,
-                    "goodput": met / duration if duration else 0.0,
-                },
-            }
-        )
+        duration, share = run["summary"]["duration_s"], attainment(records, slo)
+        goodput = share * len(records) / duration if duration else 0.0
+        summary = {"slo_attainment": share, "goodput": goodput}
+        scored.append({"request_rate": run["request_rate"], "summary": summary})
     return {"slo": asdict(slo), "runs": scored, "max_rate_within_slo": max_rate_within_slo(scored)}

@@ -8,8 +8,14 @@ import argparse
 import pytest
 
 from benchmarks.compare_modes import expand_modes, settings
-from benchmarks.modes_report import best_single, ratios, rescored, table
-from benchmarks.serving_metrics import SLO, RequestRecord, max_rate_within_slo
+from benchmarks.modes_report import best_single, ratios, table
+from benchmarks.serving_metrics import (
+    SLO,
+    RequestRecord,
+    max_rate_within_slo,
+    record_from_dict,
+    rescore,
+)
 
 
 def _request(ttft: float, gap: float, tokens: int = 5) -> dict:
@@ -22,16 +28,11 @@ def _request(ttft: float, gap: float, tokens: int = 5) -> dict:
 def _result(rates_to_requests: dict[float, list[dict]]) -> dict:
     slo, runs = SLO(), []
     for rate, requests in rates_to_requests.items():
-        met = sum(
-            RequestRecord(**{k: v for k, v in r.items() if k != "tpot_s"}).meets(
-                slo.ttft_s, slo.tpot_s
-            )
-            for r in requests
-        )
+        met = sum(record_from_dict(r).meets(slo.ttft_s, slo.tpot_s) for r in requests)
         summary = {"goodput": met / 10.0, "slo_attainment": met / len(requests), "duration_s": 10}
         runs.append({"request_rate": rate, "summary": summary, "requests": requests})
     result = {"runs": runs, "max_rate_within_slo": max_rate_within_slo(runs)}
-    result["with_itl_slo"] = rescored(result, SLO(itl_s=0.25))
+    result["with_itl_slo"] = rescore(runs, SLO(itl_s=0.25))
     return result
 
 

@@ -27,7 +27,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -70,7 +69,7 @@ class WorkerRuntime:
         self._streaming: set[str] = set()  # queues a stream is reading
         self._unclaimed: dict[str, float] = {}  # ended, unread: when (oldest first)
         self._lock = threading.Lock()
-        self._sharing = sharing
+        self._lower_priority = bool(sharing and sharing.low_priority)  # on the engine thread
         own = config.num_threads or torch.get_num_threads()
         lend, borrow = (sharing.lend_path, sharing.borrow_paths) if sharing else (None, ())
         self.lender = Lender(lend, own) if lend else None
@@ -84,9 +83,9 @@ class WorkerRuntime:
 
     def _share_cores(self, busy: bool) -> None:
         """Engine thread: say whether this worker is idle; before a step, borrow what is idle."""
-        if self._sharing is not None and self._sharing.low_priority:
+        if self._lower_priority:
             lower_priority()  # before the engine thread starts its thread pool
-            self._sharing = replace(self._sharing, low_priority=False)
+            self._lower_priority = False
         if self.lender is not None:
             self.lender.set_idle(not busy)
         if busy and self.borrower is not None:
