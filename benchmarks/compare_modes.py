@@ -4,7 +4,9 @@ each mode, one after the other, each on its own freshly started pdserve:
 - ``pd_separate``: 1 prefill + 1 decode actor, one core each;
 - ``pd_adaptive``: the same, but the decode worker prefills short prompts itself, in chunks that
   keep its steps within ``stepTargetMs``, and each worker runs extra threads on the other's core
-  while that one is idle (``ADAPTIVE`` below);
+  while that one is idle (``ADAPTIVE`` below); swept over ``decode_yield_ms``
+  (``--adaptive-yields``: ``pd_adaptive@<ms>`` each, how long a busy decode worker may pause to
+  lend its core to a long prefill), the best at each rate and SLO kept, as for ``single_node``;
 - ``single_node``: one engine on both cores, swept over its chunked-prefill budget
   (``--single-node-budgets``: ``single_node@<maxPrefillTokens>`` each; the best one at each
   rate is the baseline the ratios use);
@@ -65,6 +67,7 @@ ADAPTIVE = {
     "local_prefill_queue_tokens": 1024,
     "stepTargetMs": 100,
     "share_idle_cores": True,
+    "decode_yield_ms": 0,
 }
 # the fixed split, whatever the defaults: every prompt handed off, no shared core
 FIXED = {
@@ -72,6 +75,7 @@ FIXED = {
     "local_prefill_queue_tokens": 0,
     "stepTargetMs": 0,
     "share_idle_cores": False,
+    "decode_yield_ms": 0,
 }
 SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "pd_separate": ("pd_separate", FIXED),
@@ -81,15 +85,19 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "pd_adaptive_unshared": ("pd_separate", {**ADAPTIVE, "share_idle_cores": False}),
 }
 LLAMA_SERVER = "llama_server"
+SWEPT_KEY = {"single_node": "maxPrefillTokens", "pd_adaptive": "decode_yield_ms"}
 
 
 def settings(mode: str) -> tuple[str, dict[str, Any]]:
-    """The deploy mode and backend_config keys of ``mode`` (``single_node@<budget>`` too)."""
-    name, _, budget = mode.partition("@")
-    if name not in SETTINGS or (budget and name != "single_node"):
-        raise ValueError(f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N")
+    """The deploy mode and backend_config keys of ``mode`` (``single_node@<maxPrefillTokens>``
+    and ``pd_adaptive@<decode_yield_ms>`` too)."""
+    name, _, value = mode.partition("@")
+    if name not in SETTINGS or (value and name not in SWEPT_KEY):
+        raise ValueError(
+            f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N, pd_adaptive@N"
+        )
     deploy_mode, keys = SETTINGS[name]
-    return deploy_mode, {**keys, **({"maxPrefillTokens": int(budget)} if budget else {})}
+    return deploy_mode, {**keys, **({SWEPT_KEY[name]: int(value)} if value else {})}
 
 
 def free_port() -> int:
@@ -226,12 +234,16 @@ def _common(args: argparse.Namespace, seed: int) -> list[str]:
 
 
 def expand_modes(args: argparse.Namespace) -> list[str]:
-    """``--modes`` with ``single_node`` swept over ``--single-node-budgets``, and the peer."""
-    budgets = [b for b in args.single_node_budgets.split(",") if b]
+    """``--modes`` with ``single_node`` swept over ``--single-node-budgets`` and
+    ``pd_adaptive`` over ``--adaptive-yields``, and the peer."""
+    sweeps = {
+        "single_node": [b for b in args.single_node_budgets.split(",") if b],
+        "pd_adaptive": [y for y in args.adaptive_yields.split(",") if y],
+    }
     modes: list[str] = []
     for mode in args.modes.split(","):
-        sweep = mode == "single_node" and budgets
-        modes += [f"single_node@{b}" for b in budgets] if sweep else [mode]
+        values = sweeps.get(mode)
+        modes += [f"{mode}@{value}" for value in values] if values else [mode]
     for mode in modes:
         settings(mode)  # fails early on a name it does not know
     return modes + ([LLAMA_SERVER] if args.peer == "llamacpp" else [])
@@ -261,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         "--single-node-budgets",
         default="256,1024,8192",
         help="maxPrefillTokens values single_node is swept over ('': its default only)",
+    )
+    parser.add_argument(
+        "--adaptive-yields",
+        default="0,3000",
+        help="decode_yield_ms values pd_adaptive is swept over ('': its ADAPTIVE value only)",
     )
     parser.add_argument("--peer", choices=("llamacpp",), help="also run llama-server")
     parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")

@@ -1,23 +1,28 @@
 """The table and ratios of ``compare_modes.py``: each mode's highest rate within the SLO (with and
 without the inter-token gap), its latencies and goodput at a common rate, and the goals' ratios
-against the best-tuned ``single_node`` (the best of its budgets at each rate) and llama-server."""
+against the best-tuned ``single_node`` (the best of its budgets at each rate) and llama-server.
+``pd_adaptive`` swept over ``decode_yield_ms`` is tuned the same way: at each rate and SLO, its
+best setting."""
 
 from __future__ import annotations
 
 from typing import Any
 
 SINGLE = "single_node"
+ADAPTIVE = "pd_adaptive"
 PEER = "llama_server"
+TUNED_BY = {SINGLE: "budget", ADAPTIVE: "decode_yield_ms"}
 
 
 def at_rate(result: dict[str, Any], rate: float) -> dict[str, Any] | None:
     return next((r["summary"] for r in result["runs"] if r["request_rate"] == rate), None)
 
 
-def best_single(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The best-tuned ``single_node``: at each rate the budget with the most goodput; its
-    highest rates within each SLO are the best any budget reached."""
-    variants = {mode: r for mode, r in results.items() if mode.partition("@")[0] == SINGLE}
+def best_tuned(results: dict[str, dict[str, Any]], family: str) -> dict[str, Any] | None:
+    """The best-tuned ``family`` (its modes ``family`` and ``family@<setting>``): at each rate
+    and SLO the setting with the most goodput; its highest rates within each SLO are the best
+    any setting reached."""
+    variants = {mode: r for mode, r in results.items() if mode.partition("@")[0] == family}
     if not variants:
         return None
     rates = sorted({run["request_rate"] for r in variants.values() for run in r["runs"]})
@@ -62,8 +67,11 @@ def table(results: dict[str, dict[str, Any]], common_rate: float) -> str:
         f"goodput {at} (req/s) |",
         "|---|---|---|---|---|---|---|",
     ]
-    best = best_single(results)
-    rows = dict(results) | ({f"{SINGLE} (best budget per rate)": best} if best else {})
+    rows = dict(results)
+    for family, setting in TUNED_BY.items():
+        best = best_tuned(results, family)
+        if best and f"{family}@" in "".join(results):
+            rows[f"{family} (best {setting} per rate)"] = best
     for mode, result in rows.items():
         summary = at_rate(result, common_rate) or {}
         p99 = {key: (summary.get(key) or {}).get("p99") for key in ("tpot_s", "ttft_s", "itl_s")}
@@ -88,14 +96,17 @@ def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, 
     """The goals: adaptive PD against the best-tuned single_node (goodput at every rate, the
     highest rate within the SLO with the gap), the fixed PD likewise, and pdserve's best mode
     against llama-server."""
-    single = best_single(results)
+    single = best_tuned(results, SINGLE)
     out: dict[str, Any] = {}
     if single is None:
         return out
     rates = [run["request_rate"] for run in single["runs"]]
     out["single_node_budget_by_rate"] = {run["request_rate"]: run["mode"] for run in single["runs"]}
-    for mode in ("pd_adaptive", "pd_separate"):
-        ours = results.get(mode)
+    adaptive = best_tuned(results, ADAPTIVE)
+    if adaptive is not None:
+        by_rate = {run["request_rate"]: run["mode"] for run in adaptive["runs"]}
+        out["pd_adaptive_setting_by_rate"] = by_rate
+    for mode, ours in ((ADAPTIVE, adaptive), ("pd_separate", results.get("pd_separate"))):
         if ours is None:
             continue
         goodput = {}

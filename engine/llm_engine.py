@@ -333,6 +333,9 @@ class LLMEngine(DecodeHandoff):
 
     # ---- introspection ---------------------------------------------------------------------
 
+    def num_prompt_tokens_to_compute(self) -> int:
+        return _prompt_tokens_to_compute(self.scheduler.waiting, self.scheduler.running)
+
     def stats(self) -> EngineStats:
         waiting = self.scheduler.waiting
         statuses = Counter(r.status for r in self.requests.values())
@@ -342,7 +345,7 @@ class LLMEngine(DecodeHandoff):
             num_held=statuses[RequestStatus.HELD],
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
-            num_prompt_tokens_to_compute=_prompt_tokens_to_compute(waiting, self.scheduler.running),
+            num_prompt_tokens_to_compute=self.num_prompt_tokens_to_compute(),
             num_reserved=statuses[RequestStatus.RESERVED] + statuses[RequestStatus.RECEIVING],
             num_cached_blocks=self.blocks.num_cached_blocks,
             prefix_cache_queries=self.blocks.num_queried_tokens,

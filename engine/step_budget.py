@@ -11,9 +11,16 @@ by exponential averaging: a step of ``d`` decode rows and ``p`` prompt tokens ta
 ``decode_s + p * token_s`` seconds, where ``decode_s`` is learnt from steps without prompt
 tokens and ``token_s`` from the rest (their time beyond ``decode_s``, per prompt token). At least
 ``MIN_CHUNK_TOKENS`` go in each step, so a prompt always progresses.
+
+The cost of a prompt token is learnt per torch thread count, since a worker that borrows cores
+(engine/worker/core_sharing.py) runs steps on different counts; a count not seen yet starts
+from the nearest one seen, scaled by the thread ratio. ``limit_s``, when a worker sets it, caps
+the next step's length whatever it decodes (a step run on cores lent for that long).
 """
 
 from __future__ import annotations
+
+import torch
 
 SMOOTHING = 0.2  # weight of the newest step in the averages
 MIN_CHUNK_TOKENS = 16
@@ -29,13 +36,30 @@ class StepBudget:
         self.target_s = target_ms / 1000
         self.max_tokens = max_tokens
         self.decode_s = PRIOR_DECODE_S
-        self.token_s = PRIOR_TOKEN_S
+        self._token_s: dict[int, float] = {}  # by torch thread count
+        self.limit_s: float | None = None
+
+    @property
+    def token_s(self) -> float:
+        """The learnt cost of a prompt token on this thread's current torch thread count."""
+        threads = torch.get_num_threads()
+        if threads in self._token_s:
+            return self._token_s[threads]
+        if not self._token_s:
+            return PRIOR_TOKEN_S
+        seen = min(self._token_s, key=lambda n: abs(n - threads))
+        return self._token_s[seen] * seen / threads
 
     def tokens(self, num_decodes: int) -> int:
         """Prompt tokens the next step may carry beside ``num_decodes`` decode rows."""
-        if not self.target_s or num_decodes == 0:
+        base = self.decode_s if num_decodes else 0.0
+        if self.limit_s is not None:
+            within = self.limit_s
+        elif self.target_s and num_decodes:
+            within = self.target_s
+        else:
             return self.max_tokens
-        fit = int((self.target_s - self.decode_s) / self.token_s)
+        fit = int((within - base) / self.token_s)
         return max(MIN_CHUNK_TOKENS, min(fit, self.max_tokens))
 
     def observe(self, num_decodes: int, num_prompt_tokens: int, seconds: float) -> None:
@@ -46,5 +70,6 @@ class StepBudget:
             return
         base = self.decode_s if num_decodes else 0.0
         per_token = max(seconds - base, 0.0) / num_prompt_tokens
-        self.token_s += SMOOTHING * (per_token - self.token_s)
-        self.token_s = max(self.token_s, MIN_TOKEN_S)
+        threads = torch.get_num_threads()
+        learnt = self._token_s.get(threads, self.token_s)
+        self._token_s[threads] = max(learnt + SMOOTHING * (per_token - learnt), MIN_TOKEN_S)

@@ -32,9 +32,9 @@ def _engine(model_dir, num_blocks: int = 128) -> EngineConfig:
     )
 
 
-def _cluster(model_dir, **overrides) -> Cluster:
+def _cluster(model_dir, engine: EngineConfig | None = None, **overrides) -> Cluster:
     config = ClusterConfig(
-        engine=_engine(model_dir),
+        engine=engine or _engine(model_dir),
         prefill_resources=ONE_CPU,
         decode_resources=ONE_CPU,
         colocated_resources=ONE_CPU,

@@ -1,6 +1,6 @@
 """A short run of benchmarks/compare_modes.py: pdserve started in the adaptive PD mode (local
-prefill of short prompts, stepTargetMs, shared idle cores) on the tiny model, every request
-served, the report and plots written."""
+prefill of short prompts, stepTargetMs, shared idle cores, decode yields) on the tiny model,
+every request served, the report and plots written."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ pytestmark = pytest.mark.ray
 def test_the_adaptive_mode_serves_the_sweep(tmp_path, tiny_model_dir):
     out = tmp_path / "modes.json"
     args = ["--model", str(tiny_model_dir), "--modes", "pd_adaptive", "--single-node-budgets", ""]
+    args += ["--adaptive-yields", "3000"]
     args += ["--request-rates", "4,inf", "--num-requests", "3", "--mix", "chat=1"]
     assert compare_modes.main([*args, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    result = report["results"]["pd_adaptive"]
+    result = report["results"]["pd_adaptive@3000"]
     assert [run["request_rate"] for run in result["runs"]] == [4.0, float("inf")]
     for run in result["runs"]:
         assert run["summary"]["num_failed"] == 0 and run["summary"]["num_requests"] == 3
@@ -27,5 +28,5 @@ def test_the_adaptive_mode_serves_the_sweep(tmp_path, tiny_model_dir):
     prompts = [r["prompt_tokens"] for run in result["runs"] for r in run["requests"]]
     assert len(prompts) == 6 and all(0 < p <= 64 for p in prompts)
     assert len(result["with_itl_slo"]["runs"]) == 2
-    assert "| pd_adaptive |" in out.with_suffix(".md").read_text()
+    assert "| pd_adaptive@3000 |" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".goodput.png").stat().st_size > 0

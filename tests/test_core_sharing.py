@@ -43,12 +43,12 @@ def test_a_borrower_runs_its_own_threads_plus_an_idle_lenders(tmp_path):
 
 def test_the_lender_file_changes_only_when_idleness_does(tmp_path):
     lender = Lender(str(tmp_path / "d0"), threads=2)
-    assert (tmp_path / "d0").read_bytes() == bytes((1, 2))
+    assert (tmp_path / "d0").read_bytes() == bytes((1, 2, 0, 0, 0))
     lender.set_idle(False)
-    assert (tmp_path / "d0").read_bytes() == bytes((0, 2))
-    (tmp_path / "d0").write_bytes(bytes((7, 7)))
+    assert (tmp_path / "d0").read_bytes() == bytes((0, 2, 0, 0, 0))
+    (tmp_path / "d0").write_bytes(bytes((7, 7, 0, 0, 0)))
     lender.set_idle(False)  # no change: not rewritten
-    assert (tmp_path / "d0").read_bytes() == bytes((7, 7))
+    assert (tmp_path / "d0").read_bytes() == bytes((7, 7, 0, 0, 0))
     lender.close()
     assert not (tmp_path / "d0").exists()
 
@@ -88,6 +88,64 @@ def test_a_corrupt_lender_file_lends_nothing(tmp_path):
     assert _on_own_thread(Borrower(1, (str(tmp_path / "d0"),)).update) == 1
 
 
+def _yielding(lender: Lender, max_s: float) -> tuple[threading.Thread, list[float]]:
+    """``lender.yield_if_wanted(max_s)`` on a thread of its own (its engine thread)."""
+    paused: list[float] = []
+    thread = threading.Thread(target=lambda: paused.append(lender.yield_if_wanted(max_s)))
+    thread.start()
+    return thread, paused
+
+
+def test_a_busy_lender_yields_one_step_to_a_borrower_that_asks(tmp_path):
+    lender = Lender(str(tmp_path / "d0"), threads=1)
+    lender.set_idle(False)
+    assert lender.yield_if_wanted(5.0) == 0.0  # nobody asks: no pause
+
+    def one_yielded_step():
+        borrower = Borrower(1, (lender.path,))
+        thread, paused = _yielding(lender, 5.0)  # sees no wish yet: returns at once
+        thread.join()
+        assert paused == [0.0]
+        borrower.update(wants_yield=False)  # not asking: the busy lender lends nothing
+        assert borrower.threads == 1
+        borrower.update(wants_yield=True)  # asks; the lender yields at its next step
+        thread, paused = _yielding(lender, 5.0)
+        threads = borrower.update(wants_yield=True)  # waits for the yield, then runs in it
+        in_yield = borrower.in_a_yield
+        borrower.step_done()
+        thread.join(timeout=5)
+        again = borrower.update(wants_yield=True)  # the yield ended: own threads only
+        borrower.idle()
+        return threads, in_yield, paused, again, borrower.num_yielded_steps
+
+    threads, in_yield, paused, again, yielded_steps = _on_own_thread(one_yielded_step)
+    assert threads == 2 and in_yield and yielded_steps == 1
+    assert paused and 0 < paused[0] < 1.0  # ended by the step, not by its 5 s limit
+    assert again == 1 and lender.num_yields == 1
+    assert (tmp_path / "d0").read_bytes()[core_sharing.STATE] == core_sharing.BUSY
+
+
+def test_a_yield_ends_at_its_limit_or_when_the_borrower_stops_asking(tmp_path):
+    lender = Lender(str(tmp_path / "d0"), threads=1)
+    lender.set_idle(False)
+    borrower = Borrower(1, (lender.path,))
+    _on_own_thread(lambda: borrower.update(wants_yield=True))  # asks, then its step runs long
+    thread, paused = _yielding(lender, 0.1)
+    thread.join(timeout=5)
+    assert 0.1 <= paused[0] < 1.0
+    thread, paused = _yielding(lender, 5.0)
+    _on_own_thread(borrower.idle)  # its work is done: it asks no more
+    thread.join(timeout=5)
+    assert paused[0] < 1.0
+
+
+def test_a_borrower_with_no_long_prompt_never_waits_for_a_yield(tmp_path):
+    lender = Lender(str(tmp_path / "d0"), threads=1)
+    lender.set_idle(False)
+    assert _on_own_thread(Borrower(1, (lender.path,)).update) == 1
+    assert lender.yield_if_wanted(5.0) == 0.0
+
+
 def test_the_cleanup_removes_only_this_clusters_files(tmp_path, monkeypatch):
     monkeypatch.setattr(core_sharing, "SHM_DIR", tmp_path)
     mine = [Lender(lending_path("abc", role, 0), 1) for role in ("prefill", "decode")]
@@ -114,7 +172,14 @@ def test_sharing_pins_each_worker_to_its_cores_and_the_other_roles():
     assert [s.borrow_paths for s in lend_p] == [(lend_d[0].lend_path,), ()]
     assert lend_d[0].borrow_paths == tuple(s.lend_path for s in lend_p)
     assert all(s.low_priority for s in lend_p) and not lend_d[0].low_priority
+    assert not any(s.yield_ms or s.asked_yield_ms for s in [*lend_p, *lend_d])
     assert all(cluster._id in s.lend_path for s in [*lend_p, *lend_d])
+
+
+def test_decode_workers_yield_and_prefill_workers_ask_for_decode_yield_ms():
+    _, (lend_p, lend_d), _ = _planned(True, [0, 1], decode_yield_ms=3000)
+    assert lend_p[0].asked_yield_ms == 3000 and not lend_p[0].yield_ms
+    assert lend_d[0].yield_ms == 3000 and not lend_d[0].asked_yield_ms
 
 
 def test_without_sharing_each_worker_keeps_its_own_cores_and_lends_nothing():
@@ -134,5 +199,6 @@ def test_the_backend_key_reaches_the_cluster_config(raw):
     from coordinator.config import defaults
     from coordinator.served_model import ServedModels, cluster_config
 
-    config = defaults().with_overrides({"backend_config.share_idle_cores": raw})
-    assert cluster_config(config, ServedModels(None, None)).share_idle_cores is raw
+    overrides = {"backend_config.share_idle_cores": raw, "backend_config.decode_yield_ms": 250}
+    cluster = cluster_config(defaults().with_overrides(overrides), ServedModels(None, None))
+    assert cluster.share_idle_cores is raw and cluster.decode_yield_ms == 250

@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from benchmarks.compare_modes import expand_modes, settings
-from benchmarks.modes_report import best_single, ratios, table
+from benchmarks.modes_report import best_tuned, ratios, table
 from benchmarks.serving_metrics import (
     SLO,
     RequestRecord,
@@ -52,7 +52,8 @@ def test_the_gap_slo_is_judged_from_each_requests_gaps():
 def test_the_best_single_node_takes_the_best_budget_at_each_rate():
     small = _result({0.5: [GOOD] * 10, 1.0: [SLOW_START] * 10})
     large = _result({0.5: [GOOD] * 9 + [SLOW_START], 1.0: [GOOD] * 10})
-    best = best_single({"single_node@256": small, "single_node@8192": large, "pd": small})
+    results = {"single_node@256": small, "single_node@8192": large, "pd": small}
+    best = best_tuned(results, "single_node")
     assert [run["mode"] for run in best["runs"]] == ["single_node@256", "single_node@8192"]
     assert [run["summary"]["goodput"] for run in best["runs"]] == [1.0, 1.0]
     assert best["max_rate_within_slo"] == 1.0  # the best any budget reached
@@ -73,12 +74,31 @@ def test_ratios_against_the_best_single_node_and_the_peer():
     assert "| pd_adaptive | 1.0 | 1.0 |" in text
 
 
+def test_adaptive_pd_is_tuned_per_rate_and_slo_like_single_node():
+    single = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 10})
+    smooth = _result({0.5: [GOOD] * 10, 1.0: [SLOW_START] * 5 + [GOOD] * 5})  # late first tokens
+    yielding = _result({0.5: [GOOD] * 10, 1.0: [JERKY] * 10})  # first tokens in time, one gap
+    results = {"pd_adaptive@0": smooth, "pd_adaptive@3000": yielding, "single_node": single}
+    out = ratios(results, 1.0)
+    assert out["pd_adaptive_setting_by_rate"] == {0.5: "pd_adaptive@0", 1.0: "pd_adaptive@3000"}
+    assert out["goodput_pd_adaptive_over_single_by_rate"] == {0.5: 1.0, 1.0: 1.0}
+    # with the gap SLO neither setting holds 1.0 req/s: the yielding one's gaps, the smooth
+    # one's first tokens
+    assert out["max_rate_with_gap_pd_adaptive_over_single"] == 0.5
+    assert "| pd_adaptive (best decode_yield_ms per rate) | 1.0 | 0.5 |" in table(results, 1.0)
+
+
 def _args(**overrides) -> argparse.Namespace:
-    base = {"modes": "pd_separate,single_node", "single_node_budgets": "256,1024", "peer": None}
+    base = {
+        "modes": "pd_separate,single_node",
+        "single_node_budgets": "256,1024",
+        "adaptive_yields": "0,3000",
+        "peer": None,
+    }
     return argparse.Namespace(**(base | overrides))
 
 
-def test_single_node_expands_into_its_budgets_and_the_peer_comes_last():
+def test_tuned_modes_expand_into_their_settings_and_the_peer_comes_last():
     assert expand_modes(_args()) == ["pd_separate", "single_node@256", "single_node@1024"]
     assert expand_modes(_args(single_node_budgets="", peer="llamacpp")) == [
         "pd_separate",
@@ -87,5 +107,11 @@ def test_single_node_expands_into_its_budgets_and_the_peer_comes_last():
     ]
     budget = {"stepTargetMs": 0, "maxPrefillTokens": 256}
     assert settings("single_node@256") == ("single_node", budget)
+    assert expand_modes(_args(modes="pd_adaptive")) == ["pd_adaptive@0", "pd_adaptive@3000"]
+    assert expand_modes(_args(modes="pd_adaptive", adaptive_yields="")) == ["pd_adaptive"]
+    deploy_mode, keys = settings("pd_adaptive@3000")
+    assert deploy_mode == "pd_separate" and keys["decode_yield_ms"] == 3000
+    assert keys["share_idle_cores"] is True
+    assert settings("pd_separate")[1]["decode_yield_ms"] == 0  # fixed, whatever the defaults
     with pytest.raises(ValueError, match="unknown mode"):
-        expand_modes(_args(modes="pd_adaptive@5"))
+        expand_modes(_args(modes="pd_separate@5"))

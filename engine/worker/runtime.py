@@ -36,7 +36,15 @@ from engine.engine_loop import EngineLoop
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
-from engine.worker.core_sharing import Borrower, CoreSharing, Lender, lower_priority
+from engine.worker.core_sharing import (
+    UNYIELDED_STEP_S,
+    YIELD_MIN_TOKENS,
+    YIELDED_STEP_FRACTION,
+    Borrower,
+    CoreSharing,
+    Lender,
+    lower_priority,
+)
 
 log = logging.getLogger(__name__)
 UNCLAIMED_GRACE_S = 30.0
@@ -74,6 +82,8 @@ class WorkerRuntime:
         lend, borrow = (sharing.lend_path, sharing.borrow_paths) if sharing else (None, ())
         self.lender = Lender(lend, own) if lend else None
         self.borrower = Borrower(own, borrow) if borrow else None
+        self._yield_s = sharing.yield_ms / 1000 if sharing else 0.0  # as a lender
+        self._asked_yield_s = sharing.asked_yield_ms / 1000 if sharing else 0.0  # as a borrower
         self.loop = EngineLoop(
             self.engine,
             self._dispatch,
@@ -82,14 +92,31 @@ class WorkerRuntime:
         )
 
     def _share_cores(self, busy: bool) -> None:
-        """Engine thread: say whether this worker is idle; before a step, borrow what is idle."""
+        """Engine thread: say whether this worker is idle, and yield to a borrower that asks;
+        before a step, borrow what is idle or yielded (engine/worker/core_sharing.py)."""
         if self._lower_priority:
             lower_priority()  # before the engine thread starts its thread pool
             self._lower_priority = False
         if self.lender is not None:
+            if busy and self._yield_s:
+                self.lender.yield_if_wanted(self._yield_s)
             self.lender.set_idle(not busy)
-        if busy and self.borrower is not None:
-            self.borrower.update()
+        if self.borrower is None:
+            return
+        if not busy:
+            self.borrower.idle()
+            return
+        wants = bool(self._asked_yield_s) and self.engine.num_prompt_tokens_to_compute() >= (
+            YIELD_MIN_TOKENS
+        )
+        self.borrower.update(wants)
+        budget = self.engine.scheduler.step_budget
+        if self.borrower.in_a_yield:  # a step that fits the pause, with room to spare
+            budget.limit_s = self._asked_yield_s * YIELDED_STEP_FRACTION
+        elif wants and self.borrower.threads == self.borrower.own:
+            budget.limit_s = UNYIELDED_STEP_S  # ends soon, for a yield to find it between steps
+        else:
+            budget.limit_s = None
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -211,6 +238,8 @@ class WorkerRuntime:
             self.engine.model.describe(),
             self.borrower.threads if self.borrower else 0,
             self.borrower.num_borrowing_steps if self.borrower else 0,
+            (self.lender.num_yields if self.lender else 0)
+            + (self.borrower.num_yielded_steps if self.borrower else 0),
         )
 
 
