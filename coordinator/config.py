@@ -149,7 +149,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # pd_separate: a worker runs extra threads on an idle co-located worker's cores
         "share_idle_cores": Key("bool", False),
         # with it: a busy decode worker pauses up to this long for a co-located long prefill
-        "decode_yield_ms": Key("int", 0, 0, 60_000),
+        "decode_yield_ms": Key("int", 0, 0, 10_000),
         # CURVE / TLS with peer authentication on the KV plane; auto: unless kv_host is loopback
         "kv_encryption": Key("str", "auto", choices=("auto", "on", "off")),
         "kv_transfer_timeout_s": Key("int", 10, 1, 3600),

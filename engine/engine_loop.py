@@ -6,7 +6,8 @@ locks. The one exception is a hand-off's pages: a transport thread writes them i
 reserved blocks itself (``LLMEngine.take_reservation`` / ``write_pages``), so that a decode step
 in progress does not delay them. Events of every step go to ``on_events``, also on the engine
 thread. ``on_busy`` hears, on the engine thread, whether the engine has work, before each step
-(and after each idle wait) (a worker lends or borrows cores by it). Every ``HOUSEKEEPING_PERIOD_S``
+(and after each idle wait), and ``on_stepped`` right after each step (a worker lends or
+borrows cores by them). Every ``HOUSEKEEPING_PERIOD_S``
 (between two steps, or while idle) the loop also ends reservations past their deadline and runs
 ``on_housekeeping`` (the worker's own clean-up); each costs a pass over the requests, so not
 every step pays it.
@@ -43,9 +44,11 @@ class EngineLoop:
         on_events: Callable[[list[TokenEvent]], None],
         on_housekeeping: Callable[[], None] | None = None,
         on_busy: Callable[[bool], None] | None = None,
+        on_stepped: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self._on_busy = on_busy
+        self._on_stepped = on_stepped
         self._on_events = on_events
         self._on_housekeeping = on_housekeeping
         self._next_housekeeping = 0.0
@@ -96,6 +99,7 @@ class EngineLoop:
             except Exception:
                 log.exception("engine step failed; aborting its requests")
                 events = self._abort_all("engine step failed")
+            self._stepped()
             if events:
                 self._emit(events)
 
@@ -107,6 +111,13 @@ class EngineLoop:
             except Exception:
                 log.exception("busy callback failed")
         return busy
+
+    def _stepped(self) -> None:
+        if self._on_stepped is not None:
+            try:
+                self._on_stepped()
+            except Exception:
+                log.exception("step callback failed")
 
     def _emit(self, events: list[TokenEvent]) -> None:
         try:

@@ -36,6 +36,17 @@ def first_answer(server: CoordinatorProcess) -> tuple[httpx.Response, int]:
     raise TimeoutError("the predict port never opened")
 
 
+# pd_separate as a fixed split, whatever the routing defaults: every prompt is handed off, so
+# the hand-off path is what these tests exercise (the adaptive keys have tests of their own)
+FIXED_SPLIT = {
+    "local_prefill_tokens": 0,
+    "local_prefill_queue_tokens": 0,
+    "stepTargetMs": 0,
+    "share_idle_cores": False,
+    "decode_yield_ms": 0,
+}
+
+
 def backend(model_dir, **extra) -> dict:
     return {
         "model_path": str(model_dir),
@@ -43,6 +54,7 @@ def backend(model_dir, **extra) -> dict:
         "cacheBlockSize": 4,
         "kvCacheMemoryMB": 4,
         "maxIterTimes": MAX_ITER,
+        **FIXED_SPLIT,
         **extra,
     }
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 import torch
 
 from coordinator.cluster import Cluster
 from coordinator.cluster_config import ActorResources, ClusterConfig
-from engine.worker import core_sharing
-from engine.worker.core_sharing import Borrower, Lender, lending_path, remove_lendings
+from engine.worker import core_borrower, core_sharing
+from engine.worker.core_borrower import Borrower
+from engine.worker.core_sharing import Lender, lending_path, remove_lendings
 
 
 def _on_own_thread(fn):
@@ -43,19 +45,19 @@ def test_a_borrower_runs_its_own_threads_plus_an_idle_lenders(tmp_path):
 
 def test_the_lender_file_changes_only_when_idleness_does(tmp_path):
     lender = Lender(str(tmp_path / "d0"), threads=2)
-    assert (tmp_path / "d0").read_bytes() == bytes((1, 2, 0, 0, 0))
+    assert (tmp_path / "d0").read_bytes() == bytes((1, 2, 0, 0, 0, 0))
     lender.set_idle(False)
-    assert (tmp_path / "d0").read_bytes() == bytes((0, 2, 0, 0, 0))
-    (tmp_path / "d0").write_bytes(bytes((7, 7, 0, 0, 0)))
+    assert (tmp_path / "d0").read_bytes() == bytes((0, 2, 0, 0, 0, 0))
+    (tmp_path / "d0").write_bytes(bytes((7, 7, 0, 0, 0, 0)))
     lender.set_idle(False)  # no change: not rewritten
-    assert (tmp_path / "d0").read_bytes() == bytes((7, 7, 0, 0, 0))
+    assert (tmp_path / "d0").read_bytes() == bytes((7, 7, 0, 0, 0, 0))
     lender.close()
     assert not (tmp_path / "d0").exists()
 
 
 def test_a_lender_on_another_host_lends_nothing_and_is_looked_for_again(tmp_path, monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(core_sharing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(core_borrower.time, "monotonic", lambda: now[0])
     path = str(tmp_path / "elsewhere")
     borrower = Borrower(1, (path,))
     assert _on_own_thread(borrower.update) == 1
@@ -69,7 +71,7 @@ def test_after_a_handoff_lenders_count_as_busy_until_seen_busy_or_the_hold_ends(
     tmp_path, monkeypatch
 ):
     now = [100.0]
-    monkeypatch.setattr(core_sharing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(core_borrower.time, "monotonic", lambda: now[0])
     lender = Lender(str(tmp_path / "d0"), threads=1)
     borrower = Borrower(1, (lender.path,))
     borrower.hold()
@@ -110,7 +112,8 @@ def test_a_busy_lender_yields_one_step_to_a_borrower_that_asks(tmp_path):
         assert borrower.threads == 1
         borrower.update(wants_yield=True)  # asks; the lender yields at its next step
         thread, paused = _yielding(lender, 5.0)
-        threads = borrower.update(wants_yield=True)  # waits for the yield, then runs in it
+        _until(lambda: _state(lender.path)[core_sharing.STATE] == core_sharing.YIELDING)
+        threads = borrower.update(wants_yield=True)  # claims the yield, then runs in it
         in_yield = borrower.in_a_yield
         borrower.step_done()
         thread.join(timeout=5)
@@ -125,18 +128,112 @@ def test_a_busy_lender_yields_one_step_to_a_borrower_that_asks(tmp_path):
     assert (tmp_path / "d0").read_bytes()[core_sharing.STATE] == core_sharing.BUSY
 
 
-def test_a_yield_ends_at_its_limit_or_when_the_borrower_stops_asking(tmp_path):
+def _state(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _until(predicate, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_a_yield_nobody_claims_ends_at_its_limit_and_backs_off(tmp_path):
     lender = Lender(str(tmp_path / "d0"), threads=1)
     lender.set_idle(False)
     borrower = Borrower(1, (lender.path,))
-    _on_own_thread(lambda: borrower.update(wants_yield=True))  # asks, then its step runs long
+    _on_own_thread(lambda: borrower.update(wants_yield=True))  # asks, then dies or gets stuck
     thread, paused = _yielding(lender, 0.1)
     thread.join(timeout=5)
-    assert 0.1 <= paused[0] < 1.0
+    assert 0.1 <= paused[0] < 1.0 and lender.num_unclaimed == 1
+    assert lender.yield_if_wanted(0.1) == 0.0  # backing off: streams are not paused again
+    assert _state(lender.path)[core_sharing.STATE] == core_sharing.BUSY
+
+
+def test_a_yield_ends_when_the_borrower_stops_asking(tmp_path):
+    lender = Lender(str(tmp_path / "d0"), threads=1)
+    lender.set_idle(False)
+    borrower = Borrower(1, (lender.path,))
+    _on_own_thread(lambda: borrower.update(wants_yield=True))
     thread, paused = _yielding(lender, 5.0)
+    _until(lambda: _state(lender.path)[core_sharing.STATE] == core_sharing.YIELDING)
     _on_own_thread(borrower.idle)  # its work is done: it asks no more
     thread.join(timeout=5)
-    assert paused[0] < 1.0
+    assert 0 < paused[0] < 1.0 and lender.num_unclaimed == 0
+
+
+def _lender_file(path, state: int, yield_seq: int, done_seq: int, wants: int = 1) -> str:
+    with open(path, "wb") as f:
+        f.write(bytes((state, 1, yield_seq, done_seq, wants, 0)))
+    return str(path)
+
+
+def test_a_claimed_yield_is_run_once_and_released_at_the_step_end(tmp_path):
+    path = _lender_file(tmp_path / "d0", core_sharing.YIELDING, 5, 4)
+
+    def steps():
+        borrower = Borrower(1, (path,))
+        first = borrower.update(wants_yield=True), borrower.step_limit_s(2.0)
+        claimed = _state(path)[core_sharing.CLAIM_SEQ]
+        borrower.step_done()
+        # the lender has not seen the release yet: the yield is not taken twice, and the
+        # borrower waits for the next one rather than counting the lender as idle
+        second = borrower.update(wants_yield=True), borrower.step_limit_s(2.0)
+        return first, claimed, second
+
+    first, claimed, second = _on_own_thread(steps)
+    assert first == (2, pytest.approx(2.0 * core_sharing.YIELDED_STEP_FRACTION)) and claimed == 5
+    assert _state(path)[core_sharing.DONE_SEQ] == 5
+    assert second == (1, core_sharing.UNYIELDED_STEP_S)
+
+
+def test_a_yield_withdrawn_while_claimed_is_released_at_once(tmp_path, monkeypatch):
+    path = _lender_file(tmp_path / "d0", core_sharing.YIELDING, 5, 4)
+    real_write = core_borrower._Lending.write
+
+    def withdrawn_as_claimed(self, offset, value):
+        real_write(self, offset, value)
+        if offset == core_sharing.CLAIM_SEQ:  # the lender's deadline: it writes BUSY just now
+            with open(path, "r+b") as f:
+                f.write(bytes((core_sharing.BUSY,)))
+
+    monkeypatch.setattr(core_borrower._Lending, "write", withdrawn_as_claimed)
+    borrower = Borrower(1, (path,))
+    assert _on_own_thread(lambda: borrower.update(wants_yield=True)) == 1
+    assert not borrower.in_a_yield
+    state = _state(path)
+    assert state[core_sharing.CLAIM_SEQ] == 5 and state[core_sharing.DONE_SEQ] == 5
+
+
+def test_a_yield_is_taken_only_while_asking_and_a_restarted_borrower_clears_a_stale_wish(
+    tmp_path,
+):
+    path = _lender_file(tmp_path / "d0", core_sharing.YIELDING, 5, 4, wants=1)  # left by a dead one
+    borrower = Borrower(1, (path,))
+    assert _on_own_thread(lambda: borrower.update(wants_yield=False)) == 1
+    state = _state(path)
+    assert state[core_sharing.WANTS] == 0 and state[core_sharing.CLAIM_SEQ] == 0
+
+
+def test_steps_are_limited_only_in_a_yield_or_while_waiting_for_one_on_a_busy_lender(tmp_path):
+    busy = Lender(str(tmp_path / "d0"), threads=1)
+    busy.set_idle(False)
+    idle = Lender(str(tmp_path / "d1"), threads=1)
+
+    def limits():
+        waiting = Borrower(1, (busy.path,))
+        waiting.update(wants_yield=True)
+        lent = Borrower(1, (idle.path,))
+        lent.update(wants_yield=True)
+        elsewhere = Borrower(1, (str(tmp_path / "on-another-host"),))
+        elsewhere.update(wants_yield=True)
+        not_asking = Borrower(1, (busy.path,))
+        not_asking.update(wants_yield=False)
+        return [b.step_limit_s(2.0) for b in (waiting, lent, elsewhere, not_asking)]
+
+    assert _on_own_thread(limits) == [core_sharing.UNYIELDED_STEP_S, None, None, None]
 
 
 def test_a_borrower_with_no_long_prompt_never_waits_for_a_yield(tmp_path):

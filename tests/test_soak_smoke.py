@@ -19,6 +19,7 @@ from benchmarks.soak_judge import RssBounds, judge, rss_trends
 from benchmarks.soak_report import per_minute
 from benchmarks.soak_requests import DEFAULT_MIX, KINDS, LoadShape, draw_plan, parse_mix
 from tests.coordinator_process import CoordinatorProcess, start_coordinator
+from tests.coordinator_servers import FIXED_SPLIT
 
 SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
 IDLE_WORKER = {
@@ -168,6 +169,7 @@ def pd_server(tmp_path_factory, tiny_model_dir) -> CoordinatorProcess:
             "maxIterTimes": 512,
             "num_prefill_instances": 1,
             "num_decode_instances": 1,
+            **FIXED_SPLIT,
         },
         "digs_scheduler_config": {"deploy_mode": "pd_separate"},
     }

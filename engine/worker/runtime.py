@@ -36,15 +36,8 @@ from engine.engine_loop import EngineLoop
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
-from engine.worker.core_sharing import (
-    UNYIELDED_STEP_S,
-    YIELD_MIN_TOKENS,
-    YIELDED_STEP_FRACTION,
-    Borrower,
-    CoreSharing,
-    Lender,
-    lower_priority,
-)
+from engine.worker.core_borrower import Borrower
+from engine.worker.core_sharing import YIELD_MIN_TOKENS, CoreSharing, Lender, lower_priority
 
 log = logging.getLogger(__name__)
 UNCLAIMED_GRACE_S = 30.0
@@ -89,6 +82,7 @@ class WorkerRuntime:
             self._dispatch,
             self._drop_unclaimed,
             self._share_cores if sharing is not None else None,
+            self.borrower.step_done if self.borrower is not None else None,
         )
 
     def _share_cores(self, busy: bool) -> None:
@@ -103,20 +97,16 @@ class WorkerRuntime:
             self.lender.set_idle(not busy)
         if self.borrower is None:
             return
+        budget = self.engine.scheduler.step_budget
         if not busy:
             self.borrower.idle()
+            budget.limit_s = None
             return
         wants = bool(self._asked_yield_s) and self.engine.num_prompt_tokens_to_compute() >= (
             YIELD_MIN_TOKENS
         )
         self.borrower.update(wants)
-        budget = self.engine.scheduler.step_budget
-        if self.borrower.in_a_yield:  # a step that fits the pause, with room to spare
-            budget.limit_s = self._asked_yield_s * YIELDED_STEP_FRACTION
-        elif wants and self.borrower.threads == self.borrower.own:
-            budget.limit_s = UNYIELDED_STEP_S  # ends soon, for a yield to find it between steps
-        else:
-            budget.limit_s = None
+        budget.limit_s = self.borrower.step_limit_s(self._asked_yield_s)
 
     # ---- events ------------------------------------------------------------------------------
 

@@ -1,0 +1,198 @@
+"""The borrower's side of core sharing (engine/worker/core_sharing.py): before each step, the
+threads of every idle lender, and of a busy one yielding to this worker, are added to its own."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.worker.core_sharing import (
+    BUSY,
+    CLAIM_SEQ,
+    DONE_SEQ,
+    FILE_SIZE,
+    HANDOFF_HOLD_S,
+    IDLE,
+    POLL_S,
+    RECHECK_MISSING_S,
+    STATE,
+    THREADS,
+    UNYIELDED_STEP_S,
+    WANTS,
+    YIELD_SEQ,
+    YIELD_WAIT_S,
+    YIELDED_STEP_FRACTION,
+    YIELDING,
+)
+
+
+@dataclass
+class _Lending:
+    path: str
+    fd: int | None = None
+    next_try: float = 0.0
+    held_until: float = 0.0  # counts as busy until then (a hand-off went its way)
+    seen_busy: bool = False
+    wants: bool | None = None  # as last written to the file (None: not yet, so the first is)
+    running_yield: int = 0  # the yield this step runs in (0: none)
+
+    def read(self, now: float) -> bytes | None:
+        if self.fd is None:
+            if now < self.next_try:
+                return None
+            self.next_try = now + RECHECK_MISSING_S
+            try:
+                self.fd = os.open(self.path, os.O_RDWR)
+            except OSError:
+                return None
+        try:
+            state = os.pread(self.fd, FILE_SIZE, 0)
+        except OSError:
+            return None
+        return state if len(state) == FILE_SIZE else None
+
+    def write(self, offset: int, value: int) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.pwrite(self.fd, bytes((value,)), offset)
+
+    def lent_threads(self, now: float) -> int:
+        """Threads lent for the next step: all of an idle lender's, or of one yielding to us."""
+        state = self.read(now)
+        if state is None:
+            return 0
+        if state[STATE] == YIELDING:
+            seq = state[YIELD_SEQ]
+            if seq != state[DONE_SEQ] and self.wants and self._claim(seq):
+                self.running_yield = seq
+                return state[THREADS]
+            self.seen_busy = True
+            return 0
+        if state[STATE] != IDLE:
+            self.seen_busy = True
+            return 0
+        if now < self.held_until and not self.seen_busy:
+            return 0
+        return state[THREADS]
+
+    def _claim(self, seq: int) -> bool:
+        """Claim yield ``seq``; False (and released) if the lender withdrew it meanwhile."""
+        self.write(CLAIM_SEQ, seq)
+        state = self.read(time.monotonic())
+        if state is not None and state[STATE] == YIELDING and state[YIELD_SEQ] == seq:
+            return True
+        self.write(DONE_SEQ, seq)
+        return False
+
+    def step_done(self) -> None:
+        if self.running_yield:
+            self.write(DONE_SEQ, self.running_yield)
+            self.running_yield = 0
+
+    def set_wants(self, wants: bool, now: float) -> None:
+        if self.fd is None:
+            self.read(now)  # opens the file, if it is there yet
+        if wants != self.wants and self.fd is not None:
+            self.write(WANTS, int(wants))
+            self.wants = wants
+
+    def is_busy(self, now: float) -> bool:
+        """Busy, or ending a yield we ran a step in: no yield to take yet."""
+        state = self.read(now)
+        if state is None:
+            return False
+        ending = state[STATE] == YIELDING and state[YIELD_SEQ] == state[DONE_SEQ]
+        return state[STATE] == BUSY or ending
+
+
+@dataclass
+class Borrower:
+    """The threads to run this step: ``own`` plus those of every idle lender, and of every
+    lender yielding to a step of ours."""
+
+    own: int
+    paths: tuple[str, ...]
+    _lendings: list[_Lending] = field(init=False)
+    threads: int = field(init=False)
+    num_borrowing_steps: int = 0
+    num_yielded_steps: int = 0
+    awaiting_yield: bool = False  # asks, and runs this step on its own threads meanwhile
+
+    def __post_init__(self) -> None:
+        self._lendings = [_Lending(path) for path in self.paths]
+        self.threads = self.own
+
+    def update(self, wants_yield: bool = False) -> int:
+        """Engine thread, before a step: set torch's thread count; returns it. ``wants_yield``:
+        ask busy lenders to yield (a long prompt waits), and wait a little for one to."""
+        self.step_done()
+        now = time.monotonic()
+        for lending in self._lendings:
+            lending.set_wants(wants_yield, now)
+        if wants_yield:
+            self._wait_for_a_yield(now)
+            now = time.monotonic()
+        threads = self.own + sum(lending.lent_threads(now) for lending in self._lendings)
+        if threads != self.threads:
+            torch.set_num_threads(threads)
+            self.threads = threads
+        self.num_borrowing_steps += threads > self.own
+        self.num_yielded_steps += self.in_a_yield
+        self.awaiting_yield = (
+            wants_yield
+            and threads == self.own
+            and any(lending.is_busy(now) for lending in self._lendings)
+        )
+        return threads
+
+    def step_limit_s(self, yield_s: float) -> float | None:
+        """How long the next step may take (None: no limit): one run in a yield fits its
+        pause (``yield_s``, ``decode_yield_ms``), with room to spare; one on its own threads
+        while it waits for a yield ends soon, for the yield to find it between two steps."""
+        if self.in_a_yield:
+            return yield_s * YIELDED_STEP_FRACTION
+        return UNYIELDED_STEP_S if self.awaiting_yield else None
+
+    @property
+    def in_a_yield(self) -> bool:
+        """This step runs on threads a busy lender yielded."""
+        return any(lending.running_yield for lending in self._lendings)
+
+    def _wait_for_a_yield(self, now: float) -> None:
+        if not self._lendings:
+            return
+        deadline = now + YIELD_WAIT_S
+        while now < deadline and all(lending.is_busy(now) for lending in self._lendings):
+            time.sleep(POLL_S)
+            now = time.monotonic()
+
+    def step_done(self) -> None:
+        """Engine thread, after a step (or when idle): end the yields it ran in."""
+        for lending in self._lendings:
+            lending.step_done()
+
+    def idle(self) -> None:
+        """Engine thread, when it has no work: end its yields and ask for none."""
+        self.step_done()
+        self.awaiting_yield = False
+        now = time.monotonic()
+        for lending in self._lendings:
+            lending.set_wants(False, now)
+
+    def hold(self) -> None:
+        """A request was handed off: its decode worker is about to be busy."""
+        until = time.monotonic() + HANDOFF_HOLD_S
+        for lending in self._lendings:
+            lending.held_until, lending.seen_busy = until, False
+
+    def close(self) -> None:
+        self.idle()
+        for lending in self._lendings:
+            if lending.fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(lending.fd)
+                lending.fd = None
