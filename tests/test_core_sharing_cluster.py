@@ -53,19 +53,25 @@ STREAM_TOKENS = 256
 LONG_PROMPT = [(7 * i) % 200 + 5 for i in range(core_sharing.YIELD_MIN_TOKENS + 40)]
 
 
+def _same_as_single_node(shared, runs: list, single: list) -> dict:
+    """Every request ended well with ``single_node``'s tokens, and ``shared`` freed every block;
+    its workers' loads by role."""
+    for events, single_events in zip(runs, single, strict=True):
+        assert events[-1].error is None
+        assert [e.token_id for e in events] == [e.token_id for e in single_events]
+    _assert_idle(shared)
+    return {load.role: load for load in asyncio.run(shared.loads())}
+
+
 def _files(cluster) -> list[Path]:
     return sorted(core_sharing.SHM_DIR.glob(f"pdserve-{cluster._id}-*.cores"))
 
 
 def test_outputs_match_single_node_and_both_roles_borrow(shared, colocated):
     before = {load.role: load.num_borrowing_steps for load in asyncio.run(shared.loads())}
-    runs = _run(shared, PROMPTS, PARAMS, "shared")
-    single = _run(colocated, PROMPTS, PARAMS, "shared-single")
-    for events, single_events in zip(runs, single, strict=True):
-        assert events[-1].error is None
-        assert [e.token_id for e in events] == [e.token_id for e in single_events]
-    _assert_idle(shared)
-    loads = {load.role: load for load in asyncio.run(shared.loads())}
+    loads = _same_as_single_node(
+        shared, _run(shared, PROMPTS, PARAMS, "shared"), _run(colocated, PROMPTS, PARAMS, "s")
+    )
     # the first prefill step found the decode worker idle, and the last decode steps the
     # prefill worker; each runs its own thread plus the one it borrows
     assert loads["prefill"].num_borrowing_steps > before["prefill"]
@@ -109,12 +115,7 @@ async def _all(events) -> list:
 def test_a_long_prompt_runs_in_a_yield_of_the_busy_decode_worker(shared, colocated):
     before = {load.role: load.num_yields for load in asyncio.run(shared.loads())}
     runs = _stream_then_long_prompt(shared, "yield")
-    single = _stream_then_long_prompt(colocated, "yield-single")
-    for events, single_events in zip(runs, single, strict=True):
-        assert events[-1].error is None
-        assert [e.token_id for e in events] == [e.token_id for e in single_events]
-    _assert_idle(shared)
-    loads = {load.role: load for load in asyncio.run(shared.loads())}
+    loads = _same_as_single_node(shared, runs, _stream_then_long_prompt(colocated, "yield-s"))
     # the decode worker paused between two of its steps; the prefill worker ran a step in it
     assert loads["decode"].num_yields > before["decode"]
     assert loads["prefill"].num_yields > before["prefill"]

@@ -14,7 +14,6 @@ from engine.worker.core_sharing import (
     BUSY,
     CLAIM_SEQ,
     DONE_SEQ,
-    FILE_SIZE,
     HANDOFF_HOLD_S,
     IDLE,
     POLL_S,
@@ -27,6 +26,7 @@ from engine.worker.core_sharing import (
     YIELD_WAIT_S,
     YIELDED_STEP_FRACTION,
     YIELDING,
+    read_state,
 )
 
 
@@ -49,11 +49,7 @@ class _Lending:
                 self.fd = os.open(self.path, os.O_RDWR)
             except OSError:
                 return None
-        try:
-            state = os.pread(self.fd, FILE_SIZE, 0)
-        except OSError:
-            return None
-        return state if len(state) == FILE_SIZE else None
+        return read_state(self.fd)
 
     def write(self, offset: int, value: int) -> None:
         if self.fd is not None:

@@ -165,17 +165,22 @@ class Lender:
         os.pwrite(self._fd, bytes((value,)), offset)
 
     def _read(self) -> bytes | None:
-        try:
-            state = os.pread(self._fd, FILE_SIZE, 0)
-        except OSError:
-            return None
-        return state if len(state) == FILE_SIZE else None
+        return read_state(self._fd)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self._fd)
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+
+
+def read_state(fd: int) -> bytes | None:
+    """A lending file's bytes; None if it cannot be read or is not whole."""
+    try:
+        state = os.pread(fd, FILE_SIZE, 0)
+    except OSError:
+        return None
+    return state if len(state) == FILE_SIZE else None
 
 
 def _next_seq(seq: int, *taken: int) -> int:
