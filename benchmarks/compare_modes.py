@@ -68,6 +68,7 @@ ADAPTIVE = {
     "stepTargetMs": 100,
     "share_idle_cores": True,
     "decode_yield_ms": 0,
+    "decode_yield_percent": 20,  # with decode_yield_ms: paused at most 20 % of the time
 }
 # the fixed split, whatever the defaults: every prompt handed off, no shared core
 FIXED = {

@@ -68,6 +68,7 @@ class ClusterConfig:
     pin_cpus: bool = True  # local Ray: give each actor its own cores when they add up
     share_idle_cores: bool = False  # pd_separate: workers run threads on idle co-located peers'
     decode_yield_ms: int = 0  # with it: a decode worker's longest pause for a long prefill
+    decode_yield_percent: int = 20  # the most of its time a decode worker spends paused
     generation: bool = True  # False: an embeddings-only cluster (no prefill/decode actors)
     embedding_model_path: str | None = "bundled"  # None: no embedding worker
     embedding_resources: ActorResources = field(default_factory=lambda: ActorResources(0.0))

@@ -150,6 +150,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "share_idle_cores": Key("bool", False),
         # with it: a busy decode worker pauses up to this long for a co-located long prefill
         "decode_yield_ms": Key("int", 0, 0, 10_000),
+        # and paused at most this share of its time in the long run
+        "decode_yield_percent": Key("int", 20, 1, 100),
         # CURVE / TLS with peer authentication on the KV plane; auto: unless kv_host is loopback
         "kv_encryption": Key("str", "auto", choices=("auto", "on", "off")),
         "kv_transfer_timeout_s": Key("int", 10, 1, 3600),

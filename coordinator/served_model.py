@@ -133,6 +133,7 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
         kv_shared_memory=b["kv_shared_memory"],
         share_idle_cores=b["share_idle_cores"],
         decode_yield_ms=b["decode_yield_ms"],
+        decode_yield_percent=b["decode_yield_percent"],
         kv_encryption=b["kv_encryption"],
         transfer_timeout_s=float(b["kv_transfer_timeout_s"]),
         reservation_timeout_s=float(b["kv_reservation_timeout_s"]),

@@ -45,12 +45,12 @@ def test_a_borrower_runs_its_own_threads_plus_an_idle_lenders(tmp_path):
 
 def test_the_lender_file_changes_only_when_idleness_does(tmp_path):
     lender = Lender(str(tmp_path / "d0"), threads=2)
-    assert (tmp_path / "d0").read_bytes() == bytes((1, 2, 0, 0, 0, 0))
+    assert (tmp_path / "d0").read_bytes() == bytes((1, 2, 0, 0, 0, 0, 1))
     lender.set_idle(False)
-    assert (tmp_path / "d0").read_bytes() == bytes((0, 2, 0, 0, 0, 0))
-    (tmp_path / "d0").write_bytes(bytes((7, 7, 0, 0, 0, 0)))
+    assert (tmp_path / "d0").read_bytes() == bytes((0, 2, 0, 0, 0, 0, 1))
+    (tmp_path / "d0").write_bytes(bytes((7, 7, 0, 0, 0, 0, 1)))
     lender.set_idle(False)  # no change: not rewritten
-    assert (tmp_path / "d0").read_bytes() == bytes((7, 7, 0, 0, 0, 0))
+    assert (tmp_path / "d0").read_bytes() == bytes((7, 7, 0, 0, 0, 0, 1))
     lender.close()
     assert not (tmp_path / "d0").exists()
 
@@ -140,6 +140,59 @@ def _until(predicate, timeout_s: float = 5.0) -> None:
         time.sleep(0.001)
 
 
+def test_pauses_need_a_whole_one_earned_and_spend_what_they_lasted():
+    budget = core_sharing.PauseBudget(0.25)
+    assert budget.allows(2.0, now=100.0)  # the first pause is there at once
+    budget.spend(2.0)
+    assert not budget.allows(2.0, now=104.0)  # 1 s earned of the 2 s a pause needs
+    assert budget.allows(2.0, now=108.0)
+    budget.spend(0.4)  # a short pause spends only what it lasted
+    assert not budget.allows(2.0, now=108.1) and budget.allows(2.0, now=110.0)
+    assert budget.allows(2.0, now=500.0)  # never more than one pause held: not two in a row
+    budget.spend(2.0)
+    assert not budget.allows(2.0, now=500.0)
+
+
+@pytest.mark.parametrize("share", [0.1, 0.2, 0.5])
+def test_pauses_take_at_most_their_share_of_the_time_however_often_asked(share):
+    budget, now, paused = core_sharing.PauseBudget(share), 0.0, 0.0
+    while now < 1000.0:  # a decode worker asked before every 50 ms step, pausing 3 s each time
+        if budget.allows(3.0, now):
+            budget.spend(3.0)
+            now, paused = now + 3.0, paused + 3.0
+        now += 0.05
+    assert share - 0.01 <= paused / now <= share + 3.0 / now
+
+
+def test_a_lender_that_just_paused_does_not_pause_again_until_it_has_earned_it(tmp_path):
+    lender = Lender(str(tmp_path / "d0"), threads=1, yield_share=0.01)
+    lender.set_idle(False)
+
+    def two_asks():
+        borrower = Borrower(1, (lender.path,))
+        borrower.update(wants_yield=True)
+        thread, paused = _yielding(lender, 2.0)
+        _until(lambda: _state(lender.path)[core_sharing.STATE] == core_sharing.YIELDING)
+        borrower.update(wants_yield=True)  # claims, runs its step in the yield
+        time.sleep(0.3)  # the step: 0.3 s of pause spent, 30 s to earn back at 1 %
+        borrower.step_done()
+        thread.join(timeout=5)
+        borrower.update(wants_yield=True)  # still asks
+        again = lender.yield_if_wanted(2.0)  # but it has not earned a whole pause back
+        said = _state(lender.path)[core_sharing.OPEN]
+        start = time.monotonic()
+        borrower.update(wants_yield=True)  # told no yield comes: it neither waits ...
+        waited = time.monotonic() - start
+        limit = borrower.step_limit_s(2.0)  # ... nor keeps its steps short for one
+        borrower.idle()
+        return paused, again, said, waited, limit
+
+    paused, again, said, waited, limit = _on_own_thread(two_asks)
+    assert paused and paused[0] >= 0.3 and again == 0.0 and lender.num_yields == 1
+    assert said == 0 and waited < core_sharing.YIELD_WAIT_S / 2 and limit is None
+    assert _state(lender.path)[core_sharing.STATE] == core_sharing.BUSY
+
+
 def test_a_yield_nobody_claims_ends_at_its_limit_and_backs_off(tmp_path):
     lender = Lender(str(tmp_path / "d0"), threads=1)
     lender.set_idle(False)
@@ -149,6 +202,7 @@ def test_a_yield_nobody_claims_ends_at_its_limit_and_backs_off(tmp_path):
     thread.join(timeout=5)
     assert 0.1 <= paused[0] < 1.0 and lender.num_unclaimed == 1
     assert lender.yield_if_wanted(0.1) == 0.0  # backing off: streams are not paused again
+    assert _state(lender.path)[core_sharing.OPEN] == 0  # and it says so
     assert _state(lender.path)[core_sharing.STATE] == core_sharing.BUSY
 
 
@@ -166,7 +220,7 @@ def test_a_yield_ends_when_the_borrower_stops_asking(tmp_path):
 
 def _lender_file(path, state: int, yield_seq: int, done_seq: int, wants: int = 1) -> str:
     with open(path, "wb") as f:
-        f.write(bytes((state, 1, yield_seq, done_seq, wants, 0)))
+        f.write(bytes((state, 1, yield_seq, done_seq, wants, 0, 1)))
     return str(path)
 
 
@@ -296,6 +350,13 @@ def test_the_backend_key_reaches_the_cluster_config(raw):
     from coordinator.config import defaults
     from coordinator.served_model import ServedModels, cluster_config
 
-    overrides = {"backend_config.share_idle_cores": raw, "backend_config.decode_yield_ms": 250}
+    overrides = {
+        "backend_config.share_idle_cores": raw,
+        "backend_config.decode_yield_ms": 250,
+        "backend_config.decode_yield_percent": 35,
+    }
     cluster = cluster_config(defaults().with_overrides(overrides), ServedModels(None, None))
     assert cluster.share_idle_cores is raw and cluster.decode_yield_ms == 250
+    assert cluster.decode_yield_percent == 35
+    _, (_, lend_d), _ = _planned(True, [0, 1], decode_yield_ms=250, decode_yield_percent=35)
+    assert lend_d[0].yield_share == pytest.approx(0.35)

@@ -16,6 +16,7 @@ from engine.worker.core_sharing import (
     DONE_SEQ,
     HANDOFF_HOLD_S,
     IDLE,
+    OPEN,
     POLL_S,
     RECHECK_MISSING_S,
     STATE,
@@ -97,9 +98,10 @@ class _Lending:
             self.wants = wants
 
     def is_busy(self, now: float) -> bool:
-        """Busy, or ending a yield we ran a step in: no yield to take yet."""
+        """Busy, or ending a yield we ran a step in: no yield to take yet, but one may come
+        (False for a lender that says it will not yield for a while)."""
         state = self.read(now)
-        if state is None:
+        if state is None or not state[OPEN]:
             return False
         ending = state[STATE] == YIELDING and state[YIELD_SEQ] == state[DONE_SEQ]
         return state[STATE] == BUSY or ending

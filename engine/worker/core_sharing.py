@@ -40,8 +40,18 @@ A claimed yield lasts at most ``decode_yield_ms`` from the claim. A yield that w
 (the borrower died, or is stuck in a long step) makes the lender stop yielding for
 ``UNCLAIMED_BACKOFF_S``, doubled each time, so a dead borrower costs streams little.
 
+Pauses are also bounded over time (``decode_yield_percent``): a lender earns pause time at that
+share of the time that passes, up to one ``decode_yield_ms``, and yields only with a whole
+``decode_yield_ms`` earned; a pause spends what it lasted. So, however many long prompts queue,
+its streams are paused at most that share of the time in the long run (each token takes at most
+``1 / (1 - share)`` times its step), while a lone long prompt at light load gets its yield.
+
+While it will not yield (backing off, or its pause time spent), a lender says so (``open`` 0),
+and its borrower neither waits for a yield nor shortens its steps meanwhile.
+
 The file, written only with single-byte writes: ``[state, threads, yield_seq, done_seq, wants,
-claim_seq]``; the lender writes the first three, its borrower the rest.
+claim_seq, open]``; the lender writes ``state``, ``threads``, ``yield_seq`` and ``open``, its
+borrower ``done_seq``, ``wants`` and ``claim_seq``.
 """
 
 from __future__ import annotations
@@ -68,8 +78,8 @@ UNCLAIMED_BACKOFF_S = 5.0  # no yield for this long after one went unclaimed (th
 MAX_BACKOFF_S = 60.0
 POLL_S = 0.001
 BUSY, IDLE, YIELDING = 0, 1, 2  # a lender's state
-STATE, THREADS, YIELD_SEQ, DONE_SEQ, WANTS, CLAIM_SEQ = range(6)  # the file's bytes
-FILE_SIZE = 6
+STATE, THREADS, YIELD_SEQ, DONE_SEQ, WANTS, CLAIM_SEQ, OPEN = range(7)  # the file's bytes
+FILE_SIZE = 7
 
 
 def lending_path(cluster_id: str, role: str, instance: int) -> str:
@@ -88,21 +98,47 @@ class CoreSharing:
     """What a worker lends (``lend_path``) and borrows (``borrow_paths``); ``low_priority``: its
     engine thread runs at ``BORROWER_NICE``; ``yield_ms`` (``decode_yield_ms``): the longest
     this lender pauses for its borrower (0: never); ``asked_yield_ms``: this borrower asks busy
-    lenders for pauses that long while a long prompt waits (0: never)."""
+    lenders for pauses that long while a long prompt waits (0: never); ``yield_share``
+    (``decode_yield_percent`` / 100): the most of its time this lender spends paused."""
 
     lend_path: str | None = None
     borrow_paths: tuple[str, ...] = ()
     low_priority: bool = False
     yield_ms: int = 0
     asked_yield_ms: int = 0
+    yield_share: float = 1.0
+
+
+class PauseBudget:
+    """The pause time a lender has earned: ``share`` of the time that passes, never more than one
+    whole pause held; a pause needs a whole one and spends what it lasted. So pauses take at most
+    ``share`` of the time in the long run, and the first one is there at once."""
+
+    def __init__(self, share: float) -> None:
+        self.share = min(max(share, 0.0), 1.0)
+        self._earned_s: float | None = None  # None: a whole pause (nothing spent yet)
+        self._at: float | None = None
+
+    def allows(self, max_s: float, now: float) -> bool:
+        """Whether a pause of up to ``max_s`` may start ``now``."""
+        elapsed = 0.0 if self._at is None else max(0.0, now - self._at)
+        self._at = now
+        earned = max_s if self._earned_s is None else self._earned_s + elapsed * self.share
+        self._earned_s = min(max_s, earned)
+        return self._earned_s >= max_s
+
+    def spend(self, paused_s: float) -> None:
+        self._earned_s = max(0.0, (self._earned_s or 0.0) - paused_s)
 
 
 class Lender:
     """The file saying whether this worker is idle, and how many threads it lends then."""
 
-    def __init__(self, path: str, threads: int) -> None:
+    def __init__(self, path: str, threads: int, yield_share: float = 1.0) -> None:
+        """``yield_share``: the long-run share of its time it may spend paused for yields."""
         self.path = path
         self._threads = min(max(threads, 1), 255)
+        self._pauses = PauseBudget(yield_share)
         self._idle: bool | None = True
         self._seq = 0
         self._backoff_s = UNCLAIMED_BACKOFF_S
@@ -110,7 +146,8 @@ class Lender:
         self.num_yields = 0
         self.num_unclaimed = 0
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.pwrite(self._fd, bytes((IDLE, self._threads, 0, 0, 0, 0)), 0)
+        self._open = True  # it may yield now (else backing off, or its pause time spent)
+        os.pwrite(self._fd, bytes((IDLE, self._threads, 0, 0, 0, 0, 1)), 0)
 
     def set_idle(self, idle: bool) -> None:
         if idle != self._idle:
@@ -122,7 +159,13 @@ class Lender:
         it runs one step on these cores too (see the module's steps); the seconds paused."""
         state = self._read()
         start = time.monotonic()
-        if max_s <= 0 or state is None or not state[WANTS] or start < self._no_yield_until:
+        if max_s <= 0 or state is None or not state[WANTS]:
+            return 0.0
+        may = start >= self._no_yield_until and self._pauses.allows(max_s, start)
+        if may != self._open:  # a borrower waits for a yield only while one may come
+            self._write(OPEN, int(may))
+            self._open = may
+        if not may:
             return 0.0
         seq = self._seq = _next_seq(self._seq, state[DONE_SEQ], state[CLAIM_SEQ])
         self._write(YIELD_SEQ, seq)
@@ -141,7 +184,9 @@ class Lender:
                 self._wait(lambda s: s[DONE_SEQ] == seq, time.monotonic() + max_s)
         self.num_yields += 1
         self._note(claimed, timed_out=state is None)
-        return time.monotonic() - start
+        paused = time.monotonic() - start
+        self._pauses.spend(paused)
+        return paused
 
     def _note(self, claimed: bool, timed_out: bool) -> None:
         """After a yield: one nobody claimed while asking backs off further yields."""
