@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import json
+import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 
 import httpx
@@ -209,9 +212,13 @@ def test_metrics_have_mindie_names_and_pass_promtool(servers):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def _instances(server) -> list[dict]:
+    return httpx.get(server.url("manage_port", "/v1/instances")).json()["instances"]
+
+
 def _idle(server) -> None:
     for _ in range(100):
-        loads = httpx.get(server.url("manage_port", "/v1/instances")).json()["instances"]
+        loads = _instances(server)
         if loads and all(x["num_free_blocks"] == x["num_total_blocks"] for x in loads):
             return
         time.sleep(0.1)
@@ -271,15 +278,19 @@ def test_https_priority_429_timeout_and_disconnect(servers):
         assert all(f.result().status_code == 200 for f in (first, later_p5, p1))
     assert finished == ["long-p5", "p1", "later-p5"]  # priority 1 overtakes an earlier 5
 
-    with futures.ThreadPoolExecutor(1) as pool:
-        blocker = pool.submit(infer, server, long)
-        _await_metric(server, "num_requests_running", 1)
-        # Its 1 s covers the wait behind the blocker's ~500 steps plus 500 steps of its own.
+    # The engine stopped (SIGSTOP) for longer than the request's 1 s, however fast the machine:
+    # the request times out waiting, and the engine, once it goes on, has nothing left of it.
+    (engine,) = _instances(server)
+    os.kill(engine["pid"], signal.SIGSTOP)
+    resume = threading.Timer(3.0, os.kill, (engine["pid"], signal.SIGCONT))
+    resume.start()
+    try:
         timed = {"inputs": "hi", "parameters": {**long["parameters"], "timeout": 1}}
         timed_out = infer(server, timed)
-        assert timed_out.status_code == 408
-        assert timed_out.json()["error"] == "Request inference timeout"
-        assert blocker.result().status_code == 200
+    finally:
+        resume.join()
+    assert timed_out.status_code == 408, timed_out.text
+    assert timed_out.json()["error"] == "Request inference timeout"
     _idle(server)
 
     aborted_before = _metric(server, "request_failed_total", reason="aborted")
