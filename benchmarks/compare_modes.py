@@ -6,7 +6,8 @@ each mode, one after the other, each on its own freshly started pdserve:
   keep its steps within ``stepTargetMs``, and each worker runs extra threads on the other's core
   while that one is idle (``ADAPTIVE`` below); swept over ``decode_yield_ms``
   (``--adaptive-yields``: ``pd_adaptive@<ms>`` each, how long a busy decode worker may pause to
-  lend its core to a long prefill), the best at each rate and SLO kept, as for ``single_node``;
+  lend its core to a long prefill, ``pd_adaptive@<ms>:<percent>`` with ``decode_yield_percent``
+  too), the best at each rate and SLO kept, as for ``single_node``;
 - ``single_node``: one engine on both cores, swept over its chunked-prefill budget
   (``--single-node-budgets``: ``single_node@<maxPrefillTokens>`` each; the best one at each
   rate is the baseline the ratios use);
@@ -91,14 +92,20 @@ SWEPT_KEY = {"single_node": "maxPrefillTokens", "pd_adaptive": "decode_yield_ms"
 
 def settings(mode: str) -> tuple[str, dict[str, Any]]:
     """The deploy mode and backend_config keys of ``mode`` (``single_node@<maxPrefillTokens>``
-    and ``pd_adaptive@<decode_yield_ms>`` too)."""
+    and ``pd_adaptive@<decode_yield_ms>[:<decode_yield_percent>]`` too)."""
     name, _, value = mode.partition("@")
-    if name not in SETTINGS or (value and name not in SWEPT_KEY):
+    value, _, percent = value.partition(":")
+    known = value.isdigit() and (not percent or (name == "pd_adaptive" and percent.isdigit()))
+    if name not in SETTINGS or (value and (name not in SWEPT_KEY or not known)):
         raise ValueError(
-            f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N, pd_adaptive@N"
+            f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N, "
+            "pd_adaptive@MS or pd_adaptive@MS:PERCENT"
         )
     deploy_mode, keys = SETTINGS[name]
-    return deploy_mode, {**keys, **({SWEPT_KEY[name]: int(value)} if value else {})}
+    swept = {SWEPT_KEY[name]: int(value)} if value else {}
+    if percent:
+        swept["decode_yield_percent"] = int(percent)
+    return deploy_mode, {**keys, **swept}
 
 
 def free_port() -> int:
@@ -272,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(SETTINGS)}")
     parser.add_argument(
         "--single-node-budgets",
-        default="256,1024,8192",
+        default="1024,8192",  # 256 lost at every rate in every run so far
         help="maxPrefillTokens values single_node is swept over ('': its default only)",
     )
     parser.add_argument(
         "--adaptive-yields",
-        default="0,3000",
-        help="decode_yield_ms values pd_adaptive is swept over ('': its ADAPTIVE value only)",
+        default="0,3000,3000:40",
+        help="decode_yield_ms[:decode_yield_percent] settings pd_adaptive is swept over ('': its "
+        "ADAPTIVE value only)",
     )
     parser.add_argument("--peer", choices=("llamacpp",), help="also run llama-server")
     parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")
