@@ -6,7 +6,8 @@ each mode, one after the other, each on its own freshly started pdserve:
   keep its steps within ``stepTargetMs``, and each worker runs extra threads on the other's core
   while that one is idle (``ADAPTIVE`` below); swept over ``decode_yield_ms``
   (``--adaptive-yields``: ``pd_adaptive@<ms>`` each, how long a busy decode worker may pause to
-  lend its core to a long prefill, ``pd_adaptive@<ms>:<percent>`` with ``decode_yield_percent``
+  lend its core to a long prefill, as long as its streams keep 120 ms a token;
+  ``pd_adaptive@<ms>:<percent>`` caps its share of time paused with ``decode_yield_percent``
   too), the best at each rate and SLO kept, as for ``single_node``;
 - ``single_node``: one engine on both cores, swept over its chunked-prefill budget
   (``--single-node-budgets``: ``single_node@<maxPrefillTokens>`` each; the best one at each
@@ -69,7 +70,9 @@ ADAPTIVE = {
     "stepTargetMs": 100,
     "share_idle_cores": True,
     "decode_yield_ms": 0,
-    "decode_yield_percent": 20,  # with decode_yield_ms: paused at most 20 % of the time
+    # with decode_yield_ms: paused no more than keeps each stream within 120 ms a token
+    "decode_yield_percent": 100,
+    "decode_yield_tpot_ms": 120,
 }
 # the fixed split, whatever the defaults: every prompt handed off, no shared core
 FIXED = {
@@ -284,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--adaptive-yields",
-        default="0,3000,3000:40",
+        default="0,3000,3000:20",
         help="decode_yield_ms[:decode_yield_percent] settings pd_adaptive is swept over ('': its "
         "ADAPTIVE value only)",
     )

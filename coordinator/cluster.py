@@ -179,13 +179,14 @@ class Cluster:
         decode = [lending_path(self._id, "decode", i) for i in range(num_decode)]
         # each lender has one borrower (lender j: borrower j mod n), so no core is lent twice
         pause, share = self.config.decode_yield_ms, self.config.decode_yield_percent / 100
+        tpot = self.config.decode_yield_tpot_ms
         return (
             [
                 CoreSharing(path, tuple(decode[i::num_prefill]), True, asked_yield_ms=pause)
                 for i, path in enumerate(prefill)
             ],
             [
-                CoreSharing(path, tuple(prefill[i::num_decode]), yield_ms=pause, yield_share=share)
+                CoreSharing(path, tuple(prefill[i::num_decode]), False, pause, 0, share, tpot)
                 for i, path in enumerate(decode)
             ],
         )

@@ -134,6 +134,7 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
         share_idle_cores=b["share_idle_cores"],
         decode_yield_ms=b["decode_yield_ms"],
         decode_yield_percent=b["decode_yield_percent"],
+        decode_yield_tpot_ms=b["decode_yield_tpot_ms"],
         kv_encryption=b["kv_encryption"],
         transfer_timeout_s=float(b["kv_transfer_timeout_s"]),
         reservation_timeout_s=float(b["kv_reservation_timeout_s"]),

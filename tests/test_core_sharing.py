@@ -164,6 +164,50 @@ def test_pauses_take_at_most_their_share_of_the_time_however_often_asked(share):
     assert share - 0.01 <= paused / now <= share + 3.0 / now
 
 
+def test_with_a_tpot_target_the_share_is_what_the_streams_can_afford():
+    budget = core_sharing.PauseBudget(1.0, tpot_target_s=0.15)
+    assert budget.affordable_share == 1.0  # no step seen yet: the first pause is there
+    budget.stepped(0.03)
+    assert budget.affordable_share == pytest.approx(0.8)
+    capped = core_sharing.PauseBudget(0.5, tpot_target_s=0.15)
+    capped.stepped(0.03)
+    assert capped.affordable_share == 0.5  # never above decode_yield_percent
+    slow = core_sharing.PauseBudget(1.0, tpot_target_s=0.15)
+    for _ in range(50):
+        slow.stepped(0.2)  # its steps alone miss the target
+    assert slow.affordable_share == 0.0
+    assert not slow.allows(2.0, now=0.0)  # not even the first pause
+
+
+@pytest.mark.parametrize("step_s", [0.01, 0.05, 0.1])
+def test_paused_as_often_as_asked_streams_keep_their_tpot_target(step_s):
+    budget, now, tokens = core_sharing.PauseBudget(1.0, tpot_target_s=0.15), 0.0, 0
+    while now < 1000.0:  # asked before every step, pausing 3 s each time it may
+        if budget.allows(3.0, now):
+            budget.spend(3.0)
+            now += 3.0
+        budget.stepped(step_s)
+        now, tokens = now + step_s, tokens + 1
+    assert now / tokens <= 0.15 * 1.01  # each stream's time per token, pauses included
+    assert now / tokens >= 0.15 * 0.9  # and the room left is used, not wasted
+
+
+def test_a_lender_learns_its_step_time_between_two_busy_steps_only(tmp_path, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(core_sharing.time, "monotonic", lambda: now[0])
+    lender = Lender(str(tmp_path / "d0"), threads=1, yield_tpot_s=0.1)
+    lender.set_idle(False)
+    for _ in range(30):  # nobody asks: each call only times the step before it
+        lender.yield_if_wanted(1.0)
+        now[0] += 0.02
+    assert lender.pauses.step_s == pytest.approx(0.02)
+    lender.set_idle(True)
+    now[0] += 60.0  # idle for a minute: not a step
+    lender.set_idle(False)
+    lender.yield_if_wanted(1.0)
+    assert lender.pauses.step_s == pytest.approx(0.02)
+
+
 def test_a_lender_that_just_paused_does_not_pause_again_until_it_has_earned_it(tmp_path):
     lender = Lender(str(tmp_path / "d0"), threads=1, yield_share=0.01)
     lender.set_idle(False)
@@ -354,9 +398,13 @@ def test_the_backend_key_reaches_the_cluster_config(raw):
         "backend_config.share_idle_cores": raw,
         "backend_config.decode_yield_ms": 250,
         "backend_config.decode_yield_percent": 35,
+        "backend_config.decode_yield_tpot_ms": 120,
     }
     cluster = cluster_config(defaults().with_overrides(overrides), ServedModels(None, None))
     assert cluster.share_idle_cores is raw and cluster.decode_yield_ms == 250
-    assert cluster.decode_yield_percent == 35
-    _, (_, lend_d), _ = _planned(True, [0, 1], decode_yield_ms=250, decode_yield_percent=35)
-    assert lend_d[0].yield_share == pytest.approx(0.35)
+    assert cluster.decode_yield_percent == 35 and cluster.decode_yield_tpot_ms == 120
+    keys = {"decode_yield_ms": 250, "decode_yield_percent": 35, "decode_yield_tpot_ms": 120}
+    _, (lend_p, lend_d), _ = _planned(True, [0, 1], **keys)
+    assert lend_d[0].yield_share == pytest.approx(0.35) and lend_d[0].yield_tpot_ms == 120
+    assert lend_d[0].yield_ms == 250 and not lend_d[0].low_priority and not lend_d[0].asked_yield_ms
+    assert lend_p[0].asked_yield_ms == 250

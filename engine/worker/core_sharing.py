@@ -76,6 +76,7 @@ YIELDED_STEP_FRACTION = 0.8  # a step run in a yield is sized to this share of d
 UNYIELDED_STEP_S = 0.2  # a step on its own threads while it waits for a yield
 UNCLAIMED_BACKOFF_S = 5.0  # no yield for this long after one went unclaimed (then doubled)
 MAX_BACKOFF_S = 60.0
+STEP_SMOOTHING = 0.1  # weight of a lender's newest step in its average
 POLL_S = 0.001
 BUSY, IDLE, YIELDING = 0, 1, 2  # a lender's state
 STATE, THREADS, YIELD_SEQ, DONE_SEQ, WANTS, CLAIM_SEQ, OPEN = range(7)  # the file's bytes
@@ -99,7 +100,9 @@ class CoreSharing:
     engine thread runs at ``BORROWER_NICE``; ``yield_ms`` (``decode_yield_ms``): the longest
     this lender pauses for its borrower (0: never); ``asked_yield_ms``: this borrower asks busy
     lenders for pauses that long while a long prompt waits (0: never); ``yield_share``
-    (``decode_yield_percent`` / 100): the most of its time this lender spends paused."""
+    (``decode_yield_percent`` / 100): the most of its time this lender spends paused;
+    ``yield_tpot_ms`` (``decode_yield_tpot_ms``): and no more than keeps its streams' time per
+    output token within this (0: no target)."""
 
     lend_path: str | None = None
     borrow_paths: tuple[str, ...] = ()
@@ -107,25 +110,49 @@ class CoreSharing:
     yield_ms: int = 0
     asked_yield_ms: int = 0
     yield_share: float = 1.0
+    yield_tpot_ms: int = 0
 
 
 class PauseBudget:
     """The pause time a lender has earned: ``share`` of the time that passes, never more than one
     whole pause held; a pause needs a whole one and spends what it lasted. So pauses take at most
-    ``share`` of the time in the long run, and the first one is there at once."""
+    ``share`` of the time in the long run, and the first one is there at once.
 
-    def __init__(self, share: float) -> None:
+    With ``tpot_target_s``, the share is also kept to what the lender's streams can afford: a
+    stream whose tokens take ``step_s`` each (learnt from the lender's own steps) and which is
+    paused a share ``f`` of the time gets one every ``step_s / (1 - f)`` on average, so the share
+    is at most ``1 - step_s / tpot_target_s``: large while steps are quick, none once they alone
+    reach the target."""
+
+    def __init__(self, share: float, tpot_target_s: float = 0.0) -> None:
         self.share = min(max(share, 0.0), 1.0)
+        self.tpot_target_s = tpot_target_s
+        self.step_s: float | None = None  # the lender's steps, averaged
         self._earned_s: float | None = None  # None: a whole pause (nothing spent yet)
         self._at: float | None = None
+
+    @property
+    def affordable_share(self) -> float:
+        if not self.tpot_target_s or self.step_s is None:
+            return self.share
+        return min(self.share, max(0.0, 1.0 - self.step_s / self.tpot_target_s))
+
+    def stepped(self, seconds: float) -> None:
+        """The lender ran a step (and its own overhead) in ``seconds``."""
+        self.step_s = (
+            seconds
+            if self.step_s is None
+            else self.step_s + STEP_SMOOTHING * (seconds - self.step_s)
+        )
 
     def allows(self, max_s: float, now: float) -> bool:
         """Whether a pause of up to ``max_s`` may start ``now``."""
         elapsed = 0.0 if self._at is None else max(0.0, now - self._at)
         self._at = now
-        earned = max_s if self._earned_s is None else self._earned_s + elapsed * self.share
+        share = self.affordable_share
+        earned = max_s if self._earned_s is None else self._earned_s + elapsed * share
         self._earned_s = min(max_s, earned)
-        return self._earned_s >= max_s
+        return self._earned_s >= max_s and share > 0
 
     def spend(self, paused_s: float) -> None:
         self._earned_s = max(0.0, (self._earned_s or 0.0) - paused_s)
@@ -134,11 +161,15 @@ class PauseBudget:
 class Lender:
     """The file saying whether this worker is idle, and how many threads it lends then."""
 
-    def __init__(self, path: str, threads: int, yield_share: float = 1.0) -> None:
-        """``yield_share``: the long-run share of its time it may spend paused for yields."""
+    def __init__(
+        self, path: str, threads: int, yield_share: float = 1.0, yield_tpot_s: float = 0.0
+    ) -> None:
+        """``yield_share``: the long-run share of its time it may spend paused for yields;
+        ``yield_tpot_s``: and no more than its streams' time per token allows (0: no target)."""
         self.path = path
         self._threads = min(max(threads, 1), 255)
-        self._pauses = PauseBudget(yield_share)
+        self.pauses = PauseBudget(yield_share, yield_tpot_s)
+        self._busy_since: float | None = None  # the end of its last pause or step check
         self._idle: bool | None = True
         self._seq = 0
         self._backoff_s = UNCLAIMED_BACKOFF_S
@@ -150,6 +181,8 @@ class Lender:
         os.pwrite(self._fd, bytes((IDLE, self._threads, 0, 0, 0, 0, 1)), 0)
 
     def set_idle(self, idle: bool) -> None:
+        if idle:
+            self._busy_since = None  # its next step is not timed from before the idle time
         if idle != self._idle:
             self._write(STATE, IDLE if idle else BUSY)
             self._idle = idle
@@ -157,11 +190,19 @@ class Lender:
     def yield_if_wanted(self, max_s: float) -> float:
         """Engine thread of a busy lender, between two steps: if the borrower asks, pause while
         it runs one step on these cores too (see the module's steps); the seconds paused."""
-        state = self._read()
         start = time.monotonic()
+        if self._busy_since is not None:
+            self.pauses.stepped(start - self._busy_since)
+        try:
+            return self._yield_if_wanted(max_s, start)
+        finally:
+            self._busy_since = time.monotonic()
+
+    def _yield_if_wanted(self, max_s: float, start: float) -> float:
+        state = self._read()
         if max_s <= 0 or state is None or not state[WANTS]:
             return 0.0
-        may = start >= self._no_yield_until and self._pauses.allows(max_s, start)
+        may = start >= self._no_yield_until and self.pauses.allows(max_s, start)
         if may != self._open:  # a borrower waits for a yield only while one may come
             self._write(OPEN, int(may))
             self._open = may
@@ -185,7 +226,7 @@ class Lender:
         self.num_yields += 1
         self._note(claimed, timed_out=state is None)
         paused = time.monotonic() - start
-        self._pauses.spend(paused)
+        self.pauses.spend(paused)
         return paused
 
     def _note(self, claimed: bool, timed_out: bool) -> None:

@@ -73,7 +73,11 @@ class WorkerRuntime:
         self._lower_priority = bool(sharing and sharing.low_priority)  # on the engine thread
         own = config.num_threads or torch.get_num_threads()
         lend, borrow = (sharing.lend_path, sharing.borrow_paths) if sharing else (None, ())
-        self.lender = Lender(lend, own, sharing.yield_share) if sharing and lend else None
+        self.lender = (
+            Lender(lend, own, sharing.yield_share, sharing.yield_tpot_ms / 1000)
+            if sharing and lend
+            else None
+        )
         self.borrower = Borrower(own, borrow) if borrow else None
         self._yield_s = sharing.yield_ms / 1000 if sharing else 0.0  # as a lender
         self._asked_yield_s = sharing.asked_yield_ms / 1000 if sharing else 0.0  # as a borrower
