@@ -6,9 +6,10 @@ each mode, one after the other, each on its own freshly started pdserve:
   keep its steps within ``stepTargetMs``, and each worker runs extra threads on the other's core
   while that one is idle (``ADAPTIVE`` below); swept over ``decode_yield_ms``
   (``--adaptive-yields``: ``pd_adaptive@<ms>`` each, how long a busy decode worker may pause to
-  lend its core to a long prefill, as long as its streams keep 120 ms a token;
-  ``pd_adaptive@<ms>:<percent>`` caps its share of time paused with ``decode_yield_percent``
-  too), the best at each rate and SLO kept, as for ``single_node``;
+  lend its core to a long prefill, at most 20 % of its time; ``pd_adaptive@<ms>:<percent>``
+  at most ``percent``, and ``pd_adaptive@<ms>:<percent>:<tpot_ms>`` no more than keeps its
+  streams within ``decode_yield_tpot_ms``), the best at each rate and SLO kept, as for
+  ``single_node``;
 - ``single_node``: one engine on both cores, swept over its chunked-prefill budget
   (``--single-node-budgets``: ``single_node@<maxPrefillTokens>`` each; the best one at each
   rate is the baseline the ratios use);
@@ -70,9 +71,8 @@ ADAPTIVE = {
     "stepTargetMs": 100,
     "share_idle_cores": True,
     "decode_yield_ms": 0,
-    # with decode_yield_ms: paused no more than keeps each stream within 120 ms a token
-    "decode_yield_percent": 100,
-    "decode_yield_tpot_ms": 120,
+    "decode_yield_percent": 20,  # with decode_yield_ms: paused at most 20 % of the time
+    "decode_yield_tpot_ms": 0,
 }
 # the fixed split, whatever the defaults: every prompt handed off, no shared core
 FIXED = {
@@ -95,20 +95,22 @@ SWEPT_KEY = {"single_node": "maxPrefillTokens", "pd_adaptive": "decode_yield_ms"
 
 def settings(mode: str) -> tuple[str, dict[str, Any]]:
     """The deploy mode and backend_config keys of ``mode`` (``single_node@<maxPrefillTokens>``
-    and ``pd_adaptive@<decode_yield_ms>[:<decode_yield_percent>]`` too)."""
+    and ``pd_adaptive@<decode_yield_ms>[:<decode_yield_percent>[:<decode_yield_tpot_ms>]]``
+    too)."""
     name, _, value = mode.partition("@")
-    value, _, percent = value.partition(":")
-    known = value.isdigit() and (not percent or (name == "pd_adaptive" and percent.isdigit()))
+    value, *more = value.split(":")
+    extra = dict(zip(("decode_yield_percent", "decode_yield_tpot_ms"), more, strict=False))
+    known = all(v.isdigit() for v in [value, *more]) and len(more) <= (
+        2 if name == "pd_adaptive" else 0
+    )
     if name not in SETTINGS or (value and (name not in SWEPT_KEY or not known)):
         raise ValueError(
             f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N, "
-            "pd_adaptive@MS or pd_adaptive@MS:PERCENT"
+            "pd_adaptive@MS[:PERCENT[:TPOT_MS]]"
         )
     deploy_mode, keys = SETTINGS[name]
     swept = {SWEPT_KEY[name]: int(value)} if value else {}
-    if percent:
-        swept["decode_yield_percent"] = int(percent)
-    return deploy_mode, {**keys, **swept}
+    return deploy_mode, {**keys, **swept, **{k: int(v) for k, v in extra.items()}}
 
 
 def free_port() -> int:
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--adaptive-yields",
-        default="0,3000,3000:20",
+        default="0,3000,3000:40",
         help="decode_yield_ms[:decode_yield_percent] settings pd_adaptive is swept over ('': its "
         "ADAPTIVE value only)",
     )

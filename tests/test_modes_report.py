@@ -115,10 +115,16 @@ def test_tuned_modes_expand_into_their_settings_and_the_peer_comes_last():
     assert settings("pd_separate")[1]["decode_yield_ms"] == 0  # fixed, whatever the defaults
     _, keys = settings("pd_adaptive@3000:40")
     assert keys["decode_yield_ms"] == 3000 and keys["decode_yield_percent"] == 40
-    assert settings("pd_adaptive@3000")[1]["decode_yield_percent"] == 100  # ADAPTIVE's own
-    assert settings("pd_adaptive@3000")[1]["decode_yield_tpot_ms"] == 120
+    assert settings("pd_adaptive@3000")[1]["decode_yield_percent"] == 20  # ADAPTIVE's own
+    _, keys = settings("pd_adaptive@3000:100:120")
+    assert keys["decode_yield_percent"] == 100 and keys["decode_yield_tpot_ms"] == 120
     with pytest.raises(ValueError, match="unknown mode"):
         expand_modes(_args(modes="pd_separate@5"))
-    for unknown in ("single_node@256:40", "pd_adaptive@3000:x", "pd_adaptive@x"):
+    for unknown in (
+        "single_node@256:40",
+        "pd_adaptive@3000:x",
+        "pd_adaptive@x",
+        "pd_adaptive@1:2:3:4",
+    ):
         with pytest.raises(ValueError, match="unknown mode"):
             settings(unknown)
