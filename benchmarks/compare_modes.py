@@ -91,6 +91,7 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 LLAMA_SERVER = "llama_server"
 SWEPT_KEY = {"single_node": "maxPrefillTokens", "pd_adaptive": "decode_yield_ms"}
+ADAPTIVE_EXTRA_KEYS = ("decode_yield_percent", "decode_yield_tpot_ms")  # pd_adaptive@MS:P:T
 
 
 def settings(mode: str) -> tuple[str, dict[str, Any]]:
@@ -99,10 +100,9 @@ def settings(mode: str) -> tuple[str, dict[str, Any]]:
     too)."""
     name, _, value = mode.partition("@")
     value, *more = value.split(":")
-    extra = dict(zip(("decode_yield_percent", "decode_yield_tpot_ms"), more, strict=False))
-    known = all(v.isdigit() for v in [value, *more]) and len(more) <= (
-        2 if name == "pd_adaptive" else 0
-    )
+    extra = dict(zip(ADAPTIVE_EXTRA_KEYS, more, strict=False))
+    most = len(ADAPTIVE_EXTRA_KEYS) if name == "pd_adaptive" else 0
+    known = all(v.isdigit() for v in [value, *more]) and len(more) <= most
     if name not in SETTINGS or (value and (name not in SWEPT_KEY or not known)):
         raise ValueError(
             f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N, "
@@ -290,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--adaptive-yields",
         default="0,3000,3000:40",
-        help="decode_yield_ms[:decode_yield_percent] settings pd_adaptive is swept over ('': its "
-        "ADAPTIVE value only)",
+        help="decode_yield_ms[:decode_yield_percent[:decode_yield_tpot_ms]] settings pd_adaptive "
+        "is swept over ('': its ADAPTIVE value only)",
     )
     parser.add_argument("--peer", choices=("llamacpp",), help="also run llama-server")
     parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")

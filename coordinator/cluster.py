@@ -186,7 +186,13 @@ class Cluster:
                 for i, path in enumerate(prefill)
             ],
             [
-                CoreSharing(path, tuple(prefill[i::num_decode]), False, pause, 0, share, tpot)
+                CoreSharing(
+                    path,
+                    tuple(prefill[i::num_decode]),
+                    yield_ms=pause,
+                    yield_share=share,
+                    yield_tpot_ms=tpot,
+                )
                 for i, path in enumerate(decode)
             ],
         )
