@@ -69,7 +69,7 @@ class ClusterConfig:
     share_idle_cores: bool = False  # pd_separate: workers run threads on idle co-located peers'
     decode_yield_ms: int = 0  # with it: a decode worker's longest pause for a long prefill
     decode_yield_percent: int = 20  # the most of its time a decode worker spends paused
-    decode_yield_tpot_ms: int = 0  # and no more than keeps its streams' TPOT within this
+    decode_yield_tpot_ms: int = 0  # each pause only as long as every stream's TPOT affords
     generation: bool = True  # False: an embeddings-only cluster (no prefill/decode actors)
     embedding_model_path: str | None = "bundled"  # None: no embedding worker
     embedding_resources: ActorResources = field(default_factory=lambda: ActorResources(0.0))

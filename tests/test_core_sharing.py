@@ -3,9 +3,11 @@ the hold after a hand-off, and the cores and files the cluster plans for each wo
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from coordinator.cluster_config import ActorResources, ClusterConfig
 from engine.worker import core_borrower, core_sharing
 from engine.worker.core_borrower import Borrower
 from engine.worker.core_sharing import Lender, lending_path, remove_lendings
+from engine.worker.yield_policy import PauseBudget, tpot_headroom_s
 
 
 def _on_own_thread(fn):
@@ -45,12 +48,12 @@ def test_a_borrower_runs_its_own_threads_plus_an_idle_lenders(tmp_path):
 
 def test_the_lender_file_changes_only_when_idleness_does(tmp_path):
     lender = Lender(str(tmp_path / "d0"), threads=2)
-    assert (tmp_path / "d0").read_bytes() == bytes((1, 2, 0, 0, 0, 0, 1))
+    assert (tmp_path / "d0").read_bytes() == bytes((1, 2, 0, 0, 0, 0, 1, 0))
     lender.set_idle(False)
-    assert (tmp_path / "d0").read_bytes() == bytes((0, 2, 0, 0, 0, 0, 1))
-    (tmp_path / "d0").write_bytes(bytes((7, 7, 0, 0, 0, 0, 1)))
+    assert (tmp_path / "d0").read_bytes() == bytes((0, 2, 0, 0, 0, 0, 1, 0))
+    (tmp_path / "d0").write_bytes(bytes((7, 7, 0, 0, 0, 0, 1, 0)))
     lender.set_idle(False)  # no change: not rewritten
-    assert (tmp_path / "d0").read_bytes() == bytes((7, 7, 0, 0, 0, 0, 1))
+    assert (tmp_path / "d0").read_bytes() == bytes((7, 7, 0, 0, 0, 0, 1, 0))
     lender.close()
     assert not (tmp_path / "d0").exists()
 
@@ -90,10 +93,10 @@ def test_a_corrupt_lender_file_lends_nothing(tmp_path):
     assert _on_own_thread(Borrower(1, (str(tmp_path / "d0"),)).update) == 1
 
 
-def _yielding(lender: Lender, max_s: float) -> tuple[threading.Thread, list[float]]:
-    """``lender.yield_if_wanted(max_s)`` on a thread of its own (its engine thread)."""
+def _yielding(lender: Lender, max_s: float, headroom=None) -> tuple[threading.Thread, list[float]]:
+    """``lender.yield_if_wanted(max_s, headroom)`` on a thread of its own (its engine thread)."""
     paused: list[float] = []
-    thread = threading.Thread(target=lambda: paused.append(lender.yield_if_wanted(max_s)))
+    thread = threading.Thread(target=lambda: paused.append(lender.yield_if_wanted(max_s, headroom)))
     thread.start()
     return thread, paused
 
@@ -140,8 +143,55 @@ def _until(predicate, timeout_s: float = 5.0) -> None:
         time.sleep(0.001)
 
 
+def test_a_lender_learns_its_step_time_between_two_busy_steps_only(tmp_path, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(core_sharing.time, "monotonic", lambda: now[0])
+    lender = Lender(str(tmp_path / "d0"), threads=1)
+    lender.set_idle(False)
+    for _ in range(30):  # nobody asks: each call only times the step before it
+        lender.yield_if_wanted(1.0)
+        now[0] += 0.02
+    assert lender.step_s == pytest.approx(0.02)
+    lender.set_idle(True)
+    now[0] += 60.0  # idle for a minute: not a step
+    lender.set_idle(False)
+    lender.yield_if_wanted(1.0)
+    assert lender.step_s == pytest.approx(0.02)
+
+
+def test_a_lender_grants_only_the_pause_its_streams_afford_and_none_too_short(tmp_path):
+    lender = Lender(str(tmp_path / "d0"), threads=1)
+    lender.set_idle(False)
+    seen: list = []
+
+    def asks(afford_s: float):
+        borrower = Borrower(1, (lender.path,))
+        borrower.update(wants_yield=True)
+        headroom = lambda step_s: seen.append(step_s) or afford_s  # noqa: E731
+        thread, paused = _yielding(lender, 2.0, headroom)
+        if afford_s >= core_sharing.MIN_GRANT_S:
+            _until(lambda: _state(lender.path)[core_sharing.STATE] == core_sharing.YIELDING)
+            borrower.update(wants_yield=True)  # claims: its step is sized to the grant
+            limit = borrower.step_limit_s(2.0)
+            borrower.step_done()
+        else:
+            limit = None
+        thread.join(timeout=5)
+        said = _state(lender.path)
+        borrower.idle()
+        return paused[0], limit, said
+
+    paused, limit, said = _on_own_thread(lambda: asks(0.32))
+    assert said[core_sharing.GRANT] == 6  # 0.3 s in 50 ms units: never more than afforded
+    assert limit == pytest.approx(0.3 * core_sharing.YIELDED_STEP_FRACTION)
+    assert 0 < paused < 0.3 and lender.num_yields == 1
+    paused, limit, said = _on_own_thread(lambda: asks(0.05))  # too short to be worth a step
+    assert paused == 0.0 and said[core_sharing.OPEN] == 0 and lender.num_yields == 1
+    assert len(seen) == 2  # asked each time, with the step time it learnt
+
+
 def test_pauses_need_a_whole_one_earned_and_spend_what_they_lasted():
-    budget = core_sharing.PauseBudget(0.25)
+    budget = PauseBudget(0.25)
     assert budget.allows(2.0, now=100.0)  # the first pause is there at once
     budget.spend(2.0)
     assert not budget.allows(2.0, now=104.0)  # 1 s earned of the 2 s a pause needs
@@ -151,11 +201,19 @@ def test_pauses_need_a_whole_one_earned_and_spend_what_they_lasted():
     assert budget.allows(2.0, now=500.0)  # never more than one pause held: not two in a row
     budget.spend(2.0)
     assert not budget.allows(2.0, now=500.0)
+    assert budget.allows(0.4, now=501.6, most_s=2.0)  # a shorter pause needs only itself
+
+
+def test_a_share_of_one_bounds_nothing():
+    budget = PauseBudget(1.0)
+    for now in (0.0, 0.001, 0.002):
+        assert budget.allows(3.0, now)
+        budget.spend(3.0)
 
 
 @pytest.mark.parametrize("share", [0.1, 0.2, 0.5])
 def test_pauses_take_at_most_their_share_of_the_time_however_often_asked(share):
-    budget, now, paused = core_sharing.PauseBudget(share), 0.0, 0.0
+    budget, now, paused = PauseBudget(share), 0.0, 0.0
     while now < 1000.0:  # a decode worker asked before every 50 ms step, pausing 3 s each time
         if budget.allows(3.0, now):
             budget.spend(3.0)
@@ -164,48 +222,47 @@ def test_pauses_take_at_most_their_share_of_the_time_however_often_asked(share):
     assert share - 0.01 <= paused / now <= share + 3.0 / now
 
 
-def test_with_a_tpot_target_the_share_is_what_the_streams_can_afford():
-    budget = core_sharing.PauseBudget(1.0, tpot_target_s=0.15)
-    assert budget.affordable_share == 1.0  # no step seen yet: the first pause is there
-    budget.stepped(0.03)
-    assert budget.affordable_share == pytest.approx(0.8)
-    capped = core_sharing.PauseBudget(0.5, tpot_target_s=0.15)
-    capped.stepped(0.03)
-    assert capped.affordable_share == 0.5  # never above decode_yield_percent
-    slow = core_sharing.PauseBudget(1.0, tpot_target_s=0.15)
-    for _ in range(50):
-        slow.stepped(0.2)  # its steps alone miss the target
-    assert slow.affordable_share == 0.0
-    assert not slow.allows(2.0, now=0.0)  # not even the first pause
+def _stream(made: int, most: int, first_token_time: float | None):
+    return SimpleNamespace(
+        num_output_tokens=made, max_output_tokens=most, first_token_time=first_token_time
+    )
 
 
-@pytest.mark.parametrize("step_s", [0.01, 0.05, 0.1])
-def test_paused_as_often_as_asked_streams_keep_their_tpot_target(step_s):
-    budget, now, tokens = core_sharing.PauseBudget(1.0, tpot_target_s=0.15), 0.0, 0
-    while now < 1000.0:  # asked before every step, pausing 3 s each time it may
-        if budget.allows(3.0, now):
-            budget.spend(3.0)
-            now += 3.0
-        budget.stepped(step_s)
-        now, tokens = now + step_s, tokens + 1
-    assert now / tokens <= 0.15 * 1.01  # each stream's time per token, pauses included
-    assert now / tokens >= 0.15 * 0.9  # and the room left is used, not wasted
+def test_the_headroom_is_what_the_tightest_stream_affords():
+    fresh = _stream(1, 64, None)  # handed off, no decode step yet
+    assert tpot_headroom_s([fresh], 0.15, 0.02, now=10.0) == pytest.approx(63 * 0.13)
+    halfway = _stream(32, 64, 5.0)  # 5 s for 31 tokens: 4.45 s left of 63 * 0.15
+    assert tpot_headroom_s([fresh, halfway], 0.15, 0.02, now=10.0) == pytest.approx(
+        63 * 0.15 - 5.0 - 32 * 0.02
+    )
+    prefilling = _stream(0, 64, None)  # no first token yet: a TTFT matter
+    assert tpot_headroom_s([prefilling], 0.15, 0.02, now=10.0) == math.inf
+    behind = _stream(10, 20, 0.0)  # 10 s in, 3 s budget: not paused further
+    assert tpot_headroom_s([prefilling, behind, fresh], 0.15, 0.02, now=10.0) == 0.0
+    assert tpot_headroom_s([], 0.15, None, now=0.0) == math.inf
+    last = _stream(64, 64, 0.0)  # made all but its end: affords its budget's rest
+    assert tpot_headroom_s([last], 0.15, 0.02, now=9.0) == pytest.approx(63 * 0.15 - 9.0)
 
 
-def test_a_lender_learns_its_step_time_between_two_busy_steps_only(tmp_path, monkeypatch):
-    now = [100.0]
-    monkeypatch.setattr(core_sharing.time, "monotonic", lambda: now[0])
-    lender = Lender(str(tmp_path / "d0"), threads=1, yield_tpot_s=0.1)
-    lender.set_idle(False)
-    for _ in range(30):  # nobody asks: each call only times the step before it
-        lender.yield_if_wanted(1.0)
-        now[0] += 0.02
-    assert lender.pauses.step_s == pytest.approx(0.02)
-    lender.set_idle(True)
-    now[0] += 60.0  # idle for a minute: not a step
-    lender.set_idle(False)
-    lender.yield_if_wanted(1.0)
-    assert lender.pauses.step_s == pytest.approx(0.02)
+@pytest.mark.parametrize("step_s", [0.01, 0.03, 0.1])
+@pytest.mark.parametrize("most_s", [0.2, 3.0])
+def test_paused_whenever_asked_each_stream_keeps_its_tpot_target(step_s, most_s):
+    """Streams of 32 tokens arriving one every 0.4 s, a decode worker asked before every step:
+    each pause is what the tightest stream affords (``most_s`` at most)."""
+    target, now, arrivals, streams, tpots = 0.15, 0.0, 0.0, [], []
+    while now < 300.0:
+        while arrivals <= now:
+            streams.append(_stream(1, 32, arrivals))
+            arrivals += 0.4
+        pause = min(most_s, tpot_headroom_s(streams, target, step_s, now))
+        now += pause if pause >= core_sharing.MIN_GRANT_S else 0.0
+        now += step_s
+        for stream in streams:
+            stream.num_output_tokens += 1
+        tpots += [(now - s.first_token_time) / 31 for s in streams if s.num_output_tokens == 32]
+        streams = [s for s in streams if s.num_output_tokens < 32]
+    assert max(tpots) <= target * 1.001  # pauses included, every stream
+    assert sum(tpots) / len(tpots) >= (0.5 if most_s < 1 else 0.8) * target  # room is used
 
 
 def test_a_lender_that_just_paused_does_not_pause_again_until_it_has_earned_it(tmp_path):
@@ -264,7 +321,7 @@ def test_a_yield_ends_when_the_borrower_stops_asking(tmp_path):
 
 def _lender_file(path, state: int, yield_seq: int, done_seq: int, wants: int = 1) -> str:
     with open(path, "wb") as f:
-        f.write(bytes((state, 1, yield_seq, done_seq, wants, 0, 1)))
+        f.write(bytes((state, 1, yield_seq, done_seq, wants, 0, 1, 40)))  # 2 s granted
     return str(path)
 
 

@@ -14,6 +14,8 @@ from engine.worker.core_sharing import (
     BUSY,
     CLAIM_SEQ,
     DONE_SEQ,
+    GRANT,
+    GRANT_UNIT_S,
     HANDOFF_HOLD_S,
     IDLE,
     OPEN,
@@ -40,6 +42,7 @@ class _Lending:
     seen_busy: bool = False
     wants: bool | None = None  # as last written to the file (None: not yet, so the first is)
     running_yield: int = 0  # the yield this step runs in (0: none)
+    granted_s: float = 0.0  # and the pause the lender granted for it
 
     def read(self, now: float) -> bytes | None:
         if self.fd is None:
@@ -65,7 +68,7 @@ class _Lending:
         if state[STATE] == YIELDING:
             seq = state[YIELD_SEQ]
             if seq != state[DONE_SEQ] and self.wants and self._claim(seq):
-                self.running_yield = seq
+                self.running_yield, self.granted_s = seq, state[GRANT] * GRANT_UNIT_S
                 return state[THREADS]
             self.seen_busy = True
             return 0
@@ -148,11 +151,13 @@ class Borrower:
         return threads
 
     def step_limit_s(self, yield_s: float) -> float | None:
-        """How long the next step may take (None: no limit): one run in a yield fits its
-        pause (``yield_s``, ``decode_yield_ms``), with room to spare; one on its own threads
-        while it waits for a yield ends soon, for the yield to find it between two steps."""
-        if self.in_a_yield:
-            return yield_s * YIELDED_STEP_FRACTION
+        """How long the next step may take (None: no limit): one run in a yield fits the pause
+        granted (at most ``yield_s``, ``decode_yield_ms``), with room to spare; one on its own
+        threads while it waits for a yield ends soon, for the yield to find it between two
+        steps."""
+        grants = [lending.granted_s for lending in self._lendings if lending.running_yield]
+        if grants:
+            return min(yield_s, *grants) * YIELDED_STEP_FRACTION
         return UNYIELDED_STEP_S if self.awaiting_yield else None
 
     @property

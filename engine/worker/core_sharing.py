@@ -31,27 +31,28 @@ and the decode worker, between two of its steps, pauses:
 2. the borrower, before its next step, claims it (``claim_seq``), reads the state again, and runs
    that step on both workers' threads if it is still ``YIELDING`` (else it releases the yield at
    once by writing ``done_seq``); the step's prompt chunk is sized to ``YIELDED_STEP_FRACTION``
-   of ``decode_yield_ms``;
+   of the pause granted (at most ``decode_yield_ms``);
 3. the borrower writes ``done_seq`` as soon as the step ends; the lender goes on.
 
-The lender gives up a yield nobody claims within ``decode_yield_ms``, or when the borrower stops
+The lender gives up a yield nobody claims within the pause granted, or when the borrower stops
 asking: it writes ``BUSY`` and then reads the claim, so a claim that came first is waited for.
-A claimed yield lasts at most ``decode_yield_ms`` from the claim. A yield that went unclaimed
+A claimed yield lasts at most the pause granted from the claim. A yield that went unclaimed
 (the borrower died, or is stuck in a long step) makes the lender stop yielding for
 ``UNCLAIMED_BACKOFF_S``, doubled each time, so a dead borrower costs streams little.
 
-Pauses are also bounded over time (``decode_yield_percent``): a lender earns pause time at that
-share of the time that passes, up to one ``decode_yield_ms``, and yields only with a whole
-``decode_yield_ms`` earned; a pause spends what it lasted. So, however many long prompts queue,
-its streams are paused at most that share of the time in the long run (each token takes at most
-``1 / (1 - share)`` times its step), while a lone long prompt at light load gets its yield.
+Pauses are bounded (engine/worker/yield_policy.py) over time (``decode_yield_percent``: a
+lender earns pause time at that share of the time that passes, up to one ``decode_yield_ms``, and
+yields only with the pause earned; a pause spends what it lasted), and per stream
+(``decode_yield_tpot_ms``: a pause is only as long as every running stream affords and still
+ends within that time per output token). The lender writes the pause it grants (``grant``) with
+the yield, and the borrower sizes its step to it.
 
 While it will not yield (backing off, or its pause time spent), a lender says so (``open`` 0),
 and its borrower neither waits for a yield nor shortens its steps meanwhile.
 
 The file, written only with single-byte writes: ``[state, threads, yield_seq, done_seq, wants,
-claim_seq, open]``; the lender writes ``state``, ``threads``, ``yield_seq`` and ``open``, its
-borrower ``done_seq``, ``wants`` and ``claim_seq``.
+claim_seq, open, grant]``; the lender writes ``state``, ``threads``, ``yield_seq``, ``open`` and
+``grant``, its borrower ``done_seq``, ``wants`` and ``claim_seq``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.worker.yield_policy import PauseBudget
 
 log = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
@@ -79,8 +82,11 @@ MAX_BACKOFF_S = 60.0
 STEP_SMOOTHING = 0.1  # weight of a lender's newest step in its average
 POLL_S = 0.001
 BUSY, IDLE, YIELDING = 0, 1, 2  # a lender's state
-STATE, THREADS, YIELD_SEQ, DONE_SEQ, WANTS, CLAIM_SEQ, OPEN = range(7)  # the file's bytes
-FILE_SIZE = 7
+# the file's bytes
+STATE, THREADS, YIELD_SEQ, DONE_SEQ, WANTS, CLAIM_SEQ, OPEN, GRANT = range(8)
+FILE_SIZE = 8
+GRANT_UNIT_S = 0.05  # GRANT: the yield's length, in these units (decode_yield_ms <= 10 s fits)
+MIN_GRANT_S = 0.1  # a shorter pause than this is not worth a step on two workers' threads
 
 
 def lending_path(cluster_id: str, role: str, instance: int) -> str:
@@ -101,8 +107,8 @@ class CoreSharing:
     this lender pauses for its borrower (0: never); ``asked_yield_ms``: this borrower asks busy
     lenders for pauses that long while a long prompt waits (0: never); ``yield_share``
     (``decode_yield_percent`` / 100): the most of its time this lender spends paused;
-    ``yield_tpot_ms`` (``decode_yield_tpot_ms``): and no more than keeps its streams' time per
-    output token within this (0: no target)."""
+    ``yield_tpot_ms`` (``decode_yield_tpot_ms``): each pause no longer than keeps every running
+    stream's time per output token within this (0: no target)."""
 
     lend_path: str | None = None
     borrow_paths: tuple[str, ...] = ()
@@ -113,62 +119,15 @@ class CoreSharing:
     yield_tpot_ms: int = 0
 
 
-class PauseBudget:
-    """The pause time a lender has earned: ``share`` of the time that passes, never more than one
-    whole pause held; a pause needs a whole one and spends what it lasted. So pauses take at most
-    ``share`` of the time in the long run, and the first one is there at once.
-
-    With ``tpot_target_s``, the share is also kept to what the lender's streams can afford: a
-    stream whose tokens take ``step_s`` each (learnt from the lender's own steps) and which is
-    paused a share ``f`` of the time gets one every ``step_s / (1 - f)`` on average, so the share
-    is at most ``1 - step_s / tpot_target_s``: large while steps are quick, none once they alone
-    reach the target."""
-
-    def __init__(self, share: float, tpot_target_s: float = 0.0) -> None:
-        self.share = min(max(share, 0.0), 1.0)
-        self.tpot_target_s = tpot_target_s
-        self.step_s: float | None = None  # the lender's steps, averaged
-        self._earned_s: float | None = None  # None: a whole pause (nothing spent yet)
-        self._at: float | None = None
-
-    @property
-    def affordable_share(self) -> float:
-        if not self.tpot_target_s or self.step_s is None:
-            return self.share
-        return min(self.share, max(0.0, 1.0 - self.step_s / self.tpot_target_s))
-
-    def stepped(self, seconds: float) -> None:
-        """The lender ran a step (and its own overhead) in ``seconds``."""
-        self.step_s = (
-            seconds
-            if self.step_s is None
-            else self.step_s + STEP_SMOOTHING * (seconds - self.step_s)
-        )
-
-    def allows(self, max_s: float, now: float) -> bool:
-        """Whether a pause of up to ``max_s`` may start ``now``."""
-        elapsed = 0.0 if self._at is None else max(0.0, now - self._at)
-        self._at = now
-        share = self.affordable_share
-        earned = max_s if self._earned_s is None else self._earned_s + elapsed * share
-        self._earned_s = min(max_s, earned)
-        return self._earned_s >= max_s and share > 0
-
-    def spend(self, paused_s: float) -> None:
-        self._earned_s = max(0.0, (self._earned_s or 0.0) - paused_s)
-
-
 class Lender:
     """The file saying whether this worker is idle, and how many threads it lends then."""
 
-    def __init__(
-        self, path: str, threads: int, yield_share: float = 1.0, yield_tpot_s: float = 0.0
-    ) -> None:
-        """``yield_share``: the long-run share of its time it may spend paused for yields;
-        ``yield_tpot_s``: and no more than its streams' time per token allows (0: no target)."""
+    def __init__(self, path: str, threads: int, yield_share: float = 1.0) -> None:
+        """``yield_share``: the long-run share of its time it may spend paused for yields."""
         self.path = path
         self._threads = min(max(threads, 1), 255)
-        self.pauses = PauseBudget(yield_share, yield_tpot_s)
+        self.pauses = PauseBudget(yield_share)
+        self.step_s: float | None = None  # its busy steps (and their overhead), averaged
         self._busy_since: float | None = None  # the end of its last pause or step check
         self._idle: bool | None = True
         self._seq = 0
@@ -178,7 +137,7 @@ class Lender:
         self.num_unclaimed = 0
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self._open = True  # it may yield now (else backing off, or its pause time spent)
-        os.pwrite(self._fd, bytes((IDLE, self._threads, 0, 0, 0, 0, 1)), 0)
+        os.pwrite(self._fd, bytes((IDLE, self._threads, 0, 0, 0, 0, 1, 0)), 0)
 
     def set_idle(self, idle: bool) -> None:
         if idle:
@@ -187,29 +146,47 @@ class Lender:
             self._write(STATE, IDLE if idle else BUSY)
             self._idle = idle
 
-    def yield_if_wanted(self, max_s: float) -> float:
+    def yield_if_wanted(
+        self, max_s: float, headroom: Callable[[float | None], float] | None = None
+    ) -> float:
         """Engine thread of a busy lender, between two steps: if the borrower asks, pause while
-        it runs one step on these cores too (see the module's steps); the seconds paused."""
+        it runs one step on these cores too (see the module's steps); the seconds paused.
+        ``headroom(step_s)``: the longest pause its streams afford (engine/worker/
+        yield_policy.py); the pause is no longer, and none shorter than ``MIN_GRANT_S``."""
         start = time.monotonic()
         if self._busy_since is not None:
-            self.pauses.stepped(start - self._busy_since)
+            self._stepped(start - self._busy_since)
         try:
-            return self._yield_if_wanted(max_s, start)
+            return self._yield_if_wanted(max_s, start, headroom)
         finally:
             self._busy_since = time.monotonic()
 
-    def _yield_if_wanted(self, max_s: float, start: float) -> float:
+    def _stepped(self, seconds: float) -> None:
+        last = self.step_s
+        self.step_s = seconds if last is None else last + STEP_SMOOTHING * (seconds - last)
+
+    def _yield_if_wanted(
+        self, max_s: float, start: float, headroom: Callable[[float | None], float] | None
+    ) -> float:
         state = self._read()
         if max_s <= 0 or state is None or not state[WANTS]:
             return 0.0
-        may = start >= self._no_yield_until and self.pauses.allows(max_s, start)
+        grant_s = max_s if headroom is None else min(max_s, headroom(self.step_s))
+        grant = min(int(grant_s / GRANT_UNIT_S + 1e-9), 255)
+        may = (
+            grant * GRANT_UNIT_S >= MIN_GRANT_S
+            and start >= self._no_yield_until
+            and self.pauses.allows(grant * GRANT_UNIT_S, start, max_s)
+        )
         if may != self._open:  # a borrower waits for a yield only while one may come
             self._write(OPEN, int(may))
             self._open = may
         if not may:
             return 0.0
+        max_s = grant * GRANT_UNIT_S
         seq = self._seq = _next_seq(self._seq, state[DONE_SEQ], state[CLAIM_SEQ])
         self._write(YIELD_SEQ, seq)
+        self._write(GRANT, grant)
         self._write(STATE, YIELDING)
         self._idle = None
         state = self._wait(lambda s: s[CLAIM_SEQ] == seq or not s[WANTS], start + max_s)

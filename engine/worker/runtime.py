@@ -38,6 +38,7 @@ from engine.outputs import TokenEvent
 from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
 from engine.worker.core_borrower import Borrower
 from engine.worker.core_sharing import YIELD_MIN_TOKENS, CoreSharing, Lender, lower_priority
+from engine.worker.yield_policy import tpot_headroom_s
 
 log = logging.getLogger(__name__)
 UNCLAIMED_GRACE_S = 30.0
@@ -73,11 +74,8 @@ class WorkerRuntime:
         self._lower_priority = bool(sharing and sharing.low_priority)  # on the engine thread
         own = config.num_threads or torch.get_num_threads()
         lend, borrow = (sharing.lend_path, sharing.borrow_paths) if sharing else (None, ())
-        self.lender = (
-            Lender(lend, own, sharing.yield_share, sharing.yield_tpot_ms / 1000)
-            if sharing and lend
-            else None
-        )
+        self.lender = Lender(lend, own, sharing.yield_share) if sharing and lend else None
+        self._yield_tpot_s = sharing.yield_tpot_ms / 1000 if sharing else 0.0
         self.borrower = Borrower(own, borrow) if borrow else None
         self._yield_s = sharing.yield_ms / 1000 if sharing else 0.0  # as a lender
         self._asked_yield_s = sharing.asked_yield_ms / 1000 if sharing else 0.0  # as a borrower
@@ -97,7 +95,8 @@ class WorkerRuntime:
             self._lower_priority = False
         if self.lender is not None:
             if busy and self._yield_s:
-                self.lender.yield_if_wanted(self._yield_s)
+                headroom = self._tpot_headroom_s if self._yield_tpot_s else None
+                self.lender.yield_if_wanted(self._yield_s, headroom)
             self.lender.set_idle(not busy)
         if self.borrower is None:
             return
@@ -111,6 +110,11 @@ class WorkerRuntime:
         )
         self.borrower.update(wants)
         budget.limit_s = self.borrower.step_limit_s(self._asked_yield_s)
+
+    def _tpot_headroom_s(self, step_s: float | None) -> float:
+        """The longest pause this decode worker's streams afford (``decode_yield_tpot_ms``)."""
+        running = self.engine.scheduler.running
+        return tpot_headroom_s(running, self._yield_tpot_s, step_s, time.monotonic())
 
     # ---- events ------------------------------------------------------------------------------
 
