@@ -249,6 +249,8 @@ class DecodeHandoff:
         request.num_computed_tokens = state.num_computed_tokens
         request.num_cached_tokens = state.num_cached_tokens  # the prefill side's, for usage
         request.max_output_tokens = max_output_tokens or state.max_output_tokens
+        # its first token was made on the prefill side just before its pages were sent
+        request.first_token_time = request.first_token_time or time.monotonic()
         replay_outputs(request)  # every output so far was streamed by the prefill side
         self._cache_computed(request)  # what arrived is reusable by later hand-offs
         self.scheduler.insert_running(request)
