@@ -235,10 +235,10 @@ def test_the_headroom_is_what_the_tightest_stream_affords():
     assert tpot_headroom_s([fresh, halfway], 0.15, 0.02, now=10.0) == pytest.approx(
         63 * 0.15 - 5.0 - 32 * 0.02
     )
-    prefilling = _stream(0, 64, None)  # no first token yet: a TTFT matter
-    assert tpot_headroom_s([prefilling], 0.15, 0.02, now=10.0) == math.inf
+    prefilling = _stream(0, 64, None)  # its own short prompt: its first token comes first
+    assert tpot_headroom_s([fresh, prefilling], 0.15, 0.02, now=10.0) == 0.0
     behind = _stream(10, 20, 0.0)  # 10 s in, 3 s budget: not paused further
-    assert tpot_headroom_s([prefilling, behind, fresh], 0.15, 0.02, now=10.0) == 0.0
+    assert tpot_headroom_s([behind, fresh], 0.15, 0.02, now=10.0) == 0.0
     assert tpot_headroom_s([], 0.15, None, now=0.0) == math.inf
     last = _stream(64, 64, 0.0)  # made all but its end: affords its budget's rest
     assert tpot_headroom_s([last], 0.15, 0.02, now=9.0) == pytest.approx(63 * 0.15 - 9.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -54,6 +55,20 @@ def test_prefill_in_a_decode_in_b_equals_one_engine(tiny_loaded, case):
     assert prefill.blocks.num_used_blocks == 0
     assert [first, *_decode(decode, "req")] == expected
     assert decode.blocks.num_used_blocks == 0
+
+
+def test_an_imported_request_counts_its_time_per_token_from_when_its_pages_arrived(tiny_loaded):
+    prefill = make_engine(tiny_loaded, block_size=4)
+    decode = make_engine(tiny_loaded, block_size=4)
+    _prefill(prefill, "req", PROMPTS[1], PARAMS[0])
+    before = time.monotonic()
+    decode.import_kv(prefill.export_kv("req"), max_output_tokens=4)
+    request = decode.requests["req"]
+    assert request.num_output_tokens == 1  # the prefill side's first token, before any step
+    assert before <= request.first_token_time <= time.monotonic()
+    first = request.first_token_time
+    decode.step()
+    assert request.first_token_time == first and request.num_output_tokens == 2
 
 
 def test_imported_blocks_are_bit_exact(tiny_loaded):

@@ -112,9 +112,10 @@ class WorkerRuntime:
         budget.limit_s = self.borrower.step_limit_s(self._asked_yield_s)
 
     def _tpot_headroom_s(self, step_s: float | None) -> float:
-        """The longest pause this decode worker's streams afford (``decode_yield_tpot_ms``)."""
-        running = self.engine.scheduler.running
-        return tpot_headroom_s(running, self._yield_tpot_s, step_s, time.monotonic())
+        """The longest pause this decode worker's requests afford (``decode_yield_tpot_ms``)."""
+        scheduler = self.engine.scheduler
+        requests = [*scheduler.running, *scheduler.waiting]
+        return tpot_headroom_s(requests, self._yield_tpot_s, step_s, time.monotonic())
 
     # ---- events ------------------------------------------------------------------------------
 

@@ -56,15 +56,16 @@ def tpot_headroom_s(
     of its ``m`` output tokens made, affords ``target_s * (m - 1) - e - (m - n) * step_s``.
 
     Each stream is taken to run to its output limit (its remaining tokens are not known
-    otherwise). A stream still computing its prompt is not counted (its first token's latency
-    is not a time per output token); one already behind its target affords nothing, so it is not
-    paused further while it runs. ``inf`` if no stream is counted."""
+    otherwise); one already behind its target affords nothing, so it is not paused further while
+    it runs. A request still computing its prompt here affords nothing either: a prompt the
+    decode worker prefills itself is short (``local_prefill_tokens``), so it gets its first token
+    within a step or two and the pause comes right after. ``inf`` for no requests."""
     step_s = step_s or 0.0
     room = math.inf
     for request in streams:
         made = request.num_output_tokens
         if made == 0:
-            continue
+            return 0.0
         first = request.first_token_time
         since = 0.0 if first is None else max(0.0, now - first)
         most = request.max_output_tokens
