@@ -152,7 +152,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "decode_yield_ms": Key("int", 0, 0, 10_000),
         # and paused at most this share of its time in the long run
         "decode_yield_percent": Key("int", 20, 1, 100),
-        # and no more than keeps its streams' time per output token within this (0: no target)
+        # and each pause only as long as every stream affords within this TPOT (0: no target)
         "decode_yield_tpot_ms": Key("int", 0, 0, 60_000),
         # CURVE / TLS with peer authentication on the KV plane; auto: unless kv_host is loopback
         "kv_encryption": Key("str", "auto", choices=("auto", "on", "off")),

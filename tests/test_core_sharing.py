@@ -14,7 +14,7 @@ import torch
 
 from coordinator.cluster import Cluster
 from coordinator.cluster_config import ActorResources, ClusterConfig
-from engine.worker import core_borrower, core_sharing
+from engine.worker import core_borrower, core_sharing, yield_policy
 from engine.worker.core_borrower import Borrower
 from engine.worker.core_sharing import Lender, lending_path, remove_lendings
 from engine.worker.yield_policy import PauseBudget, tpot_headroom_s
@@ -222,9 +222,12 @@ def test_pauses_take_at_most_their_share_of_the_time_however_often_asked(share):
     assert share - 0.01 <= paused / now <= share + 3.0 / now
 
 
-def _stream(made: int, most: int, first_token_time: float | None):
+def _stream(made: int, most: int, first_token_time: float | None, prompt_left: int = 0):
     return SimpleNamespace(
-        num_output_tokens=made, max_output_tokens=most, first_token_time=first_token_time
+        num_output_tokens=made,
+        max_output_tokens=most,
+        first_token_time=first_token_time,
+        num_uncomputed_tokens=prompt_left,
     )
 
 
@@ -235,8 +238,10 @@ def test_the_headroom_is_what_the_tightest_stream_affords():
     assert tpot_headroom_s([fresh, halfway], 0.15, 0.02, now=10.0) == pytest.approx(
         63 * 0.15 - 5.0 - 32 * 0.02
     )
-    prefilling = _stream(0, 64, None)  # its own short prompt: its first token comes first
+    prefilling = _stream(0, 64, None, prompt_left=64)  # its own short prompt: first token first
     assert tpot_headroom_s([fresh, prefilling], 0.15, 0.02, now=10.0) == 0.0
+    long_prompt = _stream(0, 32, None, prompt_left=yield_policy.SHORT_PROMPT_TOKENS)
+    assert tpot_headroom_s([long_prompt], 0.15, 0.02, now=10.0) == math.inf  # a TTFT matter
     behind = _stream(10, 20, 0.0)  # 10 s in, 3 s budget: not paused further
     assert tpot_headroom_s([behind, fresh], 0.15, 0.02, now=10.0) == 0.0
     assert tpot_headroom_s([], 0.15, None, now=0.0) == math.inf

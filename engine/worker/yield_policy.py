@@ -19,6 +19,8 @@ from collections.abc import Iterable
 
 from engine.request import Request
 
+SHORT_PROMPT_TOKENS = 256  # a prompt with fewer left to compute holds pauses until its first token
+
 
 class PauseBudget:
     """The pause time a lender has earned: ``share`` of the time that passes, never more than one
@@ -57,15 +59,18 @@ def tpot_headroom_s(
 
     Each stream is taken to run to its output limit (its remaining tokens are not known
     otherwise); one already behind its target affords nothing, so it is not paused further while
-    it runs. A request still computing its prompt here affords nothing either: a prompt the
-    decode worker prefills itself is short (``local_prefill_tokens``), so it gets its first token
-    within a step or two and the pause comes right after. ``inf`` for no requests."""
+    it runs. A short prompt still being computed here (fewer than ``SHORT_PROMPT_TOKENS`` to go)
+    affords nothing either: it gets its first token within a step or two, and the pause comes
+    right after. A long one is not counted (its first token's latency is not a time per output
+    token). ``inf`` for no requests."""
     step_s = step_s or 0.0
     room = math.inf
     for request in streams:
         made = request.num_output_tokens
         if made == 0:
-            return 0.0
+            if request.num_uncomputed_tokens < SHORT_PROMPT_TOKENS:
+                return 0.0
+            continue
         first = request.first_token_time
         since = 0.0 if first is None else max(0.0, now - first)
         most = request.max_output_tokens
