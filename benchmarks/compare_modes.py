@@ -7,9 +7,9 @@ each mode, one after the other, each on its own freshly started pdserve:
   while that one is idle (``ADAPTIVE`` below); swept over ``decode_yield_ms``
   (``--adaptive-yields``: ``pd_adaptive@<ms>`` each, how long a busy decode worker may pause to
   lend its core to a long prefill, at most 20 % of its time; ``pd_adaptive@<ms>:<percent>``
-  at most ``percent``, and ``pd_adaptive@<ms>:<percent>:<tpot_ms>`` no more than keeps its
-  streams within ``decode_yield_tpot_ms``), the best at each rate and SLO kept, as for
-  ``single_node``;
+  at most ``percent`` (100: no bound), and ``pd_adaptive@<ms>:<percent>:<tpot_ms>`` each pause
+  only as long as every running stream affords within ``decode_yield_tpot_ms``), the best at
+  each rate and SLO kept, as for ``single_node``;
 - ``single_node``: one engine on both cores, swept over its chunked-prefill budget
   (``--single-node-budgets``: ``single_node@<maxPrefillTokens>`` each; the best one at each
   rate is the baseline the ratios use);
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--adaptive-yields",
-        default="0,3000,3000:40",
+        default="0,3000,3000:100,3000:100:140",  # none of them won at every rate
         help="decode_yield_ms[:decode_yield_percent[:decode_yield_tpot_ms]] settings pd_adaptive "
         "is swept over ('': its ADAPTIVE value only)",
     )
