@@ -190,6 +190,15 @@ def test_a_lender_grants_only_the_pause_its_streams_afford_and_none_too_short(tm
     assert len(seen) == 2  # asked each time, with the step time it learnt
 
 
+def test_a_configured_pause_below_the_least_grant_is_still_given(tmp_path):
+    lender = Lender(str(tmp_path / "d0"), threads=1)
+    lender.set_idle(False)
+    _on_own_thread(lambda: Borrower(1, (lender.path,)).update(wants_yield=True))
+    paused = lender.yield_if_wanted(0.05)  # decode_yield_ms 50: nobody claims it, it ends
+    assert 0.05 <= paused < 0.5 and lender.num_yields == 1
+    assert _state(lender.path)[core_sharing.GRANT] == 1  # 50 ms
+
+
 def test_pauses_need_a_whole_one_earned_and_spend_what_they_lasted():
     budget = PauseBudget(0.25)
     assert budget.allows(2.0, now=100.0)  # the first pause is there at once

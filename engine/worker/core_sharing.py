@@ -86,7 +86,7 @@ BUSY, IDLE, YIELDING = 0, 1, 2  # a lender's state
 STATE, THREADS, YIELD_SEQ, DONE_SEQ, WANTS, CLAIM_SEQ, OPEN, GRANT = range(8)
 FILE_SIZE = 8
 GRANT_UNIT_S = 0.05  # GRANT: the yield's length, in these units (decode_yield_ms <= 10 s fits)
-MIN_GRANT_S = 0.1  # a shorter pause than this is not worth a step on two workers' threads
+MIN_GRANT_S = 0.1  # a pause its streams cut shorter than this is not worth a yielded step
 
 
 def lending_path(cluster_id: str, role: str, instance: int) -> str:
@@ -152,7 +152,7 @@ class Lender:
         """Engine thread of a busy lender, between two steps: if the borrower asks, pause while
         it runs one step on these cores too (see the module's steps); the seconds paused.
         ``headroom(step_s)``: the longest pause its streams afford (engine/worker/
-        yield_policy.py); the pause is no longer, and none shorter than ``MIN_GRANT_S``."""
+        yield_policy.py); the pause is no longer, and none is cut below ``MIN_GRANT_S``."""
         start = time.monotonic()
         if self._busy_since is not None:
             self._stepped(start - self._busy_since)
@@ -172,21 +172,20 @@ class Lender:
         if max_s <= 0 or state is None or not state[WANTS]:
             return 0.0
         grant_s = max_s if headroom is None else min(max_s, headroom(self.step_s))
-        grant = min(int(grant_s / GRANT_UNIT_S + 1e-9), 255)
         may = (
-            grant * GRANT_UNIT_S >= MIN_GRANT_S
+            grant_s >= min(MIN_GRANT_S, max_s)  # cut short by its streams: not to a sliver
             and start >= self._no_yield_until
-            and self.pauses.allows(grant * GRANT_UNIT_S, start, max_s)
+            and self.pauses.allows(grant_s, start, max_s)
         )
         if may != self._open:  # a borrower waits for a yield only while one may come
             self._write(OPEN, int(may))
             self._open = may
         if not may:
             return 0.0
-        max_s = grant * GRANT_UNIT_S
+        max_s = grant_s
         seq = self._seq = _next_seq(self._seq, state[DONE_SEQ], state[CLAIM_SEQ])
         self._write(YIELD_SEQ, seq)
-        self._write(GRANT, grant)
+        self._write(GRANT, min(max(int(grant_s / GRANT_UNIT_S + 1e-9), 1), 255))
         self._write(STATE, YIELDING)
         self._idle = None
         state = self._wait(lambda s: s[CLAIM_SEQ] == seq or not s[WANTS], start + max_s)
