@@ -171,12 +171,10 @@ class Lender:
         state = self._read()
         if max_s <= 0 or state is None or not state[WANTS]:
             return 0.0
-        grant_s = max_s if headroom is None else min(max_s, headroom(self.step_s))
-        may = (
-            grant_s >= min(MIN_GRANT_S, max_s)  # cut short by its streams: not to a sliver
-            and start >= self._no_yield_until
-            and self.pauses.allows(grant_s, start, max_s)
-        )
+        may, grant_s = False, max_s
+        if start >= self._no_yield_until:  # its streams are asked only when a pause may come
+            grant_s = max_s if headroom is None else min(max_s, headroom(self.step_s))
+            may = grant_s >= min(MIN_GRANT_S, max_s) and self.pauses.allows(grant_s, start, max_s)
         if may != self._open:  # a borrower waits for a yield only while one may come
             self._write(OPEN, int(may))
             self._open = may

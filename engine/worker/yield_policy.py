@@ -37,7 +37,7 @@ class PauseBudget:
         """Whether a pause of ``pause_s`` may start ``now``; ``most_s`` (default ``pause_s``):
         the longest pause, and so the most pause time held."""
         if self.share >= 1.0:
-            return self.share > 0
+            return True
         most_s = pause_s if most_s is None else most_s
         elapsed = 0.0 if self._at is None else max(0.0, now - self._at)
         self._at = now
