@@ -87,6 +87,10 @@ class Key:
 
 
 PORT = (1024, 65535)
+# stepTargetMs when the file leaves it out: in pd_separate it sizes the chunks of the prompts a
+# decode worker computes itself, so its streams stay smooth; single_node fills each step up to
+# maxPrefillTokens, which gives long prompts their first token soonest (docs/configuration.md)
+STEP_TARGET_MS = {"pd_separate": 100, "single_node": 0}
 SCHEMA: dict[str, dict[str, Key]] = {
     "http_config": {
         "predict_ip": Key("ip", "127.0.0.1"),
@@ -147,7 +151,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "kv_host": Key("str", "127.0.0.1"),  # decode KV endpoints bind here; "auto": node IP
         "kv_shared_memory": Key("bool", True),  # zmq on one host: pages through /dev/shm
         # pd_separate: a worker runs extra threads on an idle co-located worker's cores
-        "share_idle_cores": Key("bool", False),
+        "share_idle_cores": Key("bool", True),
         # with it: a busy decode worker pauses up to this long for a co-located long prefill
         "decode_yield_ms": Key("int", 0, 0, 10_000),
         # and paused at most this share of its time in the long run
@@ -167,13 +171,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "maxBatchSize": Key("int", 200, 1, 1 << 16),
         "maxPrefillTokens": Key("int", 8192, 1, 1 << 22),
         "maxPrefillBatchSize": Key("int", 50, 1, 1 << 16),
-        "stepTargetMs": Key("int", 0, 0, 60_000),  # prompt tokens per decoding step: what fits
+        # prompt tokens per decoding step: what fits (default: STEP_TARGET_MS by deploy mode)
+        "stepTargetMs": Key("int", None, 0, 60_000),
         "cacheBlockSize": Key("int", 128, 1, 4096),
         "kvCacheMemoryMB": Key("int", 1024, 1, 1 << 24),
         "enablePrefixCaching": Key("bool", True),
         # pd_separate: decode workers prefill short prompts themselves (coordinator/router.py)
-        "local_prefill_tokens": Key("int", 0, 0, 1 << 22),
-        "local_prefill_queue_tokens": Key("int", 0, 0, 1 << 22),
+        "local_prefill_tokens": Key("int", 96, 0, 1 << 22),
+        "local_prefill_queue_tokens": Key("int", 1024, 0, 1 << 22),
         "local_prefill_fallback": Key("bool", True),
         "fullTextEnabled": Key("bool", False),
         "truncation": Key("bool", False),

@@ -70,6 +70,11 @@ class EngineLoop:
         self._commands.put((fn, future))
         return future
 
+    def run_pending(self) -> None:
+        """Engine thread, while it waits between two steps (a lender's pause): run the calls
+        queued so far, as if the next step had begun after them."""
+        self._run_commands(block=False)
+
     def _run_commands(self, block: bool) -> None:
         try:
             fn, future = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()

@@ -34,6 +34,28 @@ def test_defaults_are_the_embedded_default():
     assert config["backend_config"]["num_prefill_instances"] == 1
 
 
+def test_the_default_pd_separate_is_the_adaptive_one_measured_and_single_node_fills_steps(
+    tmp_path,
+):
+    from coordinator.router import RoutingConfig
+    from coordinator.served_model import ServedModels, cluster_config
+
+    config = resolve_config(parse_args([]))
+    cluster = cluster_config(config, ServedModels(None, None))
+    routing = RoutingConfig.from_config(
+        config["digs_scheduler_config"], cluster.engine.cache, config["backend_config"]
+    )
+    assert (routing.local_prefill_tokens, routing.local_prefill_queue_tokens) == (96, 1024)
+    assert cluster.share_idle_cores and cluster.decode_yield_ms == 0
+    assert cluster.engine.scheduler.step_target_ms == 100
+    single = {"digs_scheduler_config": {"deploy_mode": "single_node"}}
+    config = resolve_config(parse_args(["--config", _write(tmp_path, single)]))
+    assert cluster_config(config, ServedModels(None, None)).engine.scheduler.step_target_ms == 0
+    pinned = {"backend_config": {"stepTargetMs": 0}}  # set in the file: kept in either mode
+    config = resolve_config(parse_args(["--config", _write(tmp_path, pinned)]))
+    assert cluster_config(config, ServedModels(None, None)).engine.scheduler.step_target_ms == 0
+
+
 def test_cli_wins_over_file_which_wins_over_defaults(tmp_path):
     path = _write(
         tmp_path,

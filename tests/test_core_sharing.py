@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import threading
 import time
 from types import SimpleNamespace
@@ -129,6 +130,33 @@ def test_a_busy_lender_yields_one_step_to_a_borrower_that_asks(tmp_path):
     assert paused and 0 < paused[0] < 1.0  # ended by the step, not by its 5 s limit
     assert again == 1 and lender.num_yields == 1
     assert (tmp_path / "d0").read_bytes()[core_sharing.STATE] == core_sharing.BUSY
+
+
+def test_a_paused_lender_answers_the_calls_queued_meanwhile(tmp_path):
+    """A reservation asked while the decode worker is paused is answered then, not after."""
+    lender = Lender(str(tmp_path / "d0"), threads=1)
+    lender.set_idle(False)
+    pending: queue.Queue = queue.Queue()
+
+    def serve() -> None:  # EngineLoop.run_pending
+        while not pending.empty():
+            pending.get_nowait()()
+
+    def one_yield():
+        borrower = Borrower(1, (lender.path,))
+        borrower.update(wants_yield=True)
+        thread = threading.Thread(target=lambda: lender.yield_if_wanted(5.0, None, serve))
+        thread.start()
+        _until(lambda: _state(lender.path)[core_sharing.STATE] == core_sharing.YIELDING)
+        borrower.update(wants_yield=True)  # claims: the lender stays paused until step_done
+        answered = threading.Event()
+        pending.put(answered.set)
+        in_the_pause = answered.wait(timeout=1.0)
+        borrower.step_done()
+        thread.join(timeout=5)
+        return in_the_pause
+
+    assert _on_own_thread(one_yield)
 
 
 def _state(path) -> bytes:

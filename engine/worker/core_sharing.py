@@ -137,6 +137,7 @@ class Lender:
         self.num_unclaimed = 0
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self._open = True  # it may yield now (else backing off, or its pause time spent)
+        self._while_paused: Callable[[], None] | None = None
         os.pwrite(self._fd, bytes((IDLE, self._threads, 0, 0, 0, 0, 1, 0)), 0)
 
     def set_idle(self, idle: bool) -> None:
@@ -147,18 +148,25 @@ class Lender:
             self._idle = idle
 
     def yield_if_wanted(
-        self, max_s: float, headroom: Callable[[float | None], float] | None = None
+        self,
+        max_s: float,
+        headroom: Callable[[float | None], float] | None = None,
+        while_paused: Callable[[], None] | None = None,
     ) -> float:
         """Engine thread of a busy lender, between two steps: if the borrower asks, pause while
         it runs one step on these cores too (see the module's steps); the seconds paused.
         ``headroom(step_s)``: the longest pause its streams afford (engine/worker/
-        yield_policy.py); the pause is no longer, and none is cut below ``MIN_GRANT_S``."""
+        yield_policy.py); the pause is no longer, and none is cut below ``MIN_GRANT_S``.
+        ``while_paused``: called at every poll of the pause (the engine thread's queued calls:
+        a reservation asked meanwhile is answered at once, not after the pause)."""
         start = time.monotonic()
         if self._busy_since is not None:
             self._stepped(start - self._busy_since)
+        self._while_paused = while_paused
         try:
             return self._yield_if_wanted(max_s, start, headroom)
         finally:
+            self._while_paused = None
             self._busy_since = time.monotonic()
 
     def _stepped(self, seconds: float) -> None:
@@ -218,6 +226,8 @@ class Lender:
             state = self._read()
             if state is not None and done(state):
                 return state
+            if self._while_paused is not None:
+                self._while_paused()
             time.sleep(POLL_S)
         return None
 

@@ -96,7 +96,7 @@ class WorkerRuntime:
         if self.lender is not None:
             if busy and self._yield_s:
                 headroom = self._tpot_headroom_s if self._yield_tpot_s else None
-                self.lender.yield_if_wanted(self._yield_s, headroom)
+                self.lender.yield_if_wanted(self._yield_s, headroom, self.loop.run_pending)
             self.lender.set_idle(not busy)
         if self.borrower is None:
             return
