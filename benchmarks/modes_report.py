@@ -67,12 +67,7 @@ def table(results: dict[str, dict[str, Any]], common_rate: float) -> str:
         f"goodput {at} (req/s) |",
         "|---|---|---|---|---|---|---|",
     ]
-    rows = dict(results)
-    for family, setting in TUNED_BY.items():
-        best = best_tuned(results, family)
-        if best and f"{family}@" in "".join(results):
-            rows[f"{family} (best {setting} per rate)"] = best
-    for mode, result in rows.items():
+    for mode, result in _with_best_tuned(results).items():
         summary = at_rate(result, common_rate) or {}
         p99 = {key: (summary.get(key) or {}).get("p99") for key in ("tpot_s", "ttft_s", "itl_s")}
         ttft = "-" if p99["ttft_s"] is None else f"{p99['ttft_s']:.2f}"
@@ -82,6 +77,42 @@ def table(results: dict[str, dict[str, Any]], common_rate: float) -> str:
             f"{ttft} | {_ms(p99['itl_s'])} | {summary.get('goodput', 0):.2f} |"
         )
     return "\n".join(lines)
+
+
+def attainment_table(results: dict[str, dict[str, Any]], with_gap: bool = False) -> str:
+    """Per mode (and best-tuned family) and rate: the requests within the SLO (with the p99
+    gap too, ``with_gap``) out of those sent, and the 95 % interval of that share: the spread
+    one run's sample leaves, which says how far two runs may differ."""
+    rows = _with_best_tuned(results)
+    rates = sorted({run["request_rate"] for r in rows.values() for run in r["runs"]})
+    slo = "TTFT + TPOT + p99 gap" if with_gap else "TTFT + TPOT"
+    lines = [
+        f"| within {slo}: requests (95 % interval) | "
+        + " | ".join(f"{rate:g} req/s" for rate in rates)
+        + " |",
+        "|---" * (len(rates) + 1) + "|",
+    ]
+    for mode, result in rows.items():
+        view = result.get("with_itl_slo") if with_gap else result
+        cells = [_attained(at_rate(view, rate) if view else None) for rate in rates]
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _with_best_tuned(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    rows = dict(results)
+    for family, setting in TUNED_BY.items():
+        best = best_tuned(results, family)
+        if best and f"{family}@" in "".join(results):
+            rows[f"{family} (best {setting} per rate)"] = best
+    return rows
+
+
+def _attained(summary: dict[str, Any] | None) -> str:
+    if not summary or "num_met" not in summary:
+        return "-"
+    low, high = summary["slo_attainment_95ci"]
+    return f"{summary['num_met']}/{summary['num_requests']} ({low:.0%}-{high:.0%})"
 
 
 def _ms(seconds: float | None) -> str:

@@ -92,10 +92,33 @@ def attainment(records: list[RequestRecord], slo: SLO) -> float:
     return sum(r.meets(slo.ttft_s, slo.tpot_s, slo.itl_s) for r in records) / len(records)
 
 
+def wilson_interval(met: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95 % with ``z`` 1.96) of the share ``met / n``: how far the
+    SLO attainment of ``n`` requests may be from the rate's true one."""
+    if n <= 0:
+        return 0.0, 1.0
+    share, z2 = met / n, z * z
+    centre = (share + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _attained(records: list[RequestRecord], slo: SLO) -> dict[str, Any]:
+    met = sum(r.meets(slo.ttft_s, slo.tpot_s, slo.itl_s) for r in records)
+    return {
+        "num_requests": len(records),
+        "num_met": met,
+        "slo_attainment": met / len(records) if records else 0.0,
+        "slo_attainment_95ci": list(wilson_interval(met, len(records))),
+    }
+
+
 def summarize(records: list[RequestRecord], duration_s: float, slo: SLO) -> dict[str, Any]:
-    """Throughput, latency percentiles, SLO attainment and goodput of one run."""
+    """Throughput, latency percentiles, SLO attainment (and its 95 % interval) and goodput of
+    one run."""
     done = [r for r in records if r.ok]
     output_tokens = sum(r.output_tokens for r in done)
+    attained = _attained(records, slo)
     return {
         "num_requests": len(records),
         "num_succeeded": len(done),
@@ -110,12 +133,8 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: SLO) -> dict
         "itl_s": distribution([g for r in done for g in r.gaps_s]),
         "e2e_s": distribution([r.e2e_s for r in done if r.e2e_s is not None]),
         "slo": asdict(slo),
-        "slo_attainment": attainment(records, slo),
-        "goodput": (
-            sum(r.meets(slo.ttft_s, slo.tpot_s, slo.itl_s) for r in records) / duration_s
-            if duration_s
-            else 0.0
-        ),
+        **attained,
+        "goodput": attained["num_met"] / duration_s if duration_s else 0.0,
     }
 
 
@@ -142,8 +161,8 @@ def rescore(runs: list[dict[str, Any]], slo: SLO) -> dict[str, Any]:
     scored = []
     for run in runs:
         records = [record_from_dict(row) for row in run["requests"]]
-        duration, share = run["summary"]["duration_s"], attainment(records, slo)
-        goodput = share * len(records) / duration if duration else 0.0
-        summary = {"slo_attainment": share, "goodput": goodput}
+        duration, attained = run["summary"]["duration_s"], _attained(records, slo)
+        goodput = attained["num_met"] / duration if duration else 0.0
+        summary = {**attained, "goodput": goodput}
         scored.append({"request_rate": run["request_rate"], "summary": summary})
     return {"slo": asdict(slo), "runs": scored, "max_rate_within_slo": max_rate_within_slo(scored)}

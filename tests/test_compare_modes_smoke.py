@@ -28,5 +28,7 @@ def test_the_adaptive_mode_serves_the_sweep(tmp_path, tiny_model_dir):
     prompts = [r["prompt_tokens"] for run in result["runs"] for r in run["requests"]]
     assert len(prompts) == 6 and all(0 < p <= 64 for p in prompts)
     assert len(result["with_itl_slo"]["runs"]) == 2
-    assert "| pd_adaptive@3000 |" in out.with_suffix(".md").read_text()
+    markdown = out.with_suffix(".md").read_text()
+    assert "| pd_adaptive@3000 |" in markdown
+    assert "| pd_adaptive@3000 | 3/3 (44%-100%) | 3/3 (44%-100%) |" in markdown  # the spread
     assert out.with_suffix(".goodput.png").stat().st_size > 0

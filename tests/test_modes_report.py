@@ -8,13 +8,15 @@ import argparse
 import pytest
 
 from benchmarks.compare_modes import expand_modes, settings
-from benchmarks.modes_report import best_tuned, ratios, table
+from benchmarks.modes_report import attainment_table, best_tuned, ratios, table
 from benchmarks.serving_metrics import (
     SLO,
     RequestRecord,
     max_rate_within_slo,
     record_from_dict,
     rescore,
+    summarize,
+    wilson_interval,
 )
 
 
@@ -28,8 +30,7 @@ def _request(ttft: float, gap: float, tokens: int = 5) -> dict:
 def _result(rates_to_requests: dict[float, list[dict]]) -> dict:
     slo, runs = SLO(), []
     for rate, requests in rates_to_requests.items():
-        met = sum(record_from_dict(r).meets(slo.ttft_s, slo.tpot_s) for r in requests)
-        summary = {"goodput": met / 10.0, "slo_attainment": met / len(requests), "duration_s": 10}
+        summary = summarize([record_from_dict(r) for r in requests], 10.0, slo)
         runs.append({"request_rate": rate, "summary": summary, "requests": requests})
     result = {"runs": runs, "max_rate_within_slo": max_rate_within_slo(runs)}
     result["with_itl_slo"] = rescore(runs, SLO(itl_s=0.25))
@@ -72,6 +73,28 @@ def test_ratios_against_the_best_single_node_and_the_peer():
     text = table(results, 1.0)
     assert "| single_node (best budget per rate) | 0.5 | 0.5 |" in text
     assert "| pd_adaptive | 1.0 | 1.0 |" in text
+
+
+def test_the_spread_table_counts_each_rates_requests_with_their_95_percent_interval():
+    single = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 9 + [SLOW_START]})
+    jerky = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 5 + [JERKY] * 5})
+    results = {"single_node@512": single, "pd_adaptive@0": jerky}
+    plain, gap = attainment_table(results), attainment_table(results, with_gap=True)
+    assert plain.splitlines()[0].endswith("| 0.5 req/s | 1 req/s |")
+    assert "| single_node@512 | 10/10 (72%-100%) | 9/10 (60%-98%) |" in plain
+    assert "| pd_adaptive@0 | 10/10 (72%-100%) | 10/10 (72%-100%) |" in plain
+    assert "| pd_adaptive@0 | 10/10 (72%-100%) | 5/10 (24%-76%) |" in gap  # the jerky ones
+    assert "| single_node (best budget per rate) | 10/10 (72%-100%) | 9/10 (60%-98%) |" in gap
+
+
+def test_the_wilson_interval_narrows_with_the_sample_and_stays_within_0_and_1():
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson_interval(27, 30) == pytest.approx((0.7438, 0.9654), abs=1e-4)
+    low_30, high_30 = wilson_interval(27, 30)
+    low_60, high_60 = wilson_interval(54, 60)  # the same share, twice the requests
+    assert low_30 < low_60 < 0.9 < high_60 < high_30
+    assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
 def test_adaptive_pd_is_tuned_per_rate_and_slo_like_single_node():

@@ -88,6 +88,9 @@ def test_summary_throughput_and_goodput():
     assert s["output_token_throughput"] == pytest.approx(31 / 4)
     assert s["goodput"] == pytest.approx(2 / 4)
     assert s["slo_attainment"] == pytest.approx(2 / 4)
+    assert (s["num_met"], s["num_requests"]) == (2, 4)
+    low, high = s["slo_attainment_95ci"]
+    assert low < 0.5 < high
     assert s["ttft_s"]["p50"] == pytest.approx(0.5)
     assert s["tpot_s"]["p99"] == pytest.approx(np.percentile([0.1, 0.1, 0.1], 99))
 
