@@ -22,7 +22,9 @@ Every run is judged against the TTFT / TPOT SLO, and again with a p99 inter-toke
 (``--slo-itl``). Prints (and writes as Markdown next to the JSON) one table: per mode, the
 highest request rate with SLO attainment >= 90 % under each, and p99 TPOT / TTFT / inter-token
 gap and goodput at a common rate; per rate and SLO, the requests within it and the 95 % interval
-of that share (the spread one run leaves); then the ratios of the goals; plus PNG plots.
+of that share (the spread one run leaves); at the common rate, where pdserve's time to first
+token went (``serving_phases.py``: per engine role, the mean queueing and prompt compute, and the
+mean KV transfer); then the ratios of the goals; plus PNG plots.
 
 ``--multihost`` (root) runs both modes across hosts instead: three network namespaces on a
 bridge (``netns.py``) with a Ray cluster laid out as the Helm chart lays it out
@@ -60,6 +62,7 @@ from benchmarks.netns import sweep as sweep_beds  # noqa: E402
 from benchmarks.ray_hosts import HOSTS, RayOnHosts, start_coordinator  # noqa: E402
 from benchmarks.serving_client import Target  # noqa: E402
 from benchmarks.serving_metrics import SLO, max_rate_within_slo, rescore  # noqa: E402
+from benchmarks.serving_phases import phase_means, phases_table, scrape  # noqa: E402
 from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
 
 MODES = ("pd_separate", "pd_adaptive", "single_node")
@@ -163,6 +166,7 @@ class Deployment:
     def __init__(self, mode: str, args: argparse.Namespace, workdir: Path, ray: Any) -> None:
         self._hosted = self._process = self._server = None
         self.run: Any = lambda fn: fn()
+        self.metrics_url: str | None = None  # pdserve's /metrics (llama-server: none)
         if mode == LLAMA_SERVER:
             folder = server_folder(args.llama_cpp_dir)
             log = workdir / f"{mode}.log"
@@ -174,6 +178,7 @@ class Deployment:
             (workdir / mode).mkdir(parents=True, exist_ok=True)
             self._process, ports = start_pdserve(deploy_mode, args.model, workdir / mode, keys)
             self.target = Target(f"http://127.0.0.1:{ports['predict_port']}")
+            self.metrics_url = f"http://127.0.0.1:{ports['external_port']}/metrics"
             return
         backend: dict[str, Any] = {"model_path": args.model, "device": "cpu", **keys}
         if deploy_mode == "single_node":  # one engine on each worker host's CPU
@@ -182,7 +187,13 @@ class Deployment:
         self._hosted = start_coordinator(ray, backend, workdir / mode, sections)
         self._hosted.wait_ready(600)
         self.target = Target(self._hosted.url("predict_port", ""))
+        self.metrics_url = self._hosted.url("external_port", "/metrics")
         self.run = self._hosted.host.call
+
+    def phases(self) -> dict[tuple[str, str], float]:
+        """The queue, prefill and transfer histograms' sums and counts so far (serving_phases)."""
+        url = self.metrics_url
+        return {} if url is None else self.run(lambda: scrape(url))
 
     def stop(self) -> None:
         if self._server is not None:
@@ -231,7 +242,10 @@ def run_mode(
         for i, rate in enumerate(rates):
             items = pool[i * args.num_requests : (i + 1) * args.num_requests]
             bench.request_rates = rate
+            before = deployment.phases()
             one = deployment.run(lambda items=items: asyncio.run(sweep(target, items, bench, slo)))
+            if deployment.metrics_url is not None:
+                one["runs"][0]["phases"] = phase_means(before, deployment.phases())
             runs += one["runs"]
     finally:
         deployment.stop()
@@ -319,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pdserve-modes-") as tmp:
         results = run_modes(args, Path(tmp))
     spread = [attainment_table(results, with_gap) for with_gap in (False, True)]
-    summary = "\n\n".join([table(results, args.common_rate), *spread])
+    phases = phases_table(results, args.common_rate)
+    summary = "\n\n".join([table(results, args.common_rate), *spread, phases])
     goals = ratios(results, args.common_rate)
     report = {
         "machine": f"{os.cpu_count()} cores{', 3 hosts in namespaces' if args.multihost else ''}",

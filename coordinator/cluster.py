@@ -90,6 +90,8 @@ class Cluster:
         self.embedders: list[Any] = []
         # (bytes, seconds, path) of each KV move that reached its decode worker
         self.on_handoff: Callable[[int, float, str], None] | None = None
+        # (engine role, seconds queued, seconds computing) of each prompt, at its first token
+        self.on_prefilled: Callable[[str, float, float], None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -287,12 +289,15 @@ class Cluster:
                 worker = self.colocated[decode % len(self.colocated)]
                 self._routes[request_id] = [worker]
                 stream = worker.generate.options(num_returns="streaming").remote(request)
-                events = self._stream(request_id, stream)
+                events, role = self._stream(request_id, stream), "colocated"
             elif prefill is None:
-                events = self._generate_local(request, self.decodes[decode])
+                events, role = self._generate_local(request, self.decodes[decode]), "decode"
             else:
-                events = self._generate_pd(request, self.prefills[prefill], self.decodes[decode])
+                p_worker, d_worker = self.prefills[prefill], self.decodes[decode]
+                events, role = self._generate_pd(request, p_worker, d_worker), "prefill"
             async for event in events:
+                if event.queued_s is not None and self.on_prefilled is not None:
+                    self.on_prefilled(role, event.queued_s, event.prefill_s or 0.0)
                 if event.finish_reason == FinishReason.ERROR and request_id in self._aborted:
                     event = TokenEvent.aborted(request_id)  # the caller's abort, not a failure
                 # ended where it ran, with nothing left on any worker

@@ -125,6 +125,17 @@ class Metrics:
             "Time to move a request's KV pages from prefill to decode",
             (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
         )
+        self.queue_time = self._histogram(
+            "request_queue_time_seconds",
+            "Time a prompt waited on the engine computing it (role: prefill, decode or "
+            "colocated) before its first chunk ran",
+            labels=("role",),
+        )
+        self.prefill_time = self._histogram(
+            "request_prefill_time_seconds",
+            "Time from a prompt's first chunk to its first token, on the engine computing it",
+            labels=("role",),
+        )
         self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token")
         self.tpot = self._histogram("time_per_output_token_seconds", "Time per output token")
         self.e2e = self._histogram("e2e_request_latency_seconds", "End-to-end request latency")
@@ -136,10 +147,14 @@ class Metrics:
         )
 
     def _histogram(
-        self, name: str, documentation: str, buckets: tuple[float, ...] = LATENCY_BUCKETS
+        self,
+        name: str,
+        documentation: str,
+        buckets: tuple[float, ...] = LATENCY_BUCKETS,
+        labels: tuple[str, ...] = (),
     ) -> Histogram:
         return Histogram(
-            name, documentation, ["model_name"], buckets=buckets, registry=self.registry
+            name, documentation, ["model_name", *labels], buckets=buckets, registry=self.registry
         )
 
     def record_finished(
@@ -156,6 +171,11 @@ class Metrics:
             self.ttft.labels(name).observe(ttft)
             if output_tokens > 1:
                 self.tpot.labels(name).observe((e2e - ttft) / (output_tokens - 1))
+
+    def record_prefill(self, role: str, queued_s: float, prefill_s: float) -> None:
+        """Where a prompt's time to first token went on the engine that computed it."""
+        self.queue_time.labels(self.model_name, role).observe(max(queued_s, 0.0))
+        self.prefill_time.labels(self.model_name, role).observe(max(prefill_s, 0.0))
 
     def record_handoff(self, num_bytes: int, seconds: float, path: str = "") -> None:
         """One KV hand-off that reached its decode worker, by the ``path`` its pages took."""

@@ -56,6 +56,7 @@ class Coordinator:
         self.metrics = Metrics(self.served.name)
         self.cluster = Cluster(cluster_config(config, self.served))
         self.cluster.on_handoff = self.metrics.record_handoff
+        self.cluster.on_prefilled = self.metrics.record_prefill
         self.router = Router(
             self.cluster,
             routing=RoutingConfig.from_config(

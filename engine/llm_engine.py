@@ -195,12 +195,14 @@ class LLMEngine(DecodeHandoff):
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return events
-        start = time.perf_counter()
+        start, started_at = time.perf_counter(), time.monotonic()
         logits, samplers = self.runner.run(scheduled)
-        for request in scheduled.decodes:
+        for request in scheduled.decodes:  # a one-token prompt is computed as a decode
+            request.first_scheduled_time = request.first_scheduled_time or started_at
             request.num_computed_tokens += 1
             self._cache_computed(request)
         for request, num_tokens in scheduled.prefills:
+            request.first_scheduled_time = request.first_scheduled_time or started_at
             request.num_computed_tokens += num_tokens
             self._cache_computed(request)
         if samplers:
@@ -227,6 +229,10 @@ class LLMEngine(DecodeHandoff):
         request.num_registered_blocks = num_full
 
     def _append_token(self, request: Request, token_id: int, now: float) -> TokenEvent:
+        queued_s = prefill_s = None
+        if request.first_token_time is None and request.first_scheduled_time is not None:
+            queued_s = request.first_scheduled_time - request.arrival_time
+            prefill_s = now - request.first_scheduled_time
         request.token_ids.append(token_id)
         request.first_token_time = request.first_token_time or now
         request.last_token_time = now
@@ -241,6 +247,8 @@ class LLMEngine(DecodeHandoff):
             now,
             reason,
             num_cached_tokens=request.num_cached_tokens,
+            queued_s=queued_s,
+            prefill_s=prefill_s,
         )
         if reason is not None:
             self._finish(request, reason)

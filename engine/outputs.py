@@ -24,6 +24,11 @@ class TokenEvent:
     # prompt tokens whose KV came from the prefix cache instead of being computed (the engine
     # that computed the prompt: the prefill worker's in pd_separate, carried on by the decode's)
     num_cached_tokens: int = 0
+    # on the first token of the engine that computed the prompt: how long the request waited
+    # there before its prompt's first chunk ran, and from then to this token (the prompt's
+    # compute, with whatever else shared those steps)
+    queued_s: float | None = None
+    prefill_s: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -112,8 +112,18 @@ def _handoffs_by_path(ray_session, cluster) -> dict[str, int]:
 def test_pd_output_is_token_identical_to_single_node(pd, single_node, handoff, ray_session):
     path = HANDOFFS[handoff][1]
     before = _handoffs_by_path(ray_session, pd)
-    pd_runs = _run(pd, PROMPTS, PARAMS, f"pd-{handoff}")
-    single = _run(single_node, PROMPTS, PARAMS, f"single-{handoff}")
+    timed: list[tuple[str, float, float]] = []  # (role, queued, prefill) of each prompt
+    pd.on_prefilled = single_node.on_prefilled = lambda *timing: timed.append(timing)
+    try:
+        pd_runs = _run(pd, PROMPTS, PARAMS, f"pd-{handoff}")
+        single = _run(single_node, PROMPTS, PARAMS, f"single-{handoff}")
+    finally:
+        pd.on_prefilled = single_node.on_prefilled = None
+    # each prompt timed once, by the engine that computed it
+    assert [role for role, _, _ in timed] == ["prefill"] * len(PROMPTS) + ["colocated"] * len(
+        PROMPTS
+    )
+    assert all(queued >= 0 and prefill > 0 for _, queued, prefill in timed)
     after = _handoffs_by_path(ray_session, pd)
     assert set(after) == {path}  # every hand-off so far took the configured path
     assert after[path] - before.get(path, 0) == len(PROMPTS)
@@ -184,7 +194,13 @@ def test_a_request_prefilled_on_the_decode_worker_answers_as_single_node(
         )
 
     before = _handoffs_by_path(ray_session, pd)
-    runs = asyncio.run(all_of_them())
+    roles: list[str] = []
+    pd.on_prefilled = lambda role, queued, prefill: roles.append(role)
+    try:
+        runs = asyncio.run(all_of_them())
+    finally:
+        pd.on_prefilled = None
+    assert roles == ["decode"] * len(PROMPTS)  # timed on the engine that computed them
     assert _handoffs_by_path(ray_session, pd) == before  # no page moved
     single = _run(single_node, PROMPTS, PARAMS, f"local-single-{handoff}")
     for local_events, single_events in zip(runs, single, strict=True):

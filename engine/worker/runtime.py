@@ -193,8 +193,17 @@ class WorkerRuntime:
         the engine refuses ends with an error event. ``add`` (default: :func:`submit`) runs on
         the engine thread."""
         q = self._open(request.request_id, streaming=True)
+        add = add or (lambda engine: submit(engine, request))
+        arrived = time.monotonic()  # its wait for the engine thread counts as queueing too
+
+        def queue_it(engine: LLMEngine) -> None:
+            add(engine)
+            queued = engine.requests.get(request.request_id)
+            if queued is not None:
+                queued.arrival_time = arrived
+
         try:
-            self.loop.call(add or (lambda engine: submit(engine, request))).result()
+            self.loop.call(queue_it).result()
         except Exception as exc:
             self._put(request.request_id, TokenEvent.failure(request.request_id, str(exc)))
         yield from self._drain(request.request_id, q)
