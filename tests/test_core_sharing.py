@@ -191,6 +191,7 @@ def test_a_lender_grants_only_the_pause_its_streams_afford_and_none_too_short(tm
     lender = Lender(str(tmp_path / "d0"), threads=1)
     lender.set_idle(False)
     seen: list = []
+    waited: list[float] = []
 
     def asks(afford_s: float):
         borrower = Borrower(1, (lender.path,))
@@ -203,7 +204,11 @@ def test_a_lender_grants_only_the_pause_its_streams_afford_and_none_too_short(tm
             limit = borrower.step_limit_s(2.0)
             borrower.step_done()
         else:
-            limit = None
+            thread.join(timeout=5)
+            start = time.monotonic()
+            borrower.update(wants_yield=True)  # the pause is put off: no wait for it ...
+            waited.append(time.monotonic() - start)
+            limit = borrower.step_limit_s(2.0)  # ... but short steps, for it to come soon
         thread.join(timeout=5)
         said = _state(lender.path)
         borrower.idle()
@@ -214,8 +219,11 @@ def test_a_lender_grants_only_the_pause_its_streams_afford_and_none_too_short(tm
     assert limit == pytest.approx(0.3 * core_sharing.YIELDED_STEP_FRACTION)
     assert 0 < paused < 0.3 and lender.num_yields == 1
     paused, limit, said = _on_own_thread(lambda: asks(0.05))  # too short to be worth a step
-    assert paused == 0.0 and said[core_sharing.OPEN] == 0 and lender.num_yields == 1
-    assert len(seen) == 2  # asked each time, with the step time it learnt
+    assert paused == 0.0 and lender.num_yields == 1
+    # only put off: the borrower keeps its steps short for the pause to come, and goes on
+    assert said[core_sharing.OPEN] == core_sharing.DEFERRED
+    assert limit == core_sharing.UNYIELDED_STEP_S and waited[0] < core_sharing.YIELD_WAIT_S / 2
+    assert len(seen) >= 2  # asked each time, with the step time it learnt
 
 
 def test_a_configured_pause_below_the_least_grant_is_still_given(tmp_path):
@@ -266,6 +274,17 @@ def _stream(made: int, most: int, first_token_time: float | None, prompt_left: i
         first_token_time=first_token_time,
         num_uncomputed_tokens=prompt_left,
     )
+
+
+def test_a_short_prompt_of_its_own_holds_pauses_with_or_without_a_tpot_target():
+    now = 100.0
+    streaming = _stream(made=4, most=32, first_token_time=now - 0.1)
+    short = _stream(made=0, most=32, first_token_time=None, prompt_left=64)
+    long = _stream(made=0, most=32, first_token_time=None, prompt_left=1000)
+    assert yield_policy.own_prompt_headroom_s([streaming, long]) == math.inf
+    assert yield_policy.own_prompt_headroom_s([streaming, short]) == 0.0
+    assert tpot_headroom_s([streaming, short], 0.15, 0.02, now) == 0.0
+    assert tpot_headroom_s([streaming, long], 0.15, 0.02, now) > 0
 
 
 def test_the_headroom_is_what_the_tightest_stream_affords():

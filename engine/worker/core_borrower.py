@@ -13,12 +13,14 @@ import torch
 from engine.worker.core_sharing import (
     BUSY,
     CLAIM_SEQ,
+    CLOSED,
     DONE_SEQ,
     GRANT,
     GRANT_UNIT_S,
     HANDOFF_HOLD_S,
     IDLE,
     OPEN,
+    OPEN_NOW,
     POLL_S,
     RECHECK_MISSING_S,
     STATE,
@@ -100,11 +102,12 @@ class _Lending:
             self.write(WANTS, int(wants))
             self.wants = wants
 
-    def is_busy(self, now: float) -> bool:
+    def is_busy(self, now: float, soon: bool = False) -> bool:
         """Busy, or ending a yield we ran a step in: no yield to take yet, but one may come
-        (False for a lender that says it will not yield for a while)."""
+        (False for a lender that says it will not yield for a while; with ``soon``, also for
+        one that put its next yield off)."""
         state = self.read(now)
-        if state is None or not state[OPEN]:
+        if state is None or state[OPEN] == CLOSED or (soon and state[OPEN] != OPEN_NOW):
             return False
         ending = state[STATE] == YIELDING and state[YIELD_SEQ] == state[DONE_SEQ]
         return state[STATE] == BUSY or ending
@@ -169,7 +172,12 @@ class Borrower:
         if not self._lendings:
             return
         deadline = now + YIELD_WAIT_S
-        while now < deadline and all(lending.is_busy(now) for lending in self._lendings):
+        lendings = self._lendings
+        while (
+            now < deadline
+            and all(lending.is_busy(now) for lending in lendings)
+            and any(lending.is_busy(now, soon=True) for lending in lendings)
+        ):  # every lender busy, one of them to yield at its next step
             time.sleep(POLL_S)
             now = time.monotonic()
 

@@ -47,8 +47,11 @@ yields only with the pause earned; a pause spends what it lasted), and per strea
 ends within that time per output token). The lender writes the pause it grants (``grant``) with
 the yield, and the borrower sizes its step to it.
 
-While it will not yield (backing off, or its pause time spent), a lender says so (``open`` 0),
-and its borrower neither waits for a yield nor shortens its steps meanwhile.
+While it will not yield for a while (backing off, or its pause time spent), a lender says so
+(``open`` ``CLOSED``), and its borrower neither waits for a yield nor shortens its steps
+meanwhile. A pause its streams cut short (below ``MIN_GRANT_S``: a stream behind its target, a
+short prompt of its own) is only put off (``DEFERRED``): the borrower goes on in short steps on
+its own threads, without waiting between them, until the lender says ``OPEN_NOW`` again.
 
 The file, written only with single-byte writes: ``[state, threads, yield_seq, done_seq, wants,
 claim_seq, open, grant]``; the lender writes ``state``, ``threads``, ``yield_seq``, ``open`` and
@@ -84,6 +87,7 @@ POLL_S = 0.001
 BUSY, IDLE, YIELDING = 0, 1, 2  # a lender's state
 # the file's bytes
 STATE, THREADS, YIELD_SEQ, DONE_SEQ, WANTS, CLAIM_SEQ, OPEN, GRANT = range(8)
+CLOSED, OPEN_NOW, DEFERRED = 0, 1, 2  # OPEN: no yield for a while, one at the next step, later
 FILE_SIZE = 8
 GRANT_UNIT_S = 0.05  # GRANT: the yield's length, in these units (decode_yield_ms <= 10 s fits)
 MIN_GRANT_S = 0.1  # a pause its streams cut shorter than this is not worth a yielded step
@@ -136,7 +140,7 @@ class Lender:
         self.num_yields = 0
         self.num_unclaimed = 0
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        self._open = True  # it may yield now (else backing off, or its pause time spent)
+        self._open = OPEN_NOW  # what OPEN says
         self._while_paused: Callable[[], None] | None = None
         os.pwrite(self._fd, bytes((IDLE, self._threads, 0, 0, 0, 0, 1, 0)), 0)
 
@@ -179,13 +183,17 @@ class Lender:
         state = self._read()
         if max_s <= 0 or state is None or not state[WANTS]:
             return 0.0
-        may, grant_s = False, max_s
+        may, opens, grant_s = False, CLOSED, max_s
         if start >= self._no_yield_until:  # its streams are asked only when a pause may come
             grant_s = max_s if headroom is None else min(max_s, headroom(self.step_s))
-            may = grant_s >= min(MIN_GRANT_S, max_s) and self.pauses.allows(grant_s, start, max_s)
-        if may != self._open:  # a borrower waits for a yield only while one may come
-            self._write(OPEN, int(may))
-            self._open = may
+            afforded = grant_s >= min(MIN_GRANT_S, max_s)
+            may = afforded and self.pauses.allows(grant_s, start, max_s)
+            # streams that cut this pause short put it off by a few steps: the borrower keeps
+            # its steps short for it, without waiting; backing off or a spent budget close it
+            opens = OPEN_NOW if may else CLOSED if afforded else DEFERRED
+        if opens != self._open:
+            self._write(OPEN, opens)
+            self._open = opens
         if not may:
             return 0.0
         max_s = grant_s

@@ -1,8 +1,10 @@
 """When a busy decode worker may pause for a long prefill, and for how long
 (engine/worker/core_sharing.py: ``decode_yield_percent``, ``decode_yield_tpot_ms``).
 
-Two bounds, both optional:
+One bound always, two optional:
 
+- :func:`own_prompt_headroom_s`: no pause while a short prompt of the worker's own waits for its
+  first token;
 - :class:`PauseBudget`, over time: pauses take at most a share of the worker's time in the long
   run, whatever its streams;
 - :func:`tpot_headroom_s`, per stream: a pause is only as long as every running stream can
@@ -15,7 +17,7 @@ Two bounds, both optional:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from engine.request import Request
 
@@ -50,8 +52,20 @@ class PauseBudget:
             self._earned_s = max(0.0, (self._earned_s or 0.0) - paused_s)
 
 
+def own_prompt_headroom_s(requests: Iterable[Request]) -> float:
+    """0 while a short prompt is being computed here (fewer than ``SHORT_PROMPT_TOKENS`` to go,
+    no token yet), else ``inf``: its first token comes within a step or two, and a pause comes
+    right after it instead of delaying it by the pause's length. This holds with no TPOT target
+    too: a decode worker paused back to back for queued long prompts would otherwise leave its
+    own short prompts waiting through every pause."""
+    for request in requests:
+        if request.num_output_tokens == 0 and request.num_uncomputed_tokens < SHORT_PROMPT_TOKENS:
+            return 0.0
+    return math.inf
+
+
 def tpot_headroom_s(
-    streams: Iterable[Request], target_s: float, step_s: float | None, now: float
+    streams: Sequence[Request], target_s: float, step_s: float | None, now: float
 ) -> float:
     """The longest pause after which every stream in ``streams`` can still end within
     ``target_s`` per output token: a stream whose first token came ``e`` seconds ago, with ``n``
@@ -59,17 +73,16 @@ def tpot_headroom_s(
 
     Each stream is taken to run to its output limit (its remaining tokens are not known
     otherwise); one already behind its target affords nothing, so it is not paused further while
-    it runs. A short prompt still being computed here (fewer than ``SHORT_PROMPT_TOKENS`` to go)
-    affords nothing either: it gets its first token within a step or two, and the pause comes
-    right after. A long one is not counted (its first token's latency is not a time per output
-    token). ``inf`` for no requests."""
+    it runs. A short prompt still being computed here affords nothing either
+    (:func:`own_prompt_headroom_s`). A long one is not counted (its first token's latency is not
+    a time per output token). ``inf`` for no requests."""
     step_s = step_s or 0.0
-    room = math.inf
+    room = own_prompt_headroom_s(streams)
+    if room == 0:
+        return 0.0
     for request in streams:
         made = request.num_output_tokens
         if made == 0:
-            if request.num_uncomputed_tokens < SHORT_PROMPT_TOKENS:
-                return 0.0
             continue
         first = request.first_token_time
         since = 0.0 if first is None else max(0.0, now - first)
