@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--adaptive-yields",
-        default="0,3000:100",  # the smoothest and the fastest to first token; neither won both
+        default="0,3000:100,3000:100:140",  # smoothest; fastest to first token; per-stream bound
         help="decode_yield_ms[:decode_yield_percent[:decode_yield_tpot_ms]] settings pd_adaptive "
         "is swept over ('': its ADAPTIVE value only)",
     )
