@@ -52,7 +52,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.compare_modes import MODES, start_pdserve  # noqa: E402
+from benchmarks.compare_modes import FIXED, MODES, start_pdserve  # noqa: E402
 from benchmarks.prefix_chat_workload import (  # noqa: E402
     Conversation,
     SentPrompt,
@@ -149,6 +149,8 @@ def load_chat_tokenizer(name: str) -> Tokenizer:
 def pdserve_column(args: argparse.Namespace, workdir: Path, caching: bool) -> Iterator[Column]:
     workdir.mkdir(parents=True, exist_ok=True)
     backend = {"enablePrefixCaching": caching, "cacheBlockSize": args.block_size}
+    if args.deploy_mode == "pd_separate":  # every prompt handed off: the path measured here
+        backend |= FIXED
     process, ports = start_pdserve(args.deploy_mode, args.model, workdir, backend)
     try:
         yield Column(
