@@ -142,7 +142,7 @@ class Lender:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self._open = OPEN_NOW  # what OPEN says
         self._while_paused: Callable[[], None] | None = None
-        os.pwrite(self._fd, bytes((IDLE, self._threads, 0, 0, 0, 0, 1, 0)), 0)
+        os.pwrite(self._fd, bytes((IDLE, self._threads, 0, 0, 0, 0, OPEN_NOW, 0)), 0)
 
     def set_idle(self, idle: bool) -> None:
         if idle:
