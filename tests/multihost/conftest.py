@@ -16,6 +16,7 @@ import pytest
 
 from benchmarks.netns import TestBed, available, sweep
 from benchmarks.ray_hosts import HOSTS, HostedCoordinator, RayOnHosts, start_coordinator
+from tests.coordinator_servers import FIXED_SPLIT
 from tests.prerequisites import require
 from tests.tiny_model import build_tiny_model
 
@@ -54,6 +55,7 @@ def hosted(
         "cacheBlockSize": 4,
         "kvCacheMemoryMB": 16,
         "maxIterTimes": MAX_ITER,
+        **FIXED_SPLIT,  # every prompt handed off across the bridge, whatever the defaults
         **backend,
     }
     coordinator = start_coordinator(ray, config, workdir, sections)
