@@ -80,8 +80,13 @@ def test_after_a_handoff_lenders_count_as_busy_until_seen_busy_or_the_hold_ends(
     borrower = Borrower(1, (lender.path,))
     borrower.hold()
     assert _on_own_thread(borrower.update) == 1  # idle on file, but held
+    # a long prompt's step on its own threads is kept short: the lender may be idle after all
+    # (its stream done before this worker looked), and the next step finds out
+    assert _on_own_thread(lambda: borrower.update(wants_yield=True)) == 1
+    assert borrower.step_limit_s(2.0) == core_sharing.UNYIELDED_STEP_S
     now[0] += core_sharing.HANDOFF_HOLD_S
-    assert _on_own_thread(borrower.update) == 2  # the hold ran out
+    assert _on_own_thread(lambda: borrower.update(wants_yield=True)) == 2  # the hold ran out
+    assert borrower.step_limit_s(2.0) is None
     borrower.hold()
     lender.set_idle(False)
     assert _on_own_thread(borrower.update) == 1

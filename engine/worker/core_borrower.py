@@ -77,9 +77,13 @@ class _Lending:
         if state[STATE] != IDLE:
             self.seen_busy = True
             return 0
-        if now < self.held_until and not self.seen_busy:
+        if self.held(now):
             return 0
         return state[THREADS]
+
+    def held(self, now: float) -> bool:
+        """A hand-off went its way lately, and it has not been seen busy since."""
+        return now < self.held_until and not self.seen_busy
 
     def _claim(self, seq: int) -> bool:
         """Claim yield ``seq``; False (and released) if the lender withdrew it meanwhile."""
@@ -102,15 +106,15 @@ class _Lending:
             self.write(WANTS, int(wants))
             self.wants = wants
 
-    def is_busy(self, now: float, soon: bool = False) -> bool:
-        """Busy, or ending a yield we ran a step in: no yield to take yet, but one may come
-        (False for a lender that says it will not yield for a while; with ``soon``, also for
-        one that put its next yield off)."""
+    def yield_to_come(self, now: float) -> int | None:
+        """For a lender busy, or ending a yield we ran a step in, that may yield: when
+        (``OPEN_NOW``: at its next step, ``DEFERRED``: later). None for any other lender, one
+        that says it will not yield for a while among them."""
         state = self.read(now)
-        if state is None or state[OPEN] == CLOSED or (soon and state[OPEN] != OPEN_NOW):
-            return False
+        if state is None or state[OPEN] == CLOSED:
+            return None
         ending = state[STATE] == YIELDING and state[YIELD_SEQ] == state[DONE_SEQ]
-        return state[STATE] == BUSY or ending
+        return state[OPEN] if state[STATE] == BUSY or ending else None
 
 
 @dataclass
@@ -124,7 +128,9 @@ class Borrower:
     threads: int = field(init=False)
     num_borrowing_steps: int = 0
     num_yielded_steps: int = 0
-    awaiting_yield: bool = False  # asks, and runs this step on its own threads meanwhile
+    # a long prompt runs this step on its own threads, more may come soon: a lender may yield,
+    # or one held for a hand-off may turn out idle
+    more_threads_soon: bool = False
 
     def __post_init__(self) -> None:
         self._lendings = [_Lending(path) for path in self.paths]
@@ -146,22 +152,24 @@ class Borrower:
             self.threads = threads
         self.num_borrowing_steps += threads > self.own
         self.num_yielded_steps += self.in_a_yield
-        self.awaiting_yield = (
+        self.more_threads_soon = (
             wants_yield
             and threads == self.own
-            and any(lending.is_busy(now) for lending in self._lendings)
+            and any(
+                lending.held(now) or lending.yield_to_come(now) is not None
+                for lending in self._lendings
+            )
         )
         return threads
 
     def step_limit_s(self, yield_s: float) -> float | None:
         """How long the next step may take (None: no limit): one run in a yield fits the pause
         granted (at most ``yield_s``, ``decode_yield_ms``), with room to spare; one on its own
-        threads while it waits for a yield ends soon, for the yield to find it between two
-        steps."""
+        threads while more may come soon ends soon, for them to find it between two steps."""
         grants = [lending.granted_s for lending in self._lendings if lending.running_yield]
         if grants:
             return min(yield_s, *grants) * YIELDED_STEP_FRACTION
-        return UNYIELDED_STEP_S if self.awaiting_yield else None
+        return UNYIELDED_STEP_S if self.more_threads_soon else None
 
     @property
     def in_a_yield(self) -> bool:
@@ -172,12 +180,10 @@ class Borrower:
         if not self._lendings:
             return
         deadline = now + YIELD_WAIT_S
-        lendings = self._lendings
-        while (
-            now < deadline
-            and all(lending.is_busy(now) for lending in lendings)
-            and any(lending.is_busy(now, soon=True) for lending in lendings)
-        ):  # every lender busy, one of them to yield at its next step
+        while now < deadline:
+            to_come = [lending.yield_to_come(now) for lending in self._lendings]
+            if None in to_come or OPEN_NOW not in to_come:
+                return  # a lender lends or never yields soon, or none yields at its next step
             time.sleep(POLL_S)
             now = time.monotonic()
 
@@ -189,7 +195,7 @@ class Borrower:
     def idle(self) -> None:
         """Engine thread, when it has no work: end its yields and ask for none."""
         self.step_done()
-        self.awaiting_yield = False
+        self.more_threads_soon = False
         now = time.monotonic()
         for lending in self._lendings:
             lending.set_wants(False, now)
