@@ -1,15 +1,17 @@
 """PD disaggregation vs colocated serving on the same cores: the same sweep against pdserve in
 each mode, one after the other, each on its own freshly started pdserve:
 
-- ``pd_separate``: 1 prefill + 1 decode actor, one core each;
-- ``pd_adaptive``: the same, but the decode worker prefills short prompts itself, in chunks that
-  keep its steps within ``stepTargetMs``, and each worker runs extra threads on the other's core
-  while that one is idle (``ADAPTIVE`` below); swept over ``decode_yield_ms``
-  (``--adaptive-yields``: ``pd_adaptive@<ms>`` each, how long a busy decode worker may pause to
-  lend its core to a long prefill, at most 20 % of its time; ``pd_adaptive@<ms>:<percent>``
-  at most ``percent`` (100: no bound), and ``pd_adaptive@<ms>:<percent>:<tpot_ms>`` each pause
-  only as long as every running stream affords within ``decode_yield_tpot_ms``), the best at
-  each rate and SLO kept, as for ``single_node``;
+- ``pd_separate``: the fixed split (``FIXED`` below, whatever pdserve's defaults): 1 prefill +
+  1 decode actor, one core each, every prompt handed off;
+- ``pd_adaptive``: pdserve's ``pd_separate`` defaults (``ADAPTIVE``): the decode worker
+  prefills short prompts itself (and those behind a long prefill queue), in chunks that keep its
+  steps within ``stepTargetMs``, and each worker runs extra threads on the other's core while
+  that one is idle; swept over ``decode_yield_ms`` (``--adaptive-yields``: ``pd_adaptive@<ms>``
+  each, how long a busy decode worker may pause to lend its core to a long prefill, at most 20 %
+  of its time; ``pd_adaptive@<ms>:<percent>`` at most ``percent`` (100: no bound), and
+  ``pd_adaptive@<ms>:<percent>:<tpot_ms>`` each pause only as long as every running stream
+  affords within ``decode_yield_tpot_ms``), the best at each rate and SLO kept, as for
+  ``single_node``;
 - ``single_node``: one engine on both cores, swept over its chunked-prefill budget
   (``--single-node-budgets``: ``single_node@<maxPrefillTokens>`` each; the best one at each
   rate is the baseline the ratios use);
@@ -19,12 +21,13 @@ each mode, one after the other, each on its own freshly started pdserve:
     python benchmarks/compare_modes.py --peer llamacpp --out results/compare_modes.json
 
 Every run is judged against the TTFT / TPOT SLO, and again with a p99 inter-token gap added
-(``--slo-itl``). Prints (and writes as Markdown next to the JSON) one table: per mode, the
-highest request rate with SLO attainment >= 90 % under each, and p99 TPOT / TTFT / inter-token
-gap and goodput at a common rate; per rate and SLO, the requests within it and the 95 % interval
-of that share (the spread one run leaves); at the common rate, where pdserve's time to first
-token went (``serving_phases.py``: per engine role, the mean queueing and prompt compute, and the
-mean KV transfer); then the ratios of the goals; plus PNG plots.
+(``--slo-itl``). Prints (and writes as Markdown next to the JSON) its tables
+(``modes_report.py``): per mode, the highest request rate with SLO attainment >= 90 % under
+each SLO, and p99 TPOT / TTFT / inter-token gap and goodput at a common rate; per rate and SLO,
+the requests within it and the 95 % interval of that share (the spread one run leaves, one table
+per SLO); at the common rate, where pdserve's prompts spent their time (``serving_phases.py``:
+per engine role, the mean queueing and compute, and the KV hand-offs' mean transfer); then the
+ratios of the goals; plus PNG plots.
 
 ``--multihost`` (root) runs both modes across hosts instead: three network namespaces on a
 bridge (``netns.py``) with a Ray cluster laid out as the Helm chart lays it out
@@ -56,19 +59,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_serving import parse_args as serving_args  # noqa: E402
 from benchmarks.bench_serving import print_report, sweep, workload  # noqa: E402
 from benchmarks.llama_server import SLOTS, LlamaServer, gguf_of, server_folder  # noqa: E402
-from benchmarks.modes_report import attainment_table, ratios, table  # noqa: E402
+from benchmarks.modes_report import attainment_table, phases_table, ratios, table  # noqa: E402
 from benchmarks.netns import TestBed, available  # noqa: E402
 from benchmarks.netns import sweep as sweep_beds  # noqa: E402
 from benchmarks.ray_hosts import HOSTS, RayOnHosts, start_coordinator  # noqa: E402
 from benchmarks.serving_client import Target  # noqa: E402
 from benchmarks.serving_metrics import SLO, max_rate_within_slo, rescore  # noqa: E402
-from benchmarks.serving_phases import phase_means, phases_table, scrape  # noqa: E402
+from benchmarks.serving_phases import phase_means, scrape  # noqa: E402
 from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
 
 MODES = ("pd_separate", "pd_adaptive", "single_node")
 # pd_separate whose decode worker prefills short prompts itself (and those behind a long prefill
 # queue), in chunks sized to keep its steps within stepTargetMs (docs/architecture.md#routing),
-# and whose workers borrow each other's idle core (docs/architecture.md#sharing-idle-cores)
+# and whose workers borrow each other's idle core (docs/architecture.md#sharing-idle-cores):
+# pdserve's defaults, written out so that a run means the same whatever they become
 ADAPTIVE = {
     "local_prefill_tokens": 96,
     "local_prefill_queue_tokens": 1024,

@@ -2,11 +2,14 @@
 without the inter-token gap), its latencies and goodput at a common rate, and the goals' ratios
 against the best-tuned ``single_node`` (the best of its budgets at each rate) and llama-server.
 ``pd_adaptive`` swept over ``decode_yield_ms`` is tuned the same way: at each rate and SLO, its
-best setting."""
+best setting. Also the spread of each share within the SLO (``attainment_table``) and where
+prompts spent their time (``phases_table``)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from benchmarks.serving_phases import ROLES
 
 SINGLE = "single_node"
 ADAPTIVE = "pd_adaptive"
@@ -14,8 +17,13 @@ PEER = "llama_server"
 TUNED_BY = {SINGLE: "budget", ADAPTIVE: "decode_yield_ms"}
 
 
+def run_at(result: dict[str, Any], rate: float) -> dict[str, Any] | None:
+    return next((r for r in result["runs"] if r["request_rate"] == rate), None)
+
+
 def at_rate(result: dict[str, Any], rate: float) -> dict[str, Any] | None:
-    return next((r["summary"] for r in result["runs"] if r["request_rate"] == rate), None)
+    run = run_at(result, rate)
+    return None if run is None else run["summary"]
 
 
 def best_tuned(results: dict[str, dict[str, Any]], family: str) -> dict[str, Any] | None:
@@ -113,6 +121,32 @@ def _attained(summary: dict[str, Any] | None) -> str:
         return "-"
     low, high = summary["slo_attainment_95ci"]
     return f"{summary['num_met']}/{summary['num_requests']} ({low:.0%}-{high:.0%})"
+
+
+def phases_table(results: dict[str, dict[str, Any]], rate: float) -> str:
+    """Per mode at ``rate`` (serving_phases.phase_means), per role of the engine that computed
+    the prompts: how many, their mean queueing and compute (ms); on the prefill row, the KV
+    hand-offs and their mean transfer (after the first token: it delays the second)."""
+    lines = [
+        f"| prompts @ {rate:g} req/s, by the engine computing them | prompts | mean queue (ms) | "
+        "mean compute (ms) | KV hand-offs | mean transfer (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mode, result in results.items():
+        phases = (run_at(result, rate) or {}).get("phases") or {}
+        transfer = phases.get("transfer")
+        for role in ROLES:
+            if role not in phases:
+                continue
+            p = phases[role]
+            handoffs = "| - | - |"
+            if role == "prefill" and transfer:
+                handoffs = f"| {transfer['handoffs']} | {_ms(transfer['seconds'])} |"
+            lines.append(
+                f"| {mode}: {role} | {p['prompts']} | {_ms(p['queue_s'])} | "
+                f"{_ms(p['prefill_s'])} {handoffs}"
+            )
+    return "\n".join(lines)
 
 
 def _ms(seconds: float | None) -> str:

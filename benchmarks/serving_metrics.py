@@ -87,9 +87,7 @@ def distribution(values: list[float]) -> dict[str, float | None]:
 
 def attainment(records: list[RequestRecord], slo: SLO) -> float:
     """Share of all sent requests that met both SLOs (failures count against it)."""
-    if not records:
-        return 0.0
-    return sum(r.meets(slo.ttft_s, slo.tpot_s, slo.itl_s) for r in records) / len(records)
+    return _attained(records, slo, 0.0)["slo_attainment"]
 
 
 def wilson_interval(met: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -103,13 +101,16 @@ def wilson_interval(met: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _attained(records: list[RequestRecord], slo: SLO) -> dict[str, Any]:
+def _attained(records: list[RequestRecord], slo: SLO, duration_s: float) -> dict[str, Any]:
+    """The requests of a run within ``slo``: how many, their share (and its 95 % interval), and
+    per second of the run (goodput)."""
     met = sum(r.meets(slo.ttft_s, slo.tpot_s, slo.itl_s) for r in records)
     return {
         "num_requests": len(records),
         "num_met": met,
         "slo_attainment": met / len(records) if records else 0.0,
         "slo_attainment_95ci": list(wilson_interval(met, len(records))),
+        "goodput": met / duration_s if duration_s else 0.0,
     }
 
 
@@ -118,9 +119,7 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: SLO) -> dict
     one run."""
     done = [r for r in records if r.ok]
     output_tokens = sum(r.output_tokens for r in done)
-    attained = _attained(records, slo)
     return {
-        "num_requests": len(records),
         "num_succeeded": len(done),
         "num_failed": len(records) - len(done),
         "duration_s": duration_s,
@@ -133,8 +132,7 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: SLO) -> dict
         "itl_s": distribution([g for r in done for g in r.gaps_s]),
         "e2e_s": distribution([r.e2e_s for r in done if r.e2e_s is not None]),
         "slo": asdict(slo),
-        **attained,
-        "goodput": attained["num_met"] / duration_s if duration_s else 0.0,
+        **_attained(records, slo, duration_s),
     }
 
 
@@ -161,8 +159,6 @@ def rescore(runs: list[dict[str, Any]], slo: SLO) -> dict[str, Any]:
     scored = []
     for run in runs:
         records = [record_from_dict(row) for row in run["requests"]]
-        duration, attained = run["summary"]["duration_s"], _attained(records, slo)
-        goodput = attained["num_met"] / duration if duration else 0.0
-        summary = {**attained, "goodput": goodput}
+        summary = _attained(records, slo, run["summary"]["duration_s"])
         scored.append({"request_rate": run["request_rate"], "summary": summary})
     return {"slo": asdict(slo), "runs": scored, "max_rate_within_slo": max_rate_within_slo(scored)}

@@ -2,7 +2,8 @@
 rate of a sweep, ``GET /metrics`` is read, and the difference of the queue and prefill
 histograms (``request_queue_time_seconds``, ``request_prefill_time_seconds``, by the role of
 the engine that computed the prompt) gives, per role, the prompts computed there and their mean
-wait and compute; the KV hand-offs' mean transfer time beside them."""
+wait and compute; the KV hand-offs' mean transfer time beside them (modes_report.phases_table
+prints them)."""
 
 from __future__ import annotations
 
@@ -63,31 +64,3 @@ def phase_means(
     if transfers:
         out["transfer"] = {"handoffs": int(transfers), "seconds": mean(TRANSFER, "")}
     return out
-
-
-def phases_table(results: dict[str, dict[str, Any]], rate: float) -> str:
-    """Per mode at ``rate``: per role, prompts, mean queue and mean prefill (ms), and the mean
-    KV transfer."""
-    lines = [
-        f"| where the time to first token goes @ {rate:g} req/s | prompts | mean queue (ms) | "
-        "mean prefill or transfer (ms) |",
-        "|---|---|---|---|",
-    ]
-    for mode, result in results.items():
-        run = next((r for r in result["runs"] if r["request_rate"] == rate), None)
-        phases = (run or {}).get("phases") or {}
-        for role in ROLES:
-            if role in phases:
-                p = phases[role]
-                lines.append(
-                    f"| {mode}: {role} | {p['prompts']} | {_ms(p['queue_s'])} | "
-                    f"{_ms(p['prefill_s'])} |"
-                )
-        if "transfer" in phases:
-            t = phases["transfer"]
-            lines.append(f"| {mode}: KV hand-off | {t['handoffs']} | - | {_ms(t['seconds'])} |")
-    return "\n".join(lines)
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f}"

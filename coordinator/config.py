@@ -197,6 +197,13 @@ class CoordinatorConfig:
     def __getitem__(self, section: str) -> dict[str, Any]:
         return self.values[section]
 
+    @property
+    def step_target_ms(self) -> int:
+        """``stepTargetMs`` as set, else the deploy mode's default (``STEP_TARGET_MS``)."""
+        value = self.values["backend_config"]["stepTargetMs"]
+        mode = self.values["digs_scheduler_config"]["deploy_mode"]
+        return STEP_TARGET_MS[mode] if value is None else value
+
     def with_overrides(self, overrides: dict[str, Any]) -> CoordinatorConfig:
         """``{"section.key": value}`` from the CLI (None values are skipped), validated too."""
         values = {section: dict(keys) for section, keys in self.values.items()}

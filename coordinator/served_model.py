@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from coordinator.api.common import ModelInfo
 from coordinator.cluster_config import ActorResources, ClusterConfig
-from coordinator.config import STEP_TARGET_MS, CoordinatorConfig
+from coordinator.config import CoordinatorConfig
 from coordinator.content_safety import ContentFilter
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.embedding_model import embedding_model_dirs
@@ -89,13 +89,6 @@ def _embedding_info(path: str) -> tuple[str, int]:
     return name, json.loads((model_dir / "config.json").read_text())["hidden_size"]
 
 
-def step_target_ms(config: CoordinatorConfig) -> int:
-    """``stepTargetMs`` as set, else the deploy mode's default (``STEP_TARGET_MS``)."""
-    value = config["backend_config"]["stepTargetMs"]
-    mode = config["digs_scheduler_config"]["deploy_mode"]
-    return STEP_TARGET_MS[mode] if value is None else value
-
-
 def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterConfig:
     b = config["backend_config"]
     engine = EngineConfig(
@@ -115,7 +108,7 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
             max_batch_size=b["maxBatchSize"],
             max_prefill_tokens=b["maxPrefillTokens"],
             max_prefill_batch_size=b["maxPrefillBatchSize"],
-            step_target_ms=step_target_ms(config),
+            step_target_ms=config.step_target_ms,
         ),
     )
     base = ClusterConfig()

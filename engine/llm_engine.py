@@ -195,14 +195,13 @@ class LLMEngine(DecodeHandoff):
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return events
-        start, started_at = time.perf_counter(), time.monotonic()
+        start = time.monotonic()
         logits, samplers = self.runner.run(scheduled)
-        for request in scheduled.decodes:  # a one-token prompt is computed as a decode
-            request.first_scheduled_time = request.first_scheduled_time or started_at
-            request.num_computed_tokens += 1
-            self._cache_computed(request)
-        for request, num_tokens in scheduled.prefills:
-            request.first_scheduled_time = request.first_scheduled_time or started_at
+        # a one-token prompt is computed as a decode
+        computed = [*((r, 1) for r in scheduled.decodes), *scheduled.prefills]
+        for request, num_tokens in computed:
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = start
             request.num_computed_tokens += num_tokens
             self._cache_computed(request)
         if samplers:
@@ -210,7 +209,7 @@ class LLMEngine(DecodeHandoff):
             for request, token_id in zip(samplers, sample(logits, samplers), strict=True):
                 events.append(self._append_token(request, token_id, now))
         num_prompt_tokens = sum(n for _, n in scheduled.prefills)
-        seconds = time.perf_counter() - start  # sampling waited for the device
+        seconds = time.monotonic() - start  # sampling waited for the device
         self.scheduler.step_budget.observe(len(scheduled.decodes), num_prompt_tokens, seconds)
         return events
 

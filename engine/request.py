@@ -57,7 +57,9 @@ class Request:
     # re-seeded for every sampled token from the seed and the token's position (engine.sampler)
     generator: torch.Generator = field(default_factory=torch.Generator)
     arrival_time: float = field(default_factory=time.monotonic)
-    first_scheduled_time: float | None = None  # the start of the step its prompt began in
+    # the start of the first step that computed it: its prompt's first chunk (imported: its
+    # first decode here)
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
     deadline: float | None = None  # RESERVED: ended with an error if its pages are not in by then

@@ -37,5 +37,5 @@ def test_the_adaptive_mode_serves_the_sweep(tmp_path, tiny_model_dir):
     markdown = out.with_suffix(".md").read_text()
     assert "| pd_adaptive@3000 |" in markdown
     assert "| pd_adaptive@3000 | 3/3 (44%-100%) | 3/3 (44%-100%) |" in markdown  # the spread
-    assert "| where the time to first token goes @ 1 req/s |" in markdown
+    assert "| prompts @ 1 req/s, by the engine computing them |" in markdown
     assert out.with_suffix(".goodput.png").stat().st_size > 0

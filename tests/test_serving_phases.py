@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.serving_phases import parse, phase_means, phases_table
+from benchmarks.modes_report import phases_table
+from benchmarks.serving_phases import parse, phase_means
 from coordinator.metrics import Metrics
 
 
@@ -28,9 +29,10 @@ def test_the_means_are_of_what_happened_between_the_two_scrapes():
     assert phase_means(before, before) == {}
 
 
-def test_the_table_has_a_row_per_role_and_one_for_the_handoffs():
+def test_the_table_has_a_row_per_role_with_the_handoffs_on_the_prefill_one():
     phases = {
         "prefill": {"prompts": 2, "queue_s": 0.3, "prefill_s": 1.5},
+        "decode": {"prompts": 3, "queue_s": 0.01, "prefill_s": 0.05},
         "transfer": {"handoffs": 2, "seconds": 0.02},
     }
     results = {
@@ -38,4 +40,7 @@ def test_the_table_has_a_row_per_role_and_one_for_the_handoffs():
         "llama_server": {"runs": [{"request_rate": 1.0}]},  # no metrics of its own: no rows
     }
     lines = phases_table(results, 1.0).splitlines()
-    assert lines[2:] == ["| pd: prefill | 2 | 300 | 1500 |", "| pd: KV hand-off | 2 | - | 20 |"]
+    assert lines[2:] == [
+        "| pd: prefill | 2 | 300 | 1500 | 2 | 20 |",
+        "| pd: decode | 3 | 10 | 50 | - | - |",
+    ]

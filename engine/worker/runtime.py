@@ -38,7 +38,7 @@ from engine.outputs import TokenEvent
 from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
 from engine.worker.core_borrower import Borrower
 from engine.worker.core_sharing import YIELD_MIN_TOKENS, CoreSharing, Lender, lower_priority
-from engine.worker.yield_policy import own_prompt_headroom_s, tpot_headroom_s
+from engine.worker.yield_policy import headroom_s
 
 log = logging.getLogger(__name__)
 UNCLAIMED_GRACE_S = 30.0
@@ -95,8 +95,7 @@ class WorkerRuntime:
             self._lower_priority = False
         if self.lender is not None:
             if busy and self._yield_s:
-                headroom = self._tpot_headroom_s if self._yield_tpot_s else self._own_headroom_s
-                self.lender.yield_if_wanted(self._yield_s, headroom, self.loop.run_pending)
+                self.lender.yield_if_wanted(self._yield_s, self._headroom_s, self.loop.run_pending)
             self.lender.set_idle(not busy)
         if self.borrower is None:
             return
@@ -111,16 +110,12 @@ class WorkerRuntime:
         self.borrower.update(wants)
         budget.limit_s = self.borrower.step_limit_s(self._asked_yield_s)
 
-    def _tpot_headroom_s(self, step_s: float | None) -> float:
-        """The longest pause this decode worker's requests afford (``decode_yield_tpot_ms``)."""
+    def _headroom_s(self, step_s: float | None) -> float:
+        """The longest pause this decode worker's requests afford (engine/worker/yield_policy.py:
+        with ``decode_yield_tpot_ms``, their TPOT target; always, its own short prompts)."""
         scheduler = self.engine.scheduler
         requests = [*scheduler.running, *scheduler.waiting]
-        return tpot_headroom_s(requests, self._yield_tpot_s, step_s, time.monotonic())
-
-    def _own_headroom_s(self, step_s: float | None) -> float:
-        """No TPOT target: a pause waits only for this worker's own short prompts."""
-        scheduler = self.engine.scheduler
-        return own_prompt_headroom_s([*scheduler.running, *scheduler.waiting])
+        return headroom_s(requests, self._yield_tpot_s, step_s, time.monotonic())
 
     # ---- events ------------------------------------------------------------------------------
 

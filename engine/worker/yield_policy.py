@@ -1,7 +1,7 @@
 """When a busy decode worker may pause for a long prefill, and for how long
 (engine/worker/core_sharing.py: ``decode_yield_percent``, ``decode_yield_tpot_ms``).
 
-One bound always, two optional:
+One bound always, two optional (:func:`headroom_s` picks the per-request one):
 
 - :func:`own_prompt_headroom_s`: no pause while a short prompt of the worker's own waits for its
   first token;
@@ -17,7 +17,7 @@ One bound always, two optional:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from engine.request import Request
 
@@ -52,20 +52,33 @@ class PauseBudget:
             self._earned_s = max(0.0, (self._earned_s or 0.0) - paused_s)
 
 
+def _holds_pauses(request: Request) -> bool:
+    """A short prompt waiting for its first token here (fewer than ``SHORT_PROMPT_TOKENS`` to
+    compute)."""
+    return request.num_output_tokens == 0 and request.num_uncomputed_tokens < SHORT_PROMPT_TOKENS
+
+
+def headroom_s(
+    requests: Iterable[Request], target_s: float, step_s: float | None, now: float
+) -> float:
+    """The longest pause ``requests`` (those queued or being computed here) afford: with a TPOT
+    target (``target_s`` > 0), :func:`tpot_headroom_s`, else :func:`own_prompt_headroom_s`."""
+    if target_s > 0:
+        return tpot_headroom_s(requests, target_s, step_s, now)
+    return own_prompt_headroom_s(requests)
+
+
 def own_prompt_headroom_s(requests: Iterable[Request]) -> float:
-    """0 while a short prompt is being computed here (fewer than ``SHORT_PROMPT_TOKENS`` to go,
-    no token yet), else ``inf``: its first token comes within a step or two, and a pause comes
-    right after it instead of delaying it by the pause's length. This holds with no TPOT target
-    too: a decode worker paused back to back for queued long prompts would otherwise leave its
-    own short prompts waiting through every pause."""
-    for request in requests:
-        if request.num_output_tokens == 0 and request.num_uncomputed_tokens < SHORT_PROMPT_TOKENS:
-            return 0.0
-    return math.inf
+    """0 while a short prompt is queued or being computed here (fewer than
+    ``SHORT_PROMPT_TOKENS`` to go, no token yet), else ``inf``: its first token comes within a
+    step or two, and a pause comes right after it instead of delaying it by the pause's length.
+    This holds with no TPOT target too: a decode worker paused back to back for queued long
+    prompts would otherwise leave its own short prompts waiting through every pause."""
+    return 0.0 if any(map(_holds_pauses, requests)) else math.inf
 
 
 def tpot_headroom_s(
-    streams: Sequence[Request], target_s: float, step_s: float | None, now: float
+    streams: Iterable[Request], target_s: float, step_s: float | None, now: float
 ) -> float:
     """The longest pause after which every stream in ``streams`` can still end within
     ``target_s`` per output token: a stream whose first token came ``e`` seconds ago, with ``n``
@@ -77,12 +90,12 @@ def tpot_headroom_s(
     (:func:`own_prompt_headroom_s`). A long one is not counted (its first token's latency is not
     a time per output token). ``inf`` for no requests."""
     step_s = step_s or 0.0
-    room = own_prompt_headroom_s(streams)
-    if room == 0:
-        return 0.0
+    room = math.inf
     for request in streams:
         made = request.num_output_tokens
         if made == 0:
+            if _holds_pauses(request):
+                return 0.0
             continue
         first = request.first_token_time
         since = 0.0 if first is None else max(0.0, now - first)
