@@ -321,7 +321,7 @@ def test_paused_whenever_asked_each_stream_keeps_its_tpot_target(step_s, most_s)
             streams.append(_stream(1, 32, arrivals))
             arrivals += 0.4
         pause = min(most_s, tpot_headroom_s(streams, target, step_s, now))
-        now += pause if pause >= core_sharing.MIN_GRANT_S else 0.0
+        now += pause if pause >= min(core_sharing.MIN_GRANT_S, most_s) else 0.0  # as Lender
         now += step_s
         for stream in streams:
             stream.num_output_tokens += 1
@@ -365,12 +365,31 @@ def test_a_yield_nobody_claims_ends_at_its_limit_and_backs_off(tmp_path):
     lender.set_idle(False)
     borrower = Borrower(1, (lender.path,))
     _on_own_thread(lambda: borrower.update(wants_yield=True))  # asks, then dies or gets stuck
-    thread, paused = _yielding(lender, 0.1)
+    long_enough = core_sharing.CLAIMABLE_S + 0.05  # for a live borrower's step to end
+    thread, paused = _yielding(lender, long_enough)
     thread.join(timeout=5)
-    assert 0.1 <= paused[0] < 1.0 and lender.num_unclaimed == 1
-    assert lender.yield_if_wanted(0.1) == 0.0  # backing off: streams are not paused again
+    assert long_enough <= paused[0] < long_enough + 1.0 and lender.num_unclaimed == 1
+    assert lender.yield_if_wanted(long_enough) == 0.0  # backing off: streams are not paused
     assert _state(lender.path)[core_sharing.OPEN] == 0  # and it says so
     assert _state(lender.path)[core_sharing.STATE] == core_sharing.BUSY
+
+
+def test_short_yields_unclaimed_back_off_only_several_in_a_row(tmp_path):
+    # a pause shorter than a live borrower's step may end before it could claim: no backoff
+    # (the borrower would compute the rest of its prompt alone, in one step, meanwhile) ...
+    lender = Lender(str(tmp_path / "d0"), threads=1)
+    lender.set_idle(False)
+    borrower = Borrower(1, (lender.path,))
+    _on_own_thread(lambda: borrower.update(wants_yield=True))  # asks, then stays in a step
+    short = core_sharing.MIN_GRANT_S
+    for _ in range(core_sharing.MAX_SHORT_UNCLAIMED - 1):
+        assert lender.yield_if_wanted(short) >= short
+    assert _state(lender.path)[core_sharing.OPEN] == core_sharing.OPEN_NOW
+    # ... but a dead one does not cost every step a pause: so many in a row back off
+    assert lender.yield_if_wanted(short) >= short
+    assert lender.yield_if_wanted(short) == 0.0
+    assert _state(lender.path)[core_sharing.OPEN] == core_sharing.CLOSED
+    assert lender.num_unclaimed == core_sharing.MAX_SHORT_UNCLAIMED
 
 
 def test_a_yield_ends_when_the_borrower_stops_asking(tmp_path):

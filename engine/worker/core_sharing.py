@@ -17,8 +17,10 @@ Giving a core back must be quick, and it is: the prefill worker's engine thread 
 starts) runs at a lower OS priority (``BORROWER_NICE``), so a decode thread that wakes up on its
 core takes it at once, and the prefill worker drops to its own threads at its next step. A
 prefill worker also stops borrowing as soon as it hands a request off (the decode worker is about
-to be busy), without waiting for the decode worker's file to say so. A decode worker borrowing an
-idle prefill worker's core gives it back within one decode step.
+to be busy), without waiting for the decode worker's file to say so (``HANDOFF_HOLD_S``, or until
+it sees it busy); meanwhile a long prompt's steps on its own threads are short, so a decode
+worker idle again by then lends its core at the next one. A decode worker borrowing an idle
+prefill worker's core gives it back within one decode step.
 
 A busy decode worker may also *yield* its cores (``decode_yield_ms``): a 1,000-token prompt takes
 about 4 s on one CPU core and 2.3 s on two, so a time-to-first-token target can need both even
@@ -38,7 +40,10 @@ The lender gives up a yield nobody claims within the pause granted, or when the 
 asking: it writes ``BUSY`` and then reads the claim, so a claim that came first is waited for.
 A claimed yield lasts at most the pause granted from the claim. A yield that went unclaimed
 (the borrower died, or is stuck in a long step) makes the lender stop yielding for
-``UNCLAIMED_BACKOFF_S``, doubled each time, so a dead borrower costs streams little.
+``UNCLAIMED_BACKOFF_S``, doubled each time, so a dead borrower costs streams little. One
+granted too short for a live borrower to end the step it was in (under ``CLAIMABLE_S``) is no
+sign of that: only ``MAX_SHORT_UNCLAIMED`` of those in a row back off (otherwise the borrower
+would compute the rest of its prompt on its own threads, in one step, for the whole backoff).
 
 Pauses are bounded (engine/worker/yield_policy.py) over time (``decode_yield_percent``: a
 lender earns pause time at that share of the time that passes, up to one ``decode_yield_ms``, and
@@ -81,6 +86,8 @@ YIELD_WAIT_S = 0.15  # how long it waits for a busy lender to yield (one decode 
 YIELDED_STEP_FRACTION = 0.8  # a step run in a yield is sized to this share of decode_yield_ms
 UNYIELDED_STEP_S = 0.2  # a step on its own threads while it waits for a yield
 UNCLAIMED_BACKOFF_S = 5.0  # no yield for this long after one went unclaimed (then doubled)
+CLAIMABLE_S = 2 * UNYIELDED_STEP_S  # a live borrower claims a yield within this
+MAX_SHORT_UNCLAIMED = 3  # yields unclaimed within CLAIMABLE_S, in a row, that back off
 MAX_BACKOFF_S = 60.0
 STEP_SMOOTHING = 0.1  # weight of a lender's newest step in its average
 POLL_S = 0.001
@@ -90,7 +97,7 @@ STATE, THREADS, YIELD_SEQ, DONE_SEQ, WANTS, CLAIM_SEQ, OPEN, GRANT = range(8)
 CLOSED, OPEN_NOW, DEFERRED = 0, 1, 2  # OPEN: no yield for a while, one at the next step, later
 FILE_SIZE = 8
 GRANT_UNIT_S = 0.05  # GRANT: the yield's length, in these units (decode_yield_ms <= 10 s fits)
-MIN_GRANT_S = 0.1  # a pause its streams cut shorter than this is not worth a yielded step
+MIN_GRANT_S = 0.25  # a pause its streams cut shorter than this is not worth a yielded step
 
 
 def lending_path(cluster_id: str, role: str, instance: int) -> str:
@@ -136,6 +143,7 @@ class Lender:
         self._idle: bool | None = True
         self._seq = 0
         self._backoff_s = UNCLAIMED_BACKOFF_S
+        self._short_unclaimed = 0  # yields in a row unclaimed within CLAIMABLE_S
         self._no_yield_until = 0.0
         self.num_yields = 0
         self.num_unclaimed = 0
@@ -214,17 +222,23 @@ class Lender:
             if claimed and after is not None and after[DONE_SEQ] != seq:
                 self._wait(lambda s: s[DONE_SEQ] == seq, time.monotonic() + max_s)
         self.num_yields += 1
-        self._note(claimed, timed_out=state is None)
+        self._note(claimed, timed_out=state is None, waited_s=max_s)
         paused = time.monotonic() - start
         self.pauses.spend(paused)
         return paused
 
-    def _note(self, claimed: bool, timed_out: bool) -> None:
-        """After a yield: one nobody claimed while asking backs off further yields."""
+    def _note(self, claimed: bool, timed_out: bool, waited_s: float) -> None:
+        """After a yield: one nobody claimed while asking, in ``waited_s``, backs off further
+        yields, unless it was too short to tell (module docstring)."""
         if claimed or not timed_out:  # taken, or no longer asked for: the borrower is alive
             self._backoff_s = UNCLAIMED_BACKOFF_S
+            self._short_unclaimed = 0
             return
         self.num_unclaimed += 1
+        if waited_s < CLAIMABLE_S and self._short_unclaimed + 1 < MAX_SHORT_UNCLAIMED:
+            self._short_unclaimed += 1
+            return
+        self._short_unclaimed = 0
         self._no_yield_until = time.monotonic() + self._backoff_s
         self._backoff_s = min(self._backoff_s * 2, MAX_BACKOFF_S)
 
