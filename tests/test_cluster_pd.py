@@ -11,6 +11,7 @@ import pytest
 
 from coordinator.cluster import Cluster
 from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.router import Router, RoutingConfig
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.outputs import EngineStats
 from engine.request import FinishReason
@@ -210,6 +211,54 @@ def test_a_request_prefilled_on_the_decode_worker_answers_as_single_node(
     long = SamplingParams(max_new_tokens=50, ignore_eos=True)
     events = asyncio.run(local(f"local-limit-{handoff}", [5, 6, 7], long))
     assert len(events) == events[-1].num_output_tokens == MAX_ITER_TIMES + 1  # as disaggregated
+    _assert_idle(pd)
+
+
+def test_behind_a_saturated_prefill_worker_short_prompts_run_locally_and_long_ones_hand_off(
+    pd, single_node, handoff, ray_session
+):
+    """The router's adaptive rule on the real cluster: two long prompts fill the prefill worker's
+    queue past ``local_prefill_queue_tokens``; a short prompt is then prefilled on the decode
+    worker, one longer than that queue still goes to the prefill worker. Every answer matches
+    ``single_node`` token for token, and no block is left held on either worker."""
+    routing = RoutingConfig(
+        block_size=4, prefix_routing=False, local_prefill_tokens=8, local_prefill_queue_tokens=40
+    )
+    router = Router(pd, routing=routing)
+    saturating = [list(range(100, 130)), list(range(200, 230))]  # 60 tokens queued
+    short, longer = [7, 8, 9, 10, 11], list(range(300, 370))  # 5 tokens; 70, over the queue
+    prompts = [*saturating, short, longer]
+    params = [SamplingParams(max_new_tokens=6, ignore_eos=True)] * len(prompts)
+
+    async def routed():
+        await router.refresh()
+        routes = [router.choose(prompt) for prompt in prompts]  # as the coordinator does
+        runs = await asyncio.gather(
+            *[
+                _collect_on(route, f"adaptive-{handoff}-{i}", prompt, p)
+                for i, (route, prompt, p) in enumerate(zip(routes, prompts, params, strict=True))
+            ]
+        )
+        return routes, runs
+
+    async def _collect_on(route, request_id, prompt, p):
+        request = GenerationRequest(request_id, prompt, p)
+        return [e async for e in pd.generate(request, prefill=route[0], decode=route[1])]
+
+    before = sum(_handoffs_by_path(ray_session, pd).values())
+    roles: list[str] = []
+    pd.on_prefilled = lambda role, queued, prefill: roles.append(role)
+    try:
+        routes, runs = asyncio.run(routed())
+    finally:
+        pd.on_prefilled = None
+    assert routes == [(0, 0), (0, 0), (None, 0), (0, 0)]
+    assert sorted(roles) == ["decode", "prefill", "prefill", "prefill"]
+    assert sum(_handoffs_by_path(ray_session, pd).values()) == before + 3  # the local one: none
+    single = _run(single_node, prompts, params, f"adaptive-single-{handoff}")
+    for routed_events, single_events in zip(runs, single, strict=True):
+        assert routed_events[-1].error is None
+        assert [e.token_id for e in routed_events] == [e.token_id for e in single_events]
     _assert_idle(pd)
 
 
