@@ -170,7 +170,7 @@ async def _phase(server: CoordinatorProcess, model: str, reference: dict, fault:
     await asyncio.sleep(1.5)
     load.stop.set()
     await asyncio.wait_for(running, LOAD_BOUND_S)  # no request hangs
-    await _until_idle(server)
+    instances = await _until_idle(server)
     migrations = await asyncio.to_thread(_migrations, server) - migrations_before
     statuses = Counter(o.status for o in load.outcomes)
     report = {
@@ -181,6 +181,7 @@ async def _phase(server: CoordinatorProcess, model: str, reference: dict, fault:
         "recovered_s": round(recovered_s, 2),
         "slowest_s": round(max(o.seconds for o in load.outcomes), 2),
         "errors": sorted({o.detail[:120] for o in load.outcomes if o.status == "error"}),
+        "kernels": {i["role"]: i["kernels"] for i in instances},
     }
     print(f"chaos {report}")
     assert statuses["dishonest"] == 0, [o for o in load.outcomes if o.status == "dishonest"]
@@ -199,6 +200,9 @@ def reference(chaos_server) -> dict[str, str]:
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_every_request_completes_or_fails_honestly(chaos_server, reference, fault):
     report = asyncio.run(_phase(chaos_server, _model(chaos_server), reference, fault))
+    if fault.startswith("kill "):  # the restarted actor imported the cached build, no lock taken
+        kernels = report["kernels"][fault.removeprefix("kill ")]
+        assert kernels and set(kernels.values()) == {"cached"}, report
     if fault in ("kill decode", "break transport"):
         assert report["migrations"] > 0, report  # requests really were in the way of the fault
     if fault == "stop decode":  # requests waited through the stop (those mid-transfer migrate)

@@ -1,9 +1,14 @@
-"""Native CPU kernels, compiled once on first use (cached by torch in
-``~/.cache/torch_extensions``).
+"""Native CPU kernels, compiled once on first use into pdserve's folder of torch's extension
+cache (``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``, then ``pdserve/``).
 
-The module's name carries a hash of its source and flags, and once built it is imported straight
-from the cache: a worker that starts never takes torch's build lock, so one killed while starting
-(a chaos test, an OOM kill) cannot leave a lock that hangs every later start.
+Each module's name carries a hash of its source, headers, flags, torch and Python versions, and
+its build folder is that name. A build that completed leaves a ``ready`` file naming the library;
+when it is there the module is imported straight from it: no lock, no compiler, whatever checkout
+or path the source comes from. Only a build takes a lock, ``<name>.lock`` beside the folder: an
+advisory ``flock`` that the kernel releases when its holder dies, so a start killed mid-build (a
+chaos test, an OOM kill) never leaves a lock that a later start waits on. Whoever holds it clears
+torch's own ``lock`` file in the build folder, which a killed build leaves behind and torch would
+wait on forever. A wait for a live builder is bounded (``BUILD_WAIT_S``) and names the file.
 
 Where the toolchain is missing (no C++ compiler, no ninja, no Python headers) pdserve runs the plain
 torch path. Where the toolchain is there, the kernel must build: a compile error raises
@@ -11,18 +16,21 @@ torch path. Where the toolchain is there, the kernel must build: a compile error
 (``PDSERVE_NATIVE_KERNELS=0`` chooses the torch path explicitly).
 
 The first call logs one line saying which decode attention the process runs:
-``attention: native CPU kernel (paged_attention_cpu, ...)`` or ``attention: torch fallback
-(reason)``.
+``attention: native CPU kernel (paged_attention_cpu, ..., cached build)`` or ``attention: torch
+fallback (reason)``; ``kernel_origins()`` says for every module loaded whether it was imported
+from the cache or compiled by this process.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -33,6 +41,10 @@ log = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 DISABLE_ENV = "PDSERVE_NATIVE_KERNELS"
+BUILD_WAIT_S = 600.0  # the longest a start waits for another process's build of the same kernel
+READY_FILE = "ready"  # in a build folder: the library's file name, written once it has loaded
+_loaded: dict[str, ModuleType] = {}  # module name -> module, for this process
+_origins: dict[str, str] = {}  # source stem -> "cached" or "built", for this process
 
 
 class KernelBuildError(RuntimeError):
@@ -59,29 +71,118 @@ def build_cpu_kernels() -> ModuleType:
     return build_extension(_SOURCE)
 
 
-def build_extension(source: Path) -> ModuleType:
-    """The module compiled from ``source`` (``pdserve_<stem>_<hash>``, the hash over the source,
-    the kernel headers beside it and the flags): imported from an earlier build of this very
-    code, else compiled (under torch's build lock); any build error propagates."""
-    from torch.utils.cpp_extension import get_default_build_root, load
+def kernel_build_root() -> Path:
+    """The folder holding every pdserve kernel build (one subfolder per module name)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / "pdserve"
+
+
+def module_name(source: Path) -> str:
+    """``pdserve_<stem>_<hash>``: the hash over the source, the headers beside it, the flags, the
+    compiler, torch's version and Python's ABI, so a build is reused only where it would load."""
+    import torch
 
     headers = sorted(source.parent.glob("*.h"))
     code = b"".join(path.read_bytes() for path in [source, *headers])
-    digest = hashlib.sha256(code + " ".join(_CFLAGS).encode()).hexdigest()
-    name = f"pdserve_{source.stem}_{digest[:12]}"
-    built = Path(get_default_build_root()) / name / f"{name}.so"
-    if built.is_file():
-        try:
-            return _import_extension(name, built)
-        except ImportError:
-            log.warning("%s does not load; building it again", built)
-    return load(
+    toolchain = [
+        *_CFLAGS,
+        os.environ.get("CXX", "c++"),
+        torch.__version__,
+        sys.implementation.cache_tag,
+    ]
+    digest = hashlib.sha256(code + " ".join(toolchain).encode()).hexdigest()
+    return f"pdserve_{source.stem}_{digest[:12]}"
+
+
+def build_extension(source: Path, wait_s: float = BUILD_WAIT_S) -> ModuleType:
+    """The module compiled from ``source``: imported from a finished build of this very code with
+    no lock taken, else compiled under the build lock (waiting up to ``wait_s`` for another
+    process's build of it); any build error propagates."""
+    name = module_name(source)
+    if name in _loaded:
+        return _loaded[name]
+    folder = kernel_build_root() / name
+    module = _import_ready(folder)
+    if module is None:
+        with _build_lock(folder.with_suffix(".lock"), wait_s):
+            module = _import_ready(folder) or _compile(name, source, folder)
+    else:
+        _origins[source.stem] = "cached"
+    _loaded[name] = module
+    return module
+
+
+def kernel_origins() -> dict[str, str]:
+    """For each native module this process loaded (by source stem): ``cached`` when imported
+    from an earlier build, ``built`` when this process compiled it."""
+    return dict(_origins)
+
+
+def _import_ready(folder: Path) -> ModuleType | None:
+    """The module of the finished build in ``folder``, or None when there is none that loads."""
+    try:
+        library = folder / (folder / READY_FILE).read_text().strip()
+    except OSError:
+        return None
+    try:
+        return _import_extension(library.name.removesuffix(".so"), library)
+    except ImportError as exc:
+        log.warning("%s does not load (%s); building it again", library, exc)
+        return None
+
+
+def _compile(name: str, source: Path, folder: Path) -> ModuleType:
+    """Build ``source`` into ``folder`` (the caller holds the build lock) and mark it ready."""
+    from torch.utils.cpp_extension import load
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / READY_FILE).unlink(missing_ok=True)
+    (folder / "lock").unlink(missing_ok=True)  # torch's, left by a build killed mid-way
+    module = load(
         name=name,
         sources=[str(source)],
         extra_cflags=_CFLAGS,
         extra_include_paths=[str(source.parent)],
+        build_directory=str(folder),
         verbose=False,
     )
+    library = Path(module.__file__ or "")
+    if library.parent == folder:
+        (folder / READY_FILE).write_text(library.name)
+    _origins[source.stem] = "built"
+    return module
+
+
+class _build_lock:  # noqa: N801 - used as a context manager, reads as a phrase
+    """An exclusive ``flock`` on ``path``, waited for up to ``wait_s`` seconds; released by the
+    kernel if this process dies, so a dead holder's lock is simply taken over."""
+
+    def __init__(self, path: Path, wait_s: float) -> None:
+        self.path, self.wait_s = path, wait_s
+
+    def __enter__(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip()
+                    os.close(self.fd)
+                    raise TimeoutError(
+                        f"waited {self.wait_s:.0f} s for the kernel build lock {self.path} "
+                        f"(held by pid {holder or 'unknown'}, still building)"
+                    ) from None
+                time.sleep(0.2)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # closing the descriptor releases the flock
 
 
 def _import_extension(name: str, path: Path) -> ModuleType:
@@ -120,10 +221,11 @@ def load_native(source: Path, role: str, logger: logging.Logger) -> ModuleType |
         ) from exc
     isa = f", {module.isa()}" if hasattr(module, "isa") else ""
     logger.info(
-        "%s: native CPU kernel (%s%s, ready in %.1f s)",
+        "%s: native CPU kernel (%s%s, %s, ready in %.1f s)",
         role,
         source.stem,
         isa,
+        "compiled now" if _origins.get(source.stem) == "built" else "cached build",
         time.monotonic() - start,
     )
     return module

@@ -119,6 +119,9 @@ class WorkerLoad:
     # decode_yield_ms: a decode worker's pauses for its prefill worker; a prefill worker's steps
     # run in one
     num_yields: int = 0
+    # native module (by source) -> "cached" (imported from an earlier build) or "built" (compiled
+    # by this process): a restarted worker comes up on the cached build
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
@@ -135,4 +138,5 @@ class WorkerLoad:
             "threads": self.threads,
             "num_borrowing_steps": self.num_borrowing_steps,
             "num_yields": self.num_yields,
+            "kernels": dict(self.kernels),
         }

@@ -33,6 +33,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine_loop import EngineLoop
+from engine.kernels import kernel_origins
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
@@ -248,6 +249,7 @@ class WorkerRuntime:
             self.borrower.num_borrowing_steps if self.borrower else 0,
             (self.lender.num_yields if self.lender else 0)
             + (self.borrower.num_yielded_steps if self.borrower else 0),
+            kernel_origins(),
         )
 
 
