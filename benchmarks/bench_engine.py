@@ -14,28 +14,38 @@ Three measurements on the bundled SmolLM2-135M (fp32 activations; pdserve's weig
                  first step: the vocabulary projection of the last position only, the KV cache
                  kept), then the argmax
 
-Both sides get the same treatment: one process, the same ``--threads`` torch threads, greedy, the
-same prompts. Each measure runs ``--rounds`` rounds; the two sides alternate which goes first from
-round to round; the first round is a warm-up for both and is dropped. The JSON holds, for every
-measure, each side's rates per round and their median, min and max, and the same for the ratio
-pdserve / transformers taken within each round (the two sides of a round saw the same machine).
-Ratios are what to compare, since absolute rates move with whatever else the machine is doing.
+Every measure computes prompts neither engine has seen: each round (and each prefill repeat)
+draws fresh random tokens, the two sides of a round the same ones, so pdserve's prefix cache (on
+by default) finds nothing, and each of the batch's sequences has a prompt of its own; the JSON
+records each measure's ``prefix_cache_hit_tokens`` (0, or the run stops). pdserve's weights are
+the GGUF's 4- and 8-bit blocks, transformers' fp32: the ratio is what the engine gains with them,
+not a like-for-like kernel comparison. Both sides run in one process, with the same ``--threads``
+torch threads, greedy. Each measure runs ``--rounds`` rounds; the two sides alternate which goes
+first from round to round; the first round is a warm-up for both and is dropped. The JSON holds,
+for every measure, each side's rates per round and their median, min and max, and the same for
+the ratio pdserve / transformers taken within each round (the two sides of a round saw the same
+machine). Ratios are what to compare, since absolute rates move with whatever else the machine
+is doing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.results_meta import run_meta  # noqa: E402
 from engine.config import WEIGHT_DTYPES, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model
@@ -44,17 +54,28 @@ from engine.sampling_params import SamplingParams
 PREFILL_REPEATS = 3  # forwards per round and side for the prefill measure
 
 
-def _prompts(count: int, low: int, high: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [
-        [rng.randrange(100, 40000) for _ in range(rng.randrange(low, high + 1))]
-        for _ in range(count)
-    ]
+class PromptDraw:
+    """Prompts of random tokens, new at every call (from one seeded stream): no prompt repeats,
+    so no measure is served from a prefix cache."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def prompts(self, count: int, low: int, high: int) -> list[list[int]]:
+        return [self.prompt(self.rng.randrange(low, high + 1)) for _ in range(count)]
+
+    def prompt(self, length: int) -> list[int]:
+        return [self.rng.randrange(100, 40000) for _ in range(length)]
+
+
+def prefix_cache_hits(engine: LLMEngine) -> int:
+    """Prompt tokens the engine found in its prefix cache so far (a counter)."""
+    return engine.stats().prefix_cache_hits
 
 
 def pdserve_decode_rate(engine: LLMEngine, prompt: list[int], new_tokens: int) -> float:
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    engine.add_request("single", prompt, params)
+    engine.add_request(f"single-{id(prompt)}", prompt, params)
     times = []
     while engine.has_work():
         times += [e.emitted_at for e in engine.step() if e.token_id is not None]
@@ -94,22 +115,37 @@ def hf_batch_rate(model, prompts: list[list[int]], new_tokens: int, pad_id: int)
     return (out.shape[1] - width) * len(prompts) / (time.perf_counter() - start)
 
 
-def pdserve_prefill_rate(engine: LLMEngine, prompt: list[int]) -> float:
+def _first_token(engine: LLMEngine, prompt: list[int]) -> float:
+    """Seconds from queueing ``prompt`` to its first token (its forward, nothing else queued)."""
     start = time.perf_counter()
-    for i in range(PREFILL_REPEATS):
-        engine.add_request(f"prefill-{i}", prompt, SamplingParams(max_new_tokens=1))
-        while engine.has_work():  # one step: the prompt's forward and its first token
-            engine.step()
-    return PREFILL_REPEATS * len(prompt) / (time.perf_counter() - start)
+    engine.add_request(f"prefill-{id(prompt)}-{start}", prompt, SamplingParams(max_new_tokens=1))
+    while engine.has_work():
+        engine.step()
+    return time.perf_counter() - start
+
+
+def pdserve_prefill_rate(engine: LLMEngine, prompts: list[list[int]]) -> float:
+    """Prompt tokens/s over ``prompts`` (each new to the engine), one after another."""
+    seconds = sum(_first_token(engine, prompt) for prompt in prompts)
+    return sum(map(len, prompts)) / seconds
+
+
+def pdserve_cached_prefill_rate(engine: LLMEngine, prompts: list[list[int]]) -> float:
+    """Prompt tokens/s of each prompt's second sending (the first one, untimed, fills the
+    prefix cache): what caching gives a repeated prompt, not what prefill computes."""
+    seconds = 0.0
+    for prompt in prompts:
+        _first_token(engine, prompt)
+        seconds += _first_token(engine, prompt)
+    return sum(map(len, prompts)) / seconds
 
 
 @torch.inference_mode()
-def hf_prefill_rate(model, prompt: list[int]) -> float:
-    ids = torch.tensor([prompt])
+def hf_prefill_rate(model, prompts: list[list[int]]) -> float:
     start = time.perf_counter()
-    for _ in range(PREFILL_REPEATS):
-        model(ids, logits_to_keep=1).logits[:, -1].argmax(-1)
-    return PREFILL_REPEATS * len(prompt) / (time.perf_counter() - start)
+    for prompt in prompts:
+        model(torch.tensor([prompt]), logits_to_keep=1).logits[:, -1].argmax(-1)
+    return sum(map(len, prompts)) / (time.perf_counter() - start)
 
 
 def _spread(values: list[float], digits: int) -> dict:
@@ -163,6 +199,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=6, help="rounds per measure, first dropped")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the random prompts")
     parser.add_argument(
         "--weight-dtype",
         default="auto",
@@ -181,29 +218,42 @@ def main() -> None:
     pad_id = loaded.tokenizer.pad_token_id or 0
     new = args.new_tokens
 
-    single = _prompts(1, 64, 64, seed=1)[0]
-    batch = _prompts(args.batch, 16, 256, seed=2)
-    long_prompt = _prompts(1, args.prefill_tokens, args.prefill_tokens, seed=3)[0]
+    draw = PromptDraw(args.seed)
+    size = args.prefill_tokens
+    # each side of a round gets the same fresh prompts: the round's draw is kept for the second
+    single, batch, long_prompts = (
+        _Shared(lambda: draw.prompt(64)),
+        _Shared(lambda: draw.prompts(args.batch, 16, 256)),
+        _Shared(lambda: draw.prompts(PREFILL_REPEATS, size, size)),
+    )
     pairs = {
         "single_stream": (
-            lambda: pdserve_decode_rate(engine, single, new),
-            lambda: hf_decode_rate(hf, single, new),
+            lambda: pdserve_decode_rate(engine, single(), new),
+            lambda: hf_decode_rate(hf, single(), new),
         ),
         f"batch{args.batch}": (
-            lambda: pdserve_batch_rate(engine, batch, new),
-            lambda: hf_batch_rate(hf, batch, new, pad_id),
+            lambda: pdserve_batch_rate(engine, batch(), new),
+            lambda: hf_batch_rate(hf, batch(), new, pad_id),
         ),
-        f"prefill{args.prefill_tokens}": (
-            lambda: pdserve_prefill_rate(engine, long_prompt),
-            lambda: hf_prefill_rate(hf, long_prompt),
+        f"prefill{size}": (
+            lambda: pdserve_prefill_rate(engine, long_prompts()),
+            lambda: hf_prefill_rate(hf, long_prompts()),
         ),
     }
     results: dict[str, dict] = {}
     print(f"{'tokens/s':<15}{'pdserve':>26}{'transformers':>26}{'ratio':>20}  weights")
     for key, (ours, theirs) in pairs.items():
+        hits = prefix_cache_hits(engine)
         results[key] = compare(ours, theirs, args.rounds)
+        results[key]["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
         print(_row(key, results[key]) + f"  {args.weight_dtype}")
     results["_meta"] = {
+        **run_meta(),
+        "sides": {
+            "pdserve": f"weights {engine.model.describe()}, fp32 activations",
+            "transformers": "fp32 weights and activations",
+        },
+        "prompts": f"random tokens, a fresh draw per round and repeat (seed {args.seed})",
         "model": loaded.name,
         "dtype": "float32",
         "weight_dtype": args.weight_dtype,
@@ -214,12 +264,31 @@ def main() -> None:
         "rounds": args.rounds,
         "dropped_rounds": 1,
         "order": "alternating, pdserve first in the dropped round",
-        "machine": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+class _Shared:
+    """``draw()`` anew at every ``share``-th call: the ``share`` sides of a round that compute
+    prompts get the same ones, and no round reuses another's (``share=1``: a new draw each call)."""
+
+    def __init__(self, draw: Callable[[], list], share: int = 2) -> None:
+        self.draw, self.share, self.calls, self.value = draw, share, 0, None
+
+    def __call__(self) -> Any:
+        if self.calls % self.share == 0:
+            self.value = self.draw()
+        self.calls += 1
+        return self.value
+
+
+def uncached(engine: LLMEngine, hits_before: int, measure: str) -> int:
+    """The prefix-cache hits since ``hits_before``; a measure of compute must have none."""
+    hits = prefix_cache_hits(engine) - hits_before
+    if hits and not measure.endswith("_cached"):
+        raise RuntimeError(f"{measure} was served {hits} prompt tokens from the prefix cache")
+    return hits
 
 
 if __name__ == "__main__":

@@ -1,41 +1,47 @@
 """pdserve's engine against llama.cpp on the same GGUF, the same threads, side by side in one run.
 
-    python benchmarks/bench_vs_llamacpp.py --out results/vs_llamacpp.json
+    python benchmarks/bench_vs_llamacpp.py --out benchmarks/results/vs_llamacpp.json
     python benchmarks/bench_vs_llamacpp.py --out /tmp/v.json --rounds 2 --new-tokens 8 \\
         --batch 2 --prefill-tokens 32        # a quick check that it runs
 
 llama.cpp is built once into the cache folder from the tree inside PyPI's ``llama-cpp-python``
-sdist (``benchmarks/llamacpp_build.py``, about 8 minutes on two cores), or taken from
-``--llama-cpp-dir`` (a folder holding ``llama-bench`` and ``llama-batched-bench``).
+sdist (``benchmarks/llamacpp_build.py``, about 8 minutes on two cores per build) for the
+instruction sets this CPU executes, twice: plain (``cpu``) and with ggml's BLAS backend on
+OpenBLAS (``blas``); every measure runs both and keeps the faster build as the peer. ``--builds``
+picks fewer; ``--llama-cpp-dir`` takes a folder holding ``llama-bench`` and
+``llama-batched-bench`` instead.
 
-Three measures on the bundled SmolLM2-135M Q4_1 GGUF, pdserve with ``weight_dtype`` as given
-(default ``auto``: the file's own blocks):
-  single_stream  decode tokens/s of one sequence, first token to last, ``--new-tokens`` tokens;
-                 llama.cpp: ``llama-bench`` tg<new-tokens> (it starts from an empty context,
-                 pdserve from a 64-token prompt: a few more keys to attend to on pdserve's side)
-  prefill512     prompt tokens/s of one ``--prefill-tokens`` prompt up to its first token;
-                 llama.cpp: ``llama-bench`` pp<prefill-tokens>
-  batch32        ``--batch`` sequences of ``--batch-prompt`` random tokens, ``--new-tokens`` new
-                 tokens each, all at once: new tokens over the whole run's time (prefill
-                 included); llama.cpp: ``llama-batched-bench`` (the same shape, one
-                 ``llama_decode`` per step for all sequences), B·TG / T
+Measures on the bundled SmolLM2-135M Q4_1 GGUF, pdserve with ``weight_dtype`` as given (default
+``auto``: the file's own blocks):
+  single_stream     decode tokens/s of one sequence, first token to last, ``--new-tokens`` tokens;
+                    llama.cpp: ``llama-bench`` tg<new-tokens> (it starts from an empty context,
+                    pdserve from a 64-token prompt: a few more keys to attend to on its side)
+  prefill512        prompt tokens/s of ``--prefill-tokens`` prompts up to their first token, every
+                    one new to the engine (fresh random tokens per repeat and round: the prefix
+                    cache finds nothing); llama.cpp: ``llama-bench`` pp<prefill-tokens>
+  prefill512_cached the same prompts sent a second time: what the prefix cache gives a repeat,
+                    against the same pp figure (llama-bench has no cache); not a compute figure
+  batch32           ``--batch`` sequences, each its own ``--batch-prompt`` random tokens (a fresh
+                    draw per round), ``--new-tokens`` new tokens each, all at once: new tokens over
+                    the whole run's time (prefill included); llama.cpp: ``llama-batched-bench``
+                    (the same shape, one ``llama_decode`` per step for all sequences), B·TG / T
 
 llama.cpp samples nothing in these tools (they decode a fixed token); pdserve samples greedily,
-so its figures include sampling. Each of ``--rounds`` rounds runs every measure on both sides,
-alternating which side goes first; the first round is a warm-up and is dropped. The JSON keeps
-each side's rates per round with median, min and max, and the ratio pdserve / llama.cpp taken
-within each round. Run it on an idle machine: llama.cpp's threads spin, and lose several times
-their speed when another process takes a core.
+so its figures include sampling. Each of ``--rounds`` rounds runs every measure on every side,
+the order rotating from round to round; the first round is a warm-up and is dropped. The JSON
+keeps each side's rates per round with median, min and max, the ratio pdserve / the faster build
+taken within each round, the prefix-cache hits of each measure, each build's CMake options and
+the instruction sets each side ran. Run it on an idle machine: llama.cpp's threads spin, and lose
+several times their speed when another process takes a core.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,15 +50,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_engine import (  # noqa: E402
-    _prompts,
+    PREFILL_REPEATS,
+    PromptDraw,
     _row,
+    _Shared,
+    _spread,
     pdserve_batch_rate,
+    pdserve_cached_prefill_rate,
     pdserve_decode_rate,
     pdserve_prefill_rate,
+    prefix_cache_hits,
+    uncached,
 )
 from benchmarks.bench_engine import compare as engine_compare  # noqa: E402
-from benchmarks.llamacpp_build import TOOLS, ensure_tools, has_tools  # noqa: E402
+from benchmarks.llamacpp_build import (  # noqa: E402
+    TOOLS,
+    VARIANTS,
+    build_options,
+    ensure_tools,
+    has_tools,
+)
+from benchmarks.results_meta import run_meta  # noqa: E402
 from engine.config import WEIGHT_DTYPES, EngineConfig  # noqa: E402
+from engine.kernels.quantized import quantized_kernels  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 
@@ -98,78 +118,141 @@ def compare(ours: Callable[[], float], theirs: Callable[[], float], rounds: int)
     return engine_compare(ours, theirs, rounds, baseline="llamacpp")
 
 
-def _llama_cpp_folder(given: Path | None) -> Path:
+def compare_best(
+    ours: Callable[[], float], builds: dict[str, Callable[[], float]], rounds: int
+) -> dict:
+    """pdserve against every llama.cpp build, ``rounds`` rounds (the first dropped) whose order
+    rotates; the peer is the build with the higher median, and ``ratio`` is taken within each
+    round against that build's rate of the same round."""
+    sides = {"pdserve": ours, **builds}
+    names = list(sides)
+    kept: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        order = names[index % len(names) :] + names[: index % len(names)]
+        rates = {name: sides[name]() for name in order}
+        if index > 0:
+            for name in names:
+                kept[name].append(rates[name])
+    best = max(builds, key=lambda name: statistics.median(kept[name]))
+    result = {name: _spread(values, 2) for name, values in kept.items()}
+    result["llamacpp"] = result[best]
+    result["llamacpp_build"] = best
+    result["ratio"] = _spread([a / b for a, b in zip(kept["pdserve"], kept[best], strict=True)], 3)
+    return result
+
+
+def _llama_cpp_folders(given: Path | None, builds: list[str]) -> dict[str, Path]:
     if given is None:
-        return ensure_tools()
+        return {build: ensure_tools(variant=build) for build in builds}
     if not has_tools(given):
         raise SystemExit(f"--llama-cpp-dir {given} must hold {' and '.join(TOOLS)}")
-    return given
+    return {"given": given}
+
+
+def _llama_cpp_folder(given: Path | None) -> Path:
+    return next(iter(_llama_cpp_folders(given, ["cpu"]).values()))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--llama-cpp-dir", type=Path, help="prebuilt llama.cpp tools (else built)")
+    parser.add_argument(
+        "--builds", default=",".join(VARIANTS), help="llama.cpp builds to run (cpu, blas)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="threads, both sides")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--batch-prompt", type=int, default=64, help="prompt tokens per sequence")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per measure, first dropped")
+    parser.add_argument("--seed", type=int, default=3, help="seed of the random prompts")
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
     args = parser.parse_args()
     if args.rounds < 2 or args.new_tokens < 2:
         parser.error("--rounds and --new-tokens must be at least 2")
+    builds = [b for b in args.builds.split(",") if b]
+    if not builds or set(builds) - set(VARIANTS):
+        parser.error(f"--builds takes some of {', '.join(VARIANTS)}, got {args.builds!r}")
 
-    llama = LlamaCpp(_llama_cpp_folder(args.llama_cpp_dir), Path(), args.threads)
     torch.set_num_threads(args.threads)
     loaded = load_model("bundled")
     if loaded.gguf_path is None:
         raise SystemExit("the bundled model has no GGUF to hand llama.cpp")
-    llama.gguf = loaded.gguf_path
+    llamas = {
+        build: LlamaCpp(folder, loaded.gguf_path, args.threads)
+        for build, folder in _llama_cpp_folders(args.llama_cpp_dir, builds).items()
+    }
     engine = LLMEngine(EngineConfig(device="cpu", weight_dtype=args.weight_dtype), loaded)
-    print(f"pdserve {engine.model.describe()}; llama.cpp {llama.folder}")
+    print(f"pdserve {engine.model.describe()}; llama.cpp {', '.join(map(str, llamas))}")
 
-    new = args.new_tokens
-    single = _prompts(1, 64, 64, seed=1)[0]
-    long_prompt = _prompts(1, args.prefill_tokens, args.prefill_tokens, seed=3)[0]
-    batch = _prompts(args.batch, args.batch_prompt, args.batch_prompt, seed=2)
-    pairs = {
+    new, size, draw = args.new_tokens, args.prefill_tokens, PromptDraw(args.seed)
+    single = _Shared(lambda: draw.prompt(64), share=1)
+    long_prompts = _Shared(lambda: draw.prompts(PREFILL_REPEATS, size, size), share=1)
+    batch = _Shared(lambda: draw.prompts(args.batch, args.batch_prompt, args.batch_prompt), share=1)
+
+    def each(measure: Callable[[LlamaCpp], float]) -> dict[str, Callable[[], float]]:
+        return {build: (lambda llama=llama: measure(llama)) for build, llama in llamas.items()}
+
+    measures = {
         "single_stream": (
-            lambda: pdserve_decode_rate(engine, single, new),
-            lambda: llama.bench(0, new),
+            lambda: pdserve_decode_rate(engine, single(), new),
+            each(lambda llama: llama.bench(0, new)),
         ),
-        f"prefill{args.prefill_tokens}": (
-            lambda: pdserve_prefill_rate(engine, long_prompt),
-            lambda: llama.bench(args.prefill_tokens, 0),
+        f"prefill{size}": (
+            lambda: pdserve_prefill_rate(engine, long_prompts()),
+            each(lambda llama: llama.bench(size, 0)),
+        ),
+        f"prefill{size}_cached": (
+            lambda: pdserve_cached_prefill_rate(engine, long_prompts()),
+            each(lambda llama: llama.bench(size, 0)),
         ),
         f"batch{args.batch}": (
-            lambda: pdserve_batch_rate(engine, batch, new),
-            lambda: llama.batched(args.batch, args.batch_prompt, new),
+            lambda: pdserve_batch_rate(engine, batch(), new),
+            each(lambda llama: llama.batched(args.batch, args.batch_prompt, new)),
         ),
     }
     results: dict[str, dict] = {}
-    print(f"{'tokens/s':<15}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}")
-    for key, (ours, theirs) in pairs.items():
-        results[key] = compare(ours, theirs, args.rounds)
-        print(_row(key, results[key], baseline="llamacpp"), flush=True)
+    print(f"{'tokens/s':<22}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}  build")
+    for key, (ours, theirs) in measures.items():
+        hits = prefix_cache_hits(engine)
+        results[key] = compare_best(ours, theirs, args.rounds)
+        results[key]["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
+        print(f"{_row(key, results[key], baseline='llamacpp')}  {results[key]['llamacpp_build']}")
     results["_meta"] = {
+        **run_meta(),
         "model": loaded.name,
         "gguf": loaded.gguf_path.name,
-        "pdserve_weights": engine.model.describe(),
-        "llamacpp": llama.build,
-        "threads": args.threads,
+        "sides": {
+            "pdserve": {
+                "weights": engine.model.describe(),
+                "kernel_isa": _pdserve_isa(),
+                "threads": args.threads,
+            },
+            **{
+                f"llamacpp_{build}": {
+                    "folder": str(llama.folder),
+                    "cmake_options": build_options(llama.folder),
+                    "build": llama.build,
+                    "threads": args.threads,
+                }
+                for build, llama in llamas.items()
+            },
+        },
+        "prompts": f"random tokens, a fresh draw per round and repeat (seed {args.seed})",
         "new_tokens": new,
         "batch_prompt_tokens": args.batch_prompt,
         "rounds": args.rounds,
         "dropped_rounds": 1,
-        "order": "alternating, pdserve first in the dropped round",
-        "machine": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
+        "order": "rotating per round, pdserve first in the dropped round",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _pdserve_isa() -> str:
+    module = quantized_kernels()
+    return module.isa() if module is not None and hasattr(module, "isa") else "torch"
 
 
 if __name__ == "__main__":

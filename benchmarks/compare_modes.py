@@ -1,5 +1,5 @@
-"""PD disaggregation vs colocated serving on the same cores: the same sweep against pdserve in
-each mode, one after the other, each on its own freshly started pdserve:
+"""PD disaggregation vs colocated serving vs llama-server on the same cores: the same sweep
+against every mode, each on its own freshly started server, over several independent draws.
 
 - ``pd_separate``: the fixed split (``FIXED`` below, whatever pdserve's defaults): 1 prefill +
   1 decode actor, one core each, every prompt handed off;
@@ -7,29 +7,37 @@ each mode, one after the other, each on its own freshly started pdserve:
   prefills short prompts itself (and those behind a long prefill queue), in chunks that keep its
   steps within ``stepTargetMs``, and each worker runs extra threads on the other's core while
   that one is idle; swept over ``decode_yield_ms`` (``--adaptive-yields``: ``pd_adaptive@<ms>``
-  each, how long a busy decode worker may pause to lend its core to a long prefill, at most 20 %
-  of its time; ``pd_adaptive@<ms>:<percent>`` at most ``percent`` (100: no bound), and
+  each; ``pd_adaptive@<ms>:<percent>`` paused at most ``percent`` of the time, and
   ``pd_adaptive@<ms>:<percent>:<tpot_ms>`` each pause only as long as every running stream
-  affords within ``decode_yield_tpot_ms``), the best at each rate and SLO kept, as for
-  ``single_node``;
+  affords within ``decode_yield_tpot_ms``), the best at each rate and SLO kept;
 - ``single_node``: one engine on both cores, swept over its chunked-prefill budget
-  (``--single-node-budgets``: ``single_node@<maxPrefillTokens>`` each; the best one at each
-  rate is the baseline the ratios use);
-- with ``--peer llamacpp``, ``llama_server``: llama.cpp's server on the same GGUF, two threads,
-  ``--slots`` sequences batched, through its OpenAI-compatible route (``llama_server.py``).
+  (``--single-node-budgets``: ``single_node@<maxPrefillTokens>``), the best at each rate kept;
+- with ``--peer llamacpp``, ``llama_server``: llama.cpp's server on the same GGUF through its
+  OpenAI-compatible route, swept the same way over ``--llama-server-settings``
+  (``llama_server@<slots>:<batch>:<ubatch>:<threads>``; by default slots 4/8/16, ``-b``/``-ub``
+  512/128 and 2048/512, 2 threads and 1 thread on a core of its own), the best at each rate kept.
 
-    python benchmarks/compare_modes.py --peer llamacpp --out results/compare_modes.json
+    python benchmarks/compare_modes.py --peer llamacpp --out benchmarks/results/compare_modes.json
 
-Every run is judged against the TTFT / TPOT SLO, and again with a p99 inter-token gap added
+**Draws.** Each of ``--draws`` draws is a seed: its requests (``--num-requests`` fresh ones per
+rate, no rate reusing another's) are sent to every mode, the modes' order rotating from draw to
+draw. The seeds come from ``--draw-set``: ``held-out`` (the default: seeds no setting or
+constant was ever tuned on; the README's figures come from these only) or ``tuning`` (for
+trying settings). A mode's draws are pooled per rate (``modes_draws.py``): the requests within
+the SLO summed over the draws with their 95 % interval, and the highest rate the mode holds
+>= 90 % at on its own, beside the monotone figure (every lower rate held too).
+
+**Closed loop.** On each draw's server, after the sweep, ``--closed-loop`` concurrencies
+(default 1, 8, 32) of streams each sending ~100-token prompts back to back for 128 greedy tokens
+(``ignore_eos``) through streaming ``/v1/completions``: output tokens/s and TTFT / TPOT p50 and
+p99 per mode, the load a user runs first.
+
+Every sweep is judged against the TTFT / TPOT SLO, and again with a p99 inter-token gap added
 (``--slo-itl``). Prints (and writes as Markdown next to the JSON) its tables
-(``modes_report.py``): per mode, the highest request rate with SLO attainment >= 90 % under
-each SLO, and p99 TPOT / TTFT / inter-token gap and goodput at a common rate; per rate and SLO,
-the requests within it and the 95 % interval of that share (the spread one run leaves, one table
-per SLO); at the common rate, where pdserve's prompts spent their time (``serving_phases.py``:
-per engine role, the mean queueing and compute, and the KV hand-offs' mean transfer); then the
-ratios of the goals; plus PNG plots.
+(``modes_report.py``); the JSON holds the pooled summaries (no per-request logs), what each side
+was given and the machine (``results_meta.py``); ``--plots`` adds PNG plots.
 
-``--multihost`` (root) runs both modes across hosts instead: three network namespaces on a
+``--multihost`` (root) runs the pdserve modes across hosts instead: three network namespaces on a
 bridge (``netns.py``) with a Ray cluster laid out as the Helm chart lays it out
 (``ray_hosts.py``), pdserve and the load generator on the head host, and one CPU on each of
 two worker hosts: ``pd_separate`` puts its prefill actor on one and its decode actor on the
@@ -40,8 +48,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -49,6 +59,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,17 +67,29 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.bench_serving import make_encoder, print_report, sweep, workload  # noqa: E402
 from benchmarks.bench_serving import parse_args as serving_args  # noqa: E402
-from benchmarks.bench_serving import print_report, sweep, workload  # noqa: E402
-from benchmarks.llama_server import SLOTS, LlamaServer, gguf_of, server_folder  # noqa: E402
-from benchmarks.modes_report import attainment_table, phases_table, ratios, table  # noqa: E402
+from benchmarks.llama_server import (  # noqa: E402
+    LlamaServer,
+    ServerSetting,
+    gguf_of,
+    server_folder,
+    sweep_settings,
+)
+from benchmarks.modes_draws import DRAW_SETS, draw_seeds, pool_draws, rotated  # noqa: E402
+from benchmarks.modes_report import ratios, render  # noqa: E402
 from benchmarks.netns import TestBed, available  # noqa: E402
 from benchmarks.netns import sweep as sweep_beds  # noqa: E402
 from benchmarks.ray_hosts import HOSTS, RayOnHosts, start_coordinator  # noqa: E402
+from benchmarks.results_meta import run_meta  # noqa: E402
 from benchmarks.serving_client import Target  # noqa: E402
-from benchmarks.serving_metrics import SLO, max_rate_within_slo, rescore  # noqa: E402
+from benchmarks.serving_metrics import (  # noqa: E402
+    SLO,
+    max_rate_within_slo,
+)
 from benchmarks.serving_phases import phase_means, scrape  # noqa: E402
 from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
+from benchmarks.serving_workload import WORDS, WorkItem, decode_prefix  # noqa: E402
 
 MODES = ("pd_separate", "pd_adaptive", "single_node")
 # pd_separate whose decode worker prefills short prompts itself (and those behind a long prefill
@@ -111,6 +134,8 @@ def settings(mode: str) -> tuple[str, dict[str, Any]]:
     extra = dict(zip(ADAPTIVE_EXTRA_KEYS, more, strict=False))
     most = len(ADAPTIVE_EXTRA_KEYS) if name == "pd_adaptive" else 0
     known = all(v.isdigit() for v in [value, *more]) and len(more) <= most
+    if name == LLAMA_SERVER:
+        raise ValueError(f"{mode!r} is llama-server's (llama_server_setting)")
     if name not in SETTINGS or (value and (name not in SWEPT_KEY or not known)):
         raise ValueError(
             f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N, "
@@ -119,6 +144,14 @@ def settings(mode: str) -> tuple[str, dict[str, Any]]:
     deploy_mode, keys = SETTINGS[name]
     swept = {SWEPT_KEY[name]: int(value)} if value else {}
     return deploy_mode, {**keys, **swept, **{k: int(v) for k, v in extra.items()}}
+
+
+def llama_server_setting(mode: str) -> ServerSetting:
+    """What ``llama_server`` or ``llama_server@<slots>:<batch>:<ubatch>:<threads>`` is given."""
+    name, _, value = mode.partition("@")
+    if name != LLAMA_SERVER:
+        raise ValueError(f"{mode!r} is not a llama_server mode")
+    return ServerSetting.parse(value)
 
 
 def free_port() -> int:
@@ -171,13 +204,19 @@ class Deployment:
         self._hosted = self._process = self._server = None
         self.run: Any = lambda fn: fn()
         self.metrics_url: str | None = None  # pdserve's /metrics (llama-server: none)
-        if mode == LLAMA_SERVER:
+        self.given: dict[str, Any] = {}
+        if mode.partition("@")[0] == LLAMA_SERVER:
             folder = server_folder(args.llama_cpp_dir)
-            log = workdir / f"{mode}.log"
-            self._server = LlamaServer(folder, gguf_of(args.model), free_port(), 2, log, args.slots)
+            log = workdir / f"{mode.replace(':', '_')}.log"
+            setting = llama_server_setting(mode)
+            self._server = LlamaServer(folder, gguf_of(args.model), free_port(), log, setting)
             self.target = Target(self._server.url, api="completions")
+            self.given = {**setting.to_dict(), "command": self._server.command[1:]}
+            self.load_cpus = _other_cpus(setting.cpus())
             return
+        self.load_cpus = None
         deploy_mode, keys = settings(mode)
+        self.given = {"deploy_mode": deploy_mode, "backend_config": keys}
         if ray is None:
             (workdir / mode).mkdir(parents=True, exist_ok=True)
             self._process, ports = start_pdserve(deploy_mode, args.model, workdir / mode, keys)
@@ -210,10 +249,11 @@ class Deployment:
 
 
 def run_mode(
-    mode: str, args: argparse.Namespace, workdir: Path, ray: RayOnHosts | None = None
+    mode: str, args: argparse.Namespace, workdir: Path, seed: int, ray: RayOnHosts | None = None
 ) -> dict[str, Any]:
-    """The sweep against ``mode``. Each rate gets requests of its own (a cache that kept an
-    earlier rate's prompts would flatter the later ones), the same for every mode."""
+    """The sweep (and the closed loop) of one draw (``seed``) against ``mode``. Each rate gets
+    requests of its own (a cache that kept an earlier rate's prompts would flatter the later
+    ones), the same for every mode."""
     deployment = Deployment(mode, args, workdir, ray)
     rates = args.request_rates.split(",")
     try:
@@ -229,7 +269,7 @@ def run_mode(
                 str(args.slo_tpot),
                 "--label",
                 mode,
-                *_common(args, args.seed),
+                *_common(args, seed),
             ]  # fmt: skip
         )
         pool = workload(bench)
@@ -238,27 +278,81 @@ def run_mode(
         slo = SLO(args.slo_ttft, args.slo_tpot)
         # kernels, caches, first batches: one request of each kind alone (each path once, on
         # idle workers), then a burst; prompts of their own
-        spare = workload(serving_args(["--mix", args.mix, *_common(args, args.seed + 1)]))
+        spare = workload(serving_args(["--mix", args.mix, *_common(args, WARMUP_SEED + seed)]))
         firsts = list({item.kind: item for item in reversed(spare)}.values())
-        for burst in [*([item] for item in firsts), spare[-4:]]:
-            deployment.run(lambda burst=burst: asyncio.run(sweep(target, burst, warmup, SLO())))
-        runs = []
-        for i, rate in enumerate(rates):
-            items = pool[i * args.num_requests : (i + 1) * args.num_requests]
-            bench.request_rates = rate
-            before = deployment.phases()
-            one = deployment.run(lambda items=items: asyncio.run(sweep(target, items, bench, slo)))
-            if deployment.metrics_url is not None:
-                one["runs"][0]["phases"] = phase_means(before, deployment.phases())
-            runs += one["runs"]
+        with _pinned(deployment.load_cpus):
+            for burst in [*([item] for item in firsts), spare[-4:]]:
+                deployment.run(lambda b=burst: asyncio.run(sweep(target, b, warmup, SLO())))
+            runs = []
+            for i, rate in enumerate(rates):
+                items = pool[i * args.num_requests : (i + 1) * args.num_requests]
+                bench.request_rates = rate
+                before = deployment.phases()
+                one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, bench, slo)))
+                if deployment.metrics_url is not None:
+                    one["runs"][0]["phases"] = phase_means(before, deployment.phases())
+                runs += one["runs"]
+            loops = closed_loop(deployment, args, seed)
     finally:
         deployment.stop()
     result = {**one, "runs": runs, "max_rate_within_slo": max_rate_within_slo(runs)}
-    result["workload"]["num_requests"] = len(pool)
-    result["workload"]["kinds"] = dict(Counter(item.kind for item in pool))
-    result["with_itl_slo"] = rescore(runs, SLO(args.slo_ttft, args.slo_tpot, args.slo_itl))
+    result["workload"] = {"seed": seed, "kinds": dict(Counter(item.kind for item in pool))}
+    result["closed_loop"] = loops
+    result["given"] = deployment.given
     print_report(result)
     return result
+
+
+WARMUP_SEED = 100_000  # warm-up prompts: seeds of their own, never a draw's
+CLOSED_LOOP_PROMPT, CLOSED_LOOP_OUTPUT = 100, 128
+
+
+def closed_loop(deployment: Deployment, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Per concurrency N of ``--closed-loop``: N streams sending requests back to back (``max(4,
+    2N)`` in all), ~100-token prompts of their own, 128 greedy tokens out, through streaming
+    ``/v1/completions``; output tokens/s and the latency percentiles."""
+    target = Target(deployment.target.url, api="completions")  # pdserve answers any model name
+    settings_ = serving_args(["--no-progress", *_common(args, seed)])
+    encode = make_encoder(args.model)
+    rng = random.Random(f"closed-loop-{seed}")
+    out: dict[str, Any] = {}
+    for n in [int(c) for c in args.closed_loop.split(",") if c]:
+        items = [_loop_item(rng, encode) for _ in range(max(4, 2 * n))]
+        settings_.concurrency = n
+        settings_.request_rates = "inf"
+        one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, settings_, SLO())))
+        summary = one["runs"][0]["summary"]
+        kept = ("num_requests", "num_failed", "duration_s", "output_token_throughput")
+        out[str(n)] = {key: summary[key] for key in (*kept, "ttft_s", "tpot_s")}
+    return out
+
+
+def _loop_item(rng: random.Random, encode: Any) -> WorkItem:
+    words = " ".join(rng.choice(WORDS) for _ in range(CLOSED_LOOP_PROMPT))
+    text = decode_prefix(words, encode, CLOSED_LOOP_PROMPT)
+    return WorkItem(text, CLOSED_LOOP_OUTPUT, "closed_loop", len(encode(text)))
+
+
+def _other_cpus(taken: set[int] | None) -> set[int] | None:
+    """The cores left to the load generator beside a pinned server (None: no pinning)."""
+    if not taken:
+        return None
+    rest = os.sched_getaffinity(0) - taken
+    return rest or None
+
+
+@contextlib.contextmanager
+def _pinned(cpus: set[int] | None) -> Iterator[None]:
+    """This process (the load generator) on ``cpus`` meanwhile (None: as it was)."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _common(args: argparse.Namespace, seed: int) -> list[str]:
@@ -267,7 +361,7 @@ def _common(args: argparse.Namespace, seed: int) -> list[str]:
 
 def expand_modes(args: argparse.Namespace) -> list[str]:
     """``--modes`` with ``single_node`` swept over ``--single-node-budgets`` and
-    ``pd_adaptive`` over ``--adaptive-yields``, and the peer."""
+    ``pd_adaptive`` over ``--adaptive-yields``, and the peer over ``--llama-server-settings``."""
     sweeps = {
         "single_node": [b for b in args.single_node_budgets.split(",") if b],
         "pd_adaptive": [y for y in args.adaptive_yields.split(",") if y],
@@ -278,23 +372,60 @@ def expand_modes(args: argparse.Namespace) -> list[str]:
         modes += [f"{mode}@{value}" for value in values] if values else [mode]
     for mode in modes:
         settings(mode)  # fails early on a name it does not know
-    return modes + ([LLAMA_SERVER] if args.peer == "llamacpp" else [])
+    if args.peer != "llamacpp":
+        return modes
+    peers = [f"{LLAMA_SERVER}@{s}" for s in args.llama_server_settings.split(",") if s]
+    for peer in peers:
+        llama_server_setting(peer)
+    return modes + (peers or [LLAMA_SERVER])
+
+
+def run_draws(
+    modes: list[str], seeds: list[int], args: argparse.Namespace, workdir: Path, ray: Any = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Every mode on every draw, the order rotating per draw; each mode's sweeps by draw."""
+    draws: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for number, seed in enumerate(seeds):
+        for mode in rotated(modes, number):
+            print(f"draw {number + 1}/{len(seeds)} (seed {seed}): {mode}", flush=True)
+            draws[mode].append(run_mode(mode, args, workdir, seed, ray))
+    return draws
 
 
 def run_modes(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, Any]]:
     modes = expand_modes(args)
-    if args.multihost and LLAMA_SERVER in modes:
+    seeds = _seeds(args)
+    if args.multihost and any(m.startswith(LLAMA_SERVER) for m in modes):
         sys.exit("--multihost: llama-server runs on this host only; leave out --peer")
     if not args.multihost:
-        return {mode: run_mode(mode, args, workdir) for mode in modes}
-    why = available()
-    if why is not None:
-        sys.exit(f"--multihost: {why}")
-    sweep_beds()
-    with TestBed(HOSTS, workdir / "bed") as bed:
-        ray = RayOnHosts(bed)
-        ray.start_all()
-        return {mode: run_mode(mode, args, workdir, ray) for mode in modes}
+        draws = run_draws(modes, seeds, args, workdir)
+    else:
+        why = available()
+        if why is not None:
+            sys.exit(f"--multihost: {why}")
+        sweep_beds()
+        with TestBed(HOSTS, workdir / "bed") as bed:
+            ray = RayOnHosts(bed)
+            ray.start_all()
+            draws = run_draws(modes, seeds, args, workdir, ray)
+    slo, gap = SLO(args.slo_ttft, args.slo_tpot), SLO(args.slo_ttft, args.slo_tpot, args.slo_itl)
+    pooled = {}
+    for mode, sweeps in draws.items():
+        pooled[mode] = pool_draws(sweeps, slo, gap)
+        pooled[mode]["closed_loop_by_draw"] = [one["closed_loop"] for one in sweeps]
+        pooled[mode]["given"] = sweeps[0]["given"]
+    return pooled
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    if args.seeds:
+        return [int(seed) for seed in args.seeds.split(",")]
+    return draw_seeds(args.draw_set, args.draws)
+
+
+def draw_set_of(seeds: list[int]) -> str:
+    """The name of the set ``seeds`` all belong to, else ``custom``."""
+    return next((n for n, known in DRAW_SETS.items() if set(seeds) <= set(known)), "custom")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,7 +445,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--peer", choices=("llamacpp",), help="also run llama-server")
     parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")
-    parser.add_argument("--slots", type=int, default=SLOTS, help="llama-server's parallel slots")
+    parser.add_argument(
+        "--llama-server-settings",
+        default=",".join(sweep_settings("4,8,16", "512/128,2048/512", "2,1")),
+        help="SLOTS:BATCH:UBATCH:THREADS settings llama-server is swept over",
+    )
+    parser.add_argument("--draw-set", choices=tuple(DRAW_SETS), default="held-out")
+    parser.add_argument("--draws", type=int, default=3, help="independent draws (seeds)")
+    parser.add_argument("--seeds", default="", help="explicit draw seeds (overrides the set)")
+    parser.add_argument(
+        "--closed-loop", default="1,8,32", help="closed-loop concurrencies ('': none)"
+    )
+    parser.add_argument("--plots", action="store_true", help="also write PNG plots")
     parser.add_argument("--request-rates", default="0.5,0.75,1,1.25,1.5")
     parser.add_argument("--common-rate", type=float, default=1.0)
     # 30 per rate left rankings resting on one or two requests (the spread table shows it)
@@ -325,7 +467,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slo-itl", type=float, default=0.25, help="seconds: a request's p99 inter-token gap"
     )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/compare_modes.json")
     parser.add_argument(
         "--multihost", action="store_true", help="both modes across hosts in network namespaces"
@@ -336,23 +477,25 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pdserve-modes-") as tmp:
         results = run_modes(args, Path(tmp))
-    spread = [attainment_table(results, with_gap) for with_gap in (False, True)]
-    phases = phases_table(results, args.common_rate)
-    summary = "\n\n".join([table(results, args.common_rate), *spread, phases])
+    seeds = _seeds(args)
+    summary = render(results, args.common_rate)
     goals = ratios(results, args.common_rate)
     report = {
-        "machine": f"{os.cpu_count()} cores{', 3 hosts in namespaces' if args.multihost else ''}",
-        "date": time.strftime("%Y-%m-%d"),
-        "minutes": (time.monotonic() - started) / 60,
-        "settings": vars(args),
+        **run_meta([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "hosts": "3 hosts in namespaces" if args.multihost else "this machine",
+        "minutes": round((time.monotonic() - started) / 60, 1),
+        "draw_set": draw_set_of(seeds),
+        "seeds": seeds,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "common_rate": args.common_rate,
         "ratios": goals,
-        "table": summary,
         "results": results,
     }
-    out.write_text(json.dumps(report, indent=1))
+    out.write_text(json.dumps(report, indent=1) + "\n")
     out.with_suffix(".md").write_text(summary + "\n")
-    plot_goodput(results, out.with_suffix(".goodput.png"))
-    plot_cdfs(results, out.with_suffix(".cdf.png"))
+    if args.plots:
+        plot_goodput(results, out.with_suffix(".goodput.png"))
+        plot_cdfs(results, out.with_suffix(".cdf.png"))
     print(summary)
     print(f"ratios: {json.dumps(goals, indent=1)}  ({report['minutes']:.1f} min)")
     return 0

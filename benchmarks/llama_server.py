@@ -2,15 +2,21 @@
 cores, behind its OpenAI-compatible ``/v1/completions`` route.
 
 It is built once into the cache folder with the engine benchmark's tools
-(``benchmarks/llamacpp_build.py --server``), or taken from ``--llama-cpp-dir``. ``slots``
-sequences are decoded together (continuous batching), each with ``context`` tokens of KV.
+(``benchmarks/llamacpp_build.py --server``), or taken from ``--llama-cpp-dir``. A
+``ServerSetting`` says what it is given: ``slots`` sequences decoded together (continuous
+batching, each with ``CONTEXT_PER_SLOT`` tokens of KV), its logical and physical batch sizes
+(``-b`` / ``-ub``) and its threads; with one thread it runs on the last core alone, so that the
+load generator can have another.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -19,6 +25,48 @@ from engine.model.loader import load_model
 
 SLOTS = 8  # the workload's concurrency at its highest rate stays below this
 CONTEXT_PER_SLOT = 2560  # pdserve's maxSeqLen
+
+
+@dataclass(frozen=True)
+class ServerSetting:
+    """What llama-server is given: ``<slots>:<batch>:<ubatch>:<threads>`` in a mode's name."""
+
+    slots: int = SLOTS
+    batch: int = 2048  # -b, llama.cpp's default
+    ubatch: int = 512  # -ub, llama.cpp's default
+    threads: int = 2
+
+    @classmethod
+    def parse(cls, text: str) -> ServerSetting:
+        """``slots:batch:ubatch:threads`` (a shorter form keeps the defaults of the rest)."""
+        parts = [part for part in text.split(":") if part]
+        if len(parts) > 4 or not all(part.isdigit() and int(part) > 0 for part in parts):
+            raise ValueError(
+                f"a llama-server setting is SLOTS[:BATCH[:UBATCH[:THREADS]]], got {text!r}"
+            )
+        return cls(*(int(part) for part in parts))
+
+    def name(self) -> str:
+        return f"{self.slots}:{self.batch}:{self.ubatch}:{self.threads}"
+
+    def cpus(self) -> set[int] | None:
+        """The cores it is pinned to: the last one alone with one thread, else unpinned."""
+        if self.threads != 1:
+            return None
+        return {max(os.sched_getaffinity(0))}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "cpus": sorted(self.cpus() or [])}
+
+
+def sweep_settings(slots: str, batches: str, threads: str) -> list[str]:
+    """Every ``slots:batch:ubatch:threads`` of the comma lists (batches as ``b/ub``)."""
+    return [
+        f"{n}:{b.replace('/', ':')}:{t}"
+        for n in slots.split(",")
+        for b in batches.split(",")
+        for t in threads.split(",")
+    ]
 
 
 def server_folder(given: Path | None) -> Path:
@@ -41,24 +89,32 @@ class LlamaServer:
     """A running ``llama-server`` (``stop`` ends it); its log is ``log``."""
 
     def __init__(
-        self, folder: Path, gguf: Path, port: int, threads: int, log: Path, slots: int = SLOTS
+        self, folder: Path, gguf: Path, port: int, log: Path, setting: ServerSetting
     ) -> None:
         command = [
             str(folder / SERVER[0]),
             "-m", str(gguf),
             "--host", "127.0.0.1",
             "--port", str(port),
-            "-t", str(threads),
-            "-tb", str(threads),
-            "--parallel", str(slots),
-            "-c", str(slots * CONTEXT_PER_SLOT),
+            "-t", str(setting.threads),
+            "-tb", str(setting.threads),
+            "--parallel", str(setting.slots),
+            "-c", str(setting.slots * CONTEXT_PER_SLOT),
+            "-b", str(setting.batch),
+            "-ub", str(setting.ubatch),
             "--no-webui",
         ]  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
         self.command = command
+        cpus = setting.cpus()
         self._log = log.open("w")
         try:
-            self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+            self._process = subprocess.Popen(
+                command,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            )
         except OSError:
             self._log.close()
             raise

@@ -1,12 +1,14 @@
-"""The table and ratios of ``compare_modes.py``: each mode's highest rate within the SLO (with and
-without the inter-token gap), its latencies and goodput at a common rate, and the goals' ratios
-against the best-tuned ``single_node`` (the best of its budgets at each rate) and llama-server.
-``pd_adaptive`` swept over ``decode_yield_ms`` is tuned the same way: at each rate and SLO, its
-best setting. Also the spread of each share within the SLO (``attainment_table``) and where
-prompts spent their time (``phases_table``)."""
+"""The tables and ratios of ``compare_modes.py``: each mode's highest rate within the SLO (with
+and without the inter-token gap; the rate it holds on its own, and the monotone figure), its
+latencies and goodput at a common rate, and the goals' ratios against the best-tuned
+``single_node`` (the best of its budgets at each rate) and the best-tuned llama-server (the best
+of its settings at each rate). ``pd_adaptive`` swept over ``decode_yield_ms`` is tuned the same
+way. Also the spread of each share within the SLO (``attainment_table``), where prompts spent
+their time (``phases_table``) and the closed-loop throughput (``closed_loop_table``)."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from benchmarks.serving_phases import ROLES
@@ -14,7 +16,7 @@ from benchmarks.serving_phases import ROLES
 SINGLE = "single_node"
 ADAPTIVE = "pd_adaptive"
 PEER = "llama_server"
-TUNED_BY = {SINGLE: "budget", ADAPTIVE: "decode_yield_ms"}
+TUNED_BY = {SINGLE: "budget", ADAPTIVE: "decode_yield_ms", PEER: "setting"}
 
 
 def run_at(result: dict[str, Any], rate: float) -> dict[str, Any] | None:
@@ -42,9 +44,9 @@ def best_tuned(results: dict[str, dict[str, Any]], family: str) -> dict[str, Any
         )
         runs.append({"request_rate": rate, "summary": summary, "mode": mode})
 
-    def best(view: str | None) -> float | None:
+    def best(view: str | None, key: str = "max_rate_within_slo") -> float | None:
         maxima = [
-            (r[view] if view else r)["max_rate_within_slo"]
+            (r[view] if view else r).get(key)
             for r in variants.values()
             if view is None or view in r
         ]
@@ -59,8 +61,32 @@ def best_tuned(results: dict[str, dict[str, Any]], family: str) -> dict[str, Any
     return {
         "runs": runs,
         "max_rate_within_slo": best(None),
-        "with_itl_slo": {"runs": itl_runs, "max_rate_within_slo": best("with_itl_slo")},
+        "max_rate_own": best(None, "max_rate_own"),
+        "with_itl_slo": {
+            "runs": itl_runs,
+            "max_rate_within_slo": best("with_itl_slo"),
+            "max_rate_own": best("with_itl_slo", "max_rate_own"),
+        },
+        "closed_loop_by_draw": _best_loops(variants),
     }
+
+
+def _best_loops(variants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per draw and concurrency, the variant with the most output tokens/s."""
+    loops = [r.get("closed_loop_by_draw") or [] for r in variants.values()]
+    draws = min((len(by_draw) for by_draw in loops), default=0)
+    best: list[dict[str, Any]] = []
+    for index in range(draws):
+        merged: dict[str, Any] = {}
+        for by_draw in loops:
+            for n, figures in by_draw[index].items():
+                if (
+                    n not in merged
+                    or figures["output_token_throughput"] > merged[n]["output_token_throughput"]
+                ):
+                    merged[n] = figures
+        best.append(merged)
+    return best
 
 
 def _goodput(summary: dict[str, Any]) -> float:
@@ -68,23 +94,61 @@ def _goodput(summary: dict[str, Any]) -> float:
 
 
 def table(results: dict[str, dict[str, Any]], common_rate: float) -> str:
-    at = f"@ {common_rate} req/s"
+    at = f"@ {common_rate:g} req/s"
     lines = [
-        f"| mode | max rate, >= 90 % within TTFT+TPOT (req/s) | ... with p99 gap too (req/s) | "
+        "| mode | highest rate >= 90 % within TTFT+TPOT (req/s) | monotone: every lower rate "
+        "too (req/s) | highest rate, with p99 gap too (req/s) | "
         f"p99 TPOT {at} (ms) | p99 TTFT {at} (s) | p99 inter-token gap {at} (ms) | "
         f"goodput {at} (req/s) |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for mode, result in _with_best_tuned(results).items():
         summary = at_rate(result, common_rate) or {}
         p99 = {key: (summary.get(key) or {}).get("p99") for key in ("tpot_s", "ttft_s", "itl_s")}
         ttft = "-" if p99["ttft_s"] is None else f"{p99['ttft_s']:.2f}"
-        itl_max = (result.get("with_itl_slo") or {}).get("max_rate_within_slo")
+        gap = result.get("with_itl_slo") or {}
         lines.append(
-            f"| {mode} | {result['max_rate_within_slo']} | {itl_max} | {_ms(p99['tpot_s'])} | "
-            f"{ttft} | {_ms(p99['itl_s'])} | {summary.get('goodput', 0):.2f} |"
+            f"| {mode} | {_rate(result.get('max_rate_own'))} | "
+            f"{_rate(result['max_rate_within_slo'])} | {_rate(gap.get('max_rate_own'))} | "
+            f"{_ms(p99['tpot_s'])} | {ttft} | {_ms(p99['itl_s'])} | "
+            f"{summary.get('goodput', 0):.2f} |"
         )
     return "\n".join(lines)
+
+
+def _rate(rate: float | None) -> str:
+    return "none" if rate is None else f"{rate:g}"
+
+
+def closed_loop_table(results: dict[str, dict[str, Any]]) -> str:
+    """Per mode (and best-tuned family) and concurrency: output tokens/s, median [min-max] over
+    the draws, and the median over draws of TTFT p50/p99 (s) and TPOT p50/p99 (ms)."""
+    rows = {m: r for m, r in _with_best_tuned(results).items() if r.get("closed_loop_by_draw")}
+    counts = sorted({int(n) for r in rows.values() for d in r["closed_loop_by_draw"] for n in d})
+    if not counts:
+        return ""
+    head = " | ".join(f"N = {n}: tok/s; TTFT p50/p99 (s); TPOT p50/p99 (ms)" for n in counts)
+    lines = [f"| closed loop | {head} |", "|---" * (len(counts) + 1) + "|"]
+    for mode, result in rows.items():
+        cells = [_loop_cell([d.get(str(n)) for d in result["closed_loop_by_draw"]]) for n in counts]
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _loop_cell(draws: list[dict[str, Any] | None]) -> str:
+    runs = [d for d in draws if d and not d.get("num_failed")]
+    if not runs:
+        return "-"
+    rates = [d["output_token_throughput"] for d in runs]
+
+    def median(key: str, q: str) -> float:
+        return statistics.median(d[key][q] or 0.0 for d in runs)
+
+    return (
+        f"{statistics.median(rates):.1f} [{min(rates):.1f}-{max(rates):.1f}]; "
+        f"{median('ttft_s', 'p50'):.2f}/{median('ttft_s', 'p99'):.2f}; "
+        f"{median('tpot_s', 'p50') * 1000:.0f}/{median('tpot_s', 'p99') * 1000:.0f}"
+    )
 
 
 def attainment_table(results: dict[str, dict[str, Any]], with_gap: bool = False) -> str:
@@ -186,15 +250,47 @@ def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, 
             ours["with_itl_slo"]["max_rate_within_slo"],
             single["with_itl_slo"]["max_rate_within_slo"],
         )
-    peer = results.get(PEER)
+    peer = best_tuned(results, PEER)
     if peer is not None:
-        ours = {m: r for m, r in results.items() if m != PEER}
-        for view, key in ((None, "max_rate"), ("with_itl_slo", "max_rate_with_gap")):
-            maxima = [(r[view] if view else r)["max_rate_within_slo"] for r in ours.values()]
-            best = max((m for m in maxima if m is not None), default=None)
-            theirs = (peer[view] if view else peer)["max_rate_within_slo"]
-            out[f"{key}_pdserve_best_over_llama_server"] = _ratio(best, theirs)
+        ours = {m: r for m, r in results.items() if m.partition("@")[0] != PEER}
+        views = ((None, "max_rate"), ("with_itl_slo", "max_rate_with_gap"))
+        for view, key in views:
+            for rule, suffix in (("max_rate_own", ""), ("max_rate_within_slo", "_monotone")):
+                maxima = [(r[view] if view else r).get(rule) for r in ours.values()]
+                best = max((m for m in maxima if m is not None), default=None)
+                theirs = (peer[view] if view else peer).get(rule)
+                out[f"{key}{suffix}_pdserve_best_over_llama_server"] = _ratio(best, theirs)
+        out["llama_server_setting_by_rate"] = {
+            run["request_rate"]: run["mode"] for run in peer["runs"]
+        }
         out["goodput_at_common_rate_by_mode"] = {
             m: (at_rate(r, common_rate) or {}).get("goodput") for m, r in results.items()
         }
+        out["closed_loop_pdserve_best_over_llama_server"] = _loop_ratios(ours, peer)
     return out
+
+
+def _loop_ratios(ours: dict[str, dict[str, Any]], peer: dict[str, Any]) -> dict[str, Any]:
+    """Per concurrency: pdserve's best mode's median tokens/s over the best-tuned peer's."""
+
+    def median_rate(result: dict[str, Any], n: str) -> float | None:
+        rates = [
+            d[n]["output_token_throughput"]
+            for d in result.get("closed_loop_by_draw") or []
+            if n in d and not d[n].get("num_failed")
+        ]
+        return statistics.median(rates) if rates else None
+
+    counts = {n for d in peer.get("closed_loop_by_draw") or [] for n in d}
+    out = {}
+    for n in sorted(counts, key=int):
+        best = max((r for r in (median_rate(o, n) for o in ours.values()) if r), default=None)
+        out[n] = _ratio(best, median_rate(peer, n))
+    return out
+
+
+def render(results: dict[str, dict[str, Any]], common_rate: float) -> str:
+    """Every table compare_modes prints, from its pooled results."""
+    spread = [attainment_table(results, with_gap) for with_gap in (False, True)]
+    tables = [table(results, common_rate), *spread, phases_table(results, common_rate)]
+    return "\n\n".join(t for t in [*tables, closed_loop_table(results)] if t)

@@ -147,6 +147,13 @@ def max_rate_within_slo(runs: list[dict[str, Any]], target: float = 0.9) -> floa
     return best
 
 
+def highest_rate_holding(runs: list[dict[str, Any]], target: float = 0.9) -> float | None:
+    """The highest request rate whose own SLO attainment is at least ``target``, whatever the
+    lower rates did (None when no rate holds it)."""
+    held = [run["request_rate"] for run in runs if run["summary"]["slo_attainment"] >= target]
+    return max(held, default=None)
+
+
 def record_from_dict(row: dict[str, Any]) -> RequestRecord:
     """A :class:`RequestRecord` back from its ``to_dict`` form."""
     fields = {k: v for k, v in row.items() if k != "tpot_s"}

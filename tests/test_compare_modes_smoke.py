@@ -13,29 +13,39 @@ from benchmarks import compare_modes
 pytestmark = pytest.mark.ray
 
 
-def test_the_adaptive_mode_serves_the_sweep(tmp_path, tiny_model_dir):
+def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
+    tmp_path, tiny_model_dir
+):
     out = tmp_path / "modes.json"
     args = ["--model", str(tiny_model_dir), "--modes", "pd_adaptive", "--single-node-budgets", ""]
-    args += ["--adaptive-yields", "3000"]
+    args += ["--adaptive-yields", "3000", "--draw-set", "tuning", "--draws", "2"]
     args += ["--request-rates", "4,inf", "--num-requests", "3", "--mix", "chat=1"]
+    args += ["--closed-loop", "2", "--plots"]
     assert compare_modes.main([*args, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
+    assert report["draw_set"] == "tuning" and report["seeds"] == [0, 1]
+    assert report["cpu"] and report["commit"] and "compare_modes" in report["command"]
     result = report["results"]["pd_adaptive@3000"]
     assert [run["request_rate"] for run in result["runs"]] == [4.0, float("inf")]
+    assert result["given"]["backend_config"]["decode_yield_ms"] == 3000
     for run in result["runs"]:
-        assert run["summary"]["num_failed"] == 0 and run["summary"]["num_requests"] == 3
-        assert all(r["output_tokens"] == 64 for r in run["requests"])
+        summary = run["summary"]
+        assert summary["num_failed"] == 0 and summary["num_requests"] == 6  # 3 per draw
+        assert summary["met_per_draw"] == [3, 3] and "requests" not in run
+        assert summary["total_output_tokens"] == 6 * 64
         # every prompt of the rate timed by the engine that computed it, none of the warm-up's
         roles = {role: p for role, p in run["phases"].items() if role != "transfer"}
-        assert sum(p["prompts"] for p in roles.values()) == 3 and set(roles) <= {
+        assert sum(p["prompts"] for p in roles.values()) == 6 and set(roles) <= {
             "prefill",
             "decode",
         }
-    prompts = [r["prompt_tokens"] for run in result["runs"] for r in run["requests"]]
-    assert len(prompts) == 6 and all(0 < p <= 64 for p in prompts)
+    assert result["max_rate_own"] == float("inf")
     assert len(result["with_itl_slo"]["runs"]) == 2
+    loops = result["closed_loop_by_draw"]
+    assert len(loops) == 2 and all(d["2"]["num_failed"] == 0 for d in loops)
+    assert all(d["2"]["num_requests"] == 4 and d["2"]["output_token_throughput"] > 0 for d in loops)
     markdown = out.with_suffix(".md").read_text()
-    assert "| pd_adaptive@3000 |" in markdown
-    assert "| pd_adaptive@3000 | 3/3 (44%-100%) | 3/3 (44%-100%) |" in markdown  # the spread
+    assert "| pd_adaptive@3000 | 6/6 (61%-100%) | 6/6 (61%-100%) |" in markdown  # the spread
     assert "| prompts @ 1 req/s, by the engine computing them |" in markdown
+    assert "| closed loop | N = 2: tok/s;" in markdown
     assert out.with_suffix(".goodput.png").stat().st_size > 0

@@ -7,11 +7,14 @@ import argparse
 
 import pytest
 
-from benchmarks.compare_modes import expand_modes, settings
-from benchmarks.modes_report import attainment_table, best_tuned, ratios, table
+from benchmarks.compare_modes import draw_set_of, expand_modes, llama_server_setting, settings
+from benchmarks.llama_server import ServerSetting, sweep_settings
+from benchmarks.modes_draws import HELD_OUT_SEEDS, TUNING_SEEDS, draw_seeds, pool_draws, rotated
+from benchmarks.modes_report import attainment_table, best_tuned, closed_loop_table, ratios, table
 from benchmarks.serving_metrics import (
     SLO,
     RequestRecord,
+    highest_rate_holding,
     max_rate_within_slo,
     record_from_dict,
     rescore,
@@ -33,7 +36,9 @@ def _result(rates_to_requests: dict[float, list[dict]]) -> dict:
         summary = summarize([record_from_dict(r) for r in requests], 10.0, slo)
         runs.append({"request_rate": rate, "summary": summary, "requests": requests})
     result = {"runs": runs, "max_rate_within_slo": max_rate_within_slo(runs)}
+    result["max_rate_own"] = highest_rate_holding(runs)
     result["with_itl_slo"] = rescore(runs, SLO(itl_s=0.25))
+    result["with_itl_slo"]["max_rate_own"] = highest_rate_holding(result["with_itl_slo"]["runs"])
     return result
 
 
@@ -71,8 +76,8 @@ def test_ratios_against_the_best_single_node_and_the_peer():
     assert out["max_rate_with_gap_pd_adaptive_over_single"] == 2.0
     assert out["max_rate_pdserve_best_over_llama_server"] is None  # the peer never made 90 %
     text = table(results, 1.0)
-    assert "| single_node (best budget per rate) | 0.5 | 0.5 |" in text
-    assert "| pd_adaptive | 1.0 | 1.0 |" in text
+    assert "| single_node (best budget per rate) | 0.5 | 0.5 | 0.5 |" in text
+    assert "| pd_adaptive | 1 | 1 | 1 |" in text
 
 
 def test_the_spread_table_counts_each_rates_requests_with_their_95_percent_interval():
@@ -108,7 +113,7 @@ def test_adaptive_pd_is_tuned_per_rate_and_slo_like_single_node():
     # with the gap SLO neither setting holds 1.0 req/s: the yielding one's gaps, the smooth
     # one's first tokens
     assert out["max_rate_with_gap_pd_adaptive_over_single"] == 0.5
-    assert "| pd_adaptive (best decode_yield_ms per rate) | 1.0 | 0.5 |" in table(results, 1.0)
+    assert "| pd_adaptive (best decode_yield_ms per rate) | 1 | 1 | 0.5 |" in table(results, 1.0)
 
 
 def _args(**overrides) -> argparse.Namespace:
@@ -117,6 +122,7 @@ def _args(**overrides) -> argparse.Namespace:
         "single_node_budgets": "256,1024",
         "adaptive_yields": "0,3000",
         "peer": None,
+        "llama_server_settings": "",
     }
     return argparse.Namespace(**(base | overrides))
 
@@ -151,3 +157,65 @@ def test_tuned_modes_expand_into_their_settings_and_the_peer_comes_last():
     ):
         with pytest.raises(ValueError, match="unknown mode"):
             settings(unknown)
+
+
+def test_a_rate_held_on_its_own_counts_beside_the_monotone_figure():
+    # the draw at 0.5 req/s happened to hold many long prompts; 1.0 req/s held 90 %
+    result = _result({0.5: [GOOD] * 8 + [SLOW_START] * 2, 1.0: [GOOD] * 10})
+    assert result["max_rate_within_slo"] is None  # monotone: the lowest rate failed
+    assert result["max_rate_own"] == 1.0
+    assert "| x | 1 | none | 1 |" in table({"x": result}, 1.0)
+
+
+def test_draws_are_pooled_per_rate_with_each_draws_count_kept():
+    first = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 9 + [SLOW_START]})
+    second = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 7 + [SLOW_START] * 3})
+    pooled = pool_draws([first, second], SLO(), SLO(itl_s=0.25))
+    at_one = pooled["runs"][1]["summary"]
+    assert (at_one["num_met"], at_one["num_requests"], at_one["met_per_draw"]) == (16, 20, [9, 7])
+    assert at_one["slo_attainment_95ci"] == pytest.approx(list(wilson_interval(16, 20)))
+    assert at_one["goodput"] == pytest.approx(16 / 20.0)  # over both draws' run time
+    assert pooled["max_rate_own"] == 0.5 and pooled["draws"] == 2
+    assert all("requests" not in run for run in pooled["runs"])  # the result stays small
+    assert "| x | 20/20 (84%-100%) | 16/20 (58%-92%) |" in attainment_table({"x": pooled})
+
+
+def test_held_out_seeds_are_never_tuning_seeds_and_the_order_rotates_per_draw():
+    assert not set(TUNING_SEEDS) & set(HELD_OUT_SEEDS)
+    assert draw_seeds("held-out", 3) == list(HELD_OUT_SEEDS[:3])
+    assert 0 in TUNING_SEEDS  # every earlier run's seed
+    with pytest.raises(ValueError, match="--draws"):
+        draw_seeds("held-out", 0)
+    modes = ["a", "b", "c"]
+    assert [rotated(modes, d)[0] for d in range(3)] == ["a", "b", "c"]
+    assert draw_set_of([1001, 1002]) == "held-out" and draw_set_of([0, 1001]) == "custom"
+
+
+def test_llama_server_is_swept_over_slots_batches_and_threads():
+    sweep = sweep_settings("4,8,16", "512/128,2048/512", "2,1")
+    assert len(sweep) == 12 and "16:512:128:1" in sweep
+    assert ServerSetting.parse("16:512:128:1") == ServerSetting(16, 512, 128, 1)
+    assert ServerSetting.parse("") == ServerSetting()  # 8 slots, -b 2048, -ub 512, 2 threads
+    assert ServerSetting(threads=2).cpus() is None  # the two threads are not pinned
+    with pytest.raises(ValueError, match="SLOTS"):
+        ServerSetting.parse("8:0")
+    modes = expand_modes(_args(peer="llamacpp", llama_server_settings="4:512:128:2,8"))
+    assert modes[-2:] == ["llama_server@4:512:128:2", "llama_server@8"]
+    assert llama_server_setting("llama_server@8").slots == 8
+
+
+def _loops(*rates: float) -> list[dict]:
+    figures = {"ttft_s": {"p50": 0.1, "p99": 0.2}, "tpot_s": {"p50": 0.02, "p99": 0.03}}
+    return [{"8": {"output_token_throughput": r, "num_failed": 0, **figures}} for r in rates]
+
+
+def test_the_closed_loop_is_reported_per_draw_and_against_the_best_tuned_peer():
+    ours = _result({0.5: [GOOD] * 10}) | {"closed_loop_by_draw": _loops(300, 320, 310)}
+    slow = _result({0.5: [GOOD] * 10}) | {"closed_loop_by_draw": _loops(100, 110, 90)}
+    fast = _result({0.5: [GOOD] * 10}) | {"closed_loop_by_draw": _loops(150, 140, 160)}
+    results = {"single_node": ours, "llama_server@4": slow, "llama_server@16": fast}
+    text = closed_loop_table(results)
+    assert "| single_node | 310.0 [300.0-320.0]; 0.10/0.20; 20/30 |" in text
+    assert "| llama_server (best setting per rate) | 150.0 [140.0-160.0];" in text
+    out = ratios(results, 0.5)
+    assert out["closed_loop_pdserve_best_over_llama_server"]["8"] == pytest.approx(310 / 150)

@@ -1,0 +1,185 @@
+"""The README's performance tables, generated from the committed result files.
+
+    python -m benchmarks.report            # rewrite every generated block of README.md
+    python -m benchmarks.report --check    # exit 1 naming each block that differs from its JSON
+
+A generated block sits between ``<!-- report: NAME -->`` and ``<!-- /report -->`` in the README;
+``NAME`` is a result file under ``benchmarks/results/`` (``NAME.json``) with a renderer below.
+Each block starts with the run it comes from (CPU, the instruction sets it executes, commit, date,
+command), so no figure stands apart from the file that backs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.modes_report import render as render_modes_tables
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+BLOCK = re.compile(r"(<!-- report: (\w+) -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
+
+# measure -> goal for pdserve / llama.cpp (the issue that set it), None: no goal
+ENGINE_GOALS = {"single_stream": 1.2, "prefill512": 2.0, "batch32": 2.0}
+CLOSED_LOOP_GOALS = {"1": 1.2, "8": 2.0, "32": 2.0}
+RATE_GOAL = 2.0
+
+
+def _cell(spread: dict[str, Any], digits: int = 1) -> str:
+    return f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}-{spread['max']:.{digits}f}]"
+
+
+def _goal(ratio: float | None, goal: float | None) -> str:
+    if goal is None or ratio is None:
+        return "-"
+    return f">= {goal:g}x: {'met' if ratio >= goal else 'missed'}"
+
+
+def provenance(meta: dict[str, Any]) -> str:
+    isa = ", ".join(meta.get("isa_executes", [])) or "unknown"
+    return (
+        f"*{meta.get('cpu', '?')}, {meta.get('cores', '?')} cores, executing {isa}; commit "
+        f"{meta.get('commit', '?')}, {meta.get('date', '?')}: `{meta.get('command', '?')}`*"
+    )
+
+
+def render_vs_llamacpp(data: dict[str, Any]) -> str:
+    meta = data["_meta"]
+    lines = [
+        provenance(meta),
+        "",
+        "| tokens/s, median [min-max] over rounds | pdserve | llama.cpp (faster build) | "
+        "pdserve / llama.cpp | goal | prompt tokens from the prefix cache |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, entry in data.items():
+        if key.startswith("_"):
+            continue
+        ratio = entry["ratio"]["median"]
+        lines.append(
+            f"| {key} | {_cell(entry['pdserve'])} | {_cell(entry['llamacpp'])} "
+            f"({entry.get('llamacpp_build', '-')}) | **{_cell(entry['ratio'], 2)}** | "
+            f"{_goal(ratio, ENGINE_GOALS.get(key))} | {entry.get('prefix_cache_hit_tokens', 0)} |"
+        )
+    sides = meta.get("sides", {})
+    builds = [f"{name}: {' '.join(side.get('cmake_options', [])[-14:])}" for name, side in
+              sides.items() if name.startswith("llamacpp_")]  # fmt: skip
+    pdserve = sides.get("pdserve", {})
+    lines += [
+        "",
+        f"pdserve: {pdserve.get('weights', '?')}, kernels {pdserve.get('kernel_isa', '?')}, "
+        f"{pdserve.get('threads', '?')} threads. " + "; ".join(f"`{b}`" for b in builds),
+    ]
+    return "\n".join(lines)
+
+
+def render_engine(data: dict[str, Any]) -> str:
+    meta = data["_meta"]
+    sides = meta.get("sides", {})
+    lines = [
+        provenance(meta),
+        "",
+        f"pdserve: {sides.get('pdserve', '?')}; transformers: {sides.get('transformers', '?')}. "
+        "The ratio is what the engine gains with its 4- and 8-bit weights and kernels against "
+        "fp32 weights, not a like-for-like kernel comparison.",
+        "",
+        "| tokens/s, median [min-max] over rounds | pdserve (4/8-bit weights) | "
+        "transformers (fp32 weights) | pdserve / transformers | prompt tokens from the cache |",
+        "|---|---|---|---|---|",
+    ]
+    for key, entry in data.items():
+        if key.startswith("_"):
+            continue
+        lines.append(
+            f"| {key} | {_cell(entry['pdserve'])} | {_cell(entry['baseline'])} | "
+            f"{_cell(entry['ratio'], 2)} | {entry.get('prefix_cache_hit_tokens', 0)} |"
+        )
+    return "\n".join(lines)
+
+
+def render_compare_modes(data: dict[str, Any]) -> str:
+    ratios = data.get("ratios", {})
+    settings = data.get("settings", {})
+    lines = [
+        provenance(data),
+        "",
+        f"Draw set **{data.get('draw_set', '?')}** (seeds {', '.join(map(str, data['seeds']))}), "
+        f"{settings.get('num_requests', '?')} requests per rate and draw at "
+        f"{settings.get('request_rates', '?')} req/s, mix {settings.get('mix', '?')}; SLO TTFT "
+        f"<= {settings.get('slo_ttft', '?')} s, TPOT <= {_ms(settings.get('slo_tpot'))} ms "
+        f"(and a p99 gap <= {_ms(settings.get('slo_itl'))} ms); {data.get('minutes', '?')} "
+        "minutes.",
+        "",
+        render_modes_tables(data["results"], data["common_rate"]),
+        "",
+        "| goal | pdserve's best / llama-server's best | goal |",
+        "|---|---|---|",
+    ]
+    own = ratios.get("max_rate_pdserve_best_over_llama_server")
+    lines.append(f"| highest rate >= 90 % on its own | {_x(own)} | {_goal(own, RATE_GOAL)} |")
+    mono = ratios.get("max_rate_monotone_pdserve_best_over_llama_server")
+    lines.append(f"| highest rate, monotone | {_x(mono)} | - |")
+    for n, ratio in (ratios.get("closed_loop_pdserve_best_over_llama_server") or {}).items():
+        goal = CLOSED_LOOP_GOALS.get(n)
+        lines.append(f"| closed loop N = {n}, tok/s | {_x(ratio)} | {_goal(ratio, goal)} |")
+    return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def _x(ratio: float | None) -> str:
+    return "n/a (a side holds no rate)" if ratio is None else f"**{ratio:.2f}x**"
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "vs_llamacpp": render_vs_llamacpp,
+    "engine": render_engine,
+    "compare_modes": render_compare_modes,
+}
+
+
+def regenerate(readme: str, results: Path = RESULTS) -> str:
+    """``readme`` with every generated block rendered anew from its JSON."""
+
+    def block(match: re.Match[str]) -> str:
+        name = match.group(2)
+        if name not in RENDERERS:
+            raise KeyError(f"README block {name!r} has no renderer (known: {', '.join(RENDERERS)})")
+        data = json.loads((results / f"{name}.json").read_text())
+        return f"{match.group(1)}{RENDERERS[name](data)}\n{match.group(4)}"
+
+    return BLOCK.sub(block, readme)
+
+
+def stale_blocks(readme: str, results: Path = RESULTS) -> list[str]:
+    """The names of the blocks whose text differs from what their JSON renders."""
+    fresh = {m.group(2): m.group(3) for m in BLOCK.finditer(regenerate(readme, results))}
+    return [m.group(2) for m in BLOCK.finditer(readme) if fresh[m.group(2)] != m.group(3)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="only say which blocks are stale")
+    parser.add_argument("--readme", type=Path, default=README)
+    args = parser.parse_args(argv)
+    text = args.readme.read_text()
+    if args.check:
+        stale = stale_blocks(text)
+        for name in stale:
+            print(f"{args.readme}: block {name!r} differs from benchmarks/results/{name}.json")
+        return 1 if stale else 0
+    args.readme.write_text(regenerate(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
