@@ -44,6 +44,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -212,14 +213,21 @@ def main() -> None:
             each(lambda llama: llama.batched(args.batch, args.batch_prompt, new)),
         ),
     }
-    results: dict[str, dict] = {}
-    print(f"{'tokens/s':<22}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}  build")
+    results: dict[str, dict] = {"_meta": _meta(args, loaded, engine, llamas)}
+    print(f"{'tokens/s':<22}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}  build", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for key, (ours, theirs) in measures.items():
         hits = prefix_cache_hits(engine)
         results[key] = compare_best(ours, theirs, args.rounds)
         results[key]["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
-        print(f"{_row(key, results[key], baseline='llamacpp')}  {results[key]['llamacpp_build']}")
-    results["_meta"] = {
+        row = _row(key, results[key], baseline="llamacpp")
+        print(f"{row}  {results[key]['llamacpp_build']}", flush=True)
+        results["_meta"]["complete"] = len(results) == len(measures) + 1
+        args.out.write_text(json.dumps(results, indent=2) + "\n")  # what is measured so far
+
+
+def _meta(args: argparse.Namespace, loaded: Any, engine: LLMEngine, llamas: dict) -> dict:
+    return {
         **run_meta(),
         "model": loaded.name,
         "gguf": loaded.gguf_path.name,
@@ -240,14 +248,13 @@ def main() -> None:
             },
         },
         "prompts": f"random tokens, a fresh draw per round and repeat (seed {args.seed})",
-        "new_tokens": new,
+        "new_tokens": args.new_tokens,
         "batch_prompt_tokens": args.batch_prompt,
         "rounds": args.rounds,
         "dropped_rounds": 1,
         "order": "rotating per round, pdserve first in the dropped round",
+        "complete": False,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def _pdserve_isa() -> str:

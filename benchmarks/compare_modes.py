@@ -35,7 +35,8 @@ p99 per mode, the load a user runs first.
 Every sweep is judged against the TTFT / TPOT SLO, and again with a p99 inter-token gap added
 (``--slo-itl``). Prints (and writes as Markdown next to the JSON) its tables
 (``modes_report.py``); the JSON holds the pooled summaries (no per-request logs), what each side
-was given and the machine (``results_meta.py``); ``--plots`` adds PNG plots.
+was given and the machine (``results_meta.py``); ``--plots`` adds a PNG of goodput and
+attainment by rate.
 
 ``--multihost`` (root) runs the pdserve modes across hosts instead: three network namespaces on a
 bridge (``netns.py``) with a Ray cluster laid out as the Helm chart lays it out
@@ -88,7 +89,7 @@ from benchmarks.serving_metrics import (  # noqa: E402
     max_rate_within_slo,
 )
 from benchmarks.serving_phases import phase_means, scrape  # noqa: E402
-from benchmarks.serving_plots import plot_cdfs, plot_goodput  # noqa: E402
+from benchmarks.serving_plots import plot_goodput  # noqa: E402
 from benchmarks.serving_workload import WORDS, WorkItem, decode_prefix  # noqa: E402
 
 MODES = ("pd_separate", "pd_adaptive", "single_node")
@@ -481,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = render(results, args.common_rate)
     goals = ratios(results, args.common_rate)
     report = {
-        **run_meta([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        **run_meta([__file__, *(argv if argv is not None else sys.argv[1:])]),
         "hosts": "3 hosts in namespaces" if args.multihost else "this machine",
         "minutes": round((time.monotonic() - started) / 60, 1),
         "draw_set": draw_set_of(seeds),
@@ -494,8 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=1) + "\n")
     out.with_suffix(".md").write_text(summary + "\n")
     if args.plots:
-        plot_goodput(results, out.with_suffix(".goodput.png"))
-        plot_cdfs(results, out.with_suffix(".cdf.png"))
+        plot_goodput(results, out.with_suffix(".goodput.png"))  # pooled: no per-request CDFs
     print(summary)
     print(f"ratios: {json.dumps(goals, indent=1)}  ({report['minutes']:.1f} min)")
     return 0
