@@ -250,7 +250,7 @@ def main() -> None:
     results["_meta"] = {
         **run_meta(),
         "sides": {
-            "pdserve": f"weights {engine.model.describe()}, fp32 activations",
+            "pdserve": f"{engine.model.describe()}, fp32 activations",
             "transformers": "fp32 weights and activations",
         },
         "prompts": f"random tokens, a fresh draw per round and repeat (seed {args.seed})",

@@ -309,16 +309,17 @@ CLOSED_LOOP_PROMPT, CLOSED_LOOP_OUTPUT = 100, 128
 
 
 def closed_loop(deployment: Deployment, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """Per concurrency N of ``--closed-loop``: N streams sending requests back to back (``max(4,
-    2N)`` in all), ~100-token prompts of their own, 128 greedy tokens out, through streaming
-    ``/v1/completions``; output tokens/s and the latency percentiles."""
+    """Per concurrency N of ``--closed-loop``: N streams sending requests back to back
+    (``--closed-loop-turns`` each, at least 4 requests in all), ~100-token prompts of their own,
+    128 greedy tokens out, through streaming ``/v1/completions``; output tokens/s and the
+    latency percentiles."""
     target = Target(deployment.target.url, api="completions")  # pdserve answers any model name
     settings_ = serving_args(["--no-progress", *_common(args, seed)])
     encode = make_encoder(args.model)
     rng = random.Random(f"closed-loop-{seed}")
     out: dict[str, Any] = {}
     for n in [int(c) for c in args.closed_loop.split(",") if c]:
-        items = [_loop_item(rng, encode) for _ in range(max(4, 2 * n))]
+        items = [_loop_item(rng, encode) for _ in range(max(4, args.closed_loop_turns * n))]
         settings_.concurrency = n
         settings_.request_rates = "inf"
         one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, settings_, SLO())))
@@ -456,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="", help="explicit draw seeds (overrides the set)")
     parser.add_argument(
         "--closed-loop", default="1,8,32", help="closed-loop concurrencies ('': none)"
+    )
+    parser.add_argument(
+        "--closed-loop-turns", type=int, default=2, help="requests per closed-loop stream"
     )
     parser.add_argument("--plots", action="store_true", help="also write PNG plots")
     parser.add_argument("--request-rates", default="0.5,0.75,1,1.25,1.5")

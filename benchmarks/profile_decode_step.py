@@ -31,7 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_engine import _prompts  # noqa: E402
+from benchmarks.bench_engine import PromptDraw  # noqa: E402
+from benchmarks.results_meta import run_meta  # noqa: E402
 from engine import llm_engine  # noqa: E402
 from engine.config import WEIGHT_DTYPES, EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
@@ -119,7 +120,7 @@ def main() -> None:
         raise SystemExit("the fused decode layers are not available here (no native kernels)")
     weights = engine.model.describe()
     clock = StepClock(engine)
-    prompts = _prompts(args.streams, 64, 64, seed=1)
+    prompts = PromptDraw(1).prompts(args.streams, 64, 64)  # decode only: prefill not timed
     paths = {"fused": fused, "op_by_op": None}
     kept: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
     for index in range(args.rounds):
@@ -137,16 +138,24 @@ def main() -> None:
         results[name] = {p: round(v, 3) for p, v in medians.items()}
         print(f"{name:<10}" + "".join(f"{medians[p]:>10.3f}" for p in (*PARTS, "step")))
     results["_meta"] = {
+        **run_meta(),
+        "kernel_isa": _kernel_isa(),
         "streams": args.streams,
         "tokens": args.tokens,
         "threads": args.threads,
         "rounds": args.rounds,
         "dropped_rounds": 1,
         "weights": weights,
-        "date": time.strftime("%Y-%m-%d"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _kernel_isa() -> str:
+    from engine.kernels.quantized import quantized_kernels
+
+    module = quantized_kernels()
+    return module.isa() if module is not None and hasattr(module, "isa") else "torch"
 
 
 if __name__ == "__main__":

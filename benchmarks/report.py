@@ -69,15 +69,27 @@ def render_vs_llamacpp(data: dict[str, Any]) -> str:
             f"{_goal(ratio, ENGINE_GOALS.get(key))} | {entry.get('prefix_cache_hit_tokens', 0)} |"
         )
     sides = meta.get("sides", {})
-    builds = [f"{name}: {' '.join(side.get('cmake_options', [])[-14:])}" for name, side in
-              sides.items() if name.startswith("llamacpp_")]  # fmt: skip
+    builds = [
+        f"{name.removeprefix('llamacpp_')}: {_switches(side.get('cmake_options', []))}"
+        for name, side in sides.items()
+        if name.startswith("llamacpp_")
+    ]
     pdserve = sides.get("pdserve", {})
     lines += [
         "",
-        f"pdserve: {pdserve.get('weights', '?')}, kernels {pdserve.get('kernel_isa', '?')}, "
-        f"{pdserve.get('threads', '?')} threads. " + "; ".join(f"`{b}`" for b in builds),
+        f"pdserve: {pdserve.get('weights', '?')}; its kernels' ISA "
+        f"{pdserve.get('kernel_isa', '?')}; {pdserve.get('threads', '?')} threads. "
+        "llama.cpp builds (GGML switches on): " + "; ".join(builds) + ".",
     ]
     return "\n".join(lines)
+
+
+def _switches(options: list[str]) -> str:
+    """The ``-DGGML_<X>=ON`` switches of a build, as ``x`` names (NATIVE must be off)."""
+    on = [o[len("-DGGML_") : -len("=ON")].lower() for o in options if o.startswith("-DGGML_")
+          and o.endswith("=ON")]  # fmt: skip
+    native = "-DGGML_NATIVE=OFF" in options
+    return f"{', '.join(on) or 'none'}{'' if native else ' (GGML_NATIVE not off!)'}"
 
 
 def render_engine(data: dict[str, Any]) -> str:
@@ -132,6 +144,25 @@ def render_compare_modes(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_decode_step(data: dict[str, Any]) -> str:
+    meta = data["_meta"]
+    paths = [key for key in data if not key.startswith("_")]
+    parts = [part for part in data[paths[0]] if part != "step"]
+    lines = [
+        provenance(meta),
+        "",
+        f"ms per decode step, {meta.get('streams')} stream(s), {meta.get('weights')}, kernels "
+        f"{meta.get('kernel_isa', '?')}, {meta.get('threads')} threads; median over rounds:",
+        "",
+        "| path | " + " | ".join(parts) + " | step |",
+        "|---" * (len(parts) + 2) + "|",
+    ]
+    for path in paths:
+        cells = " | ".join(f"{data[path][part]:.2f}" for part in [*parts, "step"])
+        lines.append(f"| {path} | {cells} |")
+    return "\n".join(lines)
+
+
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -144,6 +175,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "vs_llamacpp": render_vs_llamacpp,
     "engine": render_engine,
     "compare_modes": render_compare_modes,
+    "decode_step": render_decode_step,
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import report
 
-NAMES = ("vs_llamacpp", "engine", "compare_modes")
+NAMES = ("vs_llamacpp", "engine", "compare_modes", "decode_step")
 PROVENANCE = ("cpu", "isa_executes", "cpuid_flags", "commit", "date", "command")
 
 
