@@ -138,6 +138,13 @@ def render_compare_modes(data: dict[str, Any]) -> str:
     lines.append(f"| highest rate >= 90 % on its own | {_x(own)} | {_goal(own, RATE_GOAL)} |")
     mono = ratios.get("max_rate_monotone_pdserve_best_over_llama_server")
     lines.append(f"| highest rate, monotone | {_x(mono)} | - |")
+    goodput = ratios.get("goodput_at_common_rate_by_mode") or {}
+    ours = max((v for m, v in goodput.items() if not m.startswith("llama_server") and v), default=0)
+    theirs = max((v for m, v in goodput.items() if m.startswith("llama_server") and v), default=0)
+    ratio = ours / theirs if ours and theirs else None
+    lines.append(
+        f"| goodput @ {data['common_rate']:g} req/s (within TTFT+TPOT) | {_x(ratio)} | - |"
+    )
     for n, ratio in (ratios.get("closed_loop_pdserve_best_over_llama_server") or {}).items():
         goal = CLOSED_LOOP_GOALS.get(n)
         lines.append(f"| closed loop N = {n}, tok/s | {_x(ratio)} | {_goal(ratio, goal)} |")
@@ -168,7 +175,9 @@ def _ms(seconds: float | None) -> str:
 
 
 def _x(ratio: float | None) -> str:
-    return "n/a (a side holds no rate)" if ratio is None else f"**{ratio:.2f}x**"
+    if ratio is None:
+        return "not measurable: a side holds 90 % at no rate of the sweep"
+    return f"**{ratio:.2f}x**"
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
