@@ -222,8 +222,10 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "threads",
             "num_borrowing_steps",
             "num_yields",
+            "kernels",
         ]
         assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2
+        assert set(load.to_dict()["kernels"].values()) <= {"cached", "built"}
         assert load.to_dict()["weights"].startswith("weights fp32: layers float32")
         decode.abort("r")
     finally:
