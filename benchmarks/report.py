@@ -32,6 +32,11 @@ CLOSED_LOOP_GOALS = {"1": 1.2, "8": 2.0, "32": 2.0}
 RATE_GOAL = 2.0
 
 
+def _measures(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A result file's measures, its ``_meta`` left out."""
+    return [(key, entry) for key, entry in data.items() if not key.startswith("_")]
+
+
 def _cell(spread: dict[str, Any], digits: int = 1) -> str:
     return f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}-{spread['max']:.{digits}f}]"
 
@@ -59,9 +64,7 @@ def render_vs_llamacpp(data: dict[str, Any]) -> str:
         "pdserve / llama.cpp | goal | prompt tokens from the prefix cache |",
         "|---|---|---|---|---|---|",
     ]
-    for key, entry in data.items():
-        if key.startswith("_"):
-            continue
+    for key, entry in _measures(data):
         ratio = entry["ratio"]["median"]
         lines.append(
             f"| {key} | {_cell(entry['pdserve'])} | {_cell(entry['llamacpp'])} "
@@ -106,9 +109,7 @@ def render_engine(data: dict[str, Any]) -> str:
         "transformers (fp32 weights) | pdserve / transformers | prompt tokens from the cache |",
         "|---|---|---|---|---|",
     ]
-    for key, entry in data.items():
-        if key.startswith("_"):
-            continue
+    for key, entry in _measures(data):
         lines.append(
             f"| {key} | {_cell(entry['pdserve'])} | {_cell(entry['baseline'])} | "
             f"{_cell(entry['ratio'], 2)} | {entry.get('prefix_cache_hit_tokens', 0)} |"

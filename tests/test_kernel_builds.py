@@ -116,28 +116,33 @@ def test_a_build_is_reused_from_another_checkout(toolchain, tiny_source, tmp_pat
     assert "'tiny_module': 'cached'" in done.stdout
 
 
+def _holding(lock: Path, meanwhile: str = "") -> subprocess.Popen:
+    """A process holding the build lock ``lock`` (having run ``meanwhile`` under it), once it
+    says so."""
+    code = (
+        "import time\nfrom pathlib import Path\nfrom engine import kernels\n"
+        f"with kernels._build_lock(Path({str(lock)!r}), 1):{meanwhile}\n"
+        "    print('held', flush=True)\n    time.sleep(120)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def _killed_mid_build(source: Path) -> None:
     """A process that took the build lock, started torch's build (its ``lock`` file written
     where today's and earlier layouts put it) and was killed with SIGKILL."""
     name = kernels.module_name(source)
     root = Path(os.environ["TORCH_EXTENSIONS_DIR"])
-    holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
-            import sys, time
-            from pathlib import Path
-            from engine import kernels
-            with kernels._build_lock(Path({str(root / "pdserve" / f"{name}.lock")!r}), 1):
-                for folder in ({str(root / "pdserve" / name)!r}, {str(root / name)!r}):
-                    Path(folder).mkdir(parents=True, exist_ok=True)
-                    (Path(folder) / "lock").write_text("")
-                print("held", flush=True)
-                time.sleep(120)
-        """)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    lock = root / "pdserve" / f"{name}.lock"
+    stale = "".join(
+        f"\n    Path({str(folder)!r}).mkdir(parents=True, exist_ok=True)"
+        f"\n    (Path({str(folder)!r}) / 'lock').write_text('')"
+        for folder in (root / "pdserve" / name, root / name)
+    )
+    holder = _holding(lock, stale)
     holder.send_signal(signal.SIGKILL)
     holder.wait(10)
 
@@ -160,21 +165,8 @@ def test_a_build_killed_midway_does_not_stop_the_next_start(toolchain, tiny_sour
 
 def test_a_wait_for_a_live_builder_is_bounded_and_names_the_lock(toolchain, tiny_source):
     lock = kernels.kernel_build_root() / f"{kernels.module_name(tiny_source)}.lock"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
-            import time
-            from pathlib import Path
-            from engine import kernels
-            with kernels._build_lock(Path({str(lock)!r}), 1):
-                print("held", flush=True)
-                time.sleep(120)
-        """)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    holder = _holding(lock)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         start = time.monotonic()
         with pytest.raises(TimeoutError, match=f"{lock}.*held by pid {holder.pid}"):
             kernels.build_extension(tiny_source, wait_s=1)
