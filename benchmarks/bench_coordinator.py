@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.sse import sse_lines  # noqa: E402
 from coordinator.config import load_config
 from coordinator.server import Coordinator
-from engine.embedding_worker import EmbeddingWorker
 from engine.sampling_params import SamplingParams
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
+from workers.embedding import EmbeddingWorker
 
 
 def free_port() -> int:

@@ -28,21 +28,21 @@ import ray
 
 from coordinator.cluster_config import ActorResources, ClusterConfig
 from decode_worker.worker import DecodeWorker
-from engine.embedding_worker import EmbeddingWorker
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import pd_output_limit
 from engine.transfer.security import generate_credentials
-from engine.worker.colocated import ColocatedWorker
-from engine.worker.contracts import (
+from prefill_worker.worker import PrefillWorker
+from workers.colocated import ColocatedWorker
+from workers.contracts import (
     GenerationRequest,
     HandoffResult,
     HandoffTarget,
     Reservation,
     WorkerLoad,
 )
-from engine.worker.core_sharing import CoreSharing, lending_path, remove_lendings
-from prefill_worker.worker import PrefillWorker
+from workers.core_sharing import CoreSharing, lending_path, remove_lendings
+from workers.embedding import EmbeddingWorker
 
 log = logging.getLogger(__name__)
 FAULT_INJECTION = "PDSERVE_FAULT_INJECTION"  # "1": workers accept inject_fault (chaos tests)

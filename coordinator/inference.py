@@ -41,7 +41,7 @@ from coordinator.metrics import Metrics
 from coordinator.router import Route, Router
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 log = logging.getLogger(__name__)
 REPICK_INTERVAL_S = 0.25  # a migrating request's wait between tries for a pair

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from engine.worker.contracts import WorkerLoad
+from workers.contracts import WorkerLoad
 
 LATENCY_BUCKETS = (
     0.005,

@@ -42,7 +42,7 @@ from engine.config import CacheConfig
 from engine.errors import ConfigError
 from engine.outputs import EngineStats
 from engine.prefix_hash import block_hashes
-from engine.worker.contracts import WorkerLoad
+from workers.contracts import WorkerLoad
 
 log = logging.getLogger(__name__)
 STALE_GRACE_S = 30.0

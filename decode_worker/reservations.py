@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import RequestRejectedError
 from engine.llm_engine import LLMEngine
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 
 @dataclass(order=True)

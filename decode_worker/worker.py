@@ -27,7 +27,7 @@ Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
    not arrive within N s"). One that ends while its pages are being written keeps its blocks
    until the write is over.
 The request's event queue goes with the stream that reads it, or with ``abort``, or, ended and
-never streamed, after ``reservation_timeout_s`` more (``engine/worker/runtime.py``).
+never streamed, after ``reservation_timeout_s`` more (``workers/runtime.py``).
 
 Chaos tests break transfers on purpose with ``inject_fault`` (``docs/kv-handoff.md``).
 """
@@ -51,8 +51,8 @@ from engine.request import Request, RequestStatus
 from engine.transfer import KVCredentials, create_receiver
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from engine.transfer.security import transfer_credentials
-from engine.worker.contracts import GenerationRequest, Reservation
-from engine.worker.runtime import WorkerRuntime, submit
+from workers.contracts import GenerationRequest, Reservation
+from workers.runtime import WorkerRuntime, submit
 
 FAULT_INJECTION_ENV = "PDSERVE_FAULT_INJECTION"
 FAULTS = ("break_transport",)

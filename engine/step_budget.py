@@ -13,7 +13,7 @@ tokens and ``token_s`` from the rest (their time beyond ``decode_s``, per prompt
 ``MIN_CHUNK_TOKENS`` go in each step, so a prompt always progresses.
 
 The cost of a prompt token is learnt per torch thread count, since a worker that borrows cores
-(engine/worker/core_sharing.py) runs steps on different counts; a count not seen yet starts
+(workers/core_sharing.py) runs steps on different counts; a count not seen yet starts
 from the nearest one seen, scaled by the thread ratio. ``limit_s``, when a worker sets it, caps
 the next step's length whatever it decodes (a step run on cores lent for that long).
 """

@@ -35,8 +35,8 @@ from engine.request import RequestStatus
 from engine.transfer import KVCredentials, KVTransferError, create_sender
 from engine.transfer.payload import KVPayload
 from engine.transfer.security import transfer_credentials
-from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
-from engine.worker.runtime import WorkerRuntime, submit
+from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
+from workers.runtime import WorkerRuntime, submit
 
 log = logging.getLogger(__name__)
 

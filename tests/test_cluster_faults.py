@@ -15,7 +15,7 @@ from coordinator.cluster_config import ActorResources, ClusterConfig
 from engine.config import CacheConfig, EngineConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 pytestmark = pytest.mark.ray
 

@@ -16,7 +16,7 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.outputs import EngineStats
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.worker.contracts import GenerationRequest, Reservation, WorkerLoad
+from workers.contracts import GenerationRequest, Reservation, WorkerLoad
 
 pytestmark = pytest.mark.ray
 

@@ -15,10 +15,10 @@ import torch
 
 from coordinator.cluster import Cluster
 from coordinator.cluster_config import ActorResources, ClusterConfig
-from engine.worker import core_borrower, core_sharing, yield_policy
-from engine.worker.core_borrower import Borrower
-from engine.worker.core_sharing import Lender, lending_path, remove_lendings
-from engine.worker.yield_policy import PauseBudget, tpot_headroom_s
+from workers import core_borrower, core_sharing, yield_policy
+from workers.core_borrower import Borrower
+from workers.core_sharing import Lender, lending_path, remove_lendings
+from workers.yield_policy import PauseBudget, tpot_headroom_s
 
 
 def _on_own_thread(fn):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from engine.sampling_params import SamplingParams
-from engine.worker import core_sharing
-from engine.worker.contracts import GenerationRequest
 from tests.test_cluster_pd import PARAMS, PROMPTS, _assert_idle, _cluster, _engine, _run
+from workers import core_sharing
+from workers.contracts import GenerationRequest
 
 pytestmark = pytest.mark.ray
 

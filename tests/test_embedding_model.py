@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.embedding_model import EmbeddingModel, bundled_embedding_dir
-from engine.embedding_worker import EmbeddingWorker
+from workers.embedding import EmbeddingWorker
 
 
 def test_bundled_embeddings_match_a_direct_reference():

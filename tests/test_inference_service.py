@@ -17,7 +17,7 @@ from coordinator.router import STALE_GRACE_S, Router, RoutingConfig, WorkerState
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.worker.contracts import GenerationRequest, WorkerLoad
+from workers.contracts import GenerationRequest, WorkerLoad
 
 MAX_NEW = 6
 

@@ -28,10 +28,10 @@ from engine.transfer.codec import encode_header
 from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
-from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget, Reservation
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
 from tests.worker_streams import collect as _collect
+from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget, Reservation
 
 PROMPT = list(range(5, 10))
 REFUSAL = "no reservation for these pages (aborted?)"

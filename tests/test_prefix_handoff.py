@@ -15,10 +15,10 @@ from engine.kv_cache import bytes_per_block
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
 from tests.test_workers_inprocess import _assert_freed
+from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
 
 SYSTEM = list(range(20, 46))  # 26 tokens
 PARAMS = SamplingParams(max_new_tokens=6, ignore_eos=True)

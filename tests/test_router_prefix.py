@@ -14,7 +14,7 @@ from coordinator.prefix_index import PrefixIndex
 from coordinator.router import STALE_GRACE_S, Router, RoutingConfig
 from engine.outputs import EngineStats
 from engine.prefix_hash import block_hashes
-from engine.worker.contracts import WorkerLoad
+from workers.contracts import WorkerLoad
 
 BLOCK = 4
 IDLE = EngineStats(num_free_blocks=100, num_total_blocks=100, num_cached_blocks=1)

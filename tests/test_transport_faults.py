@@ -24,10 +24,10 @@ from engine.transfer.grpc_transport import MAX_CONCURRENT_PUSHES, chunk_messages
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferHeader
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
-from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from prefill_worker.worker import PrefillWorker
 from tests.worker_streams import collect as _collect
 from tests.worker_streams import wait_until as _wait_until
+from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
 
 # a hand-off's settings (transport, shared_memory)
 SOCKETS = {"zmq_shm": ("zmq", True), "zmq_frames": ("zmq", False), "grpc": ("grpc", True)}

@@ -21,10 +21,10 @@ from engine.sampling_params import SamplingParams
 from engine.transfer import create_receiver, create_sender
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 from engine.transfer.shared_memory import SharedPageBuffer
-from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from prefill_worker.worker import PrefillWorker
 from tests.worker_streams import collect as _collect
 from tests.worker_streams import wait_until as _wait_until
+from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
 
 
 def _config(model_dir, num_blocks: int = 64) -> EngineConfig:

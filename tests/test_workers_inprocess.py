@@ -14,8 +14,8 @@ from engine.config import CacheConfig, EngineConfig, KVTransferConfig, Scheduler
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.worker.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from prefill_worker.worker import PrefillWorker
+from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
 
 
 def _config(model_dir, num_blocks: int = 64) -> EngineConfig:

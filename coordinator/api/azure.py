@@ -25,7 +25,7 @@ from coordinator.api.common import APIError, ModelInfo, create_router, read_obje
 from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import input_blocked, openai_sampling, prompt_ids
 from coordinator.inference import InferenceService
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 API_VERSIONS = ("2024-04-01-preview", "2024-05-01-preview", "2025-04-01", "2025-05-01")
 CHAT_KEYS = {

@@ -42,7 +42,7 @@ from coordinator.api.mindie_request import (
 )
 from coordinator.content_safety import INPUT_FILTERED, text_blocked
 from coordinator.inference import InferenceService
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 
 def error_response(error: APIError) -> JSONResponse:

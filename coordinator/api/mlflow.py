@@ -37,7 +37,7 @@ from coordinator.api.openai_request import input_blocked, prompt_ids
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from engine.model.mlflow_model import MlflowModel
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 ERROR_CODES = {  # MLflow's names for service failures, by status; any other is INTERNAL_ERROR
     408: "DEADLINE_EXCEEDED",

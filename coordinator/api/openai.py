@@ -18,7 +18,7 @@ from coordinator.api.common import APIError, ModelInfo, create_router, read_obje
 from coordinator.api.openai_format import Completion, OpenAIError
 from coordinator.api.openai_request import input_blocked, openai_sampling, prompt_field, prompt_ids
 from coordinator.inference import InferenceService
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 DEFAULT_MAX_TOKENS = {"text": 16, "chat": 512}
 

@@ -36,7 +36,7 @@ from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 FINISH = {  # the normal finishes; a failure is raised, never a finish
     FinishReason.EOS: "eos_token",

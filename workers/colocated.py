@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from engine.outputs import TokenEvent
-from engine.worker.contracts import GenerationRequest
-from engine.worker.runtime import WorkerRuntime
+from workers.contracts import GenerationRequest
+from workers.runtime import WorkerRuntime
 
 
 class ColocatedWorker(WorkerRuntime):

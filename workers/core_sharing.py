@@ -45,7 +45,7 @@ granted too short for a live borrower to end the step it was in (under ``CLAIMAB
 sign of that: only ``MAX_SHORT_UNCLAIMED`` of those in a row back off (otherwise the borrower
 would compute the rest of its prompt on its own threads, in one step, for the whole backoff).
 
-Pauses are bounded (engine/worker/yield_policy.py) over time (``decode_yield_percent``: a
+Pauses are bounded (workers/yield_policy.py) over time (``decode_yield_percent``: a
 lender earns pause time at that share of the time that passes, up to one ``decode_yield_ms``, and
 yields only with the pause earned; a pause spends what it lasted), and per stream
 (``decode_yield_tpot_ms``: a pause is only as long as every running stream affords and still
@@ -74,7 +74,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.worker.yield_policy import PauseBudget
+from workers.yield_policy import PauseBudget
 
 log = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
@@ -167,7 +167,7 @@ class Lender:
     ) -> float:
         """Engine thread of a busy lender, between two steps: if the borrower asks, pause while
         it runs one step on these cores too (see the module's steps); the seconds paused.
-        ``headroom(step_s)``: the longest pause its streams afford (engine/worker/
+        ``headroom(step_s)``: the longest pause its streams afford (workers/
         yield_policy.py); the pause is no longer, and none is cut below ``MIN_GRANT_S``.
         ``while_paused``: called at every poll of the pause (the engine thread's queued calls:
         a reservation asked meanwhile is answered at once, not after the pause)."""

@@ -36,10 +36,10 @@ from engine.engine_loop import EngineLoop
 from engine.kernels import kernel_origins
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
-from engine.worker.contracts import GenerationRequest, HandoffResult, WorkerLoad
-from engine.worker.core_borrower import Borrower
-from engine.worker.core_sharing import YIELD_MIN_TOKENS, CoreSharing, Lender, lower_priority
-from engine.worker.yield_policy import headroom_s
+from workers.contracts import GenerationRequest, HandoffResult, WorkerLoad
+from workers.core_borrower import Borrower
+from workers.core_sharing import YIELD_MIN_TOKENS, CoreSharing, Lender, lower_priority
+from workers.yield_policy import headroom_s
 
 log = logging.getLogger(__name__)
 UNCLAIMED_GRACE_S = 30.0
@@ -57,7 +57,7 @@ class WorkerRuntime:
         sharing: CoreSharing | None = None,
     ) -> None:
         """``cpu_ids``: the cores to pin the process to (None: the OS schedules); ``sharing``:
-        the cores it lends and borrows (engine/worker/core_sharing.py)."""
+        the cores it lends and borrows (workers/core_sharing.py)."""
         logging.basicConfig(
             level=logging.INFO,
             format=f"%(asctime)s %(levelname)s {self.role}[{instance}] %(message)s",
@@ -90,7 +90,7 @@ class WorkerRuntime:
 
     def _share_cores(self, busy: bool) -> None:
         """Engine thread: say whether this worker is idle, and yield to a borrower that asks;
-        before a step, borrow what is idle or yielded (engine/worker/core_sharing.py)."""
+        before a step, borrow what is idle or yielded (workers/core_sharing.py)."""
         if self._lower_priority:
             lower_priority()  # before the engine thread starts its thread pool
             self._lower_priority = False
@@ -112,7 +112,7 @@ class WorkerRuntime:
         budget.limit_s = self.borrower.step_limit_s(self._asked_yield_s)
 
     def _headroom_s(self, step_s: float | None) -> float:
-        """The longest pause this decode worker's requests afford (engine/worker/yield_policy.py:
+        """The longest pause this decode worker's requests afford (workers/yield_policy.py:
         with ``decode_yield_tpot_ms``, their TPOT target; always, its own short prompts)."""
         scheduler = self.engine.scheduler
         requests = [*scheduler.running, *scheduler.waiting]

@@ -1,4 +1,4 @@
-"""The borrower's side of core sharing (engine/worker/core_sharing.py): before each step, the
+"""The borrower's side of core sharing (workers/core_sharing.py): before each step, the
 threads of every idle lender, and of a busy one yielding to this worker, are added to its own."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.worker.core_sharing import (
+from workers.core_sharing import (
     BUSY,
     CLAIM_SEQ,
     CLOSED,

@@ -1,5 +1,5 @@
 """When a busy decode worker may pause for a long prefill, and for how long
-(engine/worker/core_sharing.py: ``decode_yield_percent``, ``decode_yield_tpot_ms``).
+(workers/core_sharing.py: ``decode_yield_percent``, ``decode_yield_tpot_ms``).
 
 One bound always, two optional (:func:`headroom_s` picks the per-request one):
 
