@@ -42,7 +42,6 @@ class DecodeHandoff:
     layout: KVLayout
     requests: dict[str, Request]
     _receive_lock: threading.Lock
-    _import_tokens: dict[str, str]
 
     if TYPE_CHECKING:  # the engine's own
 
@@ -100,11 +99,9 @@ class DecodeHandoff:
         request.num_shared_blocks = request.num_registered_blocks = len(shared)
         if timeout_s is not None:
             request.deadline = request.arrival_time + timeout_s
-        self.requests[request_id] = request
-        with self._receive_lock:
-            for ended in [r for r in self._import_tokens if r not in self.requests]:
-                del self._import_tokens[ended]
-            self._import_tokens[request_id] = token
+        request.reservation_token = token
+        with self._receive_lock:  # the transport's thread looks reservations up
+            self.requests[request_id] = request
         return request
 
     def reservation_refusal(self, num_tokens: int) -> str:
@@ -162,14 +159,14 @@ class DecodeHandoff:
             )
             self._check_state(request, state, max_output_tokens or state.max_output_tokens)
             request.status = RequestStatus.RECEIVING
-            self._import_tokens.pop(state.request_id, None)
+            request.reservation_token = ""
         return request
 
     def _live_reservation(self, request_id: str, token: str) -> Request:
         """Under ``_receive_lock``: the RESERVED request whose secret is ``token``. Every miss
         gets the same answer, whatever was wrong."""
         request = self.requests.get(request_id)
-        expected = self._import_tokens.get(request_id, "")
+        expected = request.reservation_token if request is not None else ""
         matches = hmac.compare_digest(token.encode(), expected.encode())
         if not matches or request is None or request.status != RequestStatus.RESERVED:
             raise KVImportError("no reservation for these pages (aborted?)")

@@ -99,7 +99,6 @@ class LLMEngine(DecodeHandoff):
         # Orders the transport thread's RESERVED -> RECEIVING against this thread ending the
         # request: blocks being written to are freed only once the write is over.
         self._receive_lock = threading.Lock()
-        self._import_tokens: dict[str, str] = {}  # reservation secrets, under _receive_lock
         self._pending: list[TokenEvent] = []
         self._arrivals = itertools.count()
 

@@ -63,6 +63,7 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None
     deadline: float | None = None  # RESERVED: ended with an error if its pages are not in by then
+    reservation_token: str = field(default="", repr=False)  # RESERVED: pages must carry it
 
     @property
     def num_tokens(self) -> int:

@@ -176,7 +176,7 @@ def _abort_while_receiving(prefill, decode, reserved) -> None:
     _prefill(prefill, request_id, [*SYSTEM, 1, 2, 3])
     payload = prefill.export_kv(request_id, 6, first_block=reserved.num_shared_blocks)
     prefill.release(request_id)
-    payload.token = decode._import_tokens[request_id]
+    payload.token = decode.requests[request_id].reservation_token
     receiving = decode.take_reservation(payload)
     decode.abort(request_id)  # while its pages are being written: blocks stay until the write ends
     assert decode.write_pages(receiving, payload) is None
