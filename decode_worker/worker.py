@@ -103,14 +103,14 @@ class DecodeWorker(WorkerRuntime):
         waiting hand-offs served by priority then arrival; returns within ``wait_s``."""
         request_id = request.request_id
         token = secrets.token_hex(16)  # only pages carrying it are accepted
-        self._open(request_id)
+        self.requests.open(request_id)
         try:
             answer = self._wait_for_blocks(request, token, max(wait_s, 0.0))
         except BaseException:
-            self._close(request_id)
+            self.requests.close(request_id)
             raise
         if isinstance(answer, str):
-            self._close(request_id)
+            self.requests.close(request_id)
             return Reservation.refused(answer)
         return Reservation(True, self.receiver.endpoint, token=token, num_cached_blocks=answer)
 
@@ -147,22 +147,22 @@ class DecodeWorker(WorkerRuntime):
 
     def stream(self, request_id: str) -> Iterator[TokenEvent]:
         """Token events of a reserved request, up to its finish."""
-        q = self._claim(request_id)
-        if q is None:
+        streamed = self.requests.claim(request_id)
+        if streamed is None:
             unknown = (
                 f"request {request_id!r} is unknown to decode worker {self.instance} "
                 "(ended and dropped, or streamed already)"
             )
             yield TokenEvent.failure(request_id, unknown)
             return
-        yield from self._drain(request_id, q)
+        yield from self.requests.drain(streamed)
 
     def abort(self, request_id: str) -> bool:
         def abort(engine: LLMEngine) -> bool:
             return self._waiting.cancel(request_id) or engine.abort(request_id)
 
         aborted = self.loop.call(abort).result()
-        self._close(request_id)  # a stream in progress ends on the abort's event instead
+        self.requests.close(request_id)  # a stream in progress ends on the abort's event instead
         return aborted
 
     def inject_fault(self, kind: str, count: int = 1) -> int:

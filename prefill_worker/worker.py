@@ -57,7 +57,6 @@ class PrefillWorker(WorkerRuntime):
         super().__init__(config, **runtime)
         self.sender = create_sender(transfer.transport, transfer.shared_memory, credentials)
         self.transfer_timeout_s = transfer.transfer_timeout_s
-        self._handoffs: dict[str, HandoffTarget] = {}  # engine thread only
         self._senders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-send")
         self.num_transferred_bytes = 0
 
@@ -72,10 +71,8 @@ class PrefillWorker(WorkerRuntime):
 
         def add(engine: LLMEngine) -> None:
             submit(engine, request, prefill_only=handoff is not None, max_output_tokens=limit)
-            if handoff is not None:
-                self._handoffs[request.request_id] = handoff
 
-        yield from self._run(request, add)
+        yield from self._run(request, add, handoff)
 
     def num_handoffs_by_path(self) -> dict[str, int]:
         """Hand-offs acknowledged so far, by the path their pages took (``engine.transfer``)."""
@@ -84,13 +81,13 @@ class PrefillWorker(WorkerRuntime):
     def _dispatch(self, events: list[TokenEvent]) -> None:
         """On the engine thread: stream events; start the hand-off of requests now held."""
         for event in events:
-            self._put(event.request_id, event)
-            target = self._handoffs.pop(event.request_id, None)
+            self.requests.put(event.request_id, event)
+            target = self.requests.take_handoff(event.request_id)
             if target is None:
                 continue
             request = self.engine.requests.get(event.request_id)
             if event.finished or request is None or request.status != RequestStatus.HELD:
-                self._put(
+                self.requests.put(
                     event.request_id,
                     HandoffResult(event.request_id, ok=False, error="ended before the hand-off"),
                 )
@@ -105,7 +102,7 @@ class PrefillWorker(WorkerRuntime):
                 deadline = time.monotonic() + self.transfer_timeout_s
                 self._senders.submit(self._send, target.endpoint, payload, deadline)
             except Exception as exc:
-                self._put(event.request_id, _failed(event.request_id, target.endpoint, exc))
+                self.requests.put(event.request_id, _failed(event.request_id, target.endpoint, exc))
                 self.engine.release(event.request_id)
 
     def _send(self, endpoint: str, payload: KVPayload, deadline: float) -> None:
@@ -125,7 +122,7 @@ class PrefillWorker(WorkerRuntime):
             result = _failed(request_id, endpoint, exc)
         # The result first: the caller switches to the decode worker's stream at once, instead
         # of waiting for the engine thread to finish its current (maybe long) prefill step.
-        self._put(request_id, result)
+        self.requests.put(request_id, result)
         self.loop.call(lambda e: e.release(request_id))
 
 

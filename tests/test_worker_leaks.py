@@ -25,6 +25,7 @@ from prefill_worker.worker import PrefillWorker
 from tests.worker_streams import collect as _collect
 from tests.worker_streams import wait_until as _wait_until
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
+from workers.worker_request import Phase
 
 
 def _config(model_dir, num_blocks: int = 64) -> EngineConfig:
@@ -49,7 +50,7 @@ def _stop(*workers: Any) -> None:
 def _open_streams(worker: Any) -> int:
     """The event queues ``worker`` holds, as its load reports them (and really)."""
     reported = worker.load().num_open_streams
-    assert reported == len(worker._queues)
+    assert reported == len(worker.requests._requests)
     return reported
 
 
@@ -110,7 +111,7 @@ def test_a_second_stream_of_one_request_is_refused(tiny_model_dir):
         first = decode.stream("r")
         reader = threading.Thread(target=lambda: list(first), daemon=True)
         reader.start()
-        assert _wait_until(lambda: "r" in decode._streaming, 3)
+        assert _wait_until(lambda: decode.requests.phase_of("r") == Phase.STREAMING, 3)
         [second] = _collect(decode.stream("r"))
         assert second.finish_reason == FinishReason.ERROR and "streamed already" in second.error
         decode.abort("r")  # the first stream ends on the abort's event and drops the queue

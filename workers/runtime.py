@@ -1,21 +1,12 @@
-"""What every worker actor shares: an engine on its own thread, per-request event queues, and
-the stream / abort / load methods the cluster client calls.
+"""What every worker actor shares: an engine on its own thread, its requests' event streams
+(``workers/worker_request.py``), and the stream / abort / load methods the cluster client calls.
 
 Worker actors are threaded Ray actors: ``stream`` is a Ray streaming generator that blocks on a
-``queue.Queue`` the engine thread fills, so token events reach the client as they are made.
-
-Life of a request's event queue: it is opened when the request arrives (``generate``,
-``prefill``, or a decode worker's ``reserve``) and dropped when
-
-- the stream reading it gets the final item (a finished event, or a hand-off's result);
-- the request is aborted while nobody streams it (a stream in progress ends on the abort's
-  event and drops it itself);
-- or its final item came while nobody streamed it and nobody came for it within
-  ``unclaimed_grace_s``: a decode request may legitimately finish before its ``stream`` call (it
-  ended on its first decode step), but a coordinator that is gone never calls, and the queue must
-  not outlive it. The engine thread checks for those in its housekeeping.
-
-So an idle worker holds no queue: ``load().num_open_streams`` is 0.
+``queue.Queue`` the engine thread fills, so token events reach the client as they are made. A
+request's record lives from its arrival (``generate``, ``prefill``, or a decode worker's
+``reserve``) until its stream reads the final item, it is aborted unread, or it ended unread
+``unclaimed_grace_s`` ago (the engine thread checks in its housekeeping). So an idle worker
+holds no request: ``load().num_open_streams`` is 0.
 """
 
 from __future__ import annotations
@@ -23,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,9 +25,10 @@ from engine.engine_loop import EngineLoop
 from engine.kernels import kernel_origins
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
-from workers.contracts import GenerationRequest, HandoffResult, WorkerLoad
+from workers.contracts import GenerationRequest, HandoffTarget, WorkerLoad
 from workers.core_borrower import Borrower
 from workers.core_sharing import YIELD_MIN_TOKENS, CoreSharing, Lender, lower_priority
+from workers.worker_request import WorkerRequests
 from workers.yield_policy import headroom_s
 
 log = logging.getLogger(__name__)
@@ -68,10 +58,7 @@ class WorkerRuntime:
         self.node_ip = _ray_node_ip()
         self.engine = LLMEngine(config)
         self.unclaimed_grace_s = UNCLAIMED_GRACE_S
-        self._queues: dict[str, queue.Queue] = {}
-        self._streaming: set[str] = set()  # queues a stream is reading
-        self._unclaimed: dict[str, float] = {}  # ended, unread: when (oldest first)
-        self._lock = threading.Lock()
+        self.requests = WorkerRequests(self.role)  # every request here (workers/worker_request.py)
         self._lower_priority = bool(sharing and sharing.low_priority)  # on the engine thread
         own = config.num_threads or torch.get_num_threads()
         lend, borrow = (sharing.lend_path, sharing.borrow_paths) if sharing else (None, ())
@@ -120,80 +107,24 @@ class WorkerRuntime:
 
     # ---- events ------------------------------------------------------------------------------
 
-    def _open(self, request_id: str, streaming: bool = False) -> queue.Queue:
-        with self._lock:
-            if request_id in self._queues:
-                raise ValueError(f"request id {request_id!r} is already in use on {self.role}")
-            q = self._queues[request_id] = queue.Queue()
-            if streaming:
-                self._streaming.add(request_id)
-            return q
-
-    def _claim(self, request_id: str) -> queue.Queue | None:
-        """The queue of ``request_id`` for one stream to read; None if there is none, or a
-        stream reads it already."""
-        with self._lock:
-            q = self._queues.get(request_id)
-            if q is None or request_id in self._streaming:
-                return None
-            self._streaming.add(request_id)
-            self._unclaimed.pop(request_id, None)
-            return q
-
-    def _put(self, request_id: str, item: Any) -> None:
-        with self._lock:
-            q = self._queues.get(request_id)
-            if q is None:
-                return
-            if _is_final(item) and request_id not in self._streaming:
-                self._unclaimed.setdefault(request_id, time.monotonic())
-            q.put(item)
-
-    def _close(self, request_id: str) -> None:
-        """Drop the queue of ``request_id``, unless a stream reads it (it drops it itself)."""
-        with self._lock:
-            if request_id not in self._streaming:
-                self._queues.pop(request_id, None)
-                self._unclaimed.pop(request_id, None)
-
     def _drop_unclaimed(self) -> None:
-        """Engine thread, housekeeping: drop queues ended and unread for ``unclaimed_grace_s``."""
-        horizon = time.monotonic() - self.unclaimed_grace_s
-        with self._lock:
-            while self._unclaimed:
-                request_id, ended = next(iter(self._unclaimed.items()))
-                if ended > horizon:
-                    return
-                del self._unclaimed[request_id]
-                self._queues.pop(request_id, None)
-                log.info("dropped the events of %s: nobody streamed them", request_id)
+        """Engine thread, housekeeping: forget requests ended and unread for their grace."""
+        self.requests.drop_unclaimed(self.unclaimed_grace_s)
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         for event in events:
-            self._put(event.request_id, event)
-
-    def _drain(self, request_id: str, q: queue.Queue) -> Iterator[Any]:
-        """Yield items until a final one (a finished event or a HandoffResult); ``q`` must be
-        this stream's (``_open(streaming=True)`` or ``_claim``)."""
-        try:
-            while True:
-                item = q.get()
-                yield item
-                if _is_final(item):
-                    return
-        finally:
-            with self._lock:
-                self._queues.pop(request_id, None)
-                self._streaming.discard(request_id)
-                self._unclaimed.pop(request_id, None)
+            self.requests.put(event.request_id, event)
 
     def _run(
-        self, request: GenerationRequest, add: Callable[[LLMEngine], None] | None = None
+        self,
+        request: GenerationRequest,
+        add: Callable[[LLMEngine], None] | None = None,
+        handoff: HandoffTarget | None = None,
     ) -> Iterator[Any]:
         """Queue ``request`` on the engine and yield its stream up to the final item; a request
         the engine refuses ends with an error event. ``add`` (default: :func:`submit`) runs on
-        the engine thread."""
-        q = self._open(request.request_id, streaming=True)
+        the engine thread; ``handoff``: where a prefill worker sends its KV once held."""
+        streamed = self.requests.open(request.request_id, streaming=True, handoff=handoff)
         add = add or (lambda engine: submit(engine, request))
         arrived = time.monotonic()  # its wait for the engine thread counts as queueing too
 
@@ -206,8 +137,8 @@ class WorkerRuntime:
         try:
             self.loop.call(queue_it).result()
         except Exception as exc:
-            self._put(request.request_id, TokenEvent.failure(request.request_id, str(exc)))
-        yield from self._drain(request.request_id, q)
+            self.requests.put(request.request_id, TokenEvent.failure(request.request_id, str(exc)))
+        yield from self.requests.drain(streamed)
 
     # ---- methods the client calls --------------------------------------------------------------
 
@@ -223,7 +154,7 @@ class WorkerRuntime:
 
     def abort(self, request_id: str) -> bool:
         aborted = self.loop.call(lambda e: e.abort(request_id)).result()
-        self._close(request_id)
+        self.requests.close(request_id)
         return aborted
 
     def load(self) -> WorkerLoad:
@@ -235,8 +166,7 @@ class WorkerRuntime:
         except TimeoutError:
             future.cancel()
             stats = self.loop.stats
-        with self._lock:
-            num_open_streams = len(self._queues)
+        num_open_streams = len(self.requests)
         return WorkerLoad(
             self.role,
             self.instance,
@@ -251,10 +181,6 @@ class WorkerRuntime:
             + (self.borrower.num_yielded_steps if self.borrower else 0),
             kernel_origins(),
         )
-
-
-def _is_final(item: Any) -> bool:
-    return isinstance(item, HandoffResult) or bool(item.finished)
 
 
 def submit(
