@@ -41,7 +41,7 @@ from workers.contracts import (
     Reservation,
     WorkerLoad,
 )
-from workers.core_sharing import CoreSharing, lending_path, remove_lendings
+from workers.core_lending import SharedCores, lending_path, remove_lendings
 from workers.embedding import EmbeddingWorker
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class Cluster:
 
     def _sharing(
         self, num_prefill: int, num_decode: int
-    ) -> tuple[list[CoreSharing | None], list[CoreSharing | None]]:
+    ) -> tuple[list[SharedCores | None], list[SharedCores | None]]:
         """What each prefill and decode worker lends and borrows (None: ``share_idle_cores``
         is off). The files live on the workers' own hosts: only co-located workers share."""
         if not self.config.share_idle_cores:
@@ -180,23 +180,9 @@ class Cluster:
         prefill = [lending_path(self._id, "prefill", i) for i in range(num_prefill)]
         decode = [lending_path(self._id, "decode", i) for i in range(num_decode)]
         # each lender has one borrower (lender j: borrower j mod n), so no core is lent twice
-        pause, share = self.config.decode_yield_ms, self.config.decode_yield_percent / 100
-        tpot = self.config.decode_yield_tpot_ms
         return (
-            [
-                CoreSharing(path, tuple(decode[i::num_prefill]), True, asked_yield_ms=pause)
-                for i, path in enumerate(prefill)
-            ],
-            [
-                CoreSharing(
-                    path,
-                    tuple(prefill[i::num_decode]),
-                    yield_ms=pause,
-                    yield_share=share,
-                    yield_tpot_ms=tpot,
-                )
-                for i, path in enumerate(decode)
-            ],
+            [SharedCores(p, tuple(decode[i::num_prefill]), True) for i, p in enumerate(prefill)],
+            [SharedCores(p, tuple(prefill[i::num_decode])) for i, p in enumerate(decode)],
         )
 
     def _actors(self, cls: type, resources: ActorResources, count: int, *args: Any) -> list[Any]:
@@ -212,7 +198,7 @@ class Cluster:
         instance: int,
         *args: Any,
         cpu_ids: tuple[int, ...] | None = None,
-        sharing: CoreSharing | None = None,
+        sharing: SharedCores | None = None,
     ) -> Any:
         """Worker ``instance`` of ``cls``, built from the engine config (with ``resources``'
         threads and device) and ``args``, pinned to ``cpu_ids`` (None: not pinned)."""

@@ -62,7 +62,7 @@ class ReservationQueue:
                 continue
             request = waiter.request
             try:
-                reserved = engine.reserve_import(
+                reserved = engine.importer.reserve_import(
                     request.request_id,
                     request.prompt_token_ids,
                     request.params,
@@ -84,7 +84,7 @@ class ReservationQueue:
         """A waiter waited long enough: refuse it, saying why (unless answered meanwhile)."""
         waiter = self._remove(request_id)
         if waiter is not None:
-            _answer(waiter, engine.reservation_refusal(waiter.request.num_tokens))
+            _answer(waiter, engine.importer.reservation_refusal(waiter.request.num_tokens))
 
     def cancel(self, request_id: str) -> bool:
         """Abort a waiting hand-off: refused at once."""

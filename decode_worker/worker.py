@@ -140,8 +140,8 @@ class DecodeWorker(WorkerRuntime):
             request, lambda engine: submit(engine, request, max_output_tokens=max_output_tokens)
         )
 
-    def _dispatch(self, events: list[TokenEvent]) -> None:
-        super()._dispatch(events)
+    def on_events(self, events: list[TokenEvent]) -> None:
+        super().on_events(events)
         if self._waiting and any(event.finished for event in events):
             self._waiting.grant(self.engine)  # blocks were freed: serve waiting hand-offs
 
@@ -186,14 +186,14 @@ class DecodeWorker(WorkerRuntime):
         into their reserved blocks right here; the engine thread only starts the request."""
         try:
             if isinstance(item, TransferHeader):
-                self.engine.check_transfer_header(item)
+                self.engine.importer.check_transfer_header(item)
                 return None
-            request = self.engine.take_reservation(item)
+            request = self.engine.importer.take_reservation(item)
         except KVImportError as exc:
             return str(exc)
         error: str | None = "KV install failed"
         try:
-            error = self.engine.write_pages(request, item)
+            error = self.engine.importer.write_pages(request, item)
         finally:  # whatever happens, the engine thread starts the request or frees its blocks
             state = item.state
             self.loop.call(lambda e: self._install(e, request, state, error))
@@ -212,7 +212,7 @@ class DecodeWorker(WorkerRuntime):
     def _install(
         self, engine: LLMEngine, request: Request, state: HandoffState, error: str | None
     ) -> None:
-        engine.finish_receive(request, state, error)
+        engine.importer.finish_receive(request, state, error)
         self._waiting.grant(engine)  # the blocks of one aborted meanwhile were freed just now
 
 

@@ -4,13 +4,14 @@ Everything else (RPC handlers, transport threads) talks to the engine only throu
 which runs a function on the engine thread between two steps; so the engine itself needs no
 locks. The one exception is a hand-off's pages: a transport thread writes them into their
 reserved blocks itself (``LLMEngine.take_reservation`` / ``write_pages``), so that a decode step
-in progress does not delay them. Events of every step go to ``on_events``, also on the engine
-thread. ``on_busy`` hears, on the engine thread, whether the engine has work, before each step
-(and after each idle wait), and ``on_stepped`` right after each step (a worker lends or
-borrows cores by them). Every ``HOUSEKEEPING_PERIOD_S``
-(between two steps, or while idle) the loop also ends reservations past their deadline and runs
-``on_housekeeping`` (the worker's own clean-up); each costs a pass over the requests, so not
-every step pays it.
+in progress does not delay them.
+
+The worker hears the loop through one :class:`EngineHooks` object, every method on the engine
+thread: ``before_step(busy)`` before each step (and after each idle wait: a worker lends or
+borrows cores by it); ``on_events`` with the events of every step; and, every
+``HOUSEKEEPING_PERIOD_S`` (between two steps, or while idle), ``on_housekeeping``, after the
+loop ended reservations past their deadline (each costs a pass over the requests, so not every
+step pays it).
 
 ``stats`` holds the engine's figures as of the last step, for a caller that cannot wait for the
 engine thread (a load poll during a long prefill step).
@@ -27,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, TokenEvent
@@ -37,20 +38,20 @@ T = TypeVar("T")
 HOUSEKEEPING_PERIOD_S = 0.25
 
 
+class EngineHooks(Protocol):
+    """What the engine thread tells its worker (module docstring)."""
+
+    def before_step(self, busy: bool) -> None: ...
+
+    def on_events(self, events: list[TokenEvent]) -> None: ...
+
+    def on_housekeeping(self) -> None: ...
+
+
 class EngineLoop:
-    def __init__(
-        self,
-        engine: LLMEngine,
-        on_events: Callable[[list[TokenEvent]], None],
-        on_housekeeping: Callable[[], None] | None = None,
-        on_busy: Callable[[bool], None] | None = None,
-        on_stepped: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, engine: LLMEngine, hooks: EngineHooks) -> None:
         self.engine = engine
-        self._on_busy = on_busy
-        self._on_stepped = on_stepped
-        self._on_events = on_events
-        self._on_housekeeping = on_housekeeping
+        self.hooks = hooks
         self._next_housekeeping = 0.0
         self._commands: queue.Queue[tuple[Callable[[LLMEngine], object], Future]] = queue.Queue()
         self._stopped = threading.Event()
@@ -69,11 +70,6 @@ class EngineLoop:
         future: Future[T] = Future()
         self._commands.put((fn, future))
         return future
-
-    def run_pending(self) -> None:
-        """Engine thread, while it waits between two steps (a lender's pause): run the calls
-        queued so far, as if the next step had begun after them."""
-        self._run_commands(block=False)
 
     def _run_commands(self, block: bool) -> None:
         try:
@@ -95,7 +91,9 @@ class EngineLoop:
         while not self._stopped.is_set():
             self._run_commands(block=not self.engine.has_work())
             self._housekeeping()
-            if not self._busy():
+            busy = self.engine.has_work()
+            self._hook("before_step", busy)
+            if not busy:
                 continue
             try:
                 events = self.engine.step()
@@ -104,31 +102,16 @@ class EngineLoop:
             except Exception:
                 log.exception("engine step failed; aborting its requests")
                 events = self._abort_all("engine step failed")
-            self._stepped()
             if events:
-                self._emit(events)
+                self._hook("on_events", events)
 
-    def _busy(self) -> bool:
-        busy = self.engine.has_work()
-        if self._on_busy is not None:
-            try:
-                self._on_busy(busy)
-            except Exception:
-                log.exception("busy callback failed")
-        return busy
-
-    def _stepped(self) -> None:
-        if self._on_stepped is not None:
-            try:
-                self._on_stepped()
-            except Exception:
-                log.exception("step callback failed")
-
-    def _emit(self, events: list[TokenEvent]) -> None:
+    def _hook(self, name: str, *args: object) -> Any:
+        """``hooks.<name>(*args)``; an error is logged and the loop goes on (None)."""
         try:
-            self._on_events(events)
+            return getattr(self.hooks, name)(*args)
         except Exception:
-            log.exception("event callback failed")
+            log.exception("%s hook failed", name)
+            return None
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -136,11 +119,10 @@ class EngineLoop:
             return
         self._next_housekeeping = now + HOUSEKEEPING_PERIOD_S
         try:
-            self.engine.expire_reservations(now)
-            if self._on_housekeeping is not None:
-                self._on_housekeeping()
+            self.engine.importer.expire_reservations(now)
         except Exception:
             log.exception("housekeeping failed")
+        self._hook("on_housekeeping")
 
     def _abort_all(self, error: str) -> list[TokenEvent]:
         for request_id in list(self.engine.requests):

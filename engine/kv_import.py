@@ -1,4 +1,4 @@
-"""The decode side of a KV hand-off, as part of :class:`engine.llm_engine.LLMEngine`.
+"""The decode side of a KV hand-off: :class:`KVImporter`, the engine's ``importer``.
 
 ``reserve_import`` sets blocks aside for a request whose pages are coming (RESERVED, with a
 deadline), sharing the leading blocks the prefix cache holds (their pages are not sent);
@@ -19,45 +19,32 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig
 from engine.errors import KVImportError, RequestRejectedError
-from engine.kv_cache import KVCache, bytes_per_block
-from engine.model.llama import ModelShape
 from engine.request import Request, RequestStatus, replay_outputs
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferHeader
+from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
 
 
-class DecodeHandoff:
-    """Methods of the engine that receive hand-offs; the engine owns every attribute below."""
+class KVImporter:
+    """The engine's part that receives hand-offs (``engine.importer``): it owns
+    ``receive_lock``, under which reservations change state; the engine owns everything else
+    it touches."""
 
-    config: EngineConfig
-    shape: ModelShape
-    dtype: torch.dtype
-    blocks: BlockManager
-    kv_cache: KVCache
-    scheduler: Scheduler
-    layout: KVLayout
-    requests: dict[str, Request]
-    _receive_lock: threading.Lock
-
-    if TYPE_CHECKING:  # the engine's own
-
-        def _new_request(
-            self,
-            request_id: str,
-            token_ids: list[int],
-            num_prompt: int,
-            params: SamplingParams,
-            max_output: int,
-            priority: int,
-        ) -> Request: ...
-
-        def abort(self, request_id: str, error: str | None = None) -> bool: ...
-
-        def _cache_computed(self, request: Request) -> None: ...
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.config, self.shape, self.layout = engine.config, engine.shape, engine.layout
+        self.blocks, self.kv_cache, self.scheduler = (
+            engine.blocks,
+            engine.kv_cache,
+            engine.scheduler,
+        )
+        self.requests = engine.requests  # the engine's: a reservation is one of its requests
+        # orders the transport thread's RESERVED -> RECEIVING against the engine thread ending
+        # the request: blocks being written to are freed only once the write is over
+        self.receive_lock = threading.Lock()
 
     def reserve_import(
         self,
@@ -89,7 +76,7 @@ class DecodeHandoff:
         self.blocks.count_lookup(len(token_ids), len(shared))
         # Its first token and output limit come with the pages (finish_receive).
         num_prompt = len(prompt_token_ids)
-        request = self._new_request(
+        request = self.engine.new_request(
             request_id, token_ids[:num_prompt], num_prompt, params, 0, priority
         )
         request.token_ids = token_ids  # its outputs are replayed when their pages are in
@@ -100,7 +87,7 @@ class DecodeHandoff:
         if timeout_s is not None:
             request.deadline = request.arrival_time + timeout_s
         request.reservation_token = token
-        with self._receive_lock:  # the transport's thread looks reservations up
+        with self.receive_lock:  # the transport's thread looks reservations up
             self.requests[request_id] = request
         return request
 
@@ -118,19 +105,15 @@ class DecodeHandoff:
             deadline = request.deadline
             if request.status == RequestStatus.RESERVED and deadline is not None and deadline < now:
                 waited = deadline - request.arrival_time
-                self.abort(request.request_id, f"KV pages did not arrive within {waited:.0f} s")
-
-    @property
-    def kv_cache_bytes(self) -> int:
-        """Bytes of the whole KV cache: more pages than that never arrive for one request."""
-        block_bytes = bytes_per_block(self.shape, self.layout.block_size, self.dtype)
-        return self.blocks.num_blocks * block_bytes
+                self.engine.abort(
+                    request.request_id, f"KV pages did not arrive within {waited:.0f} s"
+                )
 
     def check_transfer_header(self, header: TransferHeader) -> None:
         """Any thread: the handshake, before any page is read. Raises :class:`KVImportError`
         unless a live reservation with the header's secret awaits pages of this layout and
         shape."""
-        with self._receive_lock:
+        with self.receive_lock:
             request = self._live_reservation(header.request_id, header.token)
             self.layout.check_compatible(header.layout)
             self._check_page_shape(request, header.shape)
@@ -145,7 +128,7 @@ class DecodeHandoff:
         overrides the state's output limit.
         """
         state = payload.state
-        with self._receive_lock:
+        with self.receive_lock:
             request = self._live_reservation(state.request_id, payload.token)
             self.layout.check_compatible(payload.layout)
             self._check_page_shape(request, tuple(payload.blocks.shape))
@@ -240,7 +223,7 @@ class DecodeHandoff:
         if request.is_finished or error is not None:
             self.blocks.free(request.block_ids)  # _finish leaves them to us while RECEIVING
             if not request.is_finished:
-                self.abort(request.request_id, error)
+                self.engine.abort(request.request_id, error)
             return
         request.token_ids = list(state.token_ids)
         request.num_computed_tokens = state.num_computed_tokens
@@ -249,7 +232,7 @@ class DecodeHandoff:
         # its first token was made on the prefill side just before its pages were sent
         request.first_token_time = request.first_token_time or time.monotonic()
         replay_outputs(request)  # every output so far was streamed by the prefill side
-        self._cache_computed(request)  # what arrived is reusable by later hand-offs
+        self.engine.cache_computed(request)  # what arrived is reusable by later hand-offs
         self.scheduler.insert_running(request)
 
     def import_kv(self, payload: KVPayload, max_output_tokens: int | None = None) -> None:
@@ -273,7 +256,7 @@ class DecodeHandoff:
             request = self.take_reservation(payload, max_output_tokens)
         except KVImportError as exc:
             if self.requests[state.request_id].status == RequestStatus.RESERVED:
-                self.abort(state.request_id, str(exc))
+                self.engine.abort(state.request_id, str(exc))
             raise
         error = self.write_pages(request, payload)
         self.finish_receive(request, state, error, max_output_tokens)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -37,7 +36,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import RequestRejectedError
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
-from engine.kv_import import DecodeHandoff
+from engine.kv_import import KVImporter
 from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
@@ -52,7 +51,7 @@ from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 log = logging.getLogger(__name__)
 
 
-class LLMEngine(DecodeHandoff):
+class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -96,9 +95,7 @@ class LLMEngine(DecodeHandoff):
             self.shape.head_dim,
         )
         self.requests: dict[str, Request] = {}
-        # Orders the transport thread's RESERVED -> RECEIVING against this thread ending the
-        # request: blocks being written to are freed only once the write is over.
-        self._receive_lock = threading.Lock()
+        self.importer = KVImporter(self)  # hand-offs received (engine/kv_import.py)
         self._pending: list[TokenEvent] = []
         self._arrivals = itertools.count()
 
@@ -138,7 +135,7 @@ class LLMEngine(DecodeHandoff):
                 f"{len(output_token_ids)} output tokens already generated; the limit is "
                 f"{max_output}"
             )
-        request = self._new_request(
+        request = self.new_request(
             request_id, [*prompt_token_ids, *output_token_ids], num_prompt, params, 0, priority
         )
         request.max_output_tokens = len(output_token_ids) + 1 if prefill_only else max_output
@@ -147,7 +144,7 @@ class LLMEngine(DecodeHandoff):
         self.requests[request_id] = request
         self.scheduler.add(request)
 
-    def _new_request(
+    def new_request(
         self,
         request_id: str,
         token_ids: list[int],
@@ -202,7 +199,7 @@ class LLMEngine(DecodeHandoff):
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = start
             request.num_computed_tokens += num_tokens
-            self._cache_computed(request)
+            self.cache_computed(request)
         if samplers:
             now = time.monotonic()
             for request, token_id in zip(samplers, sample(logits, samplers), strict=True):
@@ -212,7 +209,7 @@ class LLMEngine(DecodeHandoff):
         self.scheduler.step_budget.observe(len(scheduled.decodes), num_prompt_tokens, seconds)
         return events
 
-    def _cache_computed(self, request: Request) -> None:
+    def cache_computed(self, request: Request) -> None:
         """Register the request's blocks that are now full of computed KV in the prefix cache."""
         blocks = self.blocks
         num_full = request.num_computed_tokens // blocks.block_size
@@ -269,7 +266,7 @@ class LLMEngine(DecodeHandoff):
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         self.scheduler.remove(request)
-        with self._receive_lock:
+        with self.importer.receive_lock:
             receiving, request.status = request.status, RequestStatus.FINISHED
         if receiving != RequestStatus.RECEIVING:  # else finish_receive frees them after the write
             self.blocks.free(request.block_ids)
@@ -338,6 +335,12 @@ class LLMEngine(DecodeHandoff):
             self._finish(request, FinishReason.LENGTH)
 
     # ---- introspection ---------------------------------------------------------------------
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the whole KV cache: more pages than that never arrive for one request."""
+        block_bytes = bytes_per_block(self.shape, self.layout.block_size, self.dtype)
+        return self.blocks.num_blocks * block_bytes
 
     def num_prompt_tokens_to_compute(self) -> int:
         return _prompt_tokens_to_compute(self.scheduler.waiting, self.scheduler.running)

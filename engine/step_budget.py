@@ -14,8 +14,7 @@ tokens and ``token_s`` from the rest (their time beyond ``decode_s``, per prompt
 
 The cost of a prompt token is learnt per torch thread count, since a worker that borrows cores
 (workers/core_sharing.py) runs steps on different counts; a count not seen yet starts
-from the nearest one seen, scaled by the thread ratio. ``limit_s``, when a worker sets it, caps
-the next step's length whatever it decodes (a step run on cores lent for that long).
+from the nearest one seen, scaled by the thread ratio.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ class StepBudget:
         self.max_tokens = max_tokens
         self.decode_s = PRIOR_DECODE_S
         self._token_s: dict[int, float] = {}  # by torch thread count
-        self.limit_s: float | None = None
 
     @property
     def token_s(self) -> float:
@@ -52,14 +50,9 @@ class StepBudget:
 
     def tokens(self, num_decodes: int) -> int:
         """Prompt tokens the next step may carry beside ``num_decodes`` decode rows."""
-        base = self.decode_s if num_decodes else 0.0
-        if self.limit_s is not None:
-            within = self.limit_s
-        elif self.target_s and num_decodes:
-            within = self.target_s
-        else:
+        if not (self.target_s and num_decodes):
             return self.max_tokens
-        fit = int((within - base) / self.token_s)
+        fit = int((self.target_s - self.decode_s) / self.token_s)
         return max(MIN_CHUNK_TOKENS, min(fit, self.max_tokens))
 
     def observe(self, num_decodes: int, num_prompt_tokens: int, seconds: float) -> None:

@@ -78,7 +78,7 @@ class PrefillWorker(WorkerRuntime):
         """Hand-offs acknowledged so far, by the path their pages took (``engine.transfer``)."""
         return self.sender.payloads_by_path.as_dict()
 
-    def _dispatch(self, events: list[TokenEvent]) -> None:
+    def on_events(self, events: list[TokenEvent]) -> None:
         """On the engine thread: stream events; start the hand-off of requests now held."""
         for event in events:
             self.requests.put(event.request_id, event)
@@ -97,8 +97,8 @@ class PrefillWorker(WorkerRuntime):
                     event.request_id, target.max_output_tokens, target.first_block
                 )
                 payload.token = target.token
-                if self.borrower is not None:  # its decode worker is about to be busy
-                    self.borrower.hold()
+                if self.lending is not None:  # its decode worker is about to be busy
+                    self.lending.handed_off()
                 deadline = time.monotonic() + self.transfer_timeout_s
                 self._senders.submit(self._send, target.endpoint, payload, deadline)
             except Exception as exc:

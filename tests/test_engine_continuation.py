@@ -57,7 +57,7 @@ def test_continued_request_across_a_handoff(tiny_loaded, params):
     first = [e for e in prefill.step() if e.request_id == "m"]
     assert [e.token_id for e in first] == [full[k]]
     assert first[0].num_output_tokens == k + 1
-    decode.import_kv(prefill.export_kv("m", params.max_new_tokens))
+    decode.importer.import_kv(prefill.export_kv("m", params.max_new_tokens))
     prefill.release("m")
     rest: list[int] = []
     while "m" in decode.requests:
@@ -75,6 +75,6 @@ def test_pages_with_no_token_left_to_decode_are_refused(tiny_loaded):
     prefill.add_request("m", PROMPT, GREEDY, prefill_only=True, output_token_ids=[9, 9, 9])
     prefill.step()
     with pytest.raises(KVImportError, match="output limit 4 is not within 5"):
-        decode.import_kv(prefill.export_kv("m", 4))
+        decode.importer.import_kv(prefill.export_kv("m", 4))
     prefill.release("m")
     assert decode.blocks.num_free_blocks == decode.blocks.num_blocks

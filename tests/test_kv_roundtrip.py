@@ -49,8 +49,8 @@ def test_prefill_in_a_decode_in_b_equals_one_engine(tiny_loaded, case):
     payload = prefill.export_kv("req")
     assert payload.state.num_computed_tokens == len(prompt)
     assert payload.num_bytes > 0 and payload.blocks.is_contiguous()
-    assert decode.reserve_import("req", prompt, params) is not None
-    decode.import_kv(payload, max_output_tokens=params.max_new_tokens)
+    assert decode.importer.reserve_import("req", prompt, params) is not None
+    decode.importer.import_kv(payload, max_output_tokens=params.max_new_tokens)
     prefill.release("req")
     assert prefill.blocks.num_used_blocks == 0
     assert [first, *_decode(decode, "req")] == expected
@@ -62,7 +62,7 @@ def test_an_imported_request_counts_its_time_per_token_from_when_its_pages_arriv
     decode = make_engine(tiny_loaded, block_size=4)
     _prefill(prefill, "req", PROMPTS[1], PARAMS[0])
     before = time.monotonic()
-    decode.import_kv(prefill.export_kv("req"), max_output_tokens=4)
+    decode.importer.import_kv(prefill.export_kv("req"), max_output_tokens=4)
     request = decode.requests["req"]
     assert request.num_output_tokens == 1  # the prefill side's first token, before any step
     assert before <= request.first_token_time <= time.monotonic()
@@ -76,7 +76,7 @@ def test_imported_blocks_are_bit_exact(tiny_loaded):
     decode = make_engine(tiny_loaded, block_size=4)
     _prefill(prefill, "req", PROMPTS[1], PARAMS[0])
     payload = prefill.export_kv("req")
-    decode.import_kv(payload, max_output_tokens=4)
+    decode.importer.import_kv(payload, max_output_tokens=4)
     installed = decode.kv_cache.export_blocks(
         decode.requests["req"].block_ids[: payload.blocks.shape[2]]
     )
@@ -98,17 +98,17 @@ def test_handshake_mismatch_is_refused_and_frees_the_reservation(tiny_loaded, fi
     _prefill(prefill, "req", PROMPTS[0], PARAMS[0])
     payload = prefill.export_kv("req")
     payload.layout = dataclasses.replace(payload.layout, **{field: value})
-    decode.reserve_import("req", PROMPTS[0], PARAMS[0])
+    decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0])
     with pytest.raises(KVImportError, match=field):
-        decode.import_kv(payload, max_output_tokens=4)
+        decode.importer.import_kv(payload, max_output_tokens=4)
     assert decode.blocks.num_used_blocks == 0 and "req" not in decode.requests
 
 
 def test_reserve_refuses_when_the_cache_is_full(tiny_loaded):
     decode = make_engine(tiny_loaded, block_size=4, num_blocks=3)
     # 3 blocks with room for the next token
-    assert decode.reserve_import("a", [5] * 8, PARAMS[0]) is not None
-    assert decode.reserve_import("b", [5], PARAMS[0]) is None
+    assert decode.importer.reserve_import("a", [5] * 8, PARAMS[0]) is not None
+    assert decode.importer.reserve_import("b", [5], PARAMS[0]) is None
     decode.abort("a")
     assert decode.blocks.num_used_blocks == 0
 
@@ -124,7 +124,7 @@ def _payload(tiny_loaded, request_id="req"):
 
 def test_a_reservation_is_a_request_that_aborts_like_one(tiny_loaded):
     decode = make_engine(tiny_loaded, block_size=4, num_blocks=8)
-    reserved = decode.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=30)
+    reserved = decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=30)
     assert reserved is decode.requests["req"] and reserved.status == RequestStatus.RESERVED
     assert decode.stats().num_reserved == 1 and decode.blocks.num_used_blocks == 2
     assert decode.abort("req")
@@ -135,11 +135,11 @@ def test_a_reservation_is_a_request_that_aborts_like_one(tiny_loaded):
 
 def test_a_reservation_past_its_deadline_ends_with_an_error(tiny_loaded):
     decode = make_engine(tiny_loaded, block_size=4, num_blocks=8)
-    reserved = decode.reserve_import("late", PROMPTS[0], PARAMS[0], timeout_s=2)
-    decode.reserve_import("no-deadline", PROMPTS[2], PARAMS[0])
-    decode.expire_reservations(now=reserved.arrival_time + 1.9)
+    reserved = decode.importer.reserve_import("late", PROMPTS[0], PARAMS[0], timeout_s=2)
+    decode.importer.reserve_import("no-deadline", PROMPTS[2], PARAMS[0])
+    decode.importer.expire_reservations(now=reserved.arrival_time + 1.9)
     assert "late" in decode.requests
-    decode.expire_reservations(now=reserved.arrival_time + 2.1)
+    decode.importer.expire_reservations(now=reserved.arrival_time + 2.1)
     [event] = decode.step()
     assert event.finish_reason == FinishReason.ERROR
     assert event.error == "KV pages did not arrive within 2 s"
@@ -149,25 +149,25 @@ def test_a_reservation_past_its_deadline_ends_with_an_error(tiny_loaded):
 def test_pages_arriving_after_the_deadline_are_refused(tiny_loaded):
     payload = _payload(tiny_loaded)
     decode = make_engine(tiny_loaded, block_size=4)
-    reserved = decode.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=1)
-    decode.expire_reservations(now=reserved.arrival_time + 5)
+    reserved = decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=1)
+    decode.importer.expire_reservations(now=reserved.arrival_time + 5)
     with pytest.raises(KVImportError, match="no reservation"):
-        decode.take_reservation(payload)
+        decode.importer.take_reservation(payload)
 
 
 def test_abort_while_the_pages_are_written_frees_the_blocks_after_the_write(tiny_loaded):
     payload = _payload(tiny_loaded)
     decode = make_engine(tiny_loaded, block_size=4)
-    decode.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=30)
-    request = decode.take_reservation(payload)  # the transport thread's part, first half
+    decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=30)
+    request = decode.importer.take_reservation(payload)  # the transport thread's part, first half
     assert request.status == RequestStatus.RECEIVING
     with pytest.raises(KVImportError, match="no reservation"):
-        decode.take_reservation(payload)  # taken once only
-    decode.expire_reservations(now=request.arrival_time + 60)  # no expiry while receiving
+        decode.importer.take_reservation(payload)  # taken once only
+    decode.importer.expire_reservations(now=request.arrival_time + 60)  # no expiry while receiving
     assert decode.abort("req")  # the engine thread, meanwhile
     assert decode.blocks.num_used_blocks == 2  # still being written to
-    assert decode.write_pages(request, payload) is None
-    decode.finish_receive(request, payload.state)
+    assert decode.importer.write_pages(request, payload) is None
+    decode.importer.finish_receive(request, payload.state)
     assert decode.blocks.num_used_blocks == 0 and not decode.requests
     assert [e.finish_reason for e in decode.step()] == [FinishReason.ABORT]
 
@@ -175,9 +175,9 @@ def test_abort_while_the_pages_are_written_frees_the_blocks_after_the_write(tiny
 def test_a_failed_write_ends_the_request_with_its_error(tiny_loaded):
     payload = _payload(tiny_loaded)
     decode = make_engine(tiny_loaded, block_size=4)
-    decode.reserve_import("req", PROMPTS[0], PARAMS[0])
-    request = decode.take_reservation(payload)
-    decode.finish_receive(request, payload.state, error="KV install failed: out of memory")
+    decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0])
+    request = decode.importer.take_reservation(payload)
+    decode.importer.finish_receive(request, payload.state, error="KV install failed: out of memory")
     [event] = decode.step()
     assert event.error == "KV install failed: out of memory"
     assert decode.blocks.num_used_blocks == 0 and not decode.requests

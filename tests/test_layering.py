@@ -71,3 +71,32 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from fastapi import Request\n")
     assert "fastapi.Request" in imported_modules(source)
+
+
+# the packages from the bottom up: none imports from a layer above its own
+LAYERS = (("engine",), ("workers",), ("prefill_worker", "decode_worker"), ("coordinator",))
+
+
+def _package_files(package: str) -> list[Path]:
+    return sorted((COORDINATOR.parent / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("level", range(len(LAYERS) - 1), ids=lambda i: "+".join(LAYERS[i]))
+def test_no_package_imports_from_a_layer_above_its_own(level):
+    above = tuple(p for layer in LAYERS[level + 1 :] for p in layer)
+    found = {
+        f"{path.relative_to(COORDINATOR.parent)}: {name}"
+        for package in LAYERS[level]
+        for path in _package_files(package)
+        for name in imported_modules(path)
+        if _under(name, above)
+    }
+    assert not found, sorted(found)
+
+
+def test_the_two_roles_do_not_import_each_other():
+    for role, other in (("prefill_worker", "decode_worker"), ("decode_worker", "prefill_worker")):
+        found = {
+            n for p in _package_files(role) for n in imported_modules(p) if _under(n, (other,))
+        }
+        assert not found, f"{role} imports {sorted(found)}"

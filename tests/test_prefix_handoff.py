@@ -142,7 +142,7 @@ def test_import_kv_works_again_once_the_decode_engine_caches_the_prefix(tiny_loa
     alone = make_engine(tiny_loaded, prefix_caching=False)
     for request_id in ("a", "b"):
         _prefill(prefill, request_id, [*SYSTEM, 1, 2])
-        decode.import_kv(prefill.export_kv(request_id, 6))  # all pages: from block 0
+        decode.importer.import_kv(prefill.export_kv(request_id, 6))  # all pages: from block 0
         prefill.release(request_id)
         assert decode.requests[request_id].num_shared_blocks == 0
         assert _decode_to_end(decode, request_id) == alone.generate([[*SYSTEM, 1, 2]], PARAMS)[0]
@@ -152,15 +152,17 @@ def test_import_kv_works_again_once_the_decode_engine_caches_the_prefix(tiny_loa
 def test_ending_a_reservation_that_shares_blocks_keeps_the_counts(tiny_loaded):
     prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
     _prefill(prefill, "warm", [*SYSTEM, 1, 2])
-    decode.import_kv(prefill.export_kv("warm", 6))
+    decode.importer.import_kv(prefill.export_kv("warm", 6))
     _decode_to_end(decode, "warm")
     ends = {
         "aborted reserved": lambda r: decode.abort(r.request_id),
-        "expired": lambda r: decode.expire_reservations(now=r.deadline + 1),
+        "expired": lambda r: decode.importer.expire_reservations(now=r.deadline + 1),
         "aborted receiving": lambda r: _abort_while_receiving(prefill, decode, r),
     }
     for i, (name, end) in enumerate(ends.items()):
-        reserved = decode.reserve_import(f"r{i}", [*SYSTEM, 1, 2, 3], PARAMS, timeout_s=5.0)
+        reserved = decode.importer.reserve_import(
+            f"r{i}", [*SYSTEM, 1, 2, 3], PARAMS, timeout_s=5.0
+        )
         assert reserved.num_shared_blocks == 7, name
         shared = reserved.block_ids[:7]
         assert all(decode.blocks.ref_count(b) == 1 for b in shared)
@@ -177,10 +179,10 @@ def _abort_while_receiving(prefill, decode, reserved) -> None:
     payload = prefill.export_kv(request_id, 6, first_block=reserved.num_shared_blocks)
     prefill.release(request_id)
     payload.token = decode.requests[request_id].reservation_token
-    receiving = decode.take_reservation(payload)
+    receiving = decode.importer.take_reservation(payload)
     decode.abort(request_id)  # while its pages are being written: blocks stay until the write ends
-    assert decode.write_pages(receiving, payload) is None
-    decode.finish_receive(receiving, payload.state)
+    assert decode.importer.write_pages(receiving, payload) is None
+    decode.importer.finish_receive(receiving, payload.state)
 
 
 def test_a_migrated_request_shares_the_blocks_its_outputs_filled(tiny_loaded):
@@ -191,11 +193,11 @@ def test_a_migrated_request_shares_the_blocks_its_outputs_filled(tiny_loaded):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     full = make_engine(tiny_loaded, prefix_caching=False).generate([[*SYSTEM, 1, 2]], params)[0]
     _prefill(prefill, "first", [*SYSTEM, 1, 2])
-    decode.import_kv(prefill.export_kv("first", 12))
+    decode.importer.import_kv(prefill.export_kv("first", 12))
     prefill.release("first")
     assert _decode_to_end(decode, "first") == full
     outputs = full[:7]  # 28 prompt + 7 outputs: eight full blocks were computed here
-    reserved = decode.reserve_import(
+    reserved = decode.importer.reserve_import(
         "moved", [*SYSTEM, 1, 2], params, output_token_ids=outputs, token="t"
     )
     assert reserved.num_shared_blocks == 8
@@ -208,8 +210,8 @@ def test_a_migrated_request_shares_the_blocks_its_outputs_filled(tiny_loaded):
     payload = prefill.export_kv("moved", 12, first_block=8)
     payload.token = "t"
     assert payload.blocks.shape[2] == 9 - 8  # 35 tokens: nine blocks, one moves
-    request = decode.take_reservation(payload)
-    assert decode.write_pages(request, payload) is None
-    decode.finish_receive(request, payload.state)
+    request = decode.importer.take_reservation(payload)
+    assert decode.importer.write_pages(request, payload) is None
+    decode.importer.finish_receive(request, payload.state)
     assert _decode_to_end(decode, "moved") == full
     _consistent(decode)

@@ -52,6 +52,6 @@ def test_an_imported_request_reports_no_prompt_timing(tiny_loaded):
     (first,) = _run(prefill)["r"]
     assert first.queued_s is not None  # the prefill engine computed the prompt
     payload = prefill.export_kv("r", 4)
-    decode.import_kv(payload)
+    decode.importer.import_kv(payload)
     events = _run(decode)["r"]
     assert events and all(e.queued_s is None and e.prefill_s is None for e in events)

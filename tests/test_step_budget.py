@@ -62,17 +62,6 @@ def test_the_token_cost_is_learnt_per_thread_count(monkeypatch):
     assert budget.token_s == pytest.approx(0.004, rel=0.02)
 
 
-def test_a_time_limit_caps_every_step_even_one_without_decodes(monkeypatch):
-    monkeypatch.setattr(step_budget.torch, "get_num_threads", lambda: 1)
-    budget = StepBudget(0, 8192)
-    for _ in range(60):
-        budget.observe(0, 500, 1.0)
-    budget.limit_s = 0.5
-    assert budget.tokens(num_decodes=0) == pytest.approx(250, abs=2)
-    budget.limit_s = None
-    assert budget.tokens(num_decodes=0) == 8192
-
-
 def test_an_engine_with_a_target_chunks_prompts_beside_decodes_and_answers_the_same(tiny_loaded):
     from engine.sampling_params import SamplingParams
     from tests.conftest import make_engine

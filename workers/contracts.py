@@ -116,9 +116,6 @@ class WorkerLoad:
     weights: str = ""  # the weights and kernels its engine computes with (LlamaModel.describe)
     threads: int = 0  # torch threads of its last step, borrowed ones included (0: not sharing)
     num_borrowing_steps: int = 0  # steps that ran on an idle co-located worker's cores too
-    # decode_yield_ms: a decode worker's pauses for its prefill worker; a prefill worker's steps
-    # run in one
-    num_yields: int = 0
     # native module (by source) -> "cached" (imported from an earlier build) or "built" (compiled
     # by this process): a restarted worker comes up on the cached build
     kernels: dict[str, str] = field(default_factory=dict)
@@ -137,6 +134,5 @@ class WorkerLoad:
             "weights": self.weights,
             "threads": self.threads,
             "num_borrowing_steps": self.num_borrowing_steps,
-            "num_yields": self.num_yields,
             "kernels": dict(self.kernels),
         }

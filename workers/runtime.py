@@ -26,10 +26,8 @@ from engine.kernels import kernel_origins
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from workers.contracts import GenerationRequest, HandoffTarget, WorkerLoad
-from workers.core_borrower import Borrower
-from workers.core_sharing import YIELD_MIN_TOKENS, CoreSharing, Lender, lower_priority
+from workers.core_lending import CoreLending, SharedCores
 from workers.worker_request import WorkerRequests
-from workers.yield_policy import headroom_s
 
 log = logging.getLogger(__name__)
 UNCLAIMED_GRACE_S = 30.0
@@ -44,10 +42,10 @@ class WorkerRuntime:
         config: EngineConfig,
         instance: int = 0,
         cpu_ids: tuple[int, ...] | None = None,
-        sharing: CoreSharing | None = None,
+        sharing: SharedCores | None = None,
     ) -> None:
         """``cpu_ids``: the cores to pin the process to (None: the OS schedules); ``sharing``:
-        the cores it lends and borrows (workers/core_sharing.py)."""
+        the cores it lends and borrows (workers/core_lending.py)."""
         logging.basicConfig(
             level=logging.INFO,
             format=f"%(asctime)s %(levelname)s {self.role}[{instance}] %(message)s",
@@ -59,59 +57,21 @@ class WorkerRuntime:
         self.engine = LLMEngine(config)
         self.unclaimed_grace_s = UNCLAIMED_GRACE_S
         self.requests = WorkerRequests(self.role)  # every request here (workers/worker_request.py)
-        self._lower_priority = bool(sharing and sharing.low_priority)  # on the engine thread
         own = config.num_threads or torch.get_num_threads()
-        lend, borrow = (sharing.lend_path, sharing.borrow_paths) if sharing else (None, ())
-        self.lender = Lender(lend, own, sharing.yield_share) if sharing and lend else None
-        self._yield_tpot_s = sharing.yield_tpot_ms / 1000 if sharing else 0.0
-        self.borrower = Borrower(own, borrow) if borrow else None
-        self._yield_s = sharing.yield_ms / 1000 if sharing else 0.0  # as a lender
-        self._asked_yield_s = sharing.asked_yield_ms / 1000 if sharing else 0.0  # as a borrower
-        self.loop = EngineLoop(
-            self.engine,
-            self._dispatch,
-            self._drop_unclaimed,
-            self._share_cores if sharing is not None else None,
-            self.borrower.step_done if self.borrower is not None else None,
-        )
+        self.lending = CoreLending(sharing, own) if sharing is not None else None
+        self.loop = EngineLoop(self.engine, self)
 
-    def _share_cores(self, busy: bool) -> None:
-        """Engine thread: say whether this worker is idle, and yield to a borrower that asks;
-        before a step, borrow what is idle or yielded (workers/core_sharing.py)."""
-        if self._lower_priority:
-            lower_priority()  # before the engine thread starts its thread pool
-            self._lower_priority = False
-        if self.lender is not None:
-            if busy and self._yield_s:
-                self.lender.yield_if_wanted(self._yield_s, self._headroom_s, self.loop.run_pending)
-            self.lender.set_idle(not busy)
-        if self.borrower is None:
-            return
-        budget = self.engine.scheduler.step_budget
-        if not busy:
-            self.borrower.idle()
-            budget.limit_s = None
-            return
-        wants = bool(self._asked_yield_s) and self.engine.num_prompt_tokens_to_compute() >= (
-            YIELD_MIN_TOKENS
-        )
-        self.borrower.update(wants)
-        budget.limit_s = self.borrower.step_limit_s(self._asked_yield_s)
+    # ---- engine hooks (engine/engine_loop.py), on the engine thread -----------------------------
 
-    def _headroom_s(self, step_s: float | None) -> float:
-        """The longest pause this decode worker's requests afford (workers/yield_policy.py:
-        with ``decode_yield_tpot_ms``, their TPOT target; always, its own short prompts)."""
-        scheduler = self.engine.scheduler
-        requests = [*scheduler.running, *scheduler.waiting]
-        return headroom_s(requests, self._yield_tpot_s, step_s, time.monotonic())
+    def before_step(self, busy: bool) -> None:
+        if self.lending is not None:
+            self.lending.before_step(busy)
 
-    # ---- events ------------------------------------------------------------------------------
-
-    def _drop_unclaimed(self) -> None:
-        """Engine thread, housekeeping: forget requests ended and unread for their grace."""
+    def on_housekeeping(self) -> None:
+        """Forget requests ended and unread for their grace."""
         self.requests.drop_unclaimed(self.unclaimed_grace_s)
 
-    def _dispatch(self, events: list[TokenEvent]) -> None:
+    def on_events(self, events: list[TokenEvent]) -> None:
         for event in events:
             self.requests.put(event.request_id, event)
 
@@ -175,10 +135,8 @@ class WorkerRuntime:
             num_open_streams,
             self.node_ip,
             self.engine.model.describe(),
-            self.borrower.threads if self.borrower else 0,
-            self.borrower.num_borrowing_steps if self.borrower else 0,
-            (self.lender.num_yields if self.lender else 0)
-            + (self.borrower.num_yielded_steps if self.borrower else 0),
+            self.lending.threads if self.lending else 0,
+            self.lending.num_borrowing_steps if self.lending else 0,
             kernel_origins(),
         )
 

@@ -1,7 +1,6 @@
 """``share_idle_cores`` on a local Ray: each worker is pinned to its own core and the other
-role's, borrows while the other is idle, and with ``decode_yield_ms`` runs a long prompt on the
-decode worker's core too while that one streams; streams what ``single_node`` streams, frees
-every block, and its files go when the cluster does."""
+role's, borrows while the other is idle, streams what ``single_node`` streams, frees every block,
+and its files go when the cluster does."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from tests.test_cluster_pd import PARAMS, PROMPTS, _assert_idle, _cluster, _engine, _run
-from workers import core_sharing
-from workers.contracts import GenerationRequest
+from workers import core_lending
 
 pytestmark = pytest.mark.ray
 
@@ -26,7 +24,6 @@ def shared(ray_session, tiny_model_dir):
         tiny_model_dir,
         engine=_long_engine(tiny_model_dir),
         share_idle_cores=True,
-        decode_yield_ms=2000,
     )
     assert len(_files(cluster)) == 2
     yield cluster
@@ -50,7 +47,6 @@ def _long_engine(model_dir):
 
 
 STREAM_TOKENS = 256
-LONG_PROMPT = [(7 * i) % 200 + 5 for i in range(core_sharing.YIELD_MIN_TOKENS + 40)]
 
 
 def _same_as_single_node(shared, runs: list, single: list) -> dict:
@@ -64,7 +60,7 @@ def _same_as_single_node(shared, runs: list, single: list) -> dict:
 
 
 def _files(cluster) -> list[Path]:
-    return sorted(core_sharing.SHM_DIR.glob(f"pdserve-{cluster._id}-*.cores"))
+    return sorted(core_lending.SHM_DIR.glob(f"pdserve-{cluster._id}-*.cores"))
 
 
 def test_outputs_match_single_node_and_both_roles_borrow(shared, colocated):
@@ -94,32 +90,3 @@ def test_each_worker_may_run_on_both_cores_and_publishes_its_idleness(shared, ra
     assert [f.name.split("-")[2] for f in files] == ["decode", "prefill"]
     asyncio.run(asyncio.sleep(0.2))  # the engine loops note their idleness within 50 ms
     assert all(f.read_bytes()[:2] == bytes((1, 1)) for f in files)  # idle, one thread each
-
-
-def _stream_then_long_prompt(cluster, prefix: str) -> tuple[list, list]:
-    """A stream, and once its first token is out, a long prompt: the decode worker is busy."""
-    stream_params = SamplingParams(max_new_tokens=STREAM_TOKENS, ignore_eos=True)
-    long_params = SamplingParams(max_new_tokens=4, ignore_eos=True)
-
-    async def both():
-        events = cluster.generate(GenerationRequest(f"{prefix}-stream", [5, 6, 7], stream_params))
-        stream = [await anext(events)]
-        request = GenerationRequest(f"{prefix}-long", LONG_PROMPT, long_params)
-        long_run = asyncio.ensure_future(_all(cluster.generate(request)))
-        stream += [event async for event in events]
-        return stream, await long_run
-
-    return asyncio.run(both())
-
-
-async def _all(events) -> list:
-    return [event async for event in events]
-
-
-def test_a_long_prompt_runs_in_a_yield_of_the_busy_decode_worker(shared, colocated):
-    before = {load.role: load.num_yields for load in asyncio.run(shared.loads())}
-    runs = _stream_then_long_prompt(shared, "yield")
-    loads = _same_as_single_node(shared, runs, _stream_then_long_prompt(colocated, "yield-s"))
-    # the decode worker paused between two of its steps; the prefill worker ran a step in it
-    assert loads["decode"].num_yields > before["decode"]
-    assert loads["prefill"].num_yields > before["prefill"]
