@@ -6,10 +6,7 @@ against every mode, each on its own freshly started server, over several indepen
 - ``pd_adaptive``: pdserve's ``pd_separate`` defaults (``ADAPTIVE``): the decode worker
   prefills short prompts itself (and those behind a long prefill queue), in chunks that keep its
   steps within ``stepTargetMs``, and each worker runs extra threads on the other's core while
-  that one is idle; swept over ``decode_yield_ms`` (``--adaptive-yields``: ``pd_adaptive@<ms>``
-  each; ``pd_adaptive@<ms>:<percent>`` paused at most ``percent`` of the time, and
-  ``pd_adaptive@<ms>:<percent>:<tpot_ms>`` each pause only as long as every running stream
-  affords within ``decode_yield_tpot_ms``), the best at each rate and SLO kept;
+  that one is idle; ``pd_adaptive_unshared`` is the same without idle cores lent;
 - ``single_node``: one engine on both cores, swept over its chunked-prefill budget
   (``--single-node-budgets``: ``single_node@<maxPrefillTokens>``), the best at each rate kept;
 - with ``--peer llamacpp``, ``llama_server``: llama.cpp's server on the same GGUF through its
@@ -102,9 +99,6 @@ ADAPTIVE = {
     "local_prefill_queue_tokens": 1024,
     "stepTargetMs": 100,
     "share_idle_cores": True,
-    "decode_yield_ms": 0,
-    "decode_yield_percent": 20,  # with decode_yield_ms: paused at most 20 % of the time
-    "decode_yield_tpot_ms": 0,
 }
 # the fixed split, whatever the defaults: every prompt handed off, no shared core
 FIXED = {
@@ -112,7 +106,6 @@ FIXED = {
     "local_prefill_queue_tokens": 0,
     "stepTargetMs": 0,
     "share_idle_cores": False,
-    "decode_yield_ms": 0,
 }
 SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "pd_separate": ("pd_separate", FIXED),
@@ -122,29 +115,20 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "pd_adaptive_unshared": ("pd_separate", {**ADAPTIVE, "share_idle_cores": False}),
 }
 LLAMA_SERVER = "llama_server"
-SWEPT_KEY = {"single_node": "maxPrefillTokens", "pd_adaptive": "decode_yield_ms"}
-ADAPTIVE_EXTRA_KEYS = ("decode_yield_percent", "decode_yield_tpot_ms")  # pd_adaptive@MS:P:T
+SWEPT_KEY = {"single_node": "maxPrefillTokens"}
 
 
 def settings(mode: str) -> tuple[str, dict[str, Any]]:
     """The deploy mode and backend_config keys of ``mode`` (``single_node@<maxPrefillTokens>``
-    and ``pd_adaptive@<decode_yield_ms>[:<decode_yield_percent>[:<decode_yield_tpot_ms>]]``
     too)."""
     name, _, value = mode.partition("@")
-    value, *more = value.split(":")
-    extra = dict(zip(ADAPTIVE_EXTRA_KEYS, more, strict=False))
-    most = len(ADAPTIVE_EXTRA_KEYS) if name == "pd_adaptive" else 0
-    known = all(v.isdigit() for v in [value, *more]) and len(more) <= most
     if name == LLAMA_SERVER:
         raise ValueError(f"{mode!r} is llama-server's (llama_server_setting)")
-    if name not in SETTINGS or (value and (name not in SWEPT_KEY or not known)):
-        raise ValueError(
-            f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N, "
-            "pd_adaptive@MS[:PERCENT[:TPOT_MS]]"
-        )
+    if name not in SETTINGS or (value and (name not in SWEPT_KEY or not value.isdigit())):
+        raise ValueError(f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N")
     deploy_mode, keys = SETTINGS[name]
     swept = {SWEPT_KEY[name]: int(value)} if value else {}
-    return deploy_mode, {**keys, **swept, **{k: int(v) for k, v in extra.items()}}
+    return deploy_mode, {**keys, **swept}
 
 
 def llama_server_setting(mode: str) -> ServerSetting:
@@ -362,12 +346,9 @@ def _common(args: argparse.Namespace, seed: int) -> list[str]:
 
 
 def expand_modes(args: argparse.Namespace) -> list[str]:
-    """``--modes`` with ``single_node`` swept over ``--single-node-budgets`` and
-    ``pd_adaptive`` over ``--adaptive-yields``, and the peer over ``--llama-server-settings``."""
-    sweeps = {
-        "single_node": [b for b in args.single_node_budgets.split(",") if b],
-        "pd_adaptive": [y for y in args.adaptive_yields.split(",") if y],
-    }
+    """``--modes`` with ``single_node`` swept over ``--single-node-budgets``, and the peer over
+    ``--llama-server-settings``."""
+    sweeps = {"single_node": [b for b in args.single_node_budgets.split(",") if b]}
     modes: list[str] = []
     for mode in args.modes.split(","):
         values = sweeps.get(mode)
@@ -438,12 +419,6 @@ def main(argv: list[str] | None = None) -> int:
         "--single-node-budgets",
         default="1024,8192",  # 256 lost at every rate in every run so far
         help="maxPrefillTokens values single_node is swept over ('': its default only)",
-    )
-    parser.add_argument(
-        "--adaptive-yields",
-        default="0,3000:100,3000:100:140",  # smoothest; fastest to first token; per-stream bound
-        help="decode_yield_ms[:decode_yield_percent[:decode_yield_tpot_ms]] settings pd_adaptive "
-        "is swept over ('': its ADAPTIVE value only)",
     )
     parser.add_argument("--peer", choices=("llamacpp",), help="also run llama-server")
     parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")

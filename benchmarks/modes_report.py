@@ -2,8 +2,7 @@
 and without the inter-token gap; the rate it holds on its own, and the monotone figure), its
 latencies and goodput at a common rate, and the goals' ratios against the best-tuned
 ``single_node`` (the best of its budgets at each rate) and the best-tuned llama-server (the best
-of its settings at each rate). ``pd_adaptive`` swept over ``decode_yield_ms`` is tuned the same
-way. Also the spread of each share within the SLO (``attainment_table``), where prompts spent
+of its settings at each rate). Also the spread of each share within the SLO (``attainment_table``), where prompts spent
 their time (``phases_table``) and the closed-loop throughput (``closed_loop_table``)."""
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from benchmarks.serving_phases import ROLES
 SINGLE = "single_node"
 ADAPTIVE = "pd_adaptive"
 PEER = "llama_server"
-TUNED_BY = {SINGLE: "budget", ADAPTIVE: "decode_yield_ms", PEER: "setting"}
+TUNED_BY = {SINGLE: "budget", PEER: "setting"}
 
 
 def run_at(result: dict[str, Any], rate: float) -> dict[str, Any] | None:
@@ -232,9 +231,6 @@ def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, 
     rates = [run["request_rate"] for run in single["runs"]]
     out["single_node_budget_by_rate"] = {run["request_rate"]: run["mode"] for run in single["runs"]}
     adaptive = best_tuned(results, ADAPTIVE)
-    if adaptive is not None:
-        by_rate = {run["request_rate"]: run["mode"] for run in adaptive["runs"]}
-        out["pd_adaptive_setting_by_rate"] = by_rate
     for mode, ours in ((ADAPTIVE, adaptive), ("pd_separate", results.get("pd_separate"))):
         if ours is None:
             continue

@@ -1,5 +1,5 @@
 """A short run of benchmarks/compare_modes.py: pdserve started in the adaptive PD mode (local
-prefill of short prompts, stepTargetMs, shared idle cores, decode yields) on the tiny model,
+prefill of short prompts, stepTargetMs, shared idle cores) on the tiny model,
 every request served, the report and plots written."""
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
 ):
     out = tmp_path / "modes.json"
     args = ["--model", str(tiny_model_dir), "--modes", "pd_adaptive", "--single-node-budgets", ""]
-    args += ["--adaptive-yields", "3000", "--draw-set", "tuning", "--draws", "2"]
+    args += ["--draw-set", "tuning", "--draws", "2"]
     args += ["--request-rates", "4,inf", "--num-requests", "3", "--mix", "chat=1"]
     args += ["--closed-loop", "2", "--plots"]
     assert compare_modes.main([*args, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["draw_set"] == "tuning" and report["seeds"] == [0, 1]
     assert report["cpu"] and report["commit"] and "compare_modes" in report["command"]
-    result = report["results"]["pd_adaptive@3000"]
+    result = report["results"]["pd_adaptive"]
     assert [run["request_rate"] for run in result["runs"]] == [4.0, float("inf")]
-    assert result["given"]["backend_config"]["decode_yield_ms"] == 3000
+    assert result["given"]["backend_config"]["share_idle_cores"] is True
     for run in result["runs"]:
         summary = run["summary"]
         assert summary["num_failed"] == 0 and summary["num_requests"] == 6  # 3 per draw
@@ -45,7 +45,7 @@ def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
     assert len(loops) == 2 and all(d["2"]["num_failed"] == 0 for d in loops)
     assert all(d["2"]["num_requests"] == 4 and d["2"]["output_token_throughput"] > 0 for d in loops)
     markdown = out.with_suffix(".md").read_text()
-    assert "| pd_adaptive@3000 | 6/6 (61%-100%) | 6/6 (61%-100%) |" in markdown  # the spread
+    assert "| pd_adaptive | 6/6 (61%-100%) | 6/6 (61%-100%) |" in markdown  # the spread
     assert "| prompts @ 1 req/s, by the engine computing them |" in markdown
     assert "| closed loop | N = 2: tok/s;" in markdown
     assert out.with_suffix(".goodput.png").stat().st_size > 0

@@ -83,12 +83,12 @@ def test_ratios_against_the_best_single_node_and_the_peer():
 def test_the_spread_table_counts_each_rates_requests_with_their_95_percent_interval():
     single = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 9 + [SLOW_START]})
     jerky = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 5 + [JERKY] * 5})
-    results = {"single_node@512": single, "pd_adaptive@0": jerky}
+    results = {"single_node@512": single, "pd_adaptive": jerky}
     plain, gap = attainment_table(results), attainment_table(results, with_gap=True)
     assert plain.splitlines()[0].endswith("| 0.5 req/s | 1 req/s |")
     assert "| single_node@512 | 10/10 (72%-100%) | 9/10 (60%-98%) |" in plain
-    assert "| pd_adaptive@0 | 10/10 (72%-100%) | 10/10 (72%-100%) |" in plain
-    assert "| pd_adaptive@0 | 10/10 (72%-100%) | 5/10 (24%-76%) |" in gap  # the jerky ones
+    assert "| pd_adaptive | 10/10 (72%-100%) | 10/10 (72%-100%) |" in plain
+    assert "| pd_adaptive | 10/10 (72%-100%) | 5/10 (24%-76%) |" in gap  # the jerky ones
     assert "| single_node (best budget per rate) | 10/10 (72%-100%) | 9/10 (60%-98%) |" in gap
 
 
@@ -102,25 +102,10 @@ def test_the_wilson_interval_narrows_with_the_sample_and_stays_within_0_and_1():
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
-def test_adaptive_pd_is_tuned_per_rate_and_slo_like_single_node():
-    single = _result({0.5: [GOOD] * 10, 1.0: [GOOD] * 10})
-    smooth = _result({0.5: [GOOD] * 10, 1.0: [SLOW_START] * 5 + [GOOD] * 5})  # late first tokens
-    yielding = _result({0.5: [GOOD] * 10, 1.0: [JERKY] * 10})  # first tokens in time, one gap
-    results = {"pd_adaptive@0": smooth, "pd_adaptive@3000": yielding, "single_node": single}
-    out = ratios(results, 1.0)
-    assert out["pd_adaptive_setting_by_rate"] == {0.5: "pd_adaptive@0", 1.0: "pd_adaptive@3000"}
-    assert out["goodput_pd_adaptive_over_single_by_rate"] == {0.5: 1.0, 1.0: 1.0}
-    # with the gap SLO neither setting holds 1.0 req/s: the yielding one's gaps, the smooth
-    # one's first tokens
-    assert out["max_rate_with_gap_pd_adaptive_over_single"] == 0.5
-    assert "| pd_adaptive (best decode_yield_ms per rate) | 1 | 1 | 0.5 |" in table(results, 1.0)
-
-
 def _args(**overrides) -> argparse.Namespace:
     base = {
         "modes": "pd_separate,single_node",
         "single_node_budgets": "256,1024",
-        "adaptive_yields": "0,3000",
         "peer": None,
         "llama_server_settings": "",
     }
@@ -136,24 +121,17 @@ def test_tuned_modes_expand_into_their_settings_and_the_peer_comes_last():
     ]
     budget = {"stepTargetMs": 0, "maxPrefillTokens": 256}
     assert settings("single_node@256") == ("single_node", budget)
-    assert expand_modes(_args(modes="pd_adaptive")) == ["pd_adaptive@0", "pd_adaptive@3000"]
-    assert expand_modes(_args(modes="pd_adaptive", adaptive_yields="")) == ["pd_adaptive"]
-    deploy_mode, keys = settings("pd_adaptive@3000")
-    assert deploy_mode == "pd_separate" and keys["decode_yield_ms"] == 3000
-    assert keys["share_idle_cores"] is True
-    assert settings("pd_separate")[1]["decode_yield_ms"] == 0  # fixed, whatever the defaults
-    _, keys = settings("pd_adaptive@3000:40")
-    assert keys["decode_yield_ms"] == 3000 and keys["decode_yield_percent"] == 40
-    assert settings("pd_adaptive@3000")[1]["decode_yield_percent"] == 20  # ADAPTIVE's own
-    _, keys = settings("pd_adaptive@3000:100:120")
-    assert keys["decode_yield_percent"] == 100 and keys["decode_yield_tpot_ms"] == 120
+    assert expand_modes(_args(modes="pd_adaptive")) == ["pd_adaptive"]
+    deploy_mode, keys = settings("pd_adaptive")
+    assert deploy_mode == "pd_separate" and keys["share_idle_cores"] is True
+    assert settings("pd_adaptive_unshared")[1]["share_idle_cores"] is False
+    assert settings("pd_separate")[1]["local_prefill_tokens"] == 0  # fixed, whatever the defaults
     with pytest.raises(ValueError, match="unknown mode"):
         expand_modes(_args(modes="pd_separate@5"))
     for unknown in (
         "single_node@256:40",
-        "pd_adaptive@3000:x",
-        "pd_adaptive@x",
-        "pd_adaptive@1:2:3:4",
+        "single_node@x",
+        "pd_adaptive@3000",
     ):
         with pytest.raises(ValueError, match="unknown mode"):
             settings(unknown)

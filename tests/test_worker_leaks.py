@@ -278,6 +278,7 @@ class _CountingEngine:
 
     def __init__(self) -> None:
         self.expiry_passes = 0
+        self.importer = self
 
     def has_work(self) -> bool:
         return False
@@ -289,10 +290,21 @@ class _CountingEngine:
         return EngineStats()
 
 
+class _NoHooks:
+    def before_step(self, busy: bool) -> None:
+        pass
+
+    def on_events(self, events: list[TokenEvent]) -> None:
+        pass
+
+    def on_housekeeping(self) -> None:
+        pass
+
+
 def test_reservation_expiry_runs_at_most_every_quarter_second():
     engine = _CountingEngine()
     start = time.monotonic()
-    loop = EngineLoop(engine, lambda events: None)  # type: ignore[arg-type]
+    loop = EngineLoop(engine, _NoHooks())  # type: ignore[arg-type]
     try:
         for _ in range(200):  # many calls: many loop iterations
             loop.call(lambda e: None).result()
@@ -303,15 +315,15 @@ def test_reservation_expiry_runs_at_most_every_quarter_second():
     assert 1 <= engine.expiry_passes <= elapsed / 0.25 + 2
 
 
-def test_an_event_callback_error_does_not_stop_the_engine_thread(tiny_model_dir):
+def test_an_event_hook_error_does_not_stop_the_engine_thread(tiny_model_dir):
     decode = DecodeWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
     calls: list[int] = []
 
     def failing(events: list[TokenEvent]) -> None:
         calls.append(len(events))
-        raise RuntimeError("callback bug")
+        raise RuntimeError("hook bug")
 
-    decode.loop._on_events = failing
+    decode.on_events = failing  # type: ignore[method-assign]
     try:
         assert decode.reserve(_request("r")).granted
         decode.abort("r")
