@@ -2,8 +2,9 @@
 and without the inter-token gap; the rate it holds on its own, and the monotone figure), its
 latencies and goodput at a common rate, and the goals' ratios against the best-tuned
 ``single_node`` (the best of its budgets at each rate) and the best-tuned llama-server (the best
-of its settings at each rate). Also the spread of each share within the SLO (``attainment_table``), where prompts spent
-their time (``phases_table``) and the closed-loop throughput (``closed_loop_table``)."""
+of its settings at each rate). Also the spread of each share within the SLO
+(``attainment_table``), where prompts spent their time (``phases_table``) and the closed-loop
+throughput (``closed_loop_table``)."""
 
 from __future__ import annotations
 
