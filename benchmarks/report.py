@@ -1,9 +1,10 @@
-"""The README's performance tables, generated from the committed result files.
+"""The performance tables of the README and ``docs/performance/``, generated from the committed
+result files.
 
-    python -m benchmarks.report            # rewrite every generated block of README.md
+    python -m benchmarks.report            # rewrite every generated block of those documents
     python -m benchmarks.report --check    # exit 1 naming each block that differs from its JSON
 
-A generated block sits between ``<!-- report: NAME -->`` and ``<!-- /report -->`` in the README;
+A generated block sits between ``<!-- report: NAME -->`` and ``<!-- /report -->`` in a document;
 ``NAME`` is a result file under ``benchmarks/results/`` (``NAME.json``) with a renderer below.
 Each block starts with the run it comes from (CPU, the instruction sets it executes, commit, date,
 command), so no figure stands apart from the file that backs it.
@@ -19,11 +20,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.modes_report import attainment_table
 from benchmarks.modes_report import render as render_modes_tables
+from benchmarks.part_decision import decision_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
+DOCUMENTS = (README, *sorted((ROOT / "docs" / "performance").glob("*.md")))
+# core sharing's parts: the mode with each and the one without it (docs/performance)
+CORE_SHARING_PARTS = {
+    "idle-core lending": ("pd_adaptive@0", "pd_adaptive_unshared"),
+    "decode yields (3 s pauses)": ("pd_adaptive@3000", "pd_adaptive@0"),
+}
 BLOCK = re.compile(r"(<!-- report: (\w+) -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
 
 # measure -> goal for pdserve / llama.cpp (the issue that set it), None: no goal
@@ -152,6 +161,26 @@ def render_compare_modes(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_core_sharing(data: dict[str, Any]) -> str:
+    settings, results = data.get("settings", {}), data["results"]
+    return "\n".join(
+        [
+            provenance(data),
+            "",
+            f"Draw set **{data.get('draw_set', '?')}** (seeds "
+            f"{', '.join(map(str, data['seeds']))}), {settings.get('num_requests', '?')} requests "
+            f"per rate and draw at {settings.get('request_rates', '?')} req/s. Requests within "
+            "TTFT+TPOT (95 % interval), then with the gap too:",
+            "",
+            attainment_table(results),
+            "",
+            attainment_table(results, with_gap=True),
+            "",
+            decision_table(results, CORE_SHARING_PARTS),
+        ]
+    )
+
+
 def render_decode_step(data: dict[str, Any]) -> str:
     meta = data["_meta"]
     paths = [key for key in data if not key.startswith("_")]
@@ -186,6 +215,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "engine": render_engine,
     "compare_modes": render_compare_modes,
     "decode_step": render_decode_step,
+    "core_sharing": render_core_sharing,
 }
 
 
@@ -211,16 +241,18 @@ def stale_blocks(readme: str, results: Path = RESULTS) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="only say which blocks are stale")
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--document", type=Path, action="append", help="(default: all of them)")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    if args.check:
-        stale = stale_blocks(text)
-        for name in stale:
-            print(f"{args.readme}: block {name!r} differs from benchmarks/results/{name}.json")
-        return 1 if stale else 0
-    args.readme.write_text(regenerate(text))
-    return 0
+    stale = []
+    for document in args.document or DOCUMENTS:
+        text = document.read_text()
+        if not args.check:
+            document.write_text(regenerate(text))
+            continue
+        for name in stale_blocks(text):
+            stale.append(name)
+            print(f"{document}: block {name!r} differs from benchmarks/results/{name}.json")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

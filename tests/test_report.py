@@ -1,4 +1,4 @@
-"""The README's performance tables against the committed result files they are generated from:
+"""The performance tables of the README and docs/performance against the committed result files they are generated from:
 each block renders exactly from its JSON, a table edited by hand (or a JSON re-run without
 regenerating) is caught, and every result file says which machine, code and command made it."""
 
@@ -10,14 +10,18 @@ import pytest
 
 from benchmarks import report
 
-NAMES = ("vs_llamacpp", "engine", "compare_modes", "decode_step")
+NAMES = ("vs_llamacpp", "engine", "compare_modes", "decode_step")  # the README's
+NAMES_IN_DOCS = ("core_sharing",)
 PROVENANCE = ("cpu", "isa_executes", "cpuid_flags", "commit", "date", "command")
 
 
-def test_every_readme_block_is_what_its_json_renders():
-    readme = report.README.read_text()
-    assert {m.group(2) for m in report.BLOCK.finditer(readme)} == set(NAMES)
-    assert report.stale_blocks(readme) == []
+def test_every_block_is_what_its_json_renders():
+    names = set()
+    for document in report.DOCUMENTS:
+        text = document.read_text()
+        names |= {m.group(2) for m in report.BLOCK.finditer(text)}
+        assert report.stale_blocks(text) == [], document
+    assert names == {*NAMES, *NAMES_IN_DOCS}
     assert report.main(["--check"]) == 0
 
 
@@ -29,12 +33,12 @@ def test_a_figure_edited_by_hand_is_caught(tmp_path):
     assert report.stale_blocks(edited) == ["vs_llamacpp"]
     copy = tmp_path / "README.md"
     copy.write_text(edited)
-    assert report.main(["--check", "--readme", str(copy)]) == 1
-    assert report.main(["--readme", str(copy)]) == 0  # regenerated ...
+    assert report.main(["--check", "--document", str(copy)]) == 1
+    assert report.main(["--document", str(copy)]) == 0  # regenerated ...
     assert copy.read_text() == readme  # ... to the committed text
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [*NAMES, *NAMES_IN_DOCS])
 def test_each_result_file_records_its_machine_code_and_command(name):
     data = json.loads((report.RESULTS / f"{name}.json").read_text())
     meta = data.get("_meta", data)
@@ -54,3 +58,10 @@ def test_the_serving_headline_comes_from_held_out_draws():
     data = json.loads((report.RESULTS / "compare_modes.json").read_text())
     assert data["draw_set"] == "held-out" and len(data["seeds"]) >= 3
     assert all(result["draws"] == len(data["seeds"]) for result in data["results"].values())
+
+
+def test_core_sharing_was_decided_on_held_out_draws():
+    data = json.loads((report.RESULTS / "core_sharing.json").read_text())
+    assert data["draw_set"] == "held-out" and len(data["seeds"]) >= 3
+    for with_mode, without_mode in report.CORE_SHARING_PARTS.values():
+        assert {with_mode, without_mode} <= set(data["results"])
