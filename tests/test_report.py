@@ -1,6 +1,7 @@
-"""The performance tables of the README and docs/performance against the committed result files they are generated from:
-each block renders exactly from its JSON, a table edited by hand (or a JSON re-run without
-regenerating) is caught, and every result file says which machine, code and command made it."""
+"""The performance tables of the README and docs/performance against the committed result
+files they are generated from: each block renders exactly from its JSON, a table edited by hand
+(or a JSON re-run without regenerating) is caught, and every result file says which machine,
+code and command made it."""
 
 from __future__ import annotations
 
