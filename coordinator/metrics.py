@@ -60,71 +60,88 @@ class Metrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
-        r, m = self.registry, ["model_name"]
-        self.received = Counter("request_received", "Requests received", m, registry=r)
-        self.success = Counter("request_success", "Requests finished", m, registry=r)
-        self.failed = Counter(
-            "request_failed", "Requests failed, by reason", [*m, "reason"], registry=r
+        self._declare_requests()
+        self._declare_workers()
+        self._declare_transfers()
+        self._declare_latencies()
+
+    def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
+        return Counter(name, documentation, ["model_name", *labels], registry=self.registry)
+
+    def _gauge(self, name: str, documentation: str, *labels: str) -> Gauge:
+        return Gauge(name, documentation, ["model_name", *labels], registry=self.registry)
+
+    def _histogram(
+        self,
+        name: str,
+        documentation: str,
+        buckets: tuple[float, ...] = LATENCY_BUCKETS,
+        labels: tuple[str, ...] = (),
+    ) -> Histogram:
+        return Histogram(
+            name, documentation, ["model_name", *labels], buckets=buckets, registry=self.registry
         )
-        self.migrations = Counter(
+
+    def _declare_requests(self) -> None:
+        self.received = self._counter("request_received", "Requests received")
+        self.success = self._counter("request_success", "Requests finished")
+        self.failed = self._counter("request_failed", "Requests failed, by reason", "reason")
+        self.migrations = self._counter(
             "request_migrations",
             "Requests moved to another worker pair with their tokens so far, by cause",
-            [*m, "reason"],
-            registry=r,
+            "reason",
         )
         for cause in MIGRATION_CAUSES:
-            self.migrations.labels(model_name, cause)
-        self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens", m, registry=r)
-        self.generation_tokens = Counter("generation_tokens", "Generated tokens", m, registry=r)
-        self.running = Gauge("num_requests_running", "Requests streaming tokens", m, registry=r)
-        self.waiting = Gauge(
-            "num_requests_waiting", "Requests before their first token", m, registry=r
+            self.migrations.labels(self.model_name, cause)
+        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens")
+        self.generation_tokens = self._counter("generation_tokens", "Generated tokens")
+        self.running = self._gauge("num_requests_running", "Requests streaming tokens")
+        self.waiting = self._gauge("num_requests_waiting", "Requests before their first token")
+
+    def _declare_workers(self) -> None:
+        worker = ("role", "instance")
+        self.npu_cache = self._gauge("npu_cache_usage_perc", "KV cache in use (0-1)", *worker)
+        self.kv_cache = self._gauge("kv_cache_usage_perc", "KV cache in use (0-1)", *worker)
+        self.queue_depth = self._gauge(
+            "worker_num_requests_waiting", "Requests queued on a worker", *worker
         )
-        worker = [*m, "role", "instance"]
-        self.npu_cache = Gauge("npu_cache_usage_perc", "KV cache in use (0-1)", worker, registry=r)
-        self.kv_cache = Gauge("kv_cache_usage_perc", "KV cache in use (0-1)", worker, registry=r)
-        self.queue_depth = Gauge(
-            "worker_num_requests_waiting", "Requests queued on a worker", worker, registry=r
+        self.batch_size = self._gauge(
+            "worker_num_requests_running", "Requests in a worker's batch", *worker
         )
-        self.batch_size = Gauge(
-            "worker_num_requests_running", "Requests in a worker's batch", worker, registry=r
-        )
-        self.cached_blocks = Gauge(
-            "worker_num_cached_blocks",
-            "KV blocks of a worker holding reusable prefix KV",
-            worker,
-            registry=r,
+        self.cached_blocks = self._gauge(
+            "worker_num_cached_blocks", "KV blocks of a worker holding reusable prefix KV", *worker
         )
         self.prefix_cache_queries = PolledCounter(
-            Counter(
+            self._counter(
                 "prefix_cache_queries",
                 "Prompt tokens a worker looked up in its prefix cache",
-                worker,
-                registry=r,
+                *worker,
             )
         )
         self.prefix_cache_hits = PolledCounter(
-            Counter(
+            self._counter(
                 "prefix_cache_hits",
                 "Prompt tokens found in the prefix cache (KV not computed; on decode: not sent)",
-                worker,
-                registry=r,
+                *worker,
             )
         )
-        self.kv_transfer_bytes = Counter(
-            "kv_transfer_bytes", "KV bytes moved from prefill to decode", m, registry=r
+
+    def _declare_transfers(self) -> None:
+        self.kv_transfer_bytes = self._counter(
+            "kv_transfer_bytes", "KV bytes moved from prefill to decode"
         )
-        self.kv_transfers = Counter(
+        self.kv_transfers = self._counter(
             "kv_transfers",
             "KV hand-offs by the path their pages took (shared_memory, frames, chunks)",
-            [*m, "path"],
-            registry=r,
+            "path",
         )
         self.kv_transfer_seconds = self._histogram(
             "kv_transfer_seconds",
             "Time to move a request's KV pages from prefill to decode",
             (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
         )
+
+    def _declare_latencies(self) -> None:
         self.queue_time = self._histogram(
             "request_queue_time_seconds",
             "Time a prompt waited on the engine computing it (role: prefill, decode or "
@@ -144,17 +161,6 @@ class Metrics:
         )
         self.request_generation = self._histogram(
             "request_generation_tokens", "Generated tokens per request", TOKEN_BUCKETS
-        )
-
-    def _histogram(
-        self,
-        name: str,
-        documentation: str,
-        buckets: tuple[float, ...] = LATENCY_BUCKETS,
-        labels: tuple[str, ...] = (),
-    ) -> Histogram:
-        return Histogram(
-            name, documentation, ["model_name", *labels], buckets=buckets, registry=self.registry
         )
 
     def record_finished(
