@@ -52,7 +52,7 @@ from engine.transfer import KVCredentials, create_receiver
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from engine.transfer.security import transfer_credentials
 from workers.contracts import GenerationRequest, Reservation
-from workers.runtime import WorkerRuntime, submit
+from workers.runtime import WorkerRuntime
 
 FAULT_INJECTION_ENV = "PDSERVE_FAULT_INJECTION"
 FAULTS = ("break_transport",)
@@ -136,9 +136,7 @@ class DecodeWorker(WorkerRuntime):
         """Prefill ``request`` here, in this worker's batches (no hand-off: a short prompt, or no
         prefill worker to take it), and stream it to its finish; ``max_output_tokens``: its
         output limit, first token included (docs/token-accounting.md)."""
-        yield from self._run(
-            request, lambda engine: submit(engine, request, max_output_tokens=max_output_tokens)
-        )
+        yield from self._run(request, max_output_tokens=max_output_tokens)
 
     def on_events(self, events: list[TokenEvent]) -> None:
         super().on_events(events)

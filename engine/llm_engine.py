@@ -114,12 +114,14 @@ class LLMEngine:
         prefill_only: bool = False,
         output_token_ids: Sequence[int] = (),
         max_output_tokens: int = 0,
+        arrival_time: float | None = None,
     ) -> None:
         """Queue a request; :class:`RequestRejectedError` if it can never run. A request with
         ``output_token_ids`` continues after them (see the module docstring).
         ``max_output_tokens``: its output limit, first token included, when the caller set one
         (a disaggregated request's, docs/token-accounting.md); else min(max_new_tokens,
-        maxIterTimes)."""
+        maxIterTimes). ``arrival_time``: when it reached the worker (its queueing counts from
+        then), by default now."""
         if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
         num_prompt = len(prompt_token_ids)
@@ -140,6 +142,8 @@ class LLMEngine:
         )
         request.max_output_tokens = len(output_token_ids) + 1 if prefill_only else max_output
         request.prefill_only = prefill_only
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
         self._check_fits(request)
         self.requests[request_id] = request
         self.scheduler.add(request)

@@ -29,14 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from engine.config import EngineConfig, KVTransferConfig
-from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import RequestStatus
 from engine.transfer import KVCredentials, KVTransferError, create_sender
 from engine.transfer.payload import KVPayload
 from engine.transfer.security import transfer_credentials
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
-from workers.runtime import WorkerRuntime, submit
+from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +68,9 @@ class PrefillWorker(WorkerRuntime):
         limit = target.max_output_tokens if target is not None else 0
         handoff = target if limit > len(request.output_token_ids) + 1 else None
 
-        def add(engine: LLMEngine) -> None:
-            submit(engine, request, prefill_only=handoff is not None, max_output_tokens=limit)
-
-        yield from self._run(request, add, handoff)
+        yield from self._run(
+            request, handoff, prefill_only=handoff is not None, max_output_tokens=limit
+        )
 
     def num_handoffs_by_path(self) -> dict[str, int]:
         """Hand-offs acknowledged so far, by the path their pages took (``engine.transfer``)."""

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -78,21 +78,28 @@ class WorkerRuntime:
     def _run(
         self,
         request: GenerationRequest,
-        add: Callable[[LLMEngine], None] | None = None,
         handoff: HandoffTarget | None = None,
+        prefill_only: bool = False,
+        max_output_tokens: int = 0,
     ) -> Iterator[Any]:
         """Queue ``request`` on the engine and yield its stream up to the final item; a request
-        the engine refuses ends with an error event. ``add`` (default: :func:`submit`) runs on
-        the engine thread; ``handoff``: where a prefill worker sends its KV once held."""
+        the engine refuses ends with an error event. ``handoff``: where a prefill worker sends
+        its KV once held; ``prefill_only``, ``max_output_tokens``: see
+        :meth:`LLMEngine.add_request`."""
         streamed = self.requests.open(request.request_id, streaming=True, handoff=handoff)
-        add = add or (lambda engine: submit(engine, request))
         arrived = time.monotonic()  # its wait for the engine thread counts as queueing too
 
         def queue_it(engine: LLMEngine) -> None:
-            add(engine)
-            queued = engine.requests.get(request.request_id)
-            if queued is not None:
-                queued.arrival_time = arrived
+            engine.add_request(
+                request.request_id,
+                list(request.prompt_token_ids),
+                request.params,
+                request.priority,
+                prefill_only=prefill_only,
+                output_token_ids=request.output_token_ids,
+                max_output_tokens=max_output_tokens,
+                arrival_time=arrived,
+            )
 
         try:
             self.loop.call(queue_it).result()
@@ -139,25 +146,6 @@ class WorkerRuntime:
             self.lending.num_borrowing_steps if self.lending else 0,
             kernel_origins(),
         )
-
-
-def submit(
-    engine: LLMEngine,
-    request: GenerationRequest,
-    prefill_only: bool = False,
-    max_output_tokens: int = 0,
-) -> None:
-    """Engine thread: queue ``request`` (:class:`RequestRejectedError` if it can never run);
-    ``max_output_tokens``: see :meth:`LLMEngine.add_request`."""
-    engine.add_request(
-        request.request_id,
-        list(request.prompt_token_ids),
-        request.params,
-        request.priority,
-        prefill_only=prefill_only,
-        output_token_ids=request.output_token_ids,
-        max_output_tokens=max_output_tokens,
-    )
 
 
 def _ray_node_ip() -> str:
