@@ -40,19 +40,16 @@ import secrets
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import Any
 
 from decode_worker.reservations import ReservationQueue
-from engine.config import EngineConfig, KVTransferConfig
 from engine.errors import KVImportError
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import Request, RequestStatus
-from engine.transfer import KVCredentials, create_receiver
+from engine.transfer import create_receiver
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
-from engine.transfer.security import transfer_credentials
 from workers.contracts import GenerationRequest, Reservation
-from workers.runtime import WorkerRuntime
+from workers.handoff_worker import HandoffWorker
 
 FAULT_INJECTION_ENV = "PDSERVE_FAULT_INJECTION"
 FAULTS = ("break_transport",)
@@ -69,20 +66,11 @@ def kv_bind_address(host: str) -> str:
     return ray.util.get_node_ip_address()
 
 
-class DecodeWorker(WorkerRuntime):
+class DecodeWorker(HandoffWorker):
     role = "decode"
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        transfer: KVTransferConfig,
-        credentials: KVCredentials | None = None,
-        **runtime: Any,
-    ) -> None:
-        """``credentials``: the receivers' share, required when ``transfer`` is encrypted;
-        ``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
-        credentials = transfer_credentials(transfer, credentials)  # before the model loads
-        super().__init__(config, **runtime)
+    def open_kv_plane(self) -> None:
+        transfer = self.transfer
         self.unclaimed_grace_s = transfer.reservation_timeout_s
         self._waiting = ReservationQueue(transfer.reservation_timeout_s)
         self.receiver = create_receiver(
@@ -92,7 +80,7 @@ class DecodeWorker(WorkerRuntime):
             on_broken=self._on_broken,
             stream_timeout_s=transfer.transfer_timeout_s,
             max_payload_bytes=self.engine.kv_cache_bytes,
-            credentials=credentials,
+            credentials=self.credentials,
         )
 
     def endpoint(self) -> str:

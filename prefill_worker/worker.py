@@ -26,35 +26,23 @@ import logging
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-from engine.config import EngineConfig, KVTransferConfig
 from engine.outputs import TokenEvent
 from engine.request import RequestStatus
-from engine.transfer import KVCredentials, KVTransferError, create_sender
+from engine.transfer import KVTransferError, create_sender
 from engine.transfer.payload import KVPayload
-from engine.transfer.security import transfer_credentials
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
-from workers.runtime import WorkerRuntime
+from workers.handoff_worker import HandoffWorker
 
 log = logging.getLogger(__name__)
 
 
-class PrefillWorker(WorkerRuntime):
+class PrefillWorker(HandoffWorker):
     role = "prefill"
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        transfer: KVTransferConfig,
-        credentials: KVCredentials | None = None,
-        **runtime: Any,
-    ) -> None:
-        """``credentials``: the senders' share, required when ``transfer`` is encrypted;
-        ``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
-        credentials = transfer_credentials(transfer, credentials)  # before the model loads
-        super().__init__(config, **runtime)
-        self.sender = create_sender(transfer.transport, transfer.shared_memory, credentials)
+    def open_kv_plane(self) -> None:
+        transfer = self.transfer
+        self.sender = create_sender(transfer.transport, transfer.shared_memory, self.credentials)
         self.transfer_timeout_s = transfer.transfer_timeout_s
         self._senders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-send")
         self.num_transferred_bytes = 0
