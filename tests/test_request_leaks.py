@@ -108,7 +108,9 @@ async def _collect(service: InferenceService) -> list:
 async def _first_token(service: InferenceService) -> None:
     """Wait until the request streamed a token and stalls, decoding on the worker it names;
     meanwhile the search finds its run (in the registry)."""
+    deadline = time.monotonic() + 10
     while not (REQUEST_ID in service.runs and service.runs[REQUEST_ID].output_token_ids):
+        assert time.monotonic() < deadline, "no first token within 10 s"
         await asyncio.sleep(0.001)
     run = service.runs[REQUEST_ID]
     assert run.phase == RunPhase.DECODING and [w.role for w in run.workers] in DECODE_SIDE
