@@ -11,6 +11,11 @@ restarts it and later requests use the new one) or ``engine_error``. Whatever en
 early, ``abort`` reaches every worker that may still hold the request, in the background if the
 caller is cancelled, and without waiting past ``RELEASE_WAIT_S`` for a worker that does not
 answer (a stopped process gets the call when it resumes).
+
+A request's state is its :class:`~coordinator.request_run.RequestRun`, which the caller hands to
+``stream``: the cluster sets its phase as the attempt goes (prefilling, handing off, decoding)
+and the workers that may hold it (what ``abort`` and the release reach; empty once the stream
+ended). It keeps no table of requests of its own.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
 import ray
 
 from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.request_run import RequestRun, RunPhase
 from decode_worker.worker import DecodeWorker
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
@@ -81,10 +87,8 @@ class Cluster:
         self.prefills: list[Any] = []
         self.decodes: list[Any] = []
         self.colocated: list[Any] = []
-        self._routes: dict[str, list[Any]] = {}
-        self._in_flight: set[str] = set()  # ids of requests streaming now
-        self._aborted: set[str] = set()  # ids among them their caller aborted
-        self._releases: set[asyncio.Task] = set()  # aborts still on their way to workers
+        # aborts still on their way to workers (a request's own state is its RequestRun's)
+        self._releases: set[asyncio.Task] = set()
         self._cores: list[int] | None = None
         self._id = uuid.uuid4().hex[:12]  # names this cluster's files on its hosts
         self.embedders: list[Any] = []
@@ -261,94 +265,124 @@ class Cluster:
     async def generate(
         self, request: GenerationRequest, prefill: int | None = 0, decode: int = 0
     ) -> AsyncIterator[TokenEvent]:
-        """Token events of one request; the last one is finished (``error`` set on failure).
-        In ``pd_separate``, ``prefill`` None has the decode worker prefill it itself.
+        """Token events of one request of its own (no migration) on the pair ``(prefill,
+        decode)``: ``stream`` of a fresh run routed there."""
+        run = RequestRun(request)
+        run.route_to((prefill, decode))
+        async with contextlib.aclosing(self.stream(run)) as events:
+            async for event in events:
+                yield event
+
+    async def stream(self, run: RequestRun) -> AsyncGenerator[TokenEvent, None]:
+        """Token events of ``run``'s attempt on ``run.route``; the last one is finished (``error``
+        set on failure). In ``pd_separate`` a route whose prefill side is None has the decode
+        worker prefill it itself. The run's phase and workers follow the stream.
 
         However the stream ends (finished, failed, or closed early by the caller), every worker
-        that may still hold the request is told to drop it unless it ended cleanly there.
+        that may still hold the attempt is told to drop it unless it ended cleanly there.
         """
-        request_id = request.request_id
-        self._in_flight.add(request_id)
         clean = False
         try:
-            if self.config.deploy_mode == "single_node":
-                worker = self.colocated[decode % len(self.colocated)]
-                self._routes[request_id] = [worker]
-                stream = worker.generate.options(num_returns="streaming").remote(request)
-                events, role = self._stream(request_id, stream), "colocated"
-            elif prefill is None:
-                events, role = self._generate_local(request, self.decodes[decode]), "decode"
-            else:
-                p_worker, d_worker = self.prefills[prefill], self.decodes[decode]
-                events, role = self._generate_pd(request, p_worker, d_worker), "prefill"
+            events, role = self._attempt(run)
             async for event in events:
                 if event.queued_s is not None and self.on_prefilled is not None:
                     self.on_prefilled(role, event.queued_s, event.prefill_s or 0.0)
-                if event.finish_reason == FinishReason.ERROR and request_id in self._aborted:
-                    event = TokenEvent.aborted(request_id)  # the caller's abort, not a failure
+                if event.finish_reason == FinishReason.ERROR and run.aborted:
+                    event = TokenEvent.aborted(run.attempt_id)  # the caller's abort, not a failure
                 # ended where it ran, with nothing left on any worker
                 clean = event.finished and event.finish_reason not in _UNCLEAN
                 yield event
         finally:
-            routes = self._routes.pop(request_id, [])
-            self._in_flight.discard(request_id)
-            self._aborted.discard(request_id)
-            if not clean:
-                await self._release_in_background(request_id, routes)
+            if clean:
+                run.workers = []
+            else:
+                await self._release(run)
+
+    def _attempt(self, run: RequestRun) -> tuple[AsyncIterator[TokenEvent], str]:
+        """The events of ``run``'s attempt, and the role of the worker computing its prompt."""
+        if run.route is None:
+            raise ValueError(f"request {run.request_id} streams before it was routed")
+        prefill, decode = run.route
+        if run.aborted:  # between two attempts
+            return _aborted(run), "none"
+        if self.config.deploy_mode == "single_node":
+            worker = self.colocated[decode % len(self.colocated)]
+            return self._generate_alone(run, worker), "colocated"
+        if prefill is None:
+            return self._generate_alone(run, self.decodes[decode], self._limit(run)), "decode"
+        return self._generate_pd(run, self.prefills[prefill], self.decodes[decode]), "prefill"
+
+    def _limit(self, run: RequestRun) -> int:
+        """A disaggregated request's output limit, whichever path it takes (token-accounting)."""
+        max_new_tokens = run.request.params.max_new_tokens
+        return pd_output_limit(max_new_tokens, self.config.engine.scheduler.max_iter_times)
 
     async def _generate_pd(
-        self, request: GenerationRequest, p_worker: Any, d_worker: Any
+        self, run: RequestRun, p_worker: Any, d_worker: Any
     ) -> AsyncIterator[TokenEvent]:
-        request_id = request.request_id
-        limit = pd_output_limit(
-            request.params.max_new_tokens, self.config.engine.scheduler.max_iter_times
-        )
-        self._routes[request_id] = [p_worker, d_worker]
+        request, limit = run.attempt, self._limit(run)
+        run.workers = [p_worker, d_worker]
         # the first token is the last: it ends on the prefill worker, no pages move
         target = HandoffTarget("", limit)
         if limit > len(request.output_token_ids) + 1:
             reservation = await self._reserve(d_worker, request)
             if not reservation.granted:
                 refusal = f"decode worker refused: {reservation.reason}"
-                yield TokenEvent.failure(request_id, refusal, "reservation_refused")
+                yield TokenEvent.failure(request.request_id, refusal, "reservation_refused")
                 return
             target = HandoffTarget.from_reservation(reservation, limit)
-        if request_id in self._aborted:  # aborted while its blocks were being reserved
-            yield TokenEvent.aborted(request_id)
+        if run.aborted:  # aborted while its blocks were being reserved
+            yield TokenEvent.aborted(request.request_id)
             return
-        stream = p_worker.prefill.options(num_returns="streaming").remote(request, target)
+        run.advance(RunPhase.PREFILLING)
         handoff: HandoffResult | None = None
-        async for item in self._stream(request_id, stream):
+        async for item in self._prefilled(run, p_worker, target):
             if isinstance(item, HandoffResult):
                 handoff = item
                 break
-            if item.finished and target.endpoint:
-                await self._release(request_id)  # ended on its first token: free the reservation
             yield item
-        if handoff is None:
-            return  # it ended with its first token, or failed
+        if handoff is not None:
+            async for event in self._handed_off(run, d_worker, handoff):
+                yield event
+
+    async def _prefilled(
+        self, run: RequestRun, p_worker: Any, target: HandoffTarget
+    ) -> AsyncIterator[Any]:
+        """The prefill worker's stream: the first token, then the hand-off's result (none when
+        the request ended on that token, or failed)."""
+        stream = p_worker.prefill.options(num_returns="streaming").remote(run.attempt, target)
+        async for item in self._stream(run.attempt_id, stream):
+            if isinstance(item, TokenEvent) and not item.finished:
+                run.advance(RunPhase.HANDING_OFF)  # the first token: the pages go now
+            elif isinstance(item, TokenEvent) and target.endpoint:
+                await self._release(run)  # ended on its first token: free the reservation
+            yield item
+
+    async def _handed_off(
+        self, run: RequestRun, d_worker: Any, handoff: HandoffResult
+    ) -> AsyncIterator[TokenEvent]:
+        """After the hand-off: its failure, or the decode worker's stream."""
         if not handoff.ok:
             error = handoff.error or "KV hand-off failed"
-            yield TokenEvent.failure(request_id, error, "handoff_failed")
+            yield TokenEvent.failure(run.attempt_id, error, "handoff_failed")
             return
         if self.on_handoff is not None:
             self.on_handoff(handoff.num_bytes, handoff.transfer_seconds, handoff.path)
-        self._routes[request_id] = [d_worker]
-        stream = d_worker.stream.options(num_returns="streaming").remote(request_id)
-        async for event in self._stream(request_id, stream):
+        run.workers = [d_worker]
+        run.advance(RunPhase.DECODING)
+        stream = d_worker.stream.options(num_returns="streaming").remote(run.attempt_id)
+        async for event in self._stream(run.attempt_id, stream):
             yield event
 
-    async def _generate_local(
-        self, request: GenerationRequest, d_worker: Any
-    ) -> AsyncIterator[TokenEvent]:
-        """The decode worker computes the prompt too; the output limit is a disaggregated
-        request's all the same (docs/token-accounting.md), whichever path it took."""
-        limit = pd_output_limit(
-            request.params.max_new_tokens, self.config.engine.scheduler.max_iter_times
-        )
-        self._routes[request.request_id] = [d_worker]
-        stream = d_worker.generate.options(num_returns="streaming").remote(request, limit)
-        async for event in self._stream(request.request_id, stream):
+    async def _generate_alone(self, run: RequestRun, worker: Any, *args: Any) -> AsyncIterator[Any]:
+        """One worker computes the prompt and decodes: the colocated one, or a decode worker
+        prefilling itself (``args``: its output limit)."""
+        run.workers = [worker]
+        run.advance(RunPhase.PREFILLING)
+        stream = worker.generate.options(num_returns="streaming").remote(run.attempt, *args)
+        async for event in self._stream(run.attempt_id, stream):
+            if event.token_id is not None:
+                run.advance(RunPhase.DECODING)
             yield event
 
     async def _reserve(self, d_worker: Any, request: GenerationRequest) -> Reservation:
@@ -368,9 +402,11 @@ class Cluster:
             error = f"worker failed: {type(exc).__name__}: {exc}"[:500]
             yield TokenEvent.failure(request_id, error, "worker_lost")
 
-    async def _release(self, request_id: str) -> None:
-        """Tell every worker of a request to drop it, and wait (up to ``RELEASE_WAIT_S``)."""
-        await self._release_in_background(request_id, self._routes.pop(request_id, []))
+    async def _release(self, run: RequestRun) -> None:
+        """Tell every worker that may hold ``run``'s attempt to drop it, and wait (up to
+        ``RELEASE_WAIT_S``); from now on it is held nowhere."""
+        workers, run.workers = run.workers, []
+        await self._release_in_background(run.attempt_id, workers)
 
     async def _release_in_background(self, request_id: str, workers: list[Any]) -> None:
         """Abort ``request_id`` on ``workers`` in a task of its own: it goes on when the caller
@@ -383,17 +419,20 @@ class Cluster:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), RELEASE_WAIT_S)
 
-    async def abort(self, request_id: str) -> None:
-        """End an in-flight request: its stream ends with ``abort`` wherever it is."""
-        if request_id in self._in_flight:
-            self._aborted.add(request_id)
-        await _abort_on(list(self._routes.get(request_id, [])), request_id)
+    async def abort(self, run: RequestRun) -> None:
+        """End ``run`` in flight: its stream ends with ``abort`` wherever it is."""
+        run.abort()
+        await _abort_on(list(run.workers), run.attempt_id)
 
     async def loads(self) -> list[WorkerLoad]:
         """Queue, running and free-block figures of every worker, asked all at once; a worker
         that is dead, restarting or does not answer within ``LOAD_TIMEOUT_S`` is left out."""
         answers = await asyncio.gather(*(_load_of(actor) for actor in self.actors))
         return [load for load in answers if load is not None]
+
+
+async def _aborted(run: RequestRun) -> AsyncIterator[TokenEvent]:
+    yield TokenEvent.aborted(run.attempt_id)
 
 
 async def _load_of(actor: Any) -> WorkerLoad | None:

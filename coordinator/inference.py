@@ -18,6 +18,10 @@ A request that cannot be completed is never reported as finished: the stream rai
 ``request_failed_total{reason}`` counts it. A timeout (the request's own, or
 ``exception_config``'s) aborts it on every worker and raises :class:`RequestTimeout`; a client that
 goes away cancels us, which aborts it the same way.
+
+The request's state lives in its :class:`~coordinator.request_run.RequestRun`, which the service
+creates at admission and hands to the cluster for each attempt; ``runs`` indexes the live ones by
+id (``abort``), and every way a request ends (finish, failure, timeout, cancellation) takes it out.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import NoReturn
 
 from coordinator.errors import (
     GenerationFailed,
@@ -38,6 +43,7 @@ from coordinator.errors import (
     TooManyRequests,
 )
 from coordinator.metrics import Metrics
+from coordinator.request_run import Outcome, RequestRun
 from coordinator.router import Route, Router
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
@@ -45,6 +51,11 @@ from workers.contracts import GenerationRequest
 
 log = logging.getLogger(__name__)
 REPICK_INTERVAL_S = 0.25  # a migrating request's wait between tries for a pair
+_RAISED = (  # the errors a request's stream raises, and the outcome each one counts as
+    (RequestTimeout, Outcome.TIMEOUT),
+    (NoWorkerError, Outcome.UNAVAILABLE),
+    (GenerationFailed, Outcome.ERROR),
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,20 @@ class Timeouts:
     first_token: float = 600
     infer: float = 600
     request: float = 600
+
+    def limits(self, request: GenerationRequest) -> tuple[tuple[float, str], tuple[float, str]]:
+        """(seconds, message) until the first token, and until the end, for ``request``."""
+        total = min(x for x in (request.timeout_s, self.infer or float("inf")) if x)
+        total_message = "Request inference timeout"
+        first = min(self.first_token or float("inf"), self.schedule or float("inf"), total)
+        first_message = (
+            "Request first token timeout"
+            if first == self.first_token
+            else "Request schedule timeout"
+            if first == self.schedule
+            else total_message
+        )
+        return (first, first_message), (total, total_message)
 
 
 class InferenceService:
@@ -73,8 +98,9 @@ class InferenceService:
         self.max_requests = max_requests
         self.max_retry = max_retry
         self.timeouts = timeouts
-        self.in_flight = 0
+        self.in_flight = 0  # generations and embeddings (coordinator.api.admission)
         self.draining = False
+        self.runs: dict[str, RequestRun] = {}  # the live generations by request id
         self._ids = itertools.count()
 
     def new_request_id(self) -> str:
@@ -83,145 +109,141 @@ class InferenceService:
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         """Token events up to the finished one; raises on timeout or unrecoverable failure."""
-        metrics = self.metrics
-        if metrics:
-            metrics.received.labels(metrics.model_name).inc()
-        if self.draining or self.in_flight >= self.max_requests:
-            self._failed("unavailable" if self.draining else "too_many_requests")
-            if self.draining:
-                raise NoWorkerError("the coordinator is shutting down")
-            raise TooManyRequests(
-                f"{self.in_flight} requests in flight (max_requests {self.max_requests})"
-            )
-        self.in_flight += 1
-        start, first_at, outcome = time.monotonic(), None, "aborted"
-        gauge = metrics.waiting.labels(metrics.model_name) if metrics else None
-        if gauge:
-            gauge.inc()
+        run = RequestRun(request)
+        self._admit(run)
         try:
-            async for event in self._with_timeouts(request):
-                if first_at is None and event.token_id is not None:
-                    first_at = time.monotonic()
-                    gauge = self._move_gauge(gauge)
-                if event.finished:
-                    outcome = "ok" if event.finish_reason != FinishReason.ABORT else "aborted"
-                    if metrics and outcome == "ok":
-                        metrics.record_finished(
-                            request.num_prompt_tokens,
-                            event.num_output_tokens,
-                            first_at - start if first_at else None,
-                            time.monotonic() - start,
-                        )
+            async for event in self._with_timeouts(run):
+                self._relay(run, event)
                 yield event
-        except RequestTimeout:
-            outcome = "timeout"
-            raise
-        except NoWorkerError:
-            outcome = "unavailable"
-            raise
-        except GenerationFailed:
-            outcome = "error"
+        except (RequestTimeout, NoWorkerError, GenerationFailed) as exc:
+            run.end(next(outcome for kind, outcome in _RAISED if isinstance(exc, kind)))
             raise
         finally:
-            self.in_flight -= 1
-            if gauge:
-                gauge.dec()
-            if outcome != "ok":
-                self._failed(outcome)
+            self._leave(run)
 
-    def _move_gauge(self, gauge):
-        if gauge is None:
-            return None
-        gauge.dec()
-        running = self.metrics.running.labels(self.metrics.model_name)
-        running.inc()
-        return running
+    async def abort(self, request_id: str) -> bool:
+        """Abort the live request ``request_id`` wherever it is: its stream ends with ``abort``
+        (False: no such request)."""
+        run = self.runs.get(request_id)
+        if run is None:
+            return False
+        run.abort()
+        await self.cluster.abort(run)
+        return True
 
-    def _failed(self, reason: str) -> None:
+    def _admit(self, run: RequestRun) -> None:
+        """Take ``run`` in (registered, counted waiting), or end it and raise why not."""
+        if self.metrics:
+            self.metrics.received.labels(self.metrics.model_name).inc()
+        if self.draining or self.in_flight >= self.max_requests:
+            self._refuse(run)
+        self.in_flight += 1
+        self.runs[run.request_id] = run
+        self._gauge(run, +1)
+
+    def _refuse(self, run: RequestRun) -> NoReturn:
+        run.end(Outcome.UNAVAILABLE if self.draining else Outcome.TOO_MANY_REQUESTS)
+        self._failed(run.outcome)
+        if self.draining:
+            raise NoWorkerError("the coordinator is shutting down")
+        raise TooManyRequests(
+            f"{self.in_flight} requests in flight (max_requests {self.max_requests})"
+        )
+
+    def _relay(self, run: RequestRun, event: TokenEvent) -> None:
+        """``event`` goes to the client now: the run's next token (its first moves it from the
+        waiting gauge to the running one), or its finish (counted)."""
+        waiting = run.first_token_at is None
+        run.record(event)
+        if self.metrics and waiting and run.first_token_at is not None:
+            self.metrics.waiting.labels(self.metrics.model_name).dec()
+            self.metrics.running.labels(self.metrics.model_name).inc()
+        if event.finished:
+            run.end(Outcome.OK if event.finish_reason != FinishReason.ABORT else Outcome.ABORTED)
+        if self.metrics and event.finished and run.outcome == Outcome.OK:
+            _record_finished(self.metrics, run, event.num_output_tokens)
+
+    def _leave(self, run: RequestRun) -> None:
+        """``run`` is over: out of the registry and the gauges; counted unless it finished."""
+        run.end(Outcome.ABORTED)  # nothing else ended it: cancelled, or the caller closed it
+        self.in_flight -= 1
+        if self.runs.get(run.request_id) is run:
+            del self.runs[run.request_id]
+        self._gauge(run, -1)
+        if run.outcome != Outcome.OK:
+            self._failed(run.outcome)
+
+    def _gauge(self, run: RequestRun, change: int) -> None:
+        """Move the gauge of ``run``'s state: waiting until its first token, then running."""
+        if self.metrics is None:
+            return
+        gauge = self.metrics.running if run.first_token_at is not None else self.metrics.waiting
+        gauge.labels(self.metrics.model_name).inc(change)
+
+    def _failed(self, reason: str | None) -> None:
         if self.metrics:
             self.metrics.failed.labels(self.metrics.model_name, reason).inc()
 
-    async def _with_timeouts(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
-        start = time.monotonic()
-        t = self.timeouts
-        total = min(x for x in (request.timeout_s, t.infer or float("inf")) if x)
-        total_message = "Request inference timeout"
-        first = min(x for x in (t.first_token or float("inf"), t.schedule or float("inf"), total))
-        first_message = (
-            "Request first token timeout"
-            if first == t.first_token
-            else "Request schedule timeout"
-            if first == t.schedule
-            else total_message
-        )
-        events = self._with_migration(request)
-        got_token = False
+    async def _with_timeouts(self, run: RequestRun) -> AsyncGenerator[TokenEvent, None]:
+        first, total = self.timeouts.limits(run.request)
+        events = self._with_migration(run)
         try:
             while True:
-                limit, message = (total, total_message) if got_token else (first, first_message)
-                remaining = limit - (time.monotonic() - start)
+                limit, message = total if run.first_token_at is not None else first
+                remaining = limit - (time.monotonic() - run.created_at)
                 try:
                     event = await asyncio.wait_for(events.__anext__(), max(remaining, 0.001))
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
                     raise RequestTimeout(message) from None
-                got_token = got_token or event.token_id is not None
                 yield event
                 if event.finished:
                     return
         finally:
             await events.aclose()
 
-    async def _with_migration(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
-        """The request's events from one pair after another, as one stream (module docstring)."""
-        request_id = request.request_id
-        generated: list[int] = []  # every token yielded so far
-        failed: Route | None = None
-        migration = 0
+    async def _with_migration(self, run: RequestRun) -> AsyncGenerator[TokenEvent, None]:
+        """The run's events from one pair after another, as one stream (module docstring)."""
         while True:
-            tokens = [*request.prompt_token_ids, *request.output_token_ids, *generated]
-            pair = await self._pair(tokens, failed)
-            attempt = (
-                request
-                if migration == 0
-                else request.continued(f"{request_id}-m{migration}", generated)
-            )
+            run.route_to(await self._pair(run))
             failure = None
-            events = self.cluster.generate(attempt, prefill=pair[0], decode=pair[1])
-            async with contextlib.aclosing(events):  # a failed attempt is released at once
-                async for event in events:
+            async with contextlib.aclosing(self.cluster.stream(run)) as events:
+                async for event in events:  # a failed attempt is released at once
                     if event.finish_reason == FinishReason.ERROR:
                         failure = event
                         break
-                    if event.token_id is not None:
-                        generated.append(event.token_id)
-                    event.request_id = request_id
+                    event.request_id = run.request_id
                     yield event
                     if event.finished:
                         return
-            cause, error = _failure(failure)
-            if migration == self.max_retry:
-                raise GenerationFailed(
-                    f"request failed after {self.max_retry} migrations: {cause}: {error}"
-                )
-            log.warning(
-                "request %s: migrating after %d tokens off pair %s (%s): %s",
-                request_id,
-                len(generated),
-                pair,
-                cause,
-                error,
-            )
-            if self.metrics:
-                self.metrics.migrations.labels(self.metrics.model_name, cause).inc()
-            failed, migration = pair, migration + 1
+            self._migrate(run, *_failure(failure))
 
-    async def _pair(self, token_ids: Sequence[int], failed: Route | None) -> Route:
-        """A pair for a request that computes ``token_ids`` (prompt and outputs so far), new
-        (NoWorkerError if none) or migrating off ``failed``: another pair if there is one, else
-        the same pair (its actor restarted), waiting for one to come back if need be (the
-        request's timeouts bound the wait)."""
+    def _migrate(self, run: RequestRun, cause: str, error: str) -> None:
+        """Send ``run`` back for another pair, or raise GenerationFailed if it may not."""
+        if run.num_migrations == self.max_retry:
+            raise GenerationFailed(
+                f"request failed after {self.max_retry} migrations: {cause}: {error}"
+            )
+        log.warning(
+            "request %s: migrating after %d tokens off pair %s (%s): %s",
+            run.request_id,
+            len(run.output_token_ids),
+            run.route,
+            cause,
+            error,
+        )
+        if self.metrics:
+            self.metrics.migrations.labels(self.metrics.model_name, cause).inc()
+        run.migrate(cause)
+
+    async def _pair(self, run: RequestRun) -> Route:
+        """A pair for ``run`` (to compute its prompt and outputs so far), new (NoWorkerError if
+        none) or migrating off its failed pair: another pair if there is one, else the same pair
+        (its actor restarted), waiting for one to come back if need be (the request's timeouts
+        bound the wait; an abort ends it: the failed pair is taken back, and its stream ends at
+        once as aborted)."""
+        token_ids, failed = run.all_token_ids, run.failed_route
         while True:
             try:
                 return self.router.choose(
@@ -233,7 +255,19 @@ class InferenceService:
             try:
                 return self.router.choose(token_ids)
             except NoWorkerError:
+                if run.aborted:
+                    return failed
                 await asyncio.sleep(REPICK_INTERVAL_S)
+
+
+def _record_finished(metrics: Metrics, run: RequestRun, num_output_tokens: int) -> None:
+    first = run.first_token_at
+    metrics.record_finished(
+        run.request.num_prompt_tokens,
+        num_output_tokens,
+        first - run.created_at if first else None,
+        time.monotonic() - run.created_at,
+    )
 
 
 def _failure(event: TokenEvent | None) -> tuple[str, str]:

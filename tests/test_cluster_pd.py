@@ -11,6 +11,7 @@ import pytest
 
 from coordinator.cluster import Cluster
 from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.request_run import RequestRun
 from coordinator.router import Router, RoutingConfig
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.outputs import EngineStats
@@ -81,6 +82,10 @@ async def _collect(cluster, request_id, prompt, params):
     return [
         event async for event in cluster.generate(GenerationRequest(request_id, prompt, params))
     ]
+
+
+async def _all(events):
+    return [event async for event in events]
 
 
 def _run(cluster, prompts, params, prefix):
@@ -307,14 +312,15 @@ def test_200_mixed_requests_with_aborts_leak_no_block(pd, handoff):
         params = SamplingParams(
             max_new_tokens=rng.randrange(1, 12), ignore_eos=True, do_sample=rng.random() < 0.5
         )
-        request_id = f"leak-{handoff}-{i}"
-        events = _collect(pd, request_id, prompt, params)
+        run = RequestRun(GenerationRequest(f"leak-{handoff}-{i}", prompt, params))
+        run.route_to((0, 0))
+        events = _all(pd.stream(run))
         if (
             rng.random() < 0.4
         ):  # abort at a random moment: queued, in prefill, in transfer, decoding
             task = asyncio.ensure_future(events)
             await asyncio.sleep(rng.random() * 0.05)
-            await pd.abort(request_id)
+            await pd.abort(run)
             return await task
         return await events
 

@@ -46,7 +46,9 @@ class FakeCluster:
         idle = EngineStats(num_free_blocks=10, num_total_blocks=10)
         return [WorkerLoad(role, i, 0, idle) for role in ("prefill", "decode") for i in (0, 1)]
 
-    async def generate(self, request, prefill=0, decode=0):
+    async def stream(self, run):
+        """``Cluster.stream``: the events of the run's attempt on its route."""
+        request, (prefill, decode) = run.attempt, run.route
         self.calls.append(((prefill, decode), request))
         try:
             await asyncio.sleep(self.delay_s)

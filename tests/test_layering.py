@@ -1,7 +1,7 @@
-"""The coordinator's layers, read from the imports (ast): the core — the service, router,
-cluster, configuration, metrics and errors — speaks no HTTP and knows no front door; the server
-takes from ``coordinator.api`` only the app assembly; no front door borrows another module's
-private names."""
+"""The coordinator's layers, read from the imports (ast): the core — the service, its request
+runs, router, cluster, configuration, metrics and errors — speaks no HTTP and knows no front door;
+the server takes from ``coordinator.api`` only the app assembly; no front door borrows another
+module's private names."""
 
 from __future__ import annotations
 
@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 COORDINATOR = Path(__file__).resolve().parent.parent / "coordinator"
-CORE = ("errors", "inference", "router", "cluster", "cluster_config", "config", "metrics")
+CORE = (
+    "errors",
+    "inference",
+    "request_run",
+    "router",
+    "cluster",
+    "cluster_config",
+    "config",
+    "metrics",
+)
 HTTP = ("coordinator.api", "fastapi", "starlette")
 
 
