@@ -43,7 +43,7 @@ from typing import Any
 from coordinator.router import Route
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 
 class RunPhase(IntEnum):

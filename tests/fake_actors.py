@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
-from engine.worker.contracts import (
+from workers.contracts import (
     GenerationRequest,
     HandoffResult,
     HandoffTarget,

@@ -28,8 +28,8 @@ from coordinator.request_run import RunPhase
 from coordinator.router import STALE_GRACE_S, Router, RoutingConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.worker.contracts import GenerationRequest
 from tests.fake_actors import MAX_NEW, FakeWorker
+from workers.contracts import GenerationRequest
 
 REQUEST_ID = "req-leak-7f3a"
 DECODE_SIDE = (["decode"], ["colocated"])

@@ -7,7 +7,7 @@ import pytest
 from coordinator.request_run import Migration, Outcome, RequestRun, RunPhase
 from engine.outputs import TokenEvent
 from engine.sampling_params import SamplingParams
-from engine.worker.contracts import GenerationRequest
+from workers.contracts import GenerationRequest
 
 
 def _run() -> RequestRun:
