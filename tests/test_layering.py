@@ -71,3 +71,10 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from fastapi import Request\n")
     assert "fastapi.Request" in imported_modules(source)
+
+
+def test_engine_config_sits_below_the_transports():
+    """engine/config.py is read by every layer; engine.transfer takes its names from it."""
+    config = COORDINATOR.parent / "engine" / "config.py"
+    found = {m for m in imported_modules(config) if _under(m, ("engine.transfer",))}
+    assert not found, f"engine/config.py imports {sorted(found)}"
