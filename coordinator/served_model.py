@@ -12,10 +12,10 @@ import json
 import logging
 from dataclasses import dataclass
 
-from coordinator.api.common import ModelInfo
 from coordinator.cluster_config import ActorResources, ClusterConfig
 from coordinator.config import CoordinatorConfig
 from coordinator.content_safety import ContentFilter
+from coordinator.model_info import ModelInfo
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.embedding_model import embedding_model_dirs
 from engine.model.loader import load_hf_config, load_tokenizer, model_name, resolve_model_dir

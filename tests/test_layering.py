@@ -1,7 +1,7 @@
 """The coordinator's layers, read from the imports (ast): the core — the service, router,
-cluster, configuration, metrics and errors — speaks no HTTP and knows no front door; the server
-takes from ``coordinator.api`` only the app assembly; no front door borrows another module's
-private names."""
+cluster, configuration, served model, metrics and errors — speaks no HTTP and knows no front
+door; the server takes from ``coordinator.api`` only the app assembly; no front door borrows
+another module's private names; engine/config.py sits below engine.transfer."""
 
 from __future__ import annotations
 
@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 COORDINATOR = Path(__file__).resolve().parent.parent / "coordinator"
-CORE = ("errors", "inference", "router", "cluster", "cluster_config", "config", "metrics")
+CORE = (
+    "errors",
+    "inference",
+    "router",
+    "cluster",
+    "cluster_config",
+    "config",
+    "served_model",
+    "model_info",
+    "metrics",
+)
 HTTP = ("coordinator.api", "fastapi", "starlette")
 
 
