@@ -53,15 +53,15 @@ class RoutingConfig:
     """How the router weighs cached prefixes (``digs_scheduler_config``, module docstring)."""
 
     prefix_routing: bool = True  # False: pairs by load only
-    block_size: int = 128  # the engines' cacheBlockSize
+    block_size: int = CacheConfig.block_size  # the engines' cacheBlockSize
     max_prefill_imbalance: int = 8192  # queued prompt tokens over the least loaded prefill
     max_decode_imbalance: int = 4  # running requests over the least loaded decode
     prefix_ttl_s: float = 600.0  # an index entry not routed again for this long expires
     # pd_separate: the decode worker prefills a prompt itself (no hand-off) when what it would
     # compute is at most local_prefill_tokens (0: never), or is less than the chosen prefill
     # worker's queue once that queue reaches local_prefill_queue_tokens (0: never)
-    local_prefill_tokens: int = 0
-    local_prefill_queue_tokens: int = 0
+    local_prefill_tokens: int = 96
+    local_prefill_queue_tokens: int = 1024
     local_prefill_fallback: bool = True  # no prefill worker answers: decode workers prefill
 
     def __post_init__(self) -> None:
