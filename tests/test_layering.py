@@ -18,6 +18,8 @@ CORE = (
     "cluster",
     "cluster_config",
     "config",
+    "config_schema",
+    "config_keys",
     "served_model",
     "model_info",
     "metrics",
