@@ -42,10 +42,21 @@ class ActorResources:
             tuple(sorted((str(k), float(v)) for k, v in custom.items())),
         )
 
+    def describe(self) -> str:
+        """In words, e.g. ``1 CPU, no GPU``."""
+        amounts = [("CPU", self.num_cpus), ("GPU", self.num_gpus), *self.resources]
+        return ", ".join(_amount(name, value) for name, value in amounts)
+
     @property
     def num_threads(self) -> int:
         """torch threads for the actor: one per CPU it owns."""
         return max(1, int(self.num_cpus))
+
+
+def _amount(name: str, value: float) -> str:
+    if value == 0:
+        return f"no {name}"
+    return f"{value:g} {name}{'' if value == 1 or name not in ('CPU', 'GPU') else 's'}"
 
 
 @dataclass(frozen=True)
