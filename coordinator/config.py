@@ -145,9 +145,9 @@ def _merge_environment(values: Values, environ: Mapping[str, str]) -> None:
 
 def _checked(config: CoordinatorConfig) -> CoordinatorConfig:
     ContentFilter.from_config(config["content_safety"])  # a bad pattern fails at start-up
-    for key in KEYS:  # and so does a value its field would refuse
-        if key.feeds and key.feeds.convert:
-            key.feeds.value(key.dotted, config.value(key))
+    for spec in KEYS:  # and so does a value its field would refuse
+        if spec.feeds and spec.feeds.convert:
+            spec.feeds.value(spec.dotted, config.value(spec))
     http = config["http_config"]
     if not http["allow_all_zero_ip_listening"]:
         for key in ("predict_ip", "manage_ip"):

@@ -39,9 +39,8 @@ def field_at(cls: type, path: str) -> Field:
 
 
 def _default(found: Field) -> Any:
-    if found.default is not MISSING:
-        return found.default
-    return found.default_factory()  # type: ignore[misc]
+    factory = found.default_factory
+    return found.default if factory is MISSING else factory()
 
 
 def build(cls: type[T], values: Mapping[str, Any]) -> T:

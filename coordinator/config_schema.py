@@ -21,8 +21,8 @@ from coordinator.model_info import ModelInfo
 from coordinator.router import RoutingConfig
 from engine.config import DTYPES, ENCRYPTION_MODES, WEIGHT_DTYPES, SchedulerConfig
 
-PORT = {"kind": "port", "low": 1024, "high": 65535}
-TIMEOUT = {"low": 0, "high": 86400, "unit": "s"}
+PORT: dict[str, Any] = {"kind": "port", "low": 1024, "high": 65535}
+TIMEOUT: dict[str, Any] = {"low": 0, "high": 86400, "unit": "s"}
 MAX_TOKENS = 1 << 22
 FILE_TRANSPORTS = ("zmq", "grpc")  # "inprocess" is for tests of engines in one process
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
