@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from coordinator.cluster_config import DEPLOY_MODES, ActorResources, ClusterConfig
-from coordinator.config_keys import Feed, Key, fed
+from coordinator.config_keys import Convert, Feed, Key, fed
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo
 from coordinator.router import RoutingConfig
@@ -32,23 +32,28 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 STEP_TARGET_MS = {"pd_separate": 100, "single_node": SchedulerConfig.step_target_ms}
 
 
-def cluster(path: str, convert: Any = None) -> Feed:
+def cluster(path: str, convert: Convert | None = None) -> Feed:
+    """A field of ClusterConfig."""
     return Feed(ClusterConfig, path, convert)
 
 
 def engine(path: str) -> Feed:
+    """A field of the cluster's EngineConfig (``cache.*``, ``scheduler.*`` below it)."""
     return Feed(ClusterConfig, f"engine.{path}")
 
 
 def routing(path: str) -> Feed:
+    """A field of RoutingConfig."""
     return Feed(RoutingConfig, path)
 
 
-def as_float(_: str, value: int, __: Any) -> float:
+def as_float(dotted: str, value: int, default: float) -> float:
+    """A :data:`Convert` for an integer key (seconds) that feeds a float field."""
     return float(value)
 
 
 def section(name: str, *keys: Key) -> dict[str, Key]:
+    """The keys of section ``name``, by key name, each told its section."""
     return {key.name: replace(key, section=name) for key in keys}
 
 
