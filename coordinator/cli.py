@@ -1,8 +1,9 @@
 """The ``pdserve`` command: start the coordinator and its worker cluster.
 
 Each option overrides one key of ``ms_coordinator.json`` (``--config`` or
-``$MINDIE_MS_COORDINATOR_CONFIG_FILE_PATH``), which overrides the built-in defaults; ``--help``
-names the key and the default of every option. MindIE's positional form ``pdserve PREDICT_IP
+``$MINDIE_MS_COORDINATOR_CONFIG_FILE_PATH``) and its ``PDSERVE_<SECTION>__<KEY>`` environment
+variable, which overrides the file, which overrides the built-in defaults; ``--help`` names the
+key and the default of every option. MindIE's positional form ``pdserve PREDICT_IP
 PREDICT_PORT MANAGE_IP MANAGE_PORT`` is accepted too. A bad configuration is one line on stderr
 and exit code 2. docs/configuration.md lists every key.
 """
@@ -51,10 +52,12 @@ With no arguments: a local Ray, the bundled SmolLM2-135M-Instruct model, one pre
 decode actor, and the inference API over plain HTTP on 127.0.0.1:1025 (management on 1026,
 metrics on 1028, health probes on 1029)."""
 EPILOG = f"""\
-Precedence: options > the configuration file > built-in defaults. The file is --config, else
-${CONFIG_PATH_ENV}. Every other key (status and metrics ports, TLS, request
-limits, timeouts, engine limits) is set in the file: see docs/configuration.md. A bad value is
-one line on stderr naming the key, its valid range and the value received, and exit code 2.
+Precedence: options > environment variables > the configuration file > built-in defaults.
+The file is --config, else ${CONFIG_PATH_ENV}. Every key
+(status and metrics ports, TLS, request limits, timeouts, engine limits) is set in the file or
+by the variable PDSERVE_<SECTION>__<KEY>, e.g. PDSERVE_BACKEND_CONFIG__MAXSEQLEN=4096:
+see docs/configuration.md. A bad value is one line on stderr naming the key, its valid range
+and the value received, and exit code 2.
 
 examples:
   pdserve
@@ -63,16 +66,16 @@ examples:
   pdserve --ray-address auto --prefill 2 --decode 2 --kv-transport grpc
   pdserve 127.0.0.1 1025 127.0.0.1 1026      (MindIE's positional form)"""
 
-# option -> (metavar, what it sets); the default and the config key are added from SCHEMA
+# option -> (metavar, what it sets); the range, the default and the config key come from SCHEMA
 OPTIONS = {
     "predict_ip": ("IP", "address of the inference API"),
-    "predict_port": ("PORT", "port of the inference API, 1024-65535"),
+    "predict_port": ("PORT", "port of the inference API"),
     "manage_ip": (
         "IP",
         "address of the management API (GET /v1/instances); other than loopback it needs "
         "http_config.manage_api_keys",
     ),
-    "manage_port": ("PORT", "port of the management API, 1024-65535"),
+    "manage_port": ("PORT", "port of the management API"),
     "model": (
         "PATH",
         "generative model: 'bundled', a Hugging Face model directory, a .gguf file or an "
@@ -82,8 +85,8 @@ OPTIONS = {
         "MODE",
         "pd_separate (prefill and decode actors, KV hand-off) or single_node (one engine)",
     ),
-    "prefill": ("N", "prefill actors in pd_separate mode, 1-1024"),
-    "decode": ("N", "decode actors in pd_separate mode, 1-1024"),
+    "prefill": ("N", "prefill actors in pd_separate mode"),
+    "decode": ("N", "decode actors in pd_separate mode"),
     "kv_transport": ("NAME", "KV cache hand-off between prefill and decode: zmq or grpc"),
     "ray_address": ("ADDR", "join this Ray cluster ('auto' from inside one, or ray://HOST:PORT)"),
     "model_config": (
@@ -101,8 +104,12 @@ def option_help(option: str) -> str:
     """What ``option`` sets, its built-in default and the configuration key it overrides."""
     key = OVERRIDES[option]
     section, name = key.split(".")
-    default = DEFAULT_TEXT.get(option, SCHEMA[section][name].default)
-    return f"{OPTIONS[option][1]} (default: {default}; config key {key})"
+    spec = SCHEMA[section][name]
+    what = OPTIONS[option][1]
+    if spec.low is not None and spec.high is not None:
+        what += f", {int(spec.low)}-{int(spec.high)}"
+    default = DEFAULT_TEXT.get(option, spec.default)
+    return f"{what} (default: {default}; config key {key})"
 
 
 def version() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from engine.config import EngineConfig, KVTransferConfig
+from engine.config import EngineConfig, KVTransferConfig, bounded, check_bounds
 from engine.errors import ConfigError
 
 DEPLOY_MODES = ("pd_separate", "single_node")
@@ -42,34 +42,53 @@ class ActorResources:
             tuple(sorted((str(k), float(v)) for k, v in custom.items())),
         )
 
+    def describe(self) -> str:
+        """In words, e.g. ``1 CPU, no GPU``."""
+        amounts = [("CPU", self.num_cpus), ("GPU", self.num_gpus), *self.resources]
+        return ", ".join(_amount(name, value) for name, value in amounts)
+
     @property
     def num_threads(self) -> int:
         """torch threads for the actor: one per CPU it owns."""
         return max(1, int(self.num_cpus))
 
 
+def _amount(name: str, value: float) -> str:
+    if value == 0:
+        return f"no {name}"
+    return f"{value:g} {name}{'' if value == 1 or name not in ('CPU', 'GPU') else 's'}"
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
+    """The worker cluster; its hand-off fields default to :class:`KVTransferConfig`'s."""
+
     deploy_mode: str = "pd_separate"
-    num_prefill: int = 1
-    num_decode: int = 1
-    num_colocated: int = 1  # single_node: engines that each do prefill and decode
-    kv_transport: str = "zmq"
-    kv_host: str = "127.0.0.1"  # address decode workers bind their KV endpoint to ("auto": node IP)
-    kv_shared_memory: bool = True  # zmq on one host: pages through /dev/shm (False: the socket)
-    kv_encryption: str = "auto"  # CURVE / TLS on the KV plane; auto: unless kv_host is loopback
+    num_prefill: int = bounded(1, 1, 1024, "num_prefill")
+    num_decode: int = bounded(1, 1, 1024, "num_decode")
+    # single_node: engines that each do prefill and decode
+    num_colocated: int = bounded(1, 1, 1024, "num_colocated")
+    kv_transport: str = KVTransferConfig.transport
+    kv_host: str = KVTransferConfig.host  # decode workers' KV endpoints bind here ("auto": node IP)
+    kv_shared_memory: bool = KVTransferConfig.shared_memory  # zmq on one host: pages in /dev/shm
+    kv_encryption: str = KVTransferConfig.encryption  # CURVE / TLS on the KV plane
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefill_resources: ActorResources = field(default_factory=ActorResources)
     decode_resources: ActorResources = field(default_factory=ActorResources)
     colocated_resources: ActorResources = field(default_factory=lambda: ActorResources(2.0))
-    transfer_timeout_s: float = 10.0  # prefill frees its blocks if no acknowledgement by then
+    # prefill frees its blocks if no acknowledgement by then
+    transfer_timeout_s: float = KVTransferConfig.transfer_timeout_s
     reservation_wait_s: float = 5.0  # how long a hand-off waits for room on a full decode worker
-    reservation_timeout_s: float = 30.0  # decode drops a reservation whose pages never came
+    # decode drops a reservation whose pages never came
+    reservation_timeout_s: float = KVTransferConfig.reservation_timeout_s
     pin_cpus: bool = True  # local Ray: give each actor its own cores when they add up
-    share_idle_cores: bool = False  # pd_separate: workers run threads on idle co-located peers'
-    decode_yield_ms: int = 0  # with it: a decode worker's longest pause for a long prefill
-    decode_yield_percent: int = 20  # the most of its time a decode worker spends paused
-    decode_yield_tpot_ms: int = 0  # each pause only as long as every stream's TPOT affords
+    share_idle_cores: bool = True  # pd_separate: workers run threads on idle co-located peers'
+    # with it: a decode worker's longest pause for a long prefill (0: never)
+    decode_yield_ms: int = bounded(0, 0, 10_000, "decode_yield_ms")
+    # the most of its time a decode worker spends paused
+    decode_yield_percent: int = bounded(20, 1, 100, "decode_yield_percent")
+    # each pause only as long as every stream's TPOT affords (0: no target)
+    decode_yield_tpot_ms: int = bounded(0, 0, 60_000, "decode_yield_tpot_ms")
     generation: bool = True  # False: an embeddings-only cluster (no prefill/decode actors)
     embedding_model_path: str | None = "bundled"  # None: no embedding worker
     embedding_resources: ActorResources = field(default_factory=lambda: ActorResources(0.0))
@@ -80,10 +99,7 @@ class ClusterConfig:
                 f"deploy_mode must be one of {', '.join(DEPLOY_MODES)}; got {self.deploy_mode!r}"
             )
         self.kv_transfer  # noqa: B018 - validates the hand-off fields
-        for name in ("num_prefill", "num_decode", "num_colocated"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or not 1 <= value <= 1024:
-                raise ConfigError(f"{name} must be an integer in [1, 1024], got {value!r}")
+        check_bounds(self)
         if self.reservation_wait_s <= 0:
             raise ConfigError(f"reservation_wait_s must be > 0, got {self.reservation_wait_s!r}")
 

@@ -1,8 +1,15 @@
 """``ms_coordinator.json``: MindIE-MS compatible sections plus pdserve's ``backend_config``.
 
-Every key is declared once below with its type and valid range; a wrong type or an out-of-range
-value is a :class:`ConfigError` naming ``section.key``, the valid range and the value received.
-Unknown keys are ignored with a warning. Precedence: CLI > file > defaults.
+Every key is declared once, in ``coordinator/config_schema.py``, with its type and valid range; a
+wrong type or an out-of-range value is a :class:`ConfigError` naming ``section.key``, the valid
+range and the value received. Unknown keys are ignored with a warning.
+
+Precedence, lowest first: the defaults, the file, the environment, the command line. The
+environment variable of a key is ``PDSERVE_<SECTION>__<KEY>``, both names upper case (e.g.
+``PDSERVE_BACKEND_CONFIG__MAXSEQLEN=4096``, ``PDSERVE_HTTP_CONFIG__PREDICT_PORT=8080``); its
+text is read by the key's type: integers in decimal, ``true`` / ``false`` (or ``1`` / ``0``),
+objects as JSON, lists as JSON or comma-separated. Other ``PDSERVE_`` variables with a ``__``
+are ignored with a warning.
 """
 
 from __future__ import annotations
@@ -11,222 +18,95 @@ import ipaddress
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.config_keys import Key
+from coordinator.config_schema import KEYS, SCHEMA
+from coordinator.content_safety import ContentFilter
 from engine.errors import ConfigError
 
+__all__ = [
+    "CONFIG_PATH_ENV",
+    "SCHEMA",
+    "CoordinatorConfig",
+    "check_manage_listener",
+    "defaults",
+    "load_config",
+]
 log = logging.getLogger(__name__)
 
 CONFIG_PATH_ENV = "MINDIE_MS_COORDINATOR_CONFIG_FILE_PATH"
-
-
-@dataclass(frozen=True)
-class Key:
-    """One configuration key: its kind (``int``, ``port``, ``float``, ``bool``, ``str``, ``ip``,
-    ``list``), default, and range or choices."""
-
-    kind: str
-    default: Any
-    low: float | None = None
-    high: float | None = None
-    choices: tuple[str, ...] = ()
-
-    def describe(self) -> str:
-        if self.choices:
-            return "one of " + ", ".join(self.choices)
-        if self.low is not None and self.high is not None:
-            if self.kind in ("int", "port"):
-                return f"an integer in [{int(self.low)}, {int(self.high)}]"
-            return f"a number in [{self.low:g}, {self.high:g}]"
-        return {
-            "bool": "true or false",
-            "ip": "an IP address",
-            "list": "a list of strings",
-            "str": "a string",
-            "dict": "a JSON object",
-        }[self.kind]
-
-    def parse(self, name: str, value: Any) -> Any:
-        try:
-            parsed = self._convert(value)
-        except (TypeError, ValueError):
-            parsed = None
-        if (
-            parsed is None
-            or (self.choices and parsed not in self.choices)
-            or (self.low is not None and not self.low <= parsed <= self.high)
-        ):
-            raise ConfigError(f"{name} must be {self.describe()}, got {json.dumps(value)}")
-        return parsed
-
-    def _convert(self, value: Any) -> Any:
-        if self.kind == "bool":
-            return value if isinstance(value, bool) else None
-        if self.kind in ("int", "port"):
-            if isinstance(value, bool | float):
-                return None
-            if self.kind == "port" and isinstance(value, str) and value.isdigit():
-                return int(value)
-            return value if isinstance(value, int) else None
-        if self.kind == "float":
-            return (
-                float(value)
-                if isinstance(value, int | float) and not isinstance(value, bool)
-                else None
-            )
-        if self.kind == "ip":
-            return str(ipaddress.ip_address(value)) if isinstance(value, str) else None
-        if self.kind == "dict":
-            return value if isinstance(value, dict) else None
-        if self.kind == "list":
-            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-            return tuple(value) if ok else None
-        return value if isinstance(value, str) else None
-
-
-PORT = (1024, 65535)
-# stepTargetMs when the file leaves it out: in pd_separate it sizes the chunks of the prompts a
-# decode worker computes itself, so its streams stay smooth; single_node fills each step up to
-# maxPrefillTokens, which gives long prompts their first token soonest (docs/configuration.md)
-STEP_TARGET_MS = {"pd_separate": 100, "single_node": 0}
-SCHEMA: dict[str, dict[str, Key]] = {
-    "http_config": {
-        "predict_ip": Key("ip", "127.0.0.1"),
-        "predict_port": Key("port", 1025, *PORT),
-        "manage_ip": Key("ip", "127.0.0.1"),
-        "manage_port": Key("port", 1026, *PORT),
-        "status_port": Key("port", 1029, *PORT),
-        "external_port": Key("port", 1028, *PORT),
-        "allow_all_zero_ip_listening": Key("bool", False),
-        "api_keys": Key("list", ()),
-        "manage_api_keys": Key("list", ()),
-    },
-    "request_limit": {
-        "max_requests": Key("int", 10000, 1, 1_000_000),
-        "body_limit": Key("int", 32, 1, 1024),
-    },
-    "exception_config": {
-        "schedule_timeout": Key("int", 600, 0, 86400),
-        "first_token_timeout": Key("int", 600, 0, 86400),
-        "infer_timeout": Key("int", 600, 0, 86400),
-        "max_retry": Key("int", 5, 0, 100),
-    },
-    "digs_scheduler_config": {
-        "deploy_mode": Key("str", "pd_separate", choices=("pd_separate", "single_node")),
-        "algorithm_type": Key("str", "load_balance", choices=("load_balance",)),
-        # cache-aware routing (coordinator/router.py): prefer workers holding a request's prefix
-        "prefix_routing": Key("bool", True),
-        "prefix_routing_max_imbalance": Key("int", 8192, 0, 1 << 22),  # queued prompt tokens
-        "prefix_routing_max_decode_imbalance": Key("int", 4, 0, 1 << 16),  # running requests
-        "prefix_routing_ttl_s": Key("int", 600, 1, 86400),
-    },
-    "tls_config": {
-        "request_server_tls_enable": Key("bool", False),
-        "tls_cert": Key("str", ""),
-        "tls_key": Key("str", ""),
-        "ca_cert": Key("str", ""),
-    },
-    "log_info": {
-        "log_level": Key("str", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")),
-    },
-    "content_safety": {
-        "enabled": Key("bool", False),
-        "categories": Key("dict", {}),
-    },
-    "backend_config": {
-        "model_path": Key("str", "bundled"),
-        "embedding_model_path": Key("str", "bundled"),
-        "model_config": Key("dict", {}),  # MLflow models: load-time model_config overrides
-        "dtype": Key("str", "auto", choices=("auto", "float32", "bfloat16", "float16")),
-        # the linear layers' weights: auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4
-        "weight_dtype": Key("str", "auto", choices=("auto", "fp32", "int8", "int4")),
-        "device": Key("str", "auto"),
-        "num_prefill_instances": Key("int", 1, 1, 1024),
-        "num_decode_instances": Key("int", 1, 1, 1024),
-        "num_colocated_instances": Key("int", 1, 1, 1024),  # single_node engines
-        "kv_transport": Key("str", "zmq", choices=("zmq", "grpc")),
-        "ray_address": Key("str", ""),
-        "kv_host": Key("str", "127.0.0.1"),  # decode KV endpoints bind here; "auto": node IP
-        "kv_shared_memory": Key("bool", True),  # zmq on one host: pages through /dev/shm
-        # pd_separate: a worker runs extra threads on an idle co-located worker's cores
-        "share_idle_cores": Key("bool", True),
-        # with it: a busy decode worker pauses up to this long for a co-located long prefill
-        "decode_yield_ms": Key("int", 0, 0, 10_000),
-        # and paused at most this share of its time in the long run
-        "decode_yield_percent": Key("int", 20, 1, 100),
-        # and each pause only as long as every stream affords within this TPOT (0: no target)
-        "decode_yield_tpot_ms": Key("int", 0, 0, 60_000),
-        # CURVE / TLS with peer authentication on the KV plane; auto: unless kv_host is loopback
-        "kv_encryption": Key("str", "auto", choices=("auto", "on", "off")),
-        "kv_transfer_timeout_s": Key("int", 10, 1, 3600),
-        "kv_reservation_timeout_s": Key("int", 30, 1, 3600),
-        "prefill_resources": Key("dict", {}),  # {"num_cpus", "num_gpus", "resources": {...}}
-        "decode_resources": Key("dict", {}),
-        "colocated_resources": Key("dict", {}),
-        "maxSeqLen": Key("int", 2560, 2, 1 << 22),
-        "maxInputTokenLen": Key("int", 2048, 1, 1 << 22),
-        "maxIterTimes": Key("int", 512, 1, 1 << 22),
-        "maxBatchSize": Key("int", 200, 1, 1 << 16),
-        "maxPrefillTokens": Key("int", 8192, 1, 1 << 22),
-        "maxPrefillBatchSize": Key("int", 50, 1, 1 << 16),
-        # prompt tokens per decoding step: what fits (default: STEP_TARGET_MS by deploy mode)
-        "stepTargetMs": Key("int", None, 0, 60_000),
-        "cacheBlockSize": Key("int", 128, 1, 4096),
-        "kvCacheMemoryMB": Key("int", 1024, 1, 1 << 24),
-        "enablePrefixCaching": Key("bool", True),
-        # pd_separate: decode workers prefill short prompts themselves (coordinator/router.py)
-        "local_prefill_tokens": Key("int", 96, 0, 1 << 22),
-        "local_prefill_queue_tokens": Key("int", 1024, 0, 1 << 22),
-        "local_prefill_fallback": Key("bool", True),
-        "fullTextEnabled": Key("bool", False),
-        "truncation": Key("bool", False),
-        "allowed_media_dirs": Key("list", ()),
-    },
-}
+ENV_PREFIX, ENV_SEPARATOR = "PDSERVE_", "__"
+ENV_KEYS = {key.env_name: key for key in KEYS}
+Values = dict[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    """The parsed file: ``values[section][key]``, every key present (defaults filled in)."""
+    """The parsed configuration: ``values[section][key]``, every key present (defaults filled
+    in; None where a key's default depends on another key)."""
 
-    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    values: Values = field(default_factory=dict)
     source: str | None = None
 
     def __getitem__(self, section: str) -> dict[str, Any]:
         return self.values[section]
 
-    @property
-    def step_target_ms(self) -> int:
-        """``stepTargetMs`` as set, else the deploy mode's default (``STEP_TARGET_MS``)."""
-        value = self.values["backend_config"]["stepTargetMs"]
-        mode = self.values["digs_scheduler_config"]["deploy_mode"]
-        return STEP_TARGET_MS[mode] if value is None else value
+    def value(self, key: Key) -> Any:
+        """``key``'s value; left out, and with a ``default_by``, the other key's choice."""
+        value = self.values[key.section][key.name]
+        if value is None and key.default_by:
+            other, defaults = key.default_by
+            section, name = other.split(".")
+            return defaults[self.values[section][name]]
+        return value
 
-    def with_overrides(self, overrides: dict[str, Any]) -> CoordinatorConfig:
+    def fed(self, target: type) -> dict[str, Any]:
+        """``{field path: value}`` of every key that feeds a field of dataclass ``target``."""
+        return {
+            key.feeds.path: key.feeds.value(key.dotted, self.value(key))
+            for key in KEYS
+            if key.feeds and key.feeds.target is target
+        }
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> CoordinatorConfig:
         """``{"section.key": value}`` from the CLI (None values are skipped), validated too."""
-        values = {section: dict(keys) for section, keys in self.values.items()}
+        values = _copy(self.values)
         for dotted, value in overrides.items():
-            if value is None:
-                continue
-            section, key = dotted.split(".")
-            values[section][key] = SCHEMA[section][key].parse(dotted, value)
+            if value is not None:
+                section, key = dotted.split(".")
+                values[section][key] = SCHEMA[section][key].parse(dotted, value)
         return _checked(CoordinatorConfig(values, self.source))
 
 
 def defaults() -> CoordinatorConfig:
     return CoordinatorConfig(
-        {s: {k: spec.default for k, spec in keys.items()} for s, keys in SCHEMA.items()}
+        {s: {name: key.default for name, key in keys.items()} for s, keys in SCHEMA.items()}
     )
 
 
-def load_config(path: str | os.PathLike | None = None) -> CoordinatorConfig:
-    """Read ``path`` (or ``$MINDIE_MS_COORDINATOR_CONFIG_FILE_PATH``); defaults when neither."""
-    path = path or os.environ.get(CONFIG_PATH_ENV)
-    base = defaults()
-    if not path:
-        return base
+def load_config(
+    path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None
+) -> CoordinatorConfig:
+    """The defaults, then ``path`` (or ``$MINDIE_MS_COORDINATOR_CONFIG_FILE_PATH``; neither:
+    no file), then the ``PDSERVE_<SECTION>__<KEY>`` variables of ``environ`` (``os.environ``)."""
+    environ = os.environ if environ is None else environ
+    path = path or environ.get(CONFIG_PATH_ENV)
+    values = _copy(defaults().values)
+    if path:
+        _merge_file(values, _read(path))
+    _merge_environment(values, environ)
+    return _checked(CoordinatorConfig(values, str(path) if path else None))
+
+
+def _copy(values: Values) -> Values:
+    return {section: dict(keys) for section, keys in values.items()}
+
+
+def _read(path: str | os.PathLike) -> dict[str, Any]:
     try:
         raw = json.loads(Path(path).read_text())
     except OSError as exc:
@@ -235,31 +115,39 @@ def load_config(path: str | os.PathLike | None = None) -> CoordinatorConfig:
         raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a JSON object")
-    values = {section: dict(keys) for section, keys in base.values.items()}
+    return raw
+
+
+def _merge_file(values: Values, raw: dict[str, Any]) -> None:
     for section, keys in raw.items():
         if section not in SCHEMA:
             log.warning("config: unknown section %r ignored", section)
             continue
         if not isinstance(keys, dict):
             raise ConfigError(f"{section} must be a JSON object, got {json.dumps(keys)}")
-        for key, value in keys.items():
-            if key not in SCHEMA[section]:
-                log.warning("config: unknown key %s.%s ignored", section, key)
+        for name, value in keys.items():
+            if name not in SCHEMA[section]:
+                log.warning("config: unknown key %s.%s ignored", section, name)
                 continue
-            values[section][key] = SCHEMA[section][key].parse(f"{section}.{key}", value)
-    return _checked(CoordinatorConfig(values, str(path)))
+            values[section][name] = SCHEMA[section][name].parse(f"{section}.{name}", value)
+
+
+def _merge_environment(values: Values, environ: Mapping[str, str]) -> None:
+    for variable, text in sorted(environ.items()):
+        if not variable.upper().startswith(ENV_PREFIX) or ENV_SEPARATOR not in variable:
+            continue
+        key = ENV_KEYS.get(variable.upper())
+        if key is None:
+            log.warning("config: unknown environment variable %s ignored", variable)
+            continue
+        values[key.section][key.name] = key.parse_text(key.dotted, text)
 
 
 def _checked(config: CoordinatorConfig) -> CoordinatorConfig:
-    from coordinator.cluster_config import ActorResources
-    from coordinator.content_safety import ContentFilter
-
-    default = ActorResources()
-
     ContentFilter.from_config(config["content_safety"])  # a bad pattern fails at start-up
-    for role in ("prefill", "decode", "colocated"):
-        key = f"{role}_resources"
-        ActorResources.from_dict(f"backend_config.{key}", config["backend_config"][key], default)
+    for spec in KEYS:  # and so does a value its field would refuse
+        if spec.feeds and spec.feeds.convert:
+            spec.feeds.value(spec.dotted, config.value(spec))
     http = config["http_config"]
     if not http["allow_all_zero_ip_listening"]:
         for key in ("predict_ip", "manage_ip"):

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,18 +50,19 @@ STALE_GRACE_S = 30.0
 
 @dataclass(frozen=True)
 class RoutingConfig:
-    """How the router weighs cached prefixes (``digs_scheduler_config``, module docstring)."""
+    """How the router weighs cached prefixes (module docstring); built from
+    ``digs_scheduler_config`` and ``backend_config`` by ``served_model.routing_config``."""
 
     prefix_routing: bool = True  # False: pairs by load only
-    block_size: int = 128  # the engines' cacheBlockSize
+    block_size: int = CacheConfig.block_size  # the engines' cacheBlockSize
     max_prefill_imbalance: int = 8192  # queued prompt tokens over the least loaded prefill
     max_decode_imbalance: int = 4  # running requests over the least loaded decode
     prefix_ttl_s: float = 600.0  # an index entry not routed again for this long expires
     # pd_separate: the decode worker prefills a prompt itself (no hand-off) when what it would
     # compute is at most local_prefill_tokens (0: never), or is less than the chosen prefill
     # worker's queue once that queue reaches local_prefill_queue_tokens (0: never)
-    local_prefill_tokens: int = 0
-    local_prefill_queue_tokens: int = 0
+    local_prefill_tokens: int = 96
+    local_prefill_queue_tokens: int = 1024
     local_prefill_fallback: bool = True  # no prefill worker answers: decode workers prefill
 
     def __post_init__(self) -> None:
@@ -76,23 +77,6 @@ class RoutingConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be at least 0, got {getattr(self, name)}")
-
-    @classmethod
-    def from_config(
-        cls, section: Mapping[str, Any], cache: CacheConfig, backend: Mapping[str, Any]
-    ) -> RoutingConfig:
-        """From ``digs_scheduler_config``, ``backend_config`` and the engines' cache (no caching:
-        load only)."""
-        return cls(
-            local_prefill_tokens=backend["local_prefill_tokens"],
-            local_prefill_queue_tokens=backend["local_prefill_queue_tokens"],
-            local_prefill_fallback=backend["local_prefill_fallback"],
-            prefix_routing=section["prefix_routing"] and cache.enable_prefix_caching,
-            block_size=cache.block_size,
-            max_prefill_imbalance=section["prefix_routing_max_imbalance"],
-            max_decode_imbalance=section["prefix_routing_max_decode_imbalance"],
-            prefix_ttl_s=section["prefix_routing_ttl_s"],
-        )
 
 
 @dataclass

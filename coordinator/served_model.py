@@ -4,6 +4,9 @@
 MLflow ``llm/v1/chat`` / ``llm/v1/completions`` directory) — or an MLflow ``llm/v1/embeddings``
 directory, which makes an embeddings-only server: no prefill/decode actors, and the encoder from
 that directory replaces ``embedding_model_path``.
+
+The dataclasses the configuration feeds are built here from the keys' own ``feeds``
+(``coordinator/config_schema.py``): the cluster's, the router's and the doors' ``ModelInfo``.
 """
 
 from __future__ import annotations
@@ -12,17 +15,20 @@ import json
 import logging
 from dataclasses import dataclass
 
-from coordinator.api.common import ModelInfo
-from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.cluster_config import ClusterConfig
 from coordinator.config import CoordinatorConfig
+from coordinator.config_keys import build
 from coordinator.content_safety import ContentFilter
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from coordinator.model_info import ModelInfo
+from coordinator.router import RoutingConfig
+from engine.config import CacheConfig
 from engine.embedding_model import embedding_model_dirs
 from engine.model.loader import load_hf_config, load_tokenizer, model_name, resolve_model_dir
 from engine.model.loader import tokenizer_dir as model_tokenizer_dir
 from engine.model.mlflow_model import MlflowModel, is_mlflow_dir, read_mlflow_model
 
 log = logging.getLogger(__name__)
+NO_TIMEOUT_RESERVATION_WAIT_S = 3600.0  # schedule_timeout 0 (off): a hand-off waits an hour
 
 
 @dataclass(frozen=True)
@@ -68,18 +74,17 @@ def _mlflow_model(model_path: str, overrides: dict) -> MlflowModel | None:
 
 
 def _generation_info(config: CoordinatorConfig) -> ModelInfo:
-    b = config["backend_config"]
-    hf = load_hf_config(resolve_model_dir(b["model_path"]))
-    limit = min(b["maxInputTokenLen"], b["maxSeqLen"] - 1, hf.max_position_embeddings)
+    path = config["backend_config"]["model_path"]
+    hf = load_hf_config(resolve_model_dir(path))
+    scheduler = build(ClusterConfig, config.fed(ClusterConfig)).engine.scheduler
     return ModelInfo(
-        model_name(b["model_path"]),
-        load_tokenizer(model_tokenizer_dir(b["model_path"])),
+        model_name(path),
+        load_tokenizer(model_tokenizer_dir(path)),
         hf.max_position_embeddings,
         hf.vocab_size,
-        limit,
-        b["fullTextEnabled"],
-        allowed_media_dirs=b["allowed_media_dirs"],
+        scheduler.max_prompt_tokens(hf.max_position_embeddings),
         content_filter=ContentFilter.from_config(config["content_safety"]),
+        **config.fed(ModelInfo),
     )
 
 
@@ -90,56 +95,21 @@ def _embedding_info(path: str) -> tuple[str, int]:
 
 
 def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterConfig:
-    b = config["backend_config"]
-    engine = EngineConfig(
-        model_path=b["model_path"],
-        device=b["device"],
-        dtype=b["dtype"],
-        weight_dtype=b["weight_dtype"],
-        cache=CacheConfig(
-            block_size=b["cacheBlockSize"],
-            memory_mb=b["kvCacheMemoryMB"],
-            enable_prefix_caching=b["enablePrefixCaching"],
-        ),
-        scheduler=SchedulerConfig(
-            max_seq_len=b["maxSeqLen"],
-            max_input_token_len=b["maxInputTokenLen"],
-            max_iter_times=b["maxIterTimes"],
-            max_batch_size=b["maxBatchSize"],
-            max_prefill_tokens=b["maxPrefillTokens"],
-            max_prefill_batch_size=b["maxPrefillBatchSize"],
-            step_target_ms=config.step_target_ms,
-        ),
+    """The cluster: every key that feeds a ClusterConfig field, and what ``served`` needs."""
+    timeout_s = config["exception_config"]["schedule_timeout"]
+    return build(
+        ClusterConfig,
+        {
+            **config.fed(ClusterConfig),
+            "reservation_wait_s": float(timeout_s or NO_TIMEOUT_RESERVATION_WAIT_S),
+            "generation": served.generation is not None,
+            "embedding_model_path": served.embedding_path,
+        },
     )
-    base = ClusterConfig()
-    return ClusterConfig(
-        deploy_mode=config["digs_scheduler_config"]["deploy_mode"],
-        kv_host=b["kv_host"],
-        prefill_resources=ActorResources.from_dict(
-            "backend_config.prefill_resources", b["prefill_resources"], base.prefill_resources
-        ),
-        decode_resources=ActorResources.from_dict(
-            "backend_config.decode_resources", b["decode_resources"], base.decode_resources
-        ),
-        colocated_resources=ActorResources.from_dict(
-            "backend_config.colocated_resources",
-            b["colocated_resources"],
-            base.colocated_resources,
-        ),
-        num_prefill=b["num_prefill_instances"],
-        num_decode=b["num_decode_instances"],
-        num_colocated=b["num_colocated_instances"],
-        kv_transport=b["kv_transport"],
-        kv_shared_memory=b["kv_shared_memory"],
-        share_idle_cores=b["share_idle_cores"],
-        decode_yield_ms=b["decode_yield_ms"],
-        decode_yield_percent=b["decode_yield_percent"],
-        decode_yield_tpot_ms=b["decode_yield_tpot_ms"],
-        kv_encryption=b["kv_encryption"],
-        transfer_timeout_s=float(b["kv_transfer_timeout_s"]),
-        reservation_timeout_s=float(b["kv_reservation_timeout_s"]),
-        engine=engine,
-        generation=served.generation is not None,
-        embedding_model_path=served.embedding_path,
-        reservation_wait_s=float(config["exception_config"]["schedule_timeout"] or 3600),
-    )
+
+
+def routing_config(config: CoordinatorConfig, cache: CacheConfig) -> RoutingConfig:
+    """The router's settings; without prefix caching in the engines, pairs by load only."""
+    routing = config.fed(RoutingConfig)
+    prefix_routing = routing.pop("prefix_routing") and cache.enable_prefix_caching
+    return RoutingConfig(prefix_routing=prefix_routing, block_size=cache.block_size, **routing)

@@ -32,8 +32,8 @@ from coordinator.cluster import Cluster, fault_injection_enabled, init_ray
 from coordinator.config import CoordinatorConfig, check_manage_listener
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
-from coordinator.router import Router, RoutingConfig
-from coordinator.served_model import cluster_config, served_models
+from coordinator.router import Router
+from coordinator.served_model import cluster_config, routing_config, served_models
 
 log = logging.getLogger(__name__)
 PROBES = ("/v1/startup", "/v1/health", "/v1/readiness", "/v2/health/live", "/v2/health/ready")
@@ -58,20 +58,14 @@ class Coordinator:
         self.cluster.on_handoff = self.metrics.record_handoff
         self.cluster.on_prefilled = self.metrics.record_prefill
         self.router = Router(
-            self.cluster,
-            routing=RoutingConfig.from_config(
-                config["digs_scheduler_config"],
-                self.cluster.config.engine.cache,
-                config["backend_config"],
-            ),
+            self.cluster, routing=routing_config(config, self.cluster.config.engine.cache)
         )
-        exc = config["exception_config"]
         self.service = InferenceService(
             self.cluster,
             self.router,
             config["request_limit"]["max_requests"],
-            exc["max_retry"],
-            Timeouts(exc["schedule_timeout"], exc["first_token_timeout"], exc["infer_timeout"]),
+            config["exception_config"]["max_retry"],
+            Timeouts(**config.fed(Timeouts)),
             self.metrics,
         )
         self.ready = False

@@ -1,24 +1,61 @@
 """Engine configuration: one frozen dataclass per concern, validated at construction.
 
-The names in comments are the MindIE Server ``config.json`` keys each field mirrors.
+The names in comments are the MindIE Server ``config.json`` keys each field mirrors. A field
+made with :func:`bounded` carries its valid range, which its dataclass checks and which the
+coordinator's configuration schema reads, with the default, from the field itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ipaddress
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
 from engine.errors import ConfigError
-from engine.transfer import TRANSPORTS
-from engine.transfer.security import ENCRYPTION_MODES, needs_encryption
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("auto", *_DTYPES)
+WEIGHT_DTYPES = ("auto", "fp32", "int8", "int4")
+TRANSPORTS = ("zmq", "grpc", "inprocess")  # engine.transfer's transports, by name
+ENCRYPTION_MODES = ("auto", "on", "off")
+
+
+def bounded(default: int | None, low: int, high: int, name: str) -> Any:
+    """A dataclass field that :func:`check_bounds` keeps in [low, high] (None: unset, allowed
+    when it is the default); ``name``: the field's name in errors."""
+    return field(default=default, metadata={"range": (low, high), "name": name})
+
+
+def check_bounds(config: Any) -> None:
+    """A ConfigError for the first :func:`bounded` field of ``config`` out of its range."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if "range" in f.metadata and not (value is None and f.default is None):
+            _check_range(f.metadata["name"], value, *f.metadata["range"])
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name, or "auto"
+
+
+def needs_encryption(mode: str, host: str) -> bool:
+    """Whether the KV plane is encrypted: ``on``; ``off``; ``auto``: unless the decode
+    workers' endpoints are on loopback (``host`` ``auto`` is the node's IP: encrypted)."""
+    if mode != "auto":
+        return mode == "on"
+    return not is_loopback(host)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -45,9 +82,10 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 class CacheConfig:
     """Paged KV cache sizing."""
 
-    block_size: int = 128  # cacheBlockSize
-    num_blocks: int | None = None  # explicit block count; else derived from memory_mb
-    memory_mb: int = 1024
+    block_size: int = bounded(128, 1, 4096, "cacheBlockSize")
+    # explicit block count; else derived from memory_mb
+    num_blocks: int | None = bounded(None, 1, 1 << 24, "num_kv_blocks")
+    memory_mb: int = bounded(1024, 1, 1 << 24, "kv_cache_memory_mb")  # kvCacheMemoryMB
     # enablePrefixCaching: full blocks stay cached after their request and are reused by any
     # later request with the same prefix (engine/block_manager.py)
     enable_prefix_caching: bool = True
@@ -57,41 +95,39 @@ class CacheConfig:
             raise ConfigError(
                 f"enablePrefixCaching must be true or false, got {self.enable_prefix_caching!r}"
             )
-        _check_range("cacheBlockSize", self.block_size, 1, 4096)
-        _check_range("kv_cache_memory_mb", self.memory_mb, 1, 1 << 24)
-        if self.num_blocks is not None:
-            _check_range("num_kv_blocks", self.num_blocks, 1, 1 << 24)
+        check_bounds(self)
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Batching limits."""
 
-    max_seq_len: int = 2560  # maxSeqLen: prompt + output tokens
-    max_input_token_len: int = 2048  # maxInputTokenLen
-    max_iter_times: int = 512  # maxIterTimes: output tokens per request
-    max_batch_size: int = 200  # maxBatchSize: running requests
-    max_prefill_tokens: int = 8192  # maxPrefillTokens: prompt tokens per step (chunk budget)
-    max_prefill_batch_size: int = 50  # maxPrefillBatchSize: prompts per step
-    # stepTargetMs: a step that decodes running requests carries only the prompt tokens that fit
-    # in this time (engine/step_budget.py); 0: up to max_prefill_tokens, always
-    step_target_ms: int = 0
+    max_seq_len: int = bounded(2560, 2, 1 << 22, "maxSeqLen")  # prompt + output tokens
+    max_input_token_len: int = bounded(2048, 1, 1 << 22, "maxInputTokenLen")
+    # output tokens per request
+    max_iter_times: int = bounded(512, 1, 1 << 22, "maxIterTimes")
+    max_batch_size: int = bounded(200, 1, 1 << 16, "maxBatchSize")  # running requests
+    # prompt tokens per step (the chunk budget)
+    max_prefill_tokens: int = bounded(8192, 1, 1 << 22, "maxPrefillTokens")
+    max_prefill_batch_size: int = bounded(50, 1, 1 << 16, "maxPrefillBatchSize")  # prompts/step
+    # a step that decodes running requests carries only the prompt tokens that fit in this time
+    # (engine/step_budget.py); 0: up to max_prefill_tokens, always
+    step_target_ms: int = bounded(0, 0, 60_000, "stepTargetMs")
 
     def __post_init__(self) -> None:
-        _check_range("maxSeqLen", self.max_seq_len, 2, 1 << 22)
-        _check_range("maxInputTokenLen", self.max_input_token_len, 1, 1 << 22)
-        _check_range("maxIterTimes", self.max_iter_times, 1, 1 << 22)
-        _check_range("maxBatchSize", self.max_batch_size, 1, 1 << 16)
-        _check_range("maxPrefillTokens", self.max_prefill_tokens, 1, 1 << 22)
-        _check_range("maxPrefillBatchSize", self.max_prefill_batch_size, 1, 1 << 16)
-        _check_range("stepTargetMs", self.step_target_ms, 0, 60_000)
+        check_bounds(self)
+
+    def max_prompt_tokens(self, max_position_embeddings: int) -> int:
+        """The longest prompt: min(maxInputTokenLen, maxSeqLen - 1, the model's
+        ``max_position_embeddings``)."""
+        return min(self.max_input_token_len, self.max_seq_len - 1, max_position_embeddings)
 
 
 @dataclass(frozen=True)
 class KVTransferConfig:
     """How prefill and decode workers hand a request's KV over, and how long each side waits."""
 
-    transport: str = "zmq"  # kv_transport: a name in engine.transfer.TRANSPORTS
+    transport: str = "zmq"  # kv_transport: a name in TRANSPORTS
     host: str = "127.0.0.1"  # kv_host: the decode workers' KV endpoint binds here ("auto": node IP)
     transfer_timeout_s: float = 10.0  # prefill frees its blocks if no acknowledgement by then
     reservation_timeout_s: float = 30.0  # decode ends a reservation whose pages never came
@@ -124,9 +160,6 @@ class KVTransferConfig:
         return self.transport != "inprocess" and needs_encryption(self.encryption, self.host)
 
 
-WEIGHT_DTYPES = ("auto", "fp32", "int8", "int4")
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything one engine instance needs."""
@@ -136,13 +169,13 @@ class EngineConfig:
     dtype: str = "auto"
     # weight_dtype: auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4 (model/linear.py)
     weight_dtype: str = "auto"
-    num_threads: int | None = None  # torch intra-op threads for this engine's process
+    # torch intra-op threads for this engine's process
+    num_threads: int | None = bounded(None, 1, 1024, "num_threads")
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
-        if self.num_threads is not None:
-            _check_range("num_threads", self.num_threads, 1, 1024)
+        check_bounds(self)
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ConfigError(
                 f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}; got {self.weight_dtype!r}"

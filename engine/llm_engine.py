@@ -102,8 +102,7 @@ class LLMEngine:
     # ---- admission -------------------------------------------------------------------------
 
     def max_prompt_tokens(self) -> int:
-        s = self.config.scheduler
-        return min(s.max_input_token_len, s.max_seq_len - 1, self.shape.max_position_embeddings)
+        return self.config.scheduler.max_prompt_tokens(self.shape.max_position_embeddings)
 
     def add_request(
         self,

@@ -37,14 +37,11 @@ def test_defaults_are_the_embedded_default():
 def test_the_default_pd_separate_is_the_adaptive_one_measured_and_single_node_fills_steps(
     tmp_path,
 ):
-    from coordinator.router import RoutingConfig
-    from coordinator.served_model import ServedModels, cluster_config
+    from coordinator.served_model import ServedModels, cluster_config, routing_config
 
     config = resolve_config(parse_args([]))
     cluster = cluster_config(config, ServedModels(None, None))
-    routing = RoutingConfig.from_config(
-        config["digs_scheduler_config"], cluster.engine.cache, config["backend_config"]
-    )
+    routing = routing_config(config, cluster.engine.cache)
     assert (routing.local_prefill_tokens, routing.local_prefill_queue_tokens) == (96, 1024)
     assert cluster.share_idle_cores and cluster.decode_yield_ms == 0
     assert cluster.engine.scheduler.step_target_ms == 100

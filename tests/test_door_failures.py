@@ -25,8 +25,8 @@ from azure.core.credentials import AzureKeyCredential
 from azure.core.exceptions import HttpResponseError
 
 from coordinator.api.app import create_predict_app
-from coordinator.api.common import ModelInfo
 from coordinator.errors import GenerationFailed, NoWorkerError, ServiceError
+from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
 from engine.outputs import TokenEvent
 from engine.request import FinishReason

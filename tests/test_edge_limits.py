@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from coordinator.api.app import create_predict_app
-from coordinator.api.common import ModelInfo
 from coordinator.api.limits import (
     MAX_EMBEDDING_INPUTS,
     MAX_INVOCATION_ROWS,
@@ -27,6 +26,7 @@ from coordinator.api.limits import (
     MAX_STOP_SEQUENCES,
 )
 from coordinator.content_safety import ContentFilter
+from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
 from tests.test_door_failures import AZURE_CHAT, MESSAGES, CharTokenizer, ScriptedService, serving
 

@@ -20,6 +20,8 @@ from engine.sampling_params import SamplingParams
 from workers.contracts import GenerationRequest, WorkerLoad
 
 MAX_NEW = 6
+# every request is handed off: no prompt is prefilled on its decode worker
+NO_LOCAL_PREFILL = {"local_prefill_tokens": 0, "local_prefill_queue_tokens": 0}
 
 
 @dataclass
@@ -71,7 +73,7 @@ class FakeCluster:
 
 
 def _service(cluster, max_retry=5, timeouts=None, max_requests=10, metrics=None, routing=None):
-    router = Router(cluster, routing=routing)
+    router = Router(cluster, routing=routing or RoutingConfig(**NO_LOCAL_PREFILL))
     asyncio.run(router.refresh())
     return InferenceService(
         cluster, router, max_requests, max_retry, timeouts or Timeouts(), metrics
@@ -190,7 +192,7 @@ async def _losing_the_last_prefill(service):
 
 def test_a_migration_waits_for_a_pair_within_the_request_timeout():
     cluster = FakeCluster(fail_after={(0, 0): 1})
-    no_local = RoutingConfig(local_prefill_fallback=False)
+    no_local = RoutingConfig(local_prefill_fallback=False, **NO_LOCAL_PREFILL)
     service = _service(cluster, timeouts=Timeouts(infer=1), routing=no_local)
     _gone(service.router.prefills[1])
     _gone(service.router.decodes[1])

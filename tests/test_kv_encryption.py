@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from decode_worker.worker import DecodeWorker
-from engine.config import KVTransferConfig
+from engine.config import KVTransferConfig, needs_encryption
 from engine.errors import ConfigError
 from engine.transfer import KVTransferError, create_receiver, create_sender
 from engine.transfer.payload import KVPayload
-from engine.transfer.security import ClusterCredentials, generate_credentials, needs_encryption
+from engine.transfer.security import ClusterCredentials, generate_credentials
 from prefill_worker.worker import PrefillWorker
 from tests.test_transport import Recorder
 

@@ -1,7 +1,8 @@
 """The coordinator's layers, read from the imports (ast): the core — the service, its request
-runs, router, cluster, configuration, metrics and errors — speaks no HTTP and knows no front door;
-the server takes from ``coordinator.api`` only the app assembly; no front door borrows another
-module's private names."""
+runs, router, cluster, configuration, served model, metrics and errors — speaks no HTTP and knows
+no front door; the server takes from ``coordinator.api`` only the app assembly; no front door
+borrows another module's private names; engine/config.py sits below engine.transfer; and no
+package imports from a layer above its own."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ CORE = (
     "cluster",
     "cluster_config",
     "config",
+    "config_schema",
+    "config_keys",
+    "served_model",
+    "model_info",
     "metrics",
 )
 HTTP = ("coordinator.api", "fastapi", "starlette")
@@ -109,3 +114,10 @@ def test_the_two_roles_do_not_import_each_other():
             n for p in _package_files(role) for n in imported_modules(p) if _under(n, (other,))
         }
         assert not found, f"{role} imports {sorted(found)}"
+
+
+def test_engine_config_sits_below_the_transports():
+    """engine/config.py is read by every layer; engine.transfer takes its names from it."""
+    config = COORDINATOR.parent / "engine" / "config.py"
+    found = {m for m in imported_modules(config) if _under(m, ("engine.transfer",))}
+    assert not found, f"engine/config.py imports {sorted(found)}"

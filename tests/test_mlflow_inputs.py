@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from coordinator.api.common import ModelInfo
 from coordinator.api.mlflow import MlflowScorer
 from coordinator.api.mlflow_inputs import (
     MlflowError,
@@ -18,6 +17,7 @@ from coordinator.api.mlflow_inputs import (
     merged_settings,
     parse_scoring,
 )
+from coordinator.model_info import ModelInfo
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 

@@ -20,6 +20,8 @@ BLOCK = 4
 IDLE = EngineStats(num_free_blocks=100, num_total_blocks=100, num_cached_blocks=1)
 PROMPT_A = list(range(100, 117))
 PROMPT_B = list(range(200, 217))
+# no prompt is prefilled on its decode worker, unless a test says so
+NO_LOCAL_PREFILL = {"local_prefill_tokens": 0, "local_prefill_queue_tokens": 0}
 
 
 @dataclass
@@ -52,6 +54,7 @@ class FakeCluster:
 
 
 def _router(cluster: FakeCluster | None = None, **routing) -> Router:
+    routing = {**NO_LOCAL_PREFILL, **routing}
     router = Router(cluster or FakeCluster(), routing=RoutingConfig(block_size=BLOCK, **routing))
     asyncio.run(router.refresh())
     return router

@@ -21,10 +21,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.api.common import APIError, ModelInfo, create_router, read_object, respond
+from coordinator.api.common import APIError, create_router, read_object, respond
 from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import input_blocked, openai_sampling, prompt_ids
 from coordinator.inference import InferenceService
+from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest
 
 API_VERSIONS = ("2024-04-01-preview", "2024-05-01-preview", "2025-04-01", "2025-05-01")

@@ -1,5 +1,6 @@
-"""What every front door shares: the served model as the doors see it, the JSON body reader with
-its size limit, the one error type they raise, and the two forms of an answer (streamed or whole).
+"""What every front door shares: the JSON body reader with its size limit, the one error type
+they raise, and the two forms of an answer (streamed or whole). The served model as the doors
+see it is :class:`coordinator.model_info.ModelInfo`.
 
 A refused or failed request is an :class:`APIError`: an HTTP status and a message; each protocol
 shapes its body. A service error carries its own status (:mod:`coordinator.errors`), and
@@ -21,7 +22,6 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
@@ -35,21 +35,6 @@ from engine.request import FinishReason
 log = logging.getLogger(__name__)
 Events = AsyncGenerator[TokenEvent, None]
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape in JSON text
-
-
-@dataclass
-class ModelInfo:
-    """What the front doors need to know of the served model."""
-
-    name: str
-    tokenizer: Any
-    max_position_embeddings: int
-    vocab_size: int
-    max_input_tokens: int  # min(maxInputTokenLen, maxSeqLen - 1, max_position_embeddings, 1 Mi)
-    full_text_enabled: bool = False
-    modalities: tuple[str, ...] = ("text",)
-    allowed_media_dirs: tuple[str, ...] = ()
-    content_filter: Any = None  # a ContentFilter when content_safety is enabled
 
 
 class APIError(Exception):

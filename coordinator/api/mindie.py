@@ -21,7 +21,6 @@ from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.common import (
     APIError,
-    ModelInfo,
     create_router,
     read_json,
     respond,
@@ -42,6 +41,7 @@ from coordinator.api.mindie_request import (
 )
 from coordinator.content_safety import INPUT_FILTERED, text_blocked
 from coordinator.inference import InferenceService
+from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest
 
 

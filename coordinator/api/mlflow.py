@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from coordinator.api.admission import admitted
-from coordinator.api.common import APIError, ModelInfo, collect, create_router, read_json
+from coordinator.api.common import APIError, collect, create_router, read_json
 from coordinator.api.limits import MAX_INVOCATION_ROWS, over_limit
 from coordinator.api.mlflow_inputs import (
     MlflowError,
@@ -36,6 +36,7 @@ from coordinator.api.openai_format import Completion, OpenAIError
 from coordinator.api.openai_request import input_blocked, prompt_ids
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
+from coordinator.model_info import ModelInfo
 from engine.model.mlflow_model import MlflowModel
 from workers.contracts import GenerationRequest
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.api.common import APIError, ModelInfo, create_router, read_object, respond
+from coordinator.api.common import APIError, create_router, read_object, respond
 from coordinator.api.openai_format import Completion, OpenAIError
 from coordinator.api.openai_request import input_blocked, openai_sampling, prompt_field, prompt_ids
 from coordinator.inference import InferenceService
+from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest
 
 DEFAULT_MAX_TOKENS = {"text": 16, "chat": 512}

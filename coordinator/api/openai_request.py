@@ -16,9 +16,9 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.common import ModelInfo
 from coordinator.api.limits import MAX_MESSAGES, MAX_STOP_SEQUENCES, count_over, stop_limit_message
 from coordinator.api.openai_format import OpenAIError
+from coordinator.model_info import ModelInfo
 from engine.sampling_params import MAX_SEED, SamplingParams
 
 

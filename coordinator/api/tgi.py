@@ -24,7 +24,6 @@ from starlette.concurrency import run_in_threadpool
 from coordinator.api.common import (
     APIError,
     Events,
-    ModelInfo,
     create_router,
     read_json,
     respond,
@@ -34,6 +33,7 @@ from coordinator.api.mindie_request import InferRequest, InputValidationError, p
 from coordinator.content_safety import INPUT_FILTERED, text_blocked
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
+from coordinator.model_info import ModelInfo
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from workers.contracts import GenerationRequest

@@ -21,6 +21,7 @@ Senders and receivers count the payloads installed by the path their pages took
 
 from __future__ import annotations
 
+from engine.config import TRANSPORTS
 from engine.transfer.base import (
     CHUNKS,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -36,8 +37,6 @@ from engine.transfer.base import (
     PayloadHandler,
 )
 from engine.transfer.security import KVCredentials
-
-TRANSPORTS = ("zmq", "grpc", "inprocess")
 
 
 def create_receiver(

@@ -19,7 +19,6 @@ only its name crosses the (authenticated) socket.
 from __future__ import annotations
 
 import datetime
-import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
     from engine.config import KVTransferConfig
 
 KV_TLS_NAME = "pdserve-kv"  # the name in the receivers' certificate, checked by senders
-ENCRYPTION_MODES = ("auto", "on", "off")
 _VALID_FOR = datetime.timedelta(days=3650)  # the credentials live as long as the cluster start
 _CA_KEY_USAGE = x509.KeyUsage(
     digital_signature=False,
@@ -101,14 +99,6 @@ def generate_credentials() -> ClusterCredentials:
     )
 
 
-def needs_encryption(mode: str, host: str) -> bool:
-    """Whether the KV plane is encrypted: ``on``; ``off``; ``auto``: unless the decode
-    workers' endpoints are on loopback (``host`` ``auto`` is the node's IP: encrypted)."""
-    if mode != "auto":
-        return mode == "on"
-    return not is_loopback(host)
-
-
 def transfer_credentials(
     transfer: KVTransferConfig, credentials: KVCredentials | None
 ) -> KVCredentials | None:
@@ -123,15 +113,6 @@ def transfer_credentials(
             "credentials"
         )
     return credentials
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name, or "auto"
 
 
 def _certificate(

