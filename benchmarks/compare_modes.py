@@ -5,8 +5,7 @@ against every mode, each on its own freshly started server, over several indepen
   1 decode actor, one core each, every prompt handed off;
 - ``pd_adaptive``: pdserve's ``pd_separate`` defaults (``ADAPTIVE``): the decode worker
   prefills short prompts itself (and those behind a long prefill queue), in chunks that keep its
-  steps within ``stepTargetMs``, and each worker runs extra threads on the other's core while
-  that one is idle; ``pd_adaptive_unshared`` is the same without idle cores lent;
+  steps within ``stepTargetMs``;
 - ``single_node``: one engine on both cores, swept over its chunked-prefill budget
   (``--single-node-budgets``: ``single_node@<maxPrefillTokens>``), the best at each rate kept;
 - with ``--peer llamacpp``, ``llama_server``: llama.cpp's server on the same GGUF through its
@@ -91,28 +90,23 @@ from benchmarks.serving_workload import WORDS, WorkItem, decode_prefix  # noqa: 
 
 MODES = ("pd_separate", "pd_adaptive", "single_node")
 # pd_separate whose decode worker prefills short prompts itself (and those behind a long prefill
-# queue), in chunks sized to keep its steps within stepTargetMs (docs/architecture.md#routing),
-# and whose workers borrow each other's idle core (docs/architecture.md#sharing-idle-cores):
+# queue), in chunks sized to keep its steps within stepTargetMs (docs/architecture.md#routing):
 # pdserve's defaults, written out so that a run means the same whatever they become
 ADAPTIVE = {
     "local_prefill_tokens": 96,
     "local_prefill_queue_tokens": 1024,
     "stepTargetMs": 100,
-    "share_idle_cores": True,
 }
 # the fixed split, whatever the defaults: every prompt handed off, no shared core
 FIXED = {
     "local_prefill_tokens": 0,
     "local_prefill_queue_tokens": 0,
     "stepTargetMs": 0,
-    "share_idle_cores": False,
 }
 SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "pd_separate": ("pd_separate", FIXED),
     "single_node": ("single_node", {"stepTargetMs": 0}),
     "pd_adaptive": ("pd_separate", ADAPTIVE),
-    # what sharing idle cores adds: pd_adaptive without it
-    "pd_adaptive_unshared": ("pd_separate", {**ADAPTIVE, "share_idle_cores": False}),
 }
 LLAMA_SERVER = "llama_server"
 SWEPT_KEY = {"single_node": "maxPrefillTokens"}

@@ -47,7 +47,6 @@ from workers.contracts import (
     Reservation,
     WorkerLoad,
 )
-from workers.core_lending import SharedCores, lending_path, remove_lendings
 from workers.embedding import EmbeddingWorker
 
 log = logging.getLogger(__name__)
@@ -110,18 +109,12 @@ class Cluster:
             transfer = cfg.kv_transfer
             # fresh per start, to the actors only (restarted ones get the same)
             keys = generate_credentials() if transfer.encrypted else None
-            cores = self._role_cores([prefill] * cfg.num_prefill, [decode] * cfg.num_decode)
-            sharing = self._sharing(cfg.num_prefill, cfg.num_decode)
-            self.prefills = [
-                self._actor(PrefillWorker, prefill, i, transfer, keys and keys.sender,
-                            cpu_ids=cores[0][i], sharing=sharing[0][i])
-                for i in range(cfg.num_prefill)
-            ]  # fmt: skip
-            self.decodes = [
-                self._actor(DecodeWorker, decode, i, transfer, keys and keys.receiver,
-                            cpu_ids=cores[1][i], sharing=sharing[1][i])
-                for i in range(cfg.num_decode)
-            ]  # fmt: skip
+            self.prefills = self._actors(
+                PrefillWorker, prefill, cfg.num_prefill, transfer, keys and keys.sender
+            )
+            self.decodes = self._actors(
+                DecodeWorker, decode, cfg.num_decode, transfer, keys and keys.receiver
+            )
         else:
             self.colocated = self._actors(
                 ColocatedWorker, cfg.colocated_resources, cfg.num_colocated
@@ -159,36 +152,6 @@ class Cluster:
         taken, self._cores = self._cores[:count], self._cores[count:]
         return tuple(taken)
 
-    def _role_cores(
-        self, prefills: list[ActorResources], decodes: list[ActorResources]
-    ) -> tuple[list[tuple[int, ...] | None], list[tuple[int, ...] | None]]:
-        """Each prefill and decode worker's cores when pinning applies (else None): its own,
-        plus, with ``share_idle_cores``, those of the other role it may borrow."""
-        own = [[self._take_cores(r.num_threads) for r in role] for role in (prefills, decodes)]
-        if not self.config.share_idle_cores or self._cores is None:
-            return own[0], own[1]
-        pooled = [tuple(c for cores in role for c in cores or ()) for role in own]
-        widened = [
-            [tuple(sorted({*(cores or ()), *pooled[1 - side]})) or None for cores in own[side]]
-            for side in (0, 1)
-        ]
-        return widened[0], widened[1]
-
-    def _sharing(
-        self, num_prefill: int, num_decode: int
-    ) -> tuple[list[SharedCores | None], list[SharedCores | None]]:
-        """What each prefill and decode worker lends and borrows (None: ``share_idle_cores``
-        is off). The files live on the workers' own hosts: only co-located workers share."""
-        if not self.config.share_idle_cores:
-            return [None] * num_prefill, [None] * num_decode
-        prefill = [lending_path(self._id, "prefill", i) for i in range(num_prefill)]
-        decode = [lending_path(self._id, "decode", i) for i in range(num_decode)]
-        # each lender has one borrower (lender j: borrower j mod n), so no core is lent twice
-        return (
-            [SharedCores(p, tuple(decode[i::num_prefill]), True) for i, p in enumerate(prefill)],
-            [SharedCores(p, tuple(prefill[i::num_decode])) for i, p in enumerate(decode)],
-        )
-
     def _actors(self, cls: type, resources: ActorResources, count: int, *args: Any) -> list[Any]:
         return [
             self._actor(cls, resources, i, *args, cpu_ids=self._take_cores(resources.num_threads))
@@ -202,7 +165,6 @@ class Cluster:
         instance: int,
         *args: Any,
         cpu_ids: tuple[int, ...] | None = None,
-        sharing: SharedCores | None = None,
     ) -> Any:
         """Worker ``instance`` of ``cls``, built from the engine config (with ``resources``'
         threads and device) and ``args``, pinned to ``cpu_ids`` (None: not pinned)."""
@@ -231,7 +193,6 @@ class Cluster:
                 *args,
                 instance=instance,
                 cpu_ids=cpu_ids,
-                **({"sharing": sharing} if sharing is not None else {}),
             )
         )
 
@@ -251,7 +212,6 @@ class Cluster:
     def shutdown(self) -> None:
         for actor in [*self.actors, *self.embedders]:
             ray.kill(actor, no_restart=True)
-        remove_lendings(self._id)  # the files of killed workers on this host
         self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
 
     async def embed(self, texts: list[str]) -> dict[str, Any]:

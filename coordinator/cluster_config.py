@@ -82,13 +82,6 @@ class ClusterConfig:
     # decode drops a reservation whose pages never came
     reservation_timeout_s: float = KVTransferConfig.reservation_timeout_s
     pin_cpus: bool = True  # local Ray: give each actor its own cores when they add up
-    share_idle_cores: bool = True  # pd_separate: workers run threads on idle co-located peers'
-    # with it: a decode worker's longest pause for a long prefill (0: never)
-    decode_yield_ms: int = bounded(0, 0, 10_000, "decode_yield_ms")
-    # the most of its time a decode worker spends paused
-    decode_yield_percent: int = bounded(20, 1, 100, "decode_yield_percent")
-    # each pause only as long as every stream's TPOT affords (0: no target)
-    decode_yield_tpot_ms: int = bounded(0, 0, 60_000, "decode_yield_tpot_ms")
     generation: bool = True  # False: an embeddings-only cluster (no prefill/decode actors)
     embedding_model_path: str | None = "bundled"  # None: no embedding worker
     embedding_resources: ActorResources = field(default_factory=lambda: ActorResources(0.0))

@@ -168,17 +168,6 @@ SCHEMA["backend_config"] = section(
     fed("kv_shared_memory", "bool", cluster("kv_shared_memory"), "`zmq` only: workers on one "
         "host hand the pages over in a `/dev/shm` file; `false`: every page over the socket, "
         "as between hosts ([kv-handoff.md](kv-handoff.md#zmq-default))"),
-    fed("share_idle_cores", "bool", cluster("share_idle_cores"), "`pd_separate`: a worker runs "
-        "extra threads on the cores of an idle worker of the other role on its host (below)"),
-    fed("decode_yield_ms", "int", cluster("decode_yield_ms"), "with `share_idle_cores`: the "
-        "longest a busy decode worker pauses for a co-located long prefill (0: never; below)",
-        unit="ms"),
-    fed("decode_yield_percent", "int", cluster("decode_yield_percent"), "with "
-        "`decode_yield_ms`: the most of its time a decode worker spends paused in the long run "
-        "(100: no bound; below)", unit="%"),
-    fed("decode_yield_tpot_ms", "int", cluster("decode_yield_tpot_ms"), "with "
-        "`decode_yield_ms`: each pause only as long as every running stream affords within "
-        "this time per output token (0: no target; below)", unit="ms"),
     fed("kv_encryption", "str", cluster("kv_encryption"), "ZMQ CURVE / gRPC TLS with peer "
         "authentication on the KV plane; `auto`: on unless `kv_host` is a loopback address "
         "([kv-handoff.md](kv-handoff.md#encryption-and-peer-authentication))",

@@ -7,8 +7,7 @@ reserved blocks itself (``LLMEngine.take_reservation`` / ``write_pages``), so th
 in progress does not delay them.
 
 The worker hears the loop through one :class:`EngineHooks` object, every method on the engine
-thread: ``before_step(busy)`` before each step (and after each idle wait: a worker lends or
-borrows cores by it); ``on_events`` with the events of every step; and, every
+thread: ``on_events`` with the events of every step, and, every
 ``HOUSEKEEPING_PERIOD_S`` (between two steps, or while idle), ``on_housekeeping``, after the
 loop ended reservations past their deadline (each costs a pass over the requests, so not every
 step pays it).
@@ -40,8 +39,6 @@ HOUSEKEEPING_PERIOD_S = 0.25
 
 class EngineHooks(Protocol):
     """What the engine thread tells its worker (module docstring)."""
-
-    def before_step(self, busy: bool) -> None: ...
 
     def on_events(self, events: list[TokenEvent]) -> None: ...
 
@@ -91,9 +88,7 @@ class EngineLoop:
         while not self._stopped.is_set():
             self._run_commands(block=not self.engine.has_work())
             self._housekeeping()
-            busy = self.engine.has_work()
-            self._hook("before_step", busy)
-            if not busy:
+            if not self.engine.has_work():
                 continue
             try:
                 events = self.engine.step()

@@ -11,15 +11,9 @@ by exponential averaging: a step of ``d`` decode rows and ``p`` prompt tokens ta
 ``decode_s + p * token_s`` seconds, where ``decode_s`` is learnt from steps without prompt
 tokens and ``token_s`` from the rest (their time beyond ``decode_s``, per prompt token). At least
 ``MIN_CHUNK_TOKENS`` go in each step, so a prompt always progresses.
-
-The cost of a prompt token is learnt per torch thread count, since a worker that borrows cores
-(workers/core_sharing.py) runs steps on different counts; a count not seen yet starts
-from the nearest one seen, scaled by the thread ratio.
 """
 
 from __future__ import annotations
-
-import torch
 
 SMOOTHING = 0.2  # weight of the newest step in the averages
 MIN_CHUNK_TOKENS = 16
@@ -35,18 +29,7 @@ class StepBudget:
         self.target_s = target_ms / 1000
         self.max_tokens = max_tokens
         self.decode_s = PRIOR_DECODE_S
-        self._token_s: dict[int, float] = {}  # by torch thread count
-
-    @property
-    def token_s(self) -> float:
-        """The learnt cost of a prompt token on this thread's current torch thread count."""
-        threads = torch.get_num_threads()
-        if threads in self._token_s:
-            return self._token_s[threads]
-        if not self._token_s:
-            return PRIOR_TOKEN_S
-        seen = min(self._token_s, key=lambda n: abs(n - threads))
-        return self._token_s[seen] * seen / threads
+        self.token_s = PRIOR_TOKEN_S  # the learnt cost of a prompt token
 
     def tokens(self, num_decodes: int) -> int:
         """Prompt tokens the next step may carry beside ``num_decodes`` decode rows."""
@@ -63,6 +46,5 @@ class StepBudget:
             return
         base = self.decode_s if num_decodes else 0.0
         per_token = max(seconds - base, 0.0) / num_prompt_tokens
-        threads = torch.get_num_threads()
-        learnt = self._token_s.get(threads, self.token_s)
-        self._token_s[threads] = max(learnt + SMOOTHING * (per_token - learnt), MIN_TOKEN_S)
+        learnt = self.token_s + SMOOTHING * (per_token - self.token_s)
+        self.token_s = max(learnt, MIN_TOKEN_S)

@@ -83,8 +83,6 @@ class PrefillWorker(HandoffWorker):
                     event.request_id, target.max_output_tokens, target.first_block
                 )
                 payload.token = target.token
-                if self.lending is not None:  # its decode worker is about to be busy
-                    self.lending.handed_off()
                 deadline = time.monotonic() + self.transfer_timeout_s
                 self._senders.submit(self._send, target.endpoint, payload, deadline)
             except Exception as exc:

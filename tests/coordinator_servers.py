@@ -42,8 +42,6 @@ FIXED_SPLIT = {
     "local_prefill_tokens": 0,
     "local_prefill_queue_tokens": 0,
     "stepTargetMs": 0,
-    "share_idle_cores": False,
-    "decode_yield_ms": 0,
 }
 
 

@@ -37,7 +37,6 @@ def cluster(ray_session, tiny_model_dir):
             decode_resources=one,
             transfer_timeout_s=2.0,
             reservation_timeout_s=3.0,
-            share_idle_cores=False,
         )
     )
     cluster.start()

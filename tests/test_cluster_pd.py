@@ -41,7 +41,6 @@ def _cluster(model_dir, engine: EngineConfig | None = None, **overrides) -> Clus
         decode_resources=ONE_CPU,
         colocated_resources=ONE_CPU,
         transfer_timeout_s=5.0,
-        share_idle_cores=False,
         **overrides,
     )
     cluster = Cluster(config)
@@ -341,7 +340,6 @@ def test_full_decode_worker_refuses_with_a_reason(ray_session, tiny_model_dir):
         prefill_resources=ONE_CPU,
         decode_resources=ONE_CPU,
         reservation_wait_s=0.3,
-        share_idle_cores=False,
     )
     cluster = Cluster(config)
     cluster.start()

@@ -1,5 +1,5 @@
 """A short run of benchmarks/compare_modes.py: pdserve started in the adaptive PD mode (local
-prefill of short prompts, stepTargetMs, shared idle cores) on the tiny model,
+prefill of short prompts, stepTargetMs) on the tiny model,
 every request served, the report and plots written."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
     assert report["cpu"] and report["commit"] and "compare_modes" in report["command"]
     result = report["results"]["pd_adaptive"]
     assert [run["request_rate"] for run in result["runs"]] == [4.0, float("inf")]
-    assert result["given"]["backend_config"]["share_idle_cores"] is True
+    assert result["given"]["backend_config"]["local_prefill_tokens"] == 96
     for run in result["runs"]:
         summary = run["summary"]
         assert summary["num_failed"] == 0 and summary["num_requests"] == 6  # 3 per draw

@@ -49,7 +49,7 @@ def test_environment_wins_over_the_file_and_the_cli_over_both(tmp_path, monkeypa
     )
     monkeypatch.setenv("PDSERVE_HTTP_CONFIG__PREDICT_PORT", "2500")
     monkeypatch.setenv("PDSERVE_BACKEND_CONFIG__MAXSEQLEN", "4096")
-    monkeypatch.setenv("PDSERVE_BACKEND_CONFIG__SHARE_IDLE_CORES", "false")
+    monkeypatch.setenv("PDSERVE_BACKEND_CONFIG__KV_SHARED_MEMORY", "false")
     monkeypatch.setenv("PDSERVE_HTTP_CONFIG__API_KEYS", "k1, k2")
     monkeypatch.setenv("PDSERVE_BACKEND_CONFIG__PREFILL_RESOURCES", '{"num_cpus": 2}')
     config = load_config(path)
@@ -57,10 +57,10 @@ def test_environment_wins_over_the_file_and_the_cli_over_both(tmp_path, monkeypa
     assert config["http_config"]["manage_port"] == 2001  # the file where no variable is set
     assert config["backend_config"]["maxIterTimes"] == 64
     assert config["backend_config"]["maxSeqLen"] == 4096
-    assert config["backend_config"]["share_idle_cores"] is False
+    assert config["backend_config"]["kv_shared_memory"] is False
     assert config["http_config"]["api_keys"] == ("k1", "k2")
     cluster = cluster_config(config, ServedModels(None, None))
-    assert cluster.prefill_resources.num_cpus == 2.0 and not cluster.share_idle_cores
+    assert cluster.prefill_resources.num_cpus == 2.0 and not cluster.kv_shared_memory
     config = resolve_config(parse_args(["--config", path, "--predict-port", "3000"]))
     assert config["http_config"]["predict_port"] == 3000  # the CLI over the environment
 
@@ -94,9 +94,9 @@ def test_environment_alone_over_the_defaults(monkeypatch):
             "http_config.predict_port must be an integer in [1024, 65535], got 80",
         ),
         (
-            "PDSERVE_BACKEND_CONFIG__SHARE_IDLE_CORES",
+            "PDSERVE_BACKEND_CONFIG__KV_SHARED_MEMORY",
             "maybe",
-            'backend_config.share_idle_cores must be true or false, got "maybe"',
+            'backend_config.kv_shared_memory must be true or false, got "maybe"',
         ),
         (
             "PDSERVE_BACKEND_CONFIG__KV_TRANSPORT",

@@ -43,7 +43,6 @@ def test_the_default_pd_separate_is_the_adaptive_one_measured_and_single_node_fi
     cluster = cluster_config(config, ServedModels(None, None))
     routing = routing_config(config, cluster.engine.cache)
     assert (routing.local_prefill_tokens, routing.local_prefill_queue_tokens) == (96, 1024)
-    assert cluster.share_idle_cores and cluster.decode_yield_ms == 0
     assert cluster.engine.scheduler.step_target_ms == 100
     single = {"digs_scheduler_config": {"deploy_mode": "single_node"}}
     config = resolve_config(parse_args(["--config", _write(tmp_path, single)]))

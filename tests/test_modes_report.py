@@ -123,8 +123,7 @@ def test_tuned_modes_expand_into_their_settings_and_the_peer_comes_last():
     assert settings("single_node@256") == ("single_node", budget)
     assert expand_modes(_args(modes="pd_adaptive")) == ["pd_adaptive"]
     deploy_mode, keys = settings("pd_adaptive")
-    assert deploy_mode == "pd_separate" and keys["share_idle_cores"] is True
-    assert settings("pd_adaptive_unshared")[1]["share_idle_cores"] is False
+    assert deploy_mode == "pd_separate" and keys["local_prefill_tokens"] == 96
     assert settings("pd_separate")[1]["local_prefill_tokens"] == 0  # fixed, whatever the defaults
     with pytest.raises(ValueError, match="unknown mode"):
         expand_modes(_args(modes="pd_separate@5"))

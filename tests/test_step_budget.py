@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from engine import step_budget
 from engine.step_budget import MIN_CHUNK_TOKENS, StepBudget
 
 
@@ -45,21 +44,6 @@ def test_prompt_only_steps_teach_the_token_cost_too():
     for _ in range(60):
         budget.observe(0, 500, 1.0)  # 2 ms a token, no decode rows
     assert budget.token_s == pytest.approx(0.002, rel=0.01)
-
-
-def test_the_token_cost_is_learnt_per_thread_count(monkeypatch):
-    threads = [1]
-    monkeypatch.setattr(step_budget.torch, "get_num_threads", lambda: threads[0])
-    budget = StepBudget(0, 8192)
-    for _ in range(60):
-        budget.observe(0, 500, 2.0)  # 4 ms a token on one thread
-    threads[0] = 2
-    assert budget.token_s == pytest.approx(0.002, rel=0.02)  # not seen: scaled from one thread
-    for _ in range(60):
-        budget.observe(0, 500, 1.25)  # 2.5 ms on two
-    assert budget.token_s == pytest.approx(0.0025, rel=0.02)
-    threads[0] = 1
-    assert budget.token_s == pytest.approx(0.004, rel=0.02)
 
 
 def test_an_engine_with_a_target_chunks_prompts_beside_decodes_and_answers_the_same(tiny_loaded):

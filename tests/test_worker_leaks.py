@@ -291,9 +291,6 @@ class _CountingEngine:
 
 
 class _NoHooks:
-    def before_step(self, busy: bool) -> None:
-        pass
-
     def on_events(self, events: list[TokenEvent]) -> None:
         pass
 

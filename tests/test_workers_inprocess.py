@@ -219,8 +219,6 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "pid",
             "node_ip",
             "weights",
-            "threads",
-            "num_borrowing_steps",
             "kernels",
         ]
         assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2

@@ -114,8 +114,6 @@ class WorkerLoad:
     num_open_streams: int = 0  # per-request event queues the worker holds (0 once idle)
     node_ip: str = ""  # the address of the Ray node it runs on ("" outside Ray)
     weights: str = ""  # the weights and kernels its engine computes with (LlamaModel.describe)
-    threads: int = 0  # torch threads of its last step, borrowed ones included (0: not sharing)
-    num_borrowing_steps: int = 0  # steps that ran on an idle co-located worker's cores too
     # native module (by source) -> "cached" (imported from an earlier build) or "built" (compiled
     # by this process): a restarted worker comes up on the cached build
     kernels: dict[str, str] = field(default_factory=dict)
@@ -132,7 +130,5 @@ class WorkerLoad:
             "pid": self.pid,
             "node_ip": self.node_ip,
             "weights": self.weights,
-            "threads": self.threads,
-            "num_borrowing_steps": self.num_borrowing_steps,
             "kernels": dict(self.kernels),
         }

@@ -22,7 +22,7 @@ class HandoffWorker(WorkerRuntime):
         **runtime: Any,
     ) -> None:
         """``credentials``: this side's share, required when ``transfer`` is encrypted;
-        ``runtime``: :class:`WorkerRuntime`'s ``instance``, ``cpu_ids`` and ``sharing``."""
+        ``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
         self.credentials = transfer_credentials(transfer, credentials)
         super().__init__(config, **runtime)
         self.transfer = transfer

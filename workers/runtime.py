@@ -18,15 +18,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
 from engine.config import EngineConfig
 from engine.engine_loop import EngineLoop
 from engine.kernels import kernel_origins
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from workers.contracts import GenerationRequest, HandoffTarget, WorkerLoad
-from workers.core_lending import CoreLending, SharedCores
 from workers.worker_request import WorkerRequests
 
 log = logging.getLogger(__name__)
@@ -42,10 +39,8 @@ class WorkerRuntime:
         config: EngineConfig,
         instance: int = 0,
         cpu_ids: tuple[int, ...] | None = None,
-        sharing: SharedCores | None = None,
     ) -> None:
-        """``cpu_ids``: the cores to pin the process to (None: the OS schedules); ``sharing``:
-        the cores it lends and borrows (workers/core_lending.py)."""
+        """``cpu_ids``: the cores to pin the process to (None: the OS schedules)."""
         logging.basicConfig(
             level=logging.INFO,
             format=f"%(asctime)s %(levelname)s {self.role}[{instance}] %(message)s",
@@ -57,15 +52,9 @@ class WorkerRuntime:
         self.engine = LLMEngine(config)
         self.unclaimed_grace_s = UNCLAIMED_GRACE_S
         self.requests = WorkerRequests(self.role)  # every request here (workers/worker_request.py)
-        own = config.num_threads or torch.get_num_threads()
-        self.lending = CoreLending(sharing, own) if sharing is not None else None
         self.loop = EngineLoop(self.engine, self)
 
     # ---- engine hooks (engine/engine_loop.py), on the engine thread -----------------------------
-
-    def before_step(self, busy: bool) -> None:
-        if self.lending is not None:
-            self.lending.before_step(busy)
 
     def on_housekeeping(self) -> None:
         """Forget requests ended and unread for their grace."""
@@ -142,8 +131,6 @@ class WorkerRuntime:
             num_open_streams,
             self.node_ip,
             self.engine.model.describe(),
-            self.lending.threads if self.lending else 0,
-            self.lending.num_borrowing_steps if self.lending else 0,
             kernel_origins(),
         )
 
