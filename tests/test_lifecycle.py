@@ -89,7 +89,7 @@ def test_abort_frees_blocks_in_every_state(tiny_loaded):
     engine.add_request("held", [8] * 5, params, prefill_only=True)
     while engine.requests["held"].status.name != "HELD":
         engine.step()
-    assert engine.reserve_import("incoming", [9] * 9, params) is not None
+    assert engine.importer.reserve_import("incoming", [9] * 9, params) is not None
     for request_id in ["decoding", "mid-prefill", "waiting", "held", "incoming"]:
         assert engine.abort(request_id)
     events = engine.step()

@@ -153,13 +153,13 @@ def test_full_decode_worker_grants_waiting_handoffs_by_priority(tiny_model_dir):
 def test_refusal_reason_is_worked_out_on_the_engine_thread(tiny_model_dir):
     decode = _decode_worker(tiny_model_dir)
     threads: list[str] = []
-    reason = decode.engine.reservation_refusal
+    reason = decode.engine.importer.reservation_refusal
 
     def recording(num_prompt_tokens: int) -> str:
         threads.append(threading.current_thread().name)
         return reason(num_prompt_tokens)
 
-    decode.engine.reservation_refusal = recording
+    decode.engine.importer.reservation_refusal = recording
     try:
         assert decode.reserve(_request("hog", 12)).granted
         refused = decode.reserve(_request("late", 5), wait_s=0.2)
