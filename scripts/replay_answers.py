@@ -5,7 +5,8 @@
     python scripts/replay_answers.py compare old.json new.json
 
 ``record`` starts ``pdserve`` from ``--checkout`` (its own code: the process and its Ray workers
-import from there) on the bundled model with the shipping defaults, or ``--deploy-mode``, sends
+import from there) on the bundled model with the shipping defaults, or ``--deploy-mode``, and
+``--set section.key=JSON`` for each setting the two checkouts must share, sends
 every request of ``--requests`` (``scripts/replay_requests.json``: greedy and seeded, plain and
 streaming, over every front door) one after another, and writes each answer's status and body.
 Only what legitimately differs between two runs is blanked: ids, timestamps and timings.
@@ -42,6 +43,10 @@ def record(args: argparse.Namespace) -> int:
     config = {"backend_config": {"device": "cpu"}}
     if args.deploy_mode:
         config["digs_scheduler_config"] = {"deploy_mode": args.deploy_mode}
+    for setting in args.set:
+        dotted, _, value = setting.partition("=")
+        section, _, key = dotted.partition(".")
+        config.setdefault(section, {})[key] = json.loads(value)
     requests = json.loads(Path(args.requests).read_text())
     with tempfile.TemporaryDirectory() as workdir:
         server = _start(Path(workdir), config, Path(args.checkout).resolve())
@@ -93,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--out", required=True)
     rec.add_argument("--requests", default=str(REQUESTS))
     rec.add_argument("--deploy-mode", choices=("pd_separate", "single_node"))
+    rec.add_argument("--set", action="append", default=[], help="section.key=JSON")
     cmp = commands.add_parser("compare")
     cmp.add_argument("old")
     cmp.add_argument("new")
