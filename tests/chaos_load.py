@@ -1,6 +1,10 @@
 """The client side of the chaos suite: a steady load of streaming and non-streaming requests over
 MindIE ``/infer`` and OpenAI ``/v1/completions``, each classified as it ends.
 
+With ``long_prompts``, every third request sends the next of them instead (long prompts that no
+request sent before, so that the shipping defaults hand them off while they prefill the short
+ones on the decode worker).
+
 An outcome is ``ok`` (a normal finish; its text is compared with an uninterrupted run's),
 ``error`` (an honest failure: an error status with an error body, or a stream whose last event
 is an error) or ``dishonest`` (anything else: a 200 with no finish, a stream that stops without
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -41,6 +46,11 @@ class Outcome:
     text: str = ""
     detail: str = ""
     seconds: float = 0.0
+    started: float = 0.0  # time.monotonic() when it was sent
+
+    def in_flight_during(self, start: float, end: float) -> bool:
+        """Whether it was sent before ``end`` and ended after ``start``."""
+        return self.started < end and self.started + self.seconds > start
 
 
 @dataclass
@@ -50,6 +60,7 @@ class Load:
     base_url: str
     model: str
     concurrency: int = 16
+    long_prompts: Iterator[str] | None = None
     outcomes: list[Outcome] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -60,9 +71,14 @@ class Load:
     async def _client(self, client: httpx.AsyncClient, index: int) -> None:
         n = index
         while not self.stop.is_set():
-            prompt, kind = PROMPTS[n % len(PROMPTS)], KINDS[n % len(KINDS)]
+            prompt, kind = self._prompt(n), KINDS[n % len(KINDS)]
             self.outcomes.append(await request(client, self.model, kind, prompt))
             n += self.concurrency + 1  # every client goes through every (prompt, kind)
+
+    def _prompt(self, n: int) -> str:
+        if self.long_prompts is not None and n % 3 == 2:
+            return next(self.long_prompts)
+        return PROMPTS[n % len(PROMPTS)]
 
 
 async def request(client: httpx.AsyncClient, model: str, kind: str, prompt: str) -> Outcome:
@@ -74,7 +90,7 @@ async def request(client: httpx.AsyncClient, model: str, kind: str, prompt: str)
             status, text, detail = await _mindie(client, prompt, kind.endswith("stream"))
     except httpx.HTTPError as exc:
         status, text, detail = "dishonest", "", f"transport: {type(exc).__name__}: {exc}"
-    return Outcome(kind, prompt, status, text, detail, time.monotonic() - start)
+    return Outcome(kind, prompt, status, text, detail, time.monotonic() - start, start)
 
 
 async def _openai(client: httpx.AsyncClient, model: str, prompt: str, stream: bool):

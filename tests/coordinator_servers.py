@@ -45,14 +45,16 @@ FIXED_SPLIT = {
 }
 
 
-def backend(model_dir, **extra) -> dict:
+def backend(model_dir, fixed_split: bool = True, **extra) -> dict:
+    """A tiny engine's ``backend_config``; ``fixed_split`` False: the shipping routing and core
+    defaults (local prefill of short prompts, ``stepTargetMs``, ``share_idle_cores``)."""
     return {
         "model_path": str(model_dir),
         "device": "cpu",
         "cacheBlockSize": 4,
         "kvCacheMemoryMB": 4,
         "maxIterTimes": MAX_ITER,
-        **FIXED_SPLIT,
+        **(FIXED_SPLIT if fixed_split else {}),
         **extra,
     }
 

@@ -219,25 +219,31 @@ def test_a_request_prefilled_on_the_decode_worker_answers_as_single_node(
     _assert_idle(pd)
 
 
-def test_behind_a_saturated_prefill_worker_short_prompts_run_locally_and_long_ones_hand_off(
+def test_past_the_prompt_tokens_routed_to_prefill_short_prompts_run_locally_long_ones_hand_off(
     pd, single_node, handoff, ray_session
 ):
-    """The router's adaptive rule on the real cluster: two long prompts fill the prefill worker's
-    queue past ``local_prefill_queue_tokens``; a short prompt is then prefilled on the decode
-    worker, one longer than that queue still goes to the prefill worker. Every answer matches
-    ``single_node`` token for token, and no block is left held on either worker."""
+    """The router's adaptive rule on the real cluster: two long prompts routed to the prefill
+    worker take the router's count of the prompt tokens it sent there since the last poll (the
+    queue it weighs) past ``local_prefill_queue_tokens``, while the worker itself still reports
+    an empty queue; a short prompt is then prefilled on the decode worker, one longer than that
+    queue still goes to the prefill worker. Every answer matches ``single_node`` token for
+    token, and no block is left held on either worker."""
     routing = RoutingConfig(
         block_size=4, prefix_routing=False, local_prefill_tokens=8, local_prefill_queue_tokens=40
     )
     router = Router(pd, routing=routing)
-    saturating = [list(range(100, 130)), list(range(200, 230))]  # 60 tokens queued
+    queueing = [list(range(100, 130)), list(range(200, 230))]  # 60 tokens routed
     short, longer = [7, 8, 9, 10, 11], list(range(300, 370))  # 5 tokens; 70, over the queue
-    prompts = [*saturating, short, longer]
+    prompts = [*queueing, short, longer]
     params = [SamplingParams(max_new_tokens=6, ignore_eos=True)] * len(prompts)
+    queued: list[tuple[int, float]] = []  # (the worker's queue at the poll, the router's)
 
     async def routed():
         await router.refresh()
-        routes = [router.choose(prompt) for prompt in prompts]  # as the coordinator does
+        routes = [router.choose(prompt) for prompt in queueing]  # as the coordinator does
+        (worker,) = router.prefills
+        queued.append((worker.stats.num_prompt_tokens_to_compute, worker.prefill_cost))
+        routes += [router.choose(short), router.choose(longer)]
         runs = await asyncio.gather(
             *[
                 _collect_on(route, f"adaptive-{handoff}-{i}", prompt, p)
@@ -257,6 +263,7 @@ def test_behind_a_saturated_prefill_worker_short_prompts_run_locally_and_long_on
         routes, runs = asyncio.run(routed())
     finally:
         pd.on_prefilled = None
+    assert queued == [(0, 60)]  # the rule weighed what the router sent, not a reported queue
     assert routes == [(0, 0), (0, 0), (None, 0), (0, 0)]
     assert sorted(roles) == ["decode", "prefill", "prefill", "prefill"]
     assert sum(_handoffs_by_path(ray_session, pd).values()) == before + 3  # the local one: none

@@ -4,7 +4,13 @@ raylet killed, then the host rebooted. Clients on the head host send streaming a
 non-streaming requests without pause. Every request must complete with exactly the text of an
 undisturbed run (migrated once its pair came back) or end with an honest error, none past its
 timeout; new requests are served again once the host is back, the coordinator lists the
-restarted worker on its host, and once idle no worker holds anything."""
+restarted worker on its host, and once idle no worker holds anything.
+
+Migrations are bounded by what the fault does: each request migrates at most ``max_retry``
+times, and only one in flight between the fault and the recovery can; with the decode host's
+cable out, every request in flight through the whole outage that still finished had lost its
+decode worker, so it migrated at least once (a prefill host's loss touches only the requests it
+is computing at that moment, which may be none: no lower bound)."""
 
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import pytest
 
 from benchmarks.netns import Host, enter_netns
 from benchmarks.ray_hosts import HostedCoordinator, RayOnHosts
-from tests.chaos_load import KINDS, PROMPTS, Load, request
+from tests.chaos_load import KINDS, PROMPTS, Load, Outcome, request
 from tests.multihost.conftest import hosted
 
 pytestmark = [pytest.mark.ray, pytest.mark.multihost, pytest.mark.chaos]
@@ -174,6 +180,7 @@ def test_requests_survive_a_host_failure_or_fail_honestly(coordinator, ray_hosts
     start = time.monotonic()
     FAULTS[fault](ray_hosts)
     recovered_s = served_again(coordinator, model, start)
+    recovered = start + recovered_s
     time.sleep(1.5)
     load.stop(LOAD_BOUND_S)
     until_idle(coordinator, ray_hosts)
@@ -184,6 +191,8 @@ def test_requests_survive_a_host_failure_or_fail_honestly(coordinator, ray_hosts
         "requests": len(outcomes),
         **statuses,
         "migrations": migrations(coordinator) - migrations_before,
+        "in_flight": sum(o.in_flight_during(start, recovered) for o in outcomes),
+        "through_outage": len(finished_through_outage(outcomes, start)),
         "recovered_s": round(recovered_s, 2),
         "slowest_s": round(max(o.seconds for o in outcomes), 2),
         "errors": sorted({o.detail[:120] for o in outcomes if o.status == "error"}),
@@ -194,3 +203,16 @@ def test_requests_survive_a_host_failure_or_fail_honestly(coordinator, ray_hosts
     assert not wrong, [(o, reference[o.prompt]) for o in wrong]
     assert statuses["ok"] > 0
     assert max(o.seconds for o in outcomes) <= TIMEOUTS["infer_timeout"] + 10
+    assert report["migrations"] <= TIMEOUTS["max_retry"] * report["in_flight"], report
+    if fault == "decode cable pulled":
+        assert report["through_outage"] > 0, report  # the fault really hit requests
+        assert report["migrations"] >= report["through_outage"], report
+
+
+def finished_through_outage(outcomes: list[Outcome], start: float) -> list[Outcome]:
+    """Requests sent before the cable was pulled that finished after it was back."""
+    return [
+        o
+        for o in outcomes
+        if o.status == "ok" and o.started < start and o.started + o.seconds > start + OUTAGE_S
+    ]
