@@ -47,7 +47,7 @@ FIXED_SPLIT = {
 
 def backend(model_dir, fixed_split: bool = True, **extra) -> dict:
     """A tiny engine's ``backend_config``; ``fixed_split`` False: the shipping routing and core
-    defaults (local prefill of short prompts, ``stepTargetMs``, ``share_idle_cores``)."""
+    defaults (local prefill of short prompts, ``stepTargetMs``)."""
     return {
         "model_path": str(model_dir),
         "device": "cpu",

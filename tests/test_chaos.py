@@ -1,7 +1,7 @@
 """Kill, stop and break parts of a real cluster under load (a coordinator process, its own local
 Ray, one prefill and one decode actor): on the fixed PD split (every prompt handed off) over ZMQ
 and over gRPC, and on the shipping defaults over ZMQ (short prompts prefilled on the decode
-worker, long fresh ones handed off, ``stepTargetMs``, ``share_idle_cores``).
+worker, long fresh ones handed off, ``stepTargetMs``).
 
 Under 16 clients sending streaming and non-streaming requests without pause, each fault in turn:
 ``SIGKILL`` the decode actor, ``SIGKILL`` the prefill actor, ``SIGSTOP`` the decode actor past
