@@ -29,6 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.soak_growth import GrowthBound, GrowthBounds, growth_trends  # noqa: E402
 from benchmarks.soak_judge import (  # noqa: E402
     RssBounds,
     default_warmup_s,
@@ -66,6 +67,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-minutes", type=float, help="default: max(1, 20%%), <= 50%%")
     parser.add_argument("--max-rss-slope", type=float, default=2.0, help="MiB/min after warm-up")
     parser.add_argument("--max-rss-growth", type=float, default=64.0, help="MiB after warm-up")
+    growth = GrowthBounds()
+    per_request = "KiB of RSS per request finished, in 4 of the 5 fifths after warm-up"
+    parser.add_argument(
+        "--max-rss-per-request",
+        type=float,
+        default=growth.worker_rss_kib.per_request,
+        help=f"workers: {per_request}",
+    )
+    parser.add_argument(
+        "--max-coordinator-rss-per-request",
+        type=float,
+        default=growth.coordinator_rss_kib.per_request,
+        help=f"the coordinator: {per_request}",
+    )
+    parser.add_argument(
+        "--rss-floor", type=float, default=growth.worker_rss_kib.floor, help="KiB a fifth may rise"
+    )
+    parser.add_argument(
+        "--max-fds-per-request",
+        type=float,
+        default=growth.fds.per_request,
+        help="open fds per request finished, in 4 of the 5 fifths after warm-up",
+    )
+    parser.add_argument(
+        "--fds-floor", type=float, default=growth.fds.floor, help="fds a fifth may rise"
+    )
     parser.add_argument("--idle-timeout", type=float, default=30.0, help="seconds")
     parser.add_argument("--request-timeout", type=float, default=60.0, help="seconds")
     parser.add_argument("--no-plot", action="store_true")
@@ -111,6 +138,11 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "bounds": {
             "max_rss_slope_mib_per_min": args.max_rss_slope,
             "max_rss_growth_mib": args.max_rss_growth,
+            "max_rss_kib_per_request": args.max_rss_per_request,
+            "max_coordinator_rss_kib_per_request": args.max_coordinator_rss_per_request,
+            "rss_floor_kib": args.rss_floor,
+            "max_fds_per_request": args.max_fds_per_request,
+            "fds_floor": args.fds_floor,
         },
         "idle_timeout_s": args.idle_timeout,
         "request_timeout_s": args.request_timeout,
@@ -169,7 +201,9 @@ def assemble(config: dict[str, Any], run: SoakRun) -> dict[str, Any]:
         config["warmup_s"],
     )
     final_workers = samples[-1]["workers"]
-    failures = judge(samples, bounds, final_workers, run.idle, tally.by_cause)
+    failures = judge(
+        samples, bounds, final_workers, run.idle, tally.by_cause, growth_bounds(config["bounds"])
+    )
     failures += run.monitor.errors
     return {
         "config": config,
@@ -177,6 +211,7 @@ def assemble(config: dict[str, Any], run: SoakRun) -> dict[str, Any]:
         "load_s": run.load_s,
         "requests": tally.to_dict(),
         "rss": rss_trends(samples, bounds.warmup_s),
+        "growth": growth_trends(samples, bounds.warmup_s),
         "idle": {"reached": run.idle, "waited_s": run.idle_wait_s, "workers": final_workers},
         "leftovers": leftovers(final_workers),
         "failures": failures,
@@ -184,6 +219,16 @@ def assemble(config: dict[str, Any], run: SoakRun) -> dict[str, Any]:
         "per_minute": per_minute(samples),
         "samples": samples,
     }
+
+
+def growth_bounds(bounds: dict[str, float]) -> GrowthBounds:
+    """The per-request growth bounds of the run (``soak_growth``)."""
+    floor = bounds["rss_floor_kib"]
+    return GrowthBounds(
+        GrowthBound(bounds["max_coordinator_rss_kib_per_request"], floor),
+        GrowthBound(bounds["max_rss_kib_per_request"], floor),
+        GrowthBound(bounds["max_fds_per_request"], bounds["fds_floor"]),
+    )
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -6,6 +6,9 @@ A run fails when
   after warm-up is above ``max_slope_mib_per_min`` AND it grew by more than ``max_growth_mib``
   from the first to the last of those samples (both must hold, so allocator noise on a short run
   and a slow drift that stays small both pass);
+- a process's RSS or open file descriptors rise with the requests served after warm-up, in all
+  fifths of that window but one (``soak_growth``: the gate a leak of a few KiB of RSS per
+  request, or of a descriptor every few hundred, trips within a two-minute run);
 - a process could not be measured (too few samples), or a worker's pid changed (it restarted);
 - once idle, a worker still holds KV blocks, reservations, held requests or open streams, or
   does not report one of those figures, or never became idle;
@@ -18,7 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.soak_growth import GrowthBounds, growth_failures, growth_trends
 from benchmarks.soak_monitor import ACTIVITY_FIELDS, LEAK_FIELDS
+
+DEFAULT_GROWTH = GrowthBounds()
 
 
 @dataclass(frozen=True)
@@ -129,9 +135,11 @@ def judge(
     final_workers: dict[str, dict[str, Any]],
     idle: bool,
     by_cause: dict[str, int],
+    growth: GrowthBounds = DEFAULT_GROWTH,
 ) -> list[str]:
     """Every reason the run fails (empty: it passed)."""
     failures = rss_failures(rss_trends(samples, bounds.warmup_s), bounds)
+    failures += growth_failures(growth_trends(samples, bounds.warmup_s), growth)
     for name, pids in pid_changes(samples).items():
         failures.append(f"{name} restarted during the run: pids {pids}")
     if not final_workers:

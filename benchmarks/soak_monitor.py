@@ -3,6 +3,7 @@ each worker's figures from the manage port's ``GET /v1/instances``.
 
 A sample is plain JSON: ``t_s`` (seconds since the load began), ``phase`` (``start``, ``load``,
 ``end``), ``rss_mib`` and ``pids`` per process (``coordinator``, ``prefill/0``, ``decode/0``, ...),
+``fds`` per process (open file descriptors; None where another user's process cannot be read),
 ``workers`` (each worker's figures), ``kv_usage`` per worker, ``in_flight`` (the client's open
 requests) and ``by_cause`` (outcomes so far).
 """
@@ -48,6 +49,15 @@ def rss_mib(pid: int | None) -> float | None:
         return None
     try:
         return psutil.Process(pid).memory_info().rss / MIB
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def num_fds(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        return psutil.Process(pid).num_fds()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
@@ -108,6 +118,7 @@ class Monitor:
             "phase": phase,
             "pids": pids,
             "rss_mib": {name: _round(rss_mib(pid)) for name, pid in pids.items()},
+            "fds": {name: num_fds(pid) for name, pid in pids.items()},
             "workers": {
                 name: {k: v for k, v in f.items() if k != "pid"} for name, f in workers.items()
             },

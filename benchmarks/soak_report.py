@@ -86,6 +86,8 @@ def print_summary(result: dict[str, Any]) -> None:
             f"{_f(trend['peak_mib'])} {_f(trend['last_mib'])} "
             f"{_f(trend['slope_mib_per_min'])} {_f(trend['growth_mib'])}"
         )
+    for name, figures in result.get("growth", {}).items():
+        print(f"{name:<12} per request, fifths after warm-up: {_fifths(figures)}")
     requests = result["requests"]
     causes = ", ".join(f"{cause} {count}" for cause, count in requests["by_cause"].items())
     print(f"requests: {requests['total']} ({causes})")
@@ -93,6 +95,16 @@ def print_summary(result: dict[str, Any]) -> None:
     for failure in result["failures"]:
         print(f"FAIL: {failure}")
     print("PASS" if result["passed"] else f"FAILED ({len(result['failures'])} reason(s))")
+
+
+def _fifths(figures: dict[str, Any]) -> str:
+    units = {"rss_mib": "KiB RSS", "fds": "fds"}
+    parts = []
+    for key, trend in figures.items():
+        segments = trend["segments"]
+        rates = "/".join(f"{s['per_request']:g}" for s in segments) if segments else "-"
+        parts.append(f"{units.get(key, key)} {rates}")
+    return ", ".join(parts)
 
 
 def _f(value: float | None) -> str:

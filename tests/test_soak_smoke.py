@@ -1,6 +1,7 @@
 """The soak test (benchmarks/soak.py): its verdict on synthetic samples, how it sorts answers by
-cause, and a one-minute run against a real pd_separate coordinator (1 prefill + 1 decode) with a
-tiny model, which must pass with nothing left behind."""
+cause, and a two-minute run against a real pd_separate coordinator (1 prefill + 1 decode) with a
+tiny model, on the fixed PD split and on the shipping defaults (local prefill of short prompts,
+``stepTargetMs``, ``share_idle_cores``), which must pass with nothing left behind."""
 
 from __future__ import annotations
 
@@ -157,8 +158,9 @@ def test_outcomes_are_folded_into_minutes():
     ]
 
 
-@pytest.fixture(scope="module")
-def pd_server(tmp_path_factory, tiny_model_dir) -> CoordinatorProcess:
+@pytest.fixture(scope="module", params=["fixed-split", "defaults"])
+def pd_server(request, tmp_path_factory, tiny_model_dir) -> CoordinatorProcess:
+    split = FIXED_SPLIT if request.param == "fixed-split" else {}
     config = {
         "backend_config": {
             "model_path": str(tiny_model_dir),
@@ -169,11 +171,11 @@ def pd_server(tmp_path_factory, tiny_model_dir) -> CoordinatorProcess:
             "maxIterTimes": 512,
             "num_prefill_instances": 1,
             "num_decode_instances": 1,
-            **FIXED_SPLIT,
+            **split,
         },
         "digs_scheduler_config": {"deploy_mode": "pd_separate"},
     }
-    server = start_coordinator(tmp_path_factory.mktemp("soak"), config)
+    server = start_coordinator(tmp_path_factory.mktemp(f"soak-{request.param}"), config)
     try:
         server.wait_ready()
         yield server
@@ -191,9 +193,11 @@ def run_soak(server: CoordinatorProcess, out: Path, *args: str) -> subprocess.Co
 
 
 @pytest.mark.ray
-def test_a_one_minute_soak_passes_and_leaves_nothing_behind(pd_server, tmp_path):
+def test_a_two_minute_soak_passes_and_leaves_nothing_behind(pd_server, tmp_path):
+    """Long enough for the growth gate to see past the steep first minute (the default warm-up)
+    and fit each fifth of the second through 13 samples, one a second."""
     out = tmp_path / "soak.json"
-    run = run_soak(pd_server, out, "--minutes", "1", "--concurrency", "6")
+    run = run_soak(pd_server, out, "--minutes", "2", "--concurrency", "6", "--sample-interval", "1")
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     assert set(result) >= {"config", "requests", "rss", "samples", "per_minute", "leftovers"}
@@ -203,6 +207,10 @@ def test_a_one_minute_soak_passes_and_leaves_nothing_behind(pd_server, tmp_path)
     assert set(result["rss"]) == {"coordinator", "prefill/0", "decode/0"}
     for trend in result["rss"].values():
         assert trend["num_points"] >= 2 and trend["slope_mib_per_min"] is not None
+    assert set(result["growth"]) == set(result["rss"])
+    for name, figures in result["growth"].items():  # RSS and open fds, every process
+        assert set(figures) == {"rss_mib", "fds"}, name
+        assert all(len(f["segments"]) == 5 for f in figures.values()), (name, figures)
     requests = result["requests"]
     assert requests["by_cause"]["unexpected"] == 0, requests["unexpected_examples"]
     for cause in ("ok", "invalid_4xx", "client_aborted"):
@@ -217,7 +225,11 @@ def test_a_one_minute_soak_passes_and_leaves_nothing_behind(pd_server, tmp_path)
 def test_a_soak_beyond_its_bounds_exits_1(pd_server, tmp_path):
     out = tmp_path / "soak.json"
     bounds = ("--max-rss-slope=-1e6", "--max-rss-growth=-1e6", "--no-plot")
-    run = run_soak(pd_server, out, "--minutes", "0.1", "--warmup-minutes", "0", *bounds)
+    growth = ("--max-rss-per-request=-1e6", "--max-coordinator-rss-per-request=-1e6")
+    growth += ("--rss-floor=-1e6", "--sample-interval", "0.5")
+    run = run_soak(pd_server, out, "--minutes", "0.1", "--warmup-minutes", "0", *bounds, *growth)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "FAIL: RSS of coordinator grows" in run.stdout
+    assert "FAIL: coordinator leaks KiB of RSS per request" in run.stdout
+    assert "FAIL: decode/0 leaks KiB of RSS per request" in run.stdout
     assert json.loads(out.read_text())["passed"] is False
