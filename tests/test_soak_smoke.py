@@ -1,7 +1,7 @@
 """The soak test (benchmarks/soak.py): its verdict on synthetic samples, how it sorts answers by
 cause, and a two-minute run against a real pd_separate coordinator (1 prefill + 1 decode) with a
 tiny model, on the fixed PD split and on the shipping defaults (local prefill of short prompts,
-``stepTargetMs``, ``share_idle_cores``), which must pass with nothing left behind."""
+``stepTargetMs``), which must pass with nothing left behind."""
 
 from __future__ import annotations
 
