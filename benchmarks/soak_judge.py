@@ -21,7 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.soak_growth import GrowthBounds, growth_failures, growth_trends
+from benchmarks.soak_growth import (
+    GrowthBounds,
+    growth_failures,
+    growth_trends,
+    least_squares_slope,
+)
 from benchmarks.soak_monitor import ACTIVITY_FIELDS, LEAK_FIELDS
 
 DEFAULT_GROWTH = GrowthBounds()
@@ -41,14 +46,7 @@ def default_warmup_s(duration_s: float) -> float:
 
 def slope_per_minute(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (seconds, MiB) points, in MiB per minute."""
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_v = sum(v for _, v in points) / n
-    var_t = sum((t - mean_t) ** 2 for t, _ in points)
-    if var_t == 0:
-        return 0.0
-    cov = sum((t - mean_t) * (v - mean_v) for t, v in points)
-    return cov / var_t * 60.0
+    return least_squares_slope(points) * 60.0
 
 
 def rss_trends(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, dict[str, Any]]:
