@@ -16,6 +16,7 @@ from typing import Any
 
 from coordinator.cluster_config import DEPLOY_MODES, ActorResources, ClusterConfig
 from coordinator.config_keys import Convert, Feed, Key, fed
+from coordinator.edge import EdgeLimits
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo
 from coordinator.router import RoutingConfig
@@ -86,8 +87,19 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "request_limit",
         Key("max_requests", "int", 10000, "requests in flight at once; one more is answered 429",
             1, 1_000_000),
-        Key("body_limit", "int", 32, "a larger request body is answered 413; 32 MB lets a 4 "
-            "Mi-character `inputs` through however JSON escapes it", 1, 1024, unit="MB"),
+        Key("body_limit", "int", 0, "a larger request body is answered 413; 0: what the largest "
+            "legal prompt needs, however JSON escapes it, plus 1 MB (2 MB at the default "
+            "`maxInputTokenLen`; [api.md](api.md#limits))", 0, 1024, unit="MB"),
+        fed("max_header_bytes", "int", Feed(EdgeLimits, "max_header_bytes"), "a request line "
+            "plus headers over this is answered 431 and its connection closed", low=1024,
+            high=16 * 1024 * 1024, unit="bytes"),
+        fed("header_timeout", "int", Feed(EdgeLimits, "header_timeout_s", as_float), "a "
+            "request's headers must be complete this long after its connection opens (or after "
+            "the previous answer on a kept-alive connection), else 408", low=1, high=3600,
+            unit="s"),
+        fed("body_timeout", "int", Feed(EdgeLimits, "body_timeout_s", as_float), "a request's "
+            "body must be complete this long after its headers, else 408 (or, once an answer "
+            "has begun, the connection is closed)", low=1, high=3600, unit="s"),
     ),
     "exception_config": section(
         "exception_config",

@@ -4,8 +4,11 @@ Listeners: predict (``/infer`` and friends; HTTPS with ``tls_config``, client ce
 with ``ca_cert``), manage (instance list; ``POST /v1/faults`` too when
 ``PDSERVE_FAULT_INJECTION=1``: chaos testing; behind ``manage_api_keys`` when they are set, and
 never off loopback without them),
-status (probes: 503 until every actor is up, then 200), external (``/metrics``). The cluster
-starts in the background so the probes answer from the first second. SIGTERM stops taking new
+status (probes: 503 until every actor is up, then 200; served by a thread of their own, on its
+own event loop, so nothing on the predict port's loop delays them), external (``/metrics``).
+Every listener runs behind the edge's limits (:mod:`coordinator.edge`: header size, header and
+body deadlines, ``limit_concurrency``). The cluster starts in the background so the probes answer
+from the first second. SIGTERM stops taking new
 requests, lets in-flight ones finish (bounded by ``drain_timeout_s``), then shuts the actors
 down and stops a Ray it started itself.
 """
@@ -17,6 +20,7 @@ import contextlib
 import logging
 import signal
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,8 +32,10 @@ from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
+from coordinator.api.limits import default_body_limit_mb
 from coordinator.cluster import Cluster, fault_injection_enabled, init_ray
 from coordinator.config import CoordinatorConfig, check_manage_listener
+from coordinator.edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
 from coordinator.router import Router
@@ -71,6 +77,8 @@ class Coordinator:
         self.ready = False
         self.started_ray = False
         self._servers: list[uvicorn.Server] = []
+        self._probes: uvicorn.Server | None = None  # served by a thread of its own
+        self._probe_thread: threading.Thread | None = None
 
     # ---- apps ------------------------------------------------------------------------------
 
@@ -79,10 +87,21 @@ class Coordinator:
             self.service,
             self.served,
             self.cluster.embed,
-            body_limit_mb=self.config["request_limit"]["body_limit"],
+            body_limit_mb=self.body_limit_mb(),
             api_keys=self.config["http_config"]["api_keys"],
             is_ready=lambda: self.ready,
         )
+
+    def body_limit_mb(self) -> int:
+        """``request_limit.body_limit``, or (0) what the largest legal prompt needs."""
+        configured = self.config["request_limit"]["body_limit"]
+        if configured:
+            return configured
+        model = self.served.generation
+        max_tokens = (
+            model.max_input_tokens if model else self.config["backend_config"]["maxInputTokenLen"]
+        )
+        return default_body_limit_mb(max_tokens)
 
     def status_app(self) -> FastAPI:
         app = FastAPI(docs_url=None, redoc_url=None)
@@ -156,14 +175,17 @@ class Coordinator:
         log.info("ready: /v1/readiness answers 200")
 
     def uvicorn_configs(self) -> list[uvicorn.Config]:
-        """The four listeners; a ConfigError when the manage listener would be unprotected."""
+        """The four listeners (predict, manage, status, external); a ConfigError when the manage
+        listener would be unprotected."""
         check_manage_listener(self.config)
         http = self.config["http_config"]
         tls_args = tls_options(self.config["tls_config"])
+        edge = EdgeLimits(**self.config.fed(EdgeLimits))
         common: dict[str, Any] = {
             "log_level": "warning",
             "lifespan": "off",
             "timeout_graceful_shutdown": 5,
+            **uvicorn_limits(edge, self.config["request_limit"]["max_requests"]),
         }
         return [
             uvicorn.Config(
@@ -186,6 +208,11 @@ class Coordinator:
 
     async def serve(self) -> None:
         self._servers = [SignalFreeServer(c) for c in self.uvicorn_configs()]
+        self._probes = self._servers.pop(2)
+        self._probe_thread = threading.Thread(
+            target=asyncio.run, args=(self._probes.serve(),), name="probes", daemon=True
+        )
+        self._probe_thread.start()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
@@ -211,6 +238,7 @@ class Coordinator:
             await asyncio.sleep(0.1)
         for server in self._servers:
             server.should_exit = True
+        await self.stop_probes()
         if starting is not None and not starting.done():
             starting.cancel()
         await self.router.stop()
@@ -218,6 +246,12 @@ class Coordinator:
             self.cluster.shutdown()
             if self.started_ray:
                 ray.shutdown()
+
+    async def stop_probes(self) -> None:
+        """Stop the probes' server and wait (briefly) for its thread."""
+        if self._probes is not None and self._probe_thread is not None:
+            self._probes.should_exit = True
+            await asyncio.to_thread(self._probe_thread.join, 10)
 
 
 def tls_options(tls: dict[str, Any]) -> dict[str, Any]:

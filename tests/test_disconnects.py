@@ -44,6 +44,7 @@ class EndlessService:
     def __init__(self) -> None:
         self.generations: list[Generation] = []
         self._ids = itertools.count()
+        self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"

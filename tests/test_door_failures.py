@@ -59,6 +59,7 @@ class ScriptedService:
         finish: FinishReason | None = FinishReason.LENGTH,
     ) -> None:
         self.tokens, self.error, self.finish = tokens, error, finish
+        self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission's state
 
     def new_request_id(self) -> str:
         return "req-1"

@@ -131,6 +131,7 @@ def test_embedding_inputs_flatten():
 class _FakeService:
     def __init__(self) -> None:
         self.params = []
+        self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission
 
     def new_request_id(self) -> str:
         return "r"

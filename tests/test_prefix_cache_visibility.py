@@ -45,6 +45,7 @@ class CachingService:
 
     def __init__(self, cached: list[int], tokenless_end: bool = False) -> None:
         self.cached, self.tokenless_end = cached, tokenless_end
+        self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission
 
     def new_request_id(self) -> str:
         return "req-1"

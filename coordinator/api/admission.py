@@ -1,18 +1,31 @@
-"""Admission of requests that do not go through the generation service (embeddings): counted in
-the same ``in_flight`` as generations, so ``request_limit.max_requests`` bounds them all and a
-draining coordinator waits for them too.
+"""Admission, twice: at the door, before any work, and in flight.
 
-Refused like a generation: 503 (:class:`~coordinator.errors.NoWorkerError`) while the coordinator
-drains, 429 (:class:`~coordinator.errors.TooManyRequests`) when ``max_requests`` are in flight.
+- **At the door** (:class:`DoorGate`, ASGI): every ``POST`` of the predict port is counted from
+  its headers on, before its body is read, parsed or tokenized, until its answer is sent; with
+  ``request_limit.max_requests`` of them open one more is refused at once. So the memory and CPU
+  that bodies, JSON and tokenizers cost are bounded by ``max_requests`` requests.
+- **In flight** (:func:`admitted`, and the generation service's own admission): generations and
+  embeddings share ``in_flight``, so ``max_requests`` bounds them all (an ``/invocations`` request
+  is one at the door and one in flight per row) and a draining coordinator waits for them too.
+
+Both refuse alike: 503 (:class:`~coordinator.errors.NoWorkerError`) while the coordinator drains,
+429 (:class:`~coordinator.errors.TooManyRequests`) at the limit; the door gate answers in the
+shape of the door the path belongs to.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
-from coordinator.errors import NoWorkerError, TooManyRequests
+from fastapi.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from coordinator.errors import NoWorkerError, ServiceError, TooManyRequests
+
+DoorRefusal = Callable[[str, ServiceError], Response]  # (path, why) -> the door's answer
 
 
 class Admission(Protocol):
@@ -41,3 +54,43 @@ async def admitted(service: Admission | None) -> AsyncIterator[None]:
         yield
     finally:
         service.in_flight -= 1
+
+
+@dataclass
+class DoorCount:
+    """The requests past the door gate and not yet answered."""
+
+    open: int = 0
+
+
+class DoorGate:
+    """Counts each ``POST`` before its body is read; refuses it past ``max_requests`` open or
+    while the service drains (see the module's docstring)."""
+
+    def __init__(
+        self, app: ASGIApp, service: Admission | None, count: DoorCount, refusal: DoorRefusal
+    ) -> None:
+        self.app, self.service, self.count, self.refusal = app, service, count, refusal
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or self.service is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            self.check(self.service)
+        except ServiceError as exc:
+            await self.refusal(scope["path"], exc)(scope, receive, send)
+            return
+        self.count.open += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.count.open -= 1
+
+    def check(self, service: Admission) -> None:
+        if service.draining:
+            raise NoWorkerError("the coordinator is shutting down")
+        if self.count.open >= service.max_requests:
+            raise TooManyRequests(
+                f"{self.count.open} requests open (max_requests {service.max_requests})"
+            )

@@ -2,7 +2,8 @@
 disconnect guard, and the answers to an unknown route or an unexpected failure (MindIE's error
 body for both).
 
-A request passes, in order: the not-ready gate (503), the API-key gate (401), the disconnect guard
+A request passes, in order: the not-ready gate (503), the API-key gate (401), the door gate
+(:mod:`~coordinator.api.admission`: 429 / 503 before the body is read), the disconnect guard
 (:mod:`~coordinator.api.middleware`: a client that goes away cancels its handler, on every route),
 then its door's handler.
 
@@ -20,7 +21,8 @@ from functools import partial
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.api import azure, mindie
+from coordinator.api import azure, mindie, mlflow, openai, tgi
+from coordinator.api.admission import DoorCount, DoorGate
 from coordinator.api.azure import create_azure_router, create_info_router
 from coordinator.api.common import APIError, internal_error_message, new_error_id
 from coordinator.api.embeddings import Embed, create_embeddings_router
@@ -29,6 +31,7 @@ from coordinator.api.mindie import create_infer_router
 from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
 from coordinator.api.tgi import create_tgi_router
+from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from coordinator.served_model import ServedModels
 
@@ -56,6 +59,8 @@ def create_predict_app(
         app.include_router(router)
     # the middleware added last runs first: not ready → 503 before the key is even checked
     app.add_middleware(DisconnectGuard)
+    app.state.door = DoorCount()
+    app.add_middleware(DoorGate, service=service, count=app.state.door, refusal=door_refusal)
     app.add_middleware(RequestGate, refuse=partial(missing_api_key, keys=set(api_keys)))
     app.add_middleware(RequestGate, refuse=partial(not_ready, is_ready=is_ready))
     app.add_exception_handler(Exception, internal_error)
@@ -81,6 +86,29 @@ def create_routers(
     scorer = MlflowScorer(served.task, config, service, model, embed)
     routers.append(create_mlflow_router(scorer, served.mlflow, body_limit_mb))
     return routers
+
+
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+TGI_PATHS = ("/generate", "/generate_stream", "/")
+AZURE_PATHS = tuple(
+    prefix + path
+    for prefix in azure.PREFIXES
+    for path in ("/chat/completions", "/embeddings", "/images/embeddings")
+)
+
+
+def door_refusal(path: str, exc: ServiceError) -> Response:
+    """A refusal at the door gate, in the error shape of the door ``path`` belongs to."""
+    error = APIError.from_service(exc)
+    if path in OPENAI_PATHS:
+        return openai.service_error_response(error)
+    if path in TGI_PATHS:
+        return tgi.service_error_response(error)
+    if path in AZURE_PATHS:
+        return azure.error_response(error)
+    if path == "/invocations":
+        return mlflow.service_error_response(exc)
+    return mindie.service_error_response(error)
 
 
 def require_api_keys(app: FastAPI, keys: Iterable[str]) -> None:

@@ -17,11 +17,13 @@ the events, which aborts the request on the workers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
@@ -35,6 +37,10 @@ from engine.request import FinishReason
 log = logging.getLogger(__name__)
 Events = AsyncGenerator[TokenEvent, None]
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape in JSON text
+# a body over this is decoded on LARGE_JSON's threads, off the event loop, two at a time (so at
+# most two large bodies' objects are being built at once, whatever arrives)
+LARGE_JSON_BYTES = 1024 * 1024
+LARGE_JSON = ThreadPoolExecutor(max_workers=2, thread_name_prefix="large-json")
 
 
 class APIError(Exception):
@@ -106,8 +112,11 @@ async def read_json(request: Request, body_limit_mb: int) -> Any:
     (valid JSON, but no tokenizer or answer can take it)."""
     body = await read_body(request, body_limit_mb)
     try:
-        text = body.decode(json.detect_encoding(body))  # strict: no encoded surrogates
-        value = json.loads(text)
+        if len(body) > LARGE_JSON_BYTES:
+            loop = asyncio.get_running_loop()
+            text, value = await loop.run_in_executor(LARGE_JSON, decode_json, body)
+        else:
+            text, value = decode_json(body)
     except RecursionError as exc:
         raise APIError(400, "malformed JSON: nested too deeply") from exc
     except ValueError as exc:  # not JSON, not UTF-8/16/32, or an integer of over 4300 digits
@@ -117,6 +126,12 @@ async def read_json(request: Request, body_limit_mb: int) -> Any:
             422, "a string of the JSON body holds a lone surrogate (\\ud800-\\udfff): not Unicode"
         )
     return value
+
+
+def decode_json(body: bytes) -> tuple[str, Any]:
+    """The body's text and its decoded value (strict: no encoded surrogates)."""
+    text = body.decode(json.detect_encoding(body))
+    return text, json.loads(text)
 
 
 def utf8_encodable(value: Any) -> bool:

@@ -23,7 +23,7 @@ from coordinator.api import azure, openai
 from coordinator.api.admission import Admission, admitted
 from coordinator.api.azure import PREFIXES, check_api_version, not_supported, split_extras
 from coordinator.api.common import APIError, create_router, read_object
-from coordinator.api.limits import MAX_EMBEDDING_INPUTS, count_over
+from coordinator.api.limits import MAX_EMBEDDING_CHARS, MAX_EMBEDDING_INPUTS, count_over, over_limit
 from coordinator.api.openai_format import OpenAIError
 from coordinator.errors import ServiceError
 
@@ -45,6 +45,12 @@ def _inputs(body: dict) -> list[str]:
             f"'input' must be a non-empty string or a list of 1 to {MAX_INPUTS} non-empty strings",
             "input",
         )
+    for index, text in enumerate(texts):
+        if len(text) > MAX_EMBEDDING_CHARS:
+            name = f"input[{index}]" if isinstance(value, list) else "input"
+            raise OpenAIError(
+                422, over_limit(name, "characters", MAX_EMBEDDING_CHARS, len(text)), "input"
+            )
     return texts
 
 

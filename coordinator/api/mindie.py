@@ -25,6 +25,7 @@ from coordinator.api.common import (
     read_json,
     respond,
 )
+from coordinator.api.limits import prompt_char_limit
 from coordinator.api.media import check_media
 from coordinator.api.mindie_format import (
     CONTENT_FILTER,
@@ -68,7 +69,8 @@ class MindieRoutes:
 
     async def tokenizer(self, request: Request) -> Response:
         try:
-            text = parse_tokenizer_body(await read_json(request, self.body_limit_mb))
+            body = await read_json(request, self.body_limit_mb)
+            text = parse_tokenizer_body(body, prompt_char_limit(self.model.max_input_tokens))
             ids = await run_in_threadpool(self.model.tokenizer.encode, text)
             self._check_token_count(ids)
         except APIError as exc:
@@ -78,7 +80,8 @@ class MindieRoutes:
     async def _infer(self, request: Request, token_input: bool) -> Response:
         try:
             body = await read_json(request, self.body_limit_mb)
-            req = parse_infer_body(body, input_id=token_input)
+            max_chars = prompt_char_limit(self.model.max_input_tokens)
+            req = parse_infer_body(body, input_id=token_input, max_chars=max_chars)
             ids = await self._prompt_ids(req)
             await self._check_content(req, ids)
         except APIError as exc:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.api.common import APIError
-from coordinator.api.limits import MAX_INPUT_CHARS, MAX_INPUT_TOKENS
+from coordinator.api.limits import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, over_limit
 from engine.sampling_params import MAX_SEED, SamplingParams
 
 MAX_TOKENS_HARD = MAX_INPUT_TOKENS
@@ -22,6 +22,7 @@ INT32_MAX = 2147483647
 SEED_MAX = 18446744073709551615
 MEDIA_TYPES = ("image_url", "video_url", "audio_url")
 MAX_MEDIA_ITEMS = 20
+MAX_INPUT_ITEMS = 256  # content items of a list-form ``inputs``, text and media together
 
 
 class InputValidationError(APIError):
@@ -163,24 +164,35 @@ def parse_parameters(raw: Any) -> InferParameters:
     return InferParameters(**values)
 
 
-def parse_inputs(raw: Any) -> str | list[dict[str, Any]]:
+def parse_inputs(raw: Any, max_chars: int = MAX_INPUT_CHARS) -> str | list[dict[str, Any]]:
+    """``inputs``: a string of 1 to ``max_chars`` characters, or a list of content items whose
+    texts hold ``max_chars`` in all."""
     if raw is None:
         raise InputValidationError("Parameter inputs is required, but it is missing or null")
     if isinstance(raw, str):
-        if not 0 < len(raw) <= MAX_INPUT_CHARS:
+        if not 0 < len(raw) <= max_chars:
             raise InputValidationError(
-                f"Parameter inputs must be a non-empty string of at most {MAX_INPUT_CHARS} "
+                f"Parameter inputs must be a non-empty string of at most {max_chars} "
                 f"characters, but got {len(raw)} characters"
             )
         return raw
     if isinstance(raw, list):
-        return _parse_items(raw)
+        items = _parse_items(raw)
+        chars = sum(len(item["text"]) for item in items if item["type"] == "text")
+        if chars > max_chars:
+            message = over_limit("Parameter inputs", "text characters", max_chars, chars)
+            raise InputValidationError(message)
+        return items
     raise _bad("inputs", "a non-empty string or a list of content items", raw)
 
 
 def _parse_items(items: list[Any]) -> list[dict[str, Any]]:
     if not items:
         raise InputValidationError("Parameter inputs must be a non-empty list, but got []")
+    if len(items) > MAX_INPUT_ITEMS:
+        raise InputValidationError(
+            over_limit("Parameter inputs", "items", MAX_INPUT_ITEMS, len(items))
+        )
     kinds = ("text", *MEDIA_TYPES)
     for index, item in enumerate(items):
         where = f"inputs[{index}]"
@@ -203,12 +215,15 @@ def _parse_items(items: list[Any]) -> list[dict[str, Any]]:
     return items
 
 
-def parse_infer_body(body: Any, *, input_id: bool = False) -> InferRequest:
-    """Validate a decoded JSON body; ``input_id=True`` for ``/infer_token``."""
+def parse_infer_body(
+    body: Any, *, input_id: bool = False, max_chars: int = MAX_INPUT_CHARS
+) -> InferRequest:
+    """Validate a decoded JSON body; ``input_id=True`` for ``/infer_token``; ``max_chars``: the
+    prompt's character cap (:func:`~coordinator.api.limits.prompt_char_limit`)."""
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
     token_ids = parse_token_ids(body.get("input_id")) if input_id else None
-    inputs = "" if input_id else parse_inputs(body.get("inputs"))
+    inputs = "" if input_id else parse_inputs(body.get("inputs"), max_chars)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _bad("stream", "a boolean", stream)
@@ -225,16 +240,16 @@ def parse_token_ids(raw: Any) -> list[int]:
     return raw
 
 
-def parse_tokenizer_body(body: Any) -> str:
-    """The text of a ``/v1/tokenizer`` body ``{"inputs": str}``."""
+def parse_tokenizer_body(body: Any, max_chars: int = MAX_INPUT_CHARS) -> str:
+    """The text of a ``/v1/tokenizer`` body ``{"inputs": str}``, of at most ``max_chars``."""
     inputs = body.get("inputs") if isinstance(body, dict) else None
     if not isinstance(inputs, str) or not inputs:
         raise InputValidationError(
             f"Parameter inputs must be a non-empty string, but got {json.dumps(inputs)[:200]}"
         )
-    if len(inputs) > MAX_INPUT_CHARS:
+    if len(inputs) > max_chars:
         raise InputValidationError(
-            f"Parameter inputs must be a non-empty string of at most {MAX_INPUT_CHARS} "
+            f"Parameter inputs must be a non-empty string of at most {max_chars} "
             f"characters, but got {len(inputs)} characters"
         )
     return inputs

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coordinator.api.common import APIError
-from coordinator.api.limits import MAX_EMBEDDING_INPUTS, over_limit
+from coordinator.api.limits import MAX_EMBEDDING_CHARS, MAX_EMBEDDING_INPUTS, over_limit
 from coordinator.api.openai_format import OpenAIError
 from coordinator.api.openai_request import openai_sampling
 from engine.sampling_params import SamplingParams
@@ -193,4 +193,8 @@ def embedding_texts(inputs: list[Any]) -> list[str]:
             "'input' must be a non-empty string or a list of non-empty strings",
             "INVALID_PARAMETER_VALUE",
         )
+    longest = max(len(text) for text in texts)
+    if longest > MAX_EMBEDDING_CHARS:
+        message = over_limit("input", "characters a text", MAX_EMBEDDING_CHARS, longest)
+        raise MlflowError(message, "INVALID_PARAMETER_VALUE", 422)
     return texts

@@ -16,7 +16,13 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.limits import MAX_MESSAGES, MAX_STOP_SEQUENCES, count_over, stop_limit_message
+from coordinator.api.limits import (
+    MAX_MESSAGES,
+    MAX_STOP_SEQUENCES,
+    count_over,
+    prompt_chars_message,
+    stop_limit_message,
+)
 from coordinator.api.openai_format import OpenAIError
 from coordinator.model_info import ModelInfo
 from engine.sampling_params import MAX_SEED, SamplingParams
@@ -88,7 +94,18 @@ def prompt_field(kind: str) -> str:
 
 
 async def prompt_ids(body: dict, kind: str, model: ModelInfo) -> list[int]:
-    """The prompt's token ids: chat ``messages`` through the chat template, or ``prompt``."""
+    """The prompt's token ids: chat ``messages`` through the chat template, or ``prompt``;
+    refused before tokenizing when its text is over the character cap."""
+    messages = body.get("messages") if kind == "chat" else None
+    if isinstance(messages, list) and (
+        over := count_over("messages", "messages", messages, MAX_MESSAGES)
+    ):
+        raise OpenAIError(422, over, "messages")
+    over = prompt_chars_message(
+        prompt_field(kind), prompt_chars(body, kind), model.max_input_tokens
+    )
+    if over:
+        raise OpenAIError(422, over, prompt_field(kind))
     ids = await (_chat_ids(body, model) if kind == "chat" else _text_ids(body, model))
     if not 0 < len(ids) <= model.max_input_tokens:
         raise OpenAIError(
@@ -101,10 +118,6 @@ async def prompt_ids(body: dict, kind: str, model: ModelInfo) -> list[int]:
 
 async def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
     messages = body.get("messages")
-    if isinstance(messages, list) and (
-        over := count_over("messages", "messages", messages, MAX_MESSAGES)
-    ):
-        raise OpenAIError(422, over, "messages")
     if (
         not isinstance(messages, list)
         or not messages
@@ -139,6 +152,27 @@ async def _text_ids(body: dict, model: ModelInfo) -> list[int]:
     if not isinstance(prompt, str) or not prompt:
         raise OpenAIError(400, "'prompt' must be a non-empty string", "prompt")
     return await run_in_threadpool(model.tokenizer.encode, prompt)
+
+
+def prompt_chars(body: dict, kind: str) -> int:
+    """The characters of a request's prompt text (messages' or ``prompt``'s), whatever its
+    shape (what is not text counts nothing here: it is refused later)."""
+    if kind != "chat":
+        prompt = body.get("prompt")
+        texts = prompt if isinstance(prompt, list) else [prompt]
+        return sum(len(text) for text in texts if isinstance(text, str))
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return 0
+    return sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict))
+
+
+def _content_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    parts = content if isinstance(content, list) else []
+    texts = (part.get("text") for part in parts if isinstance(part, dict))
+    return sum(len(text) for text in texts if isinstance(text, str))
 
 
 def content_text(content: Any) -> str:

@@ -28,7 +28,7 @@ from coordinator.api.common import (
     read_json,
     respond,
 )
-from coordinator.api.limits import stop_limit_message
+from coordinator.api.limits import prompt_char_limit, stop_limit_message
 from coordinator.api.mindie_request import InferRequest, InputValidationError, parse_infer_body
 from coordinator.content_safety import INPUT_FILTERED, text_blocked
 from coordinator.errors import ServiceError
@@ -82,8 +82,9 @@ def stream_error(exc: ServiceError) -> bytes:
     return b"data:" + json.dumps(error, ensure_ascii=False).encode() + b"\n\n"
 
 
-def parse_tgi_body(body: Any) -> tuple[InferRequest, tuple[str, ...]]:
-    """A TGI body as a MindIE request (unknown parameters dropped) and its stop sequences."""
+def parse_tgi_body(body: Any, max_chars: int) -> tuple[InferRequest, tuple[str, ...]]:
+    """A TGI body as a MindIE request (unknown parameters dropped) and its stop sequences;
+    ``inputs`` of at most ``max_chars`` characters."""
     if not isinstance(body, dict) or not isinstance(body.get("inputs"), str):
         raise InputValidationError("inputs must be a non-empty string")
     parameters = body.get("parameters")
@@ -98,7 +99,8 @@ def parse_tgi_body(body: Any) -> tuple[InferRequest, tuple[str, ...]]:
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise InputValidationError("stop must be a list of non-empty strings")
     known = {k: v for k, v in raw.items() if k in PARAMETERS}
-    return parse_infer_body({"inputs": body["inputs"], "parameters": known}), tuple(stop)
+    request = parse_infer_body({"inputs": body["inputs"], "parameters": known}, max_chars=max_chars)
+    return request, tuple(stop)
 
 
 class TgiAnswer:
@@ -187,7 +189,7 @@ class TgiRoutes:
         """``stream=None``: the compat route, which streams when the body asks to."""
         try:
             body = await read_json(request, self.body_limit_mb)
-            req, stop = parse_tgi_body(body)
+            req, stop = parse_tgi_body(body, prompt_char_limit(self.model.max_input_tokens))
             ids = await self._prompt_ids(req.text)
         except APIError as exc:
             return validation_error(exc)
