@@ -20,7 +20,6 @@ import contextlib
 import logging
 import signal
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +37,7 @@ from coordinator.config import CoordinatorConfig, check_manage_listener
 from coordinator.edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
+from coordinator.own_loop import OwnLoopServer
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
 
@@ -77,8 +77,7 @@ class Coordinator:
         self.ready = False
         self.started_ray = False
         self._servers: list[uvicorn.Server] = []
-        self._probes: uvicorn.Server | None = None  # served by a thread of its own
-        self._probe_thread: threading.Thread | None = None
+        self._probes: OwnLoopServer | None = None
 
     # ---- apps ------------------------------------------------------------------------------
 
@@ -208,11 +207,8 @@ class Coordinator:
 
     async def serve(self) -> None:
         self._servers = [SignalFreeServer(c) for c in self.uvicorn_configs()]
-        self._probes = self._servers.pop(2)
-        self._probe_thread = threading.Thread(
-            target=asyncio.run, args=(self._probes.serve(),), name="probes", daemon=True
-        )
-        self._probe_thread.start()
+        self._probes = OwnLoopServer(self._servers.pop(2), "probes")
+        self._probes.start()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
@@ -238,7 +234,8 @@ class Coordinator:
             await asyncio.sleep(0.1)
         for server in self._servers:
             server.should_exit = True
-        await self.stop_probes()
+        if self._probes is not None:
+            await self._probes.stop()
         if starting is not None and not starting.done():
             starting.cancel()
         await self.router.stop()
@@ -246,12 +243,6 @@ class Coordinator:
             self.cluster.shutdown()
             if self.started_ray:
                 ray.shutdown()
-
-    async def stop_probes(self) -> None:
-        """Stop the probes' server and wait (briefly) for its thread."""
-        if self._probes is not None and self._probe_thread is not None:
-            self._probes.should_exit = True
-            await asyncio.to_thread(self._probe_thread.join, 10)
 
 
 def tls_options(tls: dict[str, Any]) -> dict[str, Any]:

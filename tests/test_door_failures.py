@@ -94,10 +94,17 @@ def post(app: Any, path: str, body: Any, **kwargs: Any) -> httpx.Response:
 
 
 @contextlib.contextmanager
-def serving(app: Any) -> Iterator[str]:
-    """``app`` under a real uvicorn server on a free port, in a thread; yields its base URL."""
+def serving(app: Any, **options: Any) -> Iterator[str]:
+    """``app`` under a real uvicorn server on a free port, in a thread; yields its base URL.
+    ``options``: more ``uvicorn.Config`` arguments (the edge's limits)."""
     config = uvicorn.Config(  # log_config None: uvicorn's records reach pytest's caplog
-        app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", log_config=None
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="off",
+        log_config=None,
+        **options,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

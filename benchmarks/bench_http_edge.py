@@ -1,0 +1,194 @@
+"""What the HTTP edge's defences cost on the normal path, and what they buy under attack, side by
+side in one run: uvicorn's plain httptools protocol (the edge before), the guarded one
+(:mod:`coordinator.edge`) and h11 with its incomplete-event limit (the other choice).
+
+Each protocol serves the real predict app over a scripted service that streams tokens as fast
+as it can (so the edge, not a model, is what is timed), in a child process of its own pinned
+to one core; this process is the client, on the other.
+
+- **Normal path**: 1 and 64 concurrent ``/v1/completions`` streams of ``--tokens`` events each:
+  events per second, the protocols in turn for ``--rounds`` rounds (median, min-max).
+- **Attack**: a 32 MiB header in 64 KiB writes (time until the server refuses or takes it,
+  and the server's RSS growth); 64 connections that never finish their headers (how many the
+  server still holds after ``header_timeout`` + 2 s).
+
+``python -m benchmarks.bench_http_edge`` writes ``benchmarks/results/http_edge.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from benchmarks.results_meta import ROOT, run_meta
+
+PROTOCOLS = ("httptools", "guarded", "h11")
+HEADER_TIMEOUT_S = 5.0
+MIB = 1024 * 1024
+
+
+def serve(protocol: str, port: int, tokens: int) -> None:
+    """The child: the predict app on ``port`` behind ``protocol``."""
+    import uvicorn
+
+    from coordinator.edge import EdgeLimits, uvicorn_limits
+    from tests.test_door_failures import ScriptedService, predict_app
+
+    os.sched_setaffinity(0, {0})
+    options: dict[str, Any] = {"http": protocol}
+    if protocol == "guarded":
+        options = uvicorn_limits(EdgeLimits(header_timeout_s=HEADER_TIMEOUT_S), 10000)
+    elif protocol == "h11":
+        options["h11_max_incomplete_event_size"] = 64 * 1024
+    service = ScriptedService(tokens)
+    service.max_requests = 10000
+    uvicorn.run(predict_app(service), host="127.0.0.1", port=port, log_level="error", **options)
+
+
+@contextlib.contextmanager
+def server(protocol: str, tokens: int):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    child = multiprocessing.get_context("spawn").Process(
+        target=serve, args=(protocol, port, tokens), daemon=True
+    )
+    child.start()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+            break
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, f"{protocol} did not start"
+            time.sleep(0.1)
+    try:
+        yield port, psutil.Process(child.pid)
+    finally:
+        child.terminate()
+        child.join(10)
+
+
+async def streams(port: int, concurrency: int, requests: int) -> float:
+    """Events per second over ``requests`` streams, ``concurrency`` at a time."""
+    limits = httpx.Limits(max_connections=concurrency)
+    body = {"prompt": "hi", "stream": True, "max_tokens": 1000}
+    events = 0
+
+    async def one(client: httpx.AsyncClient) -> None:
+        nonlocal events
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                events += line.startswith("data: {")
+
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60
+    ) as client:
+        start = time.perf_counter()
+        for _ in range(requests // concurrency):
+            await asyncio.gather(*(one(client) for _ in range(concurrency)))
+        return events / (time.perf_counter() - start)
+
+
+def huge_header(port: int, process: psutil.Process) -> dict[str, Any]:
+    before = process.memory_info().rss
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: ")
+    sent, start, chunk = 0, time.perf_counter(), b"a" * 65536
+    with contextlib.suppress(OSError):
+        while sent < 32 * MIB:
+            sock.sendall(chunk)
+            sent += len(chunk)
+        sock.sendall(b"\r\n\r\n")
+    with contextlib.suppress(OSError):
+        status = sock.recv(64).split(b" ")[1].decode()
+    elapsed = time.perf_counter() - start
+    grown = process.memory_info().rss - before
+    sock.close()
+    return {
+        "status": locals().get("status", "closed"),
+        "bytes_sent": sent,
+        "seconds": round(elapsed, 3),
+        "rss_growth_mib": round(grown / MIB, 1),
+    }
+
+
+def half_sent(port: int, process: psutil.Process) -> dict[str, Any]:
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
+    for sock in socks:
+        sock.sendall(b"POST /infer HTTP/1.1\r\nhost: x\r\n")
+    time.sleep(HEADER_TIMEOUT_S + 2)
+    held = sum(
+        1
+        for c in process.net_connections("tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+    )
+    for sock in socks:
+        sock.close()
+    return {"connections": 64, f"held_after_{HEADER_TIMEOUT_S + 2:g}_s": held}
+
+
+def spread(values: list[float], digits: int = 1) -> dict[str, Any]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "rounds": [round(v, digits) for v in values],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/http_edge.json"))
+    args = parser.parse_args(argv)
+    os.sched_setaffinity(0, {1} if os.cpu_count() and os.cpu_count() > 1 else {0})
+    rates: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in PROTOCOLS}
+    attacks: dict[str, Any] = {}
+    for round_index in range(args.rounds):
+        for protocol in PROTOCOLS:
+            with server(protocol, args.tokens) as (port, process):
+                for concurrency, requests in ((1, 16), (64, 128)):
+                    rate = asyncio.run(streams(port, concurrency, requests))
+                    rates[protocol][concurrency].append(rate)
+                if round_index == 0:
+                    attacks[protocol] = {
+                        "huge_header": huge_header(port, process),
+                        "half_sent": half_sent(port, process),
+                    }
+            print(round_index, protocol, {c: r[-1] for c, r in rates[protocol].items()})
+    result = {
+        "meta": run_meta(),
+        "tokens_per_stream": args.tokens,
+        "events_per_s": {p: {str(c): spread(v) for c, v in r.items()} for p, r in rates.items()},
+        "ratio_to_httptools": {
+            p: {
+                str(c): spread(
+                    [a / b for a, b in zip(rates[p][c], rates["httptools"][c], strict=True)], 3
+                )
+                for c in (1, 64)
+            }
+            for p in PROTOCOLS
+        },
+        "attacks": attacks,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("ratio_to_httptools", "attacks")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
