@@ -24,7 +24,10 @@ from coordinator.api.limits import (
     MAX_MESSAGES,
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
+    default_body_limit_mb,
+    prompt_char_limit,
 )
+from coordinator.api.mindie_request import MAX_INPUT_ITEMS
 from coordinator.content_safety import ContentFilter
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
@@ -54,9 +57,12 @@ async def fake_embed(texts: list[str]) -> dict[str, Any]:
     return {"embeddings": [torch.zeros(4) for _ in texts], "tokens": [1] * len(texts)}
 
 
-def app_for(service: Any = None, content_filter: Any = None, body_limit_mb: int = 1) -> Any:
+def app_for(
+    service: Any = None, content_filter: Any = None, body_limit_mb: int = 1, tokenizer: Any = None
+) -> Any:
     service = service or AdmittingService()
-    model = ModelInfo("fake", DecodingTokenizer(), 1024, 1000, MAX_INPUT_TOKENS)
+    tokenizer = tokenizer or DecodingTokenizer()
+    model = ModelInfo("fake", tokenizer, 1024, 1000, MAX_INPUT_TOKENS)
     model.content_filter = content_filter
     served = ServedModels(model, "embedder", "embedder", 4)
     return create_predict_app(
@@ -292,3 +298,69 @@ def test_a_chunked_100_mb_body_is_413_without_buffering():
     assert response.status_code == 413
     assert response.json()["error_type"] == "Payload Too Large"
     assert grown < 8 * 1024 * 1024, f"RSS grew by {grown} bytes"
+
+
+# ---- prompt characters, capped before tokenizing ---------------------------------------------
+
+CHAR_CAP = prompt_char_limit(MAX_INPUT_TOKENS)  # 16 for each prompt token: 1600
+LONG = "x" * (CHAR_CAP + 1)
+HALF = "x" * (CHAR_CAP // 2 + 1)
+LONG_PROMPTS = [
+    ("/infer", {"inputs": LONG}, "inputs"),
+    ("/infer", {"inputs": [{"type": "text", "text": HALF}] * 2}, "inputs"),
+    ("/v1/tokenizer", {"inputs": LONG}, "inputs"),
+    ("/generate", {"inputs": LONG}, "inputs"),
+    ("/v1/completions", {"prompt": LONG}, "prompt"),
+    ("/v1/completions", {"prompt": [LONG]}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": HALF}] * 2}, "messages"),
+    (AZURE_CHAT, {"messages": [{"role": "user", "content": LONG}]}, "messages"),
+    (
+        "/invocations",
+        {"dataframe_records": [{"messages": [MESSAGES[0], {"role": "user", "content": LONG}]}]},
+        "messages",
+    ),
+]
+
+
+class CountingTokenizer(DecodingTokenizer):
+    calls = 0
+
+    def encode(self, text: str) -> list[int]:
+        CountingTokenizer.calls += 1
+        return super().encode(text)
+
+    def apply_chat_template(self, messages: list[dict], **options: Any) -> list[int]:
+        CountingTokenizer.calls += 1
+        return super().apply_chat_template(messages, **options)
+
+
+@pytest.mark.parametrize(("path", "body", "name"), LONG_PROMPTS)
+def test_a_prompt_over_the_character_cap_is_422_before_it_is_tokenized(path, body, name):
+    app = app_for(tokenizer=CountingTokenizer())
+    CountingTokenizer.calls = 0
+    response = post(app, path, body)
+    assert response.status_code == 422, response.text
+    assert f"at most {CHAR_CAP}" in message_of(response), message_of(response)
+    assert name in message_of(response)
+    assert CountingTokenizer.calls == 0
+
+
+def test_a_prompt_at_the_character_cap_goes_on_to_the_token_limit():
+    response = post(app_for(), "/v1/completions", {"prompt": "x" * CHAR_CAP})
+    assert response.status_code == 400
+    assert "tokens" in message_of(response)
+
+
+def test_list_form_inputs_hold_a_bounded_number_of_items():
+    items = [{"type": "text", "text": "a"}] * (MAX_INPUT_ITEMS + 1)
+    response = post(app_for(), "/infer", {"inputs": items})
+    assert response.status_code == 422
+    expected = f"Parameter inputs may hold at most {MAX_INPUT_ITEMS} items, but got {len(items)}"
+    assert message_of(response) == expected
+
+
+def test_the_default_body_limit_fits_the_largest_legal_prompt_however_escaped():
+    prompt = "\x01" * prompt_char_limit(2048)  # each one \\u0001 in JSON: 6 bytes
+    body = json.dumps({"inputs": prompt, "parameters": {"max_new_tokens": 1}}).encode()
+    assert len(body) <= default_body_limit_mb(2048) * 1024 * 1024
+    assert default_body_limit_mb(2048) == 2
