@@ -10,7 +10,9 @@ to one core; this process is the client, on the other.
   events per second, the protocols in turn for ``--rounds`` rounds (median, min-max).
 - **Attack**: a 32 MiB header in 64 KiB writes (time until the server refuses or takes it,
   and the server's RSS growth); 64 connections that never finish their headers (how many the
-  server still holds after ``header_timeout`` + 2 s).
+  server still holds after ``header_timeout`` + 2 s); the probe's latency while four clients
+  write 8 MiB headers in 1 KiB writes (the probes on the predict loop, as before, for the
+  plain protocols; on their own thread for the guarded one).
 
 ``python -m benchmarks.bench_http_edge`` writes ``benchmarks/results/http_edge.json``.
 """
@@ -25,6 +27,7 @@ import multiprocessing
 import os
 import socket
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,10 +43,13 @@ MIB = 1024 * 1024
 
 
 def serve(protocol: str, port: int, tokens: int) -> None:
-    """The child: the predict app on ``port`` behind ``protocol``."""
+    """The child: the predict app on ``port`` behind ``protocol``, a probe on ``port + 1``."""
     import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import Response
 
     from coordinator.edge import EdgeLimits, uvicorn_limits
+    from coordinator.own_loop import OwnLoopServer
     from tests.test_door_failures import ScriptedService, predict_app
 
     os.sched_setaffinity(0, {0})
@@ -54,14 +60,25 @@ def serve(protocol: str, port: int, tokens: int) -> None:
         options["h11_max_incomplete_event_size"] = 64 * 1024
     service = ScriptedService(tokens)
     service.max_requests = 10000
-    uvicorn.run(predict_app(service), host="127.0.0.1", port=port, log_level="error", **options)
+    probes = FastAPI()
+    probes.add_api_route("/v1/health", lambda: Response(), methods=["GET"])
+    common: dict[str, Any] = {"host": "127.0.0.1", "log_level": "error", **options}
+    predict = uvicorn.Server(uvicorn.Config(predict_app(service), port=port, **common))
+    probe = uvicorn.Server(uvicorn.Config(probes, port=port + 1, **common))
+    if protocol == "guarded":
+        OwnLoopServer(probe, "probes").start()
+        predict.run()
+    else:
+
+        async def both() -> None:
+            await asyncio.gather(predict.serve(), probe.serve())
+
+        asyncio.run(both())
 
 
 @contextlib.contextmanager
 def server(protocol: str, tokens: int):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port_pair()
     child = multiprocessing.get_context("spawn").Process(
         target=serve, args=(protocol, port, tokens), daemon=True
     )
@@ -79,6 +96,17 @@ def server(protocol: str, tokens: int):
     finally:
         child.terminate()
         child.join(10)
+
+
+def free_port_pair() -> int:
+    """A port free with the one after it."""
+    while True:
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with contextlib.suppress(OSError):
+                second.bind(("127.0.0.1", port + 1))
+                return port
 
 
 async def streams(port: int, concurrency: int, requests: int) -> float:
@@ -140,6 +168,39 @@ def half_sent(port: int, process: psutil.Process) -> dict[str, Any]:
     return {"connections": 64, f"held_after_{HEADER_TIMEOUT_S + 2:g}_s": held}
 
 
+def probe_under_attack(port: int) -> dict[str, Any]:
+    """The probe's latency (ms) while four clients write 8 MiB headers in 1 KiB writes."""
+
+    def attack() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: ")
+            with contextlib.suppress(OSError):
+                for _ in range(8 * 1024):
+                    sock.sendall(b"a" * 1024)
+
+    attackers = [threading.Thread(target=attack) for _ in range(4)]
+    for thread in attackers:
+        thread.start()
+    latencies = []
+    with httpx.Client(timeout=30) as client:
+        while len(latencies) < 400 and (
+            len(latencies) < 20 or any(thread.is_alive() for thread in attackers)
+        ):
+            start = time.perf_counter()
+            client.get(f"http://127.0.0.1:{port + 1}/v1/health")
+            latencies.append(1000 * (time.perf_counter() - start))
+            time.sleep(0.02)
+    for thread in attackers:
+        thread.join()
+    latencies.sort()
+    return {
+        "probes": len(latencies),
+        "p50_ms": round(latencies[len(latencies) // 2], 1),
+        "p99_ms": round(latencies[int(len(latencies) * 0.99)], 1),
+        "max_ms": round(latencies[-1], 1),
+    }
+
+
 def spread(values: list[float], digits: int = 1) -> dict[str, Any]:
     return {
         "median": round(statistics.median(values), digits),
@@ -168,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                     attacks[protocol] = {
                         "huge_header": huge_header(port, process),
                         "half_sent": half_sent(port, process),
+                        "probe_under_attack": probe_under_attack(port),
                     }
             print(round_index, protocol, {c: r[-1] for c, r in rates[protocol].items()})
     result = {
