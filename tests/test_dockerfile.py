@@ -10,8 +10,11 @@ writable, the default image reference; and to the project: the packages, the ins
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -96,7 +99,8 @@ def chart() -> dict[str, Any]:
 def test_base_is_the_ray_image_of_the_charts_ray_version() -> None:
     (base,) = args_of("FROM")
     defaults = arg_defaults()
-    assert base == "rayproject/ray:${RAY_VERSION}-py311-cpu"
+    assert base == "${BASE_IMAGE}"
+    assert defaults["BASE_IMAGE"] == "rayproject/ray:${RAY_VERSION}-py311-cpu"
     assert defaults["RAY_VERSION"] == values()["ray"]["version"]
     cluster = one(render("defaults"), "RayCluster")["spec"]
     assert cluster["rayVersion"] == defaults["RAY_VERSION"]
@@ -225,3 +229,116 @@ def test_image_reference_and_build_command_agree() -> None:
     readme = (ROOT / "deploy" / "helm" / "README.md").read_text()
     assert build in readme
     assert "not built in CI" in readme
+
+
+def root_run() -> str:
+    """The RUN of the ``USER root`` section (the only one as root)."""
+    keywords = list(instructions())
+    start = keywords.index(("USER", "root"))
+    (run,) = [rest for key, rest in keywords[start:] if key == "RUN"][:1]
+    assert keywords[start + 1][0] == "RUN" and keywords[start + 2][0] == "USER"
+    return run
+
+
+def test_base_image_can_be_pinned_by_digest_and_release_builds_must() -> None:
+    """A tag can be moved; BASE_IMAGE takes ``...@sha256:<digest>`` and REQUIRE_BASE_DIGEST=1
+    makes the build refuse a tag (no registry is reachable here to learn the digest, so the
+    default stays the tag)."""
+    defaults = arg_defaults()
+    assert defaults["REQUIRE_BASE_DIGEST"] == "0"
+    text = DOCKERFILE.read_text()
+    assert "--build-arg BASE_IMAGE=rayproject/ray:2.60.0-py311-cpu@sha256:<digest>" in text
+    assert "--build-arg REQUIRE_BASE_DIGEST=1" in text
+    assert 'org.opencontainers.image.base.name="${BASE_IMAGE}"' in " ".join(args_of("LABEL"))
+    # The guard is the first command of the root RUN: run it with sh as the build would.
+    guard = root_run().split(" && apt-get update")[0]
+    for base, required, refused in (
+        ("rayproject/ray:2.60.0-py311-cpu", "0", False),
+        ("rayproject/ray:2.60.0-py311-cpu", "1", True),
+        ("rayproject/ray:2.60.0-py311-cpu@sha256:" + "a" * 64, "1", False),
+    ):
+        variables = {"BASE_IMAGE": base, "REQUIRE_BASE_DIGEST": required}
+        result = subprocess.run(
+            ["sh", "-c", guard], env={**os.environ, **variables}, capture_output=True, timeout=10
+        )
+        assert (result.returncode != 0) == refused, (base, required, result.stderr)
+
+
+def test_passwordless_sudo_of_the_ray_image_is_removed() -> None:
+    run = root_run()
+    for step in (
+        "gpasswd -d ray sudo",
+        "sed -i '/NOPASSWD/d' /etc/sudoers",
+        "rm -f /etc/sudoers.d/ray*",
+        "SUDO_FORCE_REMOVE=yes apt-get purge -y sudo",
+        # and the build fails if anything of it is left
+        "! command -v sudo",
+        "! grep -rqs NOPASSWD /etc/sudoers /etc/sudoers.d",
+        "! id -nG ray | grep -qw sudo",
+    ):
+        assert step in run, step
+    # The purge comes after the last apt-get install, and nothing later runs as root.
+    assert run.rindex("apt-get install") < run.index("apt-get purge -y sudo")
+    assert [rest for key, rest in instructions() if key == "USER"] == ["root", "1000:100"]
+    for run in args_of("RUN"):  # and no step runs sudo
+        assert not re.search(r"(?:^|&&|;|\|\||\()\s*sudo\s", run), run
+
+
+def test_every_pip_install_is_constrained_to_the_tested_versions() -> None:
+    constraints = DOCKER / "constraints.txt"
+    (arg,) = [r for r in args_of("ARG") if r.startswith("PIP_CONSTRAINT=")]
+    target = arg.partition("=")[2]
+    copy = f"--chown={IMAGE_UID}:{IMAGE_GID} deploy/docker/constraints.txt ./constraints.txt"
+    assert copy in args_of("COPY")
+    workdir = args_of("WORKDIR")[-1]
+    assert target == f"{workdir}/constraints.txt"
+    keywords = list(instructions())
+    first_pip = next(i for i, (k, r) in enumerate(keywords) if k == "RUN" and "pip install" in r)
+    assert keywords.index(("ARG", arg)) < first_pip
+    assert keywords.index(("COPY", copy)) < first_pip
+    assert "!deploy/docker/constraints.txt" in (DOCKER / "Dockerfile.dockerignore").read_text()
+    # Every line is an exact pin; torch and Ray at the image's versions; pdserve's own
+    # requirements each pinned to a version they admit.
+    pins = {}
+    for line in constraints.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and re.fullmatch(r"[a-z0-9-]+", name) and re.fullmatch(r"[\w.]+", version)
+            pins[name] = version
+    defaults = arg_defaults()
+    assert pins["torch"] == defaults["TORCH_VERSION"]
+    assert pins["ray"] == defaults["RAY_VERSION"]
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for line in project["project"]["dependencies"]:
+        req = Requirement(line)
+        name = canonicalize_name(req.name)
+        assert name in pins, name
+        assert req.specifier.contains(pins[name], prereleases=True), (name, pins[name])
+    for line in re.findall(
+        r"pip install --quiet --no-deps (.+)", (ROOT / "scripts/install.sh").read_text()
+    ):
+        for package in line.split():
+            assert canonicalize_name(package.split("==")[0]) in pins, package
+    # torch comes alone from its index (no dependency from there): its dependencies then come
+    # from the main index at their pinned versions.
+    (torch,) = [r for r in args_of("RUN") if "TORCH_INDEX_URL" in r]
+    assert 'pip install --no-deps --index-url "${TORCH_INDEX_URL}"' in torch
+
+
+def test_constraints_are_generated_from_this_environment() -> None:
+    """``scripts/image_constraints.py --check``: the pins are this environment's versions, which
+    ``scripts/install.sh`` installs with the same constraints."""
+    install_sh = (ROOT / "scripts" / "install.sh").read_text()
+    export = 'export PIP_CONSTRAINT="$PWD/deploy/docker/constraints.txt"'
+    assert export in install_sh
+    assert install_sh.index(export) < install_sh.index("pip install --quiet torch==")
+    result = subprocess.run(
+        [sys.executable, ROOT / "scripts" / "image_constraints.py", "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -278,6 +278,8 @@ def test_values_schema_only_uses_pdserve_config_keys() -> None:
         ({"networkPolicy": {"predictFrom": [{"podSelectr": {}}]}}, "podSelectr"),
         ({"networkPolicy": {"predictFrom": [{"ipBlock": {}}]}}, "cidr"),
         ({"tls": {"certManager": {"issuerRef": {"kind": "Vault"}}}}, "kind"),
+        ({"networkPolicy": {"egress": {"dnsPorts": [0]}}}, "dnsPorts"),
+        ({"networkPolicy": {"egress": {"extraRules": [{"to": [], "port": 80}]}}}, "port"),
     ],
     ids=[
         "string-replicas",
@@ -290,6 +292,8 @@ def test_values_schema_only_uses_pdserve_config_keys() -> None:
         "peer-typo",
         "peer-cidr",
         "issuer-kind",
+        "egress-dns-port",
+        "egress-rule-typo",
     ],
 )
 def test_values_schema_rejects_bad_values(tmp_path: Path, values: dict, named: str) -> None:
@@ -682,7 +686,7 @@ def test_network_policies(name: str) -> None:
     ray_pods = {"podSelector": {"matchLabels": {"ray.io/cluster": cluster_name}}}
     assert len(objects(docs, "NetworkPolicy")) == 4
     for doc in objects(docs, "NetworkPolicy"):
-        assert doc["spec"]["policyTypes"] == ["Ingress"]
+        assert doc["spec"]["policyTypes"] == ["Ingress", "Egress"]
 
     # The coordinator: predict and status from predictFrom, manage from nobody unless exposed.
     spec = policy(docs, "coordinator")
@@ -735,6 +739,160 @@ def test_network_policy_sources_follow_values() -> None:
     assert admitted(spec, http["predict_port"])[1] == {"ipBlock": {"cidr": "10.20.0.0/16"}}
     assert admitted(spec, http["manage_port"]) == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
     assert "manage" in {p["name"] for p in one(docs, "Service")["spec"]["ports"]}
+
+
+def reached(spec: dict[str, Any], port: int, protocol: str = "TCP") -> list[dict[str, Any]]:
+    """The peers any egress rule of the policy lets the pods reach on ``port``."""
+    return [
+        peer
+        for rule in spec.get("egress", [])
+        if any(
+            p.get("protocol", "TCP") == protocol
+            and p["port"] <= port <= p.get("endPort", p["port"])
+            for p in rule["ports"]
+        )
+        for peer in rule["to"]
+    ]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if values_of(n)["networkPolicy"]["enabled"]])
+def test_egress_policies(name: str) -> None:
+    """Every pod reaches DNS and the Ray mesh; the coordinator also the head's client port, the
+    prefill pods the decode pods' KV ports, the head the API server when it autoscales; nothing
+    else but the extra rules."""
+    docs, values = render(name), values_of(name)
+    np, ray_ports = values["networkPolicy"], values["ray"]["ports"]
+    egress = np["egress"]
+    cluster_name = one(docs, "RayCluster")["metadata"]["name"]
+    coordinator = {"podSelector": {"matchLabels": one(docs, "Service")["spec"]["selector"]}}
+    ray_pods = {"podSelector": {"matchLabels": {"ray.io/cluster": cluster_name}}}
+    head = {
+        "podSelector": {"matchLabels": {"ray.io/cluster": cluster_name, "ray.io/node-type": "head"}}
+    }
+    decode = {
+        "podSelector": {"matchLabels": {"ray.io/cluster": cluster_name, "ray.io/group": "decode"}}
+    }
+    extra_ports = {p["port"] for rule in egress["extraRules"] for p in rule["ports"]}
+    extra = [peer for rule in egress["extraRules"] for peer in rule["to"]]
+    kv = (np["kvPorts"]["start"], np["kvPorts"]["end"])
+    autoscaling = values["ray"]["enableInTreeAutoscaling"]
+    for suffix in ("coordinator", "ray-head", "ray-prefill", "ray-decode"):
+        spec = policy(docs, suffix)
+        for port in egress["dnsPorts"]:
+            assert reached(spec, port, "UDP") == egress["dnsTo"], suffix
+            assert reached(spec, port, "TCP") == egress["dnsTo"], suffix
+        for port in (ray_ports["nodeManager"], ray_ports["objectManager"], ray_ports["maxWorker"]):
+            assert reached(spec, port) == [coordinator, ray_pods], (suffix, port)
+        assert reached(spec, 6379) == [head], suffix
+        assert reached(spec, 10001) == ([head] if suffix == "coordinator" else []), suffix
+        for port in kv:
+            assert reached(spec, port) == ([decode] if suffix == "ray-prefill" else []), suffix
+        for port in egress["apiServerPorts"]:
+            api = egress["apiServerTo"] if suffix == "ray-head" and autoscaling else []
+            assert reached(spec, port) == api, (suffix, port)
+        for port in extra_ports:
+            assert reached(spec, port)[-len(extra) :] == extra, (suffix, port)
+        # Nothing else: not the web, not the predict ports of other services.
+        for port in (80, 8443, 1025, 8265):
+            assert reached(spec, port) == [], (suffix, port)
+
+
+def test_egress_can_be_left_open() -> None:
+    docs = render("defaults", extra="networkPolicy: {egress: {enabled: false}}")
+    for doc in objects(docs, "NetworkPolicy"):
+        assert doc["spec"]["policyTypes"] == ["Ingress"]
+        assert "egress" not in doc["spec"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"coordinator": {"service": {"type": "LoadBalancer"}}}, "type LoadBalancer exposes"),
+        ({"coordinator": {"service": {"type": "NodePort"}}}, "type NodePort exposes"),
+        (
+            {"networkPolicy": {"predictFrom": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}},
+            "admits ipBlock 0.0.0.0/0",
+        ),
+        (
+            {
+                "networkPolicy": {
+                    "predictFrom": [{"podSelector": {}}, {"ipBlock": {"cidr": "10.20.0.0/16"}}]
+                }
+            },
+            "admits ipBlock 10.20.0.0/16",
+        ),
+        (  # the CA without TLS is no client authentication
+            {
+                "coordinator": {"service": {"type": "LoadBalancer"}},
+                "tls": {"enabled": False, "caCert": True},
+            },
+            "type LoadBalancer exposes",
+        ),
+    ],
+    ids=["load-balancer", "node-port", "ip-block-any", "ip-block-cidr", "ca-without-tls"],
+)
+def test_outside_exposure_without_credentials_fails(
+    tmp_path: Path, extra: dict, message: str
+) -> None:
+    # helm lint reports a template's `fail` as INFO only; template (and install) stop on it.
+    bad = tmp_path / "bad-values.yaml"
+    bad.write_text(yaml.safe_dump(extra))
+    result = run_helm("template", RELEASE, CHART, "-f", bad)
+    assert result.returncode != 0, f"helm template accepted {extra}"
+    assert message in result.stderr and "apiKeys.secretName" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"coordinator": {"service": {"type": "LoadBalancer"}}, "apiKeys": {"secretName": "k"}},
+        {"coordinator": {"service": {"type": "NodePort"}}, "tls": {"caCert": True}},
+        {
+            "networkPolicy": {"predictFrom": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]},
+            "apiKeys": {"secretName": "k"},
+        },
+        {"networkPolicy": {"enabled": False}},  # ClusterIP: inside the cluster only
+    ],
+    ids=["load-balancer-with-keys", "node-port-with-mtls", "ip-block-with-keys", "cluster-ip"],
+)
+def test_outside_exposure_with_credentials_renders(extra: dict) -> None:
+    docs = render("defaults", extra=yaml.safe_dump(extra))
+    service = one(docs, "Service")["spec"]
+    assert service["type"] == extra.get("coordinator", {}).get("service", {}).get(
+        "type", "ClusterIP"
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_pod_mounts_a_service_account_token(name: str) -> None:
+    """Neither the coordinator nor Ray needs the Kubernetes API: no pod automounts the token.
+    The autoscaler sidecar does need it: it alone mounts a projected token."""
+    docs, values = render(name), values_of(name)
+    pods = pod_specs(docs)
+    for role, pod in pods.items():
+        assert pod["automountServiceAccountToken"] is False, role
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+            assert "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts, role
+    cluster = one(docs, "RayCluster")["spec"]
+    head_volumes = {v["name"]: v for v in pods["head"]["volumes"]}
+    for role in ("coordinator", "prefill", "decode"):
+        assert "kube-api-access" not in {v["name"] for v in pods[role]["volumes"]}, role
+    if not values["ray"]["enableInTreeAutoscaling"]:
+        assert "kube-api-access" not in head_volumes
+        assert "autoscalerOptions" not in cluster
+        return
+    (mount,) = cluster["autoscalerOptions"]["volumeMounts"]
+    assert mount == {
+        "name": "kube-api-access",
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly": True,
+    }
+    sources = head_volumes["kube-api-access"]["projected"]["sources"]
+    # What Ray's KubeRay node provider reads: token and ca.crt (namespace, as the kubelet's).
+    assert sources[0]["serviceAccountToken"]["path"] == "token"
+    assert sources[1]["configMap"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert sources[2]["downwardAPI"]["items"][0]["path"] == "namespace"
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -172,7 +172,8 @@ def test_serve_run_deploys_the_ingress(ray_head, tmp_path, tiny_model_dir):
                         "name": "pdserve",
                         "route_prefix": "/",
                         "import_path": "coordinator.serve_app:build",
-                        "args": {"config": str(config)},
+                        # /metrics is off Serve's public port unless asked for
+                        "args": {"config": str(config), "metrics": "on"},
                     }
                 ],
             }

@@ -91,6 +91,30 @@ certificate signed by ca.crt in the Secret. */}}
 {{- if and (include "pdserve.tlsMode" .) .Values.tls.caCert }}true{{ end }}
 {{- end }}
 
+{{/* Whether clients of the predict port must authenticate: API keys from a Secret, or mutual
+TLS (every client presents a certificate signed by the Secret's ca.crt). */}}
+{{- define "pdserve.clientAuth" -}}
+{{- if or .Values.apiKeys.secretName (include "pdserve.tlsCaCert" .) }}true{{ end }}
+{{- end }}
+
+{{/* Refuses values that reach the predict port from outside the cluster (a NodePort or
+LoadBalancer Service, an ipBlock in networkPolicy.predictFrom) while it asks no credential. */}}
+{{- define "pdserve.checkExposure" -}}
+{{- if not (include "pdserve.clientAuth" .) }}
+{{- $type := .Values.coordinator.service.type }}
+{{- if has $type (list "NodePort" "LoadBalancer") }}
+{{- fail (printf "coordinator.service.type %s exposes the predict port outside the cluster: it needs API keys (apiKeys.secretName) or mutual TLS (tls.caCert)" $type) }}
+{{- end }}
+{{- if .Values.networkPolicy.enabled }}
+{{- range $peer := .Values.networkPolicy.predictFrom }}
+{{- if hasKey $peer "ipBlock" }}
+{{- fail (printf "networkPolicy.predictFrom admits ipBlock %s to the predict port: it needs API keys (apiKeys.secretName) or mutual TLS (tls.caCert)" $peer.ipBlock.cidr) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Whether Ray token authentication is wired in by the chart. */}}
 {{- define "pdserve.rayAuth" -}}
 {{- if eq .Values.ray.authMode "token" }}true{{ end }}
@@ -128,6 +152,30 @@ authentication as Ray reads it (RAY_AUTH_MODE, RAY_AUTH_TOKEN). */}}
 {{/* The image user's home (deploy/docker/Dockerfile) and the caches baked into the image. */}}
 {{- define "pdserve.home" -}}/home/ray{{- end }}
 {{- define "pdserve.bakedCache" -}}/opt/pdserve/cache{{- end }}
+
+{{/* The service-account token, projected for the autoscaler sidecar only (the head pod's
+automountServiceAccountToken is false): what the kubelet would mount, in one container. */}}
+{{- define "pdserve.kubeApiPath" -}}/var/run/secrets/kubernetes.io/serviceaccount{{- end }}
+{{- define "pdserve.kubeApiVolume" -}}
+- name: kube-api-access
+  projected:
+    defaultMode: 0444
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3607
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef:
+                apiVersion: v1
+                fieldPath: metadata.namespace
+{{- end }}
 
 {{/* Security context of every container. */}}
 {{- define "pdserve.containerSecurityContext" -}}
@@ -267,6 +315,8 @@ spec:
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+  # Ray needs no Kubernetes API; only the autoscaler sidecar does (its own mount below).
+  automountServiceAccountToken: false
   securityContext:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   {{- if ne .role "head" }}
@@ -324,6 +374,9 @@ spec:
     {{- include "pdserve.scratchVolumes" $root | nindent 4 }}
     {{- with include "pdserve.modelVolume" $root }}
     {{- . | nindent 4 }}
+    {{- end }}
+    {{- if and (eq .role "head") $root.Values.ray.enableInTreeAutoscaling }}
+    {{- include "pdserve.kubeApiVolume" $root | nindent 4 }}
     {{- end }}
   {{- with $group.nodeSelector }}
   nodeSelector:
