@@ -31,7 +31,6 @@ from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
-from coordinator.api.limits import default_body_limit_mb
 from coordinator.cluster import Cluster, fault_injection_enabled, init_ray
 from coordinator.config import CoordinatorConfig, check_manage_listener
 from coordinator.edge import EdgeLimits, uvicorn_limits
@@ -86,21 +85,11 @@ class Coordinator:
             self.service,
             self.served,
             self.cluster.embed,
-            body_limit_mb=self.body_limit_mb(),
+            body_limit_mb=self.config["request_limit"]["body_limit"],
+            max_input_tokens=self.config["backend_config"]["maxInputTokenLen"],
             api_keys=self.config["http_config"]["api_keys"],
             is_ready=lambda: self.ready,
         )
-
-    def body_limit_mb(self) -> int:
-        """``request_limit.body_limit``, or (0) what the largest legal prompt needs."""
-        configured = self.config["request_limit"]["body_limit"]
-        if configured:
-            return configured
-        model = self.served.generation
-        max_tokens = (
-            model.max_input_tokens if model else self.config["backend_config"]["maxInputTokenLen"]
-        )
-        return default_body_limit_mb(max_tokens)
 
     def status_app(self) -> FastAPI:
         app = FastAPI(docs_url=None, redoc_url=None)

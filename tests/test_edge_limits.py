@@ -364,3 +364,12 @@ def test_the_default_body_limit_fits_the_largest_legal_prompt_however_escaped():
     body = json.dumps({"inputs": prompt, "parameters": {"max_new_tokens": 1}}).encode()
     assert len(body) <= default_body_limit_mb(2048) * 1024 * 1024
     assert default_body_limit_mb(2048) == 2
+
+
+def test_body_limit_0_is_what_the_served_prompt_limit_needs():
+    app = app_for(body_limit_mb=0)  # the model takes 100 tokens: 1600 characters, 1 MB + 1
+    assert default_body_limit_mb(MAX_INPUT_TOKENS) == 2
+    under = post(app, "/infer", None, content=b" " * (2 * 1024 * 1024 - 10) + b"{}")
+    over = post(app, "/infer", None, content=b" " * (2 * 1024 * 1024 + 1))
+    assert under.status_code == 422, under.text  # read whole: the inputs are missing
+    assert over.status_code == 413

@@ -26,6 +26,7 @@ from coordinator.api.admission import DoorCount, DoorGate
 from coordinator.api.azure import create_azure_router, create_info_router
 from coordinator.api.common import APIError, internal_error_message, new_error_id
 from coordinator.api.embeddings import Embed, create_embeddings_router
+from coordinator.api.limits import default_body_limit_mb
 from coordinator.api.middleware import DisconnectGuard, RequestGate
 from coordinator.api.mindie import create_infer_router
 from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
@@ -34,6 +35,7 @@ from coordinator.api.tgi import create_tgi_router
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from coordinator.served_model import ServedModels
+from engine.config import SchedulerConfig
 
 log = logging.getLogger(__name__)
 GENERATION_DOORS = (
@@ -52,8 +54,14 @@ def create_predict_app(
     body_limit_mb: int,
     api_keys: Iterable[str],
     is_ready: Callable[[], bool],
+    max_input_tokens: int = SchedulerConfig.max_input_token_len,
 ) -> FastAPI:
-    """The app on the predict port; ``is_ready`` says whether the cluster is up."""
+    """The app on the predict port; ``is_ready`` says whether the cluster is up;
+    ``body_limit_mb`` 0: what the longest legal prompt needs (the served model's prompt limit,
+    else ``max_input_tokens``)."""
+    if not body_limit_mb:
+        model = served.generation
+        body_limit_mb = default_body_limit_mb(model.max_input_tokens if model else max_input_tokens)
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
     for router in create_routers(service, served, embed, body_limit_mb):
         app.include_router(router)
