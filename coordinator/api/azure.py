@@ -48,6 +48,7 @@ CHAT_KEYS = {
 PASS_THROUGH = {"top_k", "repetition_penalty", "typical_p", "do_sample", "ignore_eos", "min_tokens"}
 EXTRA_MODES = ("error", "drop", "pass-through")
 PREFIXES = ("", "/models")
+ECHOED_CHARS = 64  # how much of an unsupported value a 422 echoes
 
 
 class AzureError(APIError):
@@ -71,8 +72,13 @@ def error_response(error: APIError) -> JSONResponse:
 
 
 def not_supported(param: str, value: Any) -> AzureError:
-    """422 echoing the value (``NaN`` and ``Infinity``, which JSON lacks, as strings)."""
-    echoed = json.loads(json.dumps(value), parse_constant=str)
+    """422 echoing the value (``NaN`` and ``Infinity``, which JSON lacks, as strings); a value
+    whose JSON is longer than :data:`ECHOED_CHARS` is echoed as that JSON text, cut there."""
+    text = json.dumps(value)
+    if len(text) > ECHOED_CHARS:
+        echoed: Any = text[:ECHOED_CHARS] + "..."
+    else:
+        echoed = json.loads(text, parse_constant=str)
     return AzureError(
         422,
         {
