@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import jinja2
@@ -66,7 +65,10 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]], with_text: bool)
     except jinja2.TemplateError as exc:
         message = f"the model's chat template refused the messages: {str(exc)[:200]}"
         raise OpenAIError(400, message, "messages") from exc
-    except ValueError as exc:  # the tokenizer makes a control token out of plain text
+    except ValueError as exc:
+        if not str(exc).startswith("Can't sanitize"):
+            raise  # not the messages' fault (a tokenizer without a chat template): a 500
+        # the tokenizer makes that control token out of plain text: it cannot be kept as text
         message = f"the messages cannot be tokenized: {str(exc)[:200]}"
         raise OpenAIError(400, message, "messages") from exc
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
@@ -79,13 +81,8 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], **options: Any) -> A
 
 def sanitizes(tokenizer: Any) -> bool:
     """Whether ``tokenizer`` can tokenize control-token text in messages as text."""
-    return _takes_sanitize(type(tokenizer))
-
-
-@cache
-def _takes_sanitize(cls: type) -> bool:
     try:
-        parameters = inspect.signature(cls.apply_chat_template).parameters
+        parameters = inspect.signature(tokenizer.apply_chat_template).parameters
     except (AttributeError, TypeError, ValueError):
         return False
     return "sanitize_control_tokens" in parameters

@@ -124,14 +124,16 @@ class InferAnswer:
             )
 
     def payload(self, event: TokenEvent, now: float) -> dict[str, Any] | None:
-        """Take one event; return the SSE payload for it (None for an event with no token)."""
+        """Take one event; return the SSE payload for it (None for an event with no token, unless
+        the content filter ends the answer on it)."""
         self.text += event.text
         if event.finish_reason is not None:
             self.finish_reason = FINISH_REASONS[event.finish_reason]
         self._filter()
-        if event.token_id is None:
+        if event.token_id is None and not self.blocked:
             return None
-        self.num_tokens += 1
+        if event.token_id is not None:
+            self.num_tokens += 1
         self.num_cached_tokens = min(event.num_cached_tokens, event.num_prompt_tokens)
         last_at = self._last_at
         prefill_ms = round((now - self.started_at) * 1000, 3) if last_at is None else None
