@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+import text_generation
 
 from coordinator.api.app import create_predict_app
 from coordinator.api.chat_prompt import ROLES, SHOWN_CHARS
@@ -20,7 +21,7 @@ from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-from tests.test_door_failures import AZURE_CHAT, events, post
+from tests.test_door_failures import AZURE_CHAT, events, post, serving
 from tests.tiny_model import SPECIAL_TOKENS, build_tiny_tokenizer
 
 TOKENIZER = build_tiny_tokenizer()
@@ -276,3 +277,15 @@ def test_an_answer_the_filter_does_not_match_is_whole(path):
     service = RecordingService(("a fine", " answer"))
     response = post(app_for(service, content_filter=WEAPONS), path, {"inputs": "hi"})
     assert response.json()["generated_text"] == "a fine answer"
+
+
+def test_the_text_generation_client_reads_a_filtered_answer():
+    """TGI's own client parses the cut answer, whole and streamed (it knows no other finish)."""
+    service = RecordingService(PIECES)
+    with serving(app_for(service, content_filter=WEAPONS)) as url:
+        client = text_generation.Client(url)
+        whole = client.generate("hi")
+        streamed = list(client.generate_stream("hi"))
+    assert whole.generated_text == CUT
+    assert whole.details.finish_reason == text_generation.types.FinishReason.StopSequence
+    assert streamed[-1].generated_text == CUT
