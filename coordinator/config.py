@@ -156,12 +156,24 @@ def _checked(config: CoordinatorConfig) -> CoordinatorConfig:
                     f"http_config.{key} {http[key]} listens on every address; set "
                     "http_config.allow_all_zero_ip_listening to true to allow it"
                 )
+    for key in ("api_keys", "manage_api_keys"):
+        _check_keys(f"http_config.{key}", http[key])
     tls = config["tls_config"]
     if tls["request_server_tls_enable"] and not (tls["tls_cert"] and tls["tls_key"]):
         raise ConfigError(
             "tls_config.request_server_tls_enable needs tls_config.tls_cert and tls_config.tls_key"
         )
     return config
+
+
+def _check_keys(name: str, keys: tuple[str, ...]) -> None:
+    """An empty (or blank) API key is refused: it would let in a request whose key header is
+    empty, and the gate never matches one."""
+    for index, key in enumerate(keys):
+        if not key.strip():
+            raise ConfigError(
+                f"{name}[{index}] is empty: an API key must hold a non-blank string (remove it)"
+            )
 
 
 def check_manage_listener(config: CoordinatorConfig) -> None:

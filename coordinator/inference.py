@@ -13,9 +13,11 @@ position: ``engine.sampler``). A request migrates at most ``max_retry`` times; e
 logged with its cause and counted in ``request_migrations_total{reason}``.
 
 A request that cannot be completed is never reported as finished: the stream raises a
-:class:`ServiceError` (:class:`GenerationFailed` once the migrations are used up,
-:class:`NoWorkerError` when no pair can take it at all), before or after events were yielded, and
-``request_failed_total{reason}`` counts it. A timeout (the request's own, or
+:class:`ServiceError` (:class:`GenerationFailed` once the migrations are used up, its message
+naming the request id and the cause's kind only: the worker's error, which may hold Ray's text,
+node addresses and KV ports, is logged under that id; :class:`NoWorkerError` when no pair can
+take it at all), before or after events were yielded, and ``request_failed_total{reason}``
+counts it. A timeout (the request's own, or
 ``exception_config``'s) aborts it on every worker and raises :class:`RequestTimeout`; a client that
 goes away cancels us, which aborts it the same way.
 
@@ -222,8 +224,16 @@ class InferenceService:
     def _migrate(self, run: RequestRun, cause: str, error: str) -> None:
         """Send ``run`` back for another pair, or raise GenerationFailed if it may not."""
         if run.num_migrations == self.max_retry:
+            # the detail (a worker's error, Ray's text, a node's address) is logged, not sent
+            log.error(
+                "request %s failed after %d migrations: %s: %s",
+                run.request_id,
+                self.max_retry,
+                cause,
+                error,
+            )
             raise GenerationFailed(
-                f"request failed after {self.max_retry} migrations: {cause}: {error}"
+                f"request {run.request_id} failed after {self.max_retry} migrations: {cause}"
             )
         log.warning(
             "request %s: migrating after %d tokens off pair %s (%s): %s",

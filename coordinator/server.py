@@ -34,6 +34,7 @@ from coordinator.api.app import create_predict_app
 from coordinator.cluster import Cluster, fault_injection_enabled, init_ray
 from coordinator.config import CoordinatorConfig, check_manage_listener
 from coordinator.edge import EdgeLimits, uvicorn_limits
+from coordinator.fault_injection import add_fault_route, read_fault_body
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
 from coordinator.own_loop import OwnLoopServer
@@ -118,7 +119,7 @@ class Coordinator:
         app = FastAPI(docs_url=None, redoc_url=None)
         api_assembly.require_api_keys(app, self.config["http_config"]["manage_api_keys"])
         if fault_injection_enabled():
-            app.add_api_route("/v1/faults", self._inject_fault, methods=["POST"])
+            add_fault_route(app, self._inject_fault)
 
         @app.get("/v1/instances")
         async def instances() -> JSONResponse:
@@ -136,7 +137,7 @@ class Coordinator:
         """``{"role": "decode", "instance": 0, "fault": "break_transport", "count": 1}``: the
         worker's ``inject_fault`` (``docs/kv-handoff.md``); 400 when it refuses."""
         try:
-            body = await request.json()
+            body = await read_fault_body(request)
             worker = self.cluster.worker(str(body["role"]), int(body["instance"]))
             await worker.inject_fault.remote(str(body["fault"]), int(body.get("count", 1)))
         except (ValueError, KeyError, TypeError, IndexError, ray.exceptions.RayError) as exc:

@@ -43,8 +43,11 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
-    def apply_chat_template(self, messages: list[dict], **_: Any) -> list[int]:
-        return self.encode(messages[-1]["content"])
+    def apply_chat_template(
+        self, messages: list[dict], tokenize: bool = True, **_: Any
+    ) -> list[int] | str:
+        text = messages[-1]["content"]
+        return self.encode(text) if tokenize else text
 
 
 class ScriptedService:

@@ -148,7 +148,7 @@ def test_migrations_are_bounded_and_the_failure_is_raised_not_finished():
     metrics = Metrics("m")
     cluster = FakeCluster(fail_after={(p, d): 1 for p in (0, 1) for d in (0, 1)})
     events: list[TokenEvent] = []
-    with pytest.raises(GenerationFailed, match="after 2 migrations: worker_lost: worker died"):
+    with pytest.raises(GenerationFailed, match="r failed after 2 migrations: worker_lost$"):
         asyncio.run(_collect(_service(cluster, max_retry=2, metrics=metrics), into=events))
     assert len(cluster.calls) == 3
     assert [e.token_id for e in events] == [100, 101, 102]  # one per attempt, none repeated

@@ -14,6 +14,7 @@ routes open when an embedding model is configured, and MLflow's scoring routes a
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -125,10 +126,16 @@ def require_api_keys(app: FastAPI, keys: Iterable[str]) -> None:
 
 
 def authorized(request: Request, keys: set[str]) -> bool:
-    """``api-key: K`` or ``Authorization: Bearer K`` with one of ``keys``."""
+    """``api-key: K`` or ``Authorization: Bearer K`` with one of ``keys``. Each presented key is
+    compared with every configured one in constant time (no early exit, so the answer's timing
+    tells nothing of how close a guess was); an empty key never matches (the configuration
+    refuses one, :mod:`coordinator.config`)."""
     bearer = request.headers.get("authorization", "")
-    token = bearer[7:] if bearer.lower().startswith("bearer ") else None
-    return request.headers.get("api-key") in keys or token in keys
+    token = bearer[7:] if bearer.lower().startswith("bearer ") else ""
+    presented = [k.encode("latin-1") for k in (request.headers.get("api-key", ""), token) if k]
+    wanted = [k.encode() for k in keys if k]
+    matches = [hmac.compare_digest(p, k) for p in presented for k in wanted]
+    return any(matches)
 
 
 def missing_api_key(request: Request, keys: set[str]) -> Response | None:

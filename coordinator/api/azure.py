@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 
 from coordinator.api.common import APIError, create_router, read_object, respond
 from coordinator.api.openai_format import Completion
-from coordinator.api.openai_request import input_blocked, openai_sampling, prompt_ids
+from coordinator.api.openai_request import input_blocked, openai_sampling, read_prompt
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest
@@ -48,6 +48,7 @@ CHAT_KEYS = {
 PASS_THROUGH = {"top_k", "repetition_penalty", "typical_p", "do_sample", "ignore_eos", "min_tokens"}
 EXTRA_MODES = ("error", "drop", "pass-through")
 PREFIXES = ("", "/models")
+ECHOED_CHARS = 64  # how much of an unsupported value a 422 echoes
 
 
 class AzureError(APIError):
@@ -71,8 +72,13 @@ def error_response(error: APIError) -> JSONResponse:
 
 
 def not_supported(param: str, value: Any) -> AzureError:
-    """422 echoing the value (``NaN`` and ``Infinity``, which JSON lacks, as strings)."""
-    echoed = json.loads(json.dumps(value), parse_constant=str)
+    """422 echoing the value (``NaN`` and ``Infinity``, which JSON lacks, as strings); a value
+    whose JSON is longer than :data:`ECHOED_CHARS` is echoed as that JSON text, cut there."""
+    text = json.dumps(value)
+    if len(text) > ECHOED_CHARS:
+        echoed: Any = text[:ECHOED_CHARS] + "..."
+    else:
+        echoed = json.loads(text, parse_constant=str)
     return AzureError(
         422,
         {
@@ -196,18 +202,18 @@ class AzureRoutes:
             body = await read_object(request, self.body_limit_mb)
             extras = split_extras(request, body)
             check_supported(body)
-            ids = await prompt_ids(body, "chat", self.model)
-            if input_blocked(self.model, body, "chat"):
+            prompt = await read_prompt(body, "chat", self.model)
+            if input_blocked(self.model, prompt):
                 raise content_filtered()
             known = {k: v for k, v in body.items() if k in CHAT_KEYS}
             params = openai_sampling({**known, **extras}, self.model.vocab_size, 512)
         except APIError as exc:
             return error_response(exc)
         answer = Completion(
-            "chat", self.model.name, len(ids), self.model.content_filter, prompt_details=True
+            "chat", self.model.name, len(prompt.ids), self.model.content_filter, prompt_details=True
         )
         events = self.service.generate(
-            GenerationRequest(self.service.new_request_id(), ids, params)
+            GenerationRequest(self.service.new_request_id(), prompt.ids, params)
         )
         return await respond(events, answer, bool(body.get("stream")), error_response)
 

@@ -3,10 +3,10 @@
 A request's life: the body is read (413 past ``body_limit``) and validated
 (:mod:`~coordinator.api.mindie_request`: 400 for a wrong shape, 422 naming the parameter), its
 media checked, its text tokenized and checked by the content filter (400 ``content_filter``); the
-service generates, and the answer is streamed as SSE
-events or collected whole (:mod:`~coordinator.api.mindie_format`). A failure before the first byte
-is answered with its own HTTP status, after it with a final error event
-(``finish_reason: "stop_sequence"`` and the error); a whole answer is never sent with partial
+service generates, and the answer is streamed as SSE events or collected whole
+(:mod:`~coordinator.api.mindie_format`; the content filter cuts an output that matches). A
+failure before the first byte is answered with its own HTTP status, after it with a final error
+event (``finish_reason: "stop_sequence"`` and the error); a whole answer is never sent with partial
 text. A client that goes away aborts the request, streamed or not (the app's disconnect guard
 cancels the handler).
 """
@@ -88,7 +88,13 @@ class MindieRoutes:
             return error_response(exc)
         p = req.parameters
         params = p.sampling_params(self.model.vocab_size)
-        answer = InferAnswer(params.seed, p.details, self.model.full_text_enabled, time.monotonic())
+        answer = InferAnswer(
+            params.seed,
+            p.details,
+            self.model.full_text_enabled,
+            time.monotonic(),
+            content_filter=self.model.content_filter,
+        )
         request_id = self.service.new_request_id()
         events = self.service.generate(
             GenerationRequest(request_id, ids, params, p.priority, p.timeout)

@@ -7,7 +7,12 @@ an empty ``generated_text``, ``token`` null, and the failure in ``error`` and ``
 
 ``details.cached_tokens`` is the count of prompt tokens whose KV came from a worker's prefix
 cache, as the latest event with a token reports it (a migrated request's new pair reports its
-own figure), never more than the prompt."""
+own figure), never more than the prompt.
+
+With content safety on, the generated text is checked as it grows, before any of it is sent: at a
+match the answer is cut before it and ends there with ``finish_reason`` ``content_filter`` (a
+stream's last event then carries the cut ``generated_text``; the first characters of a term
+spanning two tokens may have been sent)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.api.common import APIError, Events
+from coordinator.content_safety import ContentFilter
 from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
@@ -84,6 +90,8 @@ class InferAnswer:
     num_tokens: int = 0
     num_cached_tokens: int = 0
     finish_reason: str | None = None
+    content_filter: ContentFilter | None = None
+    blocked: bool = False  # the content filter cut the answer: it ends now
     _last_at: float | None = field(default=None, repr=False)
 
     def details_body(self) -> dict[str, Any] | None:
@@ -100,24 +108,38 @@ class InferAnswer:
         }
 
     def add(self, event: TokenEvent) -> bool:
-        """Take one event of a whole answer (never complete before its finished event)."""
+        """Take one event of a whole answer; complete at its finished event, or when the content
+        filter cut it."""
         self.payload(event, time.monotonic())
-        return False
+        return self.blocked
+
+    def _filter(self) -> None:
+        """Cut the text before the content filter's first match, and end the answer there."""
+        match = self.content_filter.search(self.text) if self.content_filter else None
+        if match is not None:
+            self.text, self.finish_reason, self.blocked = (
+                self.text[: match.start()],
+                CONTENT_FILTER,
+                True,
+            )
 
     def payload(self, event: TokenEvent, now: float) -> dict[str, Any] | None:
-        """Take one event; return the SSE payload for it (None for an event with no token)."""
+        """Take one event; return the SSE payload for it (None for an event with no token, unless
+        the content filter ends the answer on it)."""
         self.text += event.text
         if event.finish_reason is not None:
             self.finish_reason = FINISH_REASONS[event.finish_reason]
-        if event.token_id is None:
+        self._filter()
+        if event.token_id is None and not self.blocked:
             return None
-        self.num_tokens += 1
+        if event.token_id is not None:
+            self.num_tokens += 1
         self.num_cached_tokens = min(event.num_cached_tokens, event.num_prompt_tokens)
         last_at = self._last_at
         prefill_ms = round((now - self.started_at) * 1000, 3) if last_at is None else None
         decode_ms = None if last_at is None else round((now - last_at) * 1000, 3)
         self._last_at = now
-        if event.finished:
+        if event.finished or self.blocked:
             return {
                 "prefill_time": prefill_ms,
                 "decode_time": decode_ms,
@@ -156,6 +178,8 @@ class InferAnswer:
                 payload = self.payload(event, time.monotonic())
                 if payload is not None:
                     yield sse(payload)
+                if self.blocked:
+                    break
         except ServiceError as exc:
             yield sse(self.failure_payload(service_error(APIError.from_service(exc))))
         finally:

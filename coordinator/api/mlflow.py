@@ -33,7 +33,8 @@ from coordinator.api.mlflow_inputs import (
     parse_scoring,
 )
 from coordinator.api.openai_format import Completion, OpenAIError
-from coordinator.api.openai_request import input_blocked, prompt_ids
+from coordinator.api.openai_request import input_blocked, read_prompt
+from coordinator.content_safety import INPUT_FILTERED
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
@@ -98,15 +99,14 @@ class MlflowScorer:
         kind = "chat" if self.task == "llm/v1/chat" else "text"
         body = {"messages": value} if kind == "chat" else {"prompt": value}
         try:
-            ids = await prompt_ids(body, kind, model)
+            prompt = await read_prompt(body, kind, model)
         except OpenAIError as exc:
             raise MlflowError(exc.message, "INVALID_PARAMETER_VALUE", exc.status) from exc
-        if input_blocked(model, body, kind):
-            raise MlflowError("The input was filtered by the content safety policy")
-        answer = Completion(kind, model.name, len(ids), model.content_filter)
-        await collect(
-            service.generate(GenerationRequest(service.new_request_id(), ids, params)), answer
-        )
+        if input_blocked(model, prompt):
+            raise MlflowError(INPUT_FILTERED)
+        answer = Completion(kind, model.name, len(prompt.ids), model.content_filter)
+        request = GenerationRequest(service.new_request_id(), prompt.ids, params)
+        await collect(service.generate(request), answer)
         return answer.body()
 
     def _generation(self) -> tuple[InferenceService, ModelInfo]:

@@ -16,7 +16,13 @@ from fastapi.responses import JSONResponse, Response
 
 from coordinator.api.common import APIError, create_router, read_object, respond
 from coordinator.api.openai_format import Completion, OpenAIError
-from coordinator.api.openai_request import input_blocked, openai_sampling, prompt_field, prompt_ids
+from coordinator.api.openai_request import (
+    Prompt,
+    input_blocked,
+    openai_sampling,
+    prompt_field,
+    read_prompt,
+)
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest
@@ -65,21 +71,21 @@ class OpenAIRoutes:
     async def _complete(self, request: Request, kind: str) -> Response:
         try:
             body = await read_object(request, self.body_limit_mb)
-            ids = await prompt_ids(body, kind, self.model)
-            self._check_input(body, kind)
+            prompt = await read_prompt(body, kind, self.model)
+            self._check_input(prompt, kind)
             params = openai_sampling(body, self.model.vocab_size, DEFAULT_MAX_TOKENS[kind])
         except APIError as exc:
             return error_response(exc)
         answer = Completion(
-            kind, self.model.name, len(ids), self.model.content_filter, prompt_details=True
+            kind, self.model.name, len(prompt.ids), self.model.content_filter, prompt_details=True
         )
         events = self.service.generate(
-            GenerationRequest(self.service.new_request_id(), ids, params)
+            GenerationRequest(self.service.new_request_id(), prompt.ids, params)
         )
         return await respond(events, answer, bool(body.get("stream")), service_error_response)
 
-    def _check_input(self, body: dict, kind: str) -> None:
-        if input_blocked(self.model, body, kind):
+    def _check_input(self, prompt: Prompt, kind: str) -> None:
+        if input_blocked(self.model, prompt):
             raise OpenAIError(
                 400, "The response was filtered", prompt_field(kind), code="content_filter"
             )

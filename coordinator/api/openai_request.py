@@ -1,7 +1,9 @@
 """What OpenAI-style requests ask for, validated: the sampling settings pdserve honours, the
-prompt as token ids (chat messages through the model's chat template), and whether the content
-filter blocks the input. The Azure chat route and MLflow's scorer read their requests the same
-way. Every refusal is an :class:`~coordinator.api.openai_format.OpenAIError` naming the field.
+prompt as token ids (chat messages through the model's chat template, their roles checked:
+:mod:`~coordinator.api.chat_prompt`), and whether the content filter blocks the input (for chat:
+the messages' text and the rendered chat). The Azure chat route and MLflow's scorer read their
+requests the same way. Every refusal is an :class:`~coordinator.api.openai_format.OpenAIError`
+naming the field.
 
 ``stop`` (a string or a list of up to :data:`~coordinator.api.limits.MAX_STOP_SEQUENCES`) ends
 generation on an exact match in the decoded text and is cut from the answer. Over-limit lists
@@ -12,10 +14,12 @@ from __future__ import annotations
 
 import json
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from coordinator.api.chat_prompt import check_roles, render_chat
 from coordinator.api.limits import (
     MAX_MESSAGES,
     MAX_STOP_SEQUENCES,
@@ -24,6 +28,7 @@ from coordinator.api.limits import (
     stop_limit_message,
 )
 from coordinator.api.openai_format import OpenAIError
+from coordinator.content_safety import text_blocked
 from coordinator.model_info import ModelInfo
 from engine.sampling_params import MAX_SEED, SamplingParams
 
@@ -93,9 +98,19 @@ def prompt_field(kind: str) -> str:
     return "messages" if kind == "chat" else "prompt"
 
 
-async def prompt_ids(body: dict, kind: str, model: ModelInfo) -> list[int]:
-    """The prompt's token ids: chat ``messages`` through the chat template, or ``prompt``;
-    refused before tokenizing when its text is over the character cap."""
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt: its token ids, and the text the content filter reads (the prompt;
+    for chat the messages' text and the chat as the template rendered it)."""
+
+    ids: list[int]
+    text: str
+
+
+async def read_prompt(body: dict, kind: str, model: ModelInfo) -> Prompt:
+    """The prompt: chat ``messages`` through the chat template
+    (:mod:`~coordinator.api.chat_prompt`), or ``prompt``; refused before tokenizing when its
+    messages are too many or its text is over the character cap."""
     messages = body.get("messages") if kind == "chat" else None
     if isinstance(messages, list) and (
         over := count_over("messages", "messages", messages, MAX_MESSAGES)
@@ -106,30 +121,32 @@ async def prompt_ids(body: dict, kind: str, model: ModelInfo) -> list[int]:
     )
     if over:
         raise OpenAIError(422, over, prompt_field(kind))
-    ids = await (_chat_ids(body, model) if kind == "chat" else _text_ids(body, model))
-    if not 0 < len(ids) <= model.max_input_tokens:
+    prompt = await (_chat_prompt(body, model) if kind == "chat" else _text_prompt(body, model))
+    if not 0 < len(prompt.ids) <= model.max_input_tokens:
         raise OpenAIError(
             400,
-            f"the prompt has {len(ids)} tokens; this model takes at most {model.max_input_tokens}",
+            f"the prompt has {len(prompt.ids)} tokens; this model takes at most "
+            f"{model.max_input_tokens}",
             prompt_field(kind),
         )
-    return ids
+    return prompt
 
 
-async def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
+async def _chat_prompt(body: dict, model: ModelInfo) -> Prompt:
     messages = body.get("messages")
     if (
         not isinstance(messages, list)
         or not messages
-        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+        or not all(isinstance(m, dict) for m in messages)
     ):
         raise OpenAIError(400, "'messages' must be a non-empty list of {role, content}", "messages")
+    check_roles(messages)
     _check_text_parts(messages)
     rendered = [{"role": m["role"], "content": content_text(m.get("content"))} for m in messages]
-    ids = await run_in_threadpool(
-        model.tokenizer.apply_chat_template, rendered, add_generation_prompt=True, tokenize=True
-    )
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    filtering = model.content_filter is not None
+    chat = await run_in_threadpool(render_chat, model.tokenizer, rendered, filtering)
+    raw = "\n".join(m["content"] for m in rendered)
+    return Prompt(chat.ids, f"{raw}\n{chat.text}" if filtering else raw)
 
 
 def _check_text_parts(messages: list[dict]) -> None:
@@ -145,13 +162,13 @@ def _check_text_parts(messages: list[dict]) -> None:
                     raise OpenAIError(400, f"'{name}' must be a string, got {got}", "messages")
 
 
-async def _text_ids(body: dict, model: ModelInfo) -> list[int]:
+async def _text_prompt(body: dict, model: ModelInfo) -> Prompt:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise OpenAIError(400, "'prompt' must be a non-empty string", "prompt")
-    return await run_in_threadpool(model.tokenizer.encode, prompt)
+    return Prompt(await run_in_threadpool(model.tokenizer.encode, prompt), prompt)
 
 
 def prompt_chars(body: dict, kind: str) -> int:
@@ -188,13 +205,6 @@ def content_text(content: Any) -> str:
     return ""
 
 
-def input_blocked(model: ModelInfo, body: dict, kind: str) -> bool:
-    """Whether the content filter blocks the request's text (messages or prompt)."""
-    if model.content_filter is None:
-        return False
-    if kind == "chat":
-        text = "\n".join(content_text(m.get("content")) for m in body.get("messages", []))
-    else:
-        prompt = body.get("prompt")
-        text = "\n".join(prompt) if isinstance(prompt, list) else str(prompt)
-    return model.content_filter.search(text) is not None
+def input_blocked(model: ModelInfo, prompt: Prompt) -> bool:
+    """Whether the content filter blocks the prompt's text (for chat, the rendered chat too)."""
+    return text_blocked(model.content_filter, prompt.text)

@@ -5,10 +5,10 @@ TGI's parameters are a subset of MindIE's and are validated the same way
 (:mod:`~coordinator.api.mindie_request`), plus ``stop``. Errors:
 ``{"error": msg, "error_type": "validation" | "overloaded" | "generation"}`` (TGI's lowercase
 values), 422 for invalid parameters, 400 ``content_filter`` for a prompt the content filter
-blocks. A failure before the first byte is answered with its own
-status; after it, the stream ends with one ``data:{"error", "error_type"}`` event (the error type
-as the status would have had), never with a finished token event; a whole answer is never sent
-with partial text.
+blocks; an output it matches is cut before the match (:class:`TgiAnswer`). A failure before the
+first byte is answered with its own status; after it, the stream ends with one
+``data:{"error", "error_type"}`` event (the error type as the status would have had), never with
+a finished token event; a whole answer is never sent with partial text.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from coordinator.api.common import (
 )
 from coordinator.api.limits import prompt_char_limit, stop_limit_message
 from coordinator.api.mindie_request import InferRequest, InputValidationError, parse_infer_body
-from coordinator.content_safety import INPUT_FILTERED, text_blocked
+from coordinator.content_safety import INPUT_FILTERED, ContentFilter, text_blocked
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
@@ -105,13 +105,23 @@ def parse_tgi_body(body: Any, max_chars: int) -> tuple[InferRequest, tuple[str, 
 
 class TgiAnswer:
     """Accumulates events into TGI's shapes: the answer with its ``details`` (in a one-element
-    list for the compat route), or the stream's token events."""
+    list for the compat route), or the stream's token events. An output the content filter
+    matches is cut before the match and ends there as ``stop_sequence`` (the one finish TGI's
+    clients know for an answer cut short on its text)."""
 
-    def __init__(self, seed: int, special_ids: set[int], listed: bool) -> None:
+    def __init__(
+        self,
+        seed: int,
+        special_ids: set[int],
+        listed: bool,
+        content_filter: ContentFilter | None = None,
+    ) -> None:
         self.seed, self.special_ids, self.listed = seed, special_ids, listed
+        self.content_filter = content_filter
         self.text = ""
         self.finish: FinishReason | None = None
         self.tokens: list[dict[str, Any]] = []
+        self.blocked = False
 
     def add(self, event: TokenEvent) -> bool:
         self.text += event.text
@@ -120,7 +130,18 @@ class TgiAnswer:
             token = {"id": event.token_id, "text": event.text, "logprob": None, "special": special}
             self.tokens.append(token)
         self.finish = event.finish_reason or self.finish
-        return False
+        match = self.content_filter.search(self.text) if self.content_filter else None
+        if match is not None:
+            self._cut(match.start())
+        return self.blocked
+
+    def _cut(self, end: int) -> None:
+        """End the answer at character ``end``: the text and the tokens' texts cut there."""
+        self.text, self.finish, self.blocked = self.text[:end], FinishReason.STOP, True
+        kept = 0
+        for token in self.tokens:
+            token["text"] = token["text"][: max(end - kept, 0)]
+            kept += len(token["text"])
 
     def body(self) -> Any:
         details = {
@@ -137,18 +158,18 @@ class TgiAnswer:
 
     def chunk(self, event: TokenEvent) -> bytes:
         """The event of the token just added; the last one carries the text and details."""
-        done = event.finished
+        done = event.finished or self.blocked
         payload = {
             "token": self.tokens[-1],
             "top_tokens": None,
             "generated_text": self.text if done else None,
-            "details": self._stream_details(event) if done else None,
+            "details": self._stream_details() if done else None,
         }
         return b"data:" + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
-    def _stream_details(self, event: TokenEvent) -> dict[str, Any]:
+    def _stream_details(self) -> dict[str, Any]:
         return {
-            "finish_reason": FINISH[event.finish_reason or FinishReason.LENGTH],
+            "finish_reason": FINISH[self.finish or FinishReason.LENGTH],
             "generated_tokens": len(self.tokens),
             "seed": self.seed,
         }
@@ -158,9 +179,9 @@ class TgiAnswer:
             event = first
             while True:
                 self.add(event)
-                if event.token_id is not None:
+                if event.token_id is not None or (self.blocked and self.tokens):
                     yield self.chunk(event)
-                if event.finished:
+                if event.finished or self.blocked:
                     break
                 event = await events.__anext__()
         except ServiceError as exc:
@@ -201,7 +222,7 @@ class TgiRoutes:
         events = self.service.generate(
             GenerationRequest(request_id, ids, params, p.priority, p.timeout)
         )
-        answer = TgiAnswer(params.seed, self.special_ids, listed=stream is None)
+        answer = TgiAnswer(params.seed, self.special_ids, stream is None, self.model.content_filter)
         streaming = body.get("stream", False) if stream is None else stream
         return await respond(events, answer, streaming, service_error_response)
 
