@@ -81,6 +81,7 @@ class Coordinator:
             self.cluster.embed,
             body_limit_mb=self.config["request_limit"]["body_limit"],
             api_keys=self.config["http_config"]["api_keys"],
+            tenant_isolation=self.config["http_config"]["tenant_isolation"],
             is_ready=lambda: self.ready,
         )
 

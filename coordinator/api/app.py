@@ -2,9 +2,10 @@
 disconnect guard, and the answers to an unknown route or an unexpected failure (MindIE's error
 body for both).
 
-A request passes, in order: the not-ready gate (503), the API-key gate (401), the disconnect guard
-(:mod:`~coordinator.api.middleware`: a client that goes away cancels its handler, on every route),
-then its door's handler.
+A request passes, in order: the not-ready gate (503), the API-key gate (401), the tenant gate
+(:mod:`~coordinator.api.tenants`: the key's tenant, whose prefix cache is its own), the disconnect
+guard (:mod:`~coordinator.api.middleware`: a client that goes away cancels its handler, on every
+route), then its door's handler.
 
 Which doors open depends on what is served: a generating model opens MindIE, OpenAI, TGI and
 Azure chat; an embeddings-only server answers ``/v1/models`` and ``/info`` only; the embedding
@@ -28,6 +29,7 @@ from coordinator.api.middleware import DisconnectGuard, RequestGate
 from coordinator.api.mindie import create_infer_router
 from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
+from coordinator.api.tenants import Tenants, record_tenant
 from coordinator.api.tgi import create_tgi_router
 from coordinator.inference import InferenceService
 from coordinator.served_model import ServedModels
@@ -49,14 +51,20 @@ def create_predict_app(
     body_limit_mb: int,
     api_keys: Iterable[str],
     is_ready: Callable[[], bool],
+    tenant_isolation: bool = True,
 ) -> FastAPI:
-    """The app on the predict port; ``is_ready`` says whether the cluster is up."""
+    """The app on the predict port; ``is_ready`` says whether the cluster is up;
+    ``tenant_isolation``: each of ``api_keys`` a tenant with a prefix cache of its own."""
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
     for router in create_routers(service, served, embed, body_limit_mb):
         app.include_router(router)
     # the middleware added last runs first: not ready → 503 before the key is even checked
+    keys = set(api_keys)
     app.add_middleware(DisconnectGuard)
-    app.add_middleware(RequestGate, refuse=partial(missing_api_key, keys=set(api_keys)))
+    app.add_middleware(
+        RequestGate, refuse=partial(record_tenant, tenants=Tenants(keys, tenant_isolation))
+    )
+    app.add_middleware(RequestGate, refuse=partial(missing_api_key, keys=keys))
     app.add_middleware(RequestGate, refuse=partial(not_ready, is_ready=is_ready))
     app.add_exception_handler(Exception, internal_error)
     app.add_exception_handler(404, partial(not_found, served=served))

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from coordinator.api.common import APIError, create_router, read_object, respond
 from coordinator.api.openai_format import Completion, OpenAIError
 from coordinator.api.openai_request import input_blocked, openai_sampling, prompt_field, prompt_ids
+from coordinator.api.tenants import tenant_of
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest
@@ -74,7 +75,7 @@ class OpenAIRoutes:
             kind, self.model.name, len(ids), self.model.content_filter, prompt_details=True
         )
         events = self.service.generate(
-            GenerationRequest(self.service.new_request_id(), ids, params)
+            GenerationRequest(self.service.new_request_id(), ids, params, tenant=tenant_of(request))
         )
         return await respond(events, answer, bool(body.get("stream")), service_error_response)
 
