@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -172,22 +173,29 @@ class InProcessCluster:
 
 
 @contextlib.contextmanager
-def _served(model_dir, num_workers: int, tenant_isolation: bool) -> Iterator[tuple[str, list]]:
-    """A predict app behind keys A and B on a real server; yields its URL and the workers."""
+def served(
+    model_dir,
+    num_workers: int,
+    tenant_isolation: bool,
+    keys: tuple[str, ...] = (KEY_A, KEY_B),
+    tokenizer: Any = None,
+) -> Iterator[tuple[str, list]]:
+    """A predict app behind ``keys`` on a real server, its cluster ``num_workers`` colocated
+    workers of the tiny model in this process; yields its URL and the workers."""
     workers = [ColocatedWorker(_config(model_dir), i) for i in range(num_workers)]
     cluster = InProcessCluster(workers)
     routing = RoutingConfig(block_size=4, local_prefill_tokens=0, local_prefill_queue_tokens=0)
     router = Router(cluster, routing=routing)
     asyncio.run(router.refresh())  # no polling after: each routed request counts as load
     service = InferenceService(cluster, router, 100, 0, Timeouts())
-    model = ModelInfo("tiny", CharTokenizer(), 1024, 512, 1000)
+    model = ModelInfo("tiny", tokenizer or CharTokenizer(), 1024, 512, 1000)
     served = ServedModels(generation=model, embedding_path=None)
     app = create_predict_app(
         service,
         served,
         None,
         body_limit_mb=1,
-        api_keys=(KEY_A, KEY_B),
+        api_keys=keys,
         is_ready=lambda: True,
         tenant_isolation=tenant_isolation,
     )
@@ -228,7 +236,7 @@ DOORS = {"openai": _openai_cached, "infer": _infer_cached, "azure": _azure_cache
 @pytest.mark.parametrize("isolation", [True, False])
 def test_two_keys_probing_each_others_prefix_over_http(tiny_model_dir, door, isolation):
     cached = DOORS[door]
-    with _served(tiny_model_dir, 1, isolation) as (url, _):
+    with served(tiny_model_dir, 1, isolation) as (url, _):
         assert cached(url, KEY_A) == 0
         # B sends A's prompt: with isolation it learns nothing; without, it sees A's prefix
         assert cached(url, KEY_B) == (0 if isolation else PROBE_CACHED)
@@ -237,7 +245,7 @@ def test_two_keys_probing_each_others_prefix_over_http(tiny_model_dir, door, iso
 
 
 def test_over_http_the_router_does_not_send_b_after_as_history(tiny_model_dir):
-    with _served(tiny_model_dir, 2, True) as (url, workers):
+    with served(tiny_model_dir, 2, True) as (url, workers):
 
         def queried() -> list[int]:  # prompt tokens each worker looked up in its cache
             return [w.engine.blocks.num_queried_tokens for w in workers]
@@ -251,14 +259,14 @@ def test_over_http_the_router_does_not_send_b_after_as_history(tiny_model_dir):
 
 
 def test_over_http_without_isolation_the_router_follows_any_keys_prefix(tiny_model_dir):
-    with _served(tiny_model_dir, 2, False) as (url, workers):
+    with served(tiny_model_dir, 2, False) as (url, workers):
         assert _openai_cached(url, KEY_A) == 0
         assert _openai_cached(url, KEY_B) == PROBE_CACHED  # drawn to worker 0 by A's prefix
         assert workers[1].engine.blocks.num_queried_tokens == 0
 
 
 def test_a_wrong_key_is_still_refused_before_the_tenant_gate(tiny_model_dir):
-    with _served(tiny_model_dir, 1, True) as (url, workers):
+    with served(tiny_model_dir, 1, True) as (url, workers):
         body = {"model": "tiny", "prompt": PROBE}
         headers = {"Authorization": "Bearer not-a-key"}
         answer = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=30)
