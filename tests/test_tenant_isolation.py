@@ -15,12 +15,14 @@ import httpx
 import pytest
 
 from coordinator.api.app import create_predict_app
-from coordinator.api.tenants import Tenants
+from coordinator.api.tenants import Tenants, record_tenant
+from coordinator.config import defaults
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.model_info import ModelInfo
 from coordinator.request_run import RequestRun
 from coordinator.router import Router, RoutingConfig
 from coordinator.served_model import ServedModels
+from coordinator.server import Coordinator
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig
 from engine.outputs import TokenEvent
@@ -28,6 +30,7 @@ from engine.sampling_params import SamplingParams
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
 from tests.test_door_failures import AZURE_CHAT, CharTokenizer, serving
+from tests.test_manage_and_mtls import config_with
 from tests.test_router_prefix import PROMPT_A, _poll, _queued, _router, _running
 from workers.colocated import ColocatedWorker
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
@@ -272,3 +275,13 @@ def test_a_wrong_key_is_still_refused_before_the_tenant_gate(tiny_model_dir):
         answer = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=30)
         assert answer.status_code == 401
         assert workers[0].engine.blocks.num_queried_tokens == 0
+
+
+@pytest.mark.parametrize("isolation", [True, False])
+def test_the_coordinator_takes_tenant_isolation_from_its_config(isolation):
+    config = config_with(api_keys=[KEY_A, KEY_B], tenant_isolation=isolation)
+    app = Coordinator(config).predict_app()
+    gates = [m.kwargs["refuse"] for m in app.user_middleware if "refuse" in m.kwargs]
+    tenants = next(gate.keywords["tenants"] for gate in gates if gate.func is record_tenant)
+    assert bool(tenants) is isolation
+    assert defaults()["http_config"]["tenant_isolation"] is True  # the default with keys
