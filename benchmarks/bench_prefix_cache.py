@@ -26,8 +26,17 @@ plus answers elsewhere; token ids from the bundled tokenizer's chat template, so
 estimate for another model). Ratios on / off: TTFT p50 (goal <= 0.3) and requests/s (goal
 >= 2), pooled over the repeats [min-max of the per-repeat ratios].
 
+``--tenants N``: the cost of tenant isolation instead. Both columns run caching on, behind ``N``
+API keys (``http_config.api_keys``, so each key is a tenant with a prefix cache of its own): in
+the first every user sends with the same key (one tenant), in the second user ``u`` with key
+``u % N`` (``N`` tenants), the same conversations and the same shared system prompt in both, so
+the second computes and holds the shared prefix once per tenant. Ratios: ``N`` tenants over one.
+
 Prints the table (also written as Markdown next to the JSON), and writes the JSON (every request
-too) and a PNG: TTFT CDFs and the median TTFT of each turn.
+too, under ``benchmarks/results/`` by default) and a PNG: TTFT CDFs and the median TTFT of each
+turn.
+
+    python benchmarks/bench_prefix_cache.py --tenants 6 --deploy-mode single_node
 """
 
 from __future__ import annotations
@@ -42,9 +51,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +75,7 @@ from benchmarks.serving_metrics import SLO, RequestRecord, summarize  # noqa: E4
 from benchmarks.serving_plots import plot_ttft_by_turn  # noqa: E402
 from benchmarks.serving_workload import WorkItem  # noqa: E402
 
+RESULTS = Path(__file__).resolve().parent / "results"
 METRICS_SETTLE_S = 1.0  # pdserve's router polls worker counts every 0.25 s
 GOALS = {"ttft_p50": ("<=", 0.3), "request_throughput": (">=", 2.0)}
 _COUNTER = re.compile(r"^\w*prefix_cache_(queries|hits)_total(\{[^}]*\})?[ \t]+(\S+)$", re.M)
@@ -94,8 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slo-ttft", type=float, default=SLO.ttft_s, help="seconds")
     parser.add_argument("--slo-tpot", type=float, default=SLO.tpot_s, help="seconds")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="results/prefix_cache.json")
+    parser.add_argument(
+        "--tenants", type=int, default=0, help="one tenant against this many (0: on / off)"
+    )
+    parser.add_argument("--out", help="the JSON (default: benchmarks/results/prefix_cache*.json)")
     args = parser.parse_args(argv)
+    name = "prefix_cache_tenants.json" if args.tenants else "prefix_cache.json"
+    args.out = args.out or str(RESULTS / name)
     args.tokenizer = args.tokenizer or args.model
     args.concurrency = args.concurrency or args.users
     return args
@@ -110,6 +125,7 @@ class Column:
     metrics_url: str | None = None  # pdserve's Prometheus page
     with_answers: bool = True  # its cache keeps decoded KV too (for the allowed hit rate)
     caching: bool | None = None  # pdserve's enablePrefixCaching
+    keys: tuple[str, ...] = ()  # user u sends with API key keys[u % len(keys)]; (): none
 
 
 @dataclass
@@ -145,20 +161,34 @@ def load_chat_tokenizer(name: str) -> Tokenizer:
     return Tokenizer(chat_ids, lambda text: loaded.encode(text, add_special_tokens=False))
 
 
+def tenant_keys(num_tenants: int) -> tuple[str, ...]:
+    """The API keys of ``num_tenants`` tenants."""
+    return tuple(f"bench-tenant-{i}" for i in range(num_tenants))
+
+
 @contextmanager
-def pdserve_column(args: argparse.Namespace, workdir: Path, caching: bool) -> Iterator[Column]:
+def pdserve_column(
+    args: argparse.Namespace, workdir: Path, caching: bool, tenants: int = 0
+) -> Iterator[Column]:
+    """pdserve with caching on or off; ``tenants``: its users spread over that many of the
+    ``args.tenants`` API keys it is configured with (0: no keys)."""
     workdir.mkdir(parents=True, exist_ok=True)
     backend = {"enablePrefixCaching": caching, "cacheBlockSize": args.block_size}
     if args.deploy_mode == "pd_separate":  # every prompt handed off: the path measured here
         backend |= FIXED
-    process, ports = start_pdserve(args.deploy_mode, args.model, workdir, backend)
+    http = {"api_keys": list(tenant_keys(args.tenants))} if tenants else {}
+    process, ports = start_pdserve(args.deploy_mode, args.model, workdir, backend, http)
+    label = f"caching {'on' if caching else 'off'}"
+    if tenants:
+        label = f"{tenants} tenant{'s' if tenants > 1 else ''}"
     try:
         yield Column(
-            f"{args.deploy_mode}, caching {'on' if caching else 'off'}",
+            f"{args.deploy_mode}, {label}",
             Target(f"http://127.0.0.1:{ports['predict_port']}", "chat"),
             f"http://127.0.0.1:{ports['external_port']}/metrics",
             with_answers=args.deploy_mode != "pd_separate",
             caching=caching,
+            keys=tenant_keys(tenants),
         )
     finally:
         process.send_signal(signal.SIGTERM)
@@ -207,21 +237,44 @@ async def one_turn(
     return Turn(user, turn, messages, record, answer, seen.get("prompt_tokens"), seen.get("cached"))
 
 
+def user_target(target: Target, keys: Sequence[str], user: int) -> Target:
+    """What user ``user`` sends to: ``target`` with its API key (``keys`` cycled; none: as
+    it is)."""
+    if not keys:
+        return target
+    return replace(
+        target, headers=(*target.headers, ("authorization", f"Bearer {keys[user % len(keys)]}"))
+    )
+
+
 async def talk(
-    target: Target, conversations: list[Conversation], concurrency: int, max_tokens: int
+    target: Target,
+    conversations: list[Conversation],
+    concurrency: int,
+    max_tokens: int,
+    keys: Sequence[str] = (),
 ) -> tuple[list[Turn], float]:
-    """Every conversation to its end, ``concurrency`` at a time; the turns and the run time."""
+    """Every conversation to its end, ``concurrency`` at a time; the turns and the run time.
+    ``keys``: user ``u`` sends with API key ``keys[u % len(keys)]`` (:func:`user_target`)."""
     limit = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        timeout=httpx.Timeout(600), limits=limits, headers=dict(target.headers)
-    ) as client:
+    targets = [user_target(target, keys, user) for user in range(len(conversations))]
+    async with AsyncExitStack() as stack:
+        clients: dict[tuple, httpx.AsyncClient] = {}
+        for each in targets:  # a client per key
+            if each.headers not in clients:
+                client = httpx.AsyncClient(
+                    timeout=httpx.Timeout(600), limits=limits, headers=dict(each.headers)
+                )
+                clients[each.headers] = await stack.enter_async_context(client)
         start = time.perf_counter()
 
         async def converse(user: int, conversation: Conversation) -> list[Turn]:
+            mine = targets[user]
+            client = clients[mine.headers]
             async with limit:
                 return [
-                    await one_turn(client, target, conversation, user, turn, max_tokens, start)
+                    await one_turn(client, mine, conversation, user, turn, max_tokens, start)
                     for turn in range(conversation.num_turns)
                 ]
 
@@ -311,7 +364,7 @@ def run_column(column: Column, args: argparse.Namespace, tokenizer: Tokenizer) -
     """A warm-up conversation turn (another system prompt), then ``args.repeats`` runs."""
     slo = SLO(args.slo_ttft, args.slo_tpot)
     warmup = make_conversations(1, 1, system_prompt(args.system_tokens, tokenizer.encode, -1))
-    asyncio.run(talk(column.target, warmup, 1, args.max_tokens))
+    asyncio.run(talk(column.target, warmup, 1, args.max_tokens, column.keys))
     records: list[RequestRecord] = []
     rows: list[dict] = []
     repeats, duration, deltas = [], 0.0, []
@@ -321,7 +374,7 @@ def run_column(column: Column, args: argparse.Namespace, tokenizer: Tokenizer) -
         conversations = make_conversations(args.users, args.turns, system, seed, args.user_words)
         before = prefix_counters(column.metrics_url)
         turns, seconds = asyncio.run(
-            talk(column.target, conversations, args.concurrency, args.max_tokens)
+            talk(column.target, conversations, args.concurrency, args.max_tokens, column.keys)
         )
         delta = counter_delta(before, prefix_counters(column.metrics_url))
         these = [
@@ -347,6 +400,7 @@ def run_column(column: Column, args: argparse.Namespace, tokenizer: Tokenizer) -
         "label": column.label,
         "url": column.target.url,
         "enable_prefix_caching": column.caching,
+        "tenants": len(column.keys),
         "allowed_counts": "prompts and answers" if column.with_answers else "prompts",
         "summary": pooled,
         "repeats": repeats,
@@ -378,9 +432,12 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value is not None and base else None
 
 
-def ratios(on: dict, off: dict) -> dict[str, dict[str, Any]]:
+def ratios(
+    on: dict, off: dict, goals: dict[str, tuple[str, float]] = GOALS
+) -> dict[str, dict[str, Any]]:
     """On over off for each figure: pooled, and the min-max of the per-repeat ratios (repeat
-    ``r`` ran the same conversations in both); with the goal and whether it was met."""
+    ``r`` ran the same conversations in both); with the goal (of ``goals``) and whether it was
+    met."""
     figures: dict[str, Callable[[dict], float | None]] = {
         "ttft_p50": lambda s: s["ttft_s"]["p50"],
         "ttft_p99": lambda s: s["ttft_s"]["p99"],
@@ -398,15 +455,20 @@ def ratios(on: dict, off: dict) -> dict[str, dict[str, Any]]:
             "min": min(each, default=None),
             "max": max(each, default=None),
         }
-        if name in GOALS:
-            sense, goal = GOALS[name]
+        if name in goals:
+            sense, goal = goals[name]
             met = None if pooled is None else (pooled <= goal if sense == "<=" else pooled >= goal)
             out[name] |= {"goal": f"{sense} {goal}", "met": met}
     return out
 
 
-def table(columns: list[dict], on_off: dict[str, dict[str, Any]] | None, slo: SLO) -> str:
-    """Markdown: a row per figure, a column per server, and the on / off ratios."""
+def table(
+    columns: list[dict],
+    on_off: dict[str, dict[str, Any]] | None,
+    slo: SLO,
+    ratio_label: str = "on / off",
+) -> str:
+    """Markdown: a row per figure, a column per server, and the ratios (``ratio_label``)."""
     rows: list[tuple[str, Callable[[dict], str], str | None]] = [
         ("TTFT p50 (s) [IQR]", _ttft_p50, "ttft_p50"),
         ("TTFT p99 (s)", lambda c: _num(c["summary"]["ttft_s"]["p99"]), "ttft_p99"),
@@ -423,7 +485,7 @@ def table(columns: list[dict], on_off: dict[str, dict[str, Any]] | None, slo: SL
         ("KV MB moved per hand-off", _handoff_mb, "kv_bytes_per_handoff"),
         ("requests ok", _ok, None),
     ]
-    extra = ["on / off"] if on_off else []
+    extra = [ratio_label] if on_off else []
     lines = [
         "| | " + " | ".join([c["label"] for c in columns] + extra) + " |",
         "|---" * (1 + len(columns) + len(extra)) + "|",
@@ -475,10 +537,11 @@ def _pct(value: float | None) -> str:
 
 def run_all(args: argparse.Namespace, tokenizer: Tokenizer) -> list[dict]:
     columns = []
+    runs = [(True, 1), (True, args.tenants)] if args.tenants else [(True, 0), (False, 0)]
     with tempfile.TemporaryDirectory(prefix="pdserve-prefix-") as tmp:
-        for caching in (True, False):
-            workdir = Path(tmp) / ("on" if caching else "off")
-            with pdserve_column(args, workdir, caching) as column:
+        for caching, tenants in runs:
+            workdir = Path(tmp) / f"{'on' if caching else 'off'}-{tenants}"
+            with pdserve_column(args, workdir, caching, tenants) as column:
                 columns.append(run_column(column, args, tokenizer))
     for url in args.openai_url:
         target = Target(url.rstrip("/"), "chat", args.openai_model)
@@ -493,9 +556,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     tokenizer = load_chat_tokenizer(args.tokenizer)
     columns = run_all(args, tokenizer)
-    on_off = ratios(columns[0], columns[1])
+    if args.tenants:  # the cost of isolation: N tenants over one
+        label = f"{args.tenants} / 1 tenant"
+        on_off = ratios(columns[1], columns[0], goals={})
+    else:
+        label, on_off = "on / off", ratios(columns[0], columns[1])
     slo = SLO(args.slo_ttft, args.slo_tpot)
-    summary = table(columns, on_off, slo)
+    summary = table(columns, on_off, slo, label)
     system = system_prompt(args.system_tokens, tokenizer.encode, args.seed)
     report = {
         "machine": f"{os.cpu_count()} cores",
@@ -503,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": (time.monotonic() - started) / 60,
         "settings": vars(args),
         "system_prompt_tokens": len(tokenizer.encode(system)),
-        "ratios_on_over_off": on_off,
+        "ratios_tenants_over_one" if args.tenants else "ratios_on_over_off": on_off,
         "table": summary,
         "columns": columns,
     }

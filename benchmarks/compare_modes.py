@@ -140,15 +140,20 @@ def free_port() -> int:
 
 
 def start_pdserve(
-    mode: str, model: str, workdir: Path, backend: dict[str, Any] | None = None
+    mode: str,
+    model: str,
+    workdir: Path,
+    backend: dict[str, Any] | None = None,
+    http: dict[str, Any] | None = None,
 ) -> tuple[subprocess.Popen, dict]:
     """pdserve in ``mode`` on this machine, once ready; ``backend`` adds ``backend_config``
-    keys. Its config and log are ``workdir/{mode}.json`` and ``.log``."""
+    keys, ``http`` ``http_config`` keys. Its config and log are ``workdir/{mode}.json`` and
+    ``.log``."""
     names = ("predict_port", "manage_port", "status_port", "external_port")
     ports = {name: free_port() for name in names}
     backend = {"model_path": model, "embedding_model_path": "", "device": "cpu", **(backend or {})}
     config = {
-        "http_config": ports,
+        "http_config": {**ports, **(http or {})},
         "digs_scheduler_config": {"deploy_mode": mode},
         "backend_config": backend,
     }

@@ -82,6 +82,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "`api-key: K` or `Authorization: Bearer K`, else 401; probes and metrics stay open"),
         Key("manage_api_keys", "list", (), "the same for the management port, with keys of its "
             "own (the predict port's do not open it); required off loopback"),
+        Key("tenant_isolation", "bool", True, "with `api_keys` set, each key is a tenant whose "
+            "prompts share prefix-cache blocks (and routing by prefix) with no other key's, so "
+            "`cached_tokens` never tells one client what another sent; `false`: every key shares "
+            "one cache (more hits across keys, each key's prompts visible to the others)"),
     ),
     "request_limit": section(
         "request_limit",

@@ -253,17 +253,17 @@ class InferenceService:
         (its actor restarted), waiting for one to come back if need be (the request's timeouts
         bound the wait; an abort ends it: the failed pair is taken back, and its stream ends at
         once as aborted)."""
-        token_ids, failed = run.all_token_ids, run.failed_route
+        token_ids, failed, tenant = run.all_token_ids, run.failed_route, run.request.tenant
         while True:
             try:
                 return self.router.choose(
-                    token_ids, {failed} if failed is not None else frozenset()
+                    token_ids, {failed} if failed is not None else frozenset(), tenant
                 )
             except NoWorkerError:
                 if failed is None:
                     raise
             try:
-                return self.router.choose(token_ids)
+                return self.router.choose(token_ids, tenant=tenant)
             except NoWorkerError:
                 if run.aborted:
                     return failed

@@ -1,11 +1,13 @@
 """What the router sent where: per worker, the block hashes of the token sequences it routed
 there, the router's estimate of that worker's prefix cache.
 
-A sequence's hashes are those of ``engine.prefix_hash`` rooted at ``b""`` (the coordinator does
-not know the engines' model fingerprint, so they never equal an engine's own: they only name
-prefixes here). A worker's entries are kept least recently used first and bounded by its
-capacity (its KV blocks); an entry not routed again within ``ttl_s`` expires. An estimate only:
-an engine may have evicted a block the index still holds, and the router only weighs it.
+A sequence's hashes are those of ``engine.prefix_hash`` rooted at ``b""`` (the coordinator does not
+know the engines' model fingerprint, so they never equal an engine's own: they only name prefixes
+here), or at ``tenant_root(b"", tenant)`` for a tenant's request, as the engines root theirs: one
+tenant's prefixes never draw another tenant's requests. A worker's entries are kept least recently
+used first and bounded by its capacity (its KV blocks); an entry not routed again within ``ttl_s``
+expires. An estimate only: an engine may have evicted a block the index still holds, and the router
+only weighs it.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from coordinator.prefix_index import PrefixIndex, WorkerKey
 from engine.config import CacheConfig
 from engine.errors import ConfigError
 from engine.outputs import EngineStats
-from engine.prefix_hash import block_hashes
+from engine.prefix_hash import block_hashes, tenant_root
 from workers.contracts import WorkerLoad
 
 log = logging.getLogger(__name__)
@@ -195,10 +195,16 @@ class Router:
                 log.exception("load poll failed")
             await asyncio.sleep(self.poll_interval_s)
 
-    def choose(self, token_ids: Sequence[int], exclude: AbstractSet[Route] = frozenset()) -> Route:
+    def choose(
+        self,
+        token_ids: Sequence[int],
+        exclude: AbstractSet[Route] = frozenset(),
+        tenant: str = "",
+    ) -> Route:
         """The cheapest pair not in ``exclude`` for a request that computes ``token_ids``
         (prompt and outputs so far), fresh if possible (module docstring); NoWorkerError if none
-        is left. The pair's workers are recorded as holding ``token_ids``' blocks from now on.
+        is left. The pair's workers are recorded as holding ``token_ids``' blocks from now on,
+        as ``tenant``'s: only that tenant's later requests are drawn to them by it.
 
         In ``pd_separate`` the prefill side is None when the decode worker is to prefill the
         request itself (``local_prefill_*``; or no prefill worker answers and
@@ -208,7 +214,11 @@ class Router:
         if not pairs:
             raise NoWorkerError("no prefill/decode worker pair is available")
         routing = self.routing
-        hashes = block_hashes(token_ids, routing.block_size) if routing.prefix_routing else []
+        hashes = (
+            block_hashes(token_ids, routing.block_size, tenant_root(b"", tenant))
+            if routing.prefix_routing
+            else []
+        )
         max_blocks = max(len(token_ids) - 1, 0) // routing.block_size  # engines compute the last
         keys = {w.key for pair in pairs for w in pair if w is not None}
         cached = {  # tokens each worker should find cached

@@ -89,6 +89,7 @@ class Coordinator:
             body_limit_mb=self.config["request_limit"]["body_limit"],
             max_input_tokens=self.config["backend_config"]["maxInputTokenLen"],
             api_keys=self.config["http_config"]["api_keys"],
+            tenant_isolation=self.config["http_config"]["tenant_isolation"],
             is_ready=lambda: self.ready,
         )
 

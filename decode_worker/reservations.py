@@ -70,6 +70,7 @@ class ReservationQueue:
                     self.timeout_s,
                     output_token_ids=request.output_token_ids,
                     token=waiter.token,
+                    tenant=request.tenant,
                 )
                 if reserved is None:
                     return

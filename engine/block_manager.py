@@ -4,14 +4,14 @@ A block is *in use* while some request holds it (its reference count is above ze
 request holds are free; among them, those with prefix KV worth keeping stay *cached*, evictable
 least recently freed first, and any request whose tokens start with them may take them back.
 
-Prefix caching (``enabled``): once a block is full of computed KV it is registered under the
-hash of its tokens chained from its parent block (``engine.prefix_hash``, rooted in the model
-fingerprint). A new request takes the longest run of cached blocks that starts its tokens
-(``match`` + ``take``), and computes the rest. A hash match is confirmed by the block's own
-tokens and its parent's hash, so a collision can never serve another prefix's KV
-(``num_collisions`` counts the ones caught). Cached free blocks count as free for admission:
-``allocate`` hands out never-used blocks first, then evicts cached ones, oldest first; a block
-in use is never evicted.
+Prefix caching (``enabled``): once a block is full of computed KV it is registered under the hash of
+its tokens chained from its parent block (``engine.prefix_hash``, rooted in the model fingerprint
+and the request's tenant: a tenant's requests only ever find its own blocks). A new request takes
+the longest run of cached blocks that starts its tokens (``match`` + ``take``), and computes the
+rest. A hash match is confirmed by the block's own tokens and its parent's hash, so a collision can
+never serve another prefix's KV (``num_collisions`` counts the ones caught). Cached free blocks
+count as free for admission: ``allocate`` hands out never-used blocks first, then evicts cached
+ones, oldest first; a block in use is never evicted.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.prefix_hash import extend_block_hashes
+from engine.prefix_hash import extend_block_hashes, tenant_root
+
+MAX_TENANT_ROOTS = 4096  # tenants whose chain roots are kept computed
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class BlockManager:
         self.block_size = block_size
         self.enabled = enabled  # prefix caching
         self.root = root  # the hash chain's start: the model fingerprint
+        self._tenant_roots: dict[str, bytes] = {}
         self._empty: deque[int] = deque(range(num_blocks))  # free, holding nothing worth keeping
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free, cached; oldest first
         self._refs = [0] * num_blocks
@@ -113,21 +116,32 @@ class BlockManager:
 
     # ---- the prefix cache ----------------------------------------------------------------------
 
+    def root_of(self, tenant: str) -> bytes:
+        """The hash chain's start for ``tenant``'s requests (no tenant: the model's root)."""
+        root = self._tenant_roots.get(tenant)
+        if root is None:
+            if len(self._tenant_roots) >= MAX_TENANT_ROOTS:
+                self._tenant_roots.clear()  # a cache of a pure function: recomputed at need
+            root = self._tenant_roots[tenant] = tenant_root(self.root, tenant)
+        return root
+
     def extend_hashes(
-        self, hashes: list[bytes], token_ids: Sequence[int], num_tokens: int
+        self, hashes: list[bytes], token_ids: Sequence[int], num_tokens: int, tenant: str = ""
     ) -> list[bytes]:
         """Extend ``hashes`` (a request's, cached on it) to every full block of its first
         ``num_tokens`` tokens."""
-        return extend_block_hashes(hashes, token_ids, self.block_size, self.root, num_tokens)
+        root = self.root_of(tenant)
+        return extend_block_hashes(hashes, token_ids, self.block_size, root, num_tokens)
 
-    def lookup(self, hashes: list[bytes], token_ids: Sequence[int]) -> list[int]:
-        """The cached blocks of the longest cached prefix of ``token_ids``, leaving at least the
-        last token to compute (its logits are needed); extends ``hashes`` as needed."""
+    def lookup(self, hashes: list[bytes], token_ids: Sequence[int], tenant: str = "") -> list[int]:
+        """The cached blocks of the longest cached prefix of ``token_ids`` (``tenant``'s own),
+        leaving at least the last token to compute (its logits are needed); extends ``hashes``
+        as needed."""
         if not self.enabled:
             return []
         max_blocks = max(len(token_ids) - 1, 0) // self.block_size
-        self.extend_hashes(hashes, token_ids, max_blocks * self.block_size)
-        return self.match(hashes, token_ids, max_blocks)
+        self.extend_hashes(hashes, token_ids, max_blocks * self.block_size, tenant)
+        return self.match(hashes, token_ids, max_blocks, tenant)
 
     def count_lookup(self, num_tokens: int, num_cached_blocks: int) -> None:
         """Count one admission's lookup: ``num_tokens`` queried, that many blocks found."""
@@ -136,19 +150,21 @@ class BlockManager:
             self.num_hit_tokens += num_cached_blocks * self.block_size
 
     def match(
-        self, hashes: Sequence[bytes], token_ids: Sequence[int], max_blocks: int
+        self, hashes: Sequence[bytes], token_ids: Sequence[int], max_blocks: int, tenant: str = ""
     ) -> list[int]:
         """The cached blocks holding the longest prefix of ``token_ids`` (at most
-        ``max_blocks``), each confirmed by its tokens and its parent's hash."""
+        ``max_blocks``) under ``tenant``'s root, each confirmed by its tokens and its parent's
+        hash."""
         if not self.enabled:
             return []
+        root = self.root_of(tenant)
         found: list[int] = []
         size = self.block_size
         for index, block_hash in enumerate(hashes[:max_blocks]):
             entry = self._cached.get(block_hash)
             if entry is None:
                 break
-            parent = hashes[index - 1] if index else self.root
+            parent = hashes[index - 1] if index else root
             tokens = tuple(token_ids[index * size : (index + 1) * size])
             if entry.parent != parent or entry.tokens != tokens:
                 self.num_collisions += 1
@@ -162,16 +178,17 @@ class BlockManager:
         hashes: Sequence[bytes],
         token_ids: Sequence[int],
         start: int,
+        tenant: str = "",
     ) -> None:
-        """Cache the full, computed blocks ``block_ids[start:len(hashes)]`` of a request under
-        their hashes. A hash already cached keeps its block (this copy stays private); a hash
-        cached for another prefix (a collision) ends the registration there."""
+        """Cache the full, computed blocks ``block_ids[start:len(hashes)]`` of a request (of
+        ``tenant``) under their hashes. A hash already cached keeps its block (this copy stays
+        private); a hash cached for another prefix (a collision) ends the registration there."""
         if not self.enabled:
             return
-        size = self.block_size
+        size, root = self.block_size, self.root_of(tenant)
         for index in range(start, min(len(hashes), len(block_ids))):
             block_id, block_hash = block_ids[index], hashes[index]
-            parent = hashes[index - 1] if index else self.root
+            parent = hashes[index - 1] if index else root
             tokens = tuple(token_ids[index * size : (index + 1) * size])
             entry = self._cached.get(block_hash)
             if entry is not None and (entry.parent, entry.tokens) != (parent, tokens):

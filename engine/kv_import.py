@@ -56,6 +56,7 @@ class KVImporter:
         output_token_ids: Sequence[int] = (),
         token: str = "",
         max_shared_blocks: int | None = None,
+        tenant: str = "",
     ) -> Request | None:
         """Set blocks aside for an incoming hand-off: a RESERVED request that ends with an error
         if its pages are not in within ``timeout_s``. None when the cache cannot hold it now.
@@ -64,12 +65,14 @@ class KVImporter:
 
         Leading blocks of the request found in the prefix cache (at most ``max_shared_blocks``)
         are shared, not reserved anew: ``num_shared_blocks`` of the returned request; the pages
-        that come start after them."""
+        that come start after them. ``tenant``: whose prompt it is, as the coordinator said (not
+        the pages): only that tenant's cached blocks are shared, and the blocks that arrive are
+        cached as that tenant's."""
         if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
         token_ids = [*prompt_token_ids, *output_token_ids]
         hashes: list[bytes] = []
-        shared = self.blocks.lookup(hashes, token_ids)[:max_shared_blocks]
+        shared = self.blocks.lookup(hashes, token_ids, tenant)[:max_shared_blocks]
         num_new = self.blocks.blocks_for(len(token_ids) + 1) - len(shared)
         if not self.blocks.can_take(shared, num_new):
             return None
@@ -81,6 +84,7 @@ class KVImporter:
         )
         request.token_ids = token_ids  # its outputs are replayed when their pages are in
         request.status = RequestStatus.RESERVED
+        request.tenant = tenant
         request.block_hashes = hashes
         request.block_ids = self.blocks.take(shared) + self.blocks.allocate(num_new)
         request.num_shared_blocks = request.num_registered_blocks = len(shared)

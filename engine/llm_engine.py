@@ -114,13 +114,15 @@ class LLMEngine:
         output_token_ids: Sequence[int] = (),
         max_output_tokens: int = 0,
         arrival_time: float | None = None,
+        tenant: str = "",
     ) -> None:
         """Queue a request; :class:`RequestRejectedError` if it can never run. A request with
         ``output_token_ids`` continues after them (see the module docstring).
         ``max_output_tokens``: its output limit, first token included, when the caller set one
         (a disaggregated request's, docs/token-accounting.md); else min(max_new_tokens,
         maxIterTimes). ``arrival_time``: when it reached the worker (its queueing counts from
-        then), by default now."""
+        then), by default now. ``tenant``: whose prompt it is (its prefix cache hits are that
+        tenant's own blocks only)."""
         if request_id in self.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
         num_prompt = len(prompt_token_ids)
@@ -141,6 +143,7 @@ class LLMEngine:
         )
         request.max_output_tokens = len(output_token_ids) + 1 if prefill_only else max_output
         request.prefill_only = prefill_only
+        request.tenant = tenant
         if arrival_time is not None:
             request.arrival_time = arrival_time
         self._check_fits(request)
@@ -219,10 +222,14 @@ class LLMEngine:
         if not blocks.enabled or num_full <= request.num_registered_blocks:
             return
         hashes = blocks.extend_hashes(
-            request.block_hashes, request.token_ids, num_full * blocks.block_size
+            request.block_hashes, request.token_ids, num_full * blocks.block_size, request.tenant
         )
         blocks.register(
-            request.block_ids, hashes[:num_full], request.token_ids, request.num_registered_blocks
+            request.block_ids,
+            hashes[:num_full],
+            request.token_ids,
+            request.num_registered_blocks,
+            request.tenant,
         )
         request.num_registered_blocks = num_full
 

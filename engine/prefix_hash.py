@@ -3,8 +3,10 @@ parent block's hash and its own token ids, so equal hashes mean equal prefixes (
 collision, which the block manager rules out by comparing the tokens too).
 
 The chain starts at a *root*: the engine's model fingerprint (KV of another model is never
-reused), plus any later input that changes the KV (an adapter, an image). The coordinator's
-routing index uses the same function with its own root.
+reused), plus any later input that changes the KV (an adapter, an image), and the request's
+*tenant* (:func:`tenant_root`): requests of different tenants never share a block, so a cache hit
+(and ``cached_tokens``) can never tell one tenant what another sent. The coordinator's routing
+index uses the same functions with its own root.
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ from array import array
 from collections.abc import Sequence
 
 BLOCK_HASH_BYTES = 16
+
+
+def tenant_root(root: bytes, tenant: str) -> bytes:
+    """The chain's root for ``tenant``'s requests: ``root`` itself for no tenant ("")."""
+    if not tenant:
+        return root
+    data = root + b"\x00tenant\x00" + tenant.encode()
+    return hashlib.blake2b(data, digest_size=BLOCK_HASH_BYTES).digest()
 
 
 def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:

@@ -43,6 +43,9 @@ class Request:
     priority: int = 5  # 1 is served first
     arrival_seq: int = 0  # FCFS order within a priority
     prefill_only: bool = False  # stop after the first token and hold the KV for export
+    # whose prompt it is: the prefix cache roots its block hashes here (engine.prefix_hash), so
+    # it shares blocks with its own tenant's requests only; "": no tenant
+    tenant: str = field(default="", repr=False)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0

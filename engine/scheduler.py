@@ -122,7 +122,7 @@ class Scheduler:
                 continue
             if len(out.prefills) >= cfg.max_prefill_batch_size:
                 return
-            cached = self.blocks.lookup(request.block_hashes, request.token_ids)
+            cached = self.blocks.lookup(request.block_hashes, request.token_ids, request.tenant)
             needed = self.blocks.blocks_for(request.num_tokens) - len(cached)
             if not self.blocks.can_take(cached, needed):
                 return  # the head of the queue waits for blocks; nothing jumps ahead of it

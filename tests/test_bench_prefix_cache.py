@@ -1,11 +1,20 @@
 """The prefix-cache benchmark's pure parts: the multi-turn workload's shape, the hit rate a
-workload allows, counters and usage parsing, and the on / off table. No server."""
+workload allows, counters and usage parsing, and the on / off table (no server); and a
+``--tenants`` run end to end against in-process predict apps of the tiny model."""
 
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from benchmarks import bench_prefix_cache
 from benchmarks.bench_prefix_cache import (
+    Column,
+    Tokenizer,
     bytes_per_handoff,
     cached_tokens_of,
     counter_delta,
@@ -13,6 +22,8 @@ from benchmarks.bench_prefix_cache import (
     parse_prefix_counters,
     ratios,
     table,
+    tenant_keys,
+    user_target,
 )
 from benchmarks.prefix_chat_workload import (
     SentPrompt,
@@ -22,7 +33,9 @@ from benchmarks.prefix_chat_workload import (
     make_conversations,
     system_prompt,
 )
+from benchmarks.serving_client import Target
 from benchmarks.serving_metrics import SLO
+from tests.test_tenant_isolation import served
 
 
 def words(text: str) -> list[int]:
@@ -217,3 +230,77 @@ def test_cache_figures_over_successful_requests():
     assert cache_figures(rows, with_answers=True)["allowed_hit_rate"] == pytest.approx(0.4)
     assert figures["ttft_p50_by_turn_s"] == [2.0, 0.5]
     assert figures["prompt_token_mismatches"] == 0
+
+
+# ---- --tenants: the cost of tenant isolation -------------------------------------------------
+
+
+class ChatChars:
+    """A tokenizer for the tiny model: a token per character (within its vocabulary); chat
+    renders every message, role first, so turns extend their conversation's tokens."""
+
+    all_special_ids = [0]
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return [3 + ord(c) % 500 for c in text]
+
+    def apply_chat_template(self, messages: list[dict], **_: Any) -> list[int]:
+        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<a>")
+
+
+def test_tenants_option_names_its_results_under_benchmarks_results():
+    tenants = bench_prefix_cache.parse_args(["--tenants", "6"])
+    assert Path(tenants.out) == bench_prefix_cache.RESULTS / "prefix_cache_tenants.json"
+    assert Path(bench_prefix_cache.__file__).parent / "results" == bench_prefix_cache.RESULTS
+    on_off = bench_prefix_cache.parse_args([])
+    assert on_off.tenants == 0 and Path(on_off.out).name == "prefix_cache.json"
+
+
+def test_user_target_cycles_the_tenants_keys():
+    target = Target("http://x", "chat")
+    keys = tenant_keys(2)
+    heads = [dict(user_target(target, keys, u).headers)["authorization"] for u in range(3)]
+    assert heads == [f"Bearer {keys[0]}", f"Bearer {keys[1]}", f"Bearer {keys[0]}"]
+    assert user_target(target, (), 5) is target
+
+
+def test_a_tenants_run_writes_one_tenant_against_six(tiny_model_dir, tmp_path, monkeypatch):
+    """The whole script but pdserve's start-up: each column an in-process predict app behind
+    the six keys, tenant isolation on (tests.test_tenant_isolation)."""
+    started = []
+
+    @contextmanager
+    def column(args, workdir, caching, tenants=0):
+        started.append((caching, tenants))
+        keys = tenant_keys(args.tenants)
+        with served(tiny_model_dir, 1, True, keys, ChatChars()) as (url, _):
+            yield Column(f"{tenants} tenants", Target(url, "chat"), keys=tenant_keys(tenants))
+
+    chars = ChatChars()
+    tokenizer = Tokenizer(lambda m: chars.apply_chat_template(m), chars.encode)
+    monkeypatch.setattr(bench_prefix_cache, "pdserve_column", column)
+    monkeypatch.setattr(bench_prefix_cache, "load_chat_tokenizer", lambda name: tokenizer)
+    out = tmp_path / "tenants.json"
+    argv = ["--tenants", "6", "--users", "6", "--turns", "2", "--system-tokens", "40"]
+    argv += ["--user-words", "2", "--max-tokens", "2", "--concurrency", "1", "--repeats", "1"]
+    argv += ["--block-size", "4", "--out", str(out)]
+    assert bench_prefix_cache.main(argv) == 0
+    assert started == [(True, 1), (True, 6)]
+    report = json.loads(out.read_text())
+    one, six = report["columns"]
+    assert (one["tenants"], six["tenants"]) == (1, 6)
+    for each in (one, six):  # every request answered (the tiny model's text may be empty)
+        assert each["summary"]["num_requests"] == len(each["requests"]) == 12
+        assert [r["error"] for r in each["requests"]] == [None] * 12
+    # one tenant: users after the first find the shared system prompt; six: each its own only
+    # (user 0 shares its key with the warm-up, whose system prompt opens the same way)
+    first_turns = [
+        [r["cached_tokens"] for r in c["requests"] if r["turn"] == 0] for c in (one, six)
+    ]
+    assert min(first_turns[0][1:]) >= 40
+    assert first_turns[1][1:] == [0] * 5
+    assert one["summary"]["hit_rate_usage"] > six["summary"]["hit_rate_usage"] > 0
+    ratios = report["ratios_tenants_over_one"]
+    assert ratios["request_throughput"]["ratio"] is not None
+    assert "goal" not in ratios["request_throughput"]  # a cost, not a goal
+    assert "| | 1 tenants | 6 tenants | 6 / 1 tenant |" in out.with_suffix(".md").read_text()

@@ -32,6 +32,10 @@ class GenerationRequest:
     # Tokens the request already generated and streamed on a worker pair that failed: the next
     # pair computes them with the prompt and continues after them (stored as a tuple).
     output_token_ids: Sequence[int] = ()
+    # Whose prompt it is (coordinator.api.tenants: a keyed hash of the client's API key, never
+    # the key): every worker roots its prefix-cache hashes in it, and so does the router, so one
+    # tenant's requests never hit another's cached blocks. "": no tenant (one shared cache).
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         for name in ("prompt_token_ids", "output_token_ids"):

@@ -88,6 +88,7 @@ class WorkerRuntime:
                 output_token_ids=request.output_token_ids,
                 max_output_tokens=max_output_tokens,
                 arrival_time=arrived,
+                tenant=request.tenant,
             )
 
         try:

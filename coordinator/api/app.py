@@ -2,7 +2,8 @@
 disconnect guard, and the answers to an unknown route or an unexpected failure (MindIE's error
 body for both).
 
-A request passes, in order: the not-ready gate (503), the API-key gate (401), the door gate
+A request passes, in order: the not-ready gate (503), the API-key gate (401), the tenant gate
+(:mod:`~coordinator.api.tenants`: the key's tenant, whose prefix cache is its own), the door gate
 (:mod:`~coordinator.api.admission`: 429 / 503 before the body is read), the disconnect guard
 (:mod:`~coordinator.api.middleware`: a client that goes away cancels its handler, on every route),
 then its door's handler.
@@ -32,6 +33,7 @@ from coordinator.api.middleware import DisconnectGuard, RequestGate
 from coordinator.api.mindie import create_infer_router
 from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
+from coordinator.api.tenants import Tenants, record_tenant
 from coordinator.api.tgi import create_tgi_router
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
@@ -56,10 +58,12 @@ def create_predict_app(
     api_keys: Iterable[str],
     is_ready: Callable[[], bool],
     max_input_tokens: int = SchedulerConfig.max_input_token_len,
+    tenant_isolation: bool = True,
 ) -> FastAPI:
     """The app on the predict port; ``is_ready`` says whether the cluster is up;
     ``body_limit_mb`` 0: what the longest legal prompt needs (the served model's prompt limit,
-    else ``max_input_tokens``)."""
+    else ``max_input_tokens``); ``tenant_isolation``: each of ``api_keys`` a tenant with a
+    prefix cache of its own."""
     if not body_limit_mb:
         model = served.generation
         body_limit_mb = default_body_limit_mb(model.max_input_tokens if model else max_input_tokens)
@@ -67,10 +71,14 @@ def create_predict_app(
     for router in create_routers(service, served, embed, body_limit_mb):
         app.include_router(router)
     # the middleware added last runs first: not ready → 503 before the key is even checked
+    keys = set(api_keys)
     app.add_middleware(DisconnectGuard)
     app.state.door = DoorCount()
     app.add_middleware(DoorGate, service=service, count=app.state.door, refusal=door_refusal)
-    app.add_middleware(RequestGate, refuse=partial(missing_api_key, keys=set(api_keys)))
+    app.add_middleware(
+        RequestGate, refuse=partial(record_tenant, tenants=Tenants(keys, tenant_isolation))
+    )
+    app.add_middleware(RequestGate, refuse=partial(missing_api_key, keys=keys))
     app.add_middleware(RequestGate, refuse=partial(not_ready, is_ready=is_ready))
     app.add_exception_handler(Exception, internal_error)
     app.add_exception_handler(404, partial(not_found, served=served))

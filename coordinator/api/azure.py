@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from coordinator.api.common import APIError, create_router, read_object, respond
 from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import input_blocked, openai_sampling, read_prompt
+from coordinator.api.tenants import tenant_of
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest
@@ -213,7 +214,9 @@ class AzureRoutes:
             "chat", self.model.name, len(prompt.ids), self.model.content_filter, prompt_details=True
         )
         events = self.service.generate(
-            GenerationRequest(self.service.new_request_id(), prompt.ids, params)
+            GenerationRequest(
+                self.service.new_request_id(), prompt.ids, params, tenant=tenant_of(request)
+            )
         )
         return await respond(events, answer, bool(body.get("stream")), error_response)
 

@@ -40,6 +40,7 @@ from coordinator.api.mindie_request import (
     parse_infer_body,
     parse_tokenizer_body,
 )
+from coordinator.api.tenants import tenant_of
 from coordinator.content_safety import INPUT_FILTERED, text_blocked
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
@@ -97,7 +98,9 @@ class MindieRoutes:
         )
         request_id = self.service.new_request_id()
         events = self.service.generate(
-            GenerationRequest(request_id, ids, params, p.priority, p.timeout)
+            GenerationRequest(
+                request_id, ids, params, p.priority, p.timeout, tenant=tenant_of(request)
+            )
         )
         return await respond(events, answer, req.stream, service_error_response)
 

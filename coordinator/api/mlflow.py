@@ -34,6 +34,7 @@ from coordinator.api.mlflow_inputs import (
 )
 from coordinator.api.openai_format import Completion, OpenAIError
 from coordinator.api.openai_request import input_blocked, read_prompt
+from coordinator.api.tenants import tenant_of
 from coordinator.content_safety import INPUT_FILTERED
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
@@ -78,7 +79,8 @@ class MlflowScorer:
         in_flight_limit = getattr(service, "max_requests", MAX_INVOCATION_ROWS)
         self.max_rows = min(MAX_INVOCATION_ROWS, in_flight_limit)
 
-    async def predict(self, scoring: Scoring) -> Any:
+    async def predict(self, scoring: Scoring, tenant: str = "") -> Any:
+        """The scoring request's answer; ``tenant``: whose rows they are (api.tenants)."""
         if len(scoring.inputs) > self.max_rows:
             message = over_limit("the input", "rows", self.max_rows, len(scoring.inputs))
             raise MlflowError(message, "INVALID_PARAMETER_VALUE", 422)
@@ -89,12 +91,14 @@ class MlflowScorer:
         params = generation_params(settings, self.task, model.vocab_size, self.saved_keys)
         try:
             async with asyncio.TaskGroup() as rows:
-                answers = [rows.create_task(self._generate(i, params)) for i in scoring.inputs]
+                answers = [
+                    rows.create_task(self._generate(i, params, tenant)) for i in scoring.inputs
+                ]
         except BaseExceptionGroup as failed:  # the other rows were cancelled
             raise failed.exceptions[0] from None
         return [answer.result() for answer in answers]
 
-    async def _generate(self, value: Any, params: Any) -> dict[str, Any]:
+    async def _generate(self, value: Any, params: Any, tenant: str) -> dict[str, Any]:
         service, model = self._generation()
         kind = "chat" if self.task == "llm/v1/chat" else "text"
         body = {"messages": value} if kind == "chat" else {"prompt": value}
@@ -105,7 +109,7 @@ class MlflowScorer:
         if input_blocked(model, prompt):
             raise MlflowError(INPUT_FILTERED)
         answer = Completion(kind, model.name, len(prompt.ids), model.content_filter)
-        request = GenerationRequest(service.new_request_id(), prompt.ids, params)
+        request = GenerationRequest(service.new_request_id(), prompt.ids, params, tenant=tenant)
         await collect(service.generate(request), answer)
         return answer.body()
 
@@ -159,7 +163,7 @@ class MlflowRoutes:
         try:
             _check_content_type(request)
             scoring = parse_scoring(await read_json(request, self.body_limit_mb), self.scorer.task)
-            prediction = await self.scorer.predict(scoring)
+            prediction = await self.scorer.predict(scoring, tenant_of(request))
         except APIError as exc:
             return error_response(exc)
         except ServiceError as exc:

@@ -23,6 +23,7 @@ from coordinator.api.openai_request import (
     prompt_field,
     read_prompt,
 )
+from coordinator.api.tenants import tenant_of
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest
@@ -80,7 +81,9 @@ class OpenAIRoutes:
             kind, self.model.name, len(prompt.ids), self.model.content_filter, prompt_details=True
         )
         events = self.service.generate(
-            GenerationRequest(self.service.new_request_id(), prompt.ids, params)
+            GenerationRequest(
+                self.service.new_request_id(), prompt.ids, params, tenant=tenant_of(request)
+            )
         )
         return await respond(events, answer, bool(body.get("stream")), service_error_response)
 

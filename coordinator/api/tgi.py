@@ -30,6 +30,7 @@ from coordinator.api.common import (
 )
 from coordinator.api.limits import prompt_char_limit, stop_limit_message
 from coordinator.api.mindie_request import InferRequest, InputValidationError, parse_infer_body
+from coordinator.api.tenants import tenant_of
 from coordinator.content_safety import INPUT_FILTERED, ContentFilter, text_blocked
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
@@ -220,7 +221,9 @@ class TgiRoutes:
         params = p.sampling_params(self.model.vocab_size, stop)
         request_id = self.service.new_request_id()
         events = self.service.generate(
-            GenerationRequest(request_id, ids, params, p.priority, p.timeout)
+            GenerationRequest(
+                request_id, ids, params, p.priority, p.timeout, tenant=tenant_of(request)
+            )
         )
         answer = TgiAnswer(params.seed, self.special_ids, stream is None, self.model.content_filter)
         streaming = body.get("stream", False) if stream is None else stream
