@@ -211,7 +211,7 @@ def test_parallel_bodies_of_empty_objects_at_the_old_limit_cost_no_memory():
     assert grown < 128 * MIB, f"RSS grew by {grown} bytes"
 
 
-def test_parallel_bodies_at_the_limit_are_decoded_two_at_a_time_off_the_loop(monkeypatch):
+def test_parallel_bodies_at_the_limit_are_decoded_one_at_a_time_off_the_loop(monkeypatch):
     threads: list[str] = []
     decode = common.decode_json
 

@@ -37,10 +37,10 @@ from engine.request import FinishReason
 log = logging.getLogger(__name__)
 Events = AsyncGenerator[TokenEvent, None]
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape in JSON text
-# a body over this is decoded on LARGE_JSON's threads, off the event loop, two at a time (so at
-# most two large bodies' objects are being built at once, whatever arrives)
+# a body over this is decoded on LARGE_JSON's thread, off the event loop, one at a time (so one
+# large body's objects at most are being built at once, whatever arrives)
 LARGE_JSON_BYTES = 1024 * 1024
-LARGE_JSON = ThreadPoolExecutor(max_workers=2, thread_name_prefix="large-json")
+LARGE_JSON = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-json")
 
 
 class APIError(Exception):
