@@ -19,6 +19,7 @@ only its name crosses the (authenticated) socket.
 from __future__ import annotations
 
 import datetime
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ from engine.errors import ConfigError
 if TYPE_CHECKING:
     from engine.config import KVTransferConfig
 
+log = logging.getLogger(__name__)
 KV_TLS_NAME = "pdserve-kv"  # the name in the receivers' certificate, checked by senders
 _VALID_FOR = datetime.timedelta(days=3650)  # the credentials live as long as the cluster start
 _CA_KEY_USAGE = x509.KeyUsage(
@@ -103,7 +105,17 @@ def transfer_credentials(
     transfer: KVTransferConfig, credentials: KVCredentials | None
 ) -> KVCredentials | None:
     """The credentials a worker's transport uses: ``credentials`` when ``transfer`` is
-    encrypted (a ConfigError if there are none: never fall back to plain text), else None."""
+    encrypted (a ConfigError if there are none: never fall back to plain text), else None.
+    A plane left in plain text off loopback (allowed explicitly) is warned about, once a
+    worker."""
+    if transfer.plaintext_off_loopback:
+        log.warning(
+            "KV PLANE IN PLAIN TEXT off loopback (kv_encryption %r, kv_host %r, "
+            "kv_allow_plaintext_off_loopback: true): any host on the path can read the KV "
+            "pages and reservation secrets and deliver forged pages",
+            transfer.encryption,
+            transfer.host,
+        )
     if not transfer.encrypted:
         return None
     if credentials is None:
