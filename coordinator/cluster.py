@@ -107,8 +107,9 @@ class Cluster:
         elif cfg.deploy_mode == "pd_separate":
             prefill, decode = cfg.prefill_resources, cfg.decode_resources
             transfer = cfg.kv_transfer
-            # fresh per start, to the actors only (restarted ones get the same)
-            keys = generate_credentials() if transfer.encrypted else None
+            # fresh per start, to the actors only (restarted ones get the same); a plaintext
+            # plane still admits only the cluster's senders with them (security.py)
+            keys = generate_credentials() if transfer.transport != "inprocess" else None
             self.prefills = self._actors(
                 PrefillWorker, prefill, cfg.num_prefill, transfer, keys and keys.sender
             )

@@ -217,3 +217,39 @@ def test_an_endless_multipart_message_from_a_stranger_never_reaches_an_encrypted
     assert plaintext > 96, f"a plaintext receiver grew {plaintext:.0f} MiB only"  # the finding
     encrypted = _growth(generate_credentials().receiver)
     assert encrypted < 16, f"an encrypted receiver grew {encrypted:.0f} MiB"
+
+
+def test_a_gated_plaintext_receiver_keeps_nothing_of_a_strangers_endless_message():
+    """A plaintext plane of a cluster (loopback, or allowed off it) admits only the cluster's
+    senders too (ZMQ PLAIN with a per-start password): a stranger gets no message in."""
+    from engine.transfer.security import generate_credentials
+
+    gated = _growth(generate_credentials().receiver.plaintext_gate())
+    assert gated < 16, f"a gated plaintext receiver grew {gated:.0f} MiB"
+
+
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["frames", "shm"])
+def test_only_the_clusters_senders_get_into_a_gated_plaintext_receiver(payload, shared_memory):
+    from engine.transfer import KVTransferError, create_receiver
+    from engine.transfer.security import generate_credentials
+    from tests.test_transport import Recorder
+
+    keys, other = generate_credentials(), generate_credentials()
+    plain = KVTransferConfig("zmq", encryption="off")
+    gate = transfer_credentials(plain, keys.receiver)
+    assert gate is not None and not gate.encrypts  # plain text: a password, no keys
+    recorder = Recorder(payload.layout)
+    receiver = create_receiver("zmq", recorder, credentials=gate)
+    strangers = [None, other.sender.plaintext_gate(), keys.sender]  # none, another's, CURVE
+    try:
+        for credentials in strangers:
+            stranger = create_sender("zmq", shared_memory, credentials=credentials)
+            with pytest.raises(KVTransferError):
+                stranger.send(receiver.endpoint, payload, timeout=1.0)
+            stranger.close()
+        member = create_sender("zmq", shared_memory, transfer_credentials(plain, keys.sender))
+        assert member.send(receiver.endpoint, payload, timeout=10) in ("frames", "shared_memory")
+        member.close()
+    finally:
+        receiver.close()
+    assert len(recorder.received) == 1

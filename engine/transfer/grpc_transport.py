@@ -228,7 +228,7 @@ class GrpcKVReceiver(BaseKVReceiver):
         )
         pb_grpc.add_KVTransferServicer_to_server(_Servicer(self), self._server)
         address = f"{host}:0"
-        if credentials is None:
+        if credentials is None or not credentials.encrypts:  # plain text: nothing to admit by
             port = self._server.add_insecure_port(address)
         else:
             tls = grpc.ssl_server_credentials(
@@ -254,7 +254,7 @@ class GrpcKVSender(BaseKVSender):
         )
 
     def _open(self, endpoint: str) -> grpc.Channel:
-        if self._credentials is None:
+        if self._credentials is None or not self._credentials.encrypts:
             return grpc.insecure_channel(endpoint, options=_OPTIONS)
         tls = grpc.ssl_channel_credentials(
             root_certificates=self._credentials.tls_ca,

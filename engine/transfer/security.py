@@ -12,6 +12,12 @@ secrets and what identifies the receivers it may talk to. Nothing is written to 
   is for the name ``KV_TLS_NAME`` (endpoints are IPs that change with every pod, so the sender
   checks that name instead), and a receiver requires a client certificate from the same CA.
 
+A plaintext plane (``kv_encryption`` off, or ``auto`` on loopback) still admits only the
+cluster's senders on ZMQ when the cluster handed its workers credentials: the ZMQ PLAIN
+mechanism with a per-start password (:meth:`KVCredentials.plaintext_gate`). It encrypts
+nothing, but a stranger (another process of the host) never gets a message in, so it cannot
+make a receiver buffer one endless multipart message either.
+
 Shared-memory hand-offs on one host stay as they are: the file is the sender's, mode 0600, and
 only its name crosses the (authenticated) socket.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -60,6 +67,18 @@ class KVCredentials:
     tls_ca: bytes = field(repr=False)  # PEM: the cluster's CA, which signed both certificates
     tls_certificate: bytes = field(repr=False)  # PEM: this role's certificate
     tls_key: bytes = field(repr=False)  # PEM: its private key
+    plain_password: bytes = field(default=b"", repr=False)  # ZMQ PLAIN, plaintext planes
+
+    @property
+    def encrypts(self) -> bool:
+        """Whether these credentials encrypt (CURVE / TLS), not only admit (PLAIN)."""
+        return bool(self.curve_secret or self.tls_key)
+
+    def plaintext_gate(self) -> KVCredentials | None:
+        """The share a plaintext plane uses: only the PLAIN password (None without one)."""
+        if not self.plain_password:
+            return None
+        return KVCredentials(b"", b"", b"", b"", b"", b"", self.plain_password)
 
 
 @dataclass(frozen=True)
@@ -81,6 +100,7 @@ def generate_credentials() -> ClusterCredentials:
     receiver_cert = _certificate(KV_TLS_NAME, receiver_key.public_key(), ca_key, ca, server=True)
     sender_cert = _certificate("pdserve KV sender", sender_key.public_key(), ca_key, ca)
     ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    password = secrets.token_hex(32).encode()
     return ClusterCredentials(
         receiver=KVCredentials(
             receiver_public,
@@ -89,6 +109,7 @@ def generate_credentials() -> ClusterCredentials:
             ca_pem,
             receiver_cert.public_bytes(serialization.Encoding.PEM),
             _pem(receiver_key),
+            password,
         ),
         sender=KVCredentials(
             sender_public,
@@ -97,6 +118,7 @@ def generate_credentials() -> ClusterCredentials:
             ca_pem,
             sender_cert.public_bytes(serialization.Encoding.PEM),
             _pem(sender_key),
+            password,
         ),
     )
 
@@ -105,7 +127,8 @@ def transfer_credentials(
     transfer: KVTransferConfig, credentials: KVCredentials | None
 ) -> KVCredentials | None:
     """The credentials a worker's transport uses: ``credentials`` when ``transfer`` is
-    encrypted (a ConfigError if there are none: never fall back to plain text), else None.
+    encrypted (a ConfigError if there are none: never fall back to plain text), else their
+    plaintext gate (None without credentials).
     A plane left in plain text off loopback (allowed explicitly) is warned about, once a
     worker."""
     if transfer.plaintext_off_loopback:
@@ -117,7 +140,7 @@ def transfer_credentials(
             transfer.host,
         )
     if not transfer.encrypted:
-        return None
+        return None if credentials is None else credentials.plaintext_gate()
     if credentials is None:
         raise ConfigError(
             "the KV plane is encrypted (kv_encryption "

@@ -23,6 +23,9 @@ only the header, with the file's name (never a path). A receiver that cannot map
 (another host, another IPC namespace) says so, and that endpoint gets frames from then on. Both
 sides count each installed payload under ``SHARED_MEMORY`` or ``FRAMES``.
 
+Plain text with a gate (credentials holding only a password): ZMQ PLAIN, the receiver's ZAP
+handler admitting only the cluster's password, so a stranger gets no message in.
+
 Encrypted (with :class:`KVCredentials`): CURVE on both sides. The receiver's socket lives in a
 context of its own whose ZAP handler admits only the senders' public key; a sender that is not
 the cluster's, or a receiver that is not (a wrong server key), never completes the handshake, so
@@ -89,13 +92,15 @@ class ZmqKVReceiver(BaseKVReceiver):
         self._authenticator: ThreadAuthenticator | None = None
         if credentials is not None:
             self._context = zmq.Context()
-            self._authenticator = _admit_only(self._context, credentials.curve_peer_public)
+            self._authenticator = _admit_only(self._context, credentials)
         self._socket: zmq.Socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        if credentials is not None:
+        if credentials is not None and credentials.encrypts:
             self._socket.curve_secretkey = credentials.curve_secret
             self._socket.curve_publickey = credentials.curve_public
             self._socket.curve_server = True
+        elif credentials is not None:  # plain text, but only the cluster's senders get in
+            self._socket.plain_server = True
         # A larger frame never reaches us: ZMQ drops its sender's connection.
         max_frame = max(min(PAGE_FRAME_BYTES, max_payload_bytes), self.max_header_bytes)
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_frame)
@@ -200,11 +205,18 @@ class _AdmittedKeys:
         return key in self._keys
 
 
-def _admit_only(context: zmq.Context, sender_public: bytes) -> ThreadAuthenticator:
-    """Start ``context``'s ZAP handler, admitting CURVE clients with ``sender_public`` only."""
+PLAIN_USER = "pdserve-kv"
+
+
+def _admit_only(context: zmq.Context, credentials: KVCredentials) -> ThreadAuthenticator:
+    """Start ``context``'s ZAP handler, admitting only the cluster's senders: CURVE clients with
+    their public key, or (a plaintext plane) PLAIN clients with the cluster's password."""
     authenticator = ThreadAuthenticator(context, log=log)
     authenticator.start()
-    authenticator.configure_curve_callback("*", _AdmittedKeys({sender_public}))
+    if credentials.encrypts:
+        authenticator.configure_curve_callback("*", _AdmittedKeys({credentials.curve_peer_public}))
+    else:
+        authenticator.configure_plain("*", {PLAIN_USER: credentials.plain_password.decode()})
     return authenticator
 
 
@@ -243,10 +255,14 @@ class ZmqKVSender(BaseKVSender):
     def _connect(self, endpoint: str) -> _Connection:
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
-        if self._credentials is not None:
-            socket.curve_secretkey = self._credentials.curve_secret
-            socket.curve_publickey = self._credentials.curve_public
-            socket.curve_serverkey = self._credentials.curve_peer_public
+        credentials = self._credentials
+        if credentials is not None and credentials.encrypts:
+            socket.curve_secretkey = credentials.curve_secret
+            socket.curve_publickey = credentials.curve_public
+            socket.curve_serverkey = credentials.curve_peer_public
+        elif credentials is not None:
+            socket.plain_username = PLAIN_USER.encode()
+            socket.plain_password = credentials.plain_password
         socket.connect(endpoint)
         return _Connection(socket)
 
