@@ -6,8 +6,10 @@ Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
    ``reservation_timeout_s`` away. On a full cache it waits among other hand-offs, served by
    (priority, arrival) (``reservations.py``), else it is refused with the reason, worked out on
    the engine thread; ``reserve`` returns within its ``wait_s`` whatever the engine thread is
-   doing. The :class:`Reservation` names this worker's KV endpoint for the prefill worker and
-   carries the reservation's secret (128 random bits): only pages carrying it are taken.
+   doing. The request's output limit is kept with the reservation (the coordinator's, never
+   the one the pages' message carries). The :class:`Reservation` names this worker's KV
+   endpoint for the prefill worker and carries the reservation's secret (128 random bits):
+   only pages carrying it are taken.
    Leading blocks of the request already in this worker's prefix cache (an earlier turn of the
    same chat, a shared system prompt) are shared instead of reserved, and the reservation says
    how many: the prefill worker sends only the pages after them.
