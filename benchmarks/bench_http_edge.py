@@ -7,7 +7,9 @@ as it can (so the edge, not a model, is what is timed), in a child process of it
 to one core; this process is the client, on the other.
 
 - **Normal path**: 1 and 64 concurrent ``/v1/completions`` streams of ``--tokens`` events each:
-  events per second, the protocols in turn for ``--rounds`` rounds (median, min-max).
+  the server's CPU time per event (the figure: the client, in Python, may be the slower side)
+  and events per second, the protocols in turn for ``--rounds`` rounds (median, min-max), each
+  round's ratio to plain httptools.
 - **Attack**: a 32 MiB header in 64 KiB writes (time until the server refuses or takes it,
   and the server's RSS growth); 64 connections that never finish their headers (how many the
   server still holds after ``header_timeout`` + 2 s); the probe's latency while four clients
@@ -109,8 +111,11 @@ def free_port_pair() -> int:
                 return port
 
 
-async def streams(port: int, concurrency: int, requests: int) -> float:
-    """Events per second over ``requests`` streams, ``concurrency`` at a time."""
+async def streams(
+    port: int, process: psutil.Process, concurrency: int, requests: int
+) -> tuple[float, float]:
+    """Events per second over ``requests`` streams, ``concurrency`` at a time, and the
+    server's CPU microseconds per event (what the protocol costs, whatever the client's speed)."""
     limits = httpx.Limits(max_connections=concurrency)
     body = {"prompt": "hi", "stream": True, "max_tokens": 1000}
     events = 0
@@ -124,10 +129,13 @@ async def streams(port: int, concurrency: int, requests: int) -> float:
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60
     ) as client:
-        start = time.perf_counter()
+        await asyncio.gather(*(one(client) for _ in range(min(concurrency, 8))))  # warm-up
+        events = 0
+        cpu, start = sum(process.cpu_times()[:2]), time.perf_counter()
         for _ in range(requests // concurrency):
             await asyncio.gather(*(one(client) for _ in range(concurrency)))
-        return events / (time.perf_counter() - start)
+        elapsed, used = time.perf_counter() - start, sum(process.cpu_times()[:2]) - cpu
+        return events / elapsed, 1e6 * used / events
 
 
 def huge_header(port: int, process: psutil.Process) -> dict[str, Any]:
@@ -218,28 +226,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.sched_setaffinity(0, {1} if os.cpu_count() and os.cpu_count() > 1 else {0})
     rates: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in PROTOCOLS}
+    costs: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in PROTOCOLS}
     attacks: dict[str, Any] = {}
     for round_index in range(args.rounds):
         for protocol in PROTOCOLS:
             with server(protocol, args.tokens) as (port, process):
-                for concurrency, requests in ((1, 16), (64, 128)):
-                    rate = asyncio.run(streams(port, concurrency, requests))
+                for concurrency, requests in ((1, 48), (64, 384)):
+                    rate, cost = asyncio.run(streams(port, process, concurrency, requests))
                     rates[protocol][concurrency].append(rate)
+                    costs[protocol][concurrency].append(cost)
                 if round_index == 0:
                     attacks[protocol] = {
                         "huge_header": huge_header(port, process),
                         "half_sent": half_sent(port, process),
                         "probe_under_attack": probe_under_attack(port),
                     }
-            print(round_index, protocol, {c: r[-1] for c, r in rates[protocol].items()})
+            print(round_index, protocol, {c: round(r[-1], 1) for c, r in costs[protocol].items()})
     result = {
         "meta": run_meta(),
         "tokens_per_stream": args.tokens,
         "events_per_s": {p: {str(c): spread(v) for c, v in r.items()} for p, r in rates.items()},
-        "ratio_to_httptools": {
+        "server_cpu_us_per_event": {
+            p: {str(c): spread(v, 2) for c, v in r.items()} for p, r in costs.items()
+        },
+        "cpu_ratio_to_httptools": {  # server CPU per event, each round against httptools' own
             p: {
                 str(c): spread(
-                    [a / b for a, b in zip(rates[p][c], rates["httptools"][c], strict=True)], 3
+                    [a / b for a, b in zip(costs[p][c], costs["httptools"][c], strict=True)], 3
                 )
                 for c in (1, 64)
             }
@@ -248,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "attacks": attacks,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("ratio_to_httptools", "attacks")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("cpu_ratio_to_httptools", "attacks")}, indent=1))
     return 0
 
 

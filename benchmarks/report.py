@@ -200,6 +200,43 @@ def render_decode_step(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_http_edge(data: dict[str, Any]) -> str:
+    cost, ratio, attacks = (
+        data["server_cpu_us_per_event"],
+        data["cpu_ratio_to_httptools"],
+        data["attacks"],
+    )
+    lines = [
+        provenance(data["meta"]),
+        "",
+        f"Server CPU µs per streamed event ({data['tokens_per_stream']} events a stream), median "
+        "[min-max] over rounds; the ratio is each round's against plain httptools:",
+        "",
+        "| protocol | 1 stream | ratio | 64 streams | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for name in cost:
+        one, many = cost[name]["1"], cost[name]["64"]
+        lines.append(
+            f"| {name} | {_cell(one)} | {_cell(ratio[name]['1'], 3)} | {_cell(many)} "
+            f"| {_cell(ratio[name]['64'], 3)} |"
+        )
+    lines += [
+        "",
+        "| protocol | 32 MiB header: answer, s, RSS MiB | 64 half-sent requests still held | "
+        "probe p50 / p99 / max ms under a header attack |",
+        "|---|---|---|---|",
+    ]
+    for name, attack in attacks.items():
+        header, probe = attack["huge_header"], attack["probe_under_attack"]
+        held = next(v for k, v in attack["half_sent"].items() if k.startswith("held"))
+        lines.append(
+            f"| {name} | {header['status']}, {header['seconds']}, {header['rss_growth_mib']} "
+            f"| {held} / 64 | {probe['p50_ms']} / {probe['p99_ms']} / {probe['max_ms']} |"
+        )
+    return "\n".join(lines)
+
+
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -216,6 +253,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "compare_modes": render_compare_modes,
     "decode_step": render_decode_step,
     "core_sharing": render_core_sharing,
+    "http_edge": render_http_edge,
 }
 
 

@@ -107,8 +107,9 @@ class Cluster:
         elif cfg.deploy_mode == "pd_separate":
             prefill, decode = cfg.prefill_resources, cfg.decode_resources
             transfer = cfg.kv_transfer
-            # fresh per start, to the actors only (restarted ones get the same)
-            keys = generate_credentials() if transfer.encrypted else None
+            # fresh per start, to the actors only (restarted ones get the same); a plaintext
+            # plane still admits only the cluster's senders with them (security.py)
+            keys = generate_credentials() if transfer.transport != "inprocess" else None
             self.prefills = self._actors(
                 PrefillWorker, prefill, cfg.num_prefill, transfer, keys and keys.sender
             )
@@ -285,7 +286,7 @@ class Cluster:
         # the first token is the last: it ends on the prefill worker, no pages move
         target = HandoffTarget("", limit)
         if limit > len(request.output_token_ids) + 1:
-            reservation = await self._reserve(d_worker, request)
+            reservation = await self._reserve(d_worker, request, limit)
             if not reservation.granted:
                 refusal = f"decode worker refused: {reservation.reason}"
                 yield TokenEvent.failure(request.request_id, refusal, "reservation_refused")
@@ -345,11 +346,12 @@ class Cluster:
                 run.advance(RunPhase.DECODING)
             yield event
 
-    async def _reserve(self, d_worker: Any, request: GenerationRequest) -> Reservation:
-        """Blocks on ``d_worker``, waiting for room no longer than the request may take."""
+    async def _reserve(self, d_worker: Any, request: GenerationRequest, limit: int) -> Reservation:
+        """Blocks on ``d_worker`` for a request decoding up to ``limit`` outputs, waiting for
+        room no longer than the request may take."""
         wait_s = min(x for x in (self.config.reservation_wait_s, request.timeout_s) if x)
         try:
-            return await d_worker.reserve.remote(request, wait_s)
+            return await d_worker.reserve.remote(request, wait_s, limit)
         except ray.exceptions.RayError as exc:
             return Reservation.refused(type(exc).__name__)
 

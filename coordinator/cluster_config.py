@@ -72,6 +72,8 @@ class ClusterConfig:
     kv_host: str = KVTransferConfig.host  # decode workers' KV endpoints bind here ("auto": node IP)
     kv_shared_memory: bool = KVTransferConfig.shared_memory  # zmq on one host: pages in /dev/shm
     kv_encryption: str = KVTransferConfig.encryption  # CURVE / TLS on the KV plane
+    # kv_encryption off with kv_host off loopback: refused unless this is set
+    kv_allow_plaintext_off_loopback: bool = KVTransferConfig.allow_plaintext_off_loopback
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefill_resources: ActorResources = field(default_factory=ActorResources)
     decode_resources: ActorResources = field(default_factory=ActorResources)
@@ -106,4 +108,5 @@ class ClusterConfig:
             self.reservation_timeout_s,
             self.kv_shared_memory,
             self.kv_encryption,
+            self.kv_allow_plaintext_off_loopback,
         )

@@ -188,6 +188,11 @@ SCHEMA["backend_config"] = section(
         "authentication on the KV plane; `auto`: on unless `kv_host` is a loopback address "
         "([kv-handoff.md](kv-handoff.md#encryption-and-peer-authentication))",
         choices=ENCRYPTION_MODES),
+    fed("kv_allow_plaintext_off_loopback", "bool", cluster("kv_allow_plaintext_off_loopback"),
+        "`kv_encryption: off` with a `kv_host` that is not a loopback address is refused at "
+        "start unless this is `true` (then each worker logs a warning); only for a network "
+        "where no other host can see or send KV traffic "
+        "([kv-handoff.md](kv-handoff.md#what-the-receiver-bounds))"),
     fed("kv_transfer_timeout_s", "int", cluster("transfer_timeout_s", as_float), "a prefill "
         "worker gives a hand-off up (and frees its blocks) when its pages are not acknowledged "
         "by then; the request then migrates", low=1, high=3600, unit="s"),

@@ -31,6 +31,7 @@ class Waiter:
     request: GenerationRequest = field(compare=False)
     token: str = field(compare=False, repr=False)  # the reservation's secret
     answer: Future[int | str] = field(default_factory=Future, compare=False)
+    max_output_tokens: int = field(default=0, compare=False)  # its output limit, kept here
 
 
 class ReservationQueue:
@@ -43,13 +44,20 @@ class ReservationQueue:
         return len(self._heap)
 
     def add(
-        self, engine: LLMEngine, request: GenerationRequest, token: str, answer: Future
+        self,
+        engine: LLMEngine,
+        request: GenerationRequest,
+        token: str,
+        answer: Future,
+        max_output_tokens: int = 0,
     ) -> None:
         """Queue a hand-off whose pages must carry ``token``, answered through ``answer``, and
         serve the queue."""
         if answer.cancelled():  # its caller gave up before we got here
             return
-        waiter = Waiter(request.priority, next(self._seq), request, token, answer)
+        waiter = Waiter(
+            request.priority, next(self._seq), request, token, answer, max_output_tokens
+        )
         heapq.heappush(self._heap, waiter)
         self.grant(engine)
 
@@ -71,6 +79,7 @@ class ReservationQueue:
                     output_token_ids=request.output_token_ids,
                     token=waiter.token,
                     tenant=request.tenant,
+                    max_output_tokens=waiter.max_output_tokens,
                 )
                 if reserved is None:
                     return

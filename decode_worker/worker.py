@@ -6,8 +6,10 @@ Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
    ``reservation_timeout_s`` away. On a full cache it waits among other hand-offs, served by
    (priority, arrival) (``reservations.py``), else it is refused with the reason, worked out on
    the engine thread; ``reserve`` returns within its ``wait_s`` whatever the engine thread is
-   doing. The :class:`Reservation` names this worker's KV endpoint for the prefill worker and
-   carries the reservation's secret (128 random bits): only pages carrying it are taken.
+   doing. The request's output limit is kept with the reservation (the coordinator's, never
+   the one the pages' message carries). The :class:`Reservation` names this worker's KV
+   endpoint for the prefill worker and carries the reservation's secret (128 random bits):
+   only pages carrying it are taken.
    Leading blocks of the request already in this worker's prefix cache (an earlier turn of the
    same chat, a shared system prompt) are shared instead of reserved, and the reservation says
    how many: the prefill worker sends only the pages after them.
@@ -46,7 +48,9 @@ from engine.errors import KVImportError
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import Request, RequestStatus
+from engine.token_accounting import pd_output_limit
 from engine.transfer import create_receiver
+from engine.transfer.base import header_limit
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from workers.contracts import GenerationRequest, Reservation
 from workers.handoff_worker import HandoffWorker
@@ -81,19 +85,28 @@ class DecodeWorker(HandoffWorker):
             stream_timeout_s=transfer.transfer_timeout_s,
             max_payload_bytes=self.engine.kv_cache_bytes,
             credentials=self.credentials,
+            max_header_bytes=header_limit(self.engine.config.scheduler.max_seq_len),
         )
 
     def endpoint(self) -> str:
         return self.receiver.endpoint
 
-    def reserve(self, request: GenerationRequest, wait_s: float = 5.0) -> Reservation:
+    def reserve(
+        self, request: GenerationRequest, wait_s: float = 5.0, max_output_tokens: int = 0
+    ) -> Reservation:
         """Set blocks aside for an incoming hand-off and open its stream. Waits for room, among
-        waiting hand-offs served by priority then arrival; returns within ``wait_s``."""
+        waiting hand-offs served by priority then arrival; returns within ``wait_s``.
+        ``max_output_tokens``: the request's output limit, first token included (0: worked out
+        here from its ``max_new_tokens``); kept with the reservation, never taken from the
+        pages' message."""
         request_id = request.request_id
         token = secrets.token_hex(16)  # only pages carrying it are accepted
+        limit = max_output_tokens or pd_output_limit(
+            request.params.max_new_tokens, self.engine.config.scheduler.max_iter_times
+        )
         self.requests.open(request_id)
         try:
-            answer = self._wait_for_blocks(request, token, max(wait_s, 0.0))
+            answer = self._wait_for_blocks(request, token, max(wait_s, 0.0), limit)
         except BaseException:
             self.requests.close(request_id)
             raise
@@ -102,12 +115,16 @@ class DecodeWorker(HandoffWorker):
             return Reservation.refused(answer)
         return Reservation(True, self.receiver.endpoint, token=token, num_cached_blocks=answer)
 
-    def _wait_for_blocks(self, request: GenerationRequest, token: str, wait_s: float) -> int | str:
+    def _wait_for_blocks(
+        self, request: GenerationRequest, token: str, wait_s: float, max_output_tokens: int
+    ) -> int | str:
         """Once blocks are reserved, how many leading ones the prefix cache gave; else why not,
         within ``wait_s`` (the last ``SETTLE_S`` of it for the engine thread to say why)."""
         deadline = time.monotonic() + wait_s
         answer: Future[int | str] = Future()
-        added = self.loop.call(lambda e: self._waiting.add(e, request, token, answer))
+        added = self.loop.call(
+            lambda e: self._waiting.add(e, request, token, answer, max_output_tokens)
+        )
         with contextlib.suppress(TimeoutError):
             return answer.result(timeout=_left(deadline - min(SETTLE_S, wait_s / 2)))
         self.loop.call(lambda e: self._waiting.withdraw(e, request.request_id))

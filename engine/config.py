@@ -136,6 +136,9 @@ class KVTransferConfig:
     # kv_encryption: CURVE / TLS with peer authentication (engine/transfer/security.py); "auto":
     # on unless ``host`` is a loopback address
     encryption: str = "auto"
+    # kv_allow_plaintext_off_loopback: ``encryption`` "off" with ``host`` not a loopback address
+    # is refused unless this is set (then every worker warns at start)
+    allow_plaintext_off_loopback: bool = False
 
     def __post_init__(self) -> None:
         if self.encryption not in ENCRYPTION_MODES:
@@ -149,6 +152,19 @@ class KVTransferConfig:
             )
         if not isinstance(self.shared_memory, bool):
             raise ConfigError(f"kv_shared_memory must be true or false, got {self.shared_memory!r}")
+        if not isinstance(self.allow_plaintext_off_loopback, bool):
+            raise ConfigError(
+                "kv_allow_plaintext_off_loopback must be true or false, "
+                f"got {self.allow_plaintext_off_loopback!r}"
+            )
+        if self.plaintext_off_loopback and not self.allow_plaintext_off_loopback:
+            raise ConfigError(
+                f"kv_encryption 'off' with kv_host {self.host!r}, not a loopback address: KV "
+                "pages and reservation secrets would cross the network in plain text (an "
+                "on-path host could read them and deliver forged pages). Use kv_encryption "
+                "'auto' or 'on', bind kv_host to 127.0.0.1, or set "
+                "kv_allow_plaintext_off_loopback: true on a network you trust"
+            )
         for name in ("transfer_timeout_s", "reservation_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -158,6 +174,11 @@ class KVTransferConfig:
         """Whether hand-offs are encrypted and their peers authenticated (``inprocess``: never,
         nothing leaves the process)."""
         return self.transport != "inprocess" and needs_encryption(self.encryption, self.host)
+
+    @property
+    def plaintext_off_loopback(self) -> bool:
+        """Whether hand-offs would cross a network unencrypted and unauthenticated."""
+        return self.transport != "inprocess" and not self.encrypted and not is_loopback(self.host)
 
 
 @dataclass(frozen=True)

@@ -57,11 +57,14 @@ class KVImporter:
         token: str = "",
         max_shared_blocks: int | None = None,
         tenant: str = "",
+        max_output_tokens: int = 0,
     ) -> Request | None:
         """Set blocks aside for an incoming hand-off: a RESERVED request that ends with an error
         if its pages are not in within ``timeout_s``. None when the cache cannot hold it now.
         ``output_token_ids``: the outputs a migrated request arrives with, besides its prompt.
         ``token``: the reservation's secret; only pages carrying it are taken.
+        ``max_output_tokens``: the output limit the request decodes to; 0: the one its pages
+        bring (``import_kv`` of pages nobody reserved for), else the pages' is never taken.
 
         Leading blocks of the request found in the prefix cache (at most ``max_shared_blocks``)
         are shared, not reserved anew: ``num_shared_blocks`` of the returned request; the pages
@@ -77,10 +80,10 @@ class KVImporter:
         if not self.blocks.can_take(shared, num_new):
             return None
         self.blocks.count_lookup(len(token_ids), len(shared))
-        # Its first token and output limit come with the pages (finish_receive).
+        # Its first token comes with the pages (finish_receive); its output limit is ours.
         num_prompt = len(prompt_token_ids)
         request = self.engine.new_request(
-            request_id, token_ids[:num_prompt], num_prompt, params, 0, priority
+            request_id, token_ids[:num_prompt], num_prompt, params, max_output_tokens, priority
         )
         request.token_ids = token_ids  # its outputs are replayed when their pages are in
         request.status = RequestStatus.RESERVED
@@ -144,10 +147,16 @@ class KVImporter:
             payload.check_shape(
                 self.blocks.blocks_for(state.num_computed_tokens) - state.first_block
             )
-            self._check_state(request, state, max_output_tokens or state.max_output_tokens)
+            self._check_state(request, state, self._output_limit(request, state, max_output_tokens))
             request.status = RequestStatus.RECEIVING
             request.reservation_token = ""
         return request
+
+    @staticmethod
+    def _output_limit(request: Request, state: HandoffState, max_output_tokens: int | None) -> int:
+        """The output limit a received request decodes to: the caller's, else its
+        reservation's; the pages' own only when neither set one."""
+        return max_output_tokens or request.max_output_tokens or state.max_output_tokens
 
     def _live_reservation(self, request_id: str, token: str) -> Request:
         """Under ``_receive_lock``: the RESERVED request whose secret is ``token``. Every miss
@@ -231,8 +240,9 @@ class KVImporter:
             return
         request.token_ids = list(state.token_ids)
         request.num_computed_tokens = state.num_computed_tokens
-        request.num_cached_tokens = state.num_cached_tokens  # the prefill side's, for usage
-        request.max_output_tokens = max_output_tokens or state.max_output_tokens
+        # the prefill side's, for usage; never past the reserved prompt
+        request.num_cached_tokens = min(state.num_cached_tokens, request.num_prompt_tokens)
+        request.max_output_tokens = self._output_limit(request, state, max_output_tokens)
         # its first token was made on the prefill side just before its pages were sent
         request.first_token_time = request.first_token_time or time.monotonic()
         replay_outputs(request)  # every output so far was streamed by the prefill side

@@ -73,7 +73,9 @@ class FakeWorker:
         idle = EngineStats(num_free_blocks=10, num_total_blocks=10)
         return WorkerLoad(self.role, self.instance, 1, idle)
 
-    async def _reserve(self, request: GenerationRequest, wait_s: float) -> Reservation:
+    async def _reserve(
+        self, request: GenerationRequest, wait_s: float, max_output_tokens: int = 0
+    ) -> Reservation:
         self.held[request.request_id] = asyncio.Event()
         self._requests[request.request_id] = request
         return Reservation(True, f"fake://{self.role}/{self.instance}")

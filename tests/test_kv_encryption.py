@@ -187,7 +187,9 @@ def test_the_receiver_serves_its_cluster_after_refusing_strangers(
 )
 def test_encryption_is_on_by_default_off_loopback(mode, host, expected):
     assert needs_encryption(mode, host) is expected
-    assert KVTransferConfig("zmq", host, encryption=mode).encrypted is expected
+    allow = mode == "off"  # plain text off loopback must be allowed explicitly
+    config = KVTransferConfig("zmq", host, encryption=mode, allow_plaintext_off_loopback=allow)
+    assert config.encrypted is expected
     assert not KVTransferConfig("inprocess", host, encryption=mode).encrypted
 
 

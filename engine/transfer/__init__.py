@@ -48,22 +48,32 @@ def create_receiver(
     stream_timeout_s: float = 10.0,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     credentials: KVCredentials | None = None,
+    max_header_bytes: int | None = None,
 ) -> BaseKVReceiver:
     """Start a receiver that calls ``handler`` for every header (the handshake) and payload and
     answers with its result, and ``on_broken`` (request id, why) for a transfer that broke after
     its header. A gRPC push still unfinished after ``stream_timeout_s`` is cut (use the senders'
     transfer timeout). Page buffers over ``max_payload_bytes`` (the receiver's KV cache) are
-    refused before they are read, larger messages by the transport itself. ``credentials``
-    (the receivers' share): encrypted, admitting only the cluster's senders."""
+    refused before they are read, headers over ``max_header_bytes`` (default
+    ``header_limit()``) before they are parsed, larger frames by the transport itself.
+    ``credentials`` (the receivers' share): encrypted, admitting only the cluster's senders."""
     if name == "zmq":
         from engine.transfer.zmq_transport import ZmqKVReceiver
 
-        return ZmqKVReceiver(handler, host, on_broken, max_payload_bytes, credentials)
+        return ZmqKVReceiver(
+            handler, host, on_broken, max_payload_bytes, credentials, max_header_bytes
+        )
     if name == "grpc":
         from engine.transfer.grpc_transport import GrpcKVReceiver
 
         return GrpcKVReceiver(
-            handler, host, on_broken, stream_timeout_s, max_payload_bytes, credentials
+            handler,
+            host,
+            on_broken,
+            stream_timeout_s,
+            max_payload_bytes,
+            credentials,
+            max_header_bytes,
         )
     if name == "inprocess":
         from engine.transfer.inprocess import InProcessKVReceiver

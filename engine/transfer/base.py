@@ -12,9 +12,10 @@ metrics to tell which path a transport actually used.
 
 A receiver cannot be knocked over by what arrives: every message is handled in its own error
 boundary and answered (a refusal for anything malformed), and nothing is sized by a header before
-the handshake accepted it: the header must be consistent with itself, its page buffer at most
-``max_payload_bytes`` (the receiver's whole KV cache), and the handler (the reservation) must
-accept it."""
+the handshake accepted it: the header itself at most ``max_header_bytes`` (checked before it is
+parsed), consistent with itself, its page buffer at most ``max_payload_bytes`` (the receiver's
+whole KV cache), and the handler (the reservation) must accept it. Pages travel in pieces of at
+most ``PAGE_FRAME_BYTES``, so no transport takes a larger piece than that or the header."""
 
 from __future__ import annotations
 
@@ -45,8 +46,20 @@ PATHS = (SHARED_MEMORY, FRAMES, CHUNKS, DIRECT)
 INJECTED_BREAK = "transport broken by fault injection"
 # Default bound on one transfer's pages, for receivers not told their cache's size.
 DEFAULT_MAX_PAYLOAD_BYTES = 4 * 2**30
-# Room for a header (token ids, sampling parameters) on top of the pages.
-MAX_HEADER_BYTES = 16 * 2**20
+# A header's room besides its token ids (layout, counts, sampling parameters, secret) ...
+MAX_HEADER_BYTES = 64 * 2**10
+# ... and per token id it carries (a varint of at most 10 bytes): see ``header_limit``.
+HEADER_BYTES_PER_TOKEN = 10
+# Pages travel in frames (zmq) or chunks (grpc) of at most this many bytes each.
+PAGE_FRAME_BYTES = 4 * 2**20
+# The header limit of a receiver not told its engine's longest sequence.
+DEFAULT_MAX_TOKENS = 1 << 16
+
+
+def header_limit(max_tokens: int = DEFAULT_MAX_TOKENS) -> int:
+    """The largest header a receiver takes: ``MAX_HEADER_BYTES`` plus room for the token ids of
+    its engine's longest sequence (``max_tokens``); a larger one is refused unparsed."""
+    return MAX_HEADER_BYTES + HEADER_BYTES_PER_TOKEN * max_tokens
 
 
 class KVTransferError(Exception):
@@ -121,10 +134,12 @@ class BaseKVReceiver(ABC):
         handler: PayloadHandler,
         on_broken: BrokenHandler | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_header_bytes: int | None = None,
     ) -> None:
         self.payloads_by_path = PathCounts()  # accepted by the handler
         self.breaker = TransferBreaker()
         self.max_payload_bytes = max_payload_bytes
+        self.max_header_bytes = header_limit() if max_header_bytes is None else max_header_bytes
         self._handler = handler
         self._on_broken = on_broken
 
@@ -138,6 +153,17 @@ class BaseKVReceiver(ABC):
         if view.num_bytes > self.max_payload_bytes:
             return f"malformed transfer: {view.num_bytes} bytes exceed the receiver's KV cache"
         return self._handler(view)
+
+    def parse_header(self, data: bytes | memoryview) -> pb.KVHeaderMsg:
+        """The header frame parsed, if it is within ``max_header_bytes`` (checked before
+        parsing); raises ValueError otherwise."""
+        if len(data) > self.max_header_bytes:
+            raise ValueError(
+                f"header of {len(data)} bytes exceeds the receiver's {self.max_header_bytes}"
+            )
+        header = pb.KVHeaderMsg()
+        header.ParseFromString(data)
+        return header
 
     def accept(self, payload: KVPayload, path: str) -> str | None:
         """Hand the received payload to the handler; counts it under ``path`` if accepted."""

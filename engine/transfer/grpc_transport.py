@@ -39,7 +39,7 @@ from engine.transfer.base import (
     CHUNKS,
     DEFAULT_MAX_PAYLOAD_BYTES,
     INJECTED_BREAK,
-    MAX_HEADER_BYTES,
+    PAGE_FRAME_BYTES,
     BaseKVReceiver,
     BaseKVSender,
     BrokenHandler,
@@ -60,7 +60,7 @@ from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
 from engine.transfer.security import KV_TLS_NAME, KVCredentials
 
 log = logging.getLogger(__name__)
-CHUNK_BYTES = 4 * 2**20
+CHUNK_BYTES = PAGE_FRAME_BYTES
 MAX_CONCURRENT_PUSHES = 4
 _OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 2**20),
@@ -152,6 +152,9 @@ class _Servicer(pb_grpc.KVTransferServicer):
     ) -> pb.KVAckMsg:
         header = first.header
         request_id = push.request_id
+        if header.ByteSize() > self._receiver.max_header_bytes:
+            error = f"malformed transfer: header exceeds {self._receiver.max_header_bytes} bytes"
+            return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
         error = self._receiver.handshake(header)  # before any buffer is sized by the header
         if error is not None:
             return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
@@ -163,6 +166,7 @@ class _Servicer(pb_grpc.KVTransferServicer):
         for count, chunk in enumerate(_chain(first, rest), start=1):
             end = offset + len(chunk.data)
             if end > header.num_bytes or count > max_chunks:
+                push.report_cut(self._receiver)  # the reservation ends: no pages for it
                 return pb.KVAckMsg(
                     request_id=request_id, ok=False, error="more bytes or chunks than declared"
                 )
@@ -207,12 +211,13 @@ class GrpcKVReceiver(BaseKVReceiver):
         stream_timeout_s: float = 10.0,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         credentials: KVCredentials | None = None,
+        max_header_bytes: int | None = None,
     ) -> None:
         """``stream_timeout_s``: a push still unfinished after it is cut."""
-        super().__init__(handler, on_broken, max_payload_bytes)
+        super().__init__(handler, on_broken, max_payload_bytes, max_header_bytes)
         self.watchdog = _StreamWatchdog(stream_timeout_s)
         # One chunk at most: a larger message is refused by gRPC before it reaches us.
-        max_message = min(CHUNK_BYTES, max_payload_bytes) + MAX_HEADER_BYTES
+        max_message = min(CHUNK_BYTES, max_payload_bytes) + self.max_header_bytes
         self._server = grpc.server(
             futures.ThreadPoolExecutor(MAX_CONCURRENT_PUSHES, thread_name_prefix="kv-grpc"),
             options=[
@@ -223,7 +228,7 @@ class GrpcKVReceiver(BaseKVReceiver):
         )
         pb_grpc.add_KVTransferServicer_to_server(_Servicer(self), self._server)
         address = f"{host}:0"
-        if credentials is None:
+        if credentials is None or not credentials.encrypts:  # plain text: nothing to admit by
             port = self._server.add_insecure_port(address)
         else:
             tls = grpc.ssl_server_credentials(
@@ -249,7 +254,7 @@ class GrpcKVSender(BaseKVSender):
         )
 
     def _open(self, endpoint: str) -> grpc.Channel:
-        if self._credentials is None:
+        if self._credentials is None or not self._credentials.encrypts:
             return grpc.insecure_channel(endpoint, options=_OPTIONS)
         tls = grpc.ssl_channel_credentials(
             root_certificates=self._credentials.tls_ca,

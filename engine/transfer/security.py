@@ -12,6 +12,12 @@ secrets and what identifies the receivers it may talk to. Nothing is written to 
   is for the name ``KV_TLS_NAME`` (endpoints are IPs that change with every pod, so the sender
   checks that name instead), and a receiver requires a client certificate from the same CA.
 
+A plaintext plane (``kv_encryption`` off, or ``auto`` on loopback) still admits only the
+cluster's senders on ZMQ when the cluster handed its workers credentials: the ZMQ PLAIN
+mechanism with a per-start password (:meth:`KVCredentials.plaintext_gate`). It encrypts
+nothing, but a stranger (another process of the host) never gets a message in, so it cannot
+make a receiver buffer one endless multipart message either.
+
 Shared-memory hand-offs on one host stay as they are: the file is the sender's, mode 0600, and
 only its name crosses the (authenticated) socket.
 """
@@ -19,6 +25,8 @@ only its name crosses the (authenticated) socket.
 from __future__ import annotations
 
 import datetime
+import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -33,6 +41,7 @@ from engine.errors import ConfigError
 if TYPE_CHECKING:
     from engine.config import KVTransferConfig
 
+log = logging.getLogger(__name__)
 KV_TLS_NAME = "pdserve-kv"  # the name in the receivers' certificate, checked by senders
 _VALID_FOR = datetime.timedelta(days=3650)  # the credentials live as long as the cluster start
 _CA_KEY_USAGE = x509.KeyUsage(
@@ -58,6 +67,18 @@ class KVCredentials:
     tls_ca: bytes = field(repr=False)  # PEM: the cluster's CA, which signed both certificates
     tls_certificate: bytes = field(repr=False)  # PEM: this role's certificate
     tls_key: bytes = field(repr=False)  # PEM: its private key
+    plain_password: bytes = field(default=b"", repr=False)  # ZMQ PLAIN, plaintext planes
+
+    @property
+    def encrypts(self) -> bool:
+        """Whether these credentials encrypt (CURVE / TLS), not only admit (PLAIN)."""
+        return bool(self.curve_secret or self.tls_key)
+
+    def plaintext_gate(self) -> KVCredentials | None:
+        """The share a plaintext plane uses: only the PLAIN password (None without one)."""
+        if not self.plain_password:
+            return None
+        return KVCredentials(b"", b"", b"", b"", b"", b"", self.plain_password)
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,7 @@ def generate_credentials() -> ClusterCredentials:
     receiver_cert = _certificate(KV_TLS_NAME, receiver_key.public_key(), ca_key, ca, server=True)
     sender_cert = _certificate("pdserve KV sender", sender_key.public_key(), ca_key, ca)
     ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    password = secrets.token_hex(32).encode()
     return ClusterCredentials(
         receiver=KVCredentials(
             receiver_public,
@@ -87,6 +109,7 @@ def generate_credentials() -> ClusterCredentials:
             ca_pem,
             receiver_cert.public_bytes(serialization.Encoding.PEM),
             _pem(receiver_key),
+            password,
         ),
         sender=KVCredentials(
             sender_public,
@@ -95,6 +118,7 @@ def generate_credentials() -> ClusterCredentials:
             ca_pem,
             sender_cert.public_bytes(serialization.Encoding.PEM),
             _pem(sender_key),
+            password,
         ),
     )
 
@@ -103,9 +127,20 @@ def transfer_credentials(
     transfer: KVTransferConfig, credentials: KVCredentials | None
 ) -> KVCredentials | None:
     """The credentials a worker's transport uses: ``credentials`` when ``transfer`` is
-    encrypted (a ConfigError if there are none: never fall back to plain text), else None."""
+    encrypted (a ConfigError if there are none: never fall back to plain text), else their
+    plaintext gate (None without credentials).
+    A plane left in plain text off loopback (allowed explicitly) is warned about, once a
+    worker."""
+    if transfer.plaintext_off_loopback:
+        log.warning(
+            "KV PLANE IN PLAIN TEXT off loopback (kv_encryption %r, kv_host %r, "
+            "kv_allow_plaintext_off_loopback: true): any host on the path can read the KV "
+            "pages and reservation secrets and deliver forged pages",
+            transfer.encryption,
+            transfer.host,
+        )
     if not transfer.encrypted:
-        return None
+        return None if credentials is None else credentials.plaintext_gate()
     if credentials is None:
         raise ConfigError(
             "the KV plane is encrypted (kv_encryption "

@@ -1,11 +1,16 @@
 """KV hand-off over ZeroMQ.
 
 Receiver: a ROUTER socket on a random port, served by one thread. Each transfer is one multipart
-message ``[header, pages]``; the pages are received straight into a reused buffer
-(``recv_into``) once the handshake accepted the header (nothing is sized by a header before),
-handed to the handler, and answered with a ``KVAckMsg``. A malformed message is answered with a
-refusal; the thread goes on serving. A frame larger than the receiver's KV cache (``MAXMSGSIZE``)
-never arrives: ZMQ drops its sender's connection.
+message ``[header, page frame, ...]``: the header (refused unparsed past the receiver's
+``max_header_bytes``), then the pages in frames of ``PAGE_FRAME_BYTES`` (the last one shorter),
+received straight into a reused buffer (``recv_into``) once the handshake accepted the header
+(nothing is sized by a header before), handed to the handler, and answered with a ``KVAckMsg``.
+A malformed message is answered with a refusal; the thread goes on serving; a message with more
+frames or bytes than its header announced is refused and ends the reservation. A frame larger
+than a page frame or a header (``MAXMSGSIZE``) never arrives: ZMQ drops its sender's connection.
+ZMQ hands a multipart message over only once all of it arrived, so the size of a whole message
+is bounded only by who may connect: CURVE admits the cluster's senders alone, and a plaintext
+plane is refused off loopback (``KVTransferConfig``).
 
 Sender: one DEALER socket per endpoint (``endpoints.py``), one transfer at a time on it, pages
 sent zero-copy from the exported buffer. The answer is awaited at most the transfer's timeout;
@@ -17,6 +22,9 @@ hand-off (``shared_memory.py``): the pages go into its ``/dev/shm`` file and the
 only the header, with the file's name (never a path). A receiver that cannot map the file
 (another host, another IPC namespace) says so, and that endpoint gets frames from then on. Both
 sides count each installed payload under ``SHARED_MEMORY`` or ``FRAMES``.
+
+Plain text with a gate (credentials holding only a password): ZMQ PLAIN, the receiver's ZAP
+handler admitting only the cluster's password, so a stranger gets no message in.
 
 Encrypted (with :class:`KVCredentials`): CURVE on both sides. The receiver's socket lives in a
 context of its own whose ZAP handler admits only the senders' public key; a sender that is not
@@ -43,7 +51,7 @@ from engine.transfer.base import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     FRAMES,
     INJECTED_BREAK,
-    MAX_HEADER_BYTES,
+    PAGE_FRAME_BYTES,
     SHARED_MEMORY,
     BaseKVReceiver,
     BaseKVSender,
@@ -77,21 +85,25 @@ class ZmqKVReceiver(BaseKVReceiver):
         on_broken: BrokenHandler | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         credentials: KVCredentials | None = None,
+        max_header_bytes: int | None = None,
     ) -> None:
-        super().__init__(handler, on_broken, max_payload_bytes)
+        super().__init__(handler, on_broken, max_payload_bytes, max_header_bytes)
         self._context: zmq.Context = zmq.Context.instance()
         self._authenticator: ThreadAuthenticator | None = None
         if credentials is not None:
             self._context = zmq.Context()
-            self._authenticator = _admit_only(self._context, credentials.curve_peer_public)
+            self._authenticator = _admit_only(self._context, credentials)
         self._socket: zmq.Socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        if credentials is not None:
+        if credentials is not None and credentials.encrypts:
             self._socket.curve_secretkey = credentials.curve_secret
             self._socket.curve_publickey = credentials.curve_public
             self._socket.curve_server = True
+        elif credentials is not None:  # plain text, but only the cluster's senders get in
+            self._socket.plain_server = True
         # A larger frame never reaches us: ZMQ drops its sender's connection.
-        self._socket.setsockopt(zmq.MAXMSGSIZE, max(max_payload_bytes, MAX_HEADER_BYTES))
+        max_frame = max(min(PAGE_FRAME_BYTES, max_payload_bytes), self.max_header_bytes)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_frame)
         port: int = self._socket.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         self._buffer = torch.empty(0, dtype=torch.uint8)
@@ -123,8 +135,10 @@ class ZmqKVReceiver(BaseKVReceiver):
         """The answer to one message; None: broken on purpose, no answer."""
         if not self._socket.getsockopt(zmq.RCVMORE):
             return pb.KVAckMsg(ok=False, error="malformed transfer: no header")
-        header = pb.KVHeaderMsg()
-        header.ParseFromString(self._socket.recv())
+        try:
+            header = self.parse_header(self._socket.recv(copy=False).buffer)
+        except ValueError as exc:  # too large to parse (a DecodeError is answered by _serve)
+            return pb.KVAckMsg(ok=False, error=f"malformed transfer: {exc}")
         request_id = header.state.request_id
         if self.breaker.take():
             self.report_broken(request_id, INJECTED_BREAK)
@@ -136,16 +150,28 @@ class ZmqKVReceiver(BaseKVReceiver):
             return self._receive_shared(header)
         if header.num_bytes > self._buffer.numel():
             self._buffer = torch.empty(header.num_bytes, dtype=torch.uint8)
-        view = byte_view(self._buffer)
-        received = self._socket.recv_into(view) if self._socket.getsockopt(zmq.RCVMORE) else 0
-        self._drain()  # anything unexpected
-        if received != header.num_bytes:
-            return pb.KVAckMsg(
-                request_id=request_id,
-                ok=False,
-                error=f"expected {header.num_bytes} bytes, got {received}",
-            )
+        error = self._receive_pages(header.num_bytes)
+        if error is not None:
+            self.report_broken(request_id, error)  # its pages will not come: free its blocks
+            return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
         return self._deliver(header, self._buffer, FRAMES)
+
+    def _receive_pages(self, num_bytes: int) -> str | None:
+        """Receive the page frames into the buffer: each ``PAGE_FRAME_BYTES`` (the last one the
+        rest), no more frames than that takes. The refusal, if the frames are not those."""
+        view = byte_view(self._buffer)
+        received = 0
+        while received < num_bytes and self._socket.getsockopt(zmq.RCVMORE):
+            expected = min(PAGE_FRAME_BYTES, num_bytes - received)
+            size = self._socket.recv_into(view[received : received + expected])
+            if size != expected:  # recv_into truncates a longer frame: refused either way
+                return f"malformed transfer: a page frame of {size} bytes, expected {expected}"
+            received += size
+        if received != num_bytes:
+            return f"expected {num_bytes} bytes, got {received}"
+        if self._socket.getsockopt(zmq.RCVMORE):
+            return "malformed transfer: more frames than its header announced"
+        return None
 
     def _receive_shared(self, header: pb.KVHeaderMsg) -> pb.KVAckMsg:
         self._drain()
@@ -179,11 +205,18 @@ class _AdmittedKeys:
         return key in self._keys
 
 
-def _admit_only(context: zmq.Context, sender_public: bytes) -> ThreadAuthenticator:
-    """Start ``context``'s ZAP handler, admitting CURVE clients with ``sender_public`` only."""
+PLAIN_USER = "pdserve-kv"
+
+
+def _admit_only(context: zmq.Context, credentials: KVCredentials) -> ThreadAuthenticator:
+    """Start ``context``'s ZAP handler, admitting only the cluster's senders: CURVE clients with
+    their public key, or (a plaintext plane) PLAIN clients with the cluster's password."""
     authenticator = ThreadAuthenticator(context, log=log)
     authenticator.start()
-    authenticator.configure_curve_callback("*", _AdmittedKeys({sender_public}))
+    if credentials.encrypts:
+        authenticator.configure_curve_callback("*", _AdmittedKeys({credentials.curve_peer_public}))
+    else:
+        authenticator.configure_plain("*", {PLAIN_USER: credentials.plain_password.decode()})
     return authenticator
 
 
@@ -222,10 +255,14 @@ class ZmqKVSender(BaseKVSender):
     def _connect(self, endpoint: str) -> _Connection:
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
-        if self._credentials is not None:
-            socket.curve_secretkey = self._credentials.curve_secret
-            socket.curve_publickey = self._credentials.curve_public
-            socket.curve_serverkey = self._credentials.curve_peer_public
+        credentials = self._credentials
+        if credentials is not None and credentials.encrypts:
+            socket.curve_secretkey = credentials.curve_secret
+            socket.curve_publickey = credentials.curve_public
+            socket.curve_serverkey = credentials.curve_peer_public
+        elif credentials is not None:
+            socket.plain_username = PLAIN_USER.encode()
+            socket.plain_password = credentials.plain_password
         socket.connect(endpoint)
         return _Connection(socket)
 
@@ -270,7 +307,11 @@ class ZmqKVSender(BaseKVSender):
                 conn.frames_only = True  # never could map it: another host; frames from now on
                 break
         header.shm_name = ""
-        frames = [header.SerializeToString(), page_bytes(payload)]
+        pages = page_bytes(payload)
+        frames = [header.SerializeToString()] + [
+            pages[start : start + PAGE_FRAME_BYTES]
+            for start in range(0, len(pages), PAGE_FRAME_BYTES)
+        ]
         return self._check(self._exchange(conn.socket, endpoint, frames, deadline), FRAMES)
 
     def _shared_buffer(
