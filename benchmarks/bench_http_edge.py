@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/http_edge.json"))
     args = parser.parse_args(argv)
+    meta = run_meta()  # before the pinning below: the machine's cores, not this process's
     os.sched_setaffinity(0, {1} if os.cpu_count() and os.cpu_count() > 1 else {0})
     rates: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in PROTOCOLS}
     costs: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in PROTOCOLS}
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     }
             print(round_index, protocol, {c: round(r[-1], 1) for c, r in costs[protocol].items()})
     result = {
-        "meta": run_meta(),
+        "meta": meta,
         "tokens_per_stream": args.tokens,
         "events_per_s": {p: {str(c): spread(v) for c, v in r.items()} for p, r in rates.items()},
         "server_cpu_us_per_event": {
