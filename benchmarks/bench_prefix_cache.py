@@ -70,6 +70,7 @@ from benchmarks.prefix_chat_workload import (  # noqa: E402
     make_conversations,
     system_prompt,
 )
+from benchmarks.results_meta import run_meta  # noqa: E402
 from benchmarks.serving_client import Target, send  # noqa: E402
 from benchmarks.serving_metrics import SLO, RequestRecord, summarize  # noqa: E402
 from benchmarks.serving_plots import plot_ttft_by_turn  # noqa: E402
@@ -565,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = table(columns, on_off, slo, label)
     system = system_prompt(args.system_tokens, tokenizer.encode, args.seed)
     report = {
+        "meta": run_meta(),
         "machine": f"{os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"),
         "minutes": (time.monotonic() - started) / 60,

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.routing import APIRoute
 from ray import serve
 
 from coordinator.api.app import missing_api_key
@@ -68,8 +69,9 @@ def ingress_app(coordinator: Coordinator, metrics: bool) -> FastAPI:
     app.include_router(coordinator.status_app().router)
     if metrics:
         keys = set(coordinator.config["http_config"]["api_keys"])
-        (route,) = [r for r in coordinator.external_app().routes if r.path == "/metrics"]
-        exposition = route.endpoint  # type: ignore[attr-defined]
+        routes = coordinator.external_app().routes
+        (route,) = [r for r in routes if isinstance(r, APIRoute) and r.path == "/metrics"]
+        exposition = route.endpoint
 
         @app.get("/metrics")
         async def gated_metrics(request: Request) -> Response:

@@ -153,8 +153,9 @@ class _Servicer(pb_grpc.KVTransferServicer):
         header = first.header
         request_id = push.request_id
         if header.ByteSize() > self._receiver.max_header_bytes:
-            error = f"malformed transfer: header exceeds {self._receiver.max_header_bytes} bytes"
-            return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
+            limit = self._receiver.max_header_bytes
+            too_large = f"malformed transfer: header exceeds {limit} bytes"
+            return pb.KVAckMsg(request_id=request_id, ok=False, error=too_large)
         error = self._receiver.handshake(header)  # before any buffer is sized by the header
         if error is not None:
             return pb.KVAckMsg(request_id=request_id, ok=False, error=error)
