@@ -35,6 +35,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import RequestRejectedError
+from engine.grammars import GrammarCache
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
 from engine.model.gguf_weights import read_quantized
@@ -71,6 +72,8 @@ class LLMEngine:
         log.info("model %s: %s", loaded.name, self.model.describe())
         self.shape = self.model.shape
         self.eos_token_ids = _eos_ids(loaded)
+        # constrained requests' compiled grammars (engine/grammars.py)
+        self.grammars = GrammarCache(self.tokenizer, self.shape.vocab_size, self.eos_token_ids)
         block_size = config.cache.block_size
         num_blocks = config.cache.num_blocks or max(
             config.cache.memory_mb * 2**20 // bytes_per_block(self.shape, block_size, self.dtype), 1
@@ -160,7 +163,10 @@ class LLMEngine:
         priority: int,
     ) -> Request:
         """A request over ``token_ids`` (the prompt, then any outputs so far, which are replayed
-        through the detokenizer as if they had just been generated and streamed)."""
+        through the detokenizer as if they had just been generated and streamed, and through
+        its grammar's matcher before its next token). A constraint that does not compile is
+        :class:`~engine.grammars.GrammarError`."""
+        grammar = self.grammars.state(params.constraint)
         request = Request(
             request_id=request_id,
             token_ids=token_ids,
@@ -171,6 +177,7 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids[:num_prompt], params.stop),
             arrival_seq=next(self._arrivals),
             generator=make_generator(self.device),
+            grammar=grammar,
         )
         replay_outputs(request)
         return request
@@ -208,7 +215,9 @@ class LLMEngine:
             self.cache_computed(request)
         if samplers:
             now = time.monotonic()
-            for request, token_id in zip(samplers, sample(logits, samplers), strict=True):
+            for request, token_id in zip(
+                samplers, sample(logits, samplers, self.grammars), strict=True
+            ):
                 events.append(self._append_token(request, token_id, now))
         num_prompt_tokens = sum(n for _, n in scheduled.prefills)
         seconds = time.monotonic() - start  # sampling waited for the device
@@ -241,6 +250,9 @@ class LLMEngine:
         request.token_ids.append(token_id)
         request.first_token_time = request.first_token_time or now
         request.last_token_time = now
+        grammar = request.grammar
+        if grammar is not None and not grammar.catch_up(request.output_token_ids):
+            return self._fail(request, grammar.error or "constraint violated", now)
         stopped = request.detokenizer.append(request.token_ids)
         reason = self._finish_reason(request, token_id, stopped)
         event = TokenEvent(
@@ -264,7 +276,7 @@ class LLMEngine:
     def _finish_reason(self, request: Request, token_id: int, stopped: bool) -> FinishReason | None:
         if token_id in self.eos_token_ids and not request.params.ignore_eos:
             return FinishReason.EOS
-        if stopped:
+        if stopped or (request.grammar is not None and request.grammar.completed):
             return FinishReason.STOP
         if request.prefill_only:
             return None
@@ -273,6 +285,22 @@ class LLMEngine:
         if request.num_tokens >= self.config.scheduler.max_seq_len:
             return FinishReason.LENGTH
         return None
+
+    def _fail(self, request: Request, error: str, now: float) -> TokenEvent:
+        """End ``request`` with an error, its last token unsent (the event carries no text)."""
+        self._finish(request, FinishReason.ERROR)
+        return TokenEvent(
+            request.request_id,
+            None,
+            "",
+            request.num_prompt_tokens,
+            request.num_output_tokens - 1,
+            now,
+            FinishReason.ERROR,
+            error,
+            cause="constraint_violated",
+            num_cached_tokens=request.num_cached_tokens,
+        )
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         self.scheduler.remove(request)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.grammars import GrammarState
 from engine.sampling_params import SamplingParams
 
 
@@ -67,6 +68,8 @@ class Request:
     last_token_time: float | None = None
     deadline: float | None = None  # RESERVED: ended with an error if its pages are not in by then
     reservation_token: str = field(default="", repr=False)  # RESERVED: pages must carry it
+    # a constrained request's matcher (engine/grammars.py), rebuilt by every engine it runs on
+    grammar: GrammarState | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:

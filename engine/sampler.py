@@ -7,6 +7,11 @@ prompt and parameters, never on what else shares the batch, nor on which engine 
 request handed from prefill to decode, or migrated to another worker pair with its tokens so far,
 draws its next token exactly as one engine running it from the start would.
 
+A constrained row (``Request.grammar``) first has every token its grammar does not allow next
+set to -inf (``GrammarCache.mask``): its matcher replays the outputs it has not consumed yet, so
+a request that arrived with outputs made elsewhere is masked from where it stands. Unconstrained
+rows are untouched, so a batch mixing both samples them exactly as a batch without constraints.
+
 No row sorts the whole vocabulary unless typical sampling asks for it: top-k takes the k best
 scores; top-p alone takes the best few (growing ×4 from ``NUCLEUS_START``) until they hold the
 nucleus' mass, which they then must contain; the draw is over those candidates only. The kept sets
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.grammars import GrammarCache
 from engine.logits_processors import apply_repetition_penalty, apply_typical_p
 from engine.request import Request
 
@@ -37,8 +43,19 @@ def position_seed(seed: int, position: int) -> int:
     return z ^ (z >> 31)
 
 
-def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
-    """``logits[i]`` belongs to ``requests[i]``; returns the chosen token ids."""
+def sample(
+    logits: torch.Tensor, requests: list[Request], grammars: GrammarCache | None = None
+) -> list[int]:
+    """``logits[i]`` belongs to ``requests[i]``; returns the chosen token ids. ``grammars``
+    masks the constrained rows (needed when any request has a constraint)."""
+    rows, states = [], []
+    for row, request in enumerate(requests):
+        state = request.grammar
+        if state is not None and state.catch_up(request.output_token_ids):
+            rows.append(row)
+            states.append(state)
+    if rows and grammars is not None:
+        grammars.mask(logits, rows, states)
     for row, request in enumerate(requests):
         if request.params.repetition_penalty != 1.0:
             ids = torch.tensor(request.token_ids, device=logits.device).unsqueeze(0)

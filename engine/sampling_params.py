@@ -6,6 +6,7 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.constraint import Constraint
 from engine.errors import ConfigError
 
 MAX_SEED = 2**64 - 1
@@ -14,7 +15,8 @@ MAX_SEED = 2**64 - 1
 @dataclass(frozen=True)
 class SamplingParams:
     """Semantics follow transformers' logits processors, applied in its order:
-    repetition_penalty, temperature, top_k, top_p, typical_p."""
+    repetition_penalty, temperature, top_k, top_p, typical_p. ``constraint``: what the output
+    must match (``engine/constraint.py``); its mask applies before all of them."""
 
     max_new_tokens: int = 20
     do_sample: bool = False
@@ -26,6 +28,7 @@ class SamplingParams:
     seed: int = field(default_factory=lambda: secrets.randbelow(MAX_SEED) + 1)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         _require(self.max_new_tokens >= 1, "max_new_tokens", ">= 1", self.max_new_tokens)
@@ -51,7 +54,8 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
-        return cls(**{**data, "stop": tuple(data.get("stop", ()))})
+        constraint = Constraint.from_dict(data.get("constraint"))
+        return cls(**{**data, "stop": tuple(data.get("stop", ())), "constraint": constraint})
 
 
 def _require(ok: bool, name: str, valid: str, value: Any) -> None:
