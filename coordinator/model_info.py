@@ -3,8 +3,11 @@ configuration, read by every door in ``coordinator/api/``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
+
+from engine.grammars import GrammarCache
 
 
 @dataclass
@@ -21,3 +24,16 @@ class ModelInfo:
     modalities: tuple[str, ...] = ("text",)
     allowed_media_dirs: tuple[str, ...] = ()
     content_filter: Any = None  # a ContentFilter when content_safety is enabled
+    # constraints compiled at the door (coordinator/api/structured_request.py), made on first use
+    grammars: GrammarCache | None = field(default=None, repr=False)
+    _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def grammar_cache(self) -> GrammarCache:
+        """The compiled-constraint cache over the served tokenizer (built on first use)."""
+        with self._grammars_lock:
+            if self.grammars is None:
+                eos = getattr(self.tokenizer, "eos_token_id", None)
+                self.grammars = GrammarCache(
+                    self.tokenizer, self.vocab_size, [eos] if eos is not None else []
+                )
+            return self.grammars

@@ -45,6 +45,7 @@ from concurrent.futures import Future
 
 from decode_worker.reservations import ReservationQueue
 from engine.errors import KVImportError
+from engine.grammars import GrammarError
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import Request, RequestStatus
@@ -104,6 +105,10 @@ class DecodeWorker(HandoffWorker):
         limit = max_output_tokens or pd_output_limit(
             request.params.max_new_tokens, self.engine.config.scheduler.max_iter_times
         )
+        try:  # a constraint compiles here, not on the engine thread (workers/runtime.py)
+            self.engine.grammars.compile(request.params.constraint)
+        except GrammarError as exc:
+            return Reservation.refused(str(exc))
         self.requests.open(request_id)
         try:
             answer = self._wait_for_blocks(request, token, max(wait_s, 0.0), limit)

@@ -160,7 +160,7 @@ def grammar_of(constraint: Constraint) -> str:
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(constraint.spec, JSON_OPTIONS)
         except ValueError as exc:
-            raise GrammarError(f"the json_schema is not a JSON object: {exc}") from exc
+            raise GrammarError(f"the json_schema is not accepted: {exc}") from exc
     if constraint.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(constraint.spec)
     return llguidance.LLMatcher.grammar_from_lark(constraint.spec)

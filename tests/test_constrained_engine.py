@@ -175,7 +175,7 @@ def test_outputs_the_grammar_refuses_end_the_request_with_an_error(tiny_engine):
     "constraint, reason",
     [
         (Constraint("json_schema", '{"type": "objectx"}'), "objectx"),
-        (Constraint("json_schema", "[1, 2"), "not a JSON object"),
+        (Constraint("json_schema", "[1, 2"), "not accepted"),
         (Constraint("regex", "(a"), "unclosed group"),
         (Constraint("lark", "start: undefined_rule"), "undefined_rule"),
     ],

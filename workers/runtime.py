@@ -92,6 +92,8 @@ class WorkerRuntime:
             )
 
         try:
+            # a constraint compiles here, on the caller's thread: the engine thread finds it cached
+            self.engine.grammars.compile(request.params.constraint)
             self.loop.call(queue_it).result()
         except Exception as exc:
             self.requests.put(request.request_id, TokenEvent.failure(request.request_id, str(exc)))

@@ -5,17 +5,20 @@
 Every call needs a known ``api-version``. The ``extra-parameters`` header decides what happens
 to body keys outside the API: ``error`` (default) → 400, ``drop`` → ignored, ``pass-through`` →
 handed to the engine when pdserve understands them (else 422). Known parameters this model
-cannot honour answer 422 ``parameter_not_supported``. Chat requests are read and answered as
-OpenAI's (:mod:`~coordinator.api.openai_request`, :mod:`~coordinator.api.openai_format`), usage
-with ``prompt_tokens_details.cached_tokens``; streams are exactly ``data: {json}\\n\\n`` chunks
-and ``data: [DONE]\\n\\n`` (no comments, no ``event:`` lines: the SDK rejects them). Errors are
-``{"error": {"code", "message"}}`` unless the API defines another body.
+cannot honour answer 422 ``parameter_not_supported``; ``response_format`` (``text``,
+``json_object``, ``json_schema``: :mod:`~coordinator.api.structured_request`) is honoured, an
+unknown ``type`` is 422, a malformed or uncompilable one 400 naming the field. Chat requests
+are read and answered as OpenAI's (:mod:`~coordinator.api.openai_request`,
+:mod:`~coordinator.api.openai_format`), usage with ``prompt_tokens_details.cached_tokens``;
+streams are exactly ``data: {json}\\n\\n`` chunks and ``data: [DONE]\\n\\n`` (no comments,
+no ``event:`` lines: the SDK rejects them). Errors are ``{"error": {"code", "message"}}`` unless
+the API defines another body.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,9 +27,16 @@ from fastapi.responses import JSONResponse, Response
 from coordinator.api.common import APIError, create_router, read_object, respond
 from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import input_blocked, openai_sampling, read_prompt
+from coordinator.api.structured_request import (
+    FormatError,
+    check_compiles,
+    constraint_param,
+    response_format_constraint,
+)
 from coordinator.api.tenants import tenant_of
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
+from engine.constraint import Constraint
 from workers.contracts import GenerationRequest
 
 API_VERSIONS = ("2024-04-01-preview", "2024-05-01-preview", "2025-04-01", "2025-05-01")
@@ -156,14 +166,35 @@ def check_supported(body: dict) -> None:
         raise not_supported("tools", body["tools"])
     if body.get("tool_choice") not in (None, "none", "auto"):
         raise not_supported("tool_choice", body["tool_choice"])
-    response_format = body.get("response_format")
-    if response_format is not None and (
-        not isinstance(response_format, dict) or response_format.get("type") != "text"
-    ):
-        raise not_supported("response_format", response_format)
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise not_supported(name, body[name])
+
+
+async def azure_constraint(body: dict, model: ModelInfo) -> Constraint | None:
+    """``response_format``'s constraint, compiled once here (a ``type`` this server does not
+    know: 422 ``parameter_not_supported``; a malformed or uncompilable one: 400 naming it)."""
+    try:
+        constraint = response_format_constraint(body.get("response_format"))
+        await check_compiles(model, constraint, constraint_param(body))
+    except FormatError as exc:
+        if exc.unsupported:
+            raise not_supported("response_format", body["response_format"]) from exc
+        raise invalid_parameter(exc.param, exc.message) from exc
+    return constraint
+
+
+def invalid_parameter(param: str, message: str) -> AzureError:
+    """400 naming the parameter: ``{"error": {"code", "message", "param", "details"}}``."""
+    body = {
+        "error": {
+            "code": "BadRequest",
+            "message": message,
+            "param": param,
+            "details": [{"loc": ["body", *param.split(".")], "msg": message}],
+        }
+    }
+    return AzureError(400, body)
 
 
 @dataclass(frozen=True)
@@ -208,6 +239,7 @@ class AzureRoutes:
                 raise content_filtered()
             known = {k: v for k, v in body.items() if k in CHAT_KEYS}
             params = openai_sampling({**known, **extras}, self.model.vocab_size, 512)
+            params = replace(params, constraint=await azure_constraint(body, self.model))
         except APIError as exc:
             return error_response(exc)
         answer = Completion(

@@ -9,7 +9,7 @@ errors their own status with ``type: "server_error"``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,6 +19,7 @@ from coordinator.api.openai_format import Completion, OpenAIError
 from coordinator.api.openai_request import (
     Prompt,
     input_blocked,
+    openai_constraint,
     openai_sampling,
     prompt_field,
     read_prompt,
@@ -75,6 +76,7 @@ class OpenAIRoutes:
             prompt = await read_prompt(body, kind, self.model)
             self._check_input(prompt, kind)
             params = openai_sampling(body, self.model.vocab_size, DEFAULT_MAX_TOKENS[kind])
+            params = replace(params, constraint=await openai_constraint(body, self.model))
         except APIError as exc:
             return error_response(exc)
         answer = Completion(

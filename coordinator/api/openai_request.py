@@ -28,8 +28,15 @@ from coordinator.api.limits import (
     stop_limit_message,
 )
 from coordinator.api.openai_format import OpenAIError
+from coordinator.api.structured_request import (
+    FormatError,
+    check_compiles,
+    constraint_param,
+    request_constraint,
+)
 from coordinator.content_safety import text_blocked
 from coordinator.model_info import ModelInfo
+from engine.constraint import Constraint
 from engine.sampling_params import MAX_SEED, SamplingParams
 
 
@@ -91,6 +98,18 @@ def openai_sampling(body: dict, vocab_size: int, default_max_tokens: int) -> Sam
         stop=stop,
         ignore_eos=_flag(body, "ignore_eos"),
     )
+
+
+async def openai_constraint(body: dict, model: ModelInfo) -> Constraint | None:
+    """What the output must match (``response_format`` or vLLM's structured-output fields,
+    :mod:`~coordinator.api.structured_request`), compiled once here: 400 naming the field when
+    it is malformed or does not compile."""
+    try:
+        constraint = request_constraint(body)
+        await check_compiles(model, constraint, constraint_param(body))
+    except FormatError as exc:
+        raise OpenAIError(400, exc.message, exc.param) from exc
+    return constraint
 
 
 def prompt_field(kind: str) -> str:

@@ -2,7 +2,9 @@
 ``text-generation`` client calls (a one-element list, or SSE when ``stream`` is true).
 
 TGI's parameters are a subset of MindIE's and are validated the same way
-(:mod:`~coordinator.api.mindie_request`), plus ``stop``. Errors:
+(:mod:`~coordinator.api.mindie_request`), plus ``stop`` and ``grammar`` (``{"type": "json" |
+"regex", "value"}``: :mod:`~coordinator.api.structured_request`; 422 when it does not compile).
+Errors:
 ``{"error": msg, "error_type": "validation" | "overloaded" | "generation"}`` (TGI's lowercase
 values), 422 for invalid parameters, 400 ``content_filter`` for a prompt the content filter
 blocks; an output it matches is cut before the match (:class:`TgiAnswer`). A failure before the
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -30,11 +33,13 @@ from coordinator.api.common import (
 )
 from coordinator.api.limits import prompt_char_limit, stop_limit_message
 from coordinator.api.mindie_request import InferRequest, InputValidationError, parse_infer_body
+from coordinator.api.structured_request import FormatError, check_compiles, tgi_constraint
 from coordinator.api.tenants import tenant_of
 from coordinator.content_safety import INPUT_FILTERED, ContentFilter, text_blocked
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
+from engine.constraint import Constraint
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from workers.contracts import GenerationRequest
@@ -212,13 +217,14 @@ class TgiRoutes:
         try:
             body = await read_json(request, self.body_limit_mb)
             req, stop = parse_tgi_body(body, prompt_char_limit(self.model.max_input_tokens))
+            constraint = await self._constraint(body)
             ids = await self._prompt_ids(req.text)
         except APIError as exc:
             return validation_error(exc)
         if text_blocked(self.model.content_filter, req.text):
             return tgi_error(400, INPUT_FILTERED, "content_filter")
         p = req.parameters
-        params = p.sampling_params(self.model.vocab_size, stop)
+        params = replace(p.sampling_params(self.model.vocab_size, stop), constraint=constraint)
         request_id = self.service.new_request_id()
         events = self.service.generate(
             GenerationRequest(
@@ -228,6 +234,15 @@ class TgiRoutes:
         answer = TgiAnswer(params.seed, self.special_ids, stream is None, self.model.content_filter)
         streaming = body.get("stream", False) if stream is None else stream
         return await respond(events, answer, streaming, service_error_response)
+
+    async def _constraint(self, body: dict) -> Constraint | None:
+        """``parameters.grammar``'s constraint, compiled once here (422 when it does not)."""
+        try:
+            constraint = tgi_constraint((body.get("parameters") or {}).get("grammar"))
+            await check_compiles(self.model, constraint, "grammar")
+        except FormatError as exc:
+            raise InputValidationError(exc.message) from exc
+        return constraint
 
     async def _prompt_ids(self, text: str) -> list[int]:
         ids = await run_in_threadpool(self.model.tokenizer.encode, text)
