@@ -137,6 +137,9 @@ class InferenceService:
         """Take ``run`` in (registered, counted waiting), or end it and raise why not."""
         if self.metrics:
             self.metrics.received.labels(self.metrics.model_name).inc()
+            constraint = run.request.params.constraint
+            if constraint is not None:
+                self.metrics.constrained.labels(self.metrics.model_name, constraint.kind).inc()
         if self.draining or self.in_flight >= self.max_requests:
             self._refuse(run)
         self.in_flight += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from engine.grammars import GrammarCache
 from workers.contracts import WorkerLoad
 
 LATENCY_BUCKETS = (
@@ -37,6 +38,8 @@ LATENCY_BUCKETS = (
 # the start, at zero, so rate() and alerts see it before the first migration.
 MIGRATION_CAUSES = ("worker_lost", "handoff_failed", "reservation_refused", "engine_error")
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+COMPILE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "lark")
 
 
 class PolledCounter:
@@ -47,9 +50,9 @@ class PolledCounter:
 
     def __init__(self, counter: Counter) -> None:
         self.counter = counter
-        self._last: dict[tuple[str, ...], tuple[int, int]] = {}  # labels -> (pid, figure)
+        self._last: dict[tuple[str, ...], tuple[int, float]] = {}  # labels -> (pid, figure)
 
-    def observe(self, labels: tuple[str, ...], pid: int, figure: int) -> None:
+    def observe(self, labels: tuple[str, ...], pid: int, figure: float) -> None:
         last_pid, last = self._last.get(labels, (pid, 0))
         base = last if pid == last_pid else 0
         self.counter.labels(*labels).inc(max(figure - base, 0))
@@ -64,6 +67,7 @@ class Metrics:
         self._declare_workers()
         self._declare_transfers()
         self._declare_latencies()
+        self._declare_grammars()
 
     def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
         return Counter(name, documentation, ["model_name", *labels], registry=self.registry)
@@ -163,6 +167,43 @@ class Metrics:
             "request_generation_tokens", "Generated tokens per request", TOKEN_BUCKETS
         )
 
+    def _declare_grammars(self) -> None:
+        self.constrained = self._counter(
+            "constrained_requests", "Requests whose output must match a constraint", "kind"
+        )
+        for kind in CONSTRAINT_KINDS:
+            self.constrained.labels(self.model_name, kind)
+        self.grammar_compile = self._histogram(
+            "grammar_compile_seconds",
+            "Time to compile a constraint not in the door's cache (a worker's compile costs alike)",
+            COMPILE_BUCKETS,
+        )
+        self.grammar_cache_hits = self._counter(
+            "grammar_cache_hits", "Constraints the door found compiled already"
+        )
+        self._door_hits = 0
+        worker = ("role", "instance")
+        self.grammar_cache_size = self._gauge(
+            "worker_grammar_cache_size", "Compiled constraints a worker keeps", *worker
+        )
+        self.grammar_masked_rows = PolledCounter(
+            self._counter("grammar_masked_rows", "Constrained rows a worker masked", *worker)
+        )
+        self.grammar_mask_seconds = PolledCounter(
+            self._counter(
+                "grammar_mask_seconds", "Seconds a worker spent masking constrained rows", *worker
+            )
+        )
+
+    def record_grammars(self, door: GrammarCache | None) -> None:
+        """The door's compiles since the last scrape, and its cache hits."""
+        if door is None:
+            return
+        for seconds in door.stats.take_seconds():
+            self.grammar_compile.labels(self.model_name).observe(seconds)
+        hits, self._door_hits = door.stats.hits - self._door_hits, door.stats.hits
+        self.grammar_cache_hits.labels(self.model_name).inc(max(hits, 0))
+
     def record_finished(
         self, prompt_tokens: int, output_tokens: int, ttft: float | None, e2e: float
     ) -> None:
@@ -199,6 +240,10 @@ class Metrics:
             self.cached_blocks.labels(*labels).set(load.stats.num_cached_blocks)
             self.prefix_cache_queries.observe(labels, load.pid, load.stats.prefix_cache_queries)
             self.prefix_cache_hits.observe(labels, load.pid, load.stats.prefix_cache_hits)
+            stats = load.stats
+            self.grammar_cache_size.labels(*labels).set(stats.grammar_cache_size)
+            self.grammar_masked_rows.observe(labels, load.pid, stats.grammar_masked_rows)
+            self.grammar_mask_seconds.observe(labels, load.pid, stats.grammar_mask_seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

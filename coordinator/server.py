@@ -108,6 +108,7 @@ class Coordinator:
         @app.get("/metrics")
         async def metrics() -> Response:
             self.metrics.record_loads(self.router.latest_loads)
+            self.metrics.record_grammars(self.model.grammars if self.model else None)
             return Response(
                 self.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8"
             )

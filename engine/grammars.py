@@ -54,11 +54,14 @@ class GrammarError(RequestRejectedError):
 
 @dataclass
 class CompileStats:
-    """Counters for metrics: compiles, cache hits, and the seconds each compile took."""
+    """Counters for metrics: compiles, cache hits, the seconds each compile took (until taken),
+    and the rows masked and the seconds masking took, over every step so far."""
 
     compiles: int = 0
     hits: int = 0
     seconds: list[float] = field(default_factory=list)
+    masked_rows: int = 0
+    mask_seconds: float = 0.0
 
     def take_seconds(self) -> list[float]:
         taken, self.seconds = self.seconds, []
@@ -133,6 +136,7 @@ class GrammarCache:
     def mask(self, logits: torch.Tensor, rows: list[int], states: list[GrammarState]) -> None:
         """Set to -inf, in place, every token ``states[i]`` does not allow next in row
         ``rows[i]`` of ``logits`` (``[batch, vocab]``)."""
+        start = time.perf_counter()
         bitmask = torch.zeros((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32)
         for index, state in enumerate(states):
             words = bitmask[index]
@@ -145,6 +149,8 @@ class GrammarCache:
             refused = torch.cat([refused, pad.to(logits.device)], dim=1)
         chosen = torch.tensor(rows, device=logits.device)
         logits[chosen] = logits[chosen].masked_fill(refused, -float("inf"))
+        self.stats.masked_rows += len(rows)
+        self.stats.mask_seconds += time.perf_counter() - start
 
     def state(self, constraint: Constraint | None) -> GrammarState | None:
         """A fresh matcher state for one request (None for no constraint)."""

@@ -397,6 +397,10 @@ class LLMEngine:
             num_cached_blocks=self.blocks.num_cached_blocks,
             prefix_cache_queries=self.blocks.num_queried_tokens,
             prefix_cache_hits=self.blocks.num_hit_tokens,
+            grammar_cache_size=len(self.grammars),
+            grammar_compiles=self.grammars.stats.compiles,
+            grammar_masked_rows=self.grammars.stats.masked_rows,
+            grammar_mask_seconds=self.grammars.stats.mask_seconds,
         )
 
     def generate(

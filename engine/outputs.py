@@ -60,6 +60,12 @@ class EngineStats:
     num_cached_blocks: int = 0  # blocks holding reusable prefix KV, in use or free (evictable)
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache so far (a counter)
     prefix_cache_hits: int = 0  # of those, tokens found cached (a counter)
+    # constrained decoding (engine/grammars.py): compiled grammars kept, compiles so far, and
+    # rows masked and seconds spent masking them so far (counters)
+    grammar_cache_size: int = 0
+    grammar_compiles: int = 0
+    grammar_masked_rows: int = 0
+    grammar_mask_seconds: float = 0.0
 
     @property
     def num_used_blocks(self) -> int:

@@ -32,6 +32,11 @@ PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 
 PLAIN = {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 6}}
 STREAMED = {"inputs": "A paged KV cache", "stream": True, "parameters": {"max_new_tokens": 6}}
+# a constrained request (TGI's grammar): the structured-output panels' series
+CONSTRAINED = {
+    "inputs": "A code",
+    "parameters": {"max_new_tokens": 6, "grammar": {"type": "regex", "value": "[0-9]{2}-[a-z]{2}"}},
+}
 RATE_WINDOW = "10s"  # stands for Grafana's $__rate_interval etc. under 1 s scraping
 
 # Each figure the dashboard must show: the series one panel must query together.
@@ -49,6 +54,9 @@ FIGURES = {
     "KV cache usage per worker and role": ("kv_cache_usage_perc",),
     "per-instance queue depth": ("worker_num_requests_waiting",),
     "per-instance batch size": ("worker_num_requests_running",),
+    "constrained requests by kind": ("constrained_requests_total",),
+    "constraint compiles": ("grammar_compile_seconds_bucket", "grammar_cache_hits_total"),
+    "grammar masking per worker": ("grammar_mask_seconds_total", "grammar_masked_rows_total"),
 }
 QUANTILE_FIGURES = ("TTFT percentiles", "TPOT percentiles", "end-to-end latency percentiles")
 WORKER_FIGURES = (
@@ -135,6 +143,19 @@ def _model_names(text: str) -> set[str]:
     }
 
 
+def _with_regex(body: dict, regex: str) -> dict:
+    grammar = {"type": "regex", "value": regex}
+    return {**body, "parameters": {**body["parameters"], "grammar": grammar}}
+
+
+def _send(server: CoordinatorProcess, body: dict) -> httpx.Response:
+    """``body`` to MindIE's /infer, or (a grammar in it) to TGI's /generate."""
+    if "grammar" not in body["parameters"]:
+        return infer(server, body)
+    with server.client() as client:
+        return client.post(server.url("predict_port", "/generate"), json=body)
+
+
 def _metrics(server: CoordinatorProcess) -> str:
     response = httpx.get(server.url("external_port", "/metrics"), timeout=10)
     assert response.status_code == 200
@@ -178,6 +199,9 @@ def exercised(servers) -> dict[str, str]:
     for server, body in ((zmq, PLAIN), (zmq, STREAMED), (grpc, PLAIN), (grpc, STREAMED)):
         response = infer(server, body)
         assert response.status_code == 200, response.text
+    for server in (zmq, grpc, zmq, grpc):  # compiled once at each door, then a cache hit
+        response = _send(server, CONSTRAINED)
+        assert response.status_code == 200, response.text
     assert httpx.post(grpc.url("predict_port", "/infer"), json=PLAIN).status_code == 401
     _overload(servers["single"])
     return {name: _metrics(server) for name, server in servers.items()}
@@ -187,13 +211,17 @@ def exercised(servers) -> dict[str, str]:
 def _traffic(servers: dict[str, CoordinatorProcess]) -> Iterator[list[int | str]]:
     """Requests to zmq and grpc without pause, so that every rate() window sees some."""
     stop, statuses = threading.Event(), []
-    bodies = itertools.cycle([(servers[n], b) for b in (PLAIN, STREAMED) for n in ("zmq", "grpc")])
+    sent = (PLAIN, STREAMED, CONSTRAINED)
+    bodies = itertools.cycle([(servers[n], b) for b in sent for n in ("zmq", "grpc")])
+    specs = itertools.count()
 
     def send() -> None:
         while not stop.is_set():
             server, body = next(bodies)
+            if body is CONSTRAINED:  # a new spec now and then: compiled at the door, timed
+                body = _with_regex(body, f"[0-9]{{2}}-x{next(specs) // 2 % 64}")
             try:
-                statuses.append(infer(server, body).status_code)
+                statuses.append(_send(server, body).status_code)
             except httpx.HTTPError as exc:
                 statuses.append(repr(exc))
 
