@@ -1,9 +1,13 @@
 """The client side of the chaos suite: a steady load of streaming and non-streaming requests over
 MindIE ``/infer`` and OpenAI ``/v1/completions``, each classified as it ends.
+Texts are keyed by :func:`text_key`: the prompt, and whether its kind is constrained.
 
 With ``long_prompts``, every third request sends the next of them instead (long prompts that no
 request sent before, so that the shipping defaults hand them off while they prefill the short
 ones on the decode worker).
+
+The ``openai-json`` kinds ask for a JSON schema (``response_format``): their texts are compared
+with an uninterrupted constrained run's.
 
 An outcome is ``ok`` (a normal finish; its text is compared with an uninterrupted run's),
 ``error`` (an honest failure: an error status with an error body, or a stream whose last event
@@ -34,8 +38,26 @@ PROMPTS = (
     "SELECT * FROM",
     "hello world",
 )
-KINDS = ("openai", "openai-stream", "mindie", "mindie-stream")
+KINDS = ("openai", "openai-stream", "mindie", "mindie-stream", "openai-json", "openai-json-stream")
 MAX_TOKENS = 48
+# the openai-json kinds: a schema-constrained output (its matcher replayed after a migration)
+WORDS = {
+    "type": "object",
+    "properties": {"words": {"type": "array", "items": {"type": "string", "maxLength": 8}}},
+    "required": ["words"],
+    "additionalProperties": False,
+}
+JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "words", "schema": WORDS}}
+
+
+def text_key(prompt: str, kind: str) -> tuple[str, bool]:
+    """What an outcome's text is compared by: its prompt, and whether it was constrained."""
+    return prompt, constrained(kind)
+
+
+def constrained(kind: str) -> bool:
+    """Whether requests of ``kind`` are schema-constrained (their texts differ from the rest)."""
+    return kind.startswith("openai-json")
 
 
 @dataclass
@@ -72,6 +94,8 @@ class Load:
         n = index
         while not self.stop.is_set():
             prompt, kind = self._prompt(n), KINDS[n % len(KINDS)]
+            if prompt not in PROMPTS:  # a long prompt's reference is its free text only
+                kind = kind.replace("openai-json", "openai")
             self.outcomes.append(await request(client, self.model, kind, prompt))
             n += self.concurrency + 1  # every client goes through every (prompt, kind)
 
@@ -85,7 +109,7 @@ async def request(client: httpx.AsyncClient, model: str, kind: str, prompt: str)
     start = time.monotonic()
     try:
         if kind.startswith("openai"):
-            status, text, detail = await _openai(client, model, prompt, kind.endswith("stream"))
+            status, text, detail = await _openai(client, model, prompt, kind)
         else:
             status, text, detail = await _mindie(client, prompt, kind.endswith("stream"))
     except httpx.HTTPError as exc:
@@ -93,14 +117,17 @@ async def request(client: httpx.AsyncClient, model: str, kind: str, prompt: str)
     return Outcome(kind, prompt, status, text, detail, time.monotonic() - start, start)
 
 
-async def _openai(client: httpx.AsyncClient, model: str, prompt: str, stream: bool):
-    body = {
+async def _openai(client: httpx.AsyncClient, model: str, prompt: str, kind: str):
+    stream = kind.endswith("stream")
+    body: dict = {
         "model": model,
         "prompt": prompt,
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
         "stream": stream,
     }
+    if constrained(kind):
+        body["response_format"] = JSON_FORMAT
     if not stream:
         response = await client.post("/v1/completions", json=body)
         if response.status_code != 200:

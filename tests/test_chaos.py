@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from tests import chaos_cluster as cluster
-from tests.chaos_load import KINDS, PROMPTS, Load, request
+from tests.chaos_load import KINDS, PROMPTS, Load, constrained, request, text_key
 from tests.chaos_prompts import greedy_texts, long_prompts
 from tests.coordinator_process import CoordinatorProcess, start_coordinator
 from tests.coordinator_servers import backend
@@ -95,15 +95,19 @@ def chaos_server(variant, tmp_path_factory, peaked_model_dir):
             server.process.kill()
 
 
-async def _reference(server: CoordinatorProcess, model: str) -> dict[str, str]:
-    """Each prompt's text from an undisturbed cluster (every kind must agree)."""
-    texts: dict[str, str] = {}
+async def _reference(server: CoordinatorProcess, model: str) -> dict[tuple[str, bool], str]:
+    """Each prompt's text from an undisturbed cluster, free and constrained (every kind of
+    each must agree)."""
+    texts: dict[tuple[str, bool], str] = {}
     async with httpx.AsyncClient(base_url=server.url("predict_port", ""), timeout=60) as client:
         for prompt in PROMPTS:
-            outcomes = [await request(client, model, kind, prompt) for kind in KINDS]
-            assert {o.status for o in outcomes} == {"ok"}, outcomes
-            assert len({o.text for o in outcomes}) == 1, outcomes
-            texts[prompt] = outcomes[0].text
+            for schema in (False, True):
+                kinds = [kind for kind in KINDS if constrained(kind) == schema]
+                outcomes = [await request(client, model, kind, prompt) for kind in kinds]
+                assert {o.status for o in outcomes} == {"ok"}, outcomes
+                assert len({o.text for o in outcomes}) == 1, outcomes
+                texts[prompt, schema] = outcomes[0].text
+            assert texts[prompt, True].startswith('{"words": ['), texts[prompt, True]
     return texts
 
 
@@ -186,8 +190,10 @@ async def _phase(
     }
     print(f"chaos {report}")
     assert statuses["dishonest"] == 0, [o for o in load.outcomes if o.status == "dishonest"]
-    wrong = [o for o in load.outcomes if o.status == "ok" and o.text != reference[o.prompt]]
-    assert not wrong, [(o, reference[o.prompt]) for o in wrong]
+    ok = [o for o in load.outcomes if o.status == "ok"]
+    wrong = [o for o in ok if o.text != reference[text_key(o.prompt, o.kind)]]
+    assert not wrong, [(o, reference[text_key(o.prompt, o.kind)]) for o in wrong]
+    assert any(constrained(o.kind) for o in ok), "no constrained request completed"
     assert statuses["ok"] > 0
     return report
 
@@ -200,13 +206,14 @@ def long_texts(variant, peaked_model_dir) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def reference(chaos_server, peaked_model_dir, long_texts) -> dict[str, str]:
+def reference(chaos_server, peaked_model_dir, long_texts) -> dict[tuple[str, bool], str]:
     """The undisturbed texts, taken once per server before its first fault; with long prompts,
     transformers' texts of the short ones must agree with the cluster's first."""
     texts = asyncio.run(_reference(chaos_server, cluster.model(chaos_server)))
     if long_texts:
-        assert greedy_texts(peaked_model_dir, list(PROMPTS)) == texts
-    return {**texts, **long_texts}
+        free = {prompt: text for (prompt, schema), text in texts.items() if not schema}
+        assert greedy_texts(peaked_model_dir, list(PROMPTS)) == free
+    return {**texts, **{text_key(p, "mindie"): text for p, text in long_texts.items()}}
 
 
 @pytest.fixture(scope="module")
