@@ -59,10 +59,12 @@ async def send(
     item: WorkItem,
     messages: list[dict] | None = None,
     on_event: Callable[[dict], None] | None = None,
+    extra_body: dict | None = None,
 ) -> RequestRecord:
-    """One streamed request, timed token by token."""
+    """One streamed request, timed token by token; ``extra_body``: more fields of its body."""
     record = RequestRecord(item.prompt_tokens, item.output_tokens)
     path, body = target.request(item, messages)
+    body = {**body, **(extra_body or {})}
     start = last = time.perf_counter()
     usage_tokens = None
     try:

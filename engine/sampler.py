@@ -1,5 +1,8 @@
 """Turns a step's logits into one token per sampling request.
 
+A row's OpenAI adjustments (presence and frequency penalties over its outputs so far, its logit
+bias) come first; they depend on the request's own tokens only.
+
 Greedy rows are one batched argmax. Sampled rows draw from their request's own
 ``torch.Generator``, re-seeded for every token from ``SamplingParams.seed`` and the token's
 position in the output (:func:`position_seed`). So a request's tokens depend only on its seed,
@@ -57,6 +60,9 @@ def sample(
     if rows and grammars is not None:
         grammars.mask(logits, rows, states)
     for row, request in enumerate(requests):
+        if request.params.penalizes:
+            logits[row] = apply_openai_adjustments(logits[row], request)
+    for row, request in enumerate(requests):
         if request.params.repetition_penalty != 1.0:
             ids = torch.tensor(request.token_ids, device=logits.device).unsqueeze(0)
             logits[row : row + 1] = apply_repetition_penalty(
@@ -67,6 +73,24 @@ def sample(
         if request.params.do_sample:
             chosen[row] = _sample_row(logits[row : row + 1], request)
     return chosen
+
+
+def apply_openai_adjustments(scores: torch.Tensor, request: Request) -> torch.Tensor:
+    """OpenAI's presence and frequency penalties over the request's outputs so far, and its
+    logit bias, on one row of logits (a masked token stays at -inf)."""
+    params = request.params
+    scores = scores.clone()
+    outputs = request.output_token_ids
+    if outputs and (params.presence_penalty or params.frequency_penalty):
+        ids = torch.tensor(outputs, device=scores.device)
+        counts = torch.bincount(ids, minlength=scores.shape[-1])[: scores.shape[-1]].to(
+            scores.dtype
+        )
+        scores -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    for token_id, bias in params.logit_bias:
+        if token_id < scores.shape[-1]:
+            scores[token_id] += bias
+    return scores
 
 
 def _sample_row(scores: torch.Tensor, request: Request) -> int:

@@ -10,13 +10,18 @@ from engine.constraint import Constraint
 from engine.errors import ConfigError
 
 MAX_SEED = 2**64 - 1
+MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """Semantics follow transformers' logits processors, applied in its order:
     repetition_penalty, temperature, top_k, top_p, typical_p. ``constraint``: what the output
-    must match (``engine/constraint.py``); its mask applies before all of them."""
+    must match (``engine/constraint.py``); its mask applies before all of them.
+    ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are OpenAI's, on the logits
+    before everything else: a token's logit loses ``presence_penalty`` once it appeared in the
+    output and ``frequency_penalty`` per time it did, and gains its bias (``(token_id, bias)``
+    pairs, at most :data:`MAX_LOGIT_BIAS`)."""
 
     max_new_tokens: int = 20
     do_sample: bool = False
@@ -29,6 +34,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     constraint: Constraint | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         _require(self.max_new_tokens >= 1, "max_new_tokens", ">= 1", self.max_new_tokens)
@@ -43,6 +51,31 @@ class SamplingParams:
                 self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
             )
         _require(all(s for s in self.stop), "stop", "non-empty strings", self.stop)
+        _require(
+            -2 <= self.presence_penalty <= 2, "presence_penalty", "[-2, 2]", self.presence_penalty
+        )
+        _require(
+            -2 <= self.frequency_penalty <= 2,
+            "frequency_penalty",
+            "[-2, 2]",
+            self.frequency_penalty,
+        )
+        bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
+        object.__setattr__(self, "logit_bias", bias)
+        _require(
+            len(bias) <= MAX_LOGIT_BIAS, "logit_bias", f"<= {MAX_LOGIT_BIAS} entries", len(bias)
+        )
+        _require(
+            all(t >= 0 and -100 <= b <= 100 for t, b in bias),
+            "logit_bias",
+            "token ids >= 0 with biases in [-100, 100]",
+            self.logit_bias,
+        )
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether any of the OpenAI logit adjustments applies."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
     @property
     def max_stop_len(self) -> int:
@@ -50,7 +83,11 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible (``stop`` as a list)."""
-        return {**asdict(self), "stop": list(self.stop)}
+        return {
+            **asdict(self),
+            "stop": list(self.stop),
+            "logit_bias": [list(pair) for pair in self.logit_bias],
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:

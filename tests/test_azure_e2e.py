@@ -62,7 +62,12 @@ def test_model_extras_pass_through_and_unknown_extras(servers):
 def test_unsupported_parameter_is_422_parameter_not_supported(servers):
     client = _client(servers["zmq"])
     with pytest.raises(HttpResponseError) as error:
-        client.complete(messages=MESSAGES, max_tokens=4, presence_penalty=0.5)
+        client.complete(
+            body={
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "xml"},
+            }
+        )
     assert error.value.status_code == 422
     assert error.value.error.code == "parameter_not_supported"
 

@@ -396,7 +396,7 @@ FOUND_BUGS = [  # (path, body, status, a part of the error message)
     ("/infer", b'{"inputs": "\xed\xa0\x80"}', 400, "malformed JSON"),  # a UTF-8-encoded surrogate
     ("/generate", encoded({"inputs": "hi", "parameters": True}), 422, "parameters must be"),
     ("/", encoded({"inputs": "hi", "parameters": [1]}), 422, "parameters must be"),
-    ("/chat/completions", encoded({**CHAT, "presence_penalty": math.nan}), 422, '"NaN"'),
+    ("/chat/completions", encoded({**CHAT, "presence_penalty": math.nan}), 400, "got NaN"),
     ("/embeddings", encoded({"input": "x", "encoding_format": -math.inf}), 422, "-Infinity"),
     ("/v1/chat/completions", encoded(TEXT_PART_NOT_A_STRING), 400, "content[0].text"),
     ("/invocations", encoded(TEXT_PART_NOT_A_STRING), 400, "content[0].text"),

@@ -105,7 +105,8 @@ def test_a_failed_request_tells_no_ip_port_or_ray_text(path, caplog):
         api_keys=(),
         is_ready=lambda: True,
     )
-    body = {"messages": MESSAGES} if "chat" in path else {"prompt": "hi", "inputs": "hi"}
+    body = {"messages": MESSAGES} if "chat" in path else {"prompt": "hi"}
+    body = {"inputs": "hi"} if path in ("/infer", "/generate") else body
     with caplog.at_level(logging.ERROR, logger="coordinator.inference"):
         response = _post(app, path, body)
     assert response.status_code == 500, response.text
@@ -156,9 +157,13 @@ def test_azure_422_echoes_at_most_a_bounded_value():
 
 
 def test_azure_422_still_echoes_a_short_value_as_it_is():
-    response = _post(_keyed_app(()), AZURE_CHAT, {"messages": MESSAGES, "presence_penalty": 0.5})
+    body = {"messages": MESSAGES, "response_format": {"type": "xml"}}
+    response = _post(_keyed_app(()), AZURE_CHAT, body)
     assert response.status_code == 422
-    assert response.json()["detail"] == {"loc": ["body", "presence_penalty"], "input": 0.5}
+    assert response.json()["detail"] == {
+        "loc": ["body", "response_format"],
+        "input": {"type": "xml"},
+    }
 
 
 # ---- fault injection ----

@@ -166,9 +166,6 @@ def check_supported(body: dict) -> None:
         raise not_supported("tools", body["tools"])
     if body.get("tool_choice") not in (None, "none", "auto"):
         raise not_supported("tool_choice", body["tool_choice"])
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise not_supported(name, body[name])
 
 
 async def azure_constraint(body: dict, model: ModelInfo) -> Constraint | None:

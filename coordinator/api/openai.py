@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from coordinator.api.common import APIError, create_router, read_object, respond
+from coordinator.api.openai_fields import check_fields
 from coordinator.api.openai_format import Completion, OpenAIError
 from coordinator.api.openai_request import (
     Prompt,
@@ -73,6 +74,7 @@ class OpenAIRoutes:
     async def _complete(self, request: Request, kind: str) -> Response:
         try:
             body = await read_object(request, self.body_limit_mb)
+            check_fields(body, kind)
             prompt = await read_prompt(body, kind, self.model)
             self._check_input(prompt, kind)
             params = openai_sampling(body, self.model.vocab_size, DEFAULT_MAX_TOKENS[kind])

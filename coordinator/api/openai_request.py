@@ -37,7 +37,7 @@ from coordinator.api.structured_request import (
 from coordinator.content_safety import text_blocked
 from coordinator.model_info import ModelInfo
 from engine.constraint import Constraint
-from engine.sampling_params import MAX_SEED, SamplingParams
+from engine.sampling_params import MAX_LOGIT_BIAS, MAX_SEED, SamplingParams
 
 
 def _number(body: dict, name: str, low: float, high: float, integer: bool, default: Any) -> Any:
@@ -85,6 +85,8 @@ def openai_sampling(body: dict, vocab_size: int, default_max_tokens: int) -> Sam
     stop = _stop(body)
     max_tokens = {"max_tokens": body.get("max_completion_tokens", body.get("max_tokens"))}
     temperature = _number(body, "temperature", 0, 2, False, 1.0)
+    presence = _number(body, "presence_penalty", -2, 2, False, 0.0)
+    frequency = _number(body, "frequency_penalty", -2, 2, False, 0.0)
     top_p = _number(body, "top_p", 0, 1, False, 1.0)
     seed = _number(body, "seed", 0, MAX_SEED, True, None)
     return SamplingParams(
@@ -97,7 +99,33 @@ def openai_sampling(body: dict, vocab_size: int, default_max_tokens: int) -> Sam
         seed=seed if seed is not None else secrets.randbelow(MAX_SEED) + 1,
         stop=stop,
         ignore_eos=_flag(body, "ignore_eos"),
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+        logit_bias=_logit_bias(body.get("logit_bias"), vocab_size),
     )
+
+
+def _logit_bias(value: Any, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """``{"<token id>": bias}`` with ids in [0, vocab) and biases in [-100, 100], at most
+    :data:`~engine.sampling_params.MAX_LOGIT_BIAS` entries; 400 naming ``logit_bias``."""
+    if value is None:
+        return ()
+    valid = (
+        f"an object of at most {MAX_LOGIT_BIAS} token ids (strings of integers in "
+        f"[0, {vocab_size - 1}]) to biases in [-100, 100]"
+    )
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        got = f"{len(value)} entries" if isinstance(value, dict) else json.dumps(value)[:64]
+        raise OpenAIError(400, f"'logit_bias' must be {valid}, got {got}", "logit_bias")
+    pairs = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else -1
+        number = isinstance(bias, int | float) and not isinstance(bias, bool)
+        if not 0 <= token < vocab_size or not number or not -100 <= bias <= 100:
+            shown = json.dumps({key: bias})[:64]
+            raise OpenAIError(400, f"'logit_bias' must be {valid}, got {shown}", "logit_bias")
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
 
 
 async def openai_constraint(body: dict, model: ModelInfo) -> Constraint | None:

@@ -1,10 +1,9 @@
 """TGI routes: ``POST /generate``, ``POST /generate_stream`` and the compat ``POST /`` that the
 ``text-generation`` client calls (a one-element list, or SSE when ``stream`` is true).
 
-TGI's parameters are a subset of MindIE's and are validated the same way
-(:mod:`~coordinator.api.mindie_request`), plus ``stop`` and ``grammar`` (``{"type": "json" |
-"regex", "value"}``: :mod:`~coordinator.api.structured_request`; 422 when it does not compile).
-Errors:
+Bodies are read by :mod:`~coordinator.api.tgi_request` (every parameter TGI defines honoured
+or refused; ``grammar``, ``{"type": "json" | "regex", "value"}``, compiled here: 422 when it
+does not compile). Errors:
 ``{"error": msg, "error_type": "validation" | "overloaded" | "generation"}`` (TGI's lowercase
 values), 422 for invalid parameters, 400 ``content_filter`` for a prompt the content filter
 blocks; an output it matches is cut before the match (:class:`TgiAnswer`). A failure before the
@@ -31,10 +30,11 @@ from coordinator.api.common import (
     read_json,
     respond,
 )
-from coordinator.api.limits import prompt_char_limit, stop_limit_message
-from coordinator.api.mindie_request import InferRequest, InputValidationError, parse_infer_body
+from coordinator.api.limits import prompt_char_limit
+from coordinator.api.mindie_request import InputValidationError
 from coordinator.api.structured_request import FormatError, check_compiles, tgi_constraint
 from coordinator.api.tenants import tenant_of
+from coordinator.api.tgi_request import parse_tgi_body
 from coordinator.content_safety import INPUT_FILTERED, ContentFilter, text_blocked
 from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
@@ -49,20 +49,6 @@ FINISH = {  # the normal finishes; a failure is raised, never a finish
     FinishReason.LENGTH: "length",
     FinishReason.STOP: "stop_sequence",
 }
-PARAMETERS = frozenset(
-    {
-        "temperature",
-        "top_k",
-        "top_p",
-        "max_new_tokens",
-        "do_sample",
-        "seed",
-        "repetition_penalty",
-        "typical_p",
-        "details",
-        "watermark",
-    }
-)
 OVERLOADED = (429, 503)  # the statuses TGI calls "overloaded"; other failures are "generation"
 
 
@@ -88,27 +74,6 @@ def stream_error(exc: ServiceError) -> bytes:
     return b"data:" + json.dumps(error, ensure_ascii=False).encode() + b"\n\n"
 
 
-def parse_tgi_body(body: Any, max_chars: int) -> tuple[InferRequest, tuple[str, ...]]:
-    """A TGI body as a MindIE request (unknown parameters dropped) and its stop sequences;
-    ``inputs`` of at most ``max_chars`` characters."""
-    if not isinstance(body, dict) or not isinstance(body.get("inputs"), str):
-        raise InputValidationError("inputs must be a non-empty string")
-    parameters = body.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise InputValidationError(
-            f"parameters must be a JSON object, got {json.dumps(parameters)[:200]}"
-        )
-    raw = dict(parameters or {})
-    stop = raw.pop("stop", None) or []
-    if isinstance(stop, list) and (over := stop_limit_message("stop", stop)):
-        raise InputValidationError(over)
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise InputValidationError("stop must be a list of non-empty strings")
-    known = {k: v for k, v in raw.items() if k in PARAMETERS}
-    request = parse_infer_body({"inputs": body["inputs"], "parameters": known}, max_chars=max_chars)
-    return request, tuple(stop)
-
-
 class TgiAnswer:
     """Accumulates events into TGI's shapes: the answer with its ``details`` (in a one-element
     list for the compat route), or the stream's token events. An output the content filter
@@ -125,6 +90,7 @@ class TgiAnswer:
         self.seed, self.special_ids, self.listed = seed, special_ids, listed
         self.content_filter = content_filter
         self.text = ""
+        self.prefix = ""  # return_full_text: the prompt, before generated_text
         self.finish: FinishReason | None = None
         self.tokens: list[dict[str, Any]] = []
         self.blocked = False
@@ -159,7 +125,7 @@ class TgiAnswer:
             "top_tokens": None,
             "best_of_sequences": None,
         }
-        answer = {"generated_text": self.text, "details": details}
+        answer = {"generated_text": self.prefix + self.text, "details": details}
         return [answer] if self.listed else answer
 
     def chunk(self, event: TokenEvent) -> bytes:
@@ -168,7 +134,7 @@ class TgiAnswer:
         payload = {
             "token": self.tokens[-1],
             "top_tokens": None,
-            "generated_text": self.text if done else None,
+            "generated_text": self.prefix + self.text if done else None,
             "details": self._stream_details() if done else None,
         }
         return b"data:" + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
@@ -216,15 +182,22 @@ class TgiRoutes:
         """``stream=None``: the compat route, which streams when the body asks to."""
         try:
             body = await read_json(request, self.body_limit_mb)
-            req, stop = parse_tgi_body(body, prompt_char_limit(self.model.max_input_tokens))
+            tgi = parse_tgi_body(body, prompt_char_limit(self.model.max_input_tokens))
+            req = tgi.request
             constraint = await self._constraint(body)
             ids = await self._prompt_ids(req.text)
         except APIError as exc:
             return validation_error(exc)
         if text_blocked(self.model.content_filter, req.text):
             return tgi_error(400, INPUT_FILTERED, "content_filter")
+        if tgi.truncate is not None:
+            ids = ids[-tgi.truncate :]
         p = req.parameters
-        params = replace(p.sampling_params(self.model.vocab_size, stop), constraint=constraint)
+        params = replace(
+            p.sampling_params(self.model.vocab_size, tgi.stop),
+            constraint=constraint,
+            frequency_penalty=tgi.frequency_penalty,
+        )
         request_id = self.service.new_request_id()
         events = self.service.generate(
             GenerationRequest(
@@ -232,6 +205,7 @@ class TgiRoutes:
             )
         )
         answer = TgiAnswer(params.seed, self.special_ids, stream is None, self.model.content_filter)
+        answer.prefix = req.text if tgi.return_full_text else ""
         streaming = body.get("stream", False) if stream is None else stream
         return await respond(events, answer, streaming, service_error_response)
 

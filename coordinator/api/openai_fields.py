@@ -1,0 +1,152 @@
+"""Every field OpenAI's chat and completions APIs define, and what the OpenAI door does with
+it: honoured, accepted as what it is (an identifier that changes no output), or refused with
+400 naming it when a value asks for what pdserve does not do. No field is silently ignored: a
+body key that neither API defines nor pdserve extends it with is 400, as OpenAI answers it
+(``Unrecognized request argument supplied``). ``docs/api.md`` has the table.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from coordinator.api.openai_format import OpenAIError
+
+# read by openai_request / structured_request / the tool-call modules
+HONOURED = frozenset(
+    {
+        "model",  # accepted: the one served model answers, whatever the name
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "n",
+        "stream",
+        "stream_options",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    }
+)
+CHAT_ONLY = frozenset({"messages"})
+COMPLETIONS_ONLY = frozenset({"prompt"})
+# identifiers and hints that change no output: accepted as they are
+IDENTIFIERS = frozenset({"user", "metadata", "safety_identifier", "prompt_cache_key"})
+# pdserve's extensions (vLLM's names where vLLM has one)
+EXTENSIONS = frozenset(
+    {
+        "top_k",
+        "repetition_penalty",
+        "ignore_eos",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+    }
+)
+# defined fields pdserve does not do: each accepted only at the value meaning "off"
+OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "store": (None, False),
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+}
+WHY_NOT = {
+    "logprobs": "token log probabilities are not returned",
+    "top_logprobs": "token log probabilities are not returned",
+    "store": "completions are not stored",
+    "service_tier": "there is one service tier (auto)",
+    "modalities": "the model writes text only",
+    "audio": "the model writes text only",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "there is no web search",
+    "reasoning_effort": "the model does not reason apart from its answer",
+    "verbosity": "the model has no verbosity setting",
+    "functions": "use 'tools' (functions is the deprecated form)",
+    "function_call": "use 'tool_choice' (function_call is the deprecated form)",
+    "best_of": "only one candidate is generated (best_of 1)",
+    "echo": "the prompt is not echoed",
+    "suffix": "insertion after a suffix is not supported",
+}
+
+
+def check_fields(body: dict, kind: str) -> None:
+    """400 naming the first field of ``body`` that the OpenAI API of ``kind`` (``chat`` or
+    ``text``) does not define, or whose value asks for what pdserve does not do."""
+    own = CHAT_ONLY if kind == "chat" else COMPLETIONS_ONLY
+    for name, value in body.items():
+        if name in HONOURED or name in own or name in IDENTIFIERS or name in EXTENSIONS:
+            continue
+        if name in OFF_VALUES:
+            if not any(_same(value, off) for off in OFF_VALUES[name]):
+                shown = json.dumps(value)[:64]
+                raise OpenAIError(
+                    400, f"'{name}' is not supported: {WHY_NOT[name]}; got {shown}", name
+                )
+            continue
+        raise OpenAIError(400, f"Unrecognized request argument supplied: {name[:64]}", name[:64])
+    _check_stream_options(body.get("stream_options"))
+    _check_identifiers(body)
+
+
+def _same(value: Any, off: Any) -> bool:
+    return type(value) is type(off) and value == off
+
+
+def _check_stream_options(options: Any) -> None:
+    if options is None:
+        return
+    known = {"include_usage", "include_obfuscation"}
+    if not isinstance(options, dict) or not set(options) <= known:
+        raise OpenAIError(
+            400,
+            "'stream_options' must be an object with include_usage and include_obfuscation "
+            f"(booleans), got {json.dumps(options)[:64]}",
+            "stream_options",
+        )
+    for name, value in options.items():
+        if not isinstance(value, bool):
+            message = f"'stream_options.{name}' must be true or false, got {json.dumps(value)[:64]}"
+            raise OpenAIError(400, message, f"stream_options.{name}")
+
+
+def _check_identifiers(body: dict) -> None:
+    """Identifiers are bounded like OpenAI's: strings of at most 512 characters (``user``, ...),
+    ``metadata`` up to 16 string pairs."""
+    for name in ("user", "safety_identifier", "prompt_cache_key"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, str) or len(value) > 512):
+            message = f"'{name}' must be a string of at most 512 characters"
+            raise OpenAIError(400, message, name)
+    metadata = body.get("metadata")
+    if metadata is None:
+        return
+    ok = isinstance(metadata, dict) and len(metadata) <= 16
+    if not ok or not all(
+        isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+        for k, v in metadata.items()
+    ):
+        raise OpenAIError(
+            400,
+            "'metadata' must be at most 16 pairs of strings (keys of at most 64 characters, "
+            "values of at most 512)",
+            "metadata",
+        )
