@@ -135,20 +135,21 @@ class GrammarCache:
 
     def mask(self, logits: torch.Tensor, rows: list[int], states: list[GrammarState]) -> None:
         """Set to -inf, in place, every token ``states[i]`` does not allow next in row
-        ``rows[i]`` of ``logits`` (``[batch, vocab]``)."""
+        ``rows[i]`` of ``logits`` (``[batch, vocab]``). A row allowing few tokens (a JSON
+        structure's) keeps just those; a row allowing many (a string's content) adds a 0 / -inf
+        bias looked up a byte of the bitmask at a time (:data:`BYTE_BIASES`)."""
         start = time.perf_counter()
         bitmask = torch.zeros((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32)
         for index, state in enumerate(states):
             words = bitmask[index]
             state.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
-        vocab = logits.shape[-1]
-        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
-        refused = torch.from_numpy(bits[:, :vocab] == 0).to(logits.device)
-        if refused.shape[1] < vocab:  # logits wider than the vocabulary: the rest is refused
-            pad = torch.ones((len(rows), vocab - refused.shape[1]), dtype=torch.bool)
-            refused = torch.cat([refused, pad.to(logits.device)], dim=1)
-        chosen = torch.tensor(rows, device=logits.device)
-        logits[chosen] = logits[chosen].masked_fill(refused, -float("inf"))
+        dense = [
+            i
+            for i, words in enumerate(bitmask.numpy().view(np.uint32))
+            if not _keep_few(logits, rows[i], words)
+        ]
+        if dense:
+            _add_biases(logits, [rows[i] for i in dense], bitmask[dense])
         self.stats.masked_rows += len(rows)
         self.stats.mask_seconds += time.perf_counter() - start
 
@@ -177,6 +178,41 @@ def _error_text(matcher: llguidance.LLMatcher) -> str:
     lines = [line.strip() for line in matcher.get_error().strip().splitlines()]
     kept = [line for line in lines if line and not line[0].isdigit() and line != "^"]
     return " ".join(kept)[:300]
+
+
+FEW_WORDS = 1 / 8  # a row with at most this share of non-zero bitmask words keeps its tokens
+BYTE_BIASES = torch.tensor(  # bitmask byte -> the biases of its 8 tokens: 0 allowed, -inf not
+    [[0.0 if byte >> bit & 1 else -float("inf") for bit in range(8)] for byte in range(256)]
+)
+
+
+def _keep_few(logits: torch.Tensor, row: int, words: np.ndarray) -> bool:
+    """Row ``row`` keeps only the tokens ``words`` allows, when they are few; False: too many."""
+    nonzero = np.flatnonzero(words)
+    if len(nonzero) > len(words) * FEW_WORDS:
+        return False
+    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    word_index, bit = np.nonzero(bits)
+    ids = nonzero[word_index] * 32 + bit
+    allowed = torch.from_numpy(ids[ids < logits.shape[-1]]).to(logits.device)
+    line = logits[row]
+    kept = line[allowed]
+    line.fill_(-float("inf"))
+    line[allowed] = kept
+    return True
+
+
+def _add_biases(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+    """Add each row's 0 / -inf biases, read off its bitmask bytes."""
+    vocab = logits.shape[-1]
+    table = BYTE_BIASES.to(logits.device)
+    biases = table[bitmask.view(torch.uint8).to(torch.int32).to(logits.device)]
+    biases = biases.view(len(rows), -1)
+    if biases.shape[1] < vocab:  # logits wider than the vocabulary: the rest is refused
+        pad = torch.full((len(rows), vocab - biases.shape[1]), -float("inf"), device=logits.device)
+        biases = torch.cat([biases, pad], dim=1)
+    index = torch.tensor(rows, device=logits.device)
+    logits.index_add_(0, index, biases[:, :vocab])
 
 
 @dataclass

@@ -85,9 +85,11 @@ def test_max_tokens_mid_grammar_finishes_length(tiny_engine):
     assert _text(tiny_engine, events).startswith("{")
 
 
-def test_the_mask_equals_llguidances_own(tiny_engine):
+@pytest.mark.parametrize("few_words", [0.0, 1.0], ids=["biases", "kept-tokens"])
+def test_the_mask_equals_llguidances_own(tiny_engine, monkeypatch, few_words):
     """After every token of a constrained run, the tokens the engine left finite are exactly
-    those llguidance's reference matcher allows next."""
+    those llguidance's reference matcher allows next (both ways of masking a row)."""
+    monkeypatch.setattr("engine.grammars.FEW_WORDS", few_words)
     constraint = Constraint.json_schema(SCHEMA)
     tokens = [e.token_id for e in _run(tiny_engine, _params(constraint, True))]
     grammars: GrammarCache = tiny_engine.grammars
