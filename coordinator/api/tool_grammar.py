@@ -1,0 +1,88 @@
+"""The grammar that makes ``tool_choice: "required"`` and a named ``tool_choice`` true.
+
+Both are a Lark :class:`~engine.constraint.Constraint` (llguidance's dialect) over the calls the
+model's parser reads (:mod:`~coordinator.api.tool_parsers`), each call's arguments the function's
+``parameters`` schema embedded with ``%json``. For ``hermes``::
+
+    start: call ("\\n" call)*            # "required" with parallel_tool_calls; else: start: call
+    call: call_0 | call_1
+    call_0: "<tool_call>{\\"name\\": \\"get_weather\\", \\"arguments\\": " args_0 "}</tool_call>"
+    args_0: %json {...the parameters schema...}
+
+A named choice is the one function's call, once. The JSON is written as ``json.dumps`` writes it
+(``", "`` and ``": "``, no other whitespace); a schema that is not ``strict`` ignores keywords the
+grammar library does not implement instead of refusing them. The grammar travels with the
+request like any constraint; a ``response_format`` on the same request gives way to it.
+
+:func:`check_constraint` compiles it at the door against the served tokenizer (once per distinct
+grammar, cached), so a schema that does not compile is the client's 400 before a worker sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from coordinator.api.tool_parsers import BaseToolParser
+from coordinator.api.tools import Tool, ToolError, ToolRequest
+from coordinator.model_info import ModelInfo
+from engine.constraint import MAX_SPEC_CHARS, Constraint
+from engine.errors import ConfigError
+from engine.grammars import GrammarCache, GrammarError
+
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_CACHE_LOCK = threading.Lock()
+
+
+def tool_constraint(tools: ToolRequest, parser: type[BaseToolParser]) -> Constraint | None:
+    """The grammar forcing the calls ``tools`` asks for (None for ``auto`` and ``none``)."""
+    forced = tools.forced
+    if not forced:
+        return None
+    several = tools.mode == "required" and tools.parallel
+    start = f"start: call ({json.dumps(parser.separator)} call)*" if several else "start: call"
+    rules = [start, "call: " + " | ".join(f"call_{i}" for i in range(len(forced)))]
+    for index, tool in enumerate(forced):
+        before, after = parser.call_text(tool.name)
+        rules.append(f"call_{index}: {json.dumps(before)} args_{index} {json.dumps(after)}")
+        rules.append(f"args_{index}: %json {json.dumps(_schema(tool))}")
+    grammar = "\n".join(rules) + "\n"
+    if len(grammar) > MAX_SPEC_CHARS:
+        raise ToolError(
+            "tools",
+            f"the grammar of the tools' calls would be {len(grammar)} characters; at most "
+            f"{MAX_SPEC_CHARS} are compiled (fewer or smaller parameters schemas)",
+        )
+    return Constraint("lark", grammar)
+
+
+def _schema(tool: Tool) -> dict[str, Any]:
+    guidance = tool.parameters.get("x-guidance")
+    layout = {**JSON_LAYOUT, **({} if tool.strict else {"lenient": True})}
+    return {**tool.parameters, "x-guidance": {**layout, **(guidance or {})}}
+
+
+def grammar_cache(model: ModelInfo) -> GrammarCache:
+    """The door's compiled-grammar cache over the served tokenizer (``model.grammars``, made on
+    first use)."""
+    with _CACHE_LOCK:
+        cache = getattr(model, "grammars", None)
+        if cache is None:
+            eos = getattr(model.tokenizer, "eos_token_id", None)
+            cache = GrammarCache(model.tokenizer, model.vocab_size, [] if eos is None else [eos])
+            model.grammars = cache  # type: ignore[attr-defined]
+        return cache
+
+
+async def check_constraint(model: ModelInfo, constraint: Constraint | None) -> None:
+    """Compile ``constraint`` off the loop; a :class:`ToolError` naming ``tools`` when it does
+    not compile."""
+    if constraint is None:
+        return
+    try:
+        await run_in_threadpool(grammar_cache(model).compile, constraint)
+    except (GrammarError, ConfigError) as exc:
+        raise ToolError("tools", f"the tools' parameters schemas do not compile: {exc}") from exc
