@@ -21,6 +21,7 @@ grammar, cached), so a schema that does not compile is the client's 400 before a
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -77,12 +78,25 @@ def grammar_cache(model: ModelInfo) -> GrammarCache:
         return cache
 
 
-async def check_constraint(model: ModelInfo, constraint: Constraint | None) -> None:
-    """Compile ``constraint`` off the loop; a :class:`ToolError` naming ``tools`` when it does
-    not compile."""
+async def check_constraint(
+    model: ModelInfo, constraint: Constraint | None, tools: ToolRequest
+) -> None:
+    """Compile ``constraint`` (the grammar of ``tools``) off the loop; a :class:`ToolError`
+    naming the tool whose parameters schema does not compile (``tools`` when it is not known)."""
     if constraint is None:
         return
     try:
         await run_in_threadpool(grammar_cache(model).compile, constraint)
     except (GrammarError, ConfigError) as exc:
-        raise ToolError("tools", f"the tools' parameters schemas do not compile: {exc}") from exc
+        param = _failing_tool(str(exc), tools)
+        raise ToolError(param, f"'{param}' does not compile: {exc}") from exc
+
+
+def _failing_tool(error: str, tools: ToolRequest) -> str:
+    """The parameter of the tool a compile error's line (``at <line>(<column>)``) lies in: the
+    grammar has two lines before the calls and two lines a call (its rule, its arguments)."""
+    found = re.search(r"\bat (\d+)\(", error)
+    number = (int(found.group(1)) - 3) // 2 if found else -1
+    if not 0 <= number < len(tools.forced):
+        return "tools"
+    return f"tools[{tools.tools.index(tools.forced[number])}].function.parameters"

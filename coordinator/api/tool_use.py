@@ -45,7 +45,7 @@ async def with_tool_constraint(
     constraint = tool_constraint(tools, type(tool_parser(model, tools)))
     if constraint is None:
         return params
-    await check_constraint(model, constraint)
+    await check_constraint(model, constraint, tools)
     return dataclasses.replace(params, constraint=constraint)
 
 
