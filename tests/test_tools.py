@@ -81,7 +81,7 @@ def test_tools_and_choices_are_read():
     ("body", "param", "shown"),
     [
         ({"tools": "f"}, "tools", '"f"'),
-        ({"tools": [{"type": "function"}]}, "tools[0].function", "function"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function", "null"),
         ({"tools": [{"type": "code", "function": {}}]}, "tools[0]", "code"),
         (
             {"tools": [{"type": "function", "function": {"name": "a b"}}]},

@@ -137,7 +137,12 @@ def _tool(index: int, entry: Any) -> Tool:
         raise ToolError(param, f"'{param}' must be {form}, got {shown(entry)}", entry)
     function = entry.get("function")
     if not isinstance(function, dict):
-        raise ToolError(f"{param}.function", f"'{param}' must be {form}, got {shown(entry)}")
+        raise ToolError(
+            f"{param}.function",
+            f'\'{param}.function\' must be an object {{"name", "description", '
+            f'"parameters", "strict"}}, got {shown(function)}',
+            function,
+        )
     name = function.get("name")
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
         raise ToolError(
