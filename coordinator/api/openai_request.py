@@ -189,8 +189,8 @@ def prompt_chars(body: dict, kind: str) -> int:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return 0
-    texts = sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict))
-    return texts + tool_chars(body)
+    chars = sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    return chars + tool_chars(body)
 
 
 def _content_chars(content: Any) -> int:

@@ -174,7 +174,8 @@ class Llama3JsonParser(BaseToolParser):
 
     def _calls(self, text: str) -> list[Segment] | None:
         text = text.strip().removeprefix(PYTHON_TAG)
-        decoder, calls, at = json.JSONDecoder(), [], 0
+        decoder, at = json.JSONDecoder(), 0
+        calls: list[Segment] = []
         while True:
             at = _skip_space(text, at)
             try:

@@ -94,9 +94,9 @@ def read_tools(body: dict) -> ToolRequest | None:
     choice = body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
     if not tools:
-        for name, value in (("tool_choice", choice), ("parallel_tool_calls", parallel)):
+        for key, value in (("tool_choice", choice), ("parallel_tool_calls", parallel)):
             if value is not None:
-                raise ToolError(name, f"'{name}' needs a non-empty 'tools', got {shown(value)}")
+                raise ToolError(key, f"'{key}' needs a non-empty 'tools', got {shown(value)}")
         return None
     if parallel is not None and not isinstance(parallel, bool):
         raise ToolError(
