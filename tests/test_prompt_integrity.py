@@ -105,7 +105,8 @@ def test_a_role_outside_the_four_is_400_naming_it(path, role):
 
 @pytest.mark.parametrize("path", CHAT_DOORS)
 def test_each_of_the_four_roles_is_taken(path):
-    messages = [{"role": role, "content": f"a {role} turn"} for role in ROLES]
+    answers = {"tool": {"tool_call_id": "call_1"}}  # a tool result names the call it answers
+    messages = [{"role": r, "content": f"a {r} turn", **answers.get(r, {})} for r in ROLES]
     response = post(app_for(RecordingService()), path, {"messages": messages})
     assert response.status_code == 200, response.text
 
@@ -113,16 +114,16 @@ def test_each_of_the_four_roles_is_taken(path):
 def test_a_conversation_the_template_refuses_is_400_not_500():
     tokenizer = build_tiny_tokenizer()
     tokenizer.chat_template = (
-        "{% for m in messages %}{% if m['role'] == 'tool' %}"
-        "{{ raise_exception('tool turns are not supported') }}{% endif %}"
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('system turns are not supported') }}{% endif %}"
         "{{ m['content'] }}{% endfor %}"
     )
-    messages = [{"role": "tool", "content": "42"}]
+    messages = [{"role": "system", "content": "42"}]
     response = post(
         app_for(RecordingService(), tokenizer), "/v1/chat/completions", {"messages": messages}
     )
     assert response.status_code == 400, response.text
-    assert "tool turns are not supported" in message_of(response.json())
+    assert "system turns are not supported" in message_of(response.json())
 
 
 # ---- control-token text in messages ----

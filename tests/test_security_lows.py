@@ -147,12 +147,24 @@ def _post(app: Any, path: str, body: Any, **kwargs: Any) -> httpx.Response:
 
 
 def test_azure_422_echoes_at_most_a_bounded_value():
-    tools = [{"type": "function", "function": {"name": "f" * 10_000}}]
-    response = _post(_keyed_app(()), AZURE_CHAT, {"messages": MESSAGES, "tools": tools})
+    stops = [{"type": "function", "function": {"name": "f" * 10_000}}]
+    pass_through = {"extra-parameters": "pass-through"}
+    body = {"messages": MESSAGES, "stops": stops}
+    response = _post(_keyed_app(()), AZURE_CHAT, body, headers=pass_through)
     assert response.status_code == 422
     echoed = response.json()["detail"]["input"]
     assert isinstance(echoed, str) and len(echoed) <= ECHOED_CHARS + 3
     assert echoed.startswith('[{"type": "function"')
+    assert len(response.content) < 1024
+
+
+def test_azure_400_for_a_refused_tool_echoes_at_most_a_bounded_value():
+    tools = [{"type": "function", "function": {"name": "f" * 10_000}}]
+    response = _post(_keyed_app(()), AZURE_CHAT, {"messages": MESSAGES, "tools": tools})
+    assert response.status_code == 400
+    assert response.json()["detail"]["loc"] == ["body", "tools"]
+    echoed = response.json()["detail"]["input"]
+    assert isinstance(echoed, str) and len(echoed) <= ECHOED_CHARS + 3
     assert len(response.content) < 1024
 
 

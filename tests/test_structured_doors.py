@@ -178,8 +178,9 @@ def test_a_bad_response_format_on_azure_is_400_or_its_422(name, value, param):
         assert response.json()["detail"]["loc"] == ["body", "response_format"]
     else:
         assert response.status_code == 400, response.text
-        error = response.json()["error"]
-        assert error["details"][0]["loc"][:2] == ["body", "response_format"]
+        body = response.json()
+        assert body["detail"]["loc"][:2] == ["body", "response_format"]
+        assert body["error"]["code"] == "invalid_parameter" and body["error"]["message"]
     assert service.constraints == []
 
 

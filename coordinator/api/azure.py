@@ -7,11 +7,13 @@ to body keys outside the API: ``error`` (default) → 400, ``drop`` → ignored,
 handed to the engine when pdserve understands them (else 422). Known parameters this model
 cannot honour answer 422 ``parameter_not_supported``; ``response_format`` (``text``,
 ``json_object``, ``json_schema``: :mod:`~coordinator.api.structured_request`) is honoured, an
-unknown ``type`` is 422, a malformed or uncompilable one 400 naming the field. Chat requests
-are read and answered as OpenAI's (:mod:`~coordinator.api.openai_request`,
-:mod:`~coordinator.api.openai_format`), usage with ``prompt_tokens_details.cached_tokens``;
-streams are exactly ``data: {json}\\n\\n`` chunks and ``data: [DONE]\\n\\n`` (no comments,
-no ``event:`` lines: the SDK rejects them). Errors are ``{"error": {"code", "message"}}`` unless
+unknown ``type`` is 422, a malformed or uncompilable one 400 naming the field; a refused
+``tools``, ``tool_choice`` or ``parallel_tool_calls`` is 400 naming it the same way (``loc:
+["body", <field>]``). Chat requests are read and answered as OpenAI's
+(:mod:`~coordinator.api.openai_request`, :mod:`~coordinator.api.openai_format`, with tools
+:mod:`~coordinator.api.tool_use`), usage with ``prompt_tokens_details.cached_tokens``; streams
+are exactly ``data: {json}\\n\\n`` chunks and ``data: [DONE]\\n\\n`` (no comments, no
+``event:`` lines: the SDK rejects them). Errors are ``{"error": {"code", "message"}}`` unless
 the API defines another body.
 """
 
@@ -25,7 +27,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from coordinator.api.common import APIError, create_router, read_object, respond
-from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import input_blocked, openai_sampling, read_prompt
 from coordinator.api.structured_request import (
     FormatError,
@@ -34,6 +35,8 @@ from coordinator.api.structured_request import (
     response_format_constraint,
 )
 from coordinator.api.tenants import tenant_of
+from coordinator.api.tool_use import tool_completion, with_tool_constraint
+from coordinator.api.tools import ToolError, read_tools
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from engine.constraint import Constraint
@@ -53,6 +56,7 @@ CHAT_KEYS = {
     "response_format",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
     "model",
     "stream_options",
 }
@@ -82,24 +86,32 @@ def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body, status_code=error.status, headers=error.headers)
 
 
-def not_supported(param: str, value: Any) -> AzureError:
-    """422 echoing the value (``NaN`` and ``Infinity``, which JSON lacks, as strings); a value
-    whose JSON is longer than :data:`ECHOED_CHARS` is echoed as that JSON text, cut there."""
+def _echoed(value: Any) -> Any:
+    """``value`` as an error echoes it (``NaN`` and ``Infinity``, which JSON lacks, as strings);
+    a value whose JSON is longer than :data:`ECHOED_CHARS` as that JSON text, cut there."""
     text = json.dumps(value)
     if len(text) > ECHOED_CHARS:
-        echoed: Any = text[:ECHOED_CHARS] + "..."
-    else:
-        echoed = json.loads(text, parse_constant=str)
+        return text[:ECHOED_CHARS] + "..."
+    return json.loads(text, parse_constant=str)
+
+
+def not_supported(param: str, value: Any) -> AzureError:
+    """422 naming the parameter and echoing its value."""
     return AzureError(
         422,
         {
             "status": 422,
             "code": "parameter_not_supported",
-            "detail": {"loc": ["body", param], "input": echoed},
+            "detail": {"loc": ["body", param], "input": _echoed(value)},
             "message": "One of the parameters contain invalid values.",
         },
         {"x-ms-error-code": "parameter_not_supported"},
     )
+
+
+def invalid_tools(error: ToolError) -> AzureError:
+    """400 for a refused tool field: ``loc`` names the body's field, ``message`` the part."""
+    return invalid_parameter(error.field, error.message, error.value)
 
 
 def content_filtered() -> AzureError:
@@ -160,14 +172,6 @@ def _extra_mode(request: Request) -> str:
     return mode
 
 
-def check_supported(body: dict) -> None:
-    """Known parameters a text-only model without tool use cannot honour."""
-    if body.get("tools"):
-        raise not_supported("tools", body["tools"])
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise not_supported("tool_choice", body["tool_choice"])
-
-
 async def azure_constraint(body: dict, model: ModelInfo) -> Constraint | None:
     """``response_format``'s constraint, compiled once here (a ``type`` this server does not
     know: 422 ``parameter_not_supported``; a malformed or uncompilable one: 400 naming it)."""
@@ -177,21 +181,20 @@ async def azure_constraint(body: dict, model: ModelInfo) -> Constraint | None:
     except FormatError as exc:
         if exc.unsupported:
             raise not_supported("response_format", body["response_format"]) from exc
-        raise invalid_parameter(exc.param, exc.message) from exc
+        raise invalid_parameter(exc.param, exc.message, exc.value) from exc
     return constraint
 
 
-def invalid_parameter(param: str, message: str) -> AzureError:
-    """400 naming the parameter: ``{"error": {"code", "message", "param", "details"}}``."""
+def invalid_parameter(param: str, message: str, value: Any = None) -> AzureError:
+    """400 naming the parameter, in the shape of the 422's with ``error`` beside it (what the
+    SDK reads): ``loc`` the body's field path."""
     body = {
-        "error": {
-            "code": "BadRequest",
-            "message": message,
-            "param": param,
-            "details": [{"loc": ["body", *param.split(".")], "msg": message}],
-        }
+        "status": 400,
+        "code": "invalid_parameter",
+        "detail": {"loc": ["body", *param.split(".")], "input": _echoed(value)},
+        "message": message,
     }
-    return AzureError(400, body)
+    return AzureError(400, {**body, "error": {"code": "invalid_parameter", "message": message}})
 
 
 @dataclass(frozen=True)
@@ -230,18 +233,19 @@ class AzureRoutes:
             check_api_version(request)
             body = await read_object(request, self.body_limit_mb)
             extras = split_extras(request, body)
-            check_supported(body)
-            prompt = await read_prompt(body, "chat", self.model)
+            tools = read_tools(body)
+            prompt = await read_prompt(body, "chat", self.model, tools)
             if input_blocked(self.model, prompt):
                 raise content_filtered()
             known = {k: v for k, v in body.items() if k in CHAT_KEYS}
             params = openai_sampling({**known, **extras}, self.model.vocab_size, 512)
             params = replace(params, constraint=await azure_constraint(body, self.model))
+            params = await with_tool_constraint(self.model, tools, params)  # tools' wins
+        except ToolError as exc:
+            return error_response(invalid_tools(exc))
         except APIError as exc:
             return error_response(exc)
-        answer = Completion(
-            "chat", self.model.name, len(prompt.ids), self.model.content_filter, prompt_details=True
-        )
+        answer = tool_completion(self.model, tools, len(prompt.ids))
         events = self.service.generate(
             GenerationRequest(
                 self.service.new_request_id(), prompt.ids, params, tenant=tenant_of(request)

@@ -52,16 +52,20 @@ def check_roles(messages: list[dict]) -> None:
             )
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]], with_text: bool) -> ChatPrompt:
-    """The prompt of ``messages`` (``{role, content}`` strings); blocking: run it off the loop.
-    ``with_text``: keep the rendered text too (for the content filter)."""
+def render_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], with_text: bool, tools: list | None = None
+) -> ChatPrompt:
+    """The prompt of ``messages`` (``{role, content}`` strings, and the tool fields of
+    :mod:`~coordinator.api.tool_prompt`); blocking: run it off the loop. ``with_text``: keep
+    the rendered text too (for the content filter). ``tools``: the template's own ``tools``."""
+    options: dict[str, Any] = {"tools": tools} if tools else {}
     try:
-        text = _render(tokenizer, messages, tokenize=False) if with_text else None
+        text = _render(tokenizer, messages, tokenize=False, **options) if with_text else None
         if sanitizes(tokenizer):
-            ids = _render(tokenizer, messages, tokenize=True, sanitize_control_tokens=True)
+            options["sanitize_control_tokens"] = True
         else:
-            _refuse_control_text(tokenizer, messages)
-            ids = _render(tokenizer, messages, tokenize=True)
+            _refuse_control_text(tokenizer, messages, tools)
+        ids = _render(tokenizer, messages, tokenize=True, **options)
     except jinja2.TemplateError as exc:
         message = f"the model's chat template refused the messages: {str(exc)[:200]}"
         raise OpenAIError(400, message, "messages") from exc
@@ -75,7 +79,7 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]], with_text: bool)
     return ChatPrompt(list(ids), text)
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]], **options: Any) -> Any:
+def _render(tokenizer: Any, messages: list[dict[str, Any]], **options: Any) -> Any:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **options)
 
 
@@ -94,13 +98,20 @@ def control_tokens(tokenizer: Any) -> tuple[str, ...]:
     return tuple(t.content for t in added.values() if getattr(t, "special", False) and t.content)
 
 
-def _refuse_control_text(tokenizer: Any, messages: list[dict[str, str]]) -> None:
-    """400 for a message whose text spells a control token (a tokenizer that cannot sanitize)."""
+def _refuse_control_text(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> None:
+    """400 for a message (or tool) whose text spells a control token (a tokenizer that cannot
+    sanitize)."""
     tokens = control_tokens(tokenizer)
-    for index, message in enumerate(messages):
-        found = next((t for t in tokens if t in message["content"]), None)
+    texts = [(f"messages[{i}].content", _text_of(m)) for i, m in enumerate(messages)]
+    for name, text in [*texts, ("tools", json.dumps(tools or [], ensure_ascii=False))]:
+        found = next((t for t in tokens if t in text), None)
         if found is not None:
-            name = f"messages[{index}].content"
             raise OpenAIError(
                 400, f"'{name}' holds {shown(found)}, a control token of this model", name
             )
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    """A message's content, and its tool calls' JSON where it has any."""
+    calls = message.get("tool_calls")
+    return message["content"] + (json.dumps(calls, ensure_ascii=False) if calls else "")

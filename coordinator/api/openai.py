@@ -3,8 +3,9 @@
 A request's life: the body is read and validated (:mod:`~coordinator.api.openai_request`), the
 prompt tokenized and checked by the content filter; the service generates, and the answer is
 streamed or collected whole (:mod:`~coordinator.api.openai_format`), its ``usage`` with
-``prompt_tokens_details.cached_tokens``. Refusals answer 400 with OpenAI's error body; service
-errors their own status with ``type: "server_error"``.
+``prompt_tokens_details.cached_tokens``. Chat reads ``tools`` first and answers with the calls
+the model makes (:mod:`~coordinator.api.tool_use`). Refusals answer 400 with OpenAI's error body;
+service errors their own status with ``type: "server_error"``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from coordinator.api.openai_request import (
     read_prompt,
 )
 from coordinator.api.tenants import tenant_of
+from coordinator.api.tool_use import tool_completion, with_tool_constraint
+from coordinator.api.tools import read_tools
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest
@@ -75,14 +78,18 @@ class OpenAIRoutes:
         try:
             body = await read_object(request, self.body_limit_mb)
             check_fields(body, kind)
-            prompt = await read_prompt(body, kind, self.model)
+            tools = read_tools(body) if kind == "chat" else None
+            prompt = await read_prompt(body, kind, self.model, tools)
             self._check_input(prompt, kind)
             params = openai_sampling(body, self.model.vocab_size, DEFAULT_MAX_TOKENS[kind])
             params = replace(params, constraint=await openai_constraint(body, self.model))
+            params = await with_tool_constraint(self.model, tools, params)  # tools' wins
         except APIError as exc:
             return error_response(exc)
-        answer = Completion(
-            kind, self.model.name, len(prompt.ids), self.model.content_filter, prompt_details=True
+        answer = (
+            tool_completion(self.model, tools, len(prompt.ids))
+            if kind == "chat"
+            else Completion(kind, self.model.name, len(prompt.ids), self.model.content_filter, True)
         )
         events = self.service.generate(
             GenerationRequest(

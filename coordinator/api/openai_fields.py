@@ -29,12 +29,9 @@ HONOURED = frozenset(
         "frequency_penalty",
         "logit_bias",
         "response_format",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
     }
 )
-CHAT_ONLY = frozenset({"messages"})
+CHAT_ONLY = frozenset({"messages", "tools", "tool_choice", "parallel_tool_calls"})
 COMPLETIONS_ONLY = frozenset({"prompt"})
 # identifiers and hints that change no output: accepted as they are
 IDENTIFIERS = frozenset({"user", "metadata", "safety_identifier", "prompt_cache_key"})

@@ -141,12 +141,19 @@ class Completion:
         return {**self._envelope(False), "choices": [choice], "usage": self.usage}
 
     def chunk(
-        self, piece: str | None, finish: str | None, role: bool = False, usage: bool = False
+        self,
+        piece: str | None,
+        finish: str | None,
+        role: bool = False,
+        usage: bool = False,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> bytes:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if piece is not None:
                 delta["content"] = piece
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         else:
             choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
@@ -154,6 +161,15 @@ class Completion:
         if usage:
             payload["usage"] = self.usage
         return _data(payload)
+
+    def piece_chunks(self, piece: str, ending: bool) -> list[bytes]:
+        """The chunks of text just taken (``ending``: the last of it); a tool-call answer
+        (:mod:`~coordinator.api.tool_answer`) sends calls instead of some of it."""
+        return [self.chunk(piece, None)] if piece else []
+
+    def final_finish(self) -> str | None:
+        """The last chunk's ``finish_reason``."""
+        return self.finish
 
     async def stream(self, first: TokenEvent, events: Events) -> AsyncGenerator[bytes, None]:
         """The chunks from ``first`` on; text is checked by the filter before it is sent."""
@@ -163,11 +179,12 @@ class Completion:
             event = first
             while True:
                 self.add(event)
-                piece = self.pending()
-                if piece:
-                    yield self.chunk(piece, None)
-                if event.finished or self.blocked:
-                    yield self.chunk(None if self.kind == "chat" else "", self.finish, usage=True)
+                ending = event.finished or self.blocked
+                for chunk in self.piece_chunks(self.pending(), ending):
+                    yield chunk
+                if ending:
+                    last = None if self.kind == "chat" else ""
+                    yield self.chunk(last, self.final_finish(), usage=True)
                     break
                 event = await events.__anext__()
             yield DONE

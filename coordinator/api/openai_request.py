@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.chat_prompt import check_roles, render_chat
+from coordinator.api.chat_prompt import check_roles
 from coordinator.api.limits import (
     MAX_MESSAGES,
     MAX_STOP_SEQUENCES,
@@ -34,6 +34,8 @@ from coordinator.api.structured_request import (
     constraint_param,
     request_constraint,
 )
+from coordinator.api.tool_prompt import chat_input, render_tool_chat
+from coordinator.api.tools import ToolRequest, tool_chars
 from coordinator.content_safety import text_blocked
 from coordinator.model_info import ModelInfo
 from engine.constraint import Constraint
@@ -154,10 +156,13 @@ class Prompt:
     text: str
 
 
-async def read_prompt(body: dict, kind: str, model: ModelInfo) -> Prompt:
+async def read_prompt(
+    body: dict, kind: str, model: ModelInfo, tools: ToolRequest | None = None
+) -> Prompt:
     """The prompt: chat ``messages`` through the chat template
-    (:mod:`~coordinator.api.chat_prompt`), or ``prompt``; refused before tokenizing when its
-    messages are too many or its text is over the character cap."""
+    (:mod:`~coordinator.api.chat_prompt`; with the ``tools`` offered and the history's tool
+    calls and results: :mod:`~coordinator.api.tool_prompt`), or ``prompt``; refused before
+    tokenizing when its messages are too many or its text is over the character cap."""
     messages = body.get("messages") if kind == "chat" else None
     if isinstance(messages, list) and (
         over := count_over("messages", "messages", messages, MAX_MESSAGES)
@@ -168,7 +173,9 @@ async def read_prompt(body: dict, kind: str, model: ModelInfo) -> Prompt:
     )
     if over:
         raise OpenAIError(422, over, prompt_field(kind))
-    prompt = await (_chat_prompt(body, model) if kind == "chat" else _text_prompt(body, model))
+    prompt = await (
+        _chat_prompt(body, model, tools) if kind == "chat" else _text_prompt(body, model)
+    )
     if not 0 < len(prompt.ids) <= model.max_input_tokens:
         raise OpenAIError(
             400,
@@ -179,7 +186,7 @@ async def read_prompt(body: dict, kind: str, model: ModelInfo) -> Prompt:
     return prompt
 
 
-async def _chat_prompt(body: dict, model: ModelInfo) -> Prompt:
+async def _chat_prompt(body: dict, model: ModelInfo, tools: ToolRequest | None) -> Prompt:
     messages = body.get("messages")
     if (
         not isinstance(messages, list)
@@ -189,10 +196,11 @@ async def _chat_prompt(body: dict, model: ModelInfo) -> Prompt:
         raise OpenAIError(400, "'messages' must be a non-empty list of {role, content}", "messages")
     check_roles(messages)
     _check_text_parts(messages)
-    rendered = [{"role": m["role"], "content": content_text(m.get("content"))} for m in messages]
+    texts = [content_text(m.get("content")) for m in messages]
+    rendered = chat_input(model.tokenizer, messages, texts, tools)
     filtering = model.content_filter is not None
-    chat = await run_in_threadpool(render_chat, model.tokenizer, rendered, filtering)
-    raw = "\n".join(m["content"] for m in rendered)
+    chat = await run_in_threadpool(render_tool_chat, model.tokenizer, rendered, filtering)
+    raw = rendered.text
     return Prompt(chat.ids, f"{raw}\n{chat.text}" if filtering else raw)
 
 
@@ -228,7 +236,8 @@ def prompt_chars(body: dict, kind: str) -> int:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return 0
-    return sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    chars = sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    return chars + tool_chars(body)
 
 
 def _content_chars(content: Any) -> int:
