@@ -146,6 +146,13 @@ class InferenceService:
         self.runs[run.request_id] = run
         self._gauge(run, +1)
 
+    def count_door_refusal(self) -> None:
+        """A request the door gate refused before reading it (coordinator/api/admission.py):
+        received and failed, as one this service refuses."""
+        if self.metrics:
+            self.metrics.received.labels(self.metrics.model_name).inc()
+        self._failed(Outcome.UNAVAILABLE if self.draining else Outcome.TOO_MANY_REQUESTS)
+
     def _refuse(self, run: RequestRun) -> NoReturn:
         run.end(Outcome.UNAVAILABLE if self.draining else Outcome.TOO_MANY_REQUESTS)
         self._failed(run.outcome)

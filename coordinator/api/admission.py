@@ -79,6 +79,9 @@ class DoorGate:
         try:
             self.check(self.service)
         except ServiceError as exc:
+            count = getattr(self.service, "count_door_refusal", None)
+            if count is not None:  # in request_failed_total like the service's own refusals
+                count()
             await self.refusal(scope["path"], exc)(scope, receive, send)
             return
         self.count.open += 1
