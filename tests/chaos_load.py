@@ -184,3 +184,19 @@ async def _sse(response: httpx.Response):
     async for line in sse_lines(response):
         if line.startswith("data:"):
             yield line[5:].strip()
+
+
+async def reference_texts(base_url: str, model: str) -> dict[tuple[str, bool], str]:
+    """Each prompt's text from an undisturbed cluster at ``base_url``, free and constrained
+    (every kind of each must agree), keyed by :func:`text_key`."""
+    texts: dict[tuple[str, bool], str] = {}
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        for prompt in PROMPTS:
+            for schema in (False, True):
+                kinds = [kind for kind in KINDS if constrained(kind) == schema]
+                outcomes = [await request(client, model, kind, prompt) for kind in kinds]
+                assert {o.status for o in outcomes} == {"ok"}, outcomes
+                assert len({o.text for o in outcomes}) == 1, outcomes
+                texts[prompt, schema] = outcomes[0].text
+            assert texts[prompt, True].startswith('{"words": ['), texts[prompt, True]
+    return texts

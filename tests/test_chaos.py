@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from tests import chaos_cluster as cluster
-from tests.chaos_load import KINDS, PROMPTS, Load, constrained, request, text_key
+from tests.chaos_load import PROMPTS, Load, constrained, reference_texts, request, text_key
 from tests.chaos_prompts import greedy_texts, long_prompts
 from tests.coordinator_process import CoordinatorProcess, start_coordinator
 from tests.coordinator_servers import backend
@@ -93,22 +93,6 @@ def chaos_server(variant, tmp_path_factory, peaked_model_dir):
             server.stop()
         except Exception:
             server.process.kill()
-
-
-async def _reference(server: CoordinatorProcess, model: str) -> dict[tuple[str, bool], str]:
-    """Each prompt's text from an undisturbed cluster, free and constrained (every kind of
-    each must agree)."""
-    texts: dict[tuple[str, bool], str] = {}
-    async with httpx.AsyncClient(base_url=server.url("predict_port", ""), timeout=60) as client:
-        for prompt in PROMPTS:
-            for schema in (False, True):
-                kinds = [kind for kind in KINDS if constrained(kind) == schema]
-                outcomes = [await request(client, model, kind, prompt) for kind in kinds]
-                assert {o.status for o in outcomes} == {"ok"}, outcomes
-                assert len({o.text for o in outcomes}) == 1, outcomes
-                texts[prompt, schema] = outcomes[0].text
-            assert texts[prompt, True].startswith('{"words": ['), texts[prompt, True]
-    return texts
 
 
 async def _served_again(server: CoordinatorProcess, model: str, since: float) -> float:
@@ -209,7 +193,8 @@ def long_texts(variant, peaked_model_dir) -> dict[str, str]:
 def reference(chaos_server, peaked_model_dir, long_texts) -> dict[tuple[str, bool], str]:
     """The undisturbed texts, taken once per server before its first fault; with long prompts,
     transformers' texts of the short ones must agree with the cluster's first."""
-    texts = asyncio.run(_reference(chaos_server, cluster.model(chaos_server)))
+    base_url = chaos_server.url("predict_port", "")
+    texts = asyncio.run(reference_texts(base_url, cluster.model(chaos_server)))
     if long_texts:
         free = {prompt: text for (prompt, schema), text in texts.items() if not schema}
         assert greedy_texts(peaked_model_dir, list(PROMPTS)) == free

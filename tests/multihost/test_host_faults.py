@@ -26,7 +26,8 @@ import pytest
 
 from benchmarks.netns import Host, enter_netns
 from benchmarks.ray_hosts import HostedCoordinator, RayOnHosts
-from tests.chaos_load import KINDS, PROMPTS, Load, Outcome, request
+from tests.chaos_load import PROMPTS, Load, Outcome, request, text_key
+from tests.chaos_load import reference_texts as chaos_reference
 from tests.multihost.conftest import hosted
 
 pytestmark = [pytest.mark.ray, pytest.mark.multihost, pytest.mark.chaos]
@@ -114,20 +115,10 @@ def model_name(coordinator: HostedCoordinator) -> str:
     return coordinator.request("GET", "predict_port", "/v1/models").json()["data"][0]["id"]
 
 
-def reference_texts(coordinator: HostedCoordinator, model: str) -> dict[str, str]:
-    """Each prompt's text from the undisturbed cluster (every kind must agree)."""
-
-    async def collect() -> dict[str, str]:
-        texts = {}
-        async with httpx.AsyncClient(base_url=coordinator.url("predict_port", ""), timeout=60) as c:
-            for prompt in PROMPTS:
-                outcomes = [await request(c, model, kind, prompt) for kind in KINDS]
-                assert {o.status for o in outcomes} == {"ok"}, outcomes
-                assert len({o.text for o in outcomes}) == 1, outcomes
-                texts[prompt] = outcomes[0].text
-        return texts
-
-    return coordinator.host.call(lambda: asyncio.run(collect()))
+def reference_texts(coordinator: HostedCoordinator, model: str) -> dict[tuple[str, bool], str]:
+    """Each prompt's texts from the undisturbed cluster (tests.chaos_load.reference_texts)."""
+    base_url = coordinator.url("predict_port", "")
+    return coordinator.host.call(lambda: asyncio.run(chaos_reference(base_url, model)))
 
 
 def served_again(coordinator: HostedCoordinator, model: str, since: float) -> float:
@@ -199,8 +190,10 @@ def test_requests_survive_a_host_failure_or_fail_honestly(coordinator, ray_hosts
     }
     print(f"host fault {report}")
     assert statuses["dishonest"] == 0, [o for o in outcomes if o.status == "dishonest"]
-    wrong = [o for o in outcomes if o.status == "ok" and o.text != reference[o.prompt]]
-    assert not wrong, [(o, reference[o.prompt]) for o in wrong]
+    wrong = [
+        o for o in outcomes if o.status == "ok" and o.text != reference[text_key(o.prompt, o.kind)]
+    ]
+    assert not wrong, [(o, reference[text_key(o.prompt, o.kind)]) for o in wrong]
     assert statuses["ok"] > 0
     assert max(o.seconds for o in outcomes) <= TIMEOUTS["infer_timeout"] + 10
     assert report["migrations"] <= TIMEOUTS["max_retry"] * report["in_flight"], report
