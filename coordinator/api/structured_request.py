@@ -27,13 +27,14 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from coordinator.api.chat_prompt import shown
 from coordinator.model_info import ModelInfo
 from engine.constraint import MAX_SPEC_CHARS, Constraint
 from engine.errors import ConfigError
 from engine.grammars import GrammarError
 
 FORMAT_TYPES = ("text", "json_object", "json_schema")
-SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a schema's name, and a tool's (coordinator.api.tools)
 GUIDED = {  # vLLM's guided_* field -> its structured_outputs key
     "guided_json": "json",
     "guided_regex": "regex",
@@ -41,7 +42,6 @@ GUIDED = {  # vLLM's guided_* field -> its structured_outputs key
     "guided_grammar": "grammar",
 }
 MAX_CHOICES = 256  # a choice list past this is refused (it compiles to one alternation)
-SHOWN_CHARS = 64
 
 
 class FormatError(Exception):
@@ -50,11 +50,6 @@ class FormatError(Exception):
     def __init__(self, param: str, message: str, value: Any = None, unsupported: bool = False):
         super().__init__(message)
         self.param, self.message, self.value, self.unsupported = param, message, value, unsupported
-
-
-def shown(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
 def request_constraint(body: dict, extensions: bool = True) -> Constraint | None:
@@ -117,7 +112,7 @@ def _json_schema_format(spec: Any) -> Constraint:
     if not isinstance(spec, dict):
         raise FormatError(param, f"'{param}' must be an object, got {shown(spec)}", spec)
     name = spec.get("name")
-    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise FormatError(
             f"{param}.name",
             f"'{param}.name' must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -, "

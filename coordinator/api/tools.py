@@ -26,11 +26,11 @@ from typing import Any
 
 from coordinator.api.chat_prompt import shown
 from coordinator.api.openai_format import OpenAIError
+from coordinator.api.structured_request import NAME as TOOL_NAME
 from engine.constraint import MAX_SPEC_CHARS
 
 MAX_TOOLS = 128  # tools of one request
 MAX_TOOLS_CHARS = 4 * MAX_SPEC_CHARS  # characters of the whole tools list's JSON
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MODES = ("none", "auto", "required")
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
