@@ -1,8 +1,10 @@
 """Native CPU kernels, compiled once on first use into pdserve's folder of torch's extension
 cache (``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``, then ``pdserve/``).
 
-Each module's name carries a hash of its source, headers, flags, torch and Python versions, and
-its build folder is that name. A build that completed leaves a ``ready`` file naming the library;
+Each module's name carries a hash of its source, headers, flags, torch and Python versions and
+the CPU it is compiled for (``-march=native`` targets this CPU's model and feature flags: a build
+made on an AVX-512 machine must not be imported on an AVX2-only one sharing the cache), and its
+build folder is that name. A build that completed leaves a ``ready`` file naming the library;
 when it is there the module is imported straight from it: no lock, no compiler, whatever checkout
 or path the source comes from. Only a build takes a lock, ``<name>.lock`` beside the folder: an
 advisory ``flock`` that the kernel releases when its holder dies, so a start killed mid-build (a
@@ -80,7 +82,8 @@ def kernel_build_root() -> Path:
 
 def module_name(source: Path) -> str:
     """``pdserve_<stem>_<hash>``: the hash over the source, the headers beside it, the flags, the
-    compiler, torch's version and Python's ABI, so a build is reused only where it would load."""
+    compiler, torch's version, Python's ABI and the CPU (``cpu_identity``), so a build is reused
+    only where it would load and run."""
     import torch
 
     headers = sorted(source.parent.glob("*.h"))
@@ -90,9 +93,25 @@ def module_name(source: Path) -> str:
         os.environ.get("CXX", "c++"),
         torch.__version__,
         sys.implementation.cache_tag,
+        cpu_identity(),
     ]
     digest = hashlib.sha256(code + " ".join(toolchain).encode()).hexdigest()
     return f"pdserve_{source.stem}_{digest[:12]}"
+
+
+@functools.cache
+def cpu_identity() -> str:
+    """The CPU ``-march=native`` compiles for: its model name and feature flags as the kernel
+    reports them (``/proc/cpuinfo``), or the platform's machine name where that is unreadable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+
+        return platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    lines = [line for line in text.splitlines() if line.split(":")[0].strip() in wanted]
+    return " | ".join(dict.fromkeys(line.split(":", 1)[1].strip() for line in lines))
 
 
 def build_extension(source: Path, wait_s: float = BUILD_WAIT_S) -> ModuleType:
