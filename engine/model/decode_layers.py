@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import kernels
 from engine.kernels.quantized import NATIVE_MAX_ROWS
-from engine.model.linear import DenseLinear, Linear
+from engine.model.linear import DenseLinear, Linear, PartsLinear
 
 if TYPE_CHECKING:
     from engine.model.llama import LlamaModel
@@ -63,6 +63,8 @@ def _projection(linear: Linear) -> tuple | None:
     if isinstance(linear, DenseLinear):
         k, n = linear.weight_t.shape
         return linear.weight_t, "dense", n, k, linear.bias
+    if isinstance(linear, PartsLinear):
+        return None
     weight = linear.weight
     if weight.k != weight.padded_k:
         return None

@@ -15,12 +15,14 @@ import torch.nn.functional as F
 
 from engine.errors import ModelLoadError
 from engine.kernels import cpu_kernels
+from engine.kernels.quantized import from_gguf_blocks
 from engine.model.decode_layers import FUSED_MAX_ROWS, fuse_layers
 from engine.model.forward_batch import ForwardBatch
 from engine.model.gguf_weights import GGUFMatrix
-from engine.model.linear import WEIGHT_DTYPES, Linear, dense, from_gguf, quantized
+from engine.model.linear import WEIGHT_DTYPES, Linear, QuantizedLinear, dense, mixed, quantized
 from engine.model.paged_attention import paged_attention
 from engine.model.rotary import RotaryEmbedding, apply_rotary
+from engine.model.token_embedding import DenseEmbedding, QuantizedEmbedding, TokenEmbedding
 
 
 @dataclass(frozen=True)
@@ -85,11 +87,11 @@ class LlamaModel:
         self.weights = _weight_mode(weight_dtype, gguf, device, dtype)
         # Local, not kept: the float32 weights the quantized layers replace are freed with it.
         linear = _linear_maker(self.weights, put, gguf or {})
-        self.embed = put("model.embed_tokens.weight")
         self.layers = [_layer(put, linear, weights, i) for i in range(self.shape.num_layers)]
         self.norm = put("model.norm.weight")
         tied = "lm_head.weight" not in weights
         self.lm_head = linear(["model.embed_tokens.weight" if tied else "lm_head.weight"])
+        self.embed = _embedding(self.weights, put, gguf or {}, self.lm_head if tied else None)
         self.rotary = RotaryEmbedding(
             hf_config, self.shape.head_dim, self.shape.max_position_embeddings, device, dtype
         )
@@ -111,7 +113,7 @@ class LlamaModel:
 
         ``kv_caches[i]`` is layer i's ``[2, num_blocks, block_size, kv_heads, head_dim]``.
         """
-        hidden = F.embedding(batch.input_ids, self.embed)
+        hidden = self.embed(batch.input_ids)
         fused = self.fused
         if fused is not None and self._fusable(batch):
             fused.forward(
@@ -214,16 +216,29 @@ def _weight_mode(
 
 def _linear_maker(mode: str, put: Any, gguf: dict[str, GGUFMatrix]) -> Any:
     """``(names, bias) -> Linear`` for ``mode``; a GGUF matrix in a block format the kernels
-    lack is computed dense."""
+    lack is computed dense (``read_quantized`` has logged its format)."""
 
     def make(names: list[str], bias: torch.Tensor | None = None) -> Linear:
-        if mode == "gguf" and all(n in gguf for n in names):
-            return from_gguf([gguf[n] for n in names], bias)
+        if mode == "gguf" and any(n in gguf for n in names):
+            return mixed([gguf[n] if n in gguf else put(n) for n in names], bias)
         if mode in ("int8", "int4"):
             return quantized([put(n) for n in names], mode, bias)
         return dense([put(n) for n in names], bias)
 
     return make
+
+
+def _embedding(
+    mode: str, put: Any, gguf: dict[str, GGUFMatrix], tied_head: Linear | None
+) -> TokenEmbedding:
+    """The token table: the GGUF's blocks (shared with a tied LM head), else dense."""
+    name = "model.embed_tokens.weight"
+    if mode != "gguf" or name not in gguf:
+        return DenseEmbedding(put(name))
+    if isinstance(tied_head, QuantizedLinear):
+        return QuantizedEmbedding(tied_head.weight)
+    table = gguf[name]
+    return QuantizedEmbedding(from_gguf_blocks(table.blocks, table.kind, table.rows, table.cols))
 
 
 def _placer(weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> Any:
