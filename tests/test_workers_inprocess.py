@@ -224,10 +224,16 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "node_ip",
             "weights",
             "kernels",
+            "weight_formats",
+            "kernel_isa",
         ]
         assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2
         assert set(load.to_dict()["kernels"].values()) <= {"cached", "built"}
         assert load.to_dict()["weights"].startswith("weights fp32: layers float32")
+        formats = load.to_dict()["weight_formats"]
+        assert set(formats) == {"embedding", "qkv", "o_proj", "gate_up", "down", "lm_head"}
+        assert set(formats.values()) == {"float32"}
+        assert load.to_dict()["kernel_isa"] in ("avx512", "avx2", "scalar", "")
         decode.abort("r")
     finally:
         _stop(decode)

@@ -121,10 +121,14 @@ class WorkerLoad:
     # native module (by source) -> "cached" (imported from an earlier build) or "built" (compiled
     # by this process): a restarted worker comes up on the cached build
     kernels: dict[str, str] = field(default_factory=dict)
+    # tensor group -> its format (LlamaModel.weight_formats), and the instruction set the native
+    # kernels run ("avx512", "avx2", "scalar"; "" without them)
+    weight_formats: dict[str, str] = field(default_factory=dict)
+    kernel_isa: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
-        node address, weights."""
+        node address, weights, their formats and the kernels' instruction set."""
         return {
             "role": self.role,
             "instance": self.instance,
@@ -135,4 +139,6 @@ class WorkerLoad:
             "node_ip": self.node_ip,
             "weights": self.weights,
             "kernels": dict(self.kernels),
+            "weight_formats": dict(self.weight_formats),
+            "kernel_isa": self.kernel_isa,
         }

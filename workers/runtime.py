@@ -21,6 +21,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.engine_loop import EngineLoop
 from engine.kernels import kernel_origins
+from engine.kernels.quantized import quantized_kernels
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from workers.contracts import GenerationRequest, HandoffTarget, WorkerLoad
@@ -135,7 +136,15 @@ class WorkerRuntime:
             self.node_ip,
             self.engine.model.describe(),
             kernel_origins(),
+            self.engine.model.weight_formats(),
+            _kernel_isa(),
         )
+
+
+def _kernel_isa() -> str:
+    """The instruction set the quantized kernels run now, "" without the native module."""
+    module = quantized_kernels()
+    return module.isa() if module is not None else ""
 
 
 def _ray_node_ip() -> str:

@@ -107,6 +107,15 @@ class LlamaModel:
             f"weights {self.weights}: layers {'+'.join(kinds)}, LM head {self.lm_head.kind}, {step}"
         )
 
+    def weight_formats(self) -> dict[str, str]:
+        """Each tensor group's format, for ``/v1/instances``: ``{"qkv": "q5_0+q8_0", "down":
+        "q4_k | q6_k", ...}`` (``+``: parts of one fused projection; ``|``: differing layers)."""
+        groups: dict[str, Any] = {"embedding": [self.embed.kind]}
+        for group, index in (("qkv", 0), ("o_proj", 1), ("gate_up", 2), ("down", 3)):
+            groups[group] = [_linears(layer)[index].kind for layer in self.layers]
+        groups["lm_head"] = [self.lm_head.kind]
+        return {group: " | ".join(dict.fromkeys(kinds)) for group, kinds in groups.items()}
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Run every layer, write this step's KV, and return fp32 logits ``[S, vocab]``.
