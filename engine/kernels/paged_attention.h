@@ -1,7 +1,8 @@
 // Decode attention over a paged KV cache, read in place (no gathered copy of the context).
 //
-// One query token per sequence. Work is split over (sequence, kv head); the query heads that
-// share a kv head are handled together, so each key and value row is read once.
+// One query token per sequence. Work is split over (sequence, kv head), so one sequence spreads
+// over the threads too; the query heads that share a kv head are handled together, so each key
+// and value row is read once.
 #pragma once
 
 #include <torch/extension.h>
@@ -73,45 +74,51 @@ inline void for_each_token(const int64_t* table, int64_t L, int64_t BS, Fn&& fn)
   }
 }
 
+// Attention of the G query heads of kv head h of one sequence (L cached tokens): qg, og point at
+// those heads' [G, D] query and output rows; scores, top, total are scratch for L * G, G, G.
+inline void group_attention(const float* qg, int64_t G, int64_t D, const float* kp,
+                            const float* vp, int64_t KVH, int64_t h, const int64_t* table,
+                            int64_t L, int64_t BS, float fscale, float* og,
+                            std::vector<float>& scores, std::vector<float>& top,
+                            std::vector<float>& total) {
+  scores.resize(L * G);  // [t][g]
+  std::fill(top.begin(), top.begin() + G, -INFINITY);
+  std::fill(total.begin(), total.begin() + G, 0.f);
+  for_each_token(table, L, BS, [&](int64_t t, int64_t slot) {
+    float* s = scores.data() + t * G;
+    group_dots(qg, kp + (slot * KVH + h) * D, G, D, s);
+    for (int64_t g = 0; g < G; ++g) top[g] = std::max(top[g], s[g] *= fscale);
+  });
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t g = 0; g < G; ++g)
+      total[g] += (scores[t * G + g] = std::exp(scores[t * G + g] - top[g]));
+  std::fill(og, og + G * D, 0.f);
+  for_each_token(table, L, BS, [&](int64_t t, int64_t slot) {
+    const float* s = scores.data() + t * G;
+    const float* v = vp + (slot * KVH + h) * D;
+    for (int64_t g = 0; g < G; ++g) axpy(s[g], v, og + g * D, D);
+  });
+  for (int64_t g = 0; g < G; ++g) {
+    const float inv = 1.f / total[g];
+    for (int64_t d = 0; d < D; ++d) og[g * D + d] *= inv;
+  }
+}
+
 // Decode attention on raw pointers. q, out: [B, H, D]; kp, vp: the key and value halves of one
 // layer's cache, [num_blocks, BS, KVH, D] each; tables: [B, max_blocks]; lens: [B].
+// One work item per (sequence, kv head), so a single sequence still spreads over every thread
+// (its kv heads), and the query heads of a kv head read each key and value row once.
 inline void paged_decode(const float* qp, int64_t B, int64_t H, int64_t D, const float* kp,
                          const float* vp, int64_t BS, int64_t KVH, const int64_t* tables,
                          int64_t max_blocks, const int64_t* lens, float fscale, float* op) {
   const int64_t G = H / KVH;
-  // One sequence per work item: each cached row holds every kv head, so a row is read whole.
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<float> top(H), total(H);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t L = lens[b];
-      const int64_t* table = tables + b * max_blocks;
-      const float* qb = qp + b * H * D;
-      float* ob = op + b * H * D;
-      scores.resize(L * H);  // [t][head]
-      std::fill(top.begin(), top.end(), -INFINITY);
-      std::fill(total.begin(), total.end(), 0.f);
-      for_each_token(table, L, BS, [&](int64_t t, int64_t slot) {
-        float* s = scores.data() + t * H;
-        for (int64_t h = 0; h < KVH; ++h)
-          group_dots(qb + h * G * D, kp + (slot * KVH + h) * D, G, D, s + h * G);
-        for (int64_t i = 0; i < H; ++i) top[i] = std::max(top[i], s[i] *= fscale);
-      });
-      for (int64_t t = 0; t < L; ++t)
-        for (int64_t i = 0; i < H; ++i)
-          total[i] += (scores[t * H + i] = std::exp(scores[t * H + i] - top[i]));
-      std::fill(ob, ob + H * D, 0.f);
-      for_each_token(table, L, BS, [&](int64_t t, int64_t slot) {
-        const float* s = scores.data() + t * H;
-        for (int64_t h = 0; h < KVH; ++h) {
-          const float* v = vp + (slot * KVH + h) * D;
-          for (int64_t g = 0; g < G; ++g) axpy(s[h * G + g], v, ob + (h * G + g) * D, D);
-        }
-      });
-      for (int64_t i = 0; i < H; ++i) {
-        const float inv = 1.f / total[i];
-        for (int64_t d = 0; d < D; ++d) ob[i * D + d] *= inv;
-      }
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, top(G), total(G);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / KVH, h = item % KVH;
+      const int64_t offset = (b * H + h * G) * D;
+      group_attention(qp + offset, G, D, kp, vp, KVH, h, tables + b * max_blocks, lens[b], BS,
+                      fscale, op + offset, scores, top, total);
     }
   });
 }
