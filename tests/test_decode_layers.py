@@ -1,6 +1,7 @@
 """The fused native decode layers against the op-by-op path: the same logits at every step (to
 float32 rounding), the same greedy tokens and the same KV cache, for dense, int8 and int4
-weights, with and without q/k/v biases, on both instruction-set paths."""
+weights, with and without q/k/v biases, on every instruction-set path; and a GGUF K-quant mixture
+(q5_0, q8_0, q6_k, q4_k projections, as llama-quantize writes them)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import pytest
 import torch
 
 from engine.config import CacheConfig, EngineConfig
+from engine.kernels import isa as kernel_isa
+from engine.kernels import quantized
 from engine.llm_engine import LLMEngine
 from engine.model import decode_layers
+from engine.model.linear import QuantizedLinear
 from engine.model.loader import load_model
 from engine.sampling_params import SamplingParams
+from tests.gguf_blocks import random_blocks
 from tests.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -63,10 +68,20 @@ def _run(engine: LLMEngine) -> tuple[list[torch.Tensor], list[list[int]], int]:
 @pytest.mark.parametrize(
     "weight_dtype, isa",
     # dense projections run torch's GEMM whatever the quantized kernels' path
-    [("fp32", "auto"), ("int8", "auto"), ("int4", "auto"), ("int8", "scalar"), ("int4", "scalar")],
+    [
+        ("fp32", "auto"),
+        ("int8", "auto"),
+        ("int4", "auto"),
+        ("int8", "scalar"),
+        ("int4", "scalar"),
+        ("int8", "avx512"),
+        ("int4", "avx512"),
+    ],
 )
 def test_fused_decode_matches_op_by_op(loaded, weight_dtype, isa):
     module = decode_layers.decode_layer_kernels()
+    if isa == "avx512" and not kernel_isa.avx512_runs(module):
+        pytest.skip("AVX-512 F/BW/VL does not run here")
     module.set_isa(isa)
     try:
         fused = _engine(loaded, weight_dtype)
@@ -75,14 +90,52 @@ def test_fused_decode_matches_op_by_op(loaded, weight_dtype, isa):
         fused_steps, fused_tokens, fused_count = _run(fused)
         plain_steps, plain_tokens, plain_count = _run(plain)
     finally:
-        module.set_isa("auto")
+        kernel_isa.apply_isa(module)
+    _assert_same_decode(fused, plain, fused_steps, plain_steps, fused_tokens, plain_tokens)
     assert fused_count >= 10 and plain_count == 0
+
+
+def _assert_same_decode(fused, plain, fused_steps, plain_steps, fused_tokens, plain_tokens):
     assert fused_tokens == plain_tokens
     assert len(fused_steps) == len(plain_steps)
     for ours, theirs in zip(fused_steps, plain_steps, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
     for ours, theirs in zip(fused.kv_cache.layers, plain.kv_cache.layers, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+# Each projection's GGUF kind in a K-quant mixture (256-weight kinds where k allows them).
+MIXTURE = {"qkv": "q5_0", "o_proj": "q8_0", "gate_up": "q6_k", "down": "q4_k"}
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A tiny llama whose hidden size (256) and MLP width (512) are whole K-quant blocks."""
+    path = tmp_path_factory.mktemp("tiny-wide")
+    return load_model(str(build_tiny_model(path, hidden_size=256, initializer_range=0.3)))
+
+
+def _with_mixture(engine: LLMEngine, fused: bool) -> LLMEngine:
+    """``engine`` with every projection replaced by random blocks of its ``MIXTURE`` kind."""
+    for index, layer in enumerate(engine.model.layers):
+        for seed, (name, kind) in enumerate(MIXTURE.items()):
+            old = getattr(layer, name)
+            n, k = (old.weight_t.shape[1], old.weight_t.shape[0])
+            blocks = random_blocks(kind, n, k, seed=10 * index + seed, scales=(1e-4, 1e-3))
+            weight = quantized.from_gguf_blocks(blocks, kind, n, k)
+            setattr(layer, name, QuantizedLinear(weight, old.bias))
+    engine.model.fused = decode_layers.fuse_layers(engine.model) if fused else None
+    return engine
+
+
+def test_fused_decode_on_a_kquant_mixture(wide):
+    fused = _with_mixture(_engine(wide, "fp32"), fused=True)
+    plain = _with_mixture(_engine(wide, "fp32"), fused=False)
+    assert fused.model.fused is not None
+    fused_steps, fused_tokens, fused_count = _run(fused)
+    plain_steps, plain_tokens, plain_count = _run(plain)
+    _assert_same_decode(fused, plain, fused_steps, plain_steps, fused_tokens, plain_tokens)
+    assert fused_count >= 10 and plain_count == 0
 
 
 def test_more_rows_than_the_fused_limit_run_op_by_op(loaded):

@@ -1,14 +1,15 @@
-"""Quantized linear layers on GGUF blocks (Q8_0, Q4_1) against gguf's own numpy dequantization:
-odd shapes, both native paths (AVX2 and the portable scalar code), the torch fallback, and real
-blocks of the bundled model. A kernel that does not compile fails here (only a missing toolchain
-may skip, and not in CI).
+"""Quantized linear layers on GGUF blocks (every kind) against gguf's own numpy dequantization:
+odd shapes, every native path this CPU runs (AVX-512, AVX2 and the portable scalar code), the
+torch fallback, and real blocks of the bundled model. A kernel that does not compile fails here
+(only a missing toolchain may skip, and not in CI).
 
 Tolerance: every path adds float32 products in an order of its own. A float32 sum of K terms is
 off from the exact sum by at most about K * 2**-24 times the sum of the terms' magnitudes (3.4e-5
 for K = 576) and in practice by a few sqrt(K) * 2**-24 (1.4e-6 for K = 576); RTOL = 1e-5 of that
 magnitude lies between the two. The expected values are computed in float64. The terms are
-x_k * w_k, and for Q4_1 (where the single-row path computes d * dot(x, q) + m * sum(x)) the
-magnitudes of x_k * d * q_k and x_k * m are counted separately.
+x_k * w_k, and for kinds with offsets (where the single-row path computes
+scale * dot(x, q) + offset * sum(x)) the magnitudes of x_k * scale * q_k and x_k * offset are
+counted separately.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from engine import kernels
-from engine.kernels import quantized
+from engine.kernels import isa, quantized
 from engine.kernels.quantized import QuantizedWeight
+from tests.gguf_blocks import offsets_only, random_blocks
 from tests.prerequisites import require
 
 RTOL = 1e-5
-GGML_TYPES = {"q8_0": GGMLQuantizationType.Q8_0, "q4_1": GGMLQuantizationType.Q4_1}
-KINDS = sorted(GGML_TYPES)
+ALL_KINDS = sorted(quantized.BLOCK_BYTES)
+GGML_TYPES = {kind: GGMLQuantizationType[kind.upper()] for kind in ALL_KINDS}
+KINDS = ["q4_1", "q8_0"]  # the kinds the shape-by-shape tests run (through quantize)
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +40,20 @@ def native():
     require(missing is None, f"{missing}: the native kernel cannot be built here")
     module = kernels.build_extension(quantized.SOURCE)  # a compile error fails every user
     yield module
-    module.set_isa("auto")
+    isa.apply_isa(module)
 
 
-@pytest.fixture(params=["avx2", "scalar"])
+@pytest.fixture(params=["avx512", "avx2", "scalar"])
 def native_path(request, native):
-    """The native module, running the AVX2 path or the forced scalar one."""
+    """The native module, running the AVX-512, the AVX2 or the portable scalar path."""
+    if request.param == "avx512" and not isa.avx512_runs(native):
+        pytest.skip("AVX-512 F/BW/VL does not run here (cpuid or the probe says no)")
     if request.param == "avx2" and not native.avx2_supported():
         pytest.skip("this CPU lacks AVX2, FMA or F16C")
-    native.set_isa("auto" if request.param == "avx2" else "scalar")
+    native.set_isa(request.param)
     assert native.isa() == request.param
     yield native
-    native.set_isa("auto")
+    isa.apply_isa(native)
 
 
 @pytest.fixture(params=["native", "torch"])
@@ -70,16 +75,17 @@ def _random_x(m: int, k: int, seed: int = 1) -> torch.Tensor:
 
 
 def _reference_weights(weight: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
-    """gguf's dequantized weights ``[n, k]`` and each weight's block minimum (0 for Q8_0)."""
+    """gguf's dequantized weights ``[n, k]`` and each weight's offset (its block minimum, or
+    -dmin * m_j; 0 for kinds without)."""
     blocks = weight.blocks.numpy()
-    dequantized = gguf_dequantize(blocks, GGML_TYPES[weight.kind]).reshape(weight.n, -1)
-    if weight.kind == "q4_1":
-        grouped = blocks.reshape(weight.n, -1, quantized.BLOCK_BYTES["q4_1"])
-        minima = np.ascontiguousarray(grouped[..., 2:4]).view(np.float16).astype(np.float64)
-        minima = np.repeat(minima.reshape(weight.n, -1), quantized.BLOCK_WEIGHTS, axis=1)
-    else:
-        minima = np.zeros_like(dequantized, dtype=np.float64)
-    return dequantized[:, : weight.k].astype(np.float64), minima[:, : weight.k]
+    qtype = GGML_TYPES[weight.kind]
+    dequantized = gguf_dequantize(blocks, qtype).reshape(weight.n, -1)
+    offsets = gguf_dequantize(offsets_only(blocks, weight.kind), qtype).reshape(weight.n, -1)
+    return dequantized[:, : weight.k].astype(np.float64), offsets[:, : weight.k].astype(np.float64)
+
+
+def _random_blocks_weight(kind: str, n: int, k: int, seed: int = 0) -> QuantizedWeight:
+    return quantized.from_gguf_blocks(random_blocks(kind, n, k, seed), kind, n, k)
 
 
 def assert_matches_reference(got: torch.Tensor, x: torch.Tensor, weight: QuantizedWeight) -> None:
@@ -166,6 +172,46 @@ def test_quantize_pads_rows_with_zeros(kind):
     )
 
 
+def _kind_k(kind: str) -> int:
+    """A row length of a few blocks of ``kind``."""
+    return 512 if quantized.BLOCK_WEIGHTS[kind] == 256 else 96
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_every_kind_dequantizes_as_gguf_does(native_path, kind):
+    weight = _random_blocks_weight(kind, 11, _kind_k(kind))
+    expected, _ = _reference_weights(weight)
+    got = native_path.dequantize(weight.blocks, kind)
+    np.testing.assert_array_equal(got.numpy(), expected.astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+@pytest.mark.parametrize("m", [1, 3, 8, 17, 32])
+def test_every_kind_on_the_native_kernel(native_path, kind, m):
+    weight = _random_blocks_weight(kind, 19, _kind_k(kind))
+    x = _random_x(m, weight.k)
+    assert_matches_reference(native_path.quantized_linear(x, weight.blocks, kind), x, weight)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_every_kind_on_the_tiled_path(native_path, backend, kind, monkeypatch):
+    monkeypatch.setattr(quantized, "_TILE_FLOATS", 5 * 512)  # a few rows per tile
+    weight = _random_blocks_weight(kind, 23, _kind_k(kind))
+    x = _random_x(40, weight.k)
+    assert_matches_reference(quantized.quantized_linear(x, weight), x, weight)
+    np.testing.assert_array_equal(
+        weight.dequantize().numpy(), _reference_weights(weight)[0].astype(np.float32)
+    )
+
+
+@pytest.mark.parametrize("kind", quantized.QUANTIZABLE)
+@pytest.mark.parametrize("m", [1, 9])
+def test_quantizable_kinds_through_quantize(native_path, kind, m):
+    weight = _random_weight(13, 70, kind)
+    x = _random_x(m, 70)
+    assert_matches_reference(quantized.quantized_linear(x, weight), x, weight)
+
+
 @pytest.fixture(scope="module")
 def bundled_gguf() -> GGUFReader:
     from engine.errors import ModelLoadError
@@ -224,10 +270,48 @@ def test_thread_count_does_not_change_results(native, kind):
 def test_isa_choices(native):
     native.set_isa("scalar")
     assert native.isa() == "scalar"
-    native.set_isa("auto")
+    native.set_isa("auto")  # never AVX-512 by itself
     assert native.isa() == ("avx2" if native.avx2_supported() else "scalar")
-    with pytest.raises(RuntimeError, match="'auto' or 'scalar'"):
+    if native.avx512_supported():
         native.set_isa("avx512")
+        assert native.isa() == "avx512"
+    with pytest.raises(RuntimeError, match="'auto', 'avx512', 'avx2' or 'scalar'"):
+        native.set_isa("sse2")
+    isa.apply_isa(native)
+
+
+def test_the_load_gives_the_probed_isa(native, monkeypatch):
+    monkeypatch.delenv(isa.ISA_ENV, raising=False)
+    expected = "avx512" if isa.avx512_runs(native) else native.isa()
+    assert isa.apply_isa(native) in (expected, "avx2", "scalar")
+    assert isa.chosen_isa(native) == ("avx512" if isa.avx512_runs(native) else "auto")
+    monkeypatch.setenv(isa.ISA_ENV, "scalar")
+    assert isa.apply_isa(native) == "scalar"
+    monkeypatch.setenv(isa.ISA_ENV, "sse2")
+    with pytest.raises(ValueError, match=isa.ISA_ENV):
+        isa.chosen_isa(native)
+    monkeypatch.delenv(isa.ISA_ENV)
+    isa.apply_isa(native)
+
+
+class _FaultingProbe:
+    """A module whose cpuid lists AVX-512 but whose probe dies as a faulting CPU would."""
+
+    def avx512_supported(self) -> bool:
+        return True
+
+    def avx512_probe(self) -> bool:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGILL)
+        return True
+
+
+def test_a_probe_that_faults_kills_only_the_child(monkeypatch):
+    monkeypatch.setattr(isa, "_avx512_runs", None)
+    assert isa.avx512_runs(_FaultingProbe()) is False  # and this process lives on
+    monkeypatch.setattr(isa, "_avx512_runs", None)
 
 
 def test_mismatched_shapes_are_refused(native):
@@ -236,8 +320,12 @@ def test_mismatched_shapes_are_refused(native):
         quantized.quantized_linear(torch.zeros(2, 32), weight)
     with pytest.raises(ValueError, match=r"uint8 \[3, 68\]"):
         QuantizedWeight(weight.blocks[:, :34], "q8_0", 3, 64)
+    with pytest.raises(ValueError, match="cannot quantize"):
+        quantized.quantize(torch.zeros(3, 256), "q4_k")
     with pytest.raises(ValueError, match="unknown kind"):
-        quantized.quantize(torch.zeros(3, 64), "q4_0")
+        QuantizedWeight(weight.blocks, "q3_k", 3, 64)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        QuantizedWeight(torch.zeros(3, 144, dtype=torch.uint8), "q4_k", 3, 192)
     with pytest.raises(RuntimeError, match="features"):
         native.quantized_linear(torch.zeros(2, 32), weight.blocks, "q8_0")
     with pytest.raises(RuntimeError, match="whole q4_1 blocks"):

@@ -19,8 +19,9 @@ torch path. Where the toolchain is there, the kernel must build: a compile error
 
 The first call logs one line saying which decode attention the process runs:
 ``attention: native CPU kernel (paged_attention_cpu, ..., cached build)`` or ``attention: torch
-fallback (reason)``; ``kernel_origins()`` says for every module loaded whether it was imported
-from the cache or compiled by this process.
+fallback (reason)``; a module with quantized kernels is first given its instruction set
+(``engine.kernels.isa``), which its line names. ``kernel_origins()`` says for every module loaded
+whether it was imported from the cache or compiled by this process.
 """
 
 from __future__ import annotations
@@ -238,6 +239,10 @@ def load_native(source: Path, role: str, logger: logging.Logger) -> ModuleType |
             f"{source.name} failed to build ({_first_line(exc)}); "
             f"{DISABLE_ENV}=0 runs the torch path instead"
         ) from exc
+    if hasattr(module, "avx512_probe"):
+        from engine.kernels.isa import apply_isa
+
+        apply_isa(module)
     isa = f", {module.isa()}" if hasattr(module, "isa") else ""
     logger.info(
         "%s: native CPU kernel (%s%s, %s, ready in %.1f s)",

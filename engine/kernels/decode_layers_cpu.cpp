@@ -21,7 +21,8 @@
 
 namespace {
 
-// One projection: GGUF blocks [N, blocks * block bytes] or a dense float32 weight_t [K, N].
+// One projection: GGUF blocks [N, K / block weights * block bytes] or a dense float32
+// weight_t [K, N].
 struct Projection {
   torch::Tensor weight;
   std::optional<torch::Tensor> bias;
@@ -34,8 +35,7 @@ struct Projection {
     const int64_t M = x.size(0);
     if (quantized) {
       pdserve_quantized::quantized_matmul(x.data_ptr<float>(), M, weight.data_ptr<uint8_t>(),
-                                          kind, n, k / pdserve_quantized::kBlockWeights,
-                                          out.data_ptr<float>());
+                                          kind, n, k, out.data_ptr<float>());
       if (bias) out.add_(*bias);
     } else if (bias) {
       at::addmm_out(out, *bias, x, weight);
@@ -50,10 +50,10 @@ Projection make_projection(torch::Tensor weight, const std::string& kind, int64_
   Projection p{weight.contiguous(), bias, kind != "dense", pdserve_quantized::Kind::q8_0, n, k};
   if (p.quantized) {
     p.kind = pdserve_quantized::parse_kind(kind);
-    TORCH_CHECK(k % pdserve_quantized::kBlockWeights == 0, "quantized projection: k = ", k,
-                " is not a multiple of 32");
+    const int64_t block = pdserve_quantized::block_weights(p.kind);
+    TORCH_CHECK(k % block == 0, "quantized projection: k = ", k, " is not a multiple of ", block);
     TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.size(0) == n &&
-                    weight.size(1) == k / 32 * pdserve_quantized::block_bytes(p.kind),
+                    weight.size(1) == k / block * pdserve_quantized::block_bytes(p.kind),
                 "quantized projection: blocks do not match [", n, ", ", k, "]");
   } else {
     TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.size(0) == k &&
@@ -193,11 +193,6 @@ class DecodeLayers {
 
 }  // namespace
 
-void set_isa(const std::string& isa) {
-  TORCH_CHECK(isa == "auto" || isa == "scalar", "set_isa: 'auto' or 'scalar', not '", isa, "'");
-  pdserve_quantized::force_scalar.store(isa == "scalar");
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecodeLayers>(m, "DecodeLayers")
       .def(py::init<int64_t, int64_t, int64_t, double, double, torch::Tensor, torch::Tensor>())
@@ -205,6 +200,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("num_layers", &DecodeLayers::num_layers)
       .def("forward", &DecodeLayers::forward,
            "All decoder layers of a decode step, hidden updated in place (float32, CPU)");
-  m.def("set_isa", &set_isa, "'scalar' forces the portable quantized path; 'auto' by CPU");
-  m.def("isa", [] { return pdserve_quantized::use_avx2() ? "avx2" : "scalar"; });
+  pdserve_quantized::bind_isa_functions(m);
 }

@@ -1,19 +1,33 @@
-"""Weight-only quantized linear layers on GGUF blocks (Q8_0, Q4_1): ``x @ w.T`` with ``x`` in
-float32 and ``w`` kept block for block as a GGUF file stores it, so a GGUF's weights need no
-float32 copy.
+"""Weight-only quantized linear layers on GGUF blocks: ``x @ w.T`` with ``x`` in float32 and ``w``
+kept block for block as a GGUF file stores it, so a GGUF's weights need no float32 copy.
 
-    Q8_0  32 weights in 34 bytes: fp16 d, 32 int8 q                    w = d * q
-    Q4_1  32 weights in 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles   w = d * q + m
+    kind  weights bytes  layout                                                 weight
+    q8_0     32     34   fp16 d, 32 int8 q                                      d * q
+    q4_0     32     18   fp16 d, 16 bytes of nibbles                            d * (q - 8)
+    q4_1     32     20   fp16 d, fp16 m, 16 bytes of nibbles                    d * q + m
+    q5_0     32     22   fp16 d, 4 bytes of 5th bits, 16 bytes of nibbles       d * (q - 16)
+    q5_1     32     24   fp16 d, fp16 m, 4 bytes of 5th bits, nibbles           d * q + m
+    q4_k    256    144   fp16 d, dmin, 8 6-bit scales and mins, 128 B nibbles   d*sc_j*q - dmin*m_j
+    q5_k    256    176   as q4_k with 32 bytes of 5th bits before the nibbles   d*sc_j*q - dmin*m_j
+    q6_k    256    210   128 B low 4 bits, 64 B high 2 bits, 16 int8 sc_j, d    d * sc_j * (q - 32)
+    f16      32     64   the weights as IEEE halves                             the half
+    bf16     32     64   the weights as bfloat16                                the bfloat16
 
-A weight is a uint8 tensor ``[N, K/32 * block bytes]`` (rows are output features), which is how
-``gguf.GGUFReader`` exposes such a tensor's data. Activations are never quantized: the results
-equal ``x @ dequantize(w).T`` in float32 up to summation order.
+(``j`` counts sub-blocks of 32 weights, of 16 for q6_k; the exact bit layouts are in the
+kernels' headers, ``quantized_legacy.h`` and ``quantized_kquants.h``.) Half-precision weights
+stay halves, counted in "blocks" of 32 so that every kind tiles alike.
+
+A weight is a uint8 tensor ``[N, ceil(K / block weights) * block bytes]`` (rows are output
+features), which is how ``gguf.GGUFReader`` exposes such a tensor's data; the 256-weight kinds
+need K to be a multiple of 256. Activations are never quantized: the results equal
+``x @ dequantize(w).T`` in float32 up to summation order.
 
 Up to ``NATIVE_MAX_ROWS`` rows of ``x`` (decode steps) run the native kernel
-(``quantized_linear_cpu.cpp``), which turns each block into floats in registers. More rows run a
+(``quantized_linear_cpu.cpp``), which turns each block into floats in registers (AVX-512, AVX2
+or portable code: ``engine.kernels.isa`` decides which, once per process). More rows run a
 float32 GEMM on the weights dequantized a tile of output rows at a time (a few MB, never the whole
 matrix). Without the native module (``PDSERVE_NATIVE_KERNELS=0``, no toolchain) every call takes
-the tiled path, dequantizing with torch.
+the tiled path, dequantizing with torch (with gguf's numpy code for the kinds beyond Q8_0, Q4_1).
 
 Milliseconds per call on 2 AMD EPYC (Zen 3) cores, weights hot in cache, for the bundled model's
 layers (K = 576, except down: K = 1536; output features in the header; Q4_1, and Q8_0 for the
@@ -58,6 +72,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -65,11 +80,23 @@ import torch.nn.functional as F
 
 from engine import kernels
 
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("quantized_linear_cpu.cpp")
-BLOCK_WEIGHTS = 32
-BLOCK_BYTES = {"q8_0": 34, "q4_1": 20}
+# Weights and bytes per block of each kind.
+BLOCK_WEIGHTS = {
+    "q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32,
+    "q4_k": 256, "q5_k": 256, "q6_k": 256, "f16": 32, "bf16": 32,
+}  # fmt: skip
+BLOCK_BYTES = {
+    "q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24,
+    "q4_k": 144, "q5_k": 176, "q6_k": 210, "f16": 64, "bf16": 64,
+}  # fmt: skip
+# Kinds gguf's Python code can quantize (the K kinds it only reads).
+QUANTIZABLE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16")
 NATIVE_MAX_ROWS = 32
 # Floats of dequantized weights per tile of the GEMM path (8 MiB; measured: 1 MiB tiles run the
 # GEMM 10-40% slower than 4 MiB; 8 MiB holds a small model's fused gate/up [3072, 576] whole, so
@@ -83,8 +110,9 @@ Dequantizer = Callable[[torch.Tensor, str, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    """A ``[n, k]`` weight as GGUF blocks: ``blocks`` is uint8 ``[n, ceil(k/32) * block bytes]``;
-    the weights past ``k`` in the last block of a row are padding and meet zeros in ``x``."""
+    """A ``[n, k]`` weight as GGUF blocks: ``blocks`` is uint8 ``[n, ceil(k / block weights) *
+    block bytes]``; the weights past ``k`` in the last block of a row are padding and meet zeros
+    in ``x``. The 256-weight kinds take no padding: their ``k`` is a multiple of 256."""
 
     blocks: torch.Tensor
     kind: str
@@ -94,7 +122,10 @@ class QuantizedWeight:
     def __post_init__(self) -> None:
         if self.kind not in BLOCK_BYTES:
             raise ValueError(f"unknown kind {self.kind!r} (one of {sorted(BLOCK_BYTES)})")
-        expected = (self.n, math.ceil(self.k / BLOCK_WEIGHTS) * BLOCK_BYTES[self.kind])
+        block = BLOCK_WEIGHTS[self.kind]
+        if block > 32 and self.k % block:
+            raise ValueError(f"{self.kind} weights need k a multiple of {block}, not {self.k}")
+        expected = (self.n, math.ceil(self.k / block) * BLOCK_BYTES[self.kind])
         if self.blocks.dtype != torch.uint8 or tuple(self.blocks.shape) != expected:
             raise ValueError(
                 f"{self.kind} blocks for a [{self.n}, {self.k}] weight are uint8 {list(expected)}, "
@@ -105,7 +136,8 @@ class QuantizedWeight:
 
     @property
     def padded_k(self) -> int:
-        return math.ceil(self.k / BLOCK_WEIGHTS) * BLOCK_WEIGHTS
+        block = BLOCK_WEIGHTS[self.kind]
+        return math.ceil(self.k / block) * block
 
     def dequantize(self) -> torch.Tensor:
         """The weights as float32 ``[n, k]``, as ggml dequantizes them."""
@@ -115,12 +147,14 @@ class QuantizedWeight:
 
 
 def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
-    """Quantize a float ``[n, k]`` weight the way gguf does, padding each row with zeros up to a
-    multiple of 32."""
+    """Quantize a float ``[n, k]`` weight the way gguf does (one of ``QUANTIZABLE``), padding each
+    row with zeros up to a multiple of 32."""
     if weight.dim() != 2:
         raise ValueError(f"a weight is 2-D [n, k], not {list(weight.shape)}")
+    if kind not in QUANTIZABLE:
+        raise ValueError(f"cannot quantize to {kind!r} (one of {', '.join(QUANTIZABLE)})")
     n, k = weight.shape
-    padded = F.pad(weight.detach().to(torch.float32).cpu(), (0, -k % BLOCK_WEIGHTS))
+    padded = F.pad(weight.detach().to(torch.float32).cpu(), (0, -k % BLOCK_WEIGHTS[kind]))
     blocks = _gguf_quantize(padded.numpy(), kind)
     return QuantizedWeight(torch.from_numpy(blocks), kind, n, k)
 
@@ -178,8 +212,12 @@ def torch_dequantize_into(blocks: torch.Tensor, kind: str, out: torch.Tensor) ->
 
 
 def torch_dequantize(blocks: torch.Tensor, kind: str) -> torch.Tensor:
-    """GGUF blocks ``[rows, nb * block bytes]`` as float32 ``[rows, nb * 32]``, in torch."""
+    """GGUF blocks ``[rows, nb * block bytes]`` as float32 ``[rows, nb * block weights]``: Q8_0
+    and Q4_1 in torch, the other kinds with gguf's numpy code."""
     rows = blocks.shape[0]
+    if kind not in ("q8_0", "q4_1"):
+        weights = gguf_dequantize(blocks.contiguous().numpy(), _ggml_type(kind))
+        return torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)).reshape(rows, -1)
     grouped = blocks.reshape(rows, -1, BLOCK_BYTES[kind])
     scale = _halves(grouped[..., 0:2])
     if kind == "q8_0":
@@ -195,14 +233,24 @@ def _halves(pairs: torch.Tensor) -> torch.Tensor:
     return pairs.contiguous().view(torch.float16).to(torch.float32)
 
 
-def _gguf_quantize(weight: np.ndarray, kind: str) -> np.ndarray:
+def _ggml_type(kind: str) -> GGMLQuantizationType:
     from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType[kind.upper()]
+
+
+def gguf_dequantize(blocks: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """gguf's own numpy dequantization (the reference every path here matches bit for bit)."""
+    from gguf.quants import dequantize
+
+    return dequantize(blocks, qtype)
+
+
+def _gguf_quantize(weight: np.ndarray, kind: str) -> np.ndarray:
     from gguf.quants import quantize as gguf_quantize
 
-    if kind not in BLOCK_BYTES:
-        raise ValueError(f"unknown kind {kind!r} (one of {sorted(BLOCK_BYTES)})")
-    qtype = GGMLQuantizationType.Q8_0 if kind == "q8_0" else GGMLQuantizationType.Q4_1
-    return np.ascontiguousarray(gguf_quantize(weight, qtype))
+    blocks = np.ascontiguousarray(gguf_quantize(weight, _ggml_type(kind)))
+    return blocks.view(np.uint8).reshape(weight.shape[0], -1)
 
 
 def _dequantizer() -> Dequantizer:

@@ -1,69 +1,43 @@
 // Weight-only quantized linear layers on GGUF blocks: out[m, n] = dot(x[m], w[n]), where x is
-// float32 and w is stored block for block as ggml stores it.
-//
-//   Q8_0: 32 weights in 34 bytes: fp16 d, then 32 int8 q;             w = d * q
-//   Q4_1: 32 weights in 20 bytes: fp16 d, fp16 m, then 16 bytes qs;   w = d * q + m
-//         (weight j < 16 is qs[j] & 0x0F, weight j + 16 is qs[j] >> 4)
+// float32 and w is stored block for block as ggml stores it (the kinds: quantized_kinds.h).
 //
 // Activations stay float32 (never quantized), so results differ from x @ dequantize(w).T only by
-// the rounding of float32 sums taken in another order:
-//   - one row of x (a decode step): per block d * dot(x_b, q), plus for Q4_1 m * sum(x_b), with
-//     the block sums of x computed once per call and shared by all outputs;
-//   - several rows: each block is turned into its float weights once, in registers, bit for bit
-//     as ggml dequantizes them (d * q is exact in float32, so fma(d, q, m) == d * q + m), and
-//     multiplied against a tile of up to 8 rows of x.
-// Work is split over output features with at::parallel_for, on torch's threads.
+// the rounding of float32 sums taken in another order. Work is split over output features with
+// at::parallel_for, on torch's threads.
 //
-// Two paths, chosen at run time: AVX2 + FMA + F16C, and portable scalar code. set_isa("scalar")
-// forces the latter, set_isa("auto") restores the choice by CPU features.
+// Three paths, chosen at run time: AVX-512 (F, BW, VL; quantized_simd.h on 16 lanes), AVX2 +
+// FMA + F16C (quantized_avx2_legacy.h for Q8_0 and Q4_1, quantized_simd.h on 8 lanes for the
+// rest) and portable scalar code (quantized_scalar.h). set_isa("auto") picks AVX2 or scalar by
+// CPU features and never AVX-512: cpuid may list instructions a virtual machine faults on, so
+// AVX-512 runs only once set_isa("avx512") asks for it, which the caller does after
+// avx512_probe() ran safely (in a child process).
 #pragma once
 
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <c10/util/Half.h>
-
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <vector>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define PDSERVE_HAS_X86 1
-#define PDSERVE_AVX2 __attribute__((target("avx2,fma,f16c")))
-#else
-#define PDSERVE_HAS_X86 0
-#endif
+#include "quantized_avx2_legacy.h"
+#include "quantized_scalar.h"
+#include "quantized_vectors.h"
 
 namespace pdserve_quantized {
 
-constexpr int64_t kBlockWeights = 32;
-constexpr int64_t kQ8_0Bytes = 34;
-constexpr int64_t kQ4_1Bytes = 20;
-// Rows of x handled together: each weight block is turned into floats once per tile.
-constexpr int64_t kRowTile = 8;
-// Weight rows handled together, and the K segments they are cut into when x rows are long.
-constexpr int64_t kWeightRowChunk = 16;
-constexpr int64_t kSegmentBlocks = 16;
-constexpr int64_t kMaxUnsegmentedBlocks = 24;
-// Multiply-adds a thread should get at least, so small layers do not pay for a thread start.
-constexpr int64_t kMinWorkPerThread = 1 << 15;
+#if PDSERVE_HAS_X86
+namespace simd_avx2 {
+using V = Avx2Vectors;
+#define PDSERVE_TARGET PDSERVE_AVX2
+#include "quantized_simd.h"
+#undef PDSERVE_TARGET
+}  // namespace simd_avx2
 
-enum class Kind { q8_0, q4_1 };
+namespace simd_avx512 {
+using V = Avx512Vectors;
+#define PDSERVE_TARGET PDSERVE_AVX512
+#include "quantized_simd.h"
+#undef PDSERVE_TARGET
+}  // namespace simd_avx512
+#endif
 
-Kind parse_kind(const std::string& kind) {
-  if (kind == "q8_0") return Kind::q8_0;
-  if (kind == "q4_1") return Kind::q4_1;
-  TORCH_CHECK(false, "unknown quantization kind '", kind, "' (q8_0 or q4_1)");
-}
+enum class Isa { scalar, avx2, avx512 };
 
-constexpr int64_t block_bytes(Kind kind) { return kind == Kind::q8_0 ? kQ8_0Bytes : kQ4_1Bytes; }
-
-std::atomic<bool> force_scalar{false};
-
-bool cpu_has_avx2() {
+inline bool cpu_has_avx2() {
 #if PDSERVE_HAS_X86
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
          __builtin_cpu_supports("f16c");
@@ -72,331 +46,69 @@ bool cpu_has_avx2() {
 #endif
 }
 
-bool use_avx2() {
-  static const bool supported = cpu_has_avx2();
-  return supported && !force_scalar.load(std::memory_order_relaxed);
-}
-
-inline uint16_t read_u16(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return bits;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Portable path
-
-inline float half_to_float(const uint8_t* p) {
-  return c10::detail::fp16_ieee_to_fp32_value(read_u16(p));
-}
-
-// The 32 weights of one block, exactly as ggml's dequantization gives them.
-template <Kind K>
-inline void dequantize_block_scalar(const uint8_t* block, float* w) {
-  const float d = half_to_float(block);
-  if constexpr (K == Kind::q8_0) {
-    const auto* q = reinterpret_cast<const int8_t*>(block + 2);
-    for (int j = 0; j < 32; ++j) w[j] = d * static_cast<float>(q[j]);
-  } else {
-    const float m = half_to_float(block + 2);
-    const uint8_t* qs = block + 4;
-    for (int j = 0; j < 16; ++j) {
-      w[j] = d * static_cast<float>(qs[j] & 0x0F) + m;
-      w[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
-    }
-  }
-}
-
-inline float dot32_scalar(const float* x, const float* w) {
-  float sum = 0.f;
-  for (int j = 0; j < 32; ++j) sum += x[j] * w[j];
-  return sum;
-}
-
-// out[m * ldo] = dot(x[m], weight row) for all M rows of x.
-template <Kind K>
-void row_scalar(const uint8_t* row, int64_t blocks, const float* x, int64_t M, int64_t ldx,
-                float* out, int64_t ldo, float* sums) {
-  float w[32];
-  std::fill(sums, sums + M, 0.f);
-  for (int64_t b = 0; b < blocks; ++b) {
-    dequantize_block_scalar<K>(row + b * block_bytes(K), w);
-    for (int64_t m = 0; m < M; ++m) sums[m] += dot32_scalar(x + m * ldx + b * 32, w);
-  }
-  for (int64_t m = 0; m < M; ++m) out[m * ldo] = sums[m];
-}
-
-template <Kind K>
-void linear_scalar(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
-                   float* out, int64_t grain) {
-  const int64_t row_bytes = blocks * block_bytes(K), K32 = blocks * 32;
-  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(M);
-    for (int64_t n = begin; n < end; ++n)
-      row_scalar<K>(weight + n * row_bytes, blocks, x, M, K32, out + n, N, sums.data());
-  });
-}
-
-template <Kind K>
-void dequantize_scalar(const uint8_t* weight, int64_t N, int64_t blocks, float* out) {
-  const int64_t row_bytes = blocks * block_bytes(K);
-  at::parallel_for(0, N * blocks, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      dequantize_block_scalar<K>(weight + (i / blocks) * row_bytes + (i % blocks) * block_bytes(K),
-                                 out + i * 32);
-  });
-}
-
-// ---------------------------------------------------------------------------------------------
-// AVX2 + FMA + F16C path
-
+// What cpuid lists; whether the instructions really run is avx512_probe()'s question.
+inline bool cpu_lists_avx512() {
 #if PDSERVE_HAS_X86
-
-PDSERVE_AVX2 inline float half_to_float_f16c(const uint8_t* p) { return _cvtsh_ss(read_u16(p)); }
-
-PDSERVE_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
 }
 
-PDSERVE_AVX2 inline __m256 bytes_to_float_signed(const uint8_t* p) {
-  const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+inline bool avx512_probe() {
+#if PDSERVE_HAS_X86
+  return cpu_lists_avx512() && run_avx512_probe();
+#else
+  return false;
+#endif
 }
 
-// The integer values q of a block, in weight order, as floats (not yet scaled).
-template <Kind K>
-PDSERVE_AVX2 inline void block_values(const uint8_t* block, __m256 q[4]) {
-  if constexpr (K == Kind::q8_0) {
-    for (int i = 0; i < 4; ++i) q[i] = bytes_to_float_signed(block + 2 + 8 * i);
+inline Isa auto_isa() { return cpu_has_avx2() ? Isa::avx2 : Isa::scalar; }
+
+inline std::atomic<Isa>& selected_isa() {
+  static std::atomic<Isa> isa{auto_isa()};
+  return isa;
+}
+
+inline Isa current_isa() { return selected_isa().load(std::memory_order_relaxed); }
+
+inline const char* isa_name(Isa isa) {
+  return isa == Isa::avx512 ? "avx512" : isa == Isa::avx2 ? "avx2" : "scalar";
+}
+
+inline void set_isa(const std::string& name) {
+  Isa isa = auto_isa();
+  if (name == "scalar") {
+    isa = Isa::scalar;
+  } else if (name == "avx2") {
+    TORCH_CHECK(cpu_has_avx2(), "set_isa: this CPU lacks AVX2, FMA or F16C");
+    isa = Isa::avx2;
+  } else if (name == "avx512") {
+    TORCH_CHECK(cpu_lists_avx512(), "set_isa: this CPU lacks AVX-512 F, BW or VL");
+    isa = Isa::avx512;
   } else {
-    // Each of bytes 0..7 widened to 32 bits holds weight j in its low nibble and weight j + 16
-    // in its high nibble; likewise bytes 8..15 for weights 8..15 and 24..31.
-    const __m256i low_nibble = _mm256_set1_epi32(0x0F);
-    for (int half = 0; half < 2; ++half) {
-      const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 4 + 8 * half));
-      const __m256i bytes = _mm256_cvtepu8_epi32(eight);
-      q[half] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low_nibble));
-      q[half + 2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
-    }
+    TORCH_CHECK(name == "auto", "set_isa: 'auto', 'avx512', 'avx2' or 'scalar', not '", name, "'");
   }
-}
-
-// The 32 weights of a block as floats, bit for bit what ggml's dequantization gives
-// (d * q is exact, so fma(d, q, m) rounds once, as d * q + m does).
-template <Kind K>
-PDSERVE_AVX2 inline void block_weights(const uint8_t* block, __m256 w[4]) {
-  block_values<K>(block, w);
-  const __m256 d = _mm256_set1_ps(half_to_float_f16c(block));
-  if constexpr (K == Kind::q8_0) {
-    for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(d, w[i]);
-  } else {
-    const __m256 m = _mm256_set1_ps(half_to_float_f16c(block + 2));
-    for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(d, w[i], m);
-  }
-}
-
-// dot(x, q) over one block, in two independent chains.
-PDSERVE_AVX2 inline __m256 block_dot(const __m256 q[4], const float* x) {
-  const __m256 even = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + 16),
-                                      _mm256_mul_ps(q[0], _mm256_loadu_ps(x)));
-  const __m256 odd = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24),
-                                     _mm256_mul_ps(q[1], _mm256_loadu_ps(x + 8)));
-  return _mm256_add_ps(even, odd);
-}
-
-// acc += d * dot(x_b, q) for one block; for Q4_1 also min_terms[1] += m * sum(x_b), where
-// sum_pair points at {0, sum(x_b)}: d and m, adjacent in the block, are converted together.
-template <Kind K>
-PDSERVE_AVX2 inline void add_block_dot(const uint8_t* block, const float* x,
-                                       const float* sum_pair, __m256& acc, __m128& min_terms) {
-  __m256 q[4];
-  block_values<K>(block, q);
-  if constexpr (K == Kind::q4_1) {
-    uint32_t scale_and_min;
-    std::memcpy(&scale_and_min, block, sizeof(scale_and_min));
-    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(scale_and_min)));
-    acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), block_dot(q, x), acc);
-    const __m128 sums = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sum_pair)));
-    min_terms = _mm_fmadd_ps(dm, sums, min_terms);
-  } else {
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float_f16c(block)), block_dot(q, x), acc);
-  }
-}
-
-// One row of x against one weight row over blocks [b0, b1): the sum of d * dot(x_b, q)
-// (+ m * sum(x_b) for Q4_1, with the block sums of x, as {0, sum} pairs, computed once per
-// call). Even and odd blocks go to separate accumulators, so consecutive blocks do not wait on
-// each other.
-template <Kind K>
-PDSERVE_AVX2 float row_dot_avx2(const uint8_t* row, int64_t b0, int64_t b1, const float* x,
-                                const float* x_sum_pairs) {
-  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-  __m128 even_min_terms = _mm_setzero_ps(), odd_min_terms = _mm_setzero_ps();
-  const auto sum_pair = [x_sum_pairs](int64_t b) {
-    return K == Kind::q4_1 ? x_sum_pairs + 2 * b : nullptr;
-  };
-  int64_t b = b0;
-  for (; b + 1 < b1; b += 2) {
-    add_block_dot<K>(row + b * block_bytes(K), x + b * 32, sum_pair(b), even, even_min_terms);
-    add_block_dot<K>(row + (b + 1) * block_bytes(K), x + (b + 1) * 32, sum_pair(b + 1), odd,
-                     odd_min_terms);
-  }
-  if (b < b1)
-    add_block_dot<K>(row + b * block_bytes(K), x + b * 32, sum_pair(b), even, even_min_terms);
-  const __m128 min_terms = _mm_add_ps(even_min_terms, odd_min_terms);
-  return hsum(_mm256_add_ps(even, odd)) + _mm_cvtss_f32(_mm_movehdup_ps(min_terms));
-}
-
-// R rows of x against one weight row over blocks [b0, b1): each block becomes floats once and
-// meets all R rows. Stores the R sums, or adds them to what out holds.
-template <Kind K, int R>
-PDSERVE_AVX2 void tile_dot_avx2(const uint8_t* row, int64_t b0, int64_t b1, const float* x,
-                                int64_t ldx, float* out, int64_t ldo, bool accumulate) {
-  constexpr int kChains = R <= 4 ? 2 : 1;  // enough independent FMA chains to hide latency
-  __m256 acc[R][kChains];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
-  __m256 w[4];
-  for (int64_t b = b0; b < b1; ++b) {
-    block_weights<K>(row + b * block_bytes(K), w);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const float* xr = x + r * ldx + b * 32;
-      for (int i = 0; i < 4; ++i) {
-        __m256& chain = acc[r][i % kChains];
-        chain = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xr + 8 * i), chain);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    __m256 total = acc[r][0];
-    if constexpr (kChains == 2) total = _mm256_add_ps(total, acc[r][1]);
-    const float sum = hsum(total);
-    out[r * ldo] = accumulate ? out[r * ldo] + sum : sum;
-  }
-}
-
-template <Kind K>
-PDSERVE_AVX2 void tile_dot_avx2_any(int rows, const uint8_t* row, int64_t b0, int64_t b1,
-                                    const float* x, int64_t ldx, float* out, int64_t ldo,
-                                    bool accumulate) {
-  switch (rows) {
-    case 2: return tile_dot_avx2<K, 2>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 3: return tile_dot_avx2<K, 3>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 4: return tile_dot_avx2<K, 4>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 5: return tile_dot_avx2<K, 5>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 6: return tile_dot_avx2<K, 6>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 7: return tile_dot_avx2<K, 7>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 8: return tile_dot_avx2<K, 8>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    default: TORCH_CHECK(false, "row tile of ", rows, " rows");
-  }
-}
-
-// Blocks per segment of K when several rows of x are long: a tile of x rows then stays in L1
-// while a chunk of weight rows passes.
-int64_t segment_blocks(int64_t blocks, int64_t M) {
-  return M == 1 || blocks <= kMaxUnsegmentedBlocks ? blocks : kSegmentBlocks;
-}
-
-// Outputs [begin, end) for all M rows of x, a chunk of weight rows and a segment of K at a time
-// (both stay in L1 while every tile of x rows meets them). Thread bodies are functions of their
-// own: a lambda would not carry the target attribute.
-template <Kind K>
-PDSERVE_AVX2 void linear_rows_avx2(int64_t begin, int64_t end, const uint8_t* weight, int64_t N,
-                                   int64_t blocks, const float* x, int64_t M,
-                                   const float* x_sum_pairs, float* out) {
-  const int64_t row_bytes = blocks * block_bytes(K), K32 = blocks * 32;
-  const int64_t segment = segment_blocks(blocks, M);
-  for (int64_t n0 = begin; n0 < end; n0 += kWeightRowChunk) {
-    const int64_t n1 = std::min(end, n0 + kWeightRowChunk);
-    for (int64_t b0 = 0; b0 < blocks; b0 += segment) {
-      const int64_t b1 = std::min(blocks, b0 + segment);
-      const bool accumulate = b0 > 0;
-      for (int64_t m = 0; m < M; m += kRowTile) {
-        const int rows = static_cast<int>(std::min(kRowTile, M - m));
-        for (int64_t n = n0; n < n1; ++n) {
-          const uint8_t* row = weight + n * row_bytes;
-          float* o = out + m * N + n;
-          if (rows == 1) {
-            const float sum = row_dot_avx2<K>(row, b0, b1, x + m * K32, x_sum_pairs);
-            *o = accumulate ? *o + sum : sum;
-          } else {
-            tile_dot_avx2_any<K>(rows, row, b0, b1, x + m * K32, K32, o, N, accumulate);
-          }
-        }
-      }
-    }
-  }
-}
-
-template <Kind K>
-void linear_avx2(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
-                 float* out, int64_t grain) {
-  // A tile of a single row (M = 1, or the last of M = 8t + 1) takes the single-row path, which
-  // for Q4_1 needs that row's block sums.
-  std::vector<float> x_sum_pairs;
-  if (K == Kind::q4_1 && M % kRowTile == 1) {
-    const float* last = x + (M - 1) * blocks * 32;
-    x_sum_pairs.assign(2 * blocks, 0.f);
-    for (int64_t b = 0; b < blocks; ++b) {
-      float sum = 0.f;
-      for (int j = 0; j < 32; ++j) sum += last[b * 32 + j];
-      x_sum_pairs[2 * b + 1] = sum;
-    }
-  }
-  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-    linear_rows_avx2<K>(begin, end, weight, N, blocks, x, M, x_sum_pairs.data(), out);
-  });
-}
-
-template <Kind K>
-PDSERVE_AVX2 void dequantize_rows_avx2(int64_t begin, int64_t end, const uint8_t* weight,
-                                       int64_t blocks, float* out) {
-  const int64_t row_bytes = blocks * block_bytes(K);
-  __m256 w[4];
-  for (int64_t n = begin; n < end; ++n)
-    for (int64_t b = 0; b < blocks; ++b) {
-      block_weights<K>(weight + n * row_bytes + b * block_bytes(K), w);
-      float* o = out + (n * blocks + b) * 32;
-      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o + 8 * i, w[i]);
-    }
-}
-
-template <Kind K>
-void dequantize_avx2(const uint8_t* weight, int64_t N, int64_t blocks, float* out) {
-  at::parallel_for(0, N, std::max<int64_t>(1, 4096 / blocks), [&](int64_t begin, int64_t end) {
-    dequantize_rows_avx2<K>(begin, end, weight, blocks, out);
-  });
-}
-
-#endif  // PDSERVE_HAS_X86
-
-// ---------------------------------------------------------------------------------------------
-
-struct Shape {
-  Kind kind;
-  int64_t N, blocks;
-};
-
-Shape check_blocks(const torch::Tensor& weight, const std::string& kind_name) {
-  const Kind kind = parse_kind(kind_name);
-  TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.dim() == 2 && weight.is_contiguous(),
-              "weight blocks: a contiguous 2-D uint8 tensor");
-  TORCH_CHECK(weight.size(1) % block_bytes(kind) == 0, "weight rows of ", weight.size(1),
-              " bytes are not whole ", kind_name, " blocks");
-  return {kind, weight.size(0), weight.size(1) / block_bytes(kind)};
+  selected_isa().store(isa);
 }
 
 template <Kind K>
 void linear(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
             float* out) {
-  const int64_t work_per_row = std::max<int64_t>(1, blocks * kBlockWeights * M);
+  const int64_t work_per_row = std::max<int64_t>(1, blocks * block_weights(K) * M);
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / work_per_row);
 #if PDSERVE_HAS_X86
-  if (use_avx2()) return linear_avx2<K>(weight, N, blocks, x, M, out, grain);
+  const Isa isa = current_isa();
+  // Q4_1 keeps its register-only AVX2 kernel under AVX-512 too: measured several times faster
+  // there than the unpacking SIMD path at one row.
+  if (isa == Isa::avx512 && K != Kind::q4_1)
+    return simd_avx512::linear<K>(weight, N, blocks, x, M, out, grain);
+  if constexpr (K == Kind::q8_0 || K == Kind::q4_1) {
+    if (isa != Isa::scalar) return linear_avx2<K>(weight, N, blocks, x, M, out, grain);
+  } else {
+    if (isa == Isa::avx2) return simd_avx2::linear<K>(weight, N, blocks, x, M, out, grain);
+  }
 #endif
   linear_scalar<K>(weight, N, blocks, x, M, out, grain);
 }
@@ -404,18 +116,57 @@ void linear(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, in
 template <Kind K>
 void dequantize(const uint8_t* weight, int64_t N, int64_t blocks, float* out) {
 #if PDSERVE_HAS_X86
-  if (use_avx2()) return dequantize_avx2<K>(weight, N, blocks, out);
+  const Isa isa = current_isa();
+  if (isa == Isa::avx512) return simd_avx512::dequantize<K>(weight, N, blocks, out);
+  if constexpr (K == Kind::q8_0 || K == Kind::q4_1) {
+    if (isa == Isa::avx2) return dequantize_avx2<K>(weight, N, blocks, out);
+  } else {
+    if (isa == Isa::avx2) return simd_avx2::dequantize<K>(weight, N, blocks, out);
+  }
 #endif
   dequantize_scalar<K>(weight, N, blocks, out);
 }
 
-// out [M, N] = x [M, 32 * blocks] . w^T for weight blocks w [N, blocks * block bytes].
+// Calls f with the kind as a template argument: f(std::integral_constant<Kind, K>{}).
+template <class Fn>
+void with_kind(Kind kind, Fn&& f) {
+  switch (kind) {
+    case Kind::q8_0: return f(std::integral_constant<Kind, Kind::q8_0>{});
+    case Kind::q4_0: return f(std::integral_constant<Kind, Kind::q4_0>{});
+    case Kind::q4_1: return f(std::integral_constant<Kind, Kind::q4_1>{});
+    case Kind::q5_0: return f(std::integral_constant<Kind, Kind::q5_0>{});
+    case Kind::q5_1: return f(std::integral_constant<Kind, Kind::q5_1>{});
+    case Kind::q4_k: return f(std::integral_constant<Kind, Kind::q4_k>{});
+    case Kind::q5_k: return f(std::integral_constant<Kind, Kind::q5_k>{});
+    case Kind::q6_k: return f(std::integral_constant<Kind, Kind::q6_k>{});
+    case Kind::f16: return f(std::integral_constant<Kind, Kind::f16>{});
+    case Kind::bf16: return f(std::integral_constant<Kind, Kind::bf16>{});
+  }
+}
+
+// out [M, N] = x [M, k] . w^T for weight blocks w [N, k / block weights * block bytes], where k
+// is a multiple of the kind's block weights.
 inline void quantized_matmul(const float* x, int64_t M, const uint8_t* w, Kind kind, int64_t N,
-                             int64_t blocks, float* out) {
-  if (kind == Kind::q8_0)
-    linear<Kind::q8_0>(w, N, blocks, x, M, out);
-  else
-    linear<Kind::q4_1>(w, N, blocks, x, M, out);
+                             int64_t k, float* out) {
+  with_kind(kind, [&](auto K) { linear<K.value>(w, N, k / block_weights(K.value), x, M, out); });
+}
+
+// weight [N, k / block weights * block bytes] as float32 [N, k] in out.
+inline void dequantize_matrix(const uint8_t* w, Kind kind, int64_t N, int64_t k, float* out) {
+  with_kind(kind, [&](auto K) { dequantize<K.value>(w, N, k / block_weights(K.value), out); });
+}
+
+// The instruction-set functions every module built on this header exposes (each module holds
+// its own choice).
+inline void bind_isa_functions(pybind11::module_& m) {
+  m.def("set_isa", &set_isa,
+        "'avx512', 'avx2' or 'scalar' forces that path; 'auto' picks AVX2 or scalar by CPU");
+  m.def("isa", [] { return std::string(isa_name(current_isa())); },
+        "The path the quantized kernels run now: 'avx512', 'avx2' or 'scalar'");
+  m.def("avx2_supported", &cpu_has_avx2, "Whether this CPU has AVX2, FMA and F16C");
+  m.def("avx512_supported", &cpu_lists_avx512, "Whether cpuid lists AVX-512 F, BW and VL");
+  m.def("avx512_probe", &avx512_probe,
+        "Runs a few AVX-512 F/BW/VL instructions and checks them (may die of SIGILL)");
 }
 
 }  // namespace pdserve_quantized

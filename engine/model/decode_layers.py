@@ -37,7 +37,7 @@ def decode_layer_kernels() -> ModuleType | None:
 
 def fuse_layers(model: LlamaModel) -> Any | None:
     """``DecodeLayers`` holding ``model``'s layers, or None where it cannot run them: no native
-    module, or a quantized projection whose inputs are not whole blocks of 32."""
+    module, or a quantized projection whose inputs are not whole blocks of its kind."""
     module = decode_layer_kernels()
     if module is None:
         return None

@@ -1,0 +1,243 @@
+// The AVX2 + FMA + F16C path for Q8_0 and Q4_1 blocks: each block becomes floats in registers,
+// with no stop in memory (the other kinds, and AVX-512, run quantized_simd.h).
+//
+//   - one row of x (a decode step): per block d * dot(x_b, q), plus for Q4_1 m * sum(x_b), with
+//     the block sums of x computed once per call and shared by all outputs;
+//   - several rows: each block is turned into its float weights once, in registers, bit for bit
+//     as ggml dequantizes them (d * q is exact in float32, so fma(d, q, m) == d * q + m), and
+//     multiplied against a tile of up to 8 rows of x.
+#pragma once
+
+#include "quantized_kinds.h"
+
+namespace pdserve_quantized {
+
+// Blocks of 32 weights per segment of K when several rows of x are long.
+constexpr int64_t kSegmentBlocks = 16;
+constexpr int64_t kMaxUnsegmentedBlocks = 24;
+
+#if PDSERVE_HAS_X86
+
+PDSERVE_AVX2 inline float half_to_float_f16c(const uint8_t* p) { return _cvtsh_ss(read_u16(p)); }
+
+PDSERVE_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+PDSERVE_AVX2 inline __m256 bytes_to_float_signed(const uint8_t* p) {
+  const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+}
+
+// The integer values q of a block, in weight order, as floats (not yet scaled).
+template <Kind K>
+PDSERVE_AVX2 inline void block_values(const uint8_t* block, __m256 q[4]) {
+  if constexpr (K == Kind::q8_0) {
+    for (int i = 0; i < 4; ++i) q[i] = bytes_to_float_signed(block + 2 + 8 * i);
+  } else {
+    // Each of bytes 0..7 widened to 32 bits holds weight j in its low nibble and weight j + 16
+    // in its high nibble; likewise bytes 8..15 for weights 8..15 and 24..31.
+    const __m256i low_nibble = _mm256_set1_epi32(0x0F);
+    for (int half = 0; half < 2; ++half) {
+      const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 4 + 8 * half));
+      const __m256i bytes = _mm256_cvtepu8_epi32(eight);
+      q[half] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low_nibble));
+      q[half + 2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+    }
+  }
+}
+
+// The 32 weights of a block as floats, bit for bit what ggml's dequantization gives
+// (d * q is exact, so fma(d, q, m) rounds once, as d * q + m does).
+template <Kind K>
+PDSERVE_AVX2 inline void block_weights(const uint8_t* block, __m256 w[4]) {
+  block_values<K>(block, w);
+  const __m256 d = _mm256_set1_ps(half_to_float_f16c(block));
+  if constexpr (K == Kind::q8_0) {
+    for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(d, w[i]);
+  } else {
+    const __m256 m = _mm256_set1_ps(half_to_float_f16c(block + 2));
+    for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(d, w[i], m);
+  }
+}
+
+// dot(x, q) over one block, in two independent chains.
+PDSERVE_AVX2 inline __m256 block_dot(const __m256 q[4], const float* x) {
+  const __m256 even = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + 16),
+                                      _mm256_mul_ps(q[0], _mm256_loadu_ps(x)));
+  const __m256 odd = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24),
+                                     _mm256_mul_ps(q[1], _mm256_loadu_ps(x + 8)));
+  return _mm256_add_ps(even, odd);
+}
+
+// acc += d * dot(x_b, q) for one block; for Q4_1 also min_terms[1] += m * sum(x_b), where
+// sum_pair points at {0, sum(x_b)}: d and m, adjacent in the block, are converted together.
+template <Kind K>
+PDSERVE_AVX2 inline void add_block_dot(const uint8_t* block, const float* x,
+                                       const float* sum_pair, __m256& acc, __m128& min_terms) {
+  __m256 q[4];
+  block_values<K>(block, q);
+  if constexpr (K == Kind::q4_1) {
+    uint32_t scale_and_min;
+    std::memcpy(&scale_and_min, block, sizeof(scale_and_min));
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(scale_and_min)));
+    acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), block_dot(q, x), acc);
+    const __m128 sums = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sum_pair)));
+    min_terms = _mm_fmadd_ps(dm, sums, min_terms);
+  } else {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float_f16c(block)), block_dot(q, x), acc);
+  }
+}
+
+// One row of x against one weight row over blocks [b0, b1): the sum of d * dot(x_b, q)
+// (+ m * sum(x_b) for Q4_1, with the block sums of x, as {0, sum} pairs, computed once per
+// call). Even and odd blocks go to separate accumulators, so consecutive blocks do not wait on
+// each other.
+template <Kind K>
+PDSERVE_AVX2 float row_dot_avx2(const uint8_t* row, int64_t b0, int64_t b1, const float* x,
+                                const float* x_sum_pairs) {
+  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+  __m128 even_min_terms = _mm_setzero_ps(), odd_min_terms = _mm_setzero_ps();
+  const auto sum_pair = [x_sum_pairs](int64_t b) {
+    return K == Kind::q4_1 ? x_sum_pairs + 2 * b : nullptr;
+  };
+  int64_t b = b0;
+  for (; b + 1 < b1; b += 2) {
+    add_block_dot<K>(row + b * block_bytes(K), x + b * 32, sum_pair(b), even, even_min_terms);
+    add_block_dot<K>(row + (b + 1) * block_bytes(K), x + (b + 1) * 32, sum_pair(b + 1), odd,
+                     odd_min_terms);
+  }
+  if (b < b1)
+    add_block_dot<K>(row + b * block_bytes(K), x + b * 32, sum_pair(b), even, even_min_terms);
+  const __m128 min_terms = _mm_add_ps(even_min_terms, odd_min_terms);
+  return hsum(_mm256_add_ps(even, odd)) + _mm_cvtss_f32(_mm_movehdup_ps(min_terms));
+}
+
+// R rows of x against one weight row over blocks [b0, b1): each block becomes floats once and
+// meets all R rows. Stores the R sums, or adds them to what out holds.
+template <Kind K, int R>
+PDSERVE_AVX2 void tile_dot_avx2(const uint8_t* row, int64_t b0, int64_t b1, const float* x,
+                                int64_t ldx, float* out, int64_t ldo, bool accumulate) {
+  constexpr int kChains = R <= 4 ? 2 : 1;  // enough independent FMA chains to hide latency
+  __m256 acc[R][kChains];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
+  __m256 w[4];
+  for (int64_t b = b0; b < b1; ++b) {
+    block_weights<K>(row + b * block_bytes(K), w);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float* xr = x + r * ldx + b * 32;
+      for (int i = 0; i < 4; ++i) {
+        __m256& chain = acc[r][i % kChains];
+        chain = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xr + 8 * i), chain);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256 total = acc[r][0];
+    if constexpr (kChains == 2) total = _mm256_add_ps(total, acc[r][1]);
+    const float sum = hsum(total);
+    out[r * ldo] = accumulate ? out[r * ldo] + sum : sum;
+  }
+}
+
+template <Kind K>
+PDSERVE_AVX2 void tile_dot_avx2_any(int rows, const uint8_t* row, int64_t b0, int64_t b1,
+                                    const float* x, int64_t ldx, float* out, int64_t ldo,
+                                    bool accumulate) {
+  switch (rows) {
+    case 2: return tile_dot_avx2<K, 2>(row, b0, b1, x, ldx, out, ldo, accumulate);
+    case 3: return tile_dot_avx2<K, 3>(row, b0, b1, x, ldx, out, ldo, accumulate);
+    case 4: return tile_dot_avx2<K, 4>(row, b0, b1, x, ldx, out, ldo, accumulate);
+    case 5: return tile_dot_avx2<K, 5>(row, b0, b1, x, ldx, out, ldo, accumulate);
+    case 6: return tile_dot_avx2<K, 6>(row, b0, b1, x, ldx, out, ldo, accumulate);
+    case 7: return tile_dot_avx2<K, 7>(row, b0, b1, x, ldx, out, ldo, accumulate);
+    case 8: return tile_dot_avx2<K, 8>(row, b0, b1, x, ldx, out, ldo, accumulate);
+    default: TORCH_CHECK(false, "row tile of ", rows, " rows");
+  }
+}
+
+// Blocks per segment of K when several rows of x are long: a tile of x rows then stays in L1
+// while a chunk of weight rows passes.
+inline int64_t segment_blocks(int64_t blocks, int64_t M) {
+  return M == 1 || blocks <= kMaxUnsegmentedBlocks ? blocks : kSegmentBlocks;
+}
+
+// Outputs [begin, end) for all M rows of x, a chunk of weight rows and a segment of K at a time
+// (both stay in L1 while every tile of x rows meets them). Thread bodies are functions of their
+// own: a lambda would not carry the target attribute.
+template <Kind K>
+PDSERVE_AVX2 void linear_rows_avx2(int64_t begin, int64_t end, const uint8_t* weight, int64_t N,
+                                   int64_t blocks, const float* x, int64_t M,
+                                   const float* x_sum_pairs, float* out) {
+  const int64_t row_bytes = blocks * block_bytes(K), K32 = blocks * 32;
+  const int64_t segment = segment_blocks(blocks, M);
+  for (int64_t n0 = begin; n0 < end; n0 += kWeightRowChunk) {
+    const int64_t n1 = std::min(end, n0 + kWeightRowChunk);
+    for (int64_t b0 = 0; b0 < blocks; b0 += segment) {
+      const int64_t b1 = std::min(blocks, b0 + segment);
+      const bool accumulate = b0 > 0;
+      for (int64_t m = 0; m < M; m += kRowTile) {
+        const int rows = static_cast<int>(std::min(kRowTile, M - m));
+        for (int64_t n = n0; n < n1; ++n) {
+          const uint8_t* row = weight + n * row_bytes;
+          float* o = out + m * N + n;
+          if (rows == 1) {
+            const float sum = row_dot_avx2<K>(row, b0, b1, x + m * K32, x_sum_pairs);
+            *o = accumulate ? *o + sum : sum;
+          } else {
+            tile_dot_avx2_any<K>(rows, row, b0, b1, x + m * K32, K32, o, N, accumulate);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <Kind K>
+void linear_avx2(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
+                 float* out, int64_t grain) {
+  // A tile of a single row (M = 1, or the last of M = 8t + 1) takes the single-row path, which
+  // for Q4_1 needs that row's block sums.
+  std::vector<float> x_sum_pairs;
+  if (K == Kind::q4_1 && M % kRowTile == 1) {
+    const float* last = x + (M - 1) * blocks * 32;
+    x_sum_pairs.assign(2 * blocks, 0.f);
+    for (int64_t b = 0; b < blocks; ++b) {
+      float sum = 0.f;
+      for (int j = 0; j < 32; ++j) sum += last[b * 32 + j];
+      x_sum_pairs[2 * b + 1] = sum;
+    }
+  }
+  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+    linear_rows_avx2<K>(begin, end, weight, N, blocks, x, M, x_sum_pairs.data(), out);
+  });
+}
+
+template <Kind K>
+PDSERVE_AVX2 void dequantize_rows_avx2(int64_t begin, int64_t end, const uint8_t* weight,
+                                       int64_t blocks, float* out) {
+  const int64_t row_bytes = blocks * block_bytes(K);
+  __m256 w[4];
+  for (int64_t n = begin; n < end; ++n)
+    for (int64_t b = 0; b < blocks; ++b) {
+      block_weights<K>(weight + n * row_bytes + b * block_bytes(K), w);
+      float* o = out + (n * blocks + b) * 32;
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o + 8 * i, w[i]);
+    }
+}
+
+template <Kind K>
+void dequantize_avx2(const uint8_t* weight, int64_t N, int64_t blocks, float* out) {
+  at::parallel_for(0, N, std::max<int64_t>(1, 4096 / blocks), [&](int64_t begin, int64_t end) {
+    dequantize_rows_avx2<K>(begin, end, weight, blocks, out);
+  });
+}
+
+#endif  // PDSERVE_HAS_X86
+
+}  // namespace pdserve_quantized
