@@ -13,7 +13,7 @@ from engine.kernels import isa as kernel_isa
 from engine.kernels import quantized
 from engine.llm_engine import LLMEngine
 from engine.model import decode_layers
-from engine.model.linear import QuantizedLinear
+from engine.model.linear import PartsLinear, QuantizedLinear
 from engine.model.loader import load_model
 from engine.sampling_params import SamplingParams
 from tests.gguf_blocks import random_blocks
@@ -104,8 +104,9 @@ def _assert_same_decode(fused, plain, fused_steps, plain_steps, fused_tokens, pl
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
-# Each projection's GGUF kind in a K-quant mixture (256-weight kinds where k allows them).
-MIXTURE = {"qkv": "q5_0", "o_proj": "q8_0", "gate_up": "q6_k", "down": "q4_k"}
+# Each projection's GGUF kind in a K-quant mixture (256-weight kinds where k allows them); qkv
+# keeps v in a format of its own, as Q4_K_M files do: one fused projection in two parts.
+MIXTURE = {"qkv": ("q5_0", "q8_0"), "o_proj": "q8_0", "gate_up": "q6_k", "down": "q4_k"}
 
 
 @pytest.fixture(scope="module")
@@ -117,15 +118,29 @@ def wide(tmp_path_factory):
 
 def _with_mixture(engine: LLMEngine, fused: bool) -> LLMEngine:
     """``engine`` with every projection replaced by random blocks of its ``MIXTURE`` kind."""
+    shape = engine.model.shape
+    v_rows = shape.num_kv_heads * shape.head_dim
     for index, layer in enumerate(engine.model.layers):
         for seed, (name, kind) in enumerate(MIXTURE.items()):
             old = getattr(layer, name)
             n, k = (old.weight_t.shape[1], old.weight_t.shape[0])
-            blocks = random_blocks(kind, n, k, seed=10 * index + seed, scales=(1e-4, 1e-3))
-            weight = quantized.from_gguf_blocks(blocks, kind, n, k)
-            setattr(layer, name, QuantizedLinear(weight, old.bias))
+            if isinstance(kind, tuple):  # q and k rows in one format, v rows in another
+                widths = zip(kind, (n - v_rows, v_rows), strict=True)
+                parts = [
+                    _random_linear(part_kind, rows, k, seed=100 * index + 10 * seed + i)
+                    for i, (part_kind, rows) in enumerate(widths)
+                ]
+                setattr(layer, name, PartsLinear(parts, old.bias))
+            else:
+                linear = _random_linear(kind, n, k, seed=10 * index + seed)
+                setattr(layer, name, QuantizedLinear(linear.weight, old.bias))
     engine.model.fused = decode_layers.fuse_layers(engine.model) if fused else None
     return engine
+
+
+def _random_linear(kind: str, n: int, k: int, seed: int) -> QuantizedLinear:
+    blocks = random_blocks(kind, n, k, seed=seed, scales=(1e-4, 1e-3))
+    return QuantizedLinear(quantized.from_gguf_blocks(blocks, kind, n, k))
 
 
 def test_fused_decode_on_a_kquant_mixture(wide):

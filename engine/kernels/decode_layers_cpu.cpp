@@ -21,33 +21,27 @@
 
 namespace {
 
-// One projection: GGUF blocks [N, K / block weights * block bytes] or a dense float32
-// weight_t [K, N].
-struct Projection {
+// One matrix of a projection: GGUF blocks [N, K / block weights * block bytes] or a dense
+// float32 weight_t [K, N].
+struct Part {
   torch::Tensor weight;
-  std::optional<torch::Tensor> bias;
   bool quantized = false;
   pdserve_quantized::Kind kind = pdserve_quantized::Kind::q8_0;
   int64_t n = 0, k = 0;
 
-  // out [M, n] = x [M, k] . W^T (+ bias)
+  // out [M, n] = x [M, k] . W^T
   void apply(const torch::Tensor& x, torch::Tensor& out) const {
-    const int64_t M = x.size(0);
-    if (quantized) {
-      pdserve_quantized::quantized_matmul(x.data_ptr<float>(), M, weight.data_ptr<uint8_t>(),
-                                          kind, n, k, out.data_ptr<float>());
-      if (bias) out.add_(*bias);
-    } else if (bias) {
-      at::addmm_out(out, *bias, x, weight);
-    } else {
+    if (quantized)
+      pdserve_quantized::quantized_matmul(x.data_ptr<float>(), x.size(0),
+                                          weight.data_ptr<uint8_t>(), kind, n, k,
+                                          out.data_ptr<float>());
+    else
       at::mm_out(out, x, weight);
-    }
   }
 };
 
-Projection make_projection(torch::Tensor weight, const std::string& kind, int64_t n, int64_t k,
-                           std::optional<torch::Tensor> bias) {
-  Projection p{weight.contiguous(), bias, kind != "dense", pdserve_quantized::Kind::q8_0, n, k};
+Part make_part(torch::Tensor weight, const std::string& kind, int64_t n, int64_t k) {
+  Part p{weight.contiguous(), kind != "dense", pdserve_quantized::Kind::q8_0, n, k};
   if (p.quantized) {
     p.kind = pdserve_quantized::parse_kind(kind);
     const int64_t block = pdserve_quantized::block_weights(p.kind);
@@ -58,6 +52,45 @@ Projection make_projection(torch::Tensor weight, const std::string& kind, int64_
   } else {
     TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.size(0) == k &&
                     weight.size(1) == n, "dense projection: float32 weight_t [", k, ", ", n, "]");
+  }
+  return p;
+}
+
+// A projection: one or more parts reading the same input, their outputs side by side (a GGUF
+// keeps q, k and v in different formats where Q4_K_M gives v more bits), plus one bias.
+struct Projection {
+  std::vector<Part> parts;
+  std::optional<torch::Tensor> bias;
+  int64_t n = 0, k = 0;
+
+  // out [M, n] = x [M, k] . W^T (+ bias)
+  void apply(const torch::Tensor& x, torch::Tensor& out) const {
+    if (parts.size() == 1) {
+      parts[0].apply(x, out);
+    } else {
+      int64_t column = 0;
+      for (const Part& part : parts) {
+        auto piece = torch::empty({x.size(0), part.n}, x.options());
+        part.apply(x, piece);
+        out.narrow(1, column, part.n).copy_(piece);
+        column += part.n;
+      }
+    }
+    if (bias) out.add_(*bias);
+  }
+};
+
+using PartSpec = std::tuple<torch::Tensor, std::string, int64_t, int64_t>;
+using ProjectionSpec = std::tuple<std::vector<PartSpec>, std::optional<torch::Tensor>>;
+
+Projection make_projection(const ProjectionSpec& spec) {
+  const auto& [part_specs, bias] = spec;
+  TORCH_CHECK(!part_specs.empty(), "a projection has at least one part");
+  Projection p{{}, bias, 0, std::get<3>(part_specs[0])};
+  for (const auto& [weight, kind, n, k] : part_specs) {
+    TORCH_CHECK(k == p.k, "the parts of a projection read the same input");
+    p.parts.push_back(make_part(weight, kind, n, k));
+    p.n += n;
   }
   return p;
 }
@@ -100,13 +133,12 @@ class DecodeLayers {
                 "rotary tables: float32 [positions, head_dim]");
   }
 
+  // projections: qkv, o, gate_up, down, each ([(weight, kind, n, k), ...], bias)
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm,
-                 std::vector<std::tuple<torch::Tensor, std::string, int64_t, int64_t,
-                                        std::optional<torch::Tensor>>> projections) {
+                 std::vector<ProjectionSpec> projections) {
     TORCH_CHECK(projections.size() == 4, "a layer has 4 projections: qkv, o, gate_up, down");
     std::vector<Projection> p;
-    for (auto& [weight, kind, n, k, bias] : projections)
-      p.push_back(make_projection(weight, kind, n, k, bias));
+    for (const auto& spec : projections) p.push_back(make_projection(spec));
     const int64_t E = input_norm.size(0);
     TORCH_CHECK(p[0].k == E && p[0].n == (H_ + 2 * KVH_) * D_ && p[1].k == H_ * D_ &&
                     p[1].n == E && p[2].k == E && p[2].n % 2 == 0 && p[3].k == p[2].n / 2 &&

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import kernels
 from engine.kernels.quantized import NATIVE_MAX_ROWS
-from engine.model.linear import DenseLinear, Linear, PartsLinear
+from engine.model.linear import DenseLinear, Linear, PartsLinear, QuantizedLinear
 
 if TYPE_CHECKING:
     from engine.model.llama import LlamaModel
@@ -59,13 +59,21 @@ def fuse_layers(model: LlamaModel) -> Any | None:
 
 
 def _projection(linear: Linear) -> tuple | None:
-    """``(weight, kind, n, k, bias)`` as ``DecodeLayers.add_layer`` takes a projection."""
+    """``([(weight, kind, n, k), ...], bias)`` as ``DecodeLayers.add_layer`` takes a projection
+    (one part, or one per format of a ``PartsLinear``), or None where a part's inputs are not
+    whole blocks of its kind."""
+    parts = linear.parts if isinstance(linear, PartsLinear) else [linear]
+    specs = [_part(part) for part in parts]
+    if any(spec is None for spec in specs):
+        return None
+    return specs, linear.bias
+
+
+def _part(linear: DenseLinear | QuantizedLinear) -> tuple | None:
     if isinstance(linear, DenseLinear):
         k, n = linear.weight_t.shape
-        return linear.weight_t, "dense", n, k, linear.bias
-    if isinstance(linear, PartsLinear):
-        return None
+        return linear.weight_t, "dense", n, k
     weight = linear.weight
     if weight.k != weight.padded_k:
         return None
-    return weight.blocks, weight.kind, weight.n, weight.k, linear.bias
+    return weight.blocks, weight.kind, weight.n, weight.k
