@@ -5,14 +5,17 @@ the same sequences and context (``SLOTS`` x ``CONTEXT_PER_SLOT`` tokens of KV).
 
 Each mode (``single_node``, ``pd_separate``) is started on its own (``compare_modes.start_pdserve``)
 with ``maxBatchSize`` ``SLOTS``, ``maxSeqLen`` ``CONTEXT_PER_SLOT`` and ``kvCacheMemoryMB`` the
-KV of that many tokens; once ready it answers ``--requests`` requests (so that whatever a request
-builds lazily exists), settles for ``--settle-s``, and then every process of its tree is measured
-(``process_tree.py``: role, RSS, PSS, USS). llama-server runs with ``--parallel SLOTS -c
-SLOTS*CONTEXT_PER_SLOT`` from the cache folder (``benchmarks/llamacpp_build.py --server``), after
-the same requests; while it is not built there, pdserve is measured alone and the result says so.
-``--embedding-model`` is the modes' ``embedding_model_path`` (default ``bundled``, as ``pdserve``
-starts; ``""``: none).
-The JSON holds each side's processes and sums and the machine (``results_meta.py``);
+KV of that many tokens (``pd_separate``'s prefill engine: ``--prefill-kv-tokens``, by default one
+step's prompt tokens, through ``prefill_kv_cache_memory_mb``). Once ready it answers
+``--requests`` requests (so that whatever a request builds lazily exists), settles for
+``--settle-s``, and then every process of its tree is measured (``process_tree.py``: role, RSS,
+PSS, USS). llama-server runs with ``--parallel SLOTS -c SLOTS*CONTEXT_PER_SLOT`` from the cache
+folder (``benchmarks/llamacpp_build.py --server``), after the same requests; while it is not built
+there, pdserve is measured alone and the result says so. ``--embedding-model`` is the modes'
+``embedding_model_path`` (default ``bundled``, as ``pdserve`` starts; ``""``: none).
+
+The JSON holds each side's processes and sums and the machine (``results_meta.py``), and with
+``--before FILE`` the modes of an earlier result (the run before a cut) under ``before``;
 ``benchmarks/report.py`` renders it into ``docs/performance/memory.md``.
 """
 
@@ -41,16 +44,19 @@ from benchmarks.results_meta import run_meta  # noqa: E402
 SLOTS = 32
 CONTEXT_PER_SLOT = 1024
 MODES = ("single_node", "pd_separate")
+# pd_separate's prefill engine holds a prompt until its pages are handed off: one step's worth
+PREFILL_KV_TOKENS = 8192  # maxPrefillTokens
 PROMPT = "Explain in a few sentences what a paged KV cache is and why it helps serving."
 
 
-def kv_cache_mib(model: str, tokens: int) -> int:
-    """MiB of float32 KV (what the engine keeps on CPU) for ``tokens`` tokens of ``model``."""
+def kv_cache_mib(model: str, tokens: int, itemsize: int) -> int:
+    """MiB of KV for ``tokens`` tokens of ``model`` at ``itemsize`` bytes a value (4: what the
+    engine keeps on CPU, float32; 2: llama-server's f16)."""
     from engine.model.llama import ModelShape
     from engine.model.loader import load_model
 
     shape = ModelShape.from_hf_config(load_model(model).hf_config)
-    per_token = shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * 4
+    per_token = shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * itemsize
     return -(-per_token * tokens // 2**20)
 
 
@@ -73,6 +79,8 @@ def measure_pdserve(mode: str, args: argparse.Namespace, workdir: Path) -> dict[
         "kvCacheMemoryMB": args.kv_mib,
         "embedding_model_path": args.embedding_model,
     }
+    if mode == "pd_separate" and args.prefill_kv_tokens:
+        backend["prefill_kv_cache_memory_mb"] = kv_cache_mib(args.model, args.prefill_kv_tokens, 4)
     process, ports = start_pdserve(mode, args.model, workdir, backend)
     try:
         send_requests(f"http://127.0.0.1:{ports['predict_port']}", args.requests)
@@ -106,18 +114,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="bundled")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--embedding-model", default="bundled", help='"": no embedding model')
+    parser.add_argument(
+        "--prefill-kv-tokens",
+        type=int,
+        default=PREFILL_KV_TOKENS,
+        help="pd_separate: the prefill engine's KV in tokens (0: the decode engine's budget)",
+    )
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--settle-s", type=float, default=3.0)
     parser.add_argument("--llama-cpp-dir", type=Path, default=None)
     parser.add_argument("--no-llama-server", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--before", type=Path, default=None, help="an earlier result whose modes to show beside"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.kv_mib = kv_cache_mib(args.model, SLOTS * CONTEXT_PER_SLOT)
-    result: dict[str, Any] = {"_meta": {**run_meta(), "slots": SLOTS, "context": CONTEXT_PER_SLOT}}
+    args.kv_mib = kv_cache_mib(args.model, SLOTS * CONTEXT_PER_SLOT, 4)
+    result: dict[str, Any] = {
+        "_meta": {
+            **run_meta(),
+            "slots": SLOTS,
+            "context": CONTEXT_PER_SLOT,
+            "kv_mib": args.kv_mib,
+            "llama_server_kv_mib": kv_cache_mib(args.model, SLOTS * CONTEXT_PER_SLOT, 2),
+        }
+    }
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         for mode in args.modes.split(","):
@@ -127,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             result["llama_server"] = measure_llama_server(args, workdir)
             print("llama_server", json.dumps(result["llama_server"].get("total")), flush=True)
     result["_meta"]["gguf_mib"] = round(gguf_of(args.model).stat().st_size / 2**20, 1)
+    if args.before:
+        earlier = json.loads(args.before.read_text())
+        result["before"] = {k: v for k, v in earlier.items() if k in ("_meta", *MODES)}
     text = json.dumps(result, indent=2) + "\n"
     if args.out:
         args.out.write_text(text)

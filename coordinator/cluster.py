@@ -34,6 +34,7 @@ import ray
 from coordinator.cluster_config import ActorResources, ClusterConfig
 from coordinator.request_run import RequestRun, RunPhase
 from decode_worker.worker import DecodeWorker
+from engine.config import CacheConfig
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import pd_output_limit
@@ -177,6 +178,7 @@ class Cluster:
             self.config.engine,
             num_threads=resources.num_threads,
             device="cuda" if resources.num_gpus > 0 else self.config.engine.device,
+            cache=self._cache_of(cls),
         )
         threads = str(resources.num_threads)
         # glibc gives each thread that allocates an arena of its own (up to 8 a core), which
@@ -202,6 +204,13 @@ class Cluster:
                 cpu_ids=cpu_ids,
             )
         )
+
+    def _cache_of(self, cls: type) -> CacheConfig:
+        """The KV cache of a ``cls`` actor: a prefill engine's may be sized on its own."""
+        cache, prefill_mb = self.config.engine.cache, self.config.prefill_kv_memory_mb
+        if cls is not PrefillWorker or not prefill_mb:
+            return cache
+        return replace(cache, memory_mb=prefill_mb, num_blocks=None)
 
     def worker(self, role: str, instance: int) -> Any:
         """The actor of ``role`` (prefill, decode, colocated) number ``instance``."""

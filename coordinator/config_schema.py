@@ -228,6 +228,9 @@ SCHEMA["backend_config"] = section(
         "(page)"),
     fed("kvCacheMemoryMB", "int", engine("cache.memory_mb"), "KV cache size of each engine",
         unit="MiB"),
+    fed("prefill_kv_cache_memory_mb", "int", cluster("prefill_kv_memory_mb"), "`pd_separate`: "
+        "KV cache size of each prefill engine, which holds a prompt only until its pages are "
+        "handed off (and its prefix cache); `0`: `kvCacheMemoryMB`", unit="MiB"),
     fed("enablePrefixCaching", "bool", engine("cache.enable_prefix_caching"), "engines keep "
         "full KV blocks after their request and reuse them for later prompts with the same "
         "prefix; `false` also turns `digs_scheduler_config.prefix_routing` off"),
