@@ -32,6 +32,7 @@ from typing import Any
 import ray
 
 from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.ray_services import without_unused_services
 from coordinator.request_run import RequestRun, RunPhase
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig
@@ -66,7 +67,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
     A local Ray otherwise binds its services to the host's external address. Ray reads
     ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when it is imported, so the flag it derived is set too;
-    the processes it starts inherit the variable.
+    the processes it starts inherit the variable. A local Ray runs none of Ray's services that
+    pdserve does not use (``ray_services.py``).
     """
     if ray.is_initialized():
         return False
@@ -77,7 +79,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         kwargs["num_cpus"] = num_cpus
     # "local": a Ray of our own even when another one runs on this machine (never join it
     # unasked: that is what --ray-address auto is for).
-    ray.init(address=address or "local", **kwargs)
+    if address is None:
+        with without_unused_services():
+            ray.init(address="local", **kwargs)
+    else:
+        ray.init(address=address, **kwargs)
     return address is None
 
 
