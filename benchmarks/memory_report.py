@@ -22,20 +22,31 @@ def by_role(side: dict[str, Any]) -> dict[str, dict[str, float]]:
     return roles
 
 
+def kv_mib(name: str, side: dict[str, Any], meta: dict[str, Any]) -> float:
+    """The KV budget the side was given: every engine's (pd_separate: decode plus prefill)."""
+    given = side.get("given", {})
+    if name == "llama_server":
+        return meta["llama_server_kv_mib"]
+    budget = given["kvCacheMemoryMB"]
+    if name == "pd_separate":
+        return budget + (given.get("prefill_kv_cache_memory_mb") or budget)
+    return budget
+
+
 def tree_table(data: dict[str, Any]) -> list[str]:
     before = data.get("before", {})
     peer = data.get("llama_server", {}).get("total", {}).get("pss_mib")
     lines = [
         "| side | processes | RSS MiB | PSS MiB | USS MiB | PSS before the cuts | "
-        f"PSS / llama-server's | goal <= {TREE_GOAL:g}x |",
-        "|---|---|---|---|---|---|---|---|",
+        f"PSS / llama-server's | goal <= {TREE_GOAL:g}x | its KV budget | PSS less KV |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in SIDES:
         side = data.get(name)
         if side is None:
             continue
         if "missing" in side:
-            lines.append(f"| {name} | not measured: {side['missing']} | | | | | | |")
+            lines.append(f"| {name} | not measured: {side['missing']} | | | | | | | | |")
             continue
         total, was = side["total"], before.get(name, {}).get("total", {}).get("pss_mib")
         ratio = total["pss_mib"] / peer if peer else None
@@ -44,7 +55,9 @@ def tree_table(data: dict[str, Any]) -> list[str]:
             f"| {name} | {len(side['processes'])} | {total['rss_mib']:.0f} | "
             f"**{total['pss_mib']:.0f}** | {total['uss_mib']:.0f} | "
             f"{'-' if was is None else f'{was:.0f}'} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} |"
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} | "
+            f"{kv_mib(name, side, data['_meta']):.0f} | "
+            f"{total['pss_mib'] - kv_mib(name, side, data['_meta']):.0f} |"
         )
     return lines
 
