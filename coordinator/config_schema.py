@@ -230,7 +230,8 @@ SCHEMA["backend_config"] = section(
         unit="MiB"),
     fed("prefill_kv_cache_memory_mb", "int", cluster("prefill_kv_memory_mb"), "`pd_separate`: "
         "KV cache size of each prefill engine, which holds a prompt only until its pages are "
-        "handed off (and its prefix cache); `0`: `kvCacheMemoryMB`", unit="MiB"),
+        "handed off (and its prefix cache), at least the KV of one `maxSeqLen` request; `0`: "
+        "`kvCacheMemoryMB`", unit="MiB"),
     fed("enablePrefixCaching", "bool", engine("cache.enable_prefix_caching"), "engines keep "
         "full KV blocks after their request and reuse them for later prompts with the same "
         "prefix; `false` also turns `digs_scheduler_config.prefix_routing` off"),
