@@ -89,7 +89,13 @@ class LlamaServer:
     """A running ``llama-server`` (``stop`` ends it); its log is ``log``."""
 
     def __init__(
-        self, folder: Path, gguf: Path, port: int, log: Path, setting: ServerSetting
+        self,
+        folder: Path,
+        gguf: Path,
+        port: int,
+        log: Path,
+        setting: ServerSetting,
+        context_per_slot: int = CONTEXT_PER_SLOT,
     ) -> None:
         command = [
             str(folder / SERVER[0]),
@@ -99,7 +105,7 @@ class LlamaServer:
             "-t", str(setting.threads),
             "-tb", str(setting.threads),
             "--parallel", str(setting.slots),
-            "-c", str(setting.slots * CONTEXT_PER_SLOT),
+            "-c", str(setting.slots * context_per_slot),
             "-b", str(setting.batch),
             "-ub", str(setting.ubatch),
             "--no-webui",
@@ -134,6 +140,10 @@ class LlamaServer:
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"llama-server not ready in {timeout_s:.0f} s; see {log}")
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
 
     def stop(self) -> None:
         self._process.terminate()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.memory_report import render as render_memory_tables
 from benchmarks.modes_report import attainment_table
 from benchmarks.modes_report import render as render_modes_tables
 from benchmarks.part_decision import decision_table
@@ -275,6 +276,10 @@ def render_structured(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_memory(data: dict[str, Any]) -> str:
+    return render_memory_tables(data, provenance(data["_meta"]))
+
+
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -293,6 +298,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "core_sharing": render_core_sharing,
     "http_edge": render_http_edge,
     "structured": render_structured,
+    "memory": render_memory,
 }
 
 

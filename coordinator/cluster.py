@@ -32,8 +32,10 @@ from typing import Any
 import ray
 
 from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.ray_services import without_unused_services
 from coordinator.request_run import RequestRun, RunPhase
 from decode_worker.worker import DecodeWorker
+from engine.config import CacheConfig
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import pd_output_limit
@@ -65,7 +67,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
     A local Ray otherwise binds its services to the host's external address. Ray reads
     ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when it is imported, so the flag it derived is set too;
-    the processes it starts inherit the variable.
+    the processes it starts inherit the variable. A local Ray runs none of Ray's services that
+    pdserve does not use (``ray_services.py``).
     """
     if ray.is_initialized():
         return False
@@ -76,7 +79,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         kwargs["num_cpus"] = num_cpus
     # "local": a Ray of our own even when another one runs on this machine (never join it
     # unasked: that is what --ray-address auto is for).
-    ray.init(address=address or "local", **kwargs)
+    if address is None:
+        with without_unused_services():
+            ray.init(address="local", **kwargs)
+    else:
+        ray.init(address=address, **kwargs)
     return address is None
 
 
@@ -90,7 +97,8 @@ class Cluster:
         self._releases: set[asyncio.Task] = set()
         self._cores: list[int] | None = None
         self._id = uuid.uuid4().hex[:12]  # names this cluster's files on its hosts
-        self.embedders: list[Any] = []
+        self.embedders: list[Any] = []  # started by the first embed() unless it is the model
+        self._embedder_start = asyncio.Lock()
         # (bytes, seconds, path) of each KV move that reached its decode worker
         self.on_handoff: Callable[[int, float, str], None] | None = None
         # (engine role, seconds queued, seconds computing) of each prompt, at its first token
@@ -120,17 +128,20 @@ class Cluster:
             self.colocated = self._actors(
                 ColocatedWorker, cfg.colocated_resources, cfg.num_colocated
             )
-        if cfg.embedding_model_path is not None:
-            self.embedders = [
-                ray.remote(EmbeddingWorker)
-                .options(
-                    num_cpus=cfg.embedding_resources.num_cpus,
-                    max_restarts=-1,
-                    max_concurrency=256,
-                )
-                .remote(cfg.embedding_model_path, cfg.embedding_resources.num_threads)
-            ]
+        if cfg.embedding_model_path is not None and not cfg.generation:
+            self.embedders = [self._embedder()]  # the model served: up before the service
         ray.get([a.ready.remote() for a in [*self.actors, *self.embedders]], timeout=timeout_s)
+
+    def _embedder(self) -> Any:
+        """The embedding worker (its model loads in its own process, ~320 MiB)."""
+        cfg = self.config
+        return (
+            ray.remote(EmbeddingWorker)
+            .options(
+                num_cpus=cfg.embedding_resources.num_cpus, max_restarts=-1, max_concurrency=256
+            )
+            .remote(cfg.embedding_model_path, cfg.embedding_resources.num_threads)
+        )
 
     def _core_plan(self) -> list[int] | None:
         """Cores to hand out in actor order, when pinning applies: a one-node Ray with at least
@@ -173,9 +184,12 @@ class Cluster:
             self.config.engine,
             num_threads=resources.num_threads,
             device="cuda" if resources.num_gpus > 0 else self.config.engine.device,
+            cache=self._cache_of(cls),
         )
         threads = str(resources.num_threads)
-        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        # glibc gives each thread that allocates an arena of its own (up to 8 a core), which
+        # keeps what the thread freed; two are enough for the engine thread and Ray's
+        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "MALLOC_ARENA_MAX": "2"}
         if fault_injection_enabled():
             env[FAULT_INJECTION] = "1"
         return (
@@ -197,6 +211,13 @@ class Cluster:
             )
         )
 
+    def _cache_of(self, cls: type) -> CacheConfig:
+        """The KV cache of a ``cls`` actor: a prefill engine's may be sized on its own."""
+        cache, prefill_mb = self.config.engine.cache, self.config.prefill_kv_memory_mb
+        if cls is not PrefillWorker or not prefill_mb:
+            return cache
+        return replace(cache, memory_mb=prefill_mb, num_blocks=None)
+
     def worker(self, role: str, instance: int) -> Any:
         """The actor of ``role`` (prefill, decode, colocated) number ``instance``."""
         pools = {"prefill": self.prefills, "decode": self.decodes, "colocated": self.colocated}
@@ -216,9 +237,17 @@ class Cluster:
         self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
 
     async def embed(self, texts: list[str]) -> dict[str, Any]:
-        """Embeddings (float32 ``[n, d]``) and token counts from the embedding worker."""
-        if not self.embedders:
+        """Embeddings (float32 ``[n, d]``) and token counts from the embedding worker, started by
+        the first call when the cluster also generates (no process holds an embedding model
+        that no request asked for)."""
+        if self.config.embedding_model_path is None:
             raise RuntimeError("this cluster has no embedding worker")
+        if not self.embedders:
+            async with self._embedder_start:
+                if not self.embedders:
+                    embedder = self._embedder()
+                    await embedder.ready.remote()
+                    self.embedders = [embedder]
         return await self.embedders[0].embed.remote(texts)
 
     # ---- requests --------------------------------------------------------------------------------

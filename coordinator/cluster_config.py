@@ -75,6 +75,8 @@ class ClusterConfig:
     # kv_encryption off with kv_host off loopback: refused unless this is set
     kv_allow_plaintext_off_loopback: bool = KVTransferConfig.allow_plaintext_off_loopback
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # KV cache of each prefill engine; 0: the engine's own (kvCacheMemoryMB)
+    prefill_kv_memory_mb: int = bounded(0, 0, 1 << 24, "prefill_kv_cache_memory_mb")
     prefill_resources: ActorResources = field(default_factory=ActorResources)
     decode_resources: ActorResources = field(default_factory=ActorResources)
     colocated_resources: ActorResources = field(default_factory=lambda: ActorResources(2.0))

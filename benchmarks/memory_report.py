@@ -1,0 +1,105 @@
+"""The tables of ``docs/performance/memory.md`` from ``benchmarks/results/memory.json``
+(``bench_memory.py``): each side's whole process tree, and each mode's processes by role, with
+the figures of the run before the cuts beside them when the file holds one (``before``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+SIDES = ("single_node", "pd_separate", "llama_server")
+TREE_GOAL = 1.5  # the whole tree's PSS against llama-server's, at most
+
+
+def by_role(side: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``role -> {"count", "rss_mib", "pss_mib", "uss_mib"}`` summed over its processes."""
+    roles: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for process in side.get("processes", []):
+        role = roles[process["role"]]
+        role["count"] += 1
+        for kind in ("rss_mib", "pss_mib", "uss_mib"):
+            role[kind] += process[kind]
+    return roles
+
+
+def kv_mib(name: str, side: dict[str, Any], meta: dict[str, Any]) -> float:
+    """The KV budget the side was given: every engine's (pd_separate: decode plus prefill)."""
+    given = side.get("given", {})
+    if name == "llama_server":
+        return meta["llama_server_kv_mib"]
+    budget = given["kvCacheMemoryMB"]
+    if name == "pd_separate":
+        return budget + (given.get("prefill_kv_cache_memory_mb") or budget)
+    return budget
+
+
+def tree_table(data: dict[str, Any]) -> list[str]:
+    before = data.get("before", {})
+    peer = data.get("llama_server", {}).get("total", {}).get("pss_mib")
+    lines = [
+        "| side | processes | RSS MiB | PSS MiB | USS MiB | PSS before the cuts | "
+        f"PSS / llama-server's | goal <= {TREE_GOAL:g}x | its KV budget | PSS less KV |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in SIDES:
+        side = data.get(name)
+        if side is None:
+            continue
+        if "missing" in side:
+            lines.append(f"| {name} | not measured: {side['missing']} | | | | | | | | |")
+            continue
+        total, was = side["total"], before.get(name, {}).get("total", {}).get("pss_mib")
+        ratio = total["pss_mib"] / peer if peer else None
+        verdict = "-" if ratio is None else "met" if ratio <= TREE_GOAL else "missed"
+        lines.append(
+            f"| {name} | {len(side['processes'])} | {total['rss_mib']:.0f} | "
+            f"**{total['pss_mib']:.0f}** | {total['uss_mib']:.0f} | "
+            f"{'-' if was is None else f'{was:.0f}'} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} | "
+            f"{kv_mib(name, side, data['_meta']):.0f} | "
+            f"{total['pss_mib'] - kv_mib(name, side, data['_meta']):.0f} |"
+        )
+    return lines
+
+
+def roles_table(name: str, side: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
+    now, was = by_role(side), by_role(before or {})
+    lines = [
+        f"{name}, by role (MiB; a role with several processes is their sum):",
+        "",
+        "| role | processes | RSS | PSS | USS | PSS before | PSS saved |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    order = sorted({*now, *was}, key=lambda r: -max(now.get(r, {}).get("pss_mib", 0),
+                                                   was.get(r, {}).get("pss_mib", 0)))  # fmt: skip
+    for role in order:
+        here, there = now.get(role), was.get(role)
+        pss = here["pss_mib"] if here else 0.0
+        cells = (
+            f"{here['count']:.0f} | {here['rss_mib']:.0f} | {pss:.0f} | {here['uss_mib']:.0f}"
+            if here
+            else "0 | - | - | -"
+        )
+        saved = f"{there['pss_mib'] - pss:.0f}" if there else "-"
+        shown = f"{there['pss_mib']:.0f}" if there else "-"
+        lines.append(f"| {role} | {cells} | {shown} | {saved} |")
+    return lines
+
+
+def render(data: dict[str, Any], provenance: str) -> str:
+    meta, before = data["_meta"], data.get("before", {})
+    lines = [
+        provenance,
+        "",
+        f"{meta['slots']} sequences x {meta['context']} tokens of context on the same GGUF "
+        f"({meta['gguf_mib']:.0f} MiB); each pdserve engine's KV budget {meta['kv_mib']} MiB "
+        f"(float32), llama-server's KV {meta['llama_server_kv_mib']} MiB (f16). Before the cuts: "
+        f"commit {before.get('_meta', {}).get('commit', '-')}.",
+        "",
+        *tree_table(data),
+    ]
+    for name in SIDES:
+        side = data.get(name)
+        if side and "processes" in side:
+            lines += ["", *roles_table(name, side, before.get(name))]
+    return "\n".join(lines)
