@@ -1,8 +1,15 @@
-"""pdserve's engine against llama.cpp on the same GGUF, the same threads, side by side in one run.
+"""pdserve's engine against llama.cpp on the same GGUF files and threads, side by side in one run.
 
     python benchmarks/bench_vs_llamacpp.py --out benchmarks/results/vs_llamacpp.json
-    python benchmarks/bench_vs_llamacpp.py --out /tmp/v.json --rounds 2 --new-tokens 8 \\
-        --batch 2 --prefill-tokens 32        # a quick check that it runs
+    python benchmarks/bench_vs_llamacpp.py --out /tmp/v.json --gguf bundled --gguf bundled-q4_k_m \\
+        --rounds 2 --new-tokens 8 --batch 2 --prefill-tokens 32     # a quick check that it runs
+    python benchmarks/bench_vs_llamacpp.py --out /tmp/1b.json --gguf 1b-q4_k_m --batch 8 \\
+        --batch-new-tokens 32                                         # a 1B model in minutes
+
+``--gguf`` (repeatable, default ``bundled``) names a file set of ``benchmarks/gguf_sets.py``
+(``bundled``, ``bundled-q4_k_m``, ``bundled-q5_k_m``, ``bundled-q6_k``, ``bundled-q8_0``,
+``1b-q4_k_m``, ``0.5b-q4_k_m``: made once with llama-quantize and ``benchmarks/random_gguf.py``)
+or a ``.gguf`` path. Every file runs every measure in turn, each with its own engine.
 
 llama.cpp is built once into the cache folder from the tree inside PyPI's ``llama-cpp-python``
 sdist (``benchmarks/llamacpp_build.py``, about 8 minutes on two cores per build) for the
@@ -11,33 +18,36 @@ OpenBLAS (``blas``); every measure runs both and keeps the faster build as the p
 picks fewer; ``--llama-cpp-dir`` takes a folder holding ``llama-bench`` and
 ``llama-batched-bench`` instead.
 
-Measures on the bundled SmolLM2-135M Q4_1 GGUF, pdserve with ``weight_dtype`` as given (default
-``auto``: the file's own blocks):
-  single_stream     decode tokens/s of one sequence, first token to last, ``--new-tokens`` tokens;
-                    llama.cpp: ``llama-bench`` tg<new-tokens> (it starts from an empty context,
-                    pdserve from a 64-token prompt: a few more keys to attend to on its side)
+Measures on each file, pdserve with ``weight_dtype`` as given (default ``auto``: the file's own
+blocks where its kernels have them):
+  single_stream     decode tokens/s of one sequence, first token to last, ``--new-tokens`` tokens
+                    (default 128); llama.cpp: ``llama-bench`` tg<new-tokens> (tg128; it starts
+                    from an empty context, pdserve from a 64-token prompt: a few more keys to
+                    attend to on its side)
   prefill512        prompt tokens/s of ``--prefill-tokens`` prompts up to their first token, every
                     one new to the engine (fresh random tokens per repeat and round: the prefix
                     cache finds nothing); llama.cpp: ``llama-bench`` pp<prefill-tokens>
   prefill512_cached the same prompts sent a second time: what the prefix cache gives a repeat,
                     against the same pp figure (llama-bench has no cache); not a compute figure
   batch32           ``--batch`` sequences, each its own ``--batch-prompt`` random tokens (a fresh
-                    draw per round), ``--new-tokens`` new tokens each, all at once: new tokens over
-                    the whole run's time (prefill included); llama.cpp: ``llama-batched-bench``
+                    draw per round), ``--batch-new-tokens`` new tokens each, all at once: new
+                    tokens over the whole run's time (prefill included); ``llama-batched-bench``
                     (the same shape, one ``llama_decode`` per step for all sequences), B·TG / T
 
 llama.cpp samples nothing in these tools (they decode a fixed token); pdserve samples greedily,
 so its figures include sampling. Each of ``--rounds`` rounds runs every measure on every side,
 the order rotating from round to round; the first round is a warm-up and is dropped. The JSON
-keeps each side's rates per round with median, min and max, the ratio pdserve / the faster build
-taken within each round, the prefix-cache hits of each measure, each build's CMake options and
-the instruction sets each side ran. Run it on an idle machine: llama.cpp's threads spin, and lose
-several times their speed when another process takes a core.
+keeps, under ``files`` by set name, each file's tensor types (tensors per GGML type) and shapes
+and, for each measure, each side's rates per round with median, min and max, the ratio pdserve /
+the faster build taken within each round, the prefix-cache hits of each measure; ``_meta`` holds
+each build's CMake options and the instruction sets each side ran. Run it on an idle machine:
+llama.cpp's threads spin, and lose several times their speed when another process takes a core.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -64,6 +74,7 @@ from benchmarks.bench_engine import (  # noqa: E402
     uncached,
 )
 from benchmarks.bench_engine import compare as engine_compare  # noqa: E402
+from benchmarks.gguf_sets import NAMED_SETS, resolve_gguf  # noqa: E402
 from benchmarks.llamacpp_build import (  # noqa: E402
     TOOLS,
     VARIANTS,
@@ -71,6 +82,7 @@ from benchmarks.llamacpp_build import (  # noqa: E402
     ensure_tools,
     has_tools,
 )
+from benchmarks.requantize import tensor_type_counts  # noqa: E402
 from benchmarks.results_meta import run_meta  # noqa: E402
 from engine.config import WEIGHT_DTYPES, EngineConfig  # noqa: E402
 from engine.kernels.quantized import quantized_kernels  # noqa: E402
@@ -154,40 +166,81 @@ def _llama_cpp_folder(given: Path | None) -> Path:
     return next(iter(_llama_cpp_folders(given, ["cpu"]).values()))
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--gguf", action="append", help=f"a set ({', '.join(NAMED_SETS)}) or a .gguf path; "
+        "repeat for several (default: bundled)",
+    )  # fmt: skip
     parser.add_argument("--llama-cpp-dir", type=Path, help="prebuilt llama.cpp tools (else built)")
     parser.add_argument(
         "--builds", default=",".join(VARIANTS), help="llama.cpp builds to run (cpu, blas)"
     )
     parser.add_argument("--threads", type=int, default=2, help="threads, both sides")
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128, help="single stream: tg<N>")
+    parser.add_argument("--batch-new-tokens", type=int, help="per sequence (default --new-tokens)")
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--batch-prompt", type=int, default=64, help="prompt tokens per sequence")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per measure, first dropped")
     parser.add_argument("--seed", type=int, default=3, help="seed of the random prompts")
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
-    if args.rounds < 2 or args.new_tokens < 2:
-        parser.error("--rounds and --new-tokens must be at least 2")
+    args.batch_new_tokens = args.batch_new_tokens or args.new_tokens
+    if args.rounds < 2 or min(args.new_tokens, args.batch_new_tokens) < 2:
+        parser.error("--rounds, --new-tokens and --batch-new-tokens must be at least 2")
     builds = [b for b in args.builds.split(",") if b]
     if not builds or set(builds) - set(VARIANTS):
         parser.error(f"--builds takes some of {', '.join(VARIANTS)}, got {args.builds!r}")
+    names = args.gguf or ["bundled"]
+    if len(set(names)) != len(names):
+        parser.error(f"--gguf names a file twice: {names}")
 
     torch.set_num_threads(args.threads)
-    loaded = load_model("bundled")
-    if loaded.gguf_path is None:
-        raise SystemExit("the bundled model has no GGUF to hand llama.cpp")
-    llamas = {
-        build: LlamaCpp(folder, loaded.gguf_path, args.threads)
-        for build, folder in _llama_cpp_folders(args.llama_cpp_dir, builds).items()
-    }
-    engine = LLMEngine(EngineConfig(device="cpu", weight_dtype=args.weight_dtype), loaded)
-    print(f"pdserve {engine.model.describe()}; llama.cpp {', '.join(map(str, llamas))}")
+    folders = _llama_cpp_folders(args.llama_cpp_dir, builds)
+    files = {name: resolve_gguf(name) for name in names}  # made first (requantized, written)
+    results: dict[str, Any] = {"_meta": _meta(args, folders), "files": {}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for name, path in files.items():
+        results["files"][name] = bench_file(args, name, path, folders, results)
+    results["_meta"]["complete"] = True
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
 
-    new, size, draw = args.new_tokens, args.prefill_tokens, PromptDraw(args.seed)
+
+def bench_file(
+    args: argparse.Namespace, name: str, path: Path, folders: dict[str, Path], results: dict
+) -> dict:
+    """Every measure on ``path``, pdserve against each llama.cpp build; ``results`` (with this
+    file's figures so far) is rewritten to ``--out`` after each measure."""
+    loaded = load_model("bundled" if name == "bundled" else str(path))
+    llamas = {build: LlamaCpp(folder, path, args.threads) for build, folder in folders.items()}
+    engine = LLMEngine(EngineConfig(device="cpu", weight_dtype=args.weight_dtype), loaded)
+    print(f"{name}: pdserve {engine.model.describe()}; llama.cpp {', '.join(map(str, llamas))}")
+    entry: dict[str, Any] = {"file": _file_meta(args, name, path, engine), "measures": {}}
+    results["files"][name] = entry
+    print(f"{'tokens/s':<22}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}  build", flush=True)
+    for key, (ours, theirs) in _measures(args, engine, llamas).items():
+        hits = prefix_cache_hits(engine)
+        measured = compare_best(ours, theirs, args.rounds)
+        measured["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
+        entry["measures"][key] = measured
+        print(f"{_row(key, measured, baseline='llamacpp')}  {measured['llamacpp_build']}")
+        entry["file"]["llamacpp_builds"] = {b: llama.build for b, llama in llamas.items()}
+        args.out.write_text(json.dumps(results, indent=2) + "\n")  # what is measured so far
+    del engine, loaded
+    gc.collect()
+    return entry
+
+
+def _measures(args: argparse.Namespace, engine: LLMEngine, llamas: dict[str, LlamaCpp]) -> dict:
+    new, batch_new, size = args.new_tokens, args.batch_new_tokens, args.prefill_tokens
+    draw = PromptDraw(args.seed)
     single = _Shared(lambda: draw.prompt(64), share=1)
     long_prompts = _Shared(lambda: draw.prompts(PREFILL_REPEATS, size, size), share=1)
     batch = _Shared(lambda: draw.prompts(args.batch, args.batch_prompt, args.batch_prompt), share=1)
@@ -195,7 +248,7 @@ def main() -> None:
     def each(measure: Callable[[LlamaCpp], float]) -> dict[str, Callable[[], float]]:
         return {build: (lambda llama=llama: measure(llama)) for build, llama in llamas.items()}
 
-    measures = {
+    return {
         "single_stream": (
             lambda: pdserve_decode_rate(engine, single(), new),
             each(lambda llama: llama.bench(0, new)),
@@ -209,46 +262,41 @@ def main() -> None:
             each(lambda llama: llama.bench(size, 0)),
         ),
         f"batch{args.batch}": (
-            lambda: pdserve_batch_rate(engine, batch(), new),
-            each(lambda llama: llama.batched(args.batch, args.batch_prompt, new)),
+            lambda: pdserve_batch_rate(engine, batch(), batch_new),
+            each(lambda llama: llama.batched(args.batch, args.batch_prompt, batch_new)),
         ),
     }
-    results: dict[str, dict] = {"_meta": _meta(args, loaded, engine, llamas)}
-    print(f"{'tokens/s':<22}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}  build", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    for key, (ours, theirs) in measures.items():
-        hits = prefix_cache_hits(engine)
-        results[key] = compare_best(ours, theirs, args.rounds)
-        results[key]["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
-        row = _row(key, results[key], baseline="llamacpp")
-        print(f"{row}  {results[key]['llamacpp_build']}", flush=True)
-        results["_meta"]["complete"] = len(results) == len(measures) + 1
-        args.out.write_text(json.dumps(results, indent=2) + "\n")  # what is measured so far
 
 
-def _meta(args: argparse.Namespace, loaded: Any, engine: LLMEngine, llamas: dict) -> dict:
+def _file_meta(args: argparse.Namespace, name: str, path: Path, engine: LLMEngine) -> dict:
+    return {
+        "gguf": path.name,
+        "size_bytes": path.stat().st_size,
+        "tensor_types": tensor_type_counts(path),
+        "pdserve_weights": engine.model.describe(),
+        "new_tokens": args.new_tokens,
+        "batch_new_tokens": args.batch_new_tokens,
+        "batch_prompt_tokens": args.batch_prompt,
+    }
+
+
+def _meta(args: argparse.Namespace, folders: dict[str, Path]) -> dict:
     return {
         **run_meta(),
-        "model": loaded.name,
-        "gguf": loaded.gguf_path.name,
         "sides": {
-            "pdserve": {
-                "weights": engine.model.describe(),
-                "kernel_isa": _pdserve_isa(),
-                "threads": args.threads,
-            },
+            "pdserve": {"kernel_isa": _pdserve_isa(), "threads": args.threads},
             **{
                 f"llamacpp_{build}": {
-                    "folder": str(llama.folder),
-                    "cmake_options": build_options(llama.folder),
-                    "build": llama.build,
+                    "folder": str(folder),
+                    "cmake_options": build_options(folder),
                     "threads": args.threads,
                 }
-                for build, llama in llamas.items()
+                for build, folder in folders.items()
             },
         },
         "prompts": f"random tokens, a fresh draw per round and repeat (seed {args.seed})",
         "new_tokens": args.new_tokens,
+        "batch_new_tokens": args.batch_new_tokens,
         "batch_prompt_tokens": args.batch_prompt,
         "rounds": args.rounds,
         "dropped_rounds": 1,

@@ -2,12 +2,14 @@
 
     python benchmarks/llamacpp_build.py              # prints the folder holding llama-bench
     python benchmarks/llamacpp_build.py --server     # ... and llama-server
+    python benchmarks/llamacpp_build.py --quantize   # ... and llama-quantize
     python benchmarks/llamacpp_build.py --blas       # the build with ggml's BLAS backend
 
 The sdist comes from the package index pip is configured with (no other network access); its
 ``vendor/llama.cpp`` tree is configured with CMake (Release, CPU only, no OpenSSL, no tests) and
 only the tools asked for are built: ``llama-bench`` and ``llama-batched-bench`` for the engine
-benchmark, ``llama-server`` for the serving comparison.
+benchmark, ``llama-server`` for the serving comparison, ``llama-quantize`` for requantizing GGUF
+files (``benchmarks/requantize.py``).
 
 The instruction set is the one this CPU executes, probed by running each extension
 (``benchmarks/cpu_isa.py``), never ``GGML_NATIVE``: on a virtual machine whose cpuid lists AMX
@@ -36,6 +38,7 @@ from engine.model.gguf_cache import cache_root  # noqa: E402
 SDIST_VERSION = "0.3.36"
 TOOLS = ("llama-bench", "llama-batched-bench")
 SERVER = ("llama-server",)
+QUANTIZE = ("llama-quantize",)
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -147,9 +150,10 @@ def main() -> None:
     parser.add_argument("--version", default=SDIST_VERSION, help="llama-cpp-python sdist version")
     parser.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
     parser.add_argument("--server", action="store_true", help="build llama-server too")
+    parser.add_argument("--quantize", action="store_true", help="build llama-quantize too")
     parser.add_argument("--blas", action="store_true", help="the build with the BLAS backend")
     args = parser.parse_args()
-    tools = TOOLS + SERVER if args.server else TOOLS
+    tools = TOOLS + (SERVER if args.server else ()) + (QUANTIZE if args.quantize else ())
     print(ensure_tools(args.version, args.jobs, tools, "blas" if args.blas else "cpu"))
 
 

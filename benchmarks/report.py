@@ -65,21 +65,36 @@ def provenance(meta: dict[str, Any]) -> str:
     )
 
 
+def vs_llamacpp_measures(data: dict[str, Any]) -> list[tuple[str | None, str, dict[str, Any]]]:
+    """(file set, measure, entry) of a ``vs_llamacpp`` result: several files under ``files``, or
+    (a file of one GGUF, set None) the measures at the top level."""
+    if "files" not in data:
+        return [(None, key, entry) for key, entry in _measures(data)]
+    return [
+        (name, key, entry)
+        for name, result in data["files"].items()
+        for key, entry in result["measures"].items()
+    ]
+
+
 def render_vs_llamacpp(data: dict[str, Any]) -> str:
     meta = data["_meta"]
+    several = "files" in data
     lines = [
         provenance(meta),
         "",
-        "| tokens/s, median [min-max] over rounds | pdserve | llama.cpp (faster build) | "
-        "pdserve / llama.cpp | goal | prompt tokens from the prefix cache |",
-        "|---|---|---|---|---|---|",
+        f"|{' GGUF |' if several else ''} tokens/s, median [min-max] over rounds | pdserve | "
+        "llama.cpp (faster build) | pdserve / llama.cpp | goal | prompt tokens from the prefix "
+        "cache |",
+        f"|{'---|' if several else ''}---|---|---|---|---|---|",
     ]
-    for key, entry in _measures(data):
+    for name, key, entry in vs_llamacpp_measures(data):
         ratio = entry["ratio"]["median"]
         lines.append(
-            f"| {key} | {_cell(entry['pdserve'])} | {_cell(entry['llamacpp'])} "
-            f"({entry.get('llamacpp_build', '-')}) | **{_cell(entry['ratio'], 2)}** | "
-            f"{_goal(ratio, ENGINE_GOALS.get(key))} | {entry.get('prefix_cache_hit_tokens', 0)} |"
+            f"|{f' {name} |' if several else ''} {key} | {_cell(entry['pdserve'])} | "
+            f"{_cell(entry['llamacpp'])} ({entry.get('llamacpp_build', '-')}) | "
+            f"**{_cell(entry['ratio'], 2)}** | {_goal(ratio, ENGINE_GOALS.get(key))} | "
+            f"{entry.get('prefix_cache_hit_tokens', 0)} |"
         )
     sides = meta.get("sides", {})
     builds = [
@@ -88,13 +103,27 @@ def render_vs_llamacpp(data: dict[str, Any]) -> str:
         if name.startswith("llamacpp_")
     ]
     pdserve = sides.get("pdserve", {})
+    weights = f"{pdserve['weights']}; " if "weights" in pdserve else ""
     lines += [
         "",
-        f"pdserve: {pdserve.get('weights', '?')}; its kernels' ISA "
+        f"pdserve: {weights}its kernels' ISA "
         f"{pdserve.get('kernel_isa', '?')}; {pdserve.get('threads', '?')} threads. "
         "llama.cpp builds (GGML switches on): " + "; ".join(builds) + ".",
     ]
+    if several:
+        lines += ["", *(_file_line(name, result["file"]) for name, result in data["files"].items())]
     return "\n".join(lines)
+
+
+def _file_line(name: str, file: dict[str, Any]) -> str:
+    """One GGUF of a several-file result: its tensor types and what pdserve computes it with."""
+    types = ", ".join(f"{count} {kind}" for kind, count in file.get("tensor_types", {}).items())
+    return (
+        f"- {name}: `{file.get('gguf', '?')}` ({file.get('size_bytes', 0) / 2**20:.0f} MiB; "
+        f"tensors {types}); pdserve {file.get('pdserve_weights', '?')}; "
+        f"{file.get('new_tokens', '?')} new tokens single stream, batch "
+        f"{file.get('batch_prompt_tokens', '?')} + {file.get('batch_new_tokens', '?')} tokens."
+    )
 
 
 def _switches(options: list[str]) -> str:

@@ -48,11 +48,38 @@ def test_each_result_file_records_its_machine_code_and_command(name):
 
 
 def test_the_engine_figures_computed_their_prompts():
-    for name in ("vs_llamacpp", "engine"):
-        data = json.loads((report.RESULTS / f"{name}.json").read_text())
-        for measure, entry in data.items():
-            if not measure.startswith("_") and not measure.endswith("_cached"):
-                assert entry["prefix_cache_hit_tokens"] == 0, (name, measure)
+    engine = json.loads((report.RESULTS / "engine.json").read_text())
+    vs_llamacpp = json.loads((report.RESULTS / "vs_llamacpp.json").read_text())
+    measures = [("engine", key, entry) for key, entry in report._measures(engine)]
+    measures += report.vs_llamacpp_measures(vs_llamacpp)
+    for name, measure, entry in measures:
+        if not measure.endswith("_cached"):
+            assert entry["prefix_cache_hit_tokens"] == 0, (name, measure)
+
+
+def _spread(median: float) -> dict:
+    return {"median": median, "min": median, "max": median, "rounds": [median]}
+
+
+def test_a_several_file_result_renders_a_row_per_file_and_measure():
+    measure = {"pdserve": _spread(30.0), "llamacpp": _spread(20.0), "ratio": _spread(1.5)}
+    measure |= {"llamacpp_build": "cpu", "prefix_cache_hit_tokens": 0}
+    file = {"gguf": "m.Q4_K_M.gguf", "size_bytes": 2**20, "tensor_types": {"Q4_K": 3, "F32": 2}}
+    data = {
+        "_meta": {"cpu": "c", "sides": {"llamacpp_cpu": {"cmake_options": ["-DGGML_AVX2=ON"]}}},
+        "files": {
+            "bundled": {"file": file, "measures": {"single_stream": measure}},
+            "1b-q4_k_m": {"file": file, "measures": {"single_stream": measure, "batch8": measure}},
+        },
+    }
+    text = report.render_vs_llamacpp(data)
+    assert "| 1b-q4_k_m | batch8 | 30.0 [30.0-30.0] | 20.0 [20.0-20.0] (cpu) |" in text
+    assert text.count("| single_stream |") == 2 and "goal" in text
+    assert "- 1b-q4_k_m: `m.Q4_K_M.gguf` (1 MiB; tensors 3 Q4_K, 2 F32)" in text
+    assert [name for name, _, _ in report.vs_llamacpp_measures(data)] == [
+        "bundled",
+        *["1b-q4_k_m"] * 2,
+    ]
 
 
 def test_the_serving_headline_comes_from_held_out_draws():
