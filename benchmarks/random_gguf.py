@@ -106,7 +106,8 @@ def _tensor(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.nd
     return matrix
 
 
-def _write_header(writer: GGUFWriter, preset: str, shape: ModelShape) -> None:
+def write_header(writer: GGUFWriter, preset: str, shape: ModelShape) -> None:
+    """Everything but the tensors: the model's shape, its name and the synthetic vocabulary."""
     writer.add_name(f"random-{preset}")
     writer.add_file_type(LlamaFileType.MOSTLY_F16)
     writer.add_context_length(shape.context_length)
@@ -134,7 +135,7 @@ def write_random_gguf(path: Path, preset: str, shape: ModelShape, seed: int = 0)
     """Write ``shape`` with random weights to ``path`` (through ``path.partial``, renamed)."""
     partial = path.with_name(path.name + ".partial")
     writer = GGUFWriter(partial, shape.arch)
-    _write_header(writer, preset, shape)
+    write_header(writer, preset, shape)
     for name, dims in tensor_shapes(shape):
         dtype = np.float32 if len(dims) == 1 else np.float16
         nbytes = int(np.prod(dims)) * np.dtype(dtype).itemsize
