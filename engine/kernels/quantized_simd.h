@@ -18,7 +18,10 @@ constexpr int64_t kMaxUnsegmentedWeights = 768;
 
 template <Kind K>
 PDSERVE_TARGET inline void unpack_block(const uint8_t* block, Unpacked<K>& u) {
-  if constexpr (!is_half(K)) unpack<K>(block, u);
+  if constexpr (is_legacy(K))
+    unpack_legacy_avx2<K>(block, u);
+  else if constexpr (!is_half(K))
+    unpack<K>(block, u);
 }
 
 // Vector i of a block's values before scaling: int8 q, or the half weights themselves.
