@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace pdserve_decode {
@@ -37,9 +38,33 @@ inline void add_into(float* h, const float* delta, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h[i] += delta[i];
 }
 
-// act[j] = silu(gate[j]) * up[j], silu(g) = g / (1 + exp(-g)) as torch writes it.
+// exp(x) to about one float32 ulp in straight-line code the compiler vectorizes (std::exp is a
+// call per value): x = n ln 2 + r with |r| <= ln 2 / 2, exp(r) by Cephes' expf polynomial, 2^n
+// put into the exponent bits. x is clamped to where 2^n is a normal float.
+inline float exp_vectorizable(float x) {
+  x = std::min(88.3762626647949f, std::max(-87.3365478515625f, x));
+  constexpr float round_magic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + round_magic) - round_magic;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  return e * two_n;
+}
+
+// act[j] = silu(gate[j]) * up[j], silu(g) = g / (1 + exp(-g)) as torch writes it (its exp is
+// vectorized too, to a similar ulp).
 inline void silu_mul(const float* gate, const float* up, int64_t n, float* act) {
-  for (int64_t j = 0; j < n; ++j) act[j] = gate[j] / (1.f + std::exp(-gate[j])) * up[j];
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j)
+    act[j] = gate[j] / (1.f + exp_vectorizable(-gate[j])) * up[j];
 }
 
 // Thread t's share [begin, end) of n items split evenly over T threads.

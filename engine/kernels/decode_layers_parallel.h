@@ -5,8 +5,9 @@
 //   1. computes x = rms_norm(h) itself (every thread the same x, in its own buffer: cheaper than
 //      a barrier) and its share of the qkv features;                               -- barrier
 //   2. takes its share of the (sequence, kv head) items: rotary on that kv head's query heads
-//      and key, the key and value into the paged cache, and the head group's attention
-//      (with several sequences a barrier separates the cache writes from the attention);
+//      and key, the key and value into the paged cache, and the head group's attention (by
+//      single query heads where the groups do not split evenly; then, and with several
+//      sequences, a barrier separates the cache writes from the attention);
 //                                                                                   -- barrier
 //   3. its share of the o features, added into h;                                  -- barrier
 //   4. x = rms_norm(h) itself, its share j in [a, b) of the gate and up features (gate j and
@@ -80,14 +81,38 @@ struct AttentionScratch {
   std::vector<float> scores, top, total;
 };
 
+// Attention of `heads` query heads from `first` on, all of one kv head, of sequence b.
 inline void attend(const StepShape& s, const StepInputs& in, const CacheView& cache,
-                   const float* qkv, float* attn, int64_t b, int64_t h, AttentionScratch& a) {
+                   const float* qkv, float* attn, int64_t b, int64_t first, int64_t heads,
+                   AttentionScratch& a) {
   const int64_t G = s.H / s.KVH, D = s.D;
-  const float* q = qkv + b * (s.H + 2 * s.KVH) * D + h * G * D;
-  pdserve_attention::group_attention(q, G, D, cache.keys, cache.values, s.KVH, h,
+  const float* q = qkv + b * (s.H + 2 * s.KVH) * D + first * D;
+  pdserve_attention::group_attention(q, heads, D, cache.keys, cache.values, s.KVH, first / G,
                                      in.tables + b * in.max_blocks, in.lens[b], cache.block_size,
-                                     s.scale, attn + (b * s.H + h * G) * D, a.scores, a.top,
+                                     s.scale, attn + (b * s.H + first) * D, a.scores, a.top,
                                      a.total);
+}
+
+// Step 2 on thread t: the (sequence, kv head) items' rotary and cache writes, then attention by
+// kv head group, or by single query head where the groups do not split evenly over the threads
+// (3 kv heads on 2 threads; each query head's scores are the same sums either way).
+inline void attention_on_thread(const StepShape& s, const StepInputs& in, const CacheView& cache,
+                                const StepBuffers& buf, int t, int T, AttentionScratch& a) {
+  const int64_t G = s.H / s.KVH, items = s.M * s.KVH;
+  const bool by_query_head = items % T != 0;
+  auto [i0, i1] = share(items, t, T);
+  for (int64_t i = i0; i < i1; ++i) rotate_and_store(s, in, cache, buf.qkv, i / s.KVH, i % s.KVH);
+  if (s.M > 1 || by_query_head) {
+#pragma omp barrier
+  }
+  if (by_query_head) {
+    auto [h0, h1] = share(s.M * s.H, t, T);
+    for (int64_t i = h0; i < h1; ++i)
+      attend(s, in, cache, buf.qkv, buf.attn, i / s.H, i % s.H, 1, a);
+  } else {
+    for (int64_t i = i0; i < i1; ++i)
+      attend(s, in, cache, buf.qkv, buf.attn, i / s.KVH, i % s.KVH * G, G, a);
+  }
 }
 
 // Adds delta's features [begin, end) into h, for every row.
@@ -101,19 +126,13 @@ inline void layer_on_thread(const Layer& layer, const StepShape& s, const StepIn
                             const CacheView& cache, const StepBuffers& buf, int t, int T,
                             std::vector<float>& x, std::vector<float>& x_sums,
                             AttentionScratch& scratch) {
-  const int64_t M = s.M, E = s.E, items = M * s.KVH, inter = s.inter;
+  const int64_t M = s.M, E = s.E, inter = s.inter;
   float* h = in.hidden;
   rms_norm(h, layer.input_norm.data_ptr<float>(), M, E, s.eps, x.data());
   auto [q0, q1] = share(layer.qkv.n, t, T);
   layer.qkv.apply_rows(x.data(), M, q0, q1, buf.qkv, x_sums);
 #pragma omp barrier
-  auto [i0, i1] = share(items, t, T);
-  for (int64_t i = i0; i < i1; ++i) rotate_and_store(s, in, cache, buf.qkv, i / s.KVH, i % s.KVH);
-  if (M > 1) {
-#pragma omp barrier
-  }
-  for (int64_t i = i0; i < i1; ++i) attend(s, in, cache, buf.qkv, buf.attn, i / s.KVH, i % s.KVH,
-                                           scratch);
+  attention_on_thread(s, in, cache, buf, t, T, scratch);
 #pragma omp barrier
   auto [e0, e1] = share(E, t, T);
   layer.o.apply_rows(buf.attn, M, e0, e1, buf.delta, x_sums);
