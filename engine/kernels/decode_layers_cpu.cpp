@@ -10,117 +10,17 @@
 //
 // with the projections on the quantized kernels (quantized_linear.h) or on float32 GEMM for
 // dense weights, the attention on paged_attention.h, SwiGLU on torch's vectorized silu, and the
-// rest as plain loops in float32 in the operation order of the Python path (llama.py).
-#include "paged_attention.h"
-#include "quantized_linear.h"
+// rest as plain loops in float32 in the operation order of the Python path (llama.py)
+// (decode_layer_math.h). Where every projection is quantized the whole step runs in one
+// parallel region (decode_layers_parallel.h); dense weights take the operations one by one.
+#include "decode_layers_parallel.h"
 
-#include <cmath>
-#include <optional>
 #include <string>
 #include <vector>
 
 namespace {
 
-// One matrix of a projection: GGUF blocks [N, K / block weights * block bytes] or a dense
-// float32 weight_t [K, N].
-struct Part {
-  torch::Tensor weight;
-  bool quantized = false;
-  pdserve_quantized::Kind kind = pdserve_quantized::Kind::q8_0;
-  int64_t n = 0, k = 0;
-
-  // out [M, n] = x [M, k] . W^T
-  void apply(const torch::Tensor& x, torch::Tensor& out) const {
-    if (quantized)
-      pdserve_quantized::quantized_matmul(x.data_ptr<float>(), x.size(0),
-                                          weight.data_ptr<uint8_t>(), kind, n, k,
-                                          out.data_ptr<float>());
-    else
-      at::mm_out(out, x, weight);
-  }
-};
-
-Part make_part(torch::Tensor weight, const std::string& kind, int64_t n, int64_t k) {
-  Part p{weight.contiguous(), kind != "dense", pdserve_quantized::Kind::q8_0, n, k};
-  if (p.quantized) {
-    p.kind = pdserve_quantized::parse_kind(kind);
-    const int64_t block = pdserve_quantized::block_weights(p.kind);
-    TORCH_CHECK(k % block == 0, "quantized projection: k = ", k, " is not a multiple of ", block);
-    TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.size(0) == n &&
-                    weight.size(1) == k / block * pdserve_quantized::block_bytes(p.kind),
-                "quantized projection: blocks do not match [", n, ", ", k, "]");
-  } else {
-    TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.size(0) == k &&
-                    weight.size(1) == n, "dense projection: float32 weight_t [", k, ", ", n, "]");
-  }
-  return p;
-}
-
-// A projection: one or more parts reading the same input, their outputs side by side (a GGUF
-// keeps q, k and v in different formats where Q4_K_M gives v more bits), plus one bias.
-struct Projection {
-  std::vector<Part> parts;
-  std::optional<torch::Tensor> bias;
-  int64_t n = 0, k = 0;
-
-  // out [M, n] = x [M, k] . W^T (+ bias)
-  void apply(const torch::Tensor& x, torch::Tensor& out) const {
-    if (parts.size() == 1) {
-      parts[0].apply(x, out);
-    } else {
-      int64_t column = 0;
-      for (const Part& part : parts) {
-        auto piece = torch::empty({x.size(0), part.n}, x.options());
-        part.apply(x, piece);
-        out.narrow(1, column, part.n).copy_(piece);
-        column += part.n;
-      }
-    }
-    if (bias) out.add_(*bias);
-  }
-};
-
-using PartSpec = std::tuple<torch::Tensor, std::string, int64_t, int64_t>;
-using ProjectionSpec = std::tuple<std::vector<PartSpec>, std::optional<torch::Tensor>>;
-
-Projection make_projection(const ProjectionSpec& spec) {
-  const auto& [part_specs, bias] = spec;
-  TORCH_CHECK(!part_specs.empty(), "a projection has at least one part");
-  Projection p{{}, bias, 0, std::get<3>(part_specs[0])};
-  for (const auto& [weight, kind, n, k] : part_specs) {
-    TORCH_CHECK(k == p.k, "the parts of a projection read the same input");
-    p.parts.push_back(make_part(weight, kind, n, k));
-    p.n += n;
-  }
-  return p;
-}
-
-struct Layer {
-  torch::Tensor input_norm, post_norm;
-  Projection qkv, o, gate_up, down;
-};
-
-// out[m] = x[m] / rms(x[m]) * weight, as torch's rms_norm computes it in float32.
-void rms_norm(const float* x, const float* weight, int64_t M, int64_t E, float eps, float* out) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* row = x + m * E;
-    float sum = 0.f;
-    for (int64_t e = 0; e < E; ++e) sum += row[e] * row[e];
-    const float inv = 1.f / std::sqrt(sum / static_cast<float>(E) + eps);
-    for (int64_t e = 0; e < E; ++e) out[m * E + e] = row[e] * inv * weight[e];
-  }
-}
-
-// Rotate-half RoPE on `heads` heads of D values starting at v, with this token's cos, sin rows.
-void rotate(float* v, int64_t heads, int64_t D, const float* cos, const float* sin) {
-  const int64_t half = D / 2;
-  for (int64_t h = 0; h < heads; ++h, v += D)
-    for (int64_t d = 0; d < half; ++d) {
-      const float x1 = v[d], x2 = v[d + half];
-      v[d] = x1 * cos[d] - x2 * sin[d];
-      v[d + half] = x2 * cos[d + half] + x1 * sin[d + half];
-    }
-}
+using namespace pdserve_decode;
 
 class DecodeLayers {
  public:
@@ -144,6 +44,7 @@ class DecodeLayers {
                     p[1].n == E && p[2].k == E && p[2].n % 2 == 0 && p[3].k == p[2].n / 2 &&
                     p[3].n == E, "layer projections do not chain");
     layers_.push_back({input_norm.contiguous(), post_norm.contiguous(), p[0], p[1], p[2], p[3]});
+    splits_by_rows_ = splits_by_rows_ && layers_.back().splits_by_rows();
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -161,43 +62,69 @@ class DecodeLayers {
                     lens.is_contiguous(), "contiguous int64 step metadata");
     const int64_t M = hidden.size(0), E = hidden.size(1);
     if (M == 0) return hidden;
-    const int64_t q_width = H_ * D_, kv_width = KVH_ * D_;
-    const int64_t inter = layers_[0].gate_up.n / 2;
-    auto opts = hidden.options();
+    const int64_t* slot_p = slots.data_ptr<int64_t>();
+    std::vector<CacheView> caches;
+    for (const torch::Tensor& cache : kv_caches) {
+      TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == torch::kFloat32 &&
+                      cache.size(3) == KVH_ && cache.size(4) == D_, "KV cache layout");
+      const int64_t cache_rows = cache.size(1) * cache.size(2);
+      for (int64_t m = 0; m < M; ++m)
+        TORCH_CHECK(slot_p[m] >= 0 && slot_p[m] < cache_rows, "slot ", slot_p[m],
+                    " outside the cache");
+      float* keys = cache.data_ptr<float>();
+      caches.push_back({keys, keys + cache_rows * KVH_ * D_, cache.size(2)});
+    }
+    const StepShape shape{M, E, H_, KVH_, D_, layers_[0].gate_up.n / 2, eps_, scale_};
+    const StepInputs in{hidden.data_ptr<float>(), positions.data_ptr<int64_t>(), slot_p,
+                        tables.data_ptr<int64_t>(), tables.size(1), lens.data_ptr<int64_t>(),
+                        cos_.data_ptr<float>(), sin_.data_ptr<float>(), std::move(caches)};
+    if (splits_by_rows_)
+      forward_region(shape, in);
+    else
+      forward_op_by_op(shape, in);
+    return hidden;
+  }
+
+ private:
+  void forward_region(const StepShape& s, const StepInputs& in) const {
+    auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+    auto qkv = torch::empty({s.M, (s.H + 2 * s.KVH) * s.D}, opts);
+    auto attn = torch::empty({s.M, s.H * s.D}, opts), delta = torch::empty({s.M, s.E}, opts);
+    auto gate_up = torch::empty({s.M, 2 * s.inter}, opts);
+    auto act = torch::empty({s.M, s.inter}, opts);
+    const StepBuffers buf{qkv.data_ptr<float>(), attn.data_ptr<float>(),
+                          gate_up.data_ptr<float>(), act.data_ptr<float>(),
+                          delta.data_ptr<float>()};
+    forward_in_one_region(layers_, s, in, buf, at::get_num_threads());
+  }
+
+  // The same step an operation at a time, each projection splitting its own work.
+  void forward_op_by_op(const StepShape& s, const StepInputs& in) const {
+    const int64_t M = s.M, E = s.E, q_width = H_ * D_, kv_width = KVH_ * D_, inter = s.inter;
+    auto opts = torch::TensorOptions().dtype(torch::kFloat32);
     auto normed = torch::empty({M, E}, opts), delta = torch::empty({M, E}, opts);
     auto qkv = torch::empty({M, q_width + 2 * kv_width}, opts);
     auto q = torch::empty({M, q_width}, opts), attn = torch::empty({M, q_width}, opts);
     auto gate_up = torch::empty({M, 2 * inter}, opts), act = torch::empty({M, inter}, opts);
-    float* h = hidden.data_ptr<float>();
-    const int64_t* pos = positions.data_ptr<int64_t>();
-    const int64_t* slot = slots.data_ptr<int64_t>();
+    float* h = in.hidden;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
-      const torch::Tensor& cache = kv_caches[i];
-      TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == torch::kFloat32 &&
-                      cache.size(3) == KVH_ && cache.size(4) == D_, "KV cache layout");
-      const int64_t BS = cache.size(2), cache_rows = cache.size(1) * BS;
-      float* keys = cache.data_ptr<float>();
-      float* values = keys + cache_rows * kv_width;
-
+      const CacheView& cache = in.caches[i];
       rms_norm(h, layer.input_norm.data_ptr<float>(), M, E, eps_, normed.data_ptr<float>());
       layer.qkv.apply(normed, qkv);
       float* qkv_p = qkv.data_ptr<float>();
       float* q_p = q.data_ptr<float>();
       for (int64_t m = 0; m < M; ++m) {
         float* row = qkv_p + m * qkv.size(1);
-        const float* c = cos_.data_ptr<float>() + pos[m] * D_;
-        const float* s = sin_.data_ptr<float>() + pos[m] * D_;
-        rotate(row, H_ + KVH_, D_, c, s);
-        TORCH_CHECK(slot[m] >= 0 && slot[m] < cache_rows, "slot ", slot[m], " outside the cache");
+        rotate(row, H_ + KVH_, D_, in.cos + in.positions[m] * D_, in.sin + in.positions[m] * D_);
         std::copy(row, row + q_width, q_p + m * q_width);
-        std::copy(row + q_width, row + q_width + kv_width, keys + slot[m] * kv_width);
+        std::copy(row + q_width, row + q_width + kv_width, cache.keys + in.slots[m] * kv_width);
         std::copy(row + q_width + kv_width, row + q_width + 2 * kv_width,
-                  values + slot[m] * kv_width);
+                  cache.values + in.slots[m] * kv_width);
       }
-      pdserve_attention::paged_decode(q_p, M, H_, D_, keys, values, BS, KVH_,
-                                      tables.data_ptr<int64_t>(), tables.size(1),
-                                      lens.data_ptr<int64_t>(), scale_, attn.data_ptr<float>());
+      pdserve_attention::paged_decode(q_p, M, H_, D_, cache.keys, cache.values,
+                                      cache.block_size, KVH_, in.tables, in.max_blocks, in.lens,
+                                      scale_, attn.data_ptr<float>());
       layer.o.apply(attn, delta);
       add_into(h, delta.data_ptr<float>(), M * E);
 
@@ -208,19 +135,13 @@ class DecodeLayers {
       layer.down.apply(act, delta);
       add_into(h, delta.data_ptr<float>(), M * E);
     }
-    return hidden;
-  }
-
- private:
-  static void add_into(float* h, const float* delta, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) h[i] += delta[i];
   }
 
   int64_t H_, KVH_, D_;
   float eps_, scale_;
   torch::Tensor cos_, sin_;
   std::vector<Layer> layers_;
+  bool splits_by_rows_ = true;  // every layer can run in one parallel region
 };
 
 }  // namespace

@@ -198,21 +198,26 @@ PDSERVE_AVX2 void linear_rows_avx2(int64_t begin, int64_t end, const uint8_t* we
   }
 }
 
+// A tile of a single row (M = 1, or the last of M = 8t + 1) takes the single-row path, which
+// for Q4_1 needs that row's block sums as {0, sum} pairs; pairs is left empty otherwise.
+template <Kind K>
+void prepare_x_sum_pairs(const float* x, int64_t M, int64_t blocks, std::vector<float>& pairs) {
+  pairs.clear();
+  if (K != Kind::q4_1 || M % kRowTile != 1) return;
+  const float* last = x + (M - 1) * blocks * 32;
+  pairs.assign(2 * blocks, 0.f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    float sum = 0.f;
+    for (int j = 0; j < 32; ++j) sum += last[b * 32 + j];
+    pairs[2 * b + 1] = sum;
+  }
+}
+
 template <Kind K>
 void linear_avx2(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
                  float* out, int64_t grain) {
-  // A tile of a single row (M = 1, or the last of M = 8t + 1) takes the single-row path, which
-  // for Q4_1 needs that row's block sums.
   std::vector<float> x_sum_pairs;
-  if (K == Kind::q4_1 && M % kRowTile == 1) {
-    const float* last = x + (M - 1) * blocks * 32;
-    x_sum_pairs.assign(2 * blocks, 0.f);
-    for (int64_t b = 0; b < blocks; ++b) {
-      float sum = 0.f;
-      for (int j = 0; j < 32; ++j) sum += last[b * 32 + j];
-      x_sum_pairs[2 * b + 1] = sum;
-    }
-  }
+  prepare_x_sum_pairs<K>(x, M, blocks, x_sum_pairs);
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
     linear_rows_avx2<K>(begin, end, weight, N, blocks, x, M, x_sum_pairs.data(), out);
   });

@@ -98,21 +98,41 @@ inline void set_isa(const std::string& name) {
   selected_isa().store(isa);
 }
 
+// The kernel that computes kind K on an instruction set.
+enum class KernelPath { scalar, legacy_avx2, simd_avx2, simd_avx512 };
+
+template <Kind K>
+KernelPath kernel_path(Isa isa) {
+#if PDSERVE_HAS_X86
+  if (isa == Isa::avx512) return KernelPath::simd_avx512;
+  if (isa == Isa::scalar) return KernelPath::scalar;
+  if (K == Kind::q8_0 || K == Kind::q4_1) return KernelPath::legacy_avx2;
+  if (isa == Isa::avx2) return KernelPath::simd_avx2;
+#endif
+  return KernelPath::scalar;
+}
+
 template <Kind K>
 void linear(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
             float* out) {
   const int64_t work_per_row = std::max<int64_t>(1, blocks * block_weights(K) * M);
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / work_per_row);
+  switch (kernel_path<K>(current_isa())) {
 #if PDSERVE_HAS_X86
-  const Isa isa = current_isa();
-  if (isa == Isa::avx512)
-    return simd_avx512::linear<K>(weight, N, blocks, x, M, out, grain);
-  if constexpr (K == Kind::q8_0 || K == Kind::q4_1) {
-    if (isa != Isa::scalar) return linear_avx2<K>(weight, N, blocks, x, M, out, grain);
-  } else {
-    if (isa == Isa::avx2) return simd_avx2::linear<K>(weight, N, blocks, x, M, out, grain);
-  }
+    case KernelPath::simd_avx512:
+      return simd_avx512::linear<K>(weight, N, blocks, x, M, out, grain);
+    case KernelPath::legacy_avx2:
+      if constexpr (K == Kind::q8_0 || K == Kind::q4_1)
+        return linear_avx2<K>(weight, N, blocks, x, M, out, grain);
+      break;
+    case KernelPath::simd_avx2:
+      if constexpr (K != Kind::q8_0 && K != Kind::q4_1)
+        return simd_avx2::linear<K>(weight, N, blocks, x, M, out, grain);
+      break;
 #endif
+    default:
+      break;
+  }
   linear_scalar<K>(weight, N, blocks, x, M, out, grain);
 }
 
@@ -152,6 +172,60 @@ void with_kind(Kind kind, Fn&& f) {
 inline void quantized_matmul(const float* x, int64_t M, const uint8_t* w, Kind kind, int64_t N,
                              int64_t k, float* out) {
   with_kind(kind, [&](auto K) { linear<K.value>(w, N, k / block_weights(K.value), x, M, out); });
+}
+
+// quantized_matmul split by the caller (one parallel region over many products, each thread
+// taking its own output features): prepare_matmul_rows fills x_sums, the block sums of x that
+// the single-row kernels need, once per x (each thread may fill its own); quantized_matmul_rows
+// then computes out[m * ldo + n] for n in [begin, end), the same sums in the same order as
+// quantized_matmul gives them. Both choose the kernel by the instruction set selected now.
+template <Kind K>
+void prepare_rows(const float* x, int64_t M, int64_t blocks, std::vector<float>& x_sums) {
+  switch (kernel_path<K>(current_isa())) {
+#if PDSERVE_HAS_X86
+    case KernelPath::simd_avx512: return simd_avx512::prepare_x_sums<K>(x, M, blocks, x_sums);
+    case KernelPath::legacy_avx2: return prepare_x_sum_pairs<K>(x, M, blocks, x_sums);
+    case KernelPath::simd_avx2: return simd_avx2::prepare_x_sums<K>(x, M, blocks, x_sums);
+#endif
+    default: x_sums.clear();
+  }
+}
+
+template <Kind K>
+void linear_rows_any(int64_t begin, int64_t end, const uint8_t* weight, int64_t ldo,
+                     int64_t blocks, const float* x, int64_t M, const float* x_sums, float* out) {
+  switch (kernel_path<K>(current_isa())) {
+#if PDSERVE_HAS_X86
+    case KernelPath::simd_avx512:
+      return simd_avx512::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, x_sums, out);
+    case KernelPath::legacy_avx2:
+      if constexpr (K == Kind::q8_0 || K == Kind::q4_1)
+        return linear_rows_avx2<K>(begin, end, weight, ldo, blocks, x, M, x_sums, out);
+      break;
+    case KernelPath::simd_avx2:
+      if constexpr (K != Kind::q8_0 && K != Kind::q4_1)
+        return simd_avx2::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, x_sums, out);
+      break;
+#endif
+    default:
+      break;
+  }
+  linear_rows_scalar<K>(begin, end, weight, ldo, blocks, x, M, out);
+}
+
+inline void prepare_matmul_rows(const float* x, int64_t M, Kind kind, int64_t k,
+                                std::vector<float>& x_sums) {
+  with_kind(kind,
+            [&](auto K) { prepare_rows<K.value>(x, M, k / block_weights(K.value), x_sums); });
+}
+
+inline void quantized_matmul_rows(const float* x, int64_t M, const uint8_t* w, Kind kind,
+                                  int64_t k, int64_t begin, int64_t end, float* out, int64_t ldo,
+                                  const std::vector<float>& x_sums) {
+  with_kind(kind, [&](auto K) {
+    linear_rows_any<K.value>(begin, end, w, ldo, k / block_weights(K.value), x, M, x_sums.data(),
+                             out);
+  });
 }
 
 // weight [N, k / block weights * block bytes] as float32 [N, k] in out.

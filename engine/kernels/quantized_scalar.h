@@ -53,14 +53,21 @@ void row_scalar(const uint8_t* row, int64_t blocks, const float* x, int64_t M, i
   for (int64_t m = 0; m < M; ++m) out[m * ldo] = sums[m];
 }
 
+// Outputs [begin, end) for all M rows of x; out row m starts at out + m * ldo.
+template <Kind K>
+void linear_rows_scalar(int64_t begin, int64_t end, const uint8_t* weight, int64_t ldo,
+                        int64_t blocks, const float* x, int64_t M, float* out) {
+  const int64_t row_bytes = blocks * block_bytes(K), row_weights = blocks * block_weights(K);
+  std::vector<float> sums(M);
+  for (int64_t n = begin; n < end; ++n)
+    row_scalar<K>(weight + n * row_bytes, blocks, x, M, row_weights, out + n, ldo, sums.data());
+}
+
 template <Kind K>
 void linear_scalar(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
                    float* out, int64_t grain) {
-  const int64_t row_bytes = blocks * block_bytes(K), row_weights = blocks * block_weights(K);
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(M);
-    for (int64_t n = begin; n < end; ++n)
-      row_scalar<K>(weight + n * row_bytes, blocks, x, M, row_weights, out + n, N, sums.data());
+    linear_rows_scalar<K>(begin, end, weight, N, blocks, x, M, out);
   });
 }
 

@@ -180,21 +180,26 @@ PDSERVE_TARGET void linear_rows(int64_t begin, int64_t end, const uint8_t* weigh
 }
 
 // A tile of a single row (M = 1, or the last of M = 8t + 1) takes the single-row path, which
-// for kinds with offsets needs that row's sub-block sums.
+// for kinds with offsets needs that row's sub-block sums; x_sums is left empty otherwise.
+template <Kind K>
+void prepare_x_sums(const float* x, int64_t M, int64_t blocks, std::vector<float>& x_sums) {
+  x_sums.clear();
+  if (!has_offset(K) || M % kRowTile != 1) return;
+  const int64_t subs = blocks * sub_blocks(K), SW = sub_weights(K);
+  const float* last = x + (M - 1) * blocks * block_weights(K);
+  x_sums.assign(subs, 0.f);
+  for (int64_t s = 0; s < subs; ++s) {
+    float sum = 0.f;
+    for (int64_t j = 0; j < SW; ++j) sum += last[s * SW + j];
+    x_sums[s] = sum;
+  }
+}
+
 template <Kind K>
 void linear(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
             float* out, int64_t grain) {
   std::vector<float> x_sums;
-  if (has_offset(K) && M % kRowTile == 1) {
-    const int64_t subs = blocks * sub_blocks(K), SW = sub_weights(K);
-    const float* last = x + (M - 1) * blocks * block_weights(K);
-    x_sums.assign(subs, 0.f);
-    for (int64_t s = 0; s < subs; ++s) {
-      float sum = 0.f;
-      for (int64_t j = 0; j < SW; ++j) sum += last[s * SW + j];
-      x_sums[s] = sum;
-    }
-  }
+  prepare_x_sums<K>(x, M, blocks, x_sums);
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
     linear_rows<K>(begin, end, weight, N, blocks, x, M, x_sums.data(), out);
   });
