@@ -101,7 +101,9 @@ class LlamaModel:
 
     def describe(self) -> str:
         """Which weights the linear layers compute with, for logs and ``/info``."""
-        kinds = sorted({lin.kind for layer in self.layers for lin in _linears(layer)})
+        kinds = sorted(
+            {kind for layer in self.layers for lin in _linears(layer) for kind in lin.kind.split("+")}
+        )
         step = "fused decode layers" if self.fused is not None else "op-by-op decode"
         return (
             f"weights {self.weights}: layers {'+'.join(kinds)}, LM head {self.lm_head.kind}, {step}"
