@@ -84,7 +84,7 @@ from benchmarks.llamacpp_build import (  # noqa: E402
 )
 from benchmarks.requantize import tensor_type_counts  # noqa: E402
 from benchmarks.results_meta import run_meta  # noqa: E402
-from engine.config import WEIGHT_DTYPES, EngineConfig  # noqa: E402
+from engine.config import PROMPT_MATMUL_DTYPES, WEIGHT_DTYPES, EngineConfig  # noqa: E402
 from engine.kernels.quantized import quantized_kernels  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
@@ -186,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=6, help="rounds per measure, first dropped")
     parser.add_argument("--seed", type=int, default=3, help="seed of the random prompts")
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
+    parser.add_argument("--prompt-matmul-dtype", default="float32", choices=PROMPT_MATMUL_DTYPES)
     return parser
 
 
@@ -220,7 +221,12 @@ def bench_file(
     file's figures so far) is rewritten to ``--out`` after each measure."""
     loaded = load_model("bundled" if name == "bundled" else str(path))
     llamas = {build: LlamaCpp(folder, path, args.threads) for build, folder in folders.items()}
-    engine = LLMEngine(EngineConfig(device="cpu", weight_dtype=args.weight_dtype), loaded)
+    config = EngineConfig(
+        device="cpu",
+        weight_dtype=args.weight_dtype,
+        prompt_matmul_dtype=args.prompt_matmul_dtype,
+    )
+    engine = LLMEngine(config, loaded)
     print(f"{name}: pdserve {engine.model.describe()}; llama.cpp {', '.join(map(str, llamas))}")
     entry: dict[str, Any] = {"file": _file_meta(args, name, path, engine), "measures": {}}
     results["files"][name] = entry

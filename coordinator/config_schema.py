@@ -20,7 +20,13 @@ from coordinator.edge import EdgeLimits
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo
 from coordinator.router import RoutingConfig
-from engine.config import DTYPES, ENCRYPTION_MODES, WEIGHT_DTYPES, SchedulerConfig
+from engine.config import (
+    DTYPES,
+    ENCRYPTION_MODES,
+    PROMPT_MATMUL_DTYPES,
+    WEIGHT_DTYPES,
+    SchedulerConfig,
+)
 
 PORT: dict[str, Any] = {"kind": "port", "low": 1024, "high": 65535}
 TIMEOUT: dict[str, Any] = {"low": 0, "high": 86400, "unit": "s"}
@@ -170,6 +176,9 @@ SCHEMA["backend_config"] = section(
         "there), bfloat16 on CUDA", choices=DTYPES),
     fed("weight_dtype", "str", engine("weight_dtype"), "the weights of the linear layers "
         "(below); the start-up log names what runs", choices=WEIGHT_DTYPES),
+    fed("prompt_matmul_dtype", "str", engine("prompt_matmul_dtype"), "what quantized layers "
+        "multiply prompts (more than 32 rows) in: `float32` (exact up to summation order) or "
+        "`bfloat16` (below)", choices=PROMPT_MATMUL_DTYPES),
     fed("device", "str", engine("device"), "`auto`, `cpu` or `cuda[:N]`; `auto`: CUDA when "
         "present; a worker given GPUs (`num_gpus > 0`) always runs on CUDA"),
     fed("num_prefill_instances", "int", cluster("num_prefill"), "prefill actors (`pd_separate`)"),

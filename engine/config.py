@@ -18,6 +18,8 @@ from engine.errors import ConfigError
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPES = ("auto", *_DTYPES)
 WEIGHT_DTYPES = ("auto", "fp32", "int8", "int4")
+# what a quantized layer multiplies a prompt in (model/linear.py)
+PROMPT_MATMUL_DTYPES = ("float32", "bfloat16")
 TRANSPORTS = ("zmq", "grpc", "inprocess")  # engine.transfer's transports, by name
 ENCRYPTION_MODES = ("auto", "on", "off")
 
@@ -190,6 +192,8 @@ class EngineConfig:
     dtype: str = "auto"
     # weight_dtype: auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4 (model/linear.py)
     weight_dtype: str = "auto"
+    # prompt_matmul_dtype: float32 (exact up to summation order) or bfloat16 (model/linear.py)
+    prompt_matmul_dtype: str = "float32"
     # torch intra-op threads for this engine's process
     num_threads: int | None = bounded(None, 1, 1024, "num_threads")
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -200,6 +204,11 @@ class EngineConfig:
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ConfigError(
                 f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}; got {self.weight_dtype!r}"
+            )
+        if self.prompt_matmul_dtype not in PROMPT_MATMUL_DTYPES:
+            raise ConfigError(
+                f"prompt_matmul_dtype must be one of {', '.join(PROMPT_MATMUL_DTYPES)}; "
+                f"got {self.prompt_matmul_dtype!r}"
             )
 
     @property

@@ -68,6 +68,7 @@ class LLMEngine:
             self.dtype,
             weight_dtype=config.weight_dtype,
             gguf=_gguf_blocks(loaded, config),
+            prompt_matmul_dtype=config.prompt_matmul_dtype,
         )
         log.info("model %s: %s", loaded.name, self.model.describe())
         self.shape = self.model.shape

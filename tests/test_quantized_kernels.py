@@ -204,6 +204,27 @@ def test_every_kind_on_the_tiled_path(native_path, backend, kind, monkeypatch):
     )
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["one-tile", "tiles"])
+def test_prompts_multiplied_in_bfloat16(native, whole, monkeypatch):
+    """bfloat16 on the tiled path: x and each tile rounded to bfloat16, products stored from
+    bfloat16: within bfloat16's rounding (2**-8 relative, a few times over a 256-term sum) of
+    float32, float32 out; the native rows (decode steps) stay float32 and exact."""
+    if not whole:
+        monkeypatch.setattr(quantized, "_TILE_FLOATS", 5 * 512)
+    weight = _random_blocks_weight("q4_k", 23, 256)
+    x = _random_x(40, weight.k)
+    exact = quantized.quantized_linear(x, weight)
+    rounded = quantized.quantized_linear(x, weight, torch.bfloat16)
+    assert rounded.dtype == torch.float32 and not torch.equal(rounded, exact)
+    scale = (x.abs() @ weight.dequantize().abs().t()).max()
+    assert (rounded - exact).abs().max() <= 2**-6 * scale
+    decode_rows = x[:8]
+    assert torch.equal(
+        quantized.quantized_linear(decode_rows, weight, torch.bfloat16),
+        quantized.quantized_linear(decode_rows, weight),
+    )
+
+
 @pytest.mark.parametrize("kind", quantized.QUANTIZABLE)
 @pytest.mark.parametrize("m", [1, 9])
 def test_quantizable_kinds_through_quantize(native_path, kind, m):

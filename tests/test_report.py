@@ -11,7 +11,13 @@ import pytest
 
 from benchmarks import report
 
-NAMES = ("vs_llamacpp", "engine", "compare_modes", "decode_step")  # the README's
+NAMES = (
+    "vs_llamacpp",
+    "vs_llamacpp_bf16_prompts",
+    "engine",
+    "compare_modes",
+    "decode_step",
+)  # the README's
 NAMES_IN_DOCS = ("core_sharing", "http_edge", "structured", "memory")
 PROVENANCE = ("cpu", "isa_executes", "cpuid_flags", "commit", "date", "command")
 

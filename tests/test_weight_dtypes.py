@@ -25,12 +25,15 @@ FIXED_TEXT = (
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time")
 
 
-def _engine(loaded: LoadedModel, weight_dtype: str) -> LLMEngine:
+def _engine(
+    loaded: LoadedModel, weight_dtype: str, prompt_matmul_dtype: str = "float32"
+) -> LLMEngine:
     config = EngineConfig(
         model_path=str(loaded.path),
         device="cpu",
         dtype="float32",
         weight_dtype=weight_dtype,
+        prompt_matmul_dtype=prompt_matmul_dtype,
         cache=CacheConfig(block_size=16, num_blocks=512),
     )
     return LLMEngine(config, loaded)
@@ -139,3 +142,24 @@ def test_bundled_gguf_blocks_answer_as_its_fp32_image(bundled_loaded):
     # decides a greedy choice
     error = (blocks["logits"] - reference["logits"]).abs().max() / reference["logits"].abs().max()
     assert error < 1e-4, error
+
+
+def test_unknown_prompt_matmul_dtype_is_a_config_error():
+    with pytest.raises(ConfigError, match="prompt_matmul_dtype must be one of float32, bfloat16"):
+        EngineConfig(prompt_matmul_dtype="float16")
+
+
+@pytest.mark.slow
+def test_bundled_prompts_multiplied_in_bfloat16(bundled_loaded):
+    """The GGUF's blocks with prompts multiplied in bfloat16 against float32, teacher-forced on
+    64 tokens (every prefix in one prefill step: the tiled GEMM path), and greedy answers."""
+    exact = _engine(bundled_loaded, "auto")
+    fast = _engine(bundled_loaded, "auto", prompt_matmul_dtype="bfloat16")
+    assert {fast.model.lm_head.gemm_dtype, fast.model.layers[0].down.gemm_dtype} == {torch.bfloat16}
+    ids = exact.tokenizer.encode(FIXED_TEXT)[:64]
+    reference = teacher_forced(exact, ids)
+    measured = teacher_forced(fast, ids, reference["logits"])
+    change = measured["perplexity"] / reference["perplexity"] - 1
+    print(f"bfloat16 prompts: top-1 agreement {measured['top1_agreement']:.3f}, {change:+.2%}")
+    assert not torch.equal(measured["logits"], reference["logits"])  # bfloat16 did run
+    assert measured["top1_agreement"] >= 0.9 and abs(change) <= 0.02

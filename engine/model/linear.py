@@ -46,9 +46,12 @@ class DenseLinear:
 class QuantizedLinear:
     weight: QuantizedWeight
     bias: torch.Tensor | None = None
+    # what prompts (more rows than the native kernel takes) are multiplied in: float32, or
+    # bfloat16 (``prompt_matmul_dtype``; quantized.dequantized_matmul)
+    gemm_dtype: torch.dtype = torch.float32
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = quantized_linear(x, self.weight)
+        out = quantized_linear(x, self.weight, self.gemm_dtype)
         return out if self.bias is None else out + self.bias
 
     @property

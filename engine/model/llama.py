@@ -19,7 +19,15 @@ from engine.kernels.quantized import from_gguf_blocks
 from engine.model.decode_layers import FUSED_MAX_ROWS, fuse_layers
 from engine.model.forward_batch import ForwardBatch
 from engine.model.gguf_weights import GGUFMatrix
-from engine.model.linear import WEIGHT_DTYPES, Linear, QuantizedLinear, dense, mixed, quantized
+from engine.model.linear import (
+    WEIGHT_DTYPES,
+    Linear,
+    PartsLinear,
+    QuantizedLinear,
+    dense,
+    mixed,
+    quantized,
+)
 from engine.model.paged_attention import paged_attention
 from engine.model.rotary import RotaryEmbedding, apply_rotary
 from engine.model.token_embedding import DenseEmbedding, QuantizedEmbedding, TokenEmbedding
@@ -75,9 +83,11 @@ class LlamaModel:
         native_kernels: bool = True,
         weight_dtype: str = "fp32",
         gguf: dict[str, GGUFMatrix] | None = None,
+        prompt_matmul_dtype: str = "float32",
     ) -> None:
         """``weight_dtype`` (``linear.WEIGHT_DTYPES``) and ``gguf``, the GGUF's own blocks
-        (``auto`` computes with them on the CPU in fp32), choose the linear layers."""
+        (``auto`` computes with them on the CPU in fp32), choose the linear layers;
+        ``prompt_matmul_dtype`` what the quantized ones multiply prompts in."""
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             raise ModelLoadError(f"unsupported hidden_act {hf_config.hidden_act!r} (only silu)")
         self.shape = ModelShape.from_hf_config(hf_config)
@@ -92,6 +102,7 @@ class LlamaModel:
         tied = "lm_head.weight" not in weights
         self.lm_head = linear(["model.embed_tokens.weight" if tied else "lm_head.weight"])
         self.embed = _embedding(self.weights, put, gguf or {}, self.lm_head if tied else None)
+        self._set_prompt_matmul_dtype(getattr(torch, prompt_matmul_dtype))
         self.rotary = RotaryEmbedding(
             hf_config, self.shape.head_dim, self.shape.max_position_embeddings, device, dtype
         )
@@ -99,12 +110,20 @@ class LlamaModel:
         self.native = cpu_kernels() if use_native else None
         self.fused = fuse_layers(self) if use_native else None
 
+    def _set_prompt_matmul_dtype(self, dtype: torch.dtype) -> None:
+        linears = [lin for layer in self.layers for lin in _linears(layer)] + [self.lm_head]
+        for linear in linears:
+            for part in linear.parts if isinstance(linear, PartsLinear) else [linear]:
+                if isinstance(part, QuantizedLinear):
+                    part.gemm_dtype = dtype
+
     def describe(self) -> str:
         """Which weights the linear layers compute with, for logs and ``/info``."""
-        kinds = sorted(
-            {kind for layer in self.layers for lin in _linears(layer) for kind in lin.kind.split("+")}
-        )
+        linears = [lin for layer in self.layers for lin in _linears(layer)]
+        kinds = sorted({kind for lin in linears for kind in lin.kind.split("+")})
         step = "fused decode layers" if self.fused is not None else "op-by-op decode"
+        if any(getattr(lin, "gemm_dtype", None) == torch.bfloat16 for lin in linears):
+            step += ", prompts in bfloat16"
         return (
             f"weights {self.weights}: layers {'+'.join(kinds)}, LM head {self.lm_head.kind}, {step}"
         )
