@@ -187,9 +187,9 @@ class Cluster:
             cache=self._cache_of(cls),
         )
         threads = str(resources.num_threads)
-        # glibc gives each thread that allocates an arena of its own (up to 8 a core), which
-        # keeps what the thread freed; two are enough for the engine thread and Ray's
-        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "MALLOC_ARENA_MAX": "2"}
+        # glibc's default arenas: MALLOC_ARENA_MAX=2 saved nothing measurable here and made a
+        # served stream's prompts 1.6x slower (docs/performance/memory.md)
+        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         if fault_injection_enabled():
             env[FAULT_INJECTION] = "1"
         return (
