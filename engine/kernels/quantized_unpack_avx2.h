@@ -38,23 +38,37 @@ PDSERVE_AVX2 inline __m256i nibble_values(const uint8_t* qs, bool five_bits, uin
   return _mm256_sub_epi8(q, _mm256_set1_epi8(static_cast<char>(bias)));
 }
 
+// Byte offset of the values in a block of 4-bit kind K, and the bias they carry.
+constexpr int64_t nibbles_offset(Kind kind) { return kind == Kind::q4_1 ? 4 : 2; }
+constexpr int nibble_bias(Kind kind) { return kind == Kind::q4_0 ? 8 : 0; }
+
+// Vector i of 8 of a 4-bit block's 32 values, less bias: the low nibbles of bytes 0-7 (weights
+// 0-7), of bytes 8-15, then the high nibbles of bytes 0-7 (weights 16-23) and of bytes 8-15.
 template <Kind K>
+PDSERVE_AVX2 inline __m256 nibble_vector(const uint8_t* block, int64_t i) {
+  const uint8_t* qs = block + nibbles_offset(K) + 8 * (i & 1);
+  const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i q = i < 2 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0x0F))
+                          : _mm256_srli_epi32(bytes, 4);
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(nibble_bias(K))));
+}
+
+// A block's scale and offset, and (kValues) its int8 values in u.q; a caller reading the values
+// from the block itself leaves kValues false.
+template <Kind K, bool kValues = true>
 PDSERVE_AVX2 inline void unpack_legacy_avx2(const uint8_t* block, Unpacked<K>& u) {
   u.scale[0] = half_to_float_f16c(block);
-  u.offset[0] = 0.f;
+  u.offset[0] = has_offset(K) ? half_to_float_f16c(block + 2) : 0.f;
+  if constexpr (!kValues) return;
   __m256i q;
   if constexpr (K == Kind::q8_0) {
     q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
-  } else if constexpr (K == Kind::q4_0) {
-    q = nibble_values(block + 2, false, 0, 8);
-  } else if constexpr (K == Kind::q4_1) {
-    u.offset[0] = half_to_float_f16c(block + 2);
-    q = nibble_values(block + 4, false, 0, 0);
+  } else if constexpr (K == Kind::q4_0 || K == Kind::q4_1) {
+    q = nibble_values(block + nibbles_offset(K), false, 0, nibble_bias(K));
   } else if constexpr (K == Kind::q5_0) {
     q = nibble_values(block + 6, true, read_u32(block + 2), 16);
   } else {
     static_assert(K == Kind::q5_1);
-    u.offset[0] = half_to_float_f16c(block + 2);
     q = nibble_values(block + 8, true, read_u32(block + 4), 0);
   }
   _mm256_store_si256(reinterpret_cast<__m256i*>(u.q), q);
