@@ -322,6 +322,7 @@ def _x(ratio: float | None) -> str:
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "vs_llamacpp": render_vs_llamacpp,
     "vs_llamacpp_bf16_prompts": render_vs_llamacpp,
+    "vs_llamacpp_avx2": render_vs_llamacpp,
     "engine": render_engine,
     "compare_modes": render_compare_modes,
     "decode_step": render_decode_step,
