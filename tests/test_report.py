@@ -14,6 +14,7 @@ from benchmarks import report
 NAMES = (
     "vs_llamacpp",
     "vs_llamacpp_bf16_prompts",
+    "vs_llamacpp_avx2",
     "engine",
     "compare_modes",
     "decode_step",
