@@ -12,6 +12,13 @@ early, ``abort`` reaches every worker that may still hold the request, in the ba
 caller is cancelled, and without waiting past ``RELEASE_WAIT_S`` for a worker that does not
 answer (a stopped process gets the call when it resumes).
 
+The workers are this cluster's own (``cluster_name`` ""), or a shared pool of named, detached
+actors in the namespace ``pdserve-<cluster_name>`` that several coordinators use at once
+(docs/replicas.md): ``start`` finds the actors the pool has and starts the missing ones, and
+``shutdown`` leaves them running (unless ``own_workers`` and no other coordinator holds a lease).
+Every request sent names this coordinator (``coordinator_id``) as its owner, and each load poll
+(``reports``) renews its lease on every worker and collects the workers' prefix-cache events.
+
 A request's state is its :class:`~coordinator.request_run.RequestRun`, which the caller hands to
 ``stream``: the cluster sets its phase as the attempt goes (prefilling, handing off, decoding)
 and the workers that may hold it (what ``abort`` and the release reach; empty once the stream
@@ -24,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
@@ -36,6 +44,7 @@ from coordinator.ray_services import without_unused_services
 from coordinator.request_run import RequestRun, RunPhase
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig
+from engine.kv_events import KvSnapshot
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import pd_output_limit
@@ -48,8 +57,10 @@ from workers.contracts import (
     HandoffTarget,
     Reservation,
     WorkerLoad,
+    WorkerReport,
 )
 from workers.embedding import EmbeddingWorker
+from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 FAULT_INJECTION = "PDSERVE_FAULT_INJECTION"  # "1": workers accept inject_fault (chaos tests)
@@ -97,6 +108,8 @@ class Cluster:
         self._releases: set[asyncio.Task] = set()
         self._cores: list[int] | None = None
         self._id = uuid.uuid4().hex[:12]  # names this cluster's files on its hosts
+        # the owner its requests name on the workers (workers/leases.py)
+        self.coordinator_id = f"{socket.gethostname()}-{os.getpid()}-{self._id[:6]}"
         self.embedders: list[Any] = []  # started by the first embed() unless it is the model
         self._embedder_start = asyncio.Lock()
         # (bytes, seconds, path) of each KV move that reached its decode worker
@@ -138,10 +151,21 @@ class Cluster:
         return (
             ray.remote(EmbeddingWorker)
             .options(
-                num_cpus=cfg.embedding_resources.num_cpus, max_restarts=-1, max_concurrency=256
+                num_cpus=cfg.embedding_resources.num_cpus,
+                max_restarts=-1,
+                max_concurrency=256,
+                **self._pool_options("embedding-0"),
             )
             .remote(cfg.embedding_model_path, cfg.embedding_resources.num_threads)
         )
+
+    def _pool_options(self, name: str) -> dict[str, Any]:
+        """Ray options that make an actor the shared pool's ``name`` (found if it exists, else
+        started detached), or none for a private cluster."""
+        namespace = self.config.namespace
+        if namespace is None:
+            return {}
+        return {"name": name, "namespace": namespace, "lifetime": "detached", "get_if_exists": True}
 
     def _core_plan(self) -> list[int] | None:
         """Cores to hand out in actor order, when pinning applies: a one-node Ray with at least
@@ -164,7 +188,9 @@ class Cluster:
         taken, self._cores = self._cores[:count], self._cores[count:]
         return tuple(taken)
 
-    def _actors(self, cls: type, resources: ActorResources, count: int, *args: Any) -> list[Any]:
+    def _actors(
+        self, cls: type[WorkerRuntime], resources: ActorResources, count: int, *args: Any
+    ) -> list[Any]:
         return [
             self._actor(cls, resources, i, *args, cpu_ids=self._take_cores(resources.num_threads))
             for i in range(count)
@@ -172,7 +198,7 @@ class Cluster:
 
     def _actor(
         self,
-        cls: type,
+        cls: type[WorkerRuntime],
         resources: ActorResources,
         instance: int,
         *args: Any,
@@ -202,6 +228,7 @@ class Cluster:
                 max_task_retries=0,
                 max_concurrency=256,
                 runtime_env={"env_vars": env},
+                **self._pool_options(f"{cls.role}-{instance}"),
             )
             .remote(
                 engine,
@@ -232,9 +259,20 @@ class Cluster:
         return [*self.prefills, *self.decodes, *self.colocated]
 
     def shutdown(self) -> None:
-        for actor in [*self.actors, *self.embedders]:
-            ray.kill(actor, no_restart=True)
+        """Stop the workers if they are this cluster's own, or the shared pool's when
+        ``own_workers`` and no other coordinator holds a lease on them; else leave them."""
+        if self.config.namespace is None or (self.config.own_workers and not self.others()):
+            for actor in [*self.actors, *self.embedders]:
+                ray.kill(actor, no_restart=True)
         self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
+
+    def others(self) -> set[str]:
+        """The other coordinators holding a live lease on any worker (asked all at once)."""
+        calls = [actor.live_coordinators.remote() for actor in self.actors]
+        owners: set[str] = set()
+        for answer in ray.get(calls, timeout=LOAD_TIMEOUT_S * 5):
+            owners.update(answer)
+        return owners - {self.coordinator_id}
 
     async def embed(self, texts: list[str]) -> dict[str, Any]:
         """Embeddings (float32 ``[n, d]``) and token counts from the embedding worker, started by
@@ -272,6 +310,8 @@ class Cluster:
         that may still hold the attempt is told to drop it unless it ended cleanly there.
         """
         clean = False
+        if run.attempt.owner != self.coordinator_id:  # each attempt names this coordinator
+            run.attempt = replace(run.attempt, owner=self.coordinator_id)
         try:
             events, role = self._attempt(run)
             async for event in events:
@@ -421,6 +461,25 @@ class Cluster:
         answers = await asyncio.gather(*(_load_of(actor) for actor in self.actors))
         return [load for load in answers if load is not None]
 
+    async def reports(self, cursors: dict[tuple[str, int], tuple[str, int]]) -> list[WorkerReport]:
+        """Every worker's load poll as this coordinator (renewing its lease there), with its
+        prefix-cache events after ``cursors[(role, instance)]`` (epoch, seq; none: from a
+        snapshot); left out as in ``loads``."""
+        calls = [
+            _report_of(actor, self.coordinator_id, *cursors.get(key, ("", -1)))
+            for key, actor in self._keyed_actors()
+        ]
+        answers = await asyncio.gather(*calls)
+        return [report for report in answers if report is not None]
+
+    async def kv_snapshot(self, role: str, instance: int) -> KvSnapshot:
+        """Every hash in worker ``(role, instance)``'s prefix cache now."""
+        return await self.worker(role, instance).kv_snapshot.remote()
+
+    def _keyed_actors(self) -> list[tuple[tuple[str, int], Any]]:
+        pools = {"prefill": self.prefills, "decode": self.decodes, "colocated": self.colocated}
+        return [((role, i), actor) for role, pool in pools.items() for i, actor in enumerate(pool)]
+
 
 async def _aborted(run: RequestRun) -> AsyncIterator[TokenEvent]:
     yield TokenEvent.aborted(run.attempt_id)
@@ -429,6 +488,13 @@ async def _aborted(run: RequestRun) -> AsyncIterator[TokenEvent]:
 async def _load_of(actor: Any) -> WorkerLoad | None:
     try:
         return await asyncio.wait_for(actor.load.remote(), LOAD_TIMEOUT_S)
+    except (TimeoutError, ray.exceptions.RayError):
+        return None
+
+
+async def _report_of(actor: Any, owner: str, epoch: str, seq: int) -> WorkerReport | None:
+    try:
+        return await asyncio.wait_for(actor.report.remote(owner, epoch, seq), LOAD_TIMEOUT_S)
     except (TimeoutError, ray.exceptions.RayError):
         return None
 

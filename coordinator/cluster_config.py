@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig, KVTransferConfig, bounded, check_bounds
 from engine.errors import ConfigError
 
 DEPLOY_MODES = ("pd_separate", "single_node")
+CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,13 @@ class ClusterConfig:
     generation: bool = True  # False: an embeddings-only cluster (no prefill/decode actors)
     embedding_model_path: str | None = "bundled"  # None: no embedding worker
     embedding_resources: ActorResources = field(default_factory=lambda: ActorResources(0.0))
+    # "": the workers are this coordinator's own (started with it, stopped with it); a name: a
+    # pool of named, detached actors in the Ray namespace "pdserve-<name>", which every
+    # coordinator of that name finds (the first one starts it) and leaves running at exit
+    cluster_name: str = ""
+    # with cluster_name: the coordinator that stops last (no other one's lease is live on the
+    # workers) stops the pool too
+    own_workers: bool = False
 
     def __post_init__(self) -> None:
         if self.deploy_mode not in DEPLOY_MODES:
@@ -97,8 +106,18 @@ class ClusterConfig:
             )
         self.kv_transfer  # noqa: B018 - validates the hand-off fields
         check_bounds(self)
+        if self.cluster_name and not CLUSTER_NAME.fullmatch(self.cluster_name):
+            raise ConfigError(
+                "cluster_name must be 1-40 letters, digits, '-' or '_' (starting with a letter "
+                f"or digit), got {self.cluster_name!r}"
+            )
         if self.reservation_wait_s <= 0:
             raise ConfigError(f"reservation_wait_s must be > 0, got {self.reservation_wait_s!r}")
+
+    @property
+    def namespace(self) -> str | None:
+        """The Ray namespace of a shared pool's actors (None: the workers are private)."""
+        return f"pdserve-{self.cluster_name}" if self.cluster_name else None
 
     @property
     def kv_transfer(self) -> KVTransferConfig:

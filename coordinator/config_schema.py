@@ -189,6 +189,13 @@ SCHEMA["backend_config"] = section(
         "[kv-handoff.md](kv-handoff.md)", choices=FILE_TRANSPORTS),
     Key("ray_address", "str", "", '`""`: start a local Ray bound to 127.0.0.1; `auto`: join the '
         "Ray cluster this process runs in; `ray://HOST:PORT`: a remote one"),
+    fed("cluster_name", "str", cluster("cluster_name"), '`""`: the workers are this '
+        "coordinator's own, started and stopped with it; a name: coordinators of that name "
+        "share one pool of named, detached worker actors (the first starts it, `pdserve "
+        "workers` can too) and leave it running when they stop "
+        "([replicas.md](replicas.md))"),
+    fed("own_workers", "bool", cluster("own_workers"), "with `cluster_name`: the coordinator "
+        "that stops while no other one holds a lease on the workers stops them too"),
     fed("kv_host", "str", cluster("kv_host"), "address decode workers bind their KV endpoint "
         "to; `auto`: the Ray node's IP (pods of a Kubernetes RayCluster)"),
     fed("kv_shared_memory", "bool", cluster("kv_shared_memory"), "`zmq` only: workers on one "

@@ -28,15 +28,24 @@ class PrefixIndex:
     def num_entries(self, worker: WorkerKey) -> int:
         return len(self._entries.get(worker, ()))
 
-    def match(self, worker: WorkerKey, hashes: Sequence[bytes], now: float) -> int:
-        """How many leading blocks of ``hashes`` the worker holds (unexpired)."""
+    def match(
+        self,
+        worker: WorkerKey,
+        hashes: Sequence[bytes],
+        now: float,
+        max_age_s: float | None = None,
+    ) -> int:
+        """How many leading blocks of ``hashes`` the worker holds (unexpired; with
+        ``max_age_s``, routed there within that many seconds)."""
         entries = self._entries.get(worker)
         if not entries:
             return 0
         self._expire(entries, now)
+        oldest = now - max_age_s if max_age_s is not None else float("-inf")
         count = 0
         for block_hash in hashes:
-            if block_hash not in entries:
+            routed_at = entries.get(block_hash)
+            if routed_at is None or routed_at < oldest:
                 break
             count += 1
         return count

@@ -5,8 +5,10 @@ itself, so a burst of requests spreads out instead of piling onto the worker tha
 the last poll. Prefill load: prompt tokens queued. Decode load: running requests.
 
 Engines keep the KV of full blocks for later prompts with the same prefix, so the router also
-remembers, per worker, the blocks of what it sent there (``coordinator.prefix_index``) and
-weighs them (docs/architecture.md#routing):
+weighs, per worker, the blocks its cache holds: as the worker's own events say
+(``coordinator.kv_index``, the same for every coordinator in front of the same workers), and, for
+the few seconds before those events arrive (``ROUTED_HINT_S``) or for a worker that publishes
+none, what this router sent there (``coordinator.prefix_index``) (docs/architecture.md#routing):
 
 - a prefill worker costs its load plus the tokens it would compute, ``num_tokens`` less its
   cached prefix; among workers whose load is within ``max_prefill_imbalance`` tokens of the least
@@ -37,15 +39,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.errors import NoWorkerError
+from coordinator.kv_index import KvIndex
 from coordinator.prefix_index import PrefixIndex, WorkerKey
 from engine.config import CacheConfig
 from engine.errors import ConfigError
 from engine.outputs import EngineStats
 from engine.prefix_hash import block_hashes, tenant_root
-from workers.contracts import WorkerLoad
+from workers.contracts import WorkerLoad, WorkerReport
 
 log = logging.getLogger(__name__)
 STALE_GRACE_S = 30.0
+# a worker whose events this router mirrors: what was routed there counts this long (until the
+# worker's own events say what it cached)
+ROUTED_HINT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -126,11 +132,13 @@ class Router:
         self.cluster = cluster
         self.poll_interval_s = poll_interval_s
         self.routing = routing or RoutingConfig()
-        self.index = PrefixIndex(self.routing.prefix_ttl_s)
+        self.index = PrefixIndex(self.routing.prefix_ttl_s)  # what this router sent where
+        self.kv = KvIndex()  # what the workers' events say they cache
         self.prefills: list[WorkerState] = []
         self.decodes: list[WorkerState] = []
         self._task: asyncio.Task | None = None
         self.latest_loads: list[WorkerLoad] = []
+        self.latest_reports: list[WorkerReport] = []
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._poll_forever())
@@ -154,8 +162,10 @@ class Router:
 
     async def refresh(self) -> list[WorkerLoad]:
         self._bind()
-        loads = await self.cluster.loads()
+        reports = await self.cluster.reports(self.kv.cursors())
+        loads = [report.load for report in reports]
         self.latest_loads = loads
+        self.latest_reports = reports
         seen = {(load.role, load.instance) for load in loads}
         now = time.monotonic()
         for worker in [*self.prefills, *self.decodes]:
@@ -164,13 +174,34 @@ class Router:
                 worker.last_seen = now
             elif not worker.reachable(now):
                 self.index.drop(worker.key)  # lost: back, if ever, with an empty cache
-        for load in loads:
+                self.kv.drop(worker.key)
+        for report in reports:
+            load = report.load
             state = self._state(load.role, load.instance)
             if state is not None:
                 self._forget_lost_cache(state, load)
                 state.stats, state.pending_tokens, state.pending_requests = load.stats, 0, 0
                 state.pid = load.pid
+                await self._follow_events(state, report)
         return loads
+
+    async def _follow_events(self, state: WorkerState, report: WorkerReport) -> None:
+        """Apply a worker's prefix-cache events; after a gap or a restart, load its snapshot
+        (a failed snapshot is asked for again at the next poll)."""
+        if not self.kv.apply(state.key, report.kv_events, state.stats.num_total_blocks):
+            return
+        try:
+            snapshot = await self.cluster.kv_snapshot(*state.key)
+        except Exception as exc:  # the next poll reports the gap again
+            log.warning("prefix cache snapshot of %s worker %d failed: %r", *state.key, exc)
+            return
+        self.kv.load(state.key, snapshot)
+        log.info(
+            "%s worker %d: prefix index resynchronised (%d blocks, event %d)",
+            *state.key,
+            len(snapshot.hashes),
+            snapshot.seq,
+        )
 
     def _forget_lost_cache(self, state: WorkerState, load: WorkerLoad) -> None:
         """Drop the index entries of a worker whose cache is gone: its actor restarted, or it is
@@ -222,7 +253,8 @@ class Router:
         max_blocks = max(len(token_ids) - 1, 0) // routing.block_size  # engines compute the last
         keys = {w.key for pair in pairs for w in pair if w is not None}
         cached = {  # tokens each worker should find cached
-            key: min(self.index.match(key, hashes, now), max_blocks) * routing.block_size
+            key: min(self._num_cached(key, token_ids, hashes, tenant, now), max_blocks)
+            * routing.block_size
             for key in keys
         }
         least = (min(_prefill_load(p) for p, _ in pairs), min(d.decode_load for _, d in pairs))
@@ -241,6 +273,25 @@ class Router:
             if worker is not None:
                 self.index.insert(worker.key, hashes, now, worker.stats.num_total_blocks)
         return (None if local else p.instance if p else 0, d.instance)
+
+    def _num_cached(
+        self,
+        key: WorkerKey,
+        token_ids: Sequence[int],
+        routed_hashes: list[bytes],
+        tenant: str,
+        now: float,
+    ) -> int:
+        """Leading blocks of ``token_ids`` worker ``key`` should find cached: what its events
+        say, or what was routed there lately (any time, for a worker without events)."""
+        if not routed_hashes:
+            return 0
+        root = self.kv.root(key)
+        if root is None:
+            return self.index.match(key, routed_hashes, now)
+        hashes = block_hashes(token_ids, self.routing.block_size, tenant_root(root, tenant))
+        recent = self.index.match(key, routed_hashes, now, max_age_s=ROUTED_HINT_S)
+        return max(self.kv.match(key, hashes), recent)
 
     def _candidates(self, exclude: AbstractSet[Route], now: float) -> list[Pair]:
         """Fresh pairs; else, when no prefill worker answers (pd_separate,

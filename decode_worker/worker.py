@@ -109,7 +109,8 @@ class DecodeWorker(HandoffWorker):
             self.engine.grammars.compile(request.params.constraint)
         except GrammarError as exc:
             return Reservation.refused(str(exc))
-        self.requests.open(request_id)
+        self.leases.renew(request.owner)
+        self.requests.open(request_id, owner=request.owner)
         try:
             answer = self._wait_for_blocks(request, token, max(wait_s, 0.0), limit)
         except BaseException:

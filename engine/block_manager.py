@@ -11,7 +11,8 @@ the longest run of cached blocks that starts its tokens (``match`` + ``take``), 
 rest. A hash match is confirmed by the block's own tokens and its parent's hash, so a collision can
 never serve another prefix's KV (``num_collisions`` counts the ones caught). Cached free blocks
 count as free for admission: ``allocate`` hands out never-used blocks first, then evicts cached
-ones, oldest first; a block in use is never evicted.
+ones, oldest first; a block in use is never evicted. Each hash cached and each one evicted is an
+event of ``events`` (``engine.kv_events``), which the coordinators' routers mirror.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.kv_events import REMOVED, STORED, KvEventLog, KvSnapshot
 from engine.prefix_hash import extend_block_hashes, tenant_root
 
 MAX_TENANT_ROOTS = 4096  # tenants whose chain roots are kept computed
@@ -51,6 +53,7 @@ class BlockManager:
         self.num_collisions = 0
         self.num_queried_tokens = 0  # tokens looked up (counted once per admission)
         self.num_hit_tokens = 0  # of those, tokens found cached
+        self.events = KvEventLog(root)  # what routers mirror (engine/kv_events.py)
 
     @property
     def num_free_blocks(self) -> int:
@@ -86,7 +89,9 @@ class BlockManager:
                 block_id = self._empty.popleft()
             else:
                 block_id, _ = self._evictable.popitem(last=False)
-                del self._cached[self._hash_of.pop(block_id)]
+                block_hash = self._hash_of.pop(block_id)
+                del self._cached[block_hash]
+                self.events.record(REMOVED, block_hash)
             self._refs[block_id] = 1
             block_ids.append(block_id)
         return block_ids
@@ -198,6 +203,11 @@ class BlockManager:
                 continue
             self._cached[block_hash] = CachedBlock(block_id, parent, tokens)
             self._hash_of[block_id] = block_hash
+            self.events.record(STORED, block_hash)
+
+    def kv_snapshot(self) -> KvSnapshot:
+        """Every cached hash as of the latest event (call it where the blocks change)."""
+        return self.events.snapshot(list(self._cached))
 
     def ref_count(self, block_id: int) -> int:
         return self._refs[block_id]

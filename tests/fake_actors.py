@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from engine.kv_events import KvEventBatch
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from workers.contracts import (
@@ -24,9 +25,16 @@ from workers.contracts import (
     HandoffTarget,
     Reservation,
     WorkerLoad,
+    WorkerReport,
 )
 
 MAX_NEW = 4
+NO_EVENTS = KvEventBatch("", b"", 0)  # a worker that publishes no prefix-cache events
+
+
+def reports_of(loads: list[WorkerLoad]) -> list[WorkerReport]:
+    """Load polls of workers that publish no prefix-cache events (``Cluster.reports``)."""
+    return [WorkerReport(load, NO_EVENTS) for load in loads]
 
 
 class _Method:
@@ -63,6 +71,7 @@ class FakeWorker:
         self.held: dict[str, asyncio.Event] = {}  # request id -> set when it is aborted
         self._requests: dict[str, GenerationRequest] = {}  # reserved here, streamed later
         self.load = _Method(self._load)
+        self.report = _Method(self._report)
         self.reserve = _Method(self._reserve)
         self.abort = _Method(self._abort)
         self.prefill = _Method(lambda r, target: _refs(self._prefill(r, target)))
@@ -72,6 +81,9 @@ class FakeWorker:
     async def _load(self) -> WorkerLoad:
         idle = EngineStats(num_free_blocks=10, num_total_blocks=10)
         return WorkerLoad(self.role, self.instance, 1, idle)
+
+    async def _report(self, owner: str, epoch: str, seq: int) -> WorkerReport:
+        return WorkerReport(await self._load(), NO_EVENTS)
 
     async def _reserve(
         self, request: GenerationRequest, wait_s: float, max_output_tokens: int = 0

@@ -17,6 +17,7 @@ from coordinator.router import STALE_GRACE_S, Router, RoutingConfig, WorkerState
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
+from tests.fake_actors import reports_of
 from workers.contracts import GenerationRequest, WorkerLoad
 
 MAX_NEW = 6
@@ -43,6 +44,9 @@ class FakeCluster:
     decodes: list = field(default_factory=lambda: [0, 1])
     calls: list = field(default_factory=list)  # (pair, request) per attempt
     closed: list = field(default_factory=list)  # attempt ids whose stream was closed
+
+    async def reports(self, cursors):
+        return reports_of(await self.loads())
 
     async def loads(self):
         idle = EngineStats(num_free_blocks=10, num_total_blocks=10)

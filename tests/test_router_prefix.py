@@ -14,6 +14,7 @@ from coordinator.prefix_index import PrefixIndex
 from coordinator.router import STALE_GRACE_S, Router, RoutingConfig
 from engine.outputs import EngineStats
 from engine.prefix_hash import block_hashes
+from tests.fake_actors import reports_of
 from workers.contracts import WorkerLoad
 
 BLOCK = 4
@@ -40,6 +41,9 @@ class FakeCluster:
     stats: dict = field(default_factory=dict)  # (role, instance) -> EngineStats
     pids: dict = field(default_factory=dict)  # (role, instance) -> pid
     silent: set = field(default_factory=set)  # (role, instance) that do not answer
+
+    async def reports(self, cursors):
+        return reports_of(await self.loads())
 
     async def loads(self) -> list[WorkerLoad]:
         single = self.config.deploy_mode == "single_node"

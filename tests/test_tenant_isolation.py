@@ -164,6 +164,16 @@ class InProcessCluster:
     async def loads(self):
         return [await asyncio.to_thread(w.load) for w in self.colocated]
 
+    async def reports(self, cursors):
+        """``Cluster.reports``: the workers' real load polls, prefix-cache events included."""
+        return [
+            await asyncio.to_thread(w.report, "tests", *cursors.get(("colocated", i), ("", -1)))
+            for i, w in enumerate(self.colocated)
+        ]
+
+    async def kv_snapshot(self, role, instance):
+        return await asyncio.to_thread(self.colocated[instance].kv_snapshot)
+
     async def stream(self, run: RequestRun) -> AsyncGenerator[TokenEvent, None]:
         worker = self.colocated[run.route[1]]
         events = worker.generate(run.attempt)

@@ -8,6 +8,7 @@ string keys, and a field added on one side is seen by the other.
                                        ──► TokenEvent ..., HandoffResult
     coordinator ──GenerationRequest──► ColocatedWorker.generate ──► TokenEvent ...
     coordinator ──► WorkerRuntime.load ──► WorkerLoad
+    coordinator ──owner, KV event cursor──► WorkerRuntime.report ──► WorkerReport
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from engine.kv_events import KvEventBatch
 from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
 
@@ -36,6 +38,9 @@ class GenerationRequest:
     # the key): every worker roots its prefix-cache hashes in it, and so does the router, so one
     # tenant's requests never hit another's cached blocks. "": no tenant (one shared cache).
     tenant: str = ""
+    # The coordinator that sent it: if that coordinator's lease on a worker lapses, the worker
+    # aborts it (workers/leases.py). "": no coordinator (never aborted for a lease).
+    owner: str = ""
 
     def __post_init__(self) -> None:
         for name in ("prompt_token_ids", "output_token_ids"):
@@ -125,6 +130,7 @@ class WorkerLoad:
     # kernels run ("avx512", "avx2", "scalar"; "" without them)
     weight_formats: dict[str, str] = field(default_factory=dict)
     kernel_isa: str = ""
+    num_leases_expired: int = 0  # coordinators whose requests this worker aborted (lease lapsed)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
@@ -141,4 +147,15 @@ class WorkerLoad:
             "kernels": dict(self.kernels),
             "weight_formats": dict(self.weight_formats),
             "kernel_isa": self.kernel_isa,
+            "num_leases_expired": self.num_leases_expired,
         }
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """A worker's answer to a coordinator's poll: its load, its prefix cache's events since the
+    coordinator's last poll (``engine.kv_events``), and how many coordinators hold a lease on it."""
+
+    load: WorkerLoad
+    kv_events: KvEventBatch
+    num_coordinators: int = 0

@@ -7,6 +7,11 @@ request's record lives from its arrival (``generate``, ``prefill``, or a decode 
 ``reserve``) until its stream reads the final item, it is aborted unread, or it ended unread
 ``unclaimed_grace_s`` ago (the engine thread checks in its housekeeping). So an idle worker
 holds no request: ``load().num_open_streams`` is 0.
+
+Every request names the coordinator that sent it; a coordinator renews its lease with each
+``report`` (its load poll), and one whose lease lapsed has all its requests here aborted
+(``workers/leases.py``). ``report`` also hands the coordinator the prefix cache's events after the
+last one it saw (``engine/kv_events.py``), from which its router mirrors this worker's cache.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,9 +28,11 @@ from engine.config import EngineConfig
 from engine.engine_loop import EngineLoop
 from engine.kernels import kernel_origins
 from engine.kernels.quantized import quantized_kernels
+from engine.kv_events import KvEventBatch, KvSnapshot
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
-from workers.contracts import GenerationRequest, HandoffTarget, WorkerLoad
+from workers.contracts import GenerationRequest, HandoffTarget, WorkerLoad, WorkerReport
+from workers.leases import Leases
 from workers.worker_request import WorkerRequests
 
 log = logging.getLogger(__name__)
@@ -53,13 +61,27 @@ class WorkerRuntime:
         self.engine = LLMEngine(config)
         self.unclaimed_grace_s = UNCLAIMED_GRACE_S
         self.requests = WorkerRequests(self.role)  # every request here (workers/worker_request.py)
+        self.leases = Leases()  # the coordinators sending requests here (workers/leases.py)
         self.loop = EngineLoop(self.engine, self)
 
     # ---- engine hooks (engine/engine_loop.py), on the engine thread -----------------------------
 
     def on_housekeeping(self) -> None:
-        """Forget requests ended and unread for their grace."""
+        """Forget requests ended and unread for their grace; abort those of coordinators whose
+        lease lapsed (on a thread of their own: an abort waits for this engine thread)."""
         self.requests.drop_unclaimed(self.unclaimed_grace_s)
+        for owner in self.leases.take_expired():
+            owned = self.requests.owned_by(owner)
+            log.warning("coordinator %s's lease lapsed: %d requests aborted", owner, len(owned))
+            if owned:
+                threading.Thread(target=self._abort_all, args=(owned,), daemon=True).start()
+
+    def _abort_all(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            try:
+                self.abort(request_id)
+            except Exception:  # one failed abort must not keep the others
+                log.exception("abort of %s failed", request_id)
 
     def on_events(self, events: list[TokenEvent]) -> None:
         for event in events:
@@ -76,7 +98,10 @@ class WorkerRuntime:
         the engine refuses ends with an error event. ``handoff``: where a prefill worker sends
         its KV once held; ``prefill_only``, ``max_output_tokens``: see
         :meth:`LLMEngine.add_request`."""
-        streamed = self.requests.open(request.request_id, streaming=True, handoff=handoff)
+        self.leases.renew(request.owner)
+        streamed = self.requests.open(
+            request.request_id, streaming=True, handoff=handoff, owner=request.owner
+        )
         arrived = time.monotonic()  # its wait for the engine thread counts as queueing too
 
         def queue_it(engine: LLMEngine) -> None:
@@ -117,6 +142,23 @@ class WorkerRuntime:
         self.requests.close(request_id)
         return aborted
 
+    def report(self, owner: str, kv_epoch: str = "", kv_seq: int = -1) -> WorkerReport:
+        """The load poll of coordinator ``owner``: renews its lease, and returns this worker's
+        load with the prefix cache's events after ``kv_seq`` of ``kv_epoch`` (a gap, when they
+        are gone or the epoch is not this engine's: the caller then asks ``kv_snapshot``)."""
+        self.leases.renew(owner)
+        events: KvEventBatch = self.engine.blocks.events.since(kv_epoch, kv_seq)
+        return WorkerReport(self.load(), events, len(self.leases.live()))
+
+    def kv_snapshot(self) -> KvSnapshot:
+        """Every hash in the prefix cache, taken on the engine thread (so exactly as of the
+        latest event)."""
+        return self.loop.call(lambda e: e.blocks.kv_snapshot()).result()
+
+    def live_coordinators(self) -> list[str]:
+        """The coordinators whose lease here has not lapsed."""
+        return self.leases.live()
+
     def load(self) -> WorkerLoad:
         """The engine's figures now, or, when the engine thread is in a step longer than
         ``LOAD_WAIT_S``, as of its last step: a load poll never waits for a long prefill."""
@@ -138,6 +180,7 @@ class WorkerRuntime:
             kernel_origins(),
             self.engine.model.weight_formats(),
             _kernel_isa(),
+            self.leases.num_expired,
         )
 
 

@@ -49,6 +49,7 @@ class WorkerRequest:
     events: queue.Queue = field(default_factory=queue.Queue, repr=False)
     ended_at: float | None = None  # ENDED_UNREAD: when its final item came
     handoff: HandoffTarget | None = None  # prefill: where its KV goes once the engine holds it
+    owner: str = ""  # the coordinator that sent it (workers/leases.py)
 
 
 class WorkerRequests:
@@ -67,15 +68,24 @@ class WorkerRequests:
             return request.phase if request is not None else None
 
     def open(
-        self, request_id: str, streaming: bool = False, handoff: HandoffTarget | None = None
+        self,
+        request_id: str,
+        streaming: bool = False,
+        handoff: HandoffTarget | None = None,
+        owner: str = "",
     ) -> WorkerRequest:
         with self._lock:
             if request_id in self._requests:
                 raise ValueError(f"request id {request_id!r} is already in use on {self.role}")
             phase = Phase.STREAMING if streaming else Phase.OPEN
-            request = WorkerRequest(request_id, phase, handoff=handoff)
+            request = WorkerRequest(request_id, phase, handoff=handoff, owner=owner)
             self._requests[request_id] = request
             return request
+
+    def owned_by(self, owner: str) -> list[str]:
+        """The ids of ``owner``'s requests here."""
+        with self._lock:
+            return [r.request_id for r in self._requests.values() if r.owner == owner]
 
     def claim(self, request_id: str) -> WorkerRequest | None:
         """``request_id`` for one stream to read; None if unknown, or a stream reads it."""
