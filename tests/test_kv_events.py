@@ -1,0 +1,117 @@
+"""Workers' prefix-cache events (``engine.kv_events``) and the routers' mirror of them
+(``coordinator.kv_index``): numbered, replayed after a short gap, resynchronised from a snapshot
+after a long one or a restart; two routers that never saw each other's requests route a shared
+prefix to the same worker, which reports it cached."""
+
+from __future__ import annotations
+
+import asyncio
+
+from coordinator.kv_index import KvIndex
+from coordinator.router import Router, RoutingConfig
+from engine.block_manager import BlockManager
+from engine.kv_events import REMOVED, STORED, KvEventBatch, KvEventLog
+from engine.prefix_hash import block_hashes
+from engine.sampling_params import SamplingParams
+from tests.test_tenant_isolation import InProcessCluster, _config
+from workers.colocated import ColocatedWorker
+from workers.contracts import GenerationRequest
+
+H = [bytes([i]) * 16 for i in range(10)]
+
+
+def test_the_log_replays_what_a_reader_missed_in_order():
+    log = KvEventLog(b"root")
+    for h in H[:3]:
+        log.record(STORED, h)
+    first = log.since(log.epoch, 0)
+    assert [e[0] for e in first.events] == [1, 2, 3] and first.last_seq == 3 and not first.gap
+    log.record(REMOVED, H[0])
+    again = log.since(log.epoch, first.last_seq)
+    assert again.events == ((4, REMOVED, H[0]),) and again.root == b"root"
+    assert log.since(log.epoch, 4).events == ()
+
+
+def test_a_reader_too_far_behind_or_of_another_epoch_is_told_to_resync():
+    log = KvEventLog(capacity=4)
+    for h in H[:6]:
+        log.record(STORED, h)
+    assert log.since(log.epoch, 1).gap  # events 2 and 3 are gone from the replay buffer
+    assert not log.since(log.epoch, 2).gap  # 3..6 are all there
+    assert log.since("another-epoch", 5).gap
+    assert log.since(log.epoch, -1).gap  # a first poll starts from a snapshot
+    assert log.since(log.epoch, 99).gap  # a cursor from the future is never trusted
+
+
+def test_the_block_manager_records_stores_and_evictions():
+    blocks = BlockManager(2, 4, enabled=True, root=b"r")
+    tokens = list(range(8))
+    hashes = block_hashes(tokens, 4, b"r")
+    ids = blocks.allocate(2)
+    blocks.register(ids, hashes, tokens, 0)
+    blocks.free(ids)
+    assert [(kind, h) for _, kind, h in blocks.events.since(blocks.events.epoch, 0).events] == [
+        (STORED, hashes[0]),
+        (STORED, hashes[1]),
+    ]
+    snapshot = blocks.kv_snapshot()
+    assert set(snapshot.hashes) == set(hashes) and snapshot.seq == 2
+    blocks.allocate(1)  # evicts the oldest cached block: the tail went free first
+    removed = blocks.events.since(blocks.events.epoch, 2).events
+    assert [kind for _, kind, _ in removed] == [REMOVED] and removed[0][2] in hashes
+
+
+def test_the_index_resyncs_after_a_gap_a_restart_or_an_overflow_never_guessing():
+    log = KvEventLog(b"root", capacity=3)
+    index = KvIndex()
+    key = ("decode", 0)
+    assert index.apply(key, log.since(*index.cursor(key)))  # first poll: a snapshot is due
+    index.load(key, log.snapshot([]))
+    log.record(STORED, H[1])
+    assert not index.apply(key, log.since(*index.cursor(key)))
+    assert index.match(key, [H[1], H[2]]) == 1
+    for h in H[2:8]:  # more than the replay buffer holds
+        log.record(STORED, h)
+    assert index.apply(key, log.since(*index.cursor(key)))
+    assert index.match(key, [H[1]]) == 0  # nothing is trusted until the snapshot
+    index.load(key, log.snapshot(H[1:8]))
+    assert index.match(key, H[1:8]) == 7 and index.num_resyncs == 2
+    out_of_order = KvEventBatch(log.epoch, b"root", 12, ((12, REMOVED, H[1]),))
+    assert index.apply(key, out_of_order) and index.match(key, [H[2]]) == 0
+    index.load(key, log.snapshot(H[1:8]))
+    restarted = KvEventLog(b"root")
+    assert index.apply(key, restarted.since(*index.cursor(key)))  # another epoch
+    index.load(key, restarted.snapshot([]))
+    for h in H[:3]:
+        restarted.record(STORED, h)
+    assert index.apply(key, restarted.since(*index.cursor(key)), capacity=2)  # over its blocks
+
+
+def _request(request_id: str, prompt: list[int]) -> GenerationRequest:
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True)
+    return GenerationRequest(request_id, prompt, params, owner="coordinator-a")
+
+
+def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model_dir):
+    """Router A routes a prompt; router B, which never saw it, learns from the workers' events
+    where it is cached and sends the next turn there, where it is a cache hit."""
+    workers = [ColocatedWorker(_config(tiny_model_dir), i) for i in range(2)]
+    routing = RoutingConfig(block_size=4, local_prefill_tokens=0, local_prefill_queue_tokens=0)
+    cluster = InProcessCluster(workers)
+    try:
+        first, second = Router(cluster, routing=routing), Router(cluster, routing=routing)
+        prompt = list(range(20, 60))
+        asyncio.run(first.refresh())
+        asyncio.run(second.refresh())
+        _, chosen = first.choose(prompt)
+        list(workers[chosen].generate(_request("turn-1", prompt)))
+        asyncio.run(second.refresh())
+        assert second.kv.num_entries(("colocated", chosen)) >= 9
+        assert second.kv.num_entries(("colocated", 1 - chosen)) == 0
+        follow_up = [*prompt, 7, 8, 9, 10]
+        assert second.choose(follow_up) == (0, chosen)
+        events = list(workers[chosen].generate(_request("turn-2", follow_up)))
+        assert max(e.num_cached_tokens for e in events) == 40
+    finally:
+        for worker in workers:
+            worker.loop.stop()
