@@ -64,7 +64,8 @@ examples:
   pdserve --config ms_coordinator.json --predict-port 8080
   pdserve --model ./my-llama-dir --deploy-mode single_node
   pdserve --ray-address auto --prefill 2 --decode 2 --kv-transport grpc
-  pdserve 127.0.0.1 1025 127.0.0.1 1026      (MindIE's positional form)"""
+  pdserve 127.0.0.1 1025 127.0.0.1 1026      (MindIE's positional form)
+  pdserve workers --config ms_coordinator.json   (a shared worker pool alone: --help)"""
 
 # option -> (metavar, what it sets); the range, the default and the config key come from SCHEMA
 OPTIONS = {
@@ -188,6 +189,11 @@ def resolve_config(args: argparse.Namespace) -> CoordinatorConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["workers"]:  # the shared worker pool alone (docs/replicas.md)
+        from coordinator.workers_command import main as workers_main
+
+        return workers_main(argv[1:])
     args = parse_args(argv)
     try:
         config = resolve_config(args)

@@ -107,6 +107,7 @@ class Cluster:
         # aborts still on their way to workers (a request's own state is its RequestRun's)
         self._releases: set[asyncio.Task] = set()
         self._cores: list[int] | None = None
+        self.ready_info: list[dict[str, Any]] = []
         self._id = uuid.uuid4().hex[:12]  # names this cluster's files on its hosts
         # the owner its requests name on the workers (workers/leases.py)
         self.coordinator_id = f"{socket.gethostname()}-{os.getpid()}-{self._id[:6]}"
@@ -143,7 +144,30 @@ class Cluster:
             )
         if cfg.embedding_model_path is not None and not cfg.generation:
             self.embedders = [self._embedder()]  # the model served: up before the service
-        ray.get([a.ready.remote() for a in [*self.actors, *self.embedders]], timeout=timeout_s)
+        self.ready_info = ray.get(
+            [a.ready.remote() for a in [*self.actors, *self.embedders]], timeout=timeout_s
+        )
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each worker's ``ready`` answer (role, instance, pid, cores, model) as of ``start``."""
+        return list(self.ready_info)
+
+    def stop_pool(self) -> list[str]:
+        """Stop the shared pool's actors that this configuration names; their names."""
+        cfg, stopped = self.config, []
+        if cfg.deploy_mode == "pd_separate":
+            counts = {"prefill": cfg.num_prefill, "decode": cfg.num_decode}
+        else:
+            counts = {"colocated": cfg.num_colocated}
+        names = [f"{role}-{i}" for role, count in counts.items() for i in range(count)]
+        for name in [*names, "embedding-0"]:
+            try:
+                actor = ray.get_actor(name, namespace=cfg.namespace)
+            except ValueError:  # not running
+                continue
+            ray.kill(actor, no_restart=True)
+            stopped.append(name)
+        return stopped
 
     def _embedder(self) -> Any:
         """The embedding worker (its model loads in its own process, ~320 MiB)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine.grammars import GrammarCache
-from workers.contracts import WorkerLoad
+from workers.contracts import WorkerLoad, WorkerReport
 
 LATENCY_BUCKETS = (
     0.005,
@@ -68,6 +68,7 @@ class Metrics:
         self._declare_transfers()
         self._declare_latencies()
         self._declare_grammars()
+        self._declare_replicas()
 
     def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
         return Counter(name, documentation, ["model_name", *labels], registry=self.registry)
@@ -244,6 +245,52 @@ class Metrics:
             self.grammar_cache_size.labels(*labels).set(stats.grammar_cache_size)
             self.grammar_masked_rows.observe(labels, load.pid, stats.grammar_masked_rows)
             self.grammar_mask_seconds.observe(labels, load.pid, stats.grammar_mask_seconds)
+
+    def _declare_replicas(self) -> None:
+        """What several coordinators over one worker pool add (docs/replicas.md)."""
+        self.coordinator_info = self._gauge(
+            "coordinator_info",
+            "1, labelled with this coordinator's id (its lease owner)",
+            "coordinator",
+        )
+        self.kv_events = self._counter(
+            "kv_events_received", "Prefix-cache events of the workers this router applied"
+        )
+        self.kv_resyncs = self._counter(
+            "kv_index_resyncs",
+            "Snapshots of a worker's prefix cache loaded after a gap in its events or a restart",
+        )
+        self.leases_expired = PolledCounter(
+            self._counter(
+                "worker_leases_expired",
+                "Coordinators whose lease on a worker lapsed (their requests there aborted)",
+                "role",
+                "instance",
+            )
+        )
+        self.worker_coordinators = self._gauge(
+            "worker_num_coordinators",
+            "Coordinators holding a live lease on a worker",
+            "role",
+            "instance",
+        )
+        self._kv_seen = (0, 0)
+
+    def record_replicas(
+        self, coordinator_id: str, reports: list[WorkerReport], num_events: int, num_resyncs: int
+    ) -> None:
+        """This coordinator's id, its router's event and resync totals, and each worker's
+        leases, from the latest load poll."""
+        self.coordinator_info.labels(self.model_name, coordinator_id).set(1)
+        events, resyncs = self._kv_seen
+        self.kv_events.labels(self.model_name).inc(max(num_events - events, 0))
+        self.kv_resyncs.labels(self.model_name).inc(max(num_resyncs - resyncs, 0))
+        self._kv_seen = (num_events, num_resyncs)
+        for report in reports:
+            load = report.load
+            labels = (self.model_name, load.role, str(load.instance))
+            self.leases_expired.observe(labels, load.pid, load.num_leases_expired)
+            self.worker_coordinators.labels(*labels).set(report.num_coordinators)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

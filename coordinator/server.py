@@ -108,6 +108,13 @@ class Coordinator:
         @app.get("/metrics")
         async def metrics() -> Response:
             self.metrics.record_loads(self.router.latest_loads)
+            router = self.router
+            self.metrics.record_replicas(
+                self.cluster.coordinator_id,
+                router.latest_reports,
+                router.kv.num_events,
+                router.kv.num_resyncs,
+            )
             self.metrics.record_grammars(self.model.grammars if self.model else None)
             return Response(
                 self.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8"

@@ -93,8 +93,8 @@ def _request(request_id: str, prompt: list[int]) -> GenerationRequest:
 
 
 def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model_dir):
-    """Router A routes a prompt; router B, which never saw it, learns from the workers' events
-    where it is cached and sends the next turn there, where it is a cache hit."""
+    """A prompt runs on worker 1 (where no router sent it); a router that never saw it learns
+    from the workers' events where it is cached and sends the next turn there, a cache hit."""
     workers = [ColocatedWorker(_config(tiny_model_dir), i) for i in range(2)]
     routing = RoutingConfig(block_size=4, local_prefill_tokens=0, local_prefill_queue_tokens=0)
     cluster = InProcessCluster(workers)
@@ -103,7 +103,8 @@ def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model
         prompt = list(range(20, 60))
         asyncio.run(first.refresh())
         asyncio.run(second.refresh())
-        _, chosen = first.choose(prompt)
+        chosen = 1  # where the first router would not send it (both idle: the first one)
+        assert first.choose(prompt) == (0, 0)
         list(workers[chosen].generate(_request("turn-1", prompt)))
         asyncio.run(second.refresh())
         assert second.kv.num_entries(("colocated", chosen)) >= 9
