@@ -50,7 +50,14 @@ CUSTOM_KINDS = {
     ("cert-manager.io/v1", "Certificate"),
     ("cert-manager.io/v1", "Issuer"),
 }
-BUILTIN_KINDS = {"ConfigMap", "Secret", "Service", "Deployment", "NetworkPolicy"}
+BUILTIN_KINDS = {
+    "ConfigMap",
+    "Secret",
+    "Service",
+    "Deployment",
+    "NetworkPolicy",
+    "PodDisruptionBudget",
+}
 KUBE_VERSIONS = ("1.25", kubernetes_validate.latest_version())  # Chart.yaml kubeVersion: >=1.25
 NAMES = [path.name.removesuffix("-values.yaml") for path in CI_VALUES]
 CASES = [(name, monitoring) for name in NAMES for monitoring in (False, True)]
@@ -280,6 +287,8 @@ def test_values_schema_only_uses_pdserve_config_keys() -> None:
         ({"tls": {"certManager": {"issuerRef": {"kind": "Vault"}}}}, "kind"),
         ({"networkPolicy": {"egress": {"dnsPorts": [0]}}}, "dnsPorts"),
         ({"networkPolicy": {"egress": {"extraRules": [{"to": [], "port": 80}]}}}, "port"),
+        ({"coordinator": {"replicas": 0}}, "/coordinator/replicas"),
+        ({"msCoordinator": {"backend_config": {"cluster_name": "a b"}}}, "cluster_name"),
     ],
     ids=[
         "string-replicas",
@@ -294,6 +303,8 @@ def test_values_schema_only_uses_pdserve_config_keys() -> None:
         "issuer-kind",
         "egress-dns-port",
         "egress-rule-typo",
+        "no-coordinator",
+        "cluster-name",
     ],
 )
 def test_values_schema_rejects_bad_values(tmp_path: Path, values: dict, named: str) -> None:

@@ -223,10 +223,14 @@ the compiled kernel) into the writable ~/.cache. */}}
 {{- end }}
 
 {{/* ms_coordinator.json: the msCoordinator sections plus what the chart manages (tls_config,
-backend_config.ray_address). */}}
+backend_config.ray_address, cluster_name). */}}
 {{- define "pdserve.msCoordinatorJson" -}}
 {{- $config := deepCopy .Values.msCoordinator }}
 {{- $_ := set $config.backend_config "ray_address" (include "pdserve.rayAddress" .) }}
+{{- /* Every coordinator replica serves from one shared pool of named, detached workers. */}}
+{{- if not $config.backend_config.cluster_name }}
+{{- $_ := set $config.backend_config "cluster_name" (include "pdserve.fullname" .) }}
+{{- end }}
 {{- /* Decode pods advertise their pod IP for the KV hand-off; each role's actors ask for their
       group's custom resource, so prefill actors land on prefill pods and decode on decode. */}}
 {{- if not (hasKey $config.backend_config "kv_host") }}
