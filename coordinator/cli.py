@@ -39,6 +39,7 @@ OVERRIDES = {  # CLI option -> config key
     "decode": "backend_config.num_decode_instances",
     "kv_transport": "backend_config.kv_transport",
     "ray_address": "backend_config.ray_address",
+    "cluster_name": "backend_config.cluster_name",
     "model_config": "backend_config.model_config",
 }
 POSITIONAL = ("predict_ip", "predict_port", "manage_ip", "manage_port")
@@ -64,6 +65,7 @@ examples:
   pdserve --config ms_coordinator.json --predict-port 8080
   pdserve --model ./my-llama-dir --deploy-mode single_node
   pdserve --ray-address auto --prefill 2 --decode 2 --kv-transport grpc
+  pdserve --ray-address HEAD:6379 --cluster-name prod   (one of several coordinators)
   pdserve 127.0.0.1 1025 127.0.0.1 1026      (MindIE's positional form)
   pdserve workers --config ms_coordinator.json   (a shared worker pool alone: --help)"""
 
@@ -90,6 +92,11 @@ OPTIONS = {
     "decode": ("N", "decode actors in pd_separate mode"),
     "kv_transport": ("NAME", "KV cache hand-off between prefill and decode: zmq or grpc"),
     "ray_address": ("ADDR", "join this Ray cluster ('auto' from inside one, or ray://HOST:PORT)"),
+    "cluster_name": (
+        "NAME",
+        "serve from the shared worker pool of this name, with any other coordinator of it "
+        "(docs/replicas.md)",
+    ),
     "model_config": (
         "JSON",
         "MLflow models: a JSON object overriding keys of the saved model_config",
@@ -98,6 +105,7 @@ OPTIONS = {
 DEFAULT_TEXT = {  # where the raw default would say nothing
     "ray_address": "none: start a local Ray",
     "model_config": "none: the saved model_config",
+    "cluster_name": "none: this coordinator's own workers",
 }
 
 

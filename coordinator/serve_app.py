@@ -1,11 +1,15 @@
 """pdserve as a Ray Serve application: the coordinator's predict app as the Serve ingress.
 
     serve run coordinator.serve_app:build config=/path/ms_coordinator.json [model=...] \\
-        [deploy_mode=...] [prefill=N] [decode=M] [kv_transport=...]
+        [deploy_mode=...] [prefill=N] [decode=M] [kv_transport=...] \\
+        [replicas=N cluster_name=NAME]
 
 or a Serve config file whose application has ``import_path: coordinator.serve_app:build`` and
 these ``args``. The ingress replica (no CPUs of its own) starts the prefill/decode actors on the
 same Ray cluster once, when Serve builds its ASGI app, and stops them when the replica stops.
+With ``replicas=N`` (N > 1) the ingress runs N replicas, each a coordinator in front of one
+shared pool of workers, ``cluster_name`` (needed then): the first replica starts the pool, the
+others find it, and a replica that stops leaves it running (docs/replicas.md).
 Serve's HTTP proxy carries every predict route (``/infer``, ``/v1/*``, Azure, TGI, MLflow);
 the probes are added to the same app, since Serve exposes a single port.
 
@@ -38,7 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 METRICS = ("off", "on")  # the ``metrics`` argument: /metrics left out, or behind the API keys
-ARGS = {"config", "metrics", *OVERRIDES}
+ARGS = {"config", "metrics", "replicas", *OVERRIDES}
+MAX_REPLICAS = 64
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
@@ -118,5 +123,24 @@ def build(args: dict[str, str]) -> serve.Application:
     if unknown:
         raise ValueError(f"unknown argument(s) {unknown}; accepted: {sorted(ARGS)}")
     check_metrics_arg(args)
+    replicas = check_replicas_arg(args)
     # serve.deployment replaces the class with a Deployment, which mypy cannot see
-    return CoordinatorIngress.bind(dict(args))  # type: ignore[attr-defined]
+    ingress = CoordinatorIngress.options(num_replicas=replicas)  # type: ignore[attr-defined]
+    return ingress.bind(dict(args))
+
+
+def check_replicas_arg(args: dict[str, Any]) -> int:
+    """The ``replicas`` argument (default 1); more than one needs a shared pool, so a
+    ``cluster_name`` (as an argument or in the config file)."""
+    text = str(args.get("replicas", "1"))
+    if not text.isdigit() or not 1 <= int(text) <= MAX_REPLICAS:
+        raise ConfigError(f"replicas must be an integer in [1, {MAX_REPLICAS}], got {text!r}")
+    replicas = int(text)
+    if replicas > 1 and not (
+        args.get("cluster_name") or serve_config(args)["backend_config"]["cluster_name"]
+    ):
+        raise ConfigError(
+            f"replicas={replicas} needs cluster_name (the worker pool every replica serves "
+            "from), as an argument or backend_config.cluster_name; got none"
+        )
+    return replicas

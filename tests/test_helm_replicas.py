@@ -74,4 +74,3 @@ def test_upgrading_the_coordinators_leaves_the_workers_as_they_were() -> None:
     assert one(before, "RayCluster") == one(after, "RayCluster")
     name_of = lambda docs: ms_coordinator(docs)["backend_config"]["cluster_name"]  # noqa: E731
     assert name_of(before) == name_of(after) == f"{RELEASE}-pdserve"
-

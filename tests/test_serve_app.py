@@ -102,3 +102,29 @@ def test_the_replica_refuses_the_tls_config_at_start(tmp_path):
 def test_metrics_argument_is_checked_at_build(tmp_path):
     with pytest.raises(ConfigError, match="metrics must be one of"):
         build({"config": config_file(tmp_path), "metrics": "public"})
+
+
+def test_replicas_share_one_named_pool(tmp_path):
+    """``replicas=N`` runs N ingress replicas, each a coordinator over one shared pool: more than
+    one needs a cluster_name, from the arguments or the config file."""
+    config = config_file(tmp_path)
+    assert build({"config": config})._bound_deployment.num_replicas == 1
+    named = build({"config": config, "replicas": "3", "cluster_name": "prod"})
+    assert named._bound_deployment.num_replicas == 3
+    assert (
+        serve_config({"config": config, "cluster_name": "prod"})["backend_config"]["cluster_name"]
+        == "prod"
+    )
+    with pytest.raises(ConfigError, match="replicas=2 needs cluster_name"):
+        build({"config": config, "replicas": "2"})
+    in_file = tmp_path / "named"
+    in_file.mkdir()
+    pool = {"embedding_model_path": "", "cluster_name": "pool"}
+    path = in_file / "ms_coordinator.json"
+    path.write_text(json.dumps({"backend_config": pool}))
+    assert build({"config": str(path), "replicas": 2})._bound_deployment.num_replicas == 2
+    for bad in ("0", "two", "65"):
+        with pytest.raises(
+            ConfigError, match=f"replicas must be an integer in \\[1, 64\\], got '{bad}'"
+        ):
+            build({"config": config, "replicas": bad})
