@@ -139,7 +139,7 @@ class RayOnHosts:
 
 @dataclass
 class HostedCoordinator:
-    """A pdserve coordinator on the head host, reached from there (``host.call``)."""
+    """A pdserve coordinator on one host of the bed, reached from there (``host.call``)."""
 
     host: Host
     process: subprocess.Popen
@@ -193,10 +193,12 @@ def start_coordinator(
     backend: dict[str, Any],
     workdir: Path,
     sections: dict[str, dict] | None = None,
+    host: str = "head",
 ) -> HostedCoordinator:
-    """``pdserve --ray-address <head>`` on the head host, with the chart's KV settings and
-    one prefill and one decode actor, each on its group's hosts; ``backend`` on top, and
-    other ``sections`` of the configuration (``exception_config``, ...)."""
+    """``pdserve --ray-address <head>`` on ``host`` (the head host unless named: a driver needs
+    the raylet every host runs), with the chart's KV settings and one prefill and one decode
+    actor, each on its group's hosts; ``backend`` on top, and other ``sections`` of the
+    configuration (``exception_config``, ...)."""
     config = {
         **(sections or {}),
         "http_config": dict(PORTS),
@@ -212,18 +214,17 @@ def start_coordinator(
     path = workdir / "ms_coordinator.json"
     path.write_text(json.dumps(config))
     log_path = workdir / "coordinator.log"
-    host = ray.bed["head"]
     args = [sys.executable, "-m", "coordinator", "--config", str(path)]
     args += ["--ray-address", ray.head_address]
     with open(log_path, "w") as log:
-        process = host.popen(
+        process = ray.bed[host].popen(
             args,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**ray.env, "PYTHONUNBUFFERED": "1"},
             cwd=Path(__file__).resolve().parent.parent,
         )
-    return HostedCoordinator(host, process, log_path, dict(PORTS))
+    return HostedCoordinator(ray.bed[host], process, log_path, dict(PORTS))
 
 
 def _port_open(address: str, port: int) -> bool:

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import pickle
 import socket
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -38,8 +39,10 @@ from dataclasses import replace
 from typing import Any
 
 import ray
+from ray.experimental import internal_kv
 
 from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.ray_node import own_node_ip
 from coordinator.ray_services import without_unused_services
 from coordinator.request_run import RequestRun, RunPhase
 from decode_worker.worker import DecodeWorker
@@ -48,7 +51,7 @@ from engine.kv_events import KvSnapshot
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import pd_output_limit
-from engine.transfer.security import generate_credentials
+from engine.transfer.security import ClusterCredentials, generate_credentials
 from prefill_worker.worker import PrefillWorker
 from workers.colocated import ColocatedWorker
 from workers.contracts import (
@@ -67,6 +70,7 @@ FAULT_INJECTION = "PDSERVE_FAULT_INJECTION"  # "1": workers accept inject_fault 
 _UNCLEAN = (FinishReason.ERROR, FinishReason.ABORT)
 RELEASE_WAIT_S = 2.0  # how long a finished stream waits for its workers to drop the request
 LOAD_TIMEOUT_S = 2.0  # a worker that does not report its load within this is left out (stale)
+POOL_CREDENTIALS = b"kv-credentials"  # a shared pool's KV credentials in Ray's GCS store
 
 
 def fault_injection_enabled() -> bool:
@@ -79,7 +83,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     A local Ray otherwise binds its services to the host's external address. Ray reads
     ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when it is imported, so the flag it derived is set too;
     the processes it starts inherit the variable. A local Ray runs none of Ray's services that
-    pdserve does not use (``ray_services.py``).
+    pdserve does not use (``ray_services.py``). Joining one, it attaches to this host's own
+    raylet where the machine shows several (``ray_node.py``).
     """
     if ray.is_initialized():
         return False
@@ -94,6 +99,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         with without_unused_services():
             ray.init(address="local", **kwargs)
     else:
+        node_ip = own_node_ip(address)
+        if node_ip is not None:
+            kwargs["_node_ip_address"] = node_ip
         ray.init(address=address, **kwargs)
     return address is None
 
@@ -131,7 +139,7 @@ class Cluster:
             transfer = cfg.kv_transfer
             # fresh per start, to the actors only (restarted ones get the same); a plaintext
             # plane still admits only the cluster's senders with them (security.py)
-            keys = generate_credentials() if transfer.transport != "inprocess" else None
+            keys = self._credentials() if transfer.transport != "inprocess" else None
             self.prefills = self._actors(
                 PrefillWorker, prefill, cfg.num_prefill, transfer, keys and keys.sender
             )
@@ -147,6 +155,21 @@ class Cluster:
         self.ready_info = ray.get(
             [a.ready.remote() for a in [*self.actors, *self.embedders]], timeout=timeout_s
         )
+
+    def _credentials(self) -> ClusterCredentials:
+        """The KV plane's credentials for the workers this start may create: fresh for a
+        private cluster; for a shared pool, the first starter's, put once into Ray's GCS store
+        (put-if-absent), so that workers created by two coordinators starting at once still
+        trust each other. ``stop_pool`` drops them with the workers."""
+        fresh = generate_credentials()
+        namespace = self.config.namespace
+        if namespace is None:
+            return fresh
+        internal_kv._internal_kv_put(
+            POOL_CREDENTIALS, pickle.dumps(fresh), overwrite=False, namespace=namespace
+        )
+        stored = internal_kv._internal_kv_get(POOL_CREDENTIALS, namespace=namespace)
+        return pickle.loads(stored) if stored is not None else fresh
 
     def describe(self) -> list[dict[str, Any]]:
         """Each worker's ``ready`` answer (role, instance, pid, cores, model) as of ``start``."""
@@ -167,6 +190,7 @@ class Cluster:
                 continue
             ray.kill(actor, no_restart=True)
             stopped.append(name)
+        internal_kv._internal_kv_del(POOL_CREDENTIALS, namespace=cfg.namespace)
         return stopped
 
     def _embedder(self) -> Any:
@@ -288,6 +312,8 @@ class Cluster:
         if self.config.namespace is None or (self.config.own_workers and not self.others()):
             for actor in [*self.actors, *self.embedders]:
                 ray.kill(actor, no_restart=True)
+            if self.config.namespace is not None:
+                internal_kv._internal_kv_del(POOL_CREDENTIALS, namespace=self.config.namespace)
         self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
 
     def others(self) -> set[str]:
