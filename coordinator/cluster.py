@@ -47,7 +47,7 @@ from coordinator.ray_services import without_unused_services
 from coordinator.request_run import RequestRun, RunPhase
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig
-from engine.kv_events import KvSnapshot
+from engine.kv_events import KvEventBatch, KvSnapshot
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import pd_output_limit
@@ -521,6 +521,13 @@ class Cluster:
         ]
         answers = await asyncio.gather(*calls)
         return [report for report in answers if report is not None]
+
+    async def kv_events(
+        self, role: str, instance: int, epoch: str, seq: int, wait_s: float
+    ) -> KvEventBatch:
+        """Worker ``(role, instance)``'s prefix-cache events after (epoch, seq), once there is
+        one or ``wait_s`` passed (a long poll)."""
+        return await self.worker(role, instance).kv_events.remote(epoch, seq, wait_s)
 
     async def kv_snapshot(self, role: str, instance: int) -> KvSnapshot:
         """Every hash in worker ``(role, instance)``'s prefix cache now."""

@@ -1,7 +1,8 @@
 """Each worker's prefix cache as its own events say it is: what the router weighs first.
 
 Every worker numbers the block hashes its cache stores and evicts (``engine.kv_events``); each
-load poll brings the events after the last one this index applied, and the index keeps, per
+load poll, and each router's long poll of a worker, brings the events after the last one this
+index applied (an event that arrives twice applies once), and the index keeps, per
 worker, the set of hashes cached there. So every coordinator in front of the same workers holds
 the same picture, whoever routed the requests. A worker's first poll, a worker that restarted (a
 new *epoch*), and a gap in the numbers (the worker no longer holds the events this index missed)
@@ -65,6 +66,8 @@ class KvIndex:
             self._forget(mirror, batch.epoch, batch.root)
             return True
         for seq, kind, block_hash in batch.events:
+            if seq <= mirror.seq:  # applied already (a load poll and a long poll overlap)
+                continue
             if seq != mirror.seq + 1:  # never applied out of order
                 self._forget(mirror, batch.epoch, batch.root)
                 return True
@@ -73,7 +76,7 @@ class KvIndex:
             elif kind == REMOVED:
                 mirror.hashes.discard(block_hash)
             mirror.seq = seq
-        self.num_events += len(batch.events)
+            self.num_events += 1
         if capacity and len(mirror.hashes) > capacity:
             self._forget(mirror, batch.epoch, batch.root)
             return True

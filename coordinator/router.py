@@ -6,7 +6,9 @@ the last poll. Prefill load: prompt tokens queued. Decode load: running requests
 
 Engines keep the KV of full blocks for later prompts with the same prefix, so the router also
 weighs, per worker, the blocks its cache holds: as the worker's own events say
-(``coordinator.kv_index``, the same for every coordinator in front of the same workers), and, for
+(``coordinator.kv_index``, the same for every coordinator in front of the same workers; they
+come with each load poll and, while other coordinators share the workers, within
+~``FOLLOW_BATCH_S`` from a long poll of each worker), and, for
 the few seconds before those events arrive (``ROUTED_HINT_S``) or for a worker that publishes
 none, what this router sent there (``coordinator.prefix_index``) (docs/architecture.md#routing):
 
@@ -52,6 +54,12 @@ STALE_GRACE_S = 30.0
 # a worker whose events this router mirrors: what was routed there counts this long (until the
 # worker's own events say what it cached)
 ROUTED_HINT_S = 5.0
+# while other coordinators share the workers, each worker's prefix-cache events are also
+# followed by a long poll: it waits up to FOLLOW_WAIT_S for the next event and returns at most
+# every FOLLOW_BATCH_S (events batch up meanwhile), so a block stored on a worker reaches every
+# router within ~FOLLOW_BATCH_S, not at its next load poll
+FOLLOW_WAIT_S = 2.0
+FOLLOW_BATCH_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -137,17 +145,25 @@ class Router:
         self.prefills: list[WorkerState] = []
         self.decodes: list[WorkerState] = []
         self._task: asyncio.Task | None = None
+        self._followers: list[asyncio.Task] = []
         self.latest_loads: list[WorkerLoad] = []
         self.latest_reports: list[WorkerReport] = []
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._poll_forever())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._poll_forever())
+        self._bind()
+        if hasattr(self.cluster, "kv_events"):  # (test doubles without it are polled only)
+            workers = [*self.prefills, *self.decodes]
+            self._followers = [loop.create_task(self._follow_forever(w)) for w in workers]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [t for t in (self._task, *self._followers) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     def _bind(self) -> None:
         """Worker states for the cluster's actors (known once it has started)."""
@@ -184,6 +200,30 @@ class Router:
                 state.pid = load.pid
                 await self._follow_events(state, report)
         return loads
+
+    async def _follow_forever(self, state: WorkerState) -> None:
+        """Long-poll ``state``'s worker for its prefix-cache events and apply them as they come
+        (a gap or another epoch is left to the load poll, which resynchronises)."""
+        while True:
+            epoch, seq = self.kv.cursor(state.key)
+            if seq < 0 or not state.fresh or not self._shared():
+                # not in sync yet, not answering, or no other coordinator routes to the workers
+                # (what this one routed counts at once): the load poll's events suffice
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            try:
+                batch = await self.cluster.kv_events(*state.key, epoch, seq, FOLLOW_WAIT_S)
+            except Exception as exc:  # dead or restarting: the load poll notices it
+                log.debug("events of %s worker %d: %r", *state.key, exc)
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            if not batch.gap and batch.epoch == self.kv.cursor(state.key)[0]:
+                self.kv.apply(state.key, batch, state.stats.num_total_blocks)
+            await asyncio.sleep(FOLLOW_BATCH_S)
+
+    def _shared(self) -> bool:
+        """Whether another coordinator holds a lease on any worker, as of the last poll."""
+        return any(report.num_coordinators > 1 for report in self.latest_reports)
 
     async def _follow_events(self, state: WorkerState, report: WorkerReport) -> None:
         """Apply a worker's prefix-cache events; after a gap or a restart, load its snapshot

@@ -9,6 +9,8 @@ starting fresh, is told to resynchronise from a snapshot of the cached hashes in
 epoch knows the worker restarted and its earlier events mean nothing.
 
 Events are appended on the engine thread and read from others: one lock guards the buffer.
+A reader may also wait for the next events (:meth:`KvEventLog.wait_since`, a long poll), so a
+router learns of a stored block within a few milliseconds instead of at its next load poll.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class KvEventLog:
         self._events: deque[tuple[int, str, bytes]] = deque(maxlen=capacity)
         self._seq = 0  # the number of the latest event (0: none yet)
         self._lock = threading.Lock()
+        self._recorded = threading.Condition(self._lock)
 
     @property
     def last_seq(self) -> int:
@@ -64,6 +67,7 @@ class KvEventLog:
         with self._lock:
             self._seq += 1
             self._events.append((self._seq, kind, block_hash))
+            self._recorded.notify_all()
 
     def since(self, epoch: str, seq: int) -> KvEventBatch:
         """The events after ``seq`` of ``epoch`` (at most ``MAX_BATCH``: the reader asks again
@@ -77,6 +81,15 @@ class KvEventLog:
             events = tuple(itertools.islice(self._events, start, start + MAX_BATCH))
         end = events[-1][0] if events else seq
         return KvEventBatch(self.epoch, self.root, end, events)
+
+    def wait_since(self, epoch: str, seq: int, timeout_s: float) -> KvEventBatch:
+        """:meth:`since`, once there is an event after ``seq`` (or it names another epoch, or
+        ``timeout_s`` passed: then maybe no events)."""
+        with self._recorded:
+            self._recorded.wait_for(
+                lambda: epoch != self.epoch or self._seq > seq, timeout=max(0.0, timeout_s)
+            )
+        return self.since(epoch, seq)
 
     def snapshot(self, hashes: list[bytes]) -> KvSnapshot:
         """A snapshot of ``hashes`` (every cached one, read on the engine thread, where events

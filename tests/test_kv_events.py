@@ -6,9 +6,11 @@ prefix to the same worker, which reports it cached."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 from coordinator.kv_index import KvIndex
-from coordinator.router import Router, RoutingConfig
+from coordinator.router import FOLLOW_BATCH_S, Router, RoutingConfig
 from engine.block_manager import BlockManager
 from engine.kv_events import REMOVED, STORED, KvEventBatch, KvEventLog
 from engine.prefix_hash import block_hashes
@@ -16,6 +18,7 @@ from engine.sampling_params import SamplingParams
 from tests.test_tenant_isolation import InProcessCluster, _config
 from workers.colocated import ColocatedWorker
 from workers.contracts import GenerationRequest
+from workers.leases import LEASE_S
 
 H = [bytes([i]) * 16 for i in range(10)]
 
@@ -41,6 +44,36 @@ def test_a_reader_too_far_behind_or_of_another_epoch_is_told_to_resync():
     assert log.since("another-epoch", 5).gap
     assert log.since(log.epoch, -1).gap  # a first poll starts from a snapshot
     assert log.since(log.epoch, 99).gap  # a cursor from the future is never trusted
+
+
+def test_a_long_poll_returns_at_the_next_event_or_its_timeout():
+    log = KvEventLog()
+    start = time.monotonic()
+    assert log.wait_since(log.epoch, 0, 0.2).events == ()  # none came: after the timeout
+    assert time.monotonic() - start >= 0.2
+    threading.Timer(0.05, log.record, (STORED, H[0])).start()
+    start = time.monotonic()
+    woke = log.wait_since(log.epoch, 0, 5.0)
+    assert woke.events == ((1, STORED, H[0]),) and time.monotonic() - start < 1.0
+    start = time.monotonic()
+    assert log.wait_since("another-epoch", 1, 5.0).gap  # at once: a resync is due
+    assert log.wait_since(log.epoch, 0, 5.0).events  # at once: there is one already
+    assert time.monotonic() - start < 1.0
+
+
+def test_an_event_that_arrives_twice_applies_once():
+    """A load poll and a long poll may bring the same events: no resync, no double count."""
+    log, index, key = KvEventLog(b"root"), KvIndex(), ("prefill", 0)
+    index.apply(key, log.since(*index.cursor(key)))
+    index.load(key, log.snapshot([]))
+    cursor = index.cursor(key)
+    for h in H[:3]:
+        log.record(STORED, h)
+    assert not index.apply(key, log.since(*cursor))
+    log.record(REMOVED, H[0])
+    assert not index.apply(key, log.since(*cursor))  # 1-3 again, then 4
+    assert index.num_events == 4 and index.num_resyncs == 1
+    assert index.match(key, H[:3]) == 0 and index.match(key, H[1:3]) == 2
 
 
 def test_the_block_manager_records_stores_and_evictions():
@@ -113,6 +146,57 @@ def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model
         assert second.choose(follow_up) == (0, chosen)
         events = list(workers[chosen].generate(_request("turn-2", follow_up)))
         assert max(e.num_cached_tokens for e in events) == 40
+    finally:
+        for worker in workers:
+            worker.loop.stop()
+
+
+def test_a_router_learns_of_another_routers_prefix_at_once_from_its_long_poll(tiny_model_dir):
+    """With load polls far apart, a router sharing the workers with another coordinator still
+    knows within a batching period that a worker stored a prompt it never routed: each worker's
+    events are long-polled. Alone in front of them, it leaves the events to its load polls."""
+    workers = [ColocatedWorker(_config(tiny_model_dir), i) for i in range(2)]
+    routing = RoutingConfig(block_size=4, local_prefill_tokens=0, local_prefill_queue_tokens=0)
+    cluster = InProcessCluster(workers)
+    prompt = list(range(20, 60))
+
+    async def scenario() -> float:
+        router = Router(cluster, poll_interval_s=30.0, routing=routing)
+        for worker in workers:  # another coordinator shares them
+            worker.report("another-coordinator")
+        await router.refresh()  # in sync: the long polls take over from here
+        router.start()
+        try:
+            await asyncio.sleep(0.1)
+            await asyncio.to_thread(lambda: list(workers[1].generate(_request("t", prompt))))
+            generated = time.monotonic()
+            while router.kv.num_entries(("colocated", 1)) < 9:
+                assert time.monotonic() - generated < 2.0, "the long poll brought nothing"
+                await asyncio.sleep(0.005)
+            assert router.choose([*prompt, 1, 2, 3]) == (0, 1)
+            return time.monotonic() - generated
+        finally:
+            await router.stop()
+
+    async def alone() -> int:
+        router = Router(cluster, poll_interval_s=30.0, routing=routing)
+        await router.refresh()
+        router.start()
+        try:
+            assert not router._shared()
+            more = [*prompt, *range(100, 140)]
+            await asyncio.to_thread(lambda: list(workers[0].generate(_request("u", more))))
+            await asyncio.sleep(0.5)
+            return router.kv.num_entries(("colocated", 0))
+        finally:
+            await router.stop()
+
+    try:
+        learned_s = asyncio.run(scenario())
+        assert learned_s < 0.5 + FOLLOW_BATCH_S  # not at the next load poll, 30 s away
+        for worker in workers:  # the other coordinator's lease lapses (so does the router's,
+            worker.leases.take_expired(time.monotonic() + LEASE_S + 1)  # renewed at its poll)
+        assert asyncio.run(alone()) == 0  # not followed: its next load poll brings them
     finally:
         for worker in workers:
             worker.loop.stop()

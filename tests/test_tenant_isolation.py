@@ -174,6 +174,11 @@ class InProcessCluster:
     async def kv_snapshot(self, role, instance):
         return await asyncio.to_thread(self.colocated[instance].kv_snapshot)
 
+    async def kv_events(self, role, instance, epoch, seq, wait_s):
+        """``Cluster.kv_events``: the worker's real long poll."""
+        worker = self.colocated[instance]
+        return await asyncio.to_thread(worker.kv_events, epoch, seq, wait_s)
+
     async def stream(self, run: RequestRun) -> AsyncGenerator[TokenEvent, None]:
         worker = self.colocated[run.route[1]]
         events = worker.generate(run.attempt)

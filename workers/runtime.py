@@ -38,6 +38,7 @@ from workers.worker_request import WorkerRequests
 log = logging.getLogger(__name__)
 UNCLAIMED_GRACE_S = 30.0
 LOAD_WAIT_S = 0.5
+KV_EVENTS_MAX_WAIT_S = 5.0  # the longest a router's long poll for prefix-cache events waits
 
 
 class WorkerRuntime:
@@ -149,6 +150,12 @@ class WorkerRuntime:
         self.leases.renew(owner)
         events: KvEventBatch = self.engine.blocks.events.since(kv_epoch, kv_seq)
         return WorkerReport(self.load(), events, len(self.leases.live()))
+
+    def kv_events(self, kv_epoch: str, kv_seq: int, wait_s: float) -> KvEventBatch:
+        """The prefix cache's events after ``kv_seq`` of ``kv_epoch`` once there is one, waiting
+        up to ``wait_s`` (at most ``KV_EVENTS_MAX_WAIT_S``) for it: a router's long poll."""
+        wait_s = min(max(0.0, float(wait_s)), KV_EVENTS_MAX_WAIT_S)
+        return self.engine.blocks.events.wait_since(kv_epoch, kv_seq, wait_s)
 
     def kv_snapshot(self) -> KvSnapshot:
         """Every hash in the prefix cache, taken on the engine thread (so exactly as of the
