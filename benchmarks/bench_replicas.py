@@ -18,7 +18,7 @@ which goes first per draw.
 - **Shared-prefix chat**: the prefix-cache benchmark's multi-turn chat mix (one system prompt,
   ``--users`` users of ``--turns`` turns); with two coordinators every next turn of a user comes
   through the other coordinator. Figure: the prefix-cache hit rate from the answers' usage,
-  ``sum(cached_tokens) / sum(prompt_tokens)``; the goal is two within 2 % of one.
+  ``sum(cached_tokens) / sum(prompt_tokens)``; the goal is two at most 2 points below one.
 - **Kill**: 8 clients on each coordinator; the second is killed with SIGKILL and restarted,
   ``--kills`` times: seconds from the kill until the workers have aborted its requests (their
   ``num_leases_expired`` goes up), the survivor's failed requests, and the blocks in use once
@@ -55,9 +55,12 @@ from tests.tiny_model import build_tiny_model
 
 POOL = "bench-replicas"
 SIDES = ("one", "two")
-RATES = (40.0, 60.0, 80.0, 100.0, 125.0, 150.0)  # requests/s, chosen on the tuning draws
+# requests/s: on the tuning draws one coordinator's p99 TTFT crossed 1 s between 100 and 120
+# and two coordinators' between 60 and 80 (two cores run the coordinators, the workers and the
+# client), so the ladder is dense there
+RATES = (40.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0)
 TTFT_SLO_S = 1.0
-HIT_RATE_GOAL = 0.02  # two coordinators' hit rate within 2 % of one's
+HIT_RATE_GOAL = 0.02  # two coordinators' hit rate at most 2 points below one's
 OUT = ROOT / "benchmarks" / "results" / "replicas.json"
 
 
@@ -282,7 +285,7 @@ def summarize(args, seeds, short, chat, kills) -> dict[str, Any]:  # noqa: ANN00
         "throughput_ratio_two_to_one": two / one if one and two else None,
         "prefix_chat": hits,
         "hit_rate_difference": hit_gap,
-        "hit_rate_goal_met": abs(hit_gap) <= HIT_RATE_GOAL,
+        "hit_rate_goal_met": hit_gap >= -HIT_RATE_GOAL,
         "kill": {"runs": kills, "freed_s": spread(freed), "lease_s": 6.0},
     }
 
