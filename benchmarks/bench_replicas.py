@@ -1,8 +1,8 @@
 """One coordinator against two in front of the same workers, side by side in one run
 (docs/replicas.md).
 
-    python -m benchmarks.bench_replicas                       # held-out draws -> results JSON
-    python -m benchmarks.bench_replicas --draw-set tuning --out /tmp/replicas.json
+    python benchmarks/bench_replicas.py                       # held-out draws -> results JSON
+    python benchmarks/bench_replicas.py --draw-set tuning --out /tmp/replicas.json
 
 A Ray head on 127.0.0.1, a shared pool started by ``pdserve workers`` (a tiny random model, so
 that the coordinators' own CPU, not the model, is what a request costs: 2 prefill workers and 1
@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.modes_draws import draw_seeds, rotated
 from benchmarks.replicas_load import ClosedLoop, Sent, chat_mix, open_loop
@@ -293,7 +295,7 @@ def summarize(args, seeds, short, chat, kills) -> dict[str, Any]:  # noqa: ANN00
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--draw-set", choices=("tuning", "held-out"), default="held-out")
-    parser.add_argument("--draws", type=int, default=2)
+    parser.add_argument("--draws", type=int, default=3)
     parser.add_argument("--rates", type=float, nargs="+", default=list(RATES))
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--words", type=int, default=24)
