@@ -305,6 +305,54 @@ def render_structured(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_replicas(data: dict[str, Any]) -> str:
+    short, chat, kill = data["short_completions"], data["prefix_chat"], data["kill"]
+    setup = data["setup"]
+    lines = [
+        provenance(data["meta"]),
+        "",
+        f"One coordinator against two over one pool ({setup['workers']}; {setup['model']}), "
+        f"{data['draw_set']} draws {', '.join(map(str, data['seeds']))}. Short streamed "
+        f"`/v1/completions` ({setup['short']['words']} words, {setup['short']['max_tokens']} "
+        "tokens) at Poisson rates; the highest rate whose pooled p99 TTFT is at most "
+        f"{setup['ttft_slo_s']:g} s with no failed request [each draw's own, min-max]:",
+        "",
+        "| coordinators | highest rate within the SLO, req/s | completed there, req/s "
+        "| shared-prefix chat hit rate [per draw] |",
+        "|---|---|---|---|",
+    ]
+    for side in ("one", "two"):
+        row, hits = short[side], chat[side]
+        rate = "none" if row["max_rate"] is None else f"{row['max_rate']:g}"
+        done = row["completed_per_s_at_slo"]
+        per = hits["hit_rate_per_draw"]
+        lines.append(
+            f"| {side} | {rate} {_range(row['max_rate_per_draw'])} | "
+            f"{'-' if done is None else f'{done:.1f}'} | {hits['hit_rate']:.1%} "
+            f"[{per['min']:.1%}-{per['max']:.1%}] |"
+        )
+    ratio = data["throughput_ratio_two_to_one"]
+    gap = data["hit_rate_difference"]
+    freed = kill["freed_s"]
+    runs = kill["runs"]
+    lines += [
+        "",
+        f"Two over one: {'-' if ratio is None else f'{ratio:.2f}x'} the requests/s within the "
+        f"SLO; hit rate {gap * 100:+.1f} points (goal: at most 2 points below: "
+        f"{'met' if data['hit_rate_goal_met'] else 'missed'}). SIGKILL of a coordinator under "
+        f"load ({len(runs)} times): its requests aborted on every worker "
+        f"{_cell(freed, 2)} s after the kill (lease {kill['lease_s']:g} s); the other's "
+        f"clients saw {sum(r['survivor_failed'] for r in runs)} failed of "
+        f"{sum(r['survivor_requests'] for r in runs)} requests; blocks left in use: "
+        f"{sum(r['blocks_in_use_after'] for r in runs)}.",
+    ]
+    return "\n".join(lines)
+
+
+def _range(spread: dict[str, Any] | None) -> str:
+    return "" if spread is None else f"[{spread['min']:g}-{spread['max']:g}]"
+
+
 def render_memory(data: dict[str, Any]) -> str:
     return render_memory_tables(data, provenance(data["_meta"]))
 
@@ -330,6 +378,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "http_edge": render_http_edge,
     "structured": render_structured,
     "memory": render_memory,
+    "replicas": render_replicas,
 }
 
 

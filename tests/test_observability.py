@@ -281,6 +281,7 @@ def _api(url: str, path: str, **params: str) -> dict:
 def _grafana_to_promql(expr: str, models: set[str]) -> str:
     pattern = "|".join(re.escape(m) for m in sorted(models)).replace("\\", "\\\\")
     expr = re.sub(r"\$\{model_name(?::\w+)?\}|\$model_name\b", lambda _: pattern, expr)
+    expr = re.sub(r"\$\{coordinator(?::\w+)?\}|\$coordinator\b", ".*", expr)  # All
     return re.sub(r"\$\{__\w+\}|\$__\w+", RATE_WINDOW, expr)
 
 
@@ -340,6 +341,11 @@ def test_dashboard_is_grafana_schema_39_with_datasource_and_model_variables():
     assert model["type"] == "query" and model["datasource"]["uid"] == "${datasource}"
     assert re.fullmatch(r"label_values\(\w+, model_name\)", model["definition"])
     assert model["query"]["query"] == model["definition"]
+    # the coordinator replicas (docs/replicas.md): every panel shows the ones chosen
+    coordinator = variables["coordinator"]
+    assert coordinator["multi"] and coordinator["includeAll"]
+    assert coordinator["definition"].startswith("label_values(coordinator_info{")
+    assert coordinator["definition"].endswith(", instance)")
     panels = _panels()
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     assert {p["type"] for p in panels} == {"timeseries", "stat"}
@@ -350,6 +356,7 @@ def test_dashboard_is_grafana_schema_39_with_datasource_and_model_variables():
         for target in panel["targets"]:
             for selector in re.findall(r"\{[^}]*\}", target["expr"]):
                 assert 'model_name=~"$model_name"' in selector, target["expr"]
+                assert 'instance=~"$coordinator"' in selector, target["expr"]
             for window in re.findall(r"\[[^\]]*\]", target["expr"]):
                 assert window == "[$__rate_interval]", target["expr"]
 

@@ -18,6 +18,7 @@ NAMES = (
     "engine",
     "compare_modes",
     "decode_step",
+    "replicas",
 )  # the README's
 NAMES_IN_DOCS = ("core_sharing", "http_edge", "structured", "memory")
 PROVENANCE = ("cpu", "isa_executes", "cpuid_flags", "commit", "date", "command")
@@ -100,3 +101,12 @@ def test_core_sharing_was_decided_on_held_out_draws():
     assert data["draw_set"] == "held-out" and len(data["seeds"]) >= 3
     for with_mode, without_mode in report.CORE_SHARING_PARTS.values():
         assert {with_mode, without_mode} <= set(data["results"])
+
+
+def test_the_replicas_figures_come_from_held_out_draws():
+    data = json.loads((report.RESULTS / "replicas.json").read_text())
+    assert data["draw_set"] == "held-out" and len(data["seeds"]) >= 3
+    for side in ("one", "two"):
+        rows = data["short_completions"][side]["rates"]
+        assert all(len(row["ttft_p99_s_per_draw"]) == len(data["seeds"]) for row in rows)
+    assert all(run["blocks_in_use_after"] == 0 for run in data["kill"]["runs"])
