@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import pickle
 import socket
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -39,19 +38,16 @@ from dataclasses import replace
 from typing import Any
 
 import ray
-from ray.experimental import internal_kv
 
 from coordinator.cluster_config import ActorResources, ClusterConfig
-from coordinator.ray_node import own_node_ip
-from coordinator.ray_services import without_unused_services
 from coordinator.request_run import RequestRun, RunPhase
+from coordinator.worker_pool import actor_options, drop_credentials, pool_credentials, stop_pool
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig
 from engine.kv_events import KvEventBatch, KvSnapshot
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import pd_output_limit
-from engine.transfer.security import ClusterCredentials, generate_credentials
 from prefill_worker.worker import PrefillWorker
 from workers.colocated import ColocatedWorker
 from workers.contracts import (
@@ -70,40 +66,10 @@ FAULT_INJECTION = "PDSERVE_FAULT_INJECTION"  # "1": workers accept inject_fault 
 _UNCLEAN = (FinishReason.ERROR, FinishReason.ABORT)
 RELEASE_WAIT_S = 2.0  # how long a finished stream waits for its workers to drop the request
 LOAD_TIMEOUT_S = 2.0  # a worker that does not report its load within this is left out (stale)
-POOL_CREDENTIALS = b"kv-credentials"  # a shared pool's KV credentials in Ray's GCS store
 
 
 def fault_injection_enabled() -> bool:
     return os.environ.get(FAULT_INJECTION) == "1"
-
-
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
-    """Connect to ``address``, or start a local Ray bound to 127.0.0.1. True if started here.
-
-    A local Ray otherwise binds its services to the host's external address. Ray reads
-    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when it is imported, so the flag it derived is set too;
-    the processes it starts inherit the variable. A local Ray runs none of Ray's services that
-    pdserve does not use (``ray_services.py``). Joining one, it attaches to this host's own
-    raylet where the machine shows several (``ray_node.py``).
-    """
-    if ray.is_initialized():
-        return False
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-    if address is None:
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
-        kwargs["num_cpus"] = num_cpus
-    # "local": a Ray of our own even when another one runs on this machine (never join it
-    # unasked: that is what --ray-address auto is for).
-    if address is None:
-        with without_unused_services():
-            ray.init(address="local", **kwargs)
-    else:
-        node_ip = own_node_ip(address)
-        if node_ip is not None:
-            kwargs["_node_ip_address"] = node_ip
-        ray.init(address=address, **kwargs)
-    return address is None
 
 
 class Cluster:
@@ -139,7 +105,7 @@ class Cluster:
             transfer = cfg.kv_transfer
             # fresh per start, to the actors only (restarted ones get the same); a plaintext
             # plane still admits only the cluster's senders with them (security.py)
-            keys = self._credentials() if transfer.transport != "inprocess" else None
+            keys = pool_credentials(cfg.namespace) if transfer.transport != "inprocess" else None
             self.prefills = self._actors(
                 PrefillWorker, prefill, cfg.num_prefill, transfer, keys and keys.sender
             )
@@ -156,42 +122,21 @@ class Cluster:
             [a.ready.remote() for a in [*self.actors, *self.embedders]], timeout=timeout_s
         )
 
-    def _credentials(self) -> ClusterCredentials:
-        """The KV plane's credentials for the workers this start may create: fresh for a
-        private cluster; for a shared pool, the first starter's, put once into Ray's GCS store
-        (put-if-absent), so that workers created by two coordinators starting at once still
-        trust each other. ``stop_pool`` drops them with the workers."""
-        fresh = generate_credentials()
-        namespace = self.config.namespace
-        if namespace is None:
-            return fresh
-        internal_kv._internal_kv_put(
-            POOL_CREDENTIALS, pickle.dumps(fresh), overwrite=False, namespace=namespace
-        )
-        stored = internal_kv._internal_kv_get(POOL_CREDENTIALS, namespace=namespace)
-        return pickle.loads(stored) if stored is not None else fresh
-
     def describe(self) -> list[dict[str, Any]]:
         """Each worker's ``ready`` answer (role, instance, pid, cores, model) as of ``start``."""
         return list(self.ready_info)
 
     def stop_pool(self) -> list[str]:
         """Stop the shared pool's actors that this configuration names; their names."""
-        cfg, stopped = self.config, []
+        cfg = self.config
+        if cfg.namespace is None:
+            raise ValueError("stop_pool needs a cluster_name: a private cluster has no pool")
         if cfg.deploy_mode == "pd_separate":
             counts = {"prefill": cfg.num_prefill, "decode": cfg.num_decode}
         else:
             counts = {"colocated": cfg.num_colocated}
         names = [f"{role}-{i}" for role, count in counts.items() for i in range(count)]
-        for name in [*names, "embedding-0"]:
-            try:
-                actor = ray.get_actor(name, namespace=cfg.namespace)
-            except ValueError:  # not running
-                continue
-            ray.kill(actor, no_restart=True)
-            stopped.append(name)
-        internal_kv._internal_kv_del(POOL_CREDENTIALS, namespace=cfg.namespace)
-        return stopped
+        return stop_pool(cfg.namespace, [*names, "embedding-0"])
 
     def _embedder(self) -> Any:
         """The embedding worker (its model loads in its own process, ~320 MiB)."""
@@ -202,18 +147,10 @@ class Cluster:
                 num_cpus=cfg.embedding_resources.num_cpus,
                 max_restarts=-1,
                 max_concurrency=256,
-                **self._pool_options("embedding-0"),
+                **actor_options(self.config.namespace, "embedding-0"),
             )
             .remote(cfg.embedding_model_path, cfg.embedding_resources.num_threads)
         )
-
-    def _pool_options(self, name: str) -> dict[str, Any]:
-        """Ray options that make an actor the shared pool's ``name`` (found if it exists, else
-        started detached), or none for a private cluster."""
-        namespace = self.config.namespace
-        if namespace is None:
-            return {}
-        return {"name": name, "namespace": namespace, "lifetime": "detached", "get_if_exists": True}
 
     def _core_plan(self) -> list[int] | None:
         """Cores to hand out in actor order, when pinning applies: a one-node Ray with at least
@@ -276,7 +213,7 @@ class Cluster:
                 max_task_retries=0,
                 max_concurrency=256,
                 runtime_env={"env_vars": env},
-                **self._pool_options(f"{cls.role}-{instance}"),
+                **actor_options(self.config.namespace, f"{cls.role}-{instance}"),
             )
             .remote(
                 engine,
@@ -313,7 +250,7 @@ class Cluster:
             for actor in [*self.actors, *self.embedders]:
                 ray.kill(actor, no_restart=True)
             if self.config.namespace is not None:
-                internal_kv._internal_kv_del(POOL_CREDENTIALS, namespace=self.config.namespace)
+                drop_credentials(self.config.namespace)
         self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
 
     def others(self) -> set[str]:

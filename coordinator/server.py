@@ -31,13 +31,14 @@ from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
-from coordinator.cluster import Cluster, fault_injection_enabled, init_ray
+from coordinator.cluster import Cluster, fault_injection_enabled
 from coordinator.config import CoordinatorConfig, check_manage_listener
 from coordinator.edge import EdgeLimits, uvicorn_limits
 from coordinator.fault_injection import add_fault_route, read_fault_body
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
 from coordinator.own_loop import OwnLoopServer
+from coordinator.ray_connect import init_ray
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
 

@@ -54,7 +54,8 @@ def main(argv: list[str]) -> int:
         print(f"pdserve workers: configuration error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from coordinator.cluster import Cluster, init_ray
+    from coordinator.cluster import Cluster
+    from coordinator.ray_connect import init_ray
     from coordinator.served_model import cluster_config, served_models
 
     try:

@@ -66,7 +66,7 @@ def ray_session():
     """One local Ray for the whole test session (it takes several seconds to start)."""
     import ray
 
-    from coordinator.cluster import init_ray
+    from coordinator.ray_connect import init_ray
 
     init_ray(num_cpus=8)  # logical CPUs, so that several small clusters fit side by side
     yield ray
