@@ -307,7 +307,8 @@ def test_hit_rate_panel_is_hits_over_queries_in_percent_per_worker():
     assert metric_names(expr) == {"prefix_cache_hits_total", "prefix_cache_queries_total"}
     hits, queries = expr.split(" / ")
     for side, name in ((hits, "prefix_cache_hits_total"), (queries, "prefix_cache_queries_total")):
-        assert f'rate({name}{{model_name=~"$model_name"}}[$__rate_interval])' in side
+        selector = '{model_name=~"$model_name", instance=~"$coordinator"}'
+        assert f"rate({name}{selector}[$__rate_interval])" in side
         assert re.search(r"by \([^)]*\brole\b[^)]*\binstance\b[^)]*\)", side), side
     assert hits.startswith("100 * ")
     assert panel["fieldConfig"]["defaults"]["unit"] == "percent"
@@ -322,6 +323,7 @@ def test_hit_rate_query_evaluates_to_the_hit_share(tmp_path: Path):
     require(shutil.which("promtool"), "promtool (Debian's prometheus; .ci/run installs it)")
     expr = _panel("Prefix cache hit rate")["targets"][0]["expr"]
     expr = expr.replace("$model_name", "m").replace("$__rate_interval", "5m")
+    expr = expr.replace("$coordinator", ".*")  # every coordinator
     worker = 'model_name="m",instance="c:1028",exported_instance="{}",role="prefill"'
     series = {
         ("prefix_cache_hits_total", "0"): "0+30x10",
