@@ -48,6 +48,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.modes_draws import draw_seeds, rotated
+from benchmarks.prefix_chat_workload import Encode
 from benchmarks.replicas_load import ClosedLoop, Sent, chat_mix, open_loop
 from benchmarks.results_meta import ROOT, run_meta
 from benchmarks.serving_metrics import percentile
@@ -64,6 +65,7 @@ RATES = (40.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0)
 TTFT_SLO_S = 1.0
 HIT_RATE_GOAL = 0.02  # two coordinators' hit rate at most 2 points below one's
 OUT = ROOT / "benchmarks" / "results" / "replicas.json"
+Draw = tuple[list[Sent], float]  # one open-loop run: its requests and its wall time
 
 
 class Pool:
@@ -129,7 +131,7 @@ class Pool:
         self.head.stop()
 
 
-def _tokenizer(model: Path):  # noqa: ANN202 - a tokenizer's encode
+def _tokenizer(model: Path) -> Encode:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -142,7 +144,7 @@ def spread(values: list[float]) -> dict[str, float] | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def rate_row(rate: float, draws: list[tuple[list[Sent], float]]) -> dict[str, Any]:
+def rate_row(rate: float, draws: list[Draw]) -> dict[str, Any]:
     """One rate of one side, its draws pooled; each draw's own p99 TTFT kept."""
     sent = [s for requests, _ in draws for s in requests]
     ttfts = [s.ttft_s for s in sent if s.ok and s.ttft_s is not None]
@@ -234,7 +236,7 @@ def kill_once(pool: Pool, clients: int, max_tokens: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     seeds = draw_seeds(args.draw_set, args.draws)
-    short: dict[str, dict[float, list]] = {side: {r: [] for r in args.rates} for side in SIDES}
+    short: dict[str, dict[float, list[Draw]]] = {s: {r: [] for r in args.rates} for s in SIDES}
     chat: dict[str, list[list[Sent]]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp:
         pool = Pool(Path(tmp))
@@ -265,7 +267,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summarize(args, seeds, short, chat, kills)
 
 
-def summarize(args, seeds, short, chat, kills) -> dict[str, Any]:  # noqa: ANN001
+def summarize(
+    args: argparse.Namespace,
+    seeds: list[int],
+    short: dict[str, dict[float, list[Draw]]],
+    chat: dict[str, list[list[Sent]]],
+    kills: list[dict[str, Any]],
+) -> dict[str, Any]:
     rows = {side: [rate_row(rate, short[side][rate]) for rate in args.rates] for side in SIDES}
     caps = {side: capacity(rows[side]) for side in SIDES}
     hits = {side: hit_figures(chat[side]) for side in SIDES}

@@ -25,11 +25,9 @@ LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
 
 @dataclass
 class Sent:
-    coordinator: int
     sent_at: float
     ok: bool = False
     ttft_s: float | None = None
-    seconds: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     detail: str = ""
@@ -71,7 +69,6 @@ async def stream_completion(
                     sent.cached_tokens = details.get("cached_tokens") or 0
     except httpx.HTTPError as exc:
         sent.detail = f"{type(exc).__name__}: {exc}"
-    sent.seconds = time.monotonic() - start
     sent.ok = finish in ("length", "stop")
     if not sent.ok and not sent.detail:
         sent.detail = f"finish {finish!r}"
@@ -94,7 +91,7 @@ async def open_loop(
                 await asyncio.sleep(delay)
             which = n % len(urls)
             prompt = {**body, "prompt": short_prompt(rng, words)}
-            sent = Sent(which, time.monotonic() - start)
+            sent = Sent(time.monotonic() - start)
             tasks.append(
                 asyncio.ensure_future(stream_completion(client, urls[which], prompt, sent))
             )
@@ -129,7 +126,7 @@ async def chat_mix(
             conversation = conversations[index]
             for turn in range(conversation.num_turns):
                 which = (index + turn) % len(urls)
-                sent = Sent(which, time.monotonic())
+                sent = Sent(time.monotonic())
                 request = {**body, "messages": conversation.messages(turn)}
                 text = await chat_turn(client, urls[which], request, sent)
                 sent_all.append(sent)
@@ -142,13 +139,11 @@ async def chat_mix(
 
 async def chat_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent: Sent) -> str:
     """One non-streamed chat turn: its text; ``sent`` gets ok, prompt and cached tokens."""
-    start = time.monotonic()
     try:
         response = await client.post(f"{url}/v1/chat/completions", json=body)
     except httpx.HTTPError as exc:
         sent.detail = f"{type(exc).__name__}: {exc}"
         return ""
-    sent.seconds = time.monotonic() - start
     if response.status_code != 200:
         sent.detail = f"{response.status_code}: {response.text[:200]}"
         return ""
@@ -182,7 +177,7 @@ class ClosedLoop:
             async def one(index: int) -> None:
                 rng = random.Random(f"closed-{index}")
                 while not self._stop.is_set():
-                    sent = Sent(0, time.monotonic())
+                    sent = Sent(time.monotonic())
                     prompt = {**body, "prompt": short_prompt(rng, self.words)}
                     self.sent.append(await stream_completion(client, self.url, prompt, sent))
                     if not sent.ok:

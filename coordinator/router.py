@@ -153,9 +153,8 @@ class Router:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._poll_forever())
         self._bind()
-        if hasattr(self.cluster, "kv_events"):  # (test doubles without it are polled only)
-            workers = [*self.prefills, *self.decodes]
-            self._followers = [loop.create_task(self._follow_forever(w)) for w in workers]
+        workers = [*self.prefills, *self.decodes]
+        self._followers = [loop.create_task(self._follow_forever(w)) for w in workers]
 
     async def stop(self) -> None:
         tasks = [t for t in (self._task, *self._followers) if t is not None]
