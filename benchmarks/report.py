@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.memory_report import render as render_memory_tables
-from benchmarks.modes_report import attainment_table
-from benchmarks.modes_report import render as render_modes_tables
-from benchmarks.part_decision import decision_table
+from benchmarks.serving.memory_report import render as render_memory_tables
+from benchmarks.serving.modes_report import attainment_table
+from benchmarks.serving.modes_report import render as render_modes_tables
+from benchmarks.serving.part_decision import decision_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -8,7 +8,7 @@ own: the autoscaler's monitor (a local Ray has its cores from the start and neve
 ``ray status`` reads what it writes) and the log monitor (it streams workers' output to drivers
 that ask for it, and the coordinator connects with ``log_to_driver=False``; workers still write
 their logs into the session folder themselves). Together they hold about 95 MiB (PSS, measured
-by ``benchmarks/bench_memory.py``). ``ray.init`` has no argument for them, so they are turned
+by ``benchmarks/serving/memory.py``). ``ray.init`` has no argument for them, so they are turned
 off on the node's parameters while ``ray.init`` builds them; a Ray whose parameters lack either
 name starts them as before.
 """

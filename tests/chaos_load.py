@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from benchmarks.sse import sse_lines
+from benchmarks.harness.sse import sse_lines
 
 PROMPTS = (
     "def add(a, b):",

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from benchmarks import bench_prefix_cache
-from benchmarks.bench_prefix_cache import (
+from benchmarks.harness.client import Target
+from benchmarks.serving import prefix_cache as bench_prefix_cache
+from benchmarks.serving.metrics import SLO
+from benchmarks.serving.prefix_cache import (
     Column,
     Tokenizer,
     bytes_per_handoff,
@@ -25,7 +27,7 @@ from benchmarks.bench_prefix_cache import (
     tenant_keys,
     user_target,
 )
-from benchmarks.prefix_chat_workload import (
+from benchmarks.serving.prefix_chat import (
     SentPrompt,
     allowed_cached_tokens,
     cache_figures,
@@ -33,8 +35,6 @@ from benchmarks.prefix_chat_workload import (
     make_conversations,
     system_prompt,
 )
-from benchmarks.serving_client import Target
-from benchmarks.serving_metrics import SLO
 from tests.test_tenant_isolation import served
 
 

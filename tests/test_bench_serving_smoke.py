@@ -1,4 +1,4 @@
-"""A short run of benchmarks/bench_serving.py against a running pdserve: the JSON is complete
+"""A short run of benchmarks/serving/sweep.py against a running pdserve: the JSON is complete
 and agrees with what the server counted."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import re
 import httpx
 import pytest
 
-from benchmarks import bench_serving
-from benchmarks.serving_workload import WorkItem, write_dataset
+from benchmarks.serving import sweep as bench_serving
+from benchmarks.serving.workload import WorkItem, write_dataset
 from tests.coordinator_servers import MAX_ITER
 
 pytestmark = pytest.mark.ray

@@ -1,4 +1,4 @@
-"""The llama.cpp side of ``benchmarks/bench_vs_llamacpp.py`` against stand-in tools that print
+"""The llama.cpp side of ``benchmarks/llamacpp/vs_llamacpp.py`` against stand-in tools that print
 what ``llama-bench -o json`` and ``llama-batched-bench --output-format jsonl`` print: the
 arguments it passes, and the rates it reads back."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_vs_llamacpp import LlamaCpp, _llama_cpp_folder, compare
-from benchmarks.llamacpp_build import TOOLS, has_tools
+from benchmarks.llamacpp.build import TOOLS, has_tools
+from benchmarks.llamacpp.vs_llamacpp import LlamaCpp, _llama_cpp_folder, compare
 
 BENCH_ROW = {"build_commit": "abc1234", "build_number": 7, "cpu_info": "test cpu", "avg_ts": 151.5}
 BATCHED_ROW = {"pp": 64, "tg": 128, "pl": 32, "t": 20.0, "speed": 300.0, "speed_tg": 250.0}

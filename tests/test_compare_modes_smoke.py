@@ -1,5 +1,5 @@
-"""A short run of benchmarks/compare_modes.py: pdserve started in the adaptive PD mode (local
-prefill of short prompts, stepTargetMs) on the tiny model,
+"""A short run of benchmarks/serving/compare_modes.py: pdserve started in the adaptive PD mode
+(local prefill of short prompts, stepTargetMs) on the tiny model,
 every request served, the report and plots written."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks import compare_modes
+from benchmarks.serving import compare_modes
 
 pytestmark = pytest.mark.ray
 

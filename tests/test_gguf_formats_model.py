@@ -14,7 +14,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from benchmarks.random_gguf import PRESETS, tensor_shapes, write_header
+from benchmarks.llamacpp.random_gguf import PRESETS, tensor_shapes, write_header
 from engine.config import CacheConfig, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model

@@ -9,8 +9,9 @@ import shutil
 
 import pytest
 
-from benchmarks import cpu_isa, llamacpp_build
-from benchmarks.cpu_isa import consistent, ggml_cmake_flags, isa_tag
+from benchmarks.harness import cpu_isa
+from benchmarks.harness.cpu_isa import consistent, ggml_cmake_flags, isa_tag
+from benchmarks.llamacpp import build as llamacpp_build
 
 ZEN3 = {"avx": True, "avx2": True, "fma": True, "f16c": True, "bmi2": True}
 # AVX-512 with VNNI and BF16 executing; AMX listed by cpuid, but its probe faults (or the kernel

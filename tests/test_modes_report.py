@@ -7,11 +7,15 @@ import argparse
 
 import pytest
 
-from benchmarks.compare_modes import draw_set_of, expand_modes, llama_server_setting, settings
-from benchmarks.llama_server import ServerSetting, sweep_settings
-from benchmarks.modes_draws import HELD_OUT_SEEDS, TUNING_SEEDS, draw_seeds, pool_draws, rotated
-from benchmarks.modes_report import attainment_table, best_tuned, closed_loop_table, ratios, table
-from benchmarks.serving_metrics import (
+from benchmarks.llamacpp.server import ServerSetting, sweep_settings
+from benchmarks.serving.compare_modes import (
+    draw_set_of,
+    expand_modes,
+    llama_server_setting,
+    settings,
+)
+from benchmarks.serving.draws import HELD_OUT_SEEDS, TUNING_SEEDS, draw_seeds, pool_draws, rotated
+from benchmarks.serving.metrics import (
     SLO,
     RequestRecord,
     highest_rate_holding,
@@ -20,6 +24,13 @@ from benchmarks.serving_metrics import (
     rescore,
     summarize,
     wilson_interval,
+)
+from benchmarks.serving.modes_report import (
+    attainment_table,
+    best_tuned,
+    closed_loop_table,
+    ratios,
+    table,
 )
 
 

@@ -3,7 +3,7 @@ beyond them under the other."""
 
 from __future__ import annotations
 
-from benchmarks.part_decision import compare_at, decide, decision_table
+from benchmarks.serving.part_decision import compare_at, decide, decision_table
 
 
 def _summary(low: float, high: float) -> dict:

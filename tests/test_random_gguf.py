@@ -1,5 +1,6 @@
-"""``benchmarks/random_gguf.py``'s files: gguf-py reads back the shapes and header written, the
-synthetic vocabulary is GPT-2's byte alphabet plus merges, and pdserve's loader (through its
+"""``benchmarks/llamacpp/random_gguf.py``'s files: gguf-py reads back the shapes and header
+written, the synthetic vocabulary is GPT-2's byte alphabet plus merges, and pdserve's loader
+(through its
 transformers conversion) and engine take a ``tiny`` file of either architecture."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from benchmarks.random_gguf import PRESETS, random_gguf_path, tiny_shape, write_random_gguf
-from benchmarks.synthetic_vocab import byte_alphabet, synthetic_vocab
+from benchmarks.llamacpp.random_gguf import PRESETS, random_gguf_path, tiny_shape, write_random_gguf
+from benchmarks.llamacpp.synthetic_vocab import byte_alphabet, synthetic_vocab
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model

@@ -1,6 +1,6 @@
-"""``benchmarks/requantize.py`` and the file sets of ``benchmarks/gguf_sets.py`` without llama.cpp:
-the ``llama-quantize`` command line, the cached name, a file already made being reused, and the
-tensor types counted from a file."""
+"""``benchmarks/llamacpp/requantize.py`` and the file sets of ``benchmarks/llamacpp/gguf_sets.py``
+without llama.cpp: the ``llama-quantize`` command line, the cached name, a file already made being
+reused, and the tensor types counted from a file."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gguf_sets import NAMED_SETS, is_named, resolve_gguf
-from benchmarks.random_gguf import tiny_shape, write_random_gguf
-from benchmarks.requantize import (
+from benchmarks.llamacpp.gguf_sets import NAMED_SETS, is_named, resolve_gguf
+from benchmarks.llamacpp.random_gguf import tiny_shape, write_random_gguf
+from benchmarks.llamacpp.requantize import (
     quantize_command,
     requantized_name,
     requantized_path,

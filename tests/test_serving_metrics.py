@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from benchmarks.serving_client import run_load
-from benchmarks.serving_metrics import (
+from benchmarks.harness.client import run_load
+from benchmarks.serving.metrics import (
     SLO,
     RequestRecord,
     attainment,
@@ -19,7 +19,7 @@ from benchmarks.serving_metrics import (
     percentile,
     summarize,
 )
-from benchmarks.serving_workload import (
+from benchmarks.serving.workload import (
     WorkItem,
     load_dataset,
     parse_mix,

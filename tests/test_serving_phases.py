@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.modes_report import phases_table
-from benchmarks.serving_phases import parse, phase_means
+from benchmarks.serving.modes_report import phases_table
+from benchmarks.serving.phases import parse, phase_means
 from coordinator.metrics import Metrics
 
 

@@ -1,4 +1,4 @@
-"""The soak test (benchmarks/soak.py): its verdict on synthetic samples, how it sorts answers by
+"""The soak test (benchmarks/soak/run.py): its verdict on synthetic samples, how it sorts answers by
 cause, and a two-minute run against a real pd_separate coordinator (1 prefill + 1 decode) with a
 tiny model, on the fixed PD split and on the shipping defaults (local prefill of short prompts,
 ``stepTargetMs``), which must pass with nothing left behind."""
@@ -15,14 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.soak_client import StreamRead, classify_status, classify_stream, read_events
-from benchmarks.soak_judge import RssBounds, judge, rss_trends
-from benchmarks.soak_report import per_minute
-from benchmarks.soak_requests import DEFAULT_MIX, KINDS, LoadShape, draw_plan, parse_mix
+from benchmarks.soak.client import StreamRead, classify_status, classify_stream, read_events
+from benchmarks.soak.judge import RssBounds, judge, rss_trends
+from benchmarks.soak.report import per_minute
+from benchmarks.soak.requests import DEFAULT_MIX, KINDS, LoadShape, draw_plan, parse_mix
 from tests.coordinator_process import CoordinatorProcess, start_coordinator
 from tests.coordinator_servers import FIXED_SPLIT
 
-SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
+ROOT = Path(__file__).resolve().parent.parent
 IDLE_WORKER = {
     "num_running": 0,
     "num_waiting": 0,
@@ -187,9 +187,9 @@ def pd_server(request, tmp_path_factory, tiny_model_dir) -> CoordinatorProcess:
 
 
 def run_soak(server: CoordinatorProcess, out: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(SOAK), "--url", server.url("predict_port", "")]
+    command = [sys.executable, "-m", "benchmarks.soak.run", "--url", server.url("predict_port", "")]
     command += ["--manage-url", server.url("manage_port", ""), "--out", str(out), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 @pytest.mark.ray

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.ray_hosts import (
+from benchmarks.harness.ray_hosts import (
     BED_START_PARAMS,
     CHART_BACKEND,
     CHART_HEAD_PARAMS,

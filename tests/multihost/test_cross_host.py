@@ -13,7 +13,7 @@ import grpc
 import pytest
 import zmq
 
-from benchmarks.ray_hosts import HostedCoordinator, RayOnHosts
+from benchmarks.harness.ray_hosts import HostedCoordinator, RayOnHosts
 from engine.config import CacheConfig, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams

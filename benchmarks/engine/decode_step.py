@@ -1,0 +1,159 @@
+"""Where a decode step's time goes, fused decode layers against the op-by-op path, in one run.
+
+    python -m benchmarks.engine.decode_step --out results/decode_step.json
+    python -m benchmarks.engine.decode_step --out /tmp/p.json --tokens 8 --rounds 2   # quick
+
+Runs the bundled model (``--weight-dtype``, default ``auto``: the GGUF's blocks) decoding
+``--tokens`` tokens for ``--streams`` sequences, and times the parts of every decode step:
+  schedule  the scheduler picking the step
+  prepare   the step's metadata built on the host (ids, positions, slots, block tables)
+  layers    embedding, the decoder layers (one native call when fused; ~35 torch ops a layer
+            otherwise) and the final norm
+  head      the LM head over the sampled rows
+  sample    choosing the tokens
+  engine    the rest of the step: appending tokens, detokenizing, stop checks, events
+Each part's milliseconds per step are the median over ``--rounds`` rounds (the first dropped),
+alternating the two paths. Prefill steps are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from benchmarks.engine.vs_transformers import PromptDraw
+from benchmarks.harness.provenance import run_meta
+from engine import llm_engine
+from engine.config import WEIGHT_DTYPES, EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
+from engine.sampling_params import SamplingParams
+
+PARTS = ("schedule", "prepare", "layers", "head", "sample", "engine")
+
+
+class StepClock:
+    """Wraps the engine's parts with timers; keeps the totals of decode-only steps."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.current: dict[str, float] = defaultdict(float)
+        self.totals: dict[str, float] = defaultdict(float)
+        self.steps = 0
+        scheduler, runner, model = engine.scheduler, engine.runner, engine.model
+        scheduler.schedule = self._timed("schedule", scheduler.schedule)
+        runner.prepare = self._timed("prepare", runner.prepare)
+        model.forward = self._timed("forward", model.forward)
+        lm_head = model.lm_head
+        model.lm_head = self._timed("head_projection", lm_head)
+        self._sample = self._timed("sample", llm_engine.sample)
+
+    def _timed(self, part: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current[part] += time.perf_counter() - start
+
+        return timed
+
+    def run(self, prompts: list[list[int]], tokens: int) -> dict[str, float]:
+        """Milliseconds per decode step, by part."""
+        self.totals.clear()
+        self.steps = 0
+        original, llm_engine.sample = llm_engine.sample, self._sample
+        try:
+            params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+            for i, prompt in enumerate(prompts):
+                self.engine.add_request(f"r{i}", prompt, params)
+            while self.engine.has_work():
+                self.current.clear()
+                prefills = bool(self.engine.scheduler.waiting)
+                start = time.perf_counter()
+                self.engine.step()
+                self.current["step"] = time.perf_counter() - start
+                if not prefills:
+                    self.steps += 1
+                    for part, seconds in self.current.items():
+                        self.totals[part] += seconds
+        finally:
+            llm_engine.sample = original
+        t = {part: 1000 * seconds / self.steps for part, seconds in self.totals.items()}
+        head = t.get("head_projection", 0.0)
+        return {
+            "schedule": t["schedule"],
+            "prepare": t["prepare"],
+            "layers": t["forward"] - head,
+            "head": head,
+            "sample": t["sample"],
+            "engine": t["step"] - t["schedule"] - t["prepare"] - t["forward"] - t["sample"],
+            "step": t["step"],
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--streams", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    engine = LLMEngine(
+        EngineConfig(device="cpu", weight_dtype=args.weight_dtype), load_model("bundled")
+    )
+    fused = engine.model.fused
+    if fused is None:
+        raise SystemExit("the fused decode layers are not available here (no native kernels)")
+    weights = engine.model.describe()
+    clock = StepClock(engine)
+    prompts = PromptDraw(1).prompts(args.streams, 64, 64)  # decode only: prefill not timed
+    paths = {"fused": fused, "op_by_op": None}
+    kept: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
+    for index in range(args.rounds):
+        order = list(paths) if index % 2 == 0 else list(paths)[::-1]
+        for name in order:
+            engine.model.fused = paths[name]
+            result = clock.run(prompts, args.tokens)
+            if index > 0:
+                kept[name].append(result)
+    results: dict[str, dict] = {}
+    print(f"ms per decode step, {args.streams} stream(s), {weights}")
+    print(f"{'':<10}" + "".join(f"{part:>10}" for part in (*PARTS, "step")))
+    for name, rounds in kept.items():
+        medians = {p: statistics.median(r[p] for r in rounds) for p in (*PARTS, "step")}
+        results[name] = {p: round(v, 3) for p, v in medians.items()}
+        print(f"{name:<10}" + "".join(f"{medians[p]:>10.3f}" for p in (*PARTS, "step")))
+    results["_meta"] = {
+        **run_meta(),
+        "kernel_isa": _kernel_isa(),
+        "streams": args.streams,
+        "tokens": args.tokens,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "dropped_rounds": 1,
+        "weights": weights,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _kernel_isa() -> str:
+    from engine.kernels.quantized import quantized_kernels
+
+    module = quantized_kernels()
+    return module.isa() if module is not None and hasattr(module, "isa") else "torch"
+
+
+if __name__ == "__main__":
+    main()

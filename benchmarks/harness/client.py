@@ -1,0 +1,145 @@
+"""Streaming clients and the load generator of the serving benchmark.
+
+Targets: pdserve's ``POST /infer`` (SSE, one event per token), or any OpenAI-compatible
+``/v1/completions`` or ``/v1/chat/completions`` (``stream: true``; the output token count comes
+from the final ``usage`` when the server sends one, else from the content chunks). Requests ask
+for exactly ``output_tokens`` tokens (``ignore_eos``, which pdserve, vLLM and llama.cpp honour).
+A chat request sends the item's prompt as one user message, or a whole conversation
+(``messages``); ``on_event`` sees every parsed event (answer text, usage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+
+from benchmarks.harness.sse import sse_lines
+from benchmarks.serving.metrics import RequestRecord
+from benchmarks.serving.workload import WorkItem
+
+APIS = ("infer", "completions", "chat")
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str  # base URL, e.g. http://127.0.0.1:1025
+    api: str = "infer"
+    model: str = ""  # the OpenAI "model" field
+    ignore_eos: bool = True
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def request(self, item: WorkItem, messages: list[dict] | None = None) -> tuple[str, dict]:
+        if self.api == "infer":
+            parameters = {"max_new_tokens": item.output_tokens, "ignore_eos": self.ignore_eos}
+            return "/infer", {"inputs": item.prompt, "stream": True, "parameters": parameters}
+        body = {
+            "model": self.model,
+            "max_tokens": item.output_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+        }
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.api == "chat":
+            body["messages"] = messages or [{"role": "user", "content": item.prompt}]
+            return "/v1/chat/completions", body
+        return "/v1/completions", {**body, "prompt": item.prompt}
+
+
+async def send(
+    client: httpx.AsyncClient,
+    target: Target,
+    item: WorkItem,
+    messages: list[dict] | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    extra_body: dict | None = None,
+) -> RequestRecord:
+    """One streamed request, timed token by token; ``extra_body``: more fields of its body."""
+    record = RequestRecord(item.prompt_tokens, item.output_tokens)
+    path, body = target.request(item, messages)
+    body = {**body, **(extra_body or {})}
+    start = last = time.perf_counter()
+    usage_tokens = None
+    try:
+        async with client.stream("POST", target.url + path, json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                record.error = f"HTTP {response.status_code}: {response.text[:200]}"
+                return record
+            async for line in sse_lines(response):
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if on_event is not None:
+                    on_event(event)
+                if "error" in event:
+                    record.error = str(event["error"])
+                    break
+                usage_tokens = (event.get("usage") or {}).get("completion_tokens", usage_tokens)
+                if not _carries_token(event, target.api):
+                    continue
+                now = time.perf_counter()
+                if record.ttft_s is None:
+                    record.ttft_s = now - start
+                else:
+                    record.gaps_s.append(now - last)
+                last = now
+                record.output_tokens += 1
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.e2e_s = last - start
+    if usage_tokens is not None and record.error is None:
+        record.output_tokens = usage_tokens
+    return record
+
+
+def _carries_token(event: dict, api: str) -> bool:
+    if api == "infer":
+        return "token" in event
+    choices = event.get("choices") or []
+    if not choices:
+        return False
+    if api == "chat":
+        return bool((choices[0].get("delta") or {}).get("content"))
+    return bool(choices[0].get("text"))
+
+
+async def run_load(
+    items: list[WorkItem],
+    send_one: Callable[[WorkItem], Awaitable[RequestRecord]],
+    request_rate: float | None = None,
+    concurrency: int | None = None,
+    poisson: bool = True,
+    seed: int = 0,
+    on_done: Callable[[], None] | None = None,
+) -> tuple[list[RequestRecord], float]:
+    """Send ``items`` at ``request_rate`` (Poisson or fixed intervals; None: all at once),
+    never more than ``concurrency`` in flight; returns the records (in order) and the run time."""
+    rng = random.Random(seed)
+    limit = asyncio.Semaphore(concurrency or len(items) or 1)
+    start = time.perf_counter()
+
+    async def one(item: WorkItem, delay: float) -> RequestRecord:
+        await asyncio.sleep(delay)
+        async with limit:
+            sent_at = time.perf_counter() - start
+            record = await send_one(item)
+        record.sent_at = sent_at
+        if on_done is not None:
+            on_done()
+        return record
+
+    delays, at = [], 0.0
+    for _ in items:
+        delays.append(at)
+        if request_rate:
+            at += rng.expovariate(request_rate) if poisson else 1 / request_rate
+    records = await asyncio.gather(*(one(i, d) for i, d in zip(items, delays, strict=True)))
+    return list(records), time.perf_counter() - start

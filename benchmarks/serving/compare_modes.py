@@ -1,0 +1,482 @@
+"""PD disaggregation vs colocated serving vs llama-server on the same cores: the same sweep
+against every mode, each on its own freshly started server, over several independent draws.
+
+- ``pd_separate``: the fixed split (``FIXED`` below, whatever pdserve's defaults): 1 prefill +
+  1 decode actor, one core each, every prompt handed off;
+- ``pd_adaptive``: pdserve's ``pd_separate`` defaults (``ADAPTIVE``): the decode worker
+  prefills short prompts itself (and those behind a long prefill queue), in chunks that keep its
+  steps within ``stepTargetMs``;
+- ``single_node``: one engine on both cores, swept over its chunked-prefill budget
+  (``--single-node-budgets``: ``single_node@<maxPrefillTokens>``), the best at each rate kept;
+- with ``--peer llamacpp``, ``llama_server``: llama.cpp's server on the same GGUF through its
+  OpenAI-compatible route, swept the same way over ``--llama-server-settings``
+  (``llama_server@<slots>:<batch>:<ubatch>:<threads>``; by default slots 4/8/16, ``-b``/``-ub``
+  512/128 and 2048/512, 2 threads and 1 thread on a core of its own), the best at each rate kept.
+
+    python -m benchmarks.serving.compare_modes --peer llamacpp \\
+        --out benchmarks/results/compare_modes.json
+
+**Draws.** Each of ``--draws`` draws is a seed: its requests (``--num-requests`` fresh ones per
+rate, no rate reusing another's) are sent to every mode, the modes' order rotating from draw to
+draw. The seeds come from ``--draw-set``: ``held-out`` (the default: seeds no setting or
+constant was ever tuned on; the README's figures come from these only) or ``tuning`` (for
+trying settings). A mode's draws are pooled per rate (``modes_draws.py``): the requests within
+the SLO summed over the draws with their 95 % interval, and the highest rate the mode holds
+>= 90 % at on its own, beside the monotone figure (every lower rate held too).
+
+**Closed loop.** On each draw's server, after the sweep, ``--closed-loop`` concurrencies
+(default 1, 8, 32) of streams each sending ~100-token prompts back to back for 128 greedy tokens
+(``ignore_eos``) through streaming ``/v1/completions``: output tokens/s and TTFT / TPOT p50 and
+p99 per mode, the load a user runs first.
+
+Every sweep is judged against the TTFT / TPOT SLO, and again with a p99 inter-token gap added
+(``--slo-itl``). Prints (and writes as Markdown next to the JSON) its tables
+(``modes_report.py``); the JSON holds the pooled summaries (no per-request logs), what each side
+was given and the machine (``results_meta.py``); ``--plots`` adds a PNG of goodput and
+attainment by rate.
+
+``--multihost`` (root) runs the pdserve modes across hosts instead: three network namespaces on a
+bridge (``netns.py``) with a Ray cluster laid out as the Helm chart lays it out
+(``ray_hosts.py``), pdserve and the load generator on the head host, and one CPU on each of
+two worker hosts: ``pd_separate`` puts its prefill actor on one and its decode actor on the
+other (the KV pages cross the bridge, encrypted), ``single_node`` one engine on each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.harness.client import Target
+from benchmarks.harness.netns import TestBed, available
+from benchmarks.harness.netns import sweep as sweep_beds
+from benchmarks.harness.provenance import run_meta
+from benchmarks.harness.ray_hosts import HOSTS, RayOnHosts, start_coordinator
+from benchmarks.llamacpp.server import (
+    LlamaServer,
+    ServerSetting,
+    gguf_of,
+    server_folder,
+    sweep_settings,
+)
+from benchmarks.serving.draws import DRAW_SETS, draw_seeds, pool_draws, rotated
+from benchmarks.serving.metrics import (
+    SLO,
+    max_rate_within_slo,
+)
+from benchmarks.serving.modes_report import ratios, render
+from benchmarks.serving.phases import phase_means, scrape
+from benchmarks.serving.plots import plot_goodput
+from benchmarks.serving.sweep import make_encoder, print_report, sweep, workload
+from benchmarks.serving.sweep import parse_args as serving_args
+from benchmarks.serving.workload import WORDS, WorkItem, decode_prefix
+
+MODES = ("pd_separate", "pd_adaptive", "single_node")
+# pd_separate whose decode worker prefills short prompts itself (and those behind a long prefill
+# queue), in chunks sized to keep its steps within stepTargetMs (docs/architecture.md#routing):
+# pdserve's defaults, written out so that a run means the same whatever they become
+ADAPTIVE = {
+    "local_prefill_tokens": 96,
+    "local_prefill_queue_tokens": 1024,
+    "stepTargetMs": 100,
+}
+# the fixed split, whatever the defaults: every prompt handed off, no shared core
+FIXED = {
+    "local_prefill_tokens": 0,
+    "local_prefill_queue_tokens": 0,
+    "stepTargetMs": 0,
+}
+SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "pd_separate": ("pd_separate", FIXED),
+    "single_node": ("single_node", {"stepTargetMs": 0}),
+    "pd_adaptive": ("pd_separate", ADAPTIVE),
+}
+LLAMA_SERVER = "llama_server"
+SWEPT_KEY = {"single_node": "maxPrefillTokens"}
+
+
+def settings(mode: str) -> tuple[str, dict[str, Any]]:
+    """The deploy mode and backend_config keys of ``mode`` (``single_node@<maxPrefillTokens>``
+    too)."""
+    name, _, value = mode.partition("@")
+    if name == LLAMA_SERVER:
+        raise ValueError(f"{mode!r} is llama-server's (llama_server_setting)")
+    if name not in SETTINGS or (value and (name not in SWEPT_KEY or not value.isdigit())):
+        raise ValueError(f"unknown mode {mode!r}: one of {', '.join(SETTINGS)}, single_node@N")
+    deploy_mode, keys = SETTINGS[name]
+    swept = {SWEPT_KEY[name]: int(value)} if value else {}
+    return deploy_mode, {**keys, **swept}
+
+
+def llama_server_setting(mode: str) -> ServerSetting:
+    """What ``llama_server`` or ``llama_server@<slots>:<batch>:<ubatch>:<threads>`` is given."""
+    name, _, value = mode.partition("@")
+    if name != LLAMA_SERVER:
+        raise ValueError(f"{mode!r} is not a llama_server mode")
+    return ServerSetting.parse(value)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_pdserve(
+    mode: str,
+    model: str,
+    workdir: Path,
+    backend: dict[str, Any] | None = None,
+    http: dict[str, Any] | None = None,
+) -> tuple[subprocess.Popen, dict]:
+    """pdserve in ``mode`` on this machine, once ready; ``backend`` adds ``backend_config``
+    keys, ``http`` ``http_config`` keys. Its config and log are ``workdir/{mode}.json`` and
+    ``.log``."""
+    names = ("predict_port", "manage_port", "status_port", "external_port")
+    ports = {name: free_port() for name in names}
+    backend = {"model_path": model, "embedding_model_path": "", "device": "cpu", **(backend or {})}
+    config = {
+        "http_config": {**ports, **(http or {})},
+        "digs_scheduler_config": {"deploy_mode": mode},
+        "backend_config": backend,
+    }
+    path = workdir / f"{mode}.json"
+    path.write_text(json.dumps(config))
+    log = open(workdir / f"{mode}.log", "w")  # noqa: SIM115 - lives as long as the process
+    process = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", "--config", str(path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 600
+    ready = f"http://127.0.0.1:{ports['status_port']}/v1/readiness"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"pdserve ({mode}) exited; see {workdir / f'{mode}.log'}")
+        try:
+            if httpx.get(ready, timeout=2).status_code == 200:
+                return process, ports
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"pdserve ({mode}) not ready in 600 s")
+
+
+class Deployment:
+    """Where a mode's pdserve runs: here (``run`` calls in this thread), or on the test bed's
+    head host (``run`` calls from a thread in its network)."""
+
+    def __init__(self, mode: str, args: argparse.Namespace, workdir: Path, ray: Any) -> None:
+        self._hosted = self._process = self._server = None
+        self.run: Any = lambda fn: fn()
+        self.metrics_url: str | None = None  # pdserve's /metrics (llama-server: none)
+        self.given: dict[str, Any] = {}
+        if mode.partition("@")[0] == LLAMA_SERVER:
+            folder = server_folder(args.llama_cpp_dir)
+            log = workdir / f"{mode.replace(':', '_')}.log"
+            setting = llama_server_setting(mode)
+            self._server = LlamaServer(folder, gguf_of(args.model), free_port(), log, setting)
+            self.target = Target(self._server.url, api="completions")
+            self.given = {**setting.to_dict(), "command": self._server.command[1:]}
+            self.load_cpus = _other_cpus(setting.cpus())
+            return
+        self.load_cpus = None
+        deploy_mode, keys = settings(mode)
+        self.given = {"deploy_mode": deploy_mode, "backend_config": keys}
+        if ray is None:
+            (workdir / mode).mkdir(parents=True, exist_ok=True)
+            self._process, ports = start_pdserve(deploy_mode, args.model, workdir / mode, keys)
+            self.target = Target(f"http://127.0.0.1:{ports['predict_port']}")
+            self.metrics_url = f"http://127.0.0.1:{ports['external_port']}/metrics"
+            return
+        backend: dict[str, Any] = {"model_path": args.model, "device": "cpu", **keys}
+        if deploy_mode == "single_node":  # one engine on each worker host's CPU
+            backend |= {"num_colocated_instances": 2, "colocated_resources": {"num_cpus": 1}}
+        sections = {"digs_scheduler_config": {"deploy_mode": deploy_mode}}
+        self._hosted = start_coordinator(ray, backend, workdir / mode, sections)
+        self._hosted.wait_ready(600)
+        self.target = Target(self._hosted.url("predict_port", ""))
+        self.metrics_url = self._hosted.url("external_port", "/metrics")
+        self.run = self._hosted.host.call
+
+    def phases(self) -> dict[tuple[str, str], float]:
+        """The queue, prefill and transfer histograms' sums and counts so far (serving_phases)."""
+        url = self.metrics_url
+        return {} if url is None else self.run(lambda: scrape(url))
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+        elif self._hosted is not None:
+            self._hosted.stop(120)
+        elif self._process is not None:
+            self._process.send_signal(signal.SIGTERM)
+            self._process.wait(timeout=120)
+
+
+def run_mode(
+    mode: str, args: argparse.Namespace, workdir: Path, seed: int, ray: RayOnHosts | None = None
+) -> dict[str, Any]:
+    """The sweep (and the closed loop) of one draw (``seed``) against ``mode``. Each rate gets
+    requests of its own (a cache that kept an earlier rate's prompts would flatter the later
+    ones), the same for every mode."""
+    deployment = Deployment(mode, args, workdir, ray)
+    rates = args.request_rates.split(",")
+    try:
+        bench = serving_args(
+            [
+                "--num-requests",
+                str(args.num_requests * len(rates)),
+                "--mix",
+                args.mix,
+                "--slo-ttft",
+                str(args.slo_ttft),
+                "--slo-tpot",
+                str(args.slo_tpot),
+                "--label",
+                mode,
+                *_common(args, seed),
+            ]  # fmt: skip
+        )
+        pool = workload(bench)
+        target = deployment.target
+        warmup = serving_args(["--request-rates", "inf", "--no-progress", *_common(args, -1)])
+        slo = SLO(args.slo_ttft, args.slo_tpot)
+        # kernels, caches, first batches: one request of each kind alone (each path once, on
+        # idle workers), then a burst; prompts of their own
+        spare = workload(serving_args(["--mix", args.mix, *_common(args, WARMUP_SEED + seed)]))
+        firsts = list({item.kind: item for item in reversed(spare)}.values())
+        with _pinned(deployment.load_cpus):
+            for burst in [*([item] for item in firsts), spare[-4:]]:
+                deployment.run(lambda b=burst: asyncio.run(sweep(target, b, warmup, SLO())))
+            runs = []
+            for i, rate in enumerate(rates):
+                items = pool[i * args.num_requests : (i + 1) * args.num_requests]
+                bench.request_rates = rate
+                before = deployment.phases()
+                one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, bench, slo)))
+                if deployment.metrics_url is not None:
+                    one["runs"][0]["phases"] = phase_means(before, deployment.phases())
+                runs += one["runs"]
+            loops = closed_loop(deployment, args, seed)
+    finally:
+        deployment.stop()
+    result = {**one, "runs": runs, "max_rate_within_slo": max_rate_within_slo(runs)}
+    result["workload"] = {"seed": seed, "kinds": dict(Counter(item.kind for item in pool))}
+    result["closed_loop"] = loops
+    result["given"] = deployment.given
+    print_report(result)
+    return result
+
+
+WARMUP_SEED = 100_000  # warm-up prompts: seeds of their own, never a draw's
+CLOSED_LOOP_PROMPT, CLOSED_LOOP_OUTPUT = 100, 128
+
+
+def closed_loop(deployment: Deployment, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Per concurrency N of ``--closed-loop``: N streams sending requests back to back
+    (``--closed-loop-turns`` each, at least 4 requests in all), ~100-token prompts of their own,
+    128 greedy tokens out, through streaming ``/v1/completions``; output tokens/s and the
+    latency percentiles."""
+    target = Target(deployment.target.url, api="completions")  # pdserve answers any model name
+    settings_ = serving_args(["--no-progress", *_common(args, seed)])
+    encode = make_encoder(args.model)
+    rng = random.Random(f"closed-loop-{seed}")
+    out: dict[str, Any] = {}
+    for n in [int(c) for c in args.closed_loop.split(",") if c]:
+        items = [_loop_item(rng, encode) for _ in range(max(4, args.closed_loop_turns * n))]
+        settings_.concurrency = n
+        settings_.request_rates = "inf"
+        one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, settings_, SLO())))
+        summary = one["runs"][0]["summary"]
+        kept = ("num_requests", "num_failed", "duration_s", "output_token_throughput")
+        out[str(n)] = {key: summary[key] for key in (*kept, "ttft_s", "tpot_s")}
+    return out
+
+
+def _loop_item(rng: random.Random, encode: Any) -> WorkItem:
+    words = " ".join(rng.choice(WORDS) for _ in range(CLOSED_LOOP_PROMPT))
+    text = decode_prefix(words, encode, CLOSED_LOOP_PROMPT)
+    return WorkItem(text, CLOSED_LOOP_OUTPUT, "closed_loop", len(encode(text)))
+
+
+def _other_cpus(taken: set[int] | None) -> set[int] | None:
+    """The cores left to the load generator beside a pinned server (None: no pinning)."""
+    if not taken:
+        return None
+    rest = os.sched_getaffinity(0) - taken
+    return rest or None
+
+
+@contextlib.contextmanager
+def _pinned(cpus: set[int] | None) -> Iterator[None]:
+    """This process (the load generator) on ``cpus`` meanwhile (None: as it was)."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _common(args: argparse.Namespace, seed: int) -> list[str]:
+    return ["--tokenizer", args.model, "--seed", str(seed)]
+
+
+def expand_modes(args: argparse.Namespace) -> list[str]:
+    """``--modes`` with ``single_node`` swept over ``--single-node-budgets``, and the peer over
+    ``--llama-server-settings``."""
+    sweeps = {"single_node": [b for b in args.single_node_budgets.split(",") if b]}
+    modes: list[str] = []
+    for mode in args.modes.split(","):
+        values = sweeps.get(mode)
+        modes += [f"{mode}@{value}" for value in values] if values else [mode]
+    for mode in modes:
+        settings(mode)  # fails early on a name it does not know
+    if args.peer != "llamacpp":
+        return modes
+    peers = [f"{LLAMA_SERVER}@{s}" for s in args.llama_server_settings.split(",") if s]
+    for peer in peers:
+        llama_server_setting(peer)
+    return modes + (peers or [LLAMA_SERVER])
+
+
+def run_draws(
+    modes: list[str], seeds: list[int], args: argparse.Namespace, workdir: Path, ray: Any = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Every mode on every draw, the order rotating per draw; each mode's sweeps by draw."""
+    draws: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for number, seed in enumerate(seeds):
+        for mode in rotated(modes, number):
+            print(f"draw {number + 1}/{len(seeds)} (seed {seed}): {mode}", flush=True)
+            draws[mode].append(run_mode(mode, args, workdir, seed, ray))
+    return draws
+
+
+def run_modes(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, Any]]:
+    modes = expand_modes(args)
+    seeds = _seeds(args)
+    if args.multihost and any(m.startswith(LLAMA_SERVER) for m in modes):
+        sys.exit("--multihost: llama-server runs on this host only; leave out --peer")
+    if not args.multihost:
+        draws = run_draws(modes, seeds, args, workdir)
+    else:
+        why = available()
+        if why is not None:
+            sys.exit(f"--multihost: {why}")
+        sweep_beds()
+        with TestBed(HOSTS, workdir / "bed") as bed:
+            ray = RayOnHosts(bed)
+            ray.start_all()
+            draws = run_draws(modes, seeds, args, workdir, ray)
+    slo, gap = SLO(args.slo_ttft, args.slo_tpot), SLO(args.slo_ttft, args.slo_tpot, args.slo_itl)
+    pooled = {}
+    for mode, sweeps in draws.items():
+        pooled[mode] = pool_draws(sweeps, slo, gap)
+        pooled[mode]["closed_loop_by_draw"] = [one["closed_loop"] for one in sweeps]
+        pooled[mode]["given"] = sweeps[0]["given"]
+    return pooled
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    if args.seeds:
+        return [int(seed) for seed in args.seeds.split(",")]
+    return draw_seeds(args.draw_set, args.draws)
+
+
+def draw_set_of(seeds: list[int]) -> str:
+    """The name of the set ``seeds`` all belong to, else ``custom``."""
+    return next((n for n, known in DRAW_SETS.items() if set(seeds) <= set(known)), "custom")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(SETTINGS)}")
+    parser.add_argument(
+        "--single-node-budgets",
+        default="1024,8192",  # 256 lost at every rate in every run so far
+        help="maxPrefillTokens values single_node is swept over ('': its default only)",
+    )
+    parser.add_argument("--peer", choices=("llamacpp",), help="also run llama-server")
+    parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")
+    parser.add_argument(
+        "--llama-server-settings",
+        default=",".join(sweep_settings("4,8,16", "512/128,2048/512", "2,1")),
+        help="SLOTS:BATCH:UBATCH:THREADS settings llama-server is swept over",
+    )
+    parser.add_argument("--draw-set", choices=tuple(DRAW_SETS), default="held-out")
+    parser.add_argument("--draws", type=int, default=3, help="independent draws (seeds)")
+    parser.add_argument("--seeds", default="", help="explicit draw seeds (overrides the set)")
+    parser.add_argument(
+        "--closed-loop", default="1,8,32", help="closed-loop concurrencies ('': none)"
+    )
+    parser.add_argument(
+        "--closed-loop-turns", type=int, default=2, help="requests per closed-loop stream"
+    )
+    parser.add_argument("--plots", action="store_true", help="also write PNG plots")
+    parser.add_argument("--request-rates", default="0.5,0.75,1,1.25,1.5")
+    parser.add_argument("--common-rate", type=float, default=1.0)
+    # 30 per rate left rankings resting on one or two requests (the spread table shows it)
+    parser.add_argument("--num-requests", type=int, default=60, help="per rate")
+    parser.add_argument("--mix", default="chat=0.6,summarise=0.2,generate=0.2")
+    parser.add_argument("--slo-ttft", type=float, default=3.0)
+    parser.add_argument("--slo-tpot", type=float, default=0.150)
+    parser.add_argument(
+        "--slo-itl", type=float, default=0.25, help="seconds: a request's p99 inter-token gap"
+    )
+    parser.add_argument("--out", default="results/compare_modes.json")
+    parser.add_argument(
+        "--multihost", action="store_true", help="both modes across hosts in network namespaces"
+    )
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pdserve-modes-") as tmp:
+        results = run_modes(args, Path(tmp))
+    seeds = _seeds(args)
+    summary = render(results, args.common_rate)
+    goals = ratios(results, args.common_rate)
+    report = {
+        **run_meta([__file__, *(argv if argv is not None else sys.argv[1:])]),
+        "hosts": "3 hosts in namespaces" if args.multihost else "this machine",
+        "minutes": round((time.monotonic() - started) / 60, 1),
+        "draw_set": draw_set_of(seeds),
+        "seeds": seeds,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "common_rate": args.common_rate,
+        "ratios": goals,
+        "results": results,
+    }
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(summary + "\n")
+    if args.plots:
+        plot_goodput(results, out.with_suffix(".goodput.png"))  # pooled: no per-request CDFs
+    print(summary)
+    print(f"ratios: {json.dumps(goals, indent=1)}  ({report['minutes']:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""What the HTTP edge's defences cost on the normal path, and what they buy under attack, side by
+side in one run: uvicorn's plain httptools protocol (the edge before), the guarded one
+(:mod:`coordinator.edge`) and h11 with its incomplete-event limit (the other choice).
+
+Each protocol serves the real predict app over a scripted service that streams tokens as fast
+as it can (so the edge, not a model, is what is timed), in a child process of its own pinned
+to one core; this process is the client, on the other.
+
+- **Normal path**: 1 and 64 concurrent ``/v1/completions`` streams of ``--tokens`` events each:
+  the server's CPU time per event (the figure: the client, in Python, may be the slower side)
+  and events per second, the protocols in turn for ``--rounds`` rounds (median, min-max), each
+  round's ratio to plain httptools.
+- **Attack**: a 32 MiB header in 64 KiB writes (time until the server refuses or takes it,
+  and the server's RSS growth); 64 connections that never finish their headers (how many the
+  server still holds after ``header_timeout`` + 2 s); the probe's latency while four clients
+  write 8 MiB headers in 1 KiB writes (the probes on the predict loop, as before, for the
+  plain protocols; on their own thread for the guarded one).
+
+``python -m benchmarks.serving.http_edge`` writes ``benchmarks/results/http_edge.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from benchmarks.harness.provenance import ROOT, run_meta
+
+PROTOCOLS = ("httptools", "guarded", "h11")
+HEADER_TIMEOUT_S = 5.0
+MIB = 1024 * 1024
+
+
+def serve(protocol: str, port: int, tokens: int) -> None:
+    """The child: the predict app on ``port`` behind ``protocol``, a probe on ``port + 1``."""
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+
+    from coordinator.edge import EdgeLimits, uvicorn_limits
+    from coordinator.own_loop import OwnLoopServer
+    from tests.test_door_failures import ScriptedService, predict_app
+
+    os.sched_setaffinity(0, {0})
+    options: dict[str, Any] = {"http": protocol}
+    if protocol == "guarded":
+        options = uvicorn_limits(EdgeLimits(header_timeout_s=HEADER_TIMEOUT_S), 10000)
+    elif protocol == "h11":
+        options["h11_max_incomplete_event_size"] = 64 * 1024
+    service = ScriptedService(tokens)
+    service.max_requests = 10000
+    probes = FastAPI()
+    probes.add_api_route("/v1/health", lambda: Response(), methods=["GET"])
+    common: dict[str, Any] = {"host": "127.0.0.1", "log_level": "error", **options}
+    predict = uvicorn.Server(uvicorn.Config(predict_app(service), port=port, **common))
+    probe = uvicorn.Server(uvicorn.Config(probes, port=port + 1, **common))
+    if protocol == "guarded":
+        OwnLoopServer(probe, "probes").start()
+        predict.run()
+    else:
+
+        async def both() -> None:
+            await asyncio.gather(predict.serve(), probe.serve())
+
+        asyncio.run(both())
+
+
+@contextlib.contextmanager
+def server(protocol: str, tokens: int):
+    port = free_port_pair()
+    child = multiprocessing.get_context("spawn").Process(
+        target=serve, args=(protocol, port, tokens), daemon=True
+    )
+    child.start()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+            break
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, f"{protocol} did not start"
+            time.sleep(0.1)
+    try:
+        yield port, psutil.Process(child.pid)
+    finally:
+        child.terminate()
+        child.join(10)
+
+
+def free_port_pair() -> int:
+    """A port free with the one after it."""
+    while True:
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with contextlib.suppress(OSError):
+                second.bind(("127.0.0.1", port + 1))
+                return port
+
+
+async def streams(
+    port: int, process: psutil.Process, concurrency: int, requests: int
+) -> tuple[float, float]:
+    """Events per second over ``requests`` streams, ``concurrency`` at a time, and the
+    server's CPU microseconds per event (what the protocol costs, whatever the client's speed)."""
+    limits = httpx.Limits(max_connections=concurrency)
+    body = {"prompt": "hi", "stream": True, "max_tokens": 1000}
+    events = 0
+
+    async def one(client: httpx.AsyncClient) -> None:
+        nonlocal events
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                events += line.startswith("data: {")
+
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60
+    ) as client:
+        await asyncio.gather(*(one(client) for _ in range(min(concurrency, 8))))  # warm-up
+        events = 0
+        cpu, start = sum(process.cpu_times()[:2]), time.perf_counter()
+        for _ in range(requests // concurrency):
+            await asyncio.gather(*(one(client) for _ in range(concurrency)))
+        elapsed, used = time.perf_counter() - start, sum(process.cpu_times()[:2]) - cpu
+        return events / elapsed, 1e6 * used / events
+
+
+def huge_header(port: int, process: psutil.Process) -> dict[str, Any]:
+    before = process.memory_info().rss
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: ")
+    sent, start, chunk = 0, time.perf_counter(), b"a" * 65536
+    with contextlib.suppress(OSError):
+        while sent < 32 * MIB:
+            sock.sendall(chunk)
+            sent += len(chunk)
+        sock.sendall(b"\r\n\r\n")
+    with contextlib.suppress(OSError):
+        status = sock.recv(64).split(b" ")[1].decode()
+    elapsed = time.perf_counter() - start
+    grown = process.memory_info().rss - before
+    sock.close()
+    return {
+        "status": locals().get("status", "closed"),
+        "bytes_sent": sent,
+        "seconds": round(elapsed, 3),
+        "rss_growth_mib": round(grown / MIB, 1),
+    }
+
+
+def half_sent(port: int, process: psutil.Process) -> dict[str, Any]:
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
+    for sock in socks:
+        sock.sendall(b"POST /infer HTTP/1.1\r\nhost: x\r\n")
+    time.sleep(HEADER_TIMEOUT_S + 2)
+    held = sum(
+        1
+        for c in process.net_connections("tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+    )
+    for sock in socks:
+        sock.close()
+    return {"connections": 64, f"held_after_{HEADER_TIMEOUT_S + 2:g}_s": held}
+
+
+def probe_under_attack(port: int) -> dict[str, Any]:
+    """The probe's latency (ms) while four clients write 8 MiB headers in 1 KiB writes."""
+
+    def attack() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: ")
+            with contextlib.suppress(OSError):
+                for _ in range(8 * 1024):
+                    sock.sendall(b"a" * 1024)
+
+    attackers = [threading.Thread(target=attack) for _ in range(4)]
+    for thread in attackers:
+        thread.start()
+    latencies = []
+    with httpx.Client(timeout=30) as client:
+        while len(latencies) < 400 and (
+            len(latencies) < 20 or any(thread.is_alive() for thread in attackers)
+        ):
+            start = time.perf_counter()
+            client.get(f"http://127.0.0.1:{port + 1}/v1/health")
+            latencies.append(1000 * (time.perf_counter() - start))
+            time.sleep(0.02)
+    for thread in attackers:
+        thread.join()
+    latencies.sort()
+    return {
+        "probes": len(latencies),
+        "p50_ms": round(latencies[len(latencies) // 2], 1),
+        "p99_ms": round(latencies[int(len(latencies) * 0.99)], 1),
+        "max_ms": round(latencies[-1], 1),
+    }
+
+
+def spread(values: list[float], digits: int = 1) -> dict[str, Any]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "rounds": [round(v, digits) for v in values],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/http_edge.json"))
+    args = parser.parse_args(argv)
+    meta = run_meta()  # before the pinning below: the machine's cores, not this process's
+    os.sched_setaffinity(0, {1} if os.cpu_count() and os.cpu_count() > 1 else {0})
+    rates: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in PROTOCOLS}
+    costs: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in PROTOCOLS}
+    attacks: dict[str, Any] = {}
+    for round_index in range(args.rounds):
+        for protocol in PROTOCOLS:
+            with server(protocol, args.tokens) as (port, process):
+                for concurrency, requests in ((1, 48), (64, 384)):
+                    rate, cost = asyncio.run(streams(port, process, concurrency, requests))
+                    rates[protocol][concurrency].append(rate)
+                    costs[protocol][concurrency].append(cost)
+                if round_index == 0:
+                    attacks[protocol] = {
+                        "huge_header": huge_header(port, process),
+                        "half_sent": half_sent(port, process),
+                        "probe_under_attack": probe_under_attack(port),
+                    }
+            print(round_index, protocol, {c: round(r[-1], 1) for c, r in costs[protocol].items()})
+    result = {
+        "meta": meta,
+        "tokens_per_stream": args.tokens,
+        "events_per_s": {p: {str(c): spread(v) for c, v in r.items()} for p, r in rates.items()},
+        "server_cpu_us_per_event": {
+            p: {str(c): spread(v, 2) for c, v in r.items()} for p, r in costs.items()
+        },
+        "cpu_ratio_to_httptools": {  # server CPU per event, each round against httptools' own
+            p: {
+                str(c): spread(
+                    [a / b for a, b in zip(costs[p][c], costs["httptools"][c], strict=True)], 3
+                )
+                for c in (1, 64)
+            }
+            for p in PROTOCOLS
+        },
+        "attacks": attacks,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("cpu_ratio_to_httptools", "attacks")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""Resident memory of pdserve's whole process tree against llama-server's, on the same GGUF with
+the same sequences and context (``SLOTS`` x ``CONTEXT_PER_SLOT`` tokens of KV).
+
+    python -m benchmarks.serving.memory --out benchmarks/results/memory.json
+
+Each mode (``single_node``, ``pd_separate``) is started on its own (``compare_modes.start_pdserve``)
+with ``maxBatchSize`` ``SLOTS``, ``maxSeqLen`` ``CONTEXT_PER_SLOT`` and ``kvCacheMemoryMB`` the
+KV of that many tokens (``pd_separate``'s prefill engine: ``--prefill-kv-tokens``, by default one
+step's prompt tokens, through ``prefill_kv_cache_memory_mb``). Once ready it answers
+``--requests`` requests (so that whatever a request builds lazily exists), settles for
+``--settle-s``, and then every process of its tree is measured (``process_tree.py``: role, RSS,
+PSS, USS). llama-server runs with ``--parallel SLOTS -c SLOTS*CONTEXT_PER_SLOT`` from the cache
+folder (``benchmarks/llamacpp/build.py --server``), after the same requests; while it is not built
+there, pdserve is measured alone and the result says so. ``--embedding-model`` is the modes'
+``embedding_model_path`` (default ``bundled``, as ``pdserve`` starts; ``""``: none).
+
+The JSON holds each side's processes and sums and the machine (``results_meta.py``), and with
+``--before FILE`` the modes of an earlier result (the run before a cut) under ``before``;
+``benchmarks/report.py`` renders it into ``docs/performance/memory.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.harness.process_tree import measure, summarize, tree_pids
+from benchmarks.harness.provenance import run_meta
+from benchmarks.llamacpp.build import SERVER, has_tools, tools_dir
+from benchmarks.llamacpp.server import LlamaServer, ServerSetting, gguf_of
+from benchmarks.serving.compare_modes import free_port, start_pdserve
+
+SLOTS = 32
+CONTEXT_PER_SLOT = 1024
+MODES = ("single_node", "pd_separate")
+# pd_separate's prefill engine holds a prompt until its pages are handed off: one step's worth
+PREFILL_KV_TOKENS = 8192  # maxPrefillTokens
+PROMPT = "Explain in a few sentences what a paged KV cache is and why it helps serving."
+
+
+def kv_cache_mib(model: str, tokens: int, itemsize: int) -> int:
+    """MiB of KV for ``tokens`` tokens of ``model`` at ``itemsize`` bytes a value (4: what the
+    engine keeps on CPU, float32; 2: llama-server's f16)."""
+    from engine.model.llama import ModelShape
+    from engine.model.loader import load_model
+
+    shape = ModelShape.from_hf_config(load_model(model).hf_config)
+    per_token = shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * itemsize
+    return -(-per_token * tokens // 2**20)
+
+
+def send_requests(url: str, count: int, max_tokens: int = 32) -> None:
+    """``count`` concurrent completions through the OpenAI route, each answered in full."""
+
+    def one(i: int) -> None:
+        body = {"model": "m", "prompt": f"{i}. {PROMPT}", "max_tokens": max_tokens}
+        httpx.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status()
+
+    with concurrent.futures.ThreadPoolExecutor(max(count, 1)) as pool:
+        list(pool.map(one, range(count)))
+
+
+def measure_pdserve(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    backend = {
+        "maxBatchSize": SLOTS,
+        "maxSeqLen": CONTEXT_PER_SLOT,
+        "maxInputTokenLen": CONTEXT_PER_SLOT - 1,
+        "kvCacheMemoryMB": args.kv_mib,
+        "embedding_model_path": args.embedding_model,
+    }
+    if mode == "pd_separate" and args.prefill_kv_tokens:
+        backend["prefill_kv_cache_memory_mb"] = kv_cache_mib(args.model, args.prefill_kv_tokens, 4)
+    process, ports = start_pdserve(mode, args.model, workdir, backend)
+    try:
+        send_requests(f"http://127.0.0.1:{ports['predict_port']}", args.requests)
+        time.sleep(args.settle_s)
+        return {"given": backend, **summarize(measure(tree_pids(process.pid)))}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+
+
+def measure_llama_server(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    folder = args.llama_cpp_dir or tools_dir()
+    if not has_tools(folder, SERVER):
+        return {"missing": f"{folder / SERVER[0]} is not built"}
+    setting = ServerSetting(slots=SLOTS)
+    port = free_port()
+    server = LlamaServer(
+        folder, gguf_of(args.model), port, workdir / "llama_server.log", setting, CONTEXT_PER_SLOT
+    )
+    try:
+        send_requests(server.url, args.requests)
+        time.sleep(args.settle_s)
+        processes = summarize(measure(tree_pids(server.pid)))
+        return {"given": {**setting.to_dict(), "command": server.command}, **processes}
+    finally:
+        server.stop()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--embedding-model", default="bundled", help='"": no embedding model')
+    parser.add_argument(
+        "--prefill-kv-tokens",
+        type=int,
+        default=PREFILL_KV_TOKENS,
+        help="pd_separate: the prefill engine's KV in tokens (0: the decode engine's budget)",
+    )
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--settle-s", type=float, default=3.0)
+    parser.add_argument("--llama-cpp-dir", type=Path, default=None)
+    parser.add_argument("--no-llama-server", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--before", type=Path, default=None, help="an earlier result whose modes to show beside"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.kv_mib = kv_cache_mib(args.model, SLOTS * CONTEXT_PER_SLOT, 4)
+    result: dict[str, Any] = {
+        "_meta": {
+            **run_meta(),
+            "slots": SLOTS,
+            "context": CONTEXT_PER_SLOT,
+            "kv_mib": args.kv_mib,
+            "llama_server_kv_mib": kv_cache_mib(args.model, SLOTS * CONTEXT_PER_SLOT, 2),
+        }
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        for mode in args.modes.split(","):
+            result[mode] = measure_pdserve(mode, args, workdir)
+            print(mode, json.dumps(result[mode]["total"]), flush=True)
+        if not args.no_llama_server:
+            result["llama_server"] = measure_llama_server(args, workdir)
+            print("llama_server", json.dumps(result["llama_server"].get("total")), flush=True)
+    result["_meta"]["gguf_mib"] = round(gguf_of(args.model).stat().st_size / 2**20, 1)
+    if args.before:
+        earlier = json.loads(args.before.read_text())
+        result["before"] = {k: v for k, v in earlier.items() if k in ("_meta", *MODES)}
+    text = json.dumps(result, indent=2) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""One coordinator against two in front of the same workers, side by side in one run
+(docs/replicas.md).
+
+    python -m benchmarks.serving.replicas                       # held-out draws -> results JSON
+    python -m benchmarks.serving.replicas --draw-set tuning --out /tmp/replicas.json
+
+A Ray head on 127.0.0.1, a shared pool started by ``pdserve workers`` (a tiny random model, so
+that the coordinators' own CPU, not the model, is what a request costs: 2 prefill workers and 1
+decode worker), and two coordinator processes of that pool. The side ``one`` sends everything
+through the first coordinator, ``two`` spreads the same requests over both; the sides alternate
+which goes first per draw.
+
+- **Short completions**: an open loop (Poisson arrivals) of streamed ``/v1/completions`` with
+  ``--words`` random words and 8-token outputs, at each rate of ``--rates`` for ``--seconds``.
+  Per side, the requests of every draw at a rate are pooled: the figure is the requests/s
+  completed at the highest rate whose pooled p99 TTFT is at most 1 s with no failed request,
+  and each draw's own highest rate gives the spread.
+- **Shared-prefix chat**: the prefix-cache benchmark's multi-turn chat mix (one system prompt,
+  ``--users`` users of ``--turns`` turns); with two coordinators every next turn of a user comes
+  through the other coordinator. Figure: the prefix-cache hit rate from the answers' usage,
+  ``sum(cached_tokens) / sum(prompt_tokens)``; the goal is two at most 2 points below one.
+- **Kill**: 8 clients on each coordinator; the second is killed with SIGKILL and restarted,
+  ``--kills`` times: seconds from the kill until the workers have aborted its requests (their
+  ``num_leases_expired`` goes up), the survivor's failed requests, and the blocks in use once
+  the survivor's load has stopped (must be 0).
+
+The ladder of rates was chosen on the tuning draws (``benchmarks.serving.draws``): the committed
+figures come from the held-out draws only. Writes ``benchmarks/results/replicas.json`` (the
+README's block is generated from it by ``python -m benchmarks.report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.harness.provenance import ROOT, run_meta
+from benchmarks.serving.draws import draw_seeds, rotated
+from benchmarks.serving.metrics import percentile
+from benchmarks.serving.prefix_chat import Encode
+from benchmarks.serving.replicas_load import ClosedLoop, Sent, chat_mix, open_loop
+from tests.coordinator_process import CoordinatorProcess, start_coordinator
+from tests.test_ray_deploy import RAY_ENV, RayHead
+from tests.tiny_model import build_tiny_model
+
+POOL = "bench-replicas"
+SIDES = ("one", "two")
+# requests/s: on the tuning draws one coordinator's p99 TTFT crossed 1 s between 100 and 120
+# and two coordinators' between 60 and 80 (two cores run the coordinators, the workers and the
+# client), so the ladder is dense there
+RATES = (40.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0)
+TTFT_SLO_S = 1.0
+HIT_RATE_GOAL = 0.02  # two coordinators' hit rate at most 2 points below one's
+OUT = ROOT / "benchmarks" / "results" / "replicas.json"
+Draw = tuple[list[Sent], float]  # one open-loop run: its requests and its wall time
+
+
+class Pool:
+    """The Ray head, the shared pool and two coordinators of it."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.head = RayHead()
+        model = build_tiny_model(workdir / "model")
+        self.config = {
+            "backend_config": {
+                "model_path": str(model),
+                "device": "cpu",
+                "embedding_model_path": "",
+                "cacheBlockSize": 16,
+                "kvCacheMemoryMB": 32,
+                "maxSeqLen": 1024,
+                "maxInputTokenLen": 960,
+                "num_prefill_instances": 2,
+                "num_decode_instances": 1,
+                "cluster_name": POOL,
+                "ray_address": f"127.0.0.1:{self.head.gcs_port}",
+            },
+            "request_limit": {"max_requests": 4000},
+        }
+        path = workdir / "ms_coordinator.json"
+        path.write_text(json.dumps(self.config))
+        self.workers_command = [
+            sys.executable,
+            "-m",
+            "coordinator",
+            "workers",
+            "--config",
+            str(path),
+        ]
+        started = subprocess.run(
+            self.workers_command, env=self.head.env, capture_output=True, text=True, timeout=300
+        )
+        if started.returncode != 0:
+            raise RuntimeError(f"pdserve workers failed: {started.stderr[-3000:]}")
+        self.coordinators = [self.coordinator(f"c{i}") for i in range(2)]
+        self.encode = _tokenizer(model)
+
+    def coordinator(self, name: str) -> CoordinatorProcess:
+        workdir = self.workdir / f"{name}-{time.monotonic_ns()}"
+        workdir.mkdir()
+        server = start_coordinator(workdir, self.config, env=RAY_ENV)
+        server.wait_ready()
+        return server
+
+    def urls(self, count: int) -> list[str]:
+        return [c.url("predict_port", "") for c in self.coordinators[:count]]
+
+    def instances(self, index: int = 0) -> list[dict[str, Any]]:
+        url = self.coordinators[index].url("manage_port", "/v1/instances")
+        return httpx.get(url, timeout=10).json()["instances"]
+
+    def close(self) -> None:
+        for server in self.coordinators:
+            if server.process.poll() is None:
+                server.stop()
+        subprocess.run([*self.workers_command, "--stop"], env=self.head.env, capture_output=True)
+        self.head.stop()
+
+
+def _tokenizer(model: Path) -> Encode:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def rate_row(rate: float, draws: list[Draw]) -> dict[str, Any]:
+    """One rate of one side, its draws pooled; each draw's own p99 TTFT kept."""
+    sent = [s for requests, _ in draws for s in requests]
+    ttfts = [s.ttft_s for s in sent if s.ok and s.ttft_s is not None]
+    failed = [s.detail for s in sent if not s.ok]
+    per_draw = [
+        percentile([s.ttft_s for s in requests if s.ok and s.ttft_s is not None], 99)
+        for requests, _ in draws
+    ]
+    return {
+        "rate": rate,
+        "requests": len(sent),
+        "failed": len(failed),
+        "failures": sorted(set(failed))[:5],
+        "completed_per_s": sum(s.ok for s in sent) / sum(seconds for _, seconds in draws),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "ttft_p99_s_per_draw": per_draw,
+        "within_slo": bool(ttfts) and not failed and percentile(ttfts, 99) <= TTFT_SLO_S,
+        "within_slo_per_draw": [
+            p is not None and p <= TTFT_SLO_S and all(s.ok for s in requests)
+            for p, (requests, _) in zip(per_draw, draws, strict=True)
+        ],
+    }
+
+
+def capacity(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The highest rate within the SLO (pooled, and each draw's) and what it completed."""
+    held = [row for row in rows if row["within_slo"]]
+    best = max(held, key=lambda row: row["rate"]) if held else None
+    draws = len(rows[0]["within_slo_per_draw"]) if rows else 0
+    per_draw = [
+        max((row["rate"] for row in rows if row["within_slo_per_draw"][d]), default=0.0)
+        for d in range(draws)
+    ]
+    return {
+        "max_rate": best and best["rate"],
+        "completed_per_s_at_slo": best and best["completed_per_s"],
+        "max_rate_per_draw": spread(per_draw),
+    }
+
+
+def hit_figures(draws: list[list[Sent]]) -> dict[str, Any]:
+    def rate(sent: list[Sent]) -> float:
+        done = [s for s in sent if s.ok]
+        return sum(s.cached_tokens for s in done) / max(1, sum(s.prompt_tokens for s in done))
+
+    pooled = [s for sent in draws for s in sent]
+    return {
+        "hit_rate": rate(pooled),
+        "hit_rate_per_draw": spread([rate(sent) for sent in draws]),
+        "requests": len(pooled),
+        "failed": sum(not s.ok for s in pooled),
+    }
+
+
+def kill_once(pool: Pool, clients: int, max_tokens: int) -> dict[str, Any]:
+    """Load on both coordinators, SIGKILL of the second: until its lease lapsed on the
+    workers, the survivor's failures, then the blocks left in use once all is quiet."""
+    survivor_url, victim_url = pool.urls(2)
+    expired_before = sum(w["num_leases_expired"] for w in pool.instances())
+    survivor = ClosedLoop(survivor_url, clients, max_tokens)
+    victim = ClosedLoop(victim_url, clients, max_tokens)
+    time.sleep(3.0)
+    pool.coordinators[1].process.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    pool.coordinators[1].process.wait(timeout=10)
+    victim.stop()
+    freed_s = None
+    while time.monotonic() - killed_at < 30:
+        if sum(w["num_leases_expired"] for w in pool.instances()) > expired_before:
+            freed_s = time.monotonic() - killed_at
+            break
+        time.sleep(0.05)
+    time.sleep(1.0)
+    sent = survivor.stop()
+    deadline = time.monotonic() + 30
+    while (
+        used := sum(w["num_used_blocks"] for w in pool.instances())
+    ) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pool.coordinators[1] = pool.coordinator("c1")
+    return {
+        "freed_s": freed_s,
+        "survivor_requests": len(sent),
+        "survivor_failed": sum(not s.ok for s in sent),
+        "blocks_in_use_after": used,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    seeds = draw_seeds(args.draw_set, args.draws)
+    short: dict[str, dict[float, list[Draw]]] = {s: {r: [] for r in args.rates} for s in SIDES}
+    chat: dict[str, list[list[Sent]]] = {side: [] for side in SIDES}
+    with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp:
+        pool = Pool(Path(tmp))
+        try:
+            for number, seed in enumerate(seeds):
+                for side in rotated(list(SIDES), number):
+                    urls = pool.urls(SIDES.index(side) + 1)
+                    # the same draw, its texts the side's own: neither side meets the other's
+                    # prompts in the workers' prefix caches
+                    salted = seed * len(SIDES) + SIDES.index(side)
+                    for rate in args.rates:
+                        draw = asyncio.run(
+                            open_loop(urls, rate, args.seconds, salted, args.words, args.max_tokens)
+                        )
+                        short[side][rate].append(draw)
+                        print(
+                            f"seed {seed} {side} rate {rate}: {rate_row(rate, [draw])}", flush=True
+                        )
+                        time.sleep(1.0)
+                    sent = asyncio.run(
+                        chat_mix(urls, salted, pool.encode, args.users, args.turns, 96, 8, 8)
+                    )
+                    chat[side].append(sent)
+                    print(f"seed {seed} {side} chat: {hit_figures([sent])}", flush=True)
+            kills = [kill_once(pool, 8, 32) for _ in range(args.kills)]
+        finally:
+            pool.close()
+    return summarize(args, seeds, short, chat, kills)
+
+
+def summarize(
+    args: argparse.Namespace,
+    seeds: list[int],
+    short: dict[str, dict[float, list[Draw]]],
+    chat: dict[str, list[list[Sent]]],
+    kills: list[dict[str, Any]],
+) -> dict[str, Any]:
+    rows = {side: [rate_row(rate, short[side][rate]) for rate in args.rates] for side in SIDES}
+    caps = {side: capacity(rows[side]) for side in SIDES}
+    hits = {side: hit_figures(chat[side]) for side in SIDES}
+    one, two = caps["one"]["completed_per_s_at_slo"], caps["two"]["completed_per_s_at_slo"]
+    hit_gap = hits["two"]["hit_rate"] - hits["one"]["hit_rate"]
+    freed = [k["freed_s"] for k in kills if k["freed_s"] is not None]
+    return {
+        "meta": run_meta(),
+        "draw_set": args.draw_set,
+        "seeds": seeds,
+        "setup": {
+            "workers": "2 prefill + 1 decode, one shared pool (pdserve workers)",
+            "model": "tiny random llama (2 layers, hidden 64)",
+            "short": {"words": args.words, "max_tokens": args.max_tokens, "seconds": args.seconds},
+            "chat": {"users": args.users, "turns": args.turns, "system_tokens": 96},
+            "ttft_slo_s": TTFT_SLO_S,
+        },
+        "short_completions": {side: {"rates": rows[side], **caps[side]} for side in SIDES},
+        "throughput_ratio_two_to_one": two / one if one and two else None,
+        "prefix_chat": hits,
+        "hit_rate_difference": hit_gap,
+        "hit_rate_goal_met": hit_gap >= -HIT_RATE_GOAL,
+        "kill": {"runs": kills, "freed_s": spread(freed), "lease_s": 6.0},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--draw-set", choices=("tuning", "held-out"), default="held-out")
+    parser.add_argument("--draws", type=int, default=3)
+    parser.add_argument("--rates", type=float, nargs="+", default=list(RATES))
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--words", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--users", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    result = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "short_completions"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

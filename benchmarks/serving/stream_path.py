@@ -1,0 +1,169 @@
+"""Where a single served stream's time per token goes: the worker cluster reached straight over
+Ray (with its engine's own gap between tokens), and pdserve's ``/v1/completions`` stream, side by
+side in one run.
+
+    python -m benchmarks.serving.stream_path --out benchmarks/results/stream_path.json
+    python -m benchmarks.serving.stream_path --modes single_node --rounds 2 --new-tokens 32
+
+Each round measures, one after the other (the order alternating), for every mode:
+  cluster  a ``Cluster`` of the mode's actors on a local Ray, one request through
+           ``Cluster.generate``: the engine's own gap between tokens (``emitted_at``), the gap at
+           the receiver, the lag from a token's sampling to its arrival, and this process's CPU
+           per token (what Ray's stream costs its receiver)
+  served   pdserve started in the mode, one ``/v1/completions`` stream (greedy, ``ignore_eos``):
+           the gap between SSE chunks at the client, and the coordinator's and the client's CPU
+           per token
+Every figure is a median over a request's tokens (first token excluded); the JSON keeps each
+round's, their median, min and max, and per round served / the cluster's engine gap (the
+engine as it runs in the workers: their threads, their cores). On a machine of few cores
+every CPU millisecond spent outside the engine per token is taken from the engine's threads, so
+the CPU figures say as much as the gaps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.engine.vs_transformers import _spread
+from benchmarks.serving.compare_modes import start_pdserve
+
+PROMPT_TEXT = " ".join(["the quick brown fox jumps over the lazy dog"] * 11)  # about 100 tokens
+PROMPT_IDS = list(range(1000, 1100))
+
+
+def process_cpu_ms(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_ms() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return (usage.ru_utime + usage.ru_stime) * 1e3
+
+
+def gaps_ms(times: list[float]) -> float:
+    """The median gap between consecutive tokens after the first, in ms."""
+    return statistics.median((b - a) * 1e3 for a, b in zip(times[1:], times[2:], strict=False))
+
+
+async def cluster_gap(cluster: Any, new_tokens: int) -> dict[str, float]:
+    from engine.sampling_params import SamplingParams
+    from workers.contracts import GenerationRequest
+
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    request = GenerationRequest(f"direct-{time.monotonic_ns()}", PROMPT_IDS, params)
+    emitted, received, cpu = [], [], own_cpu_ms()
+    async for event in cluster.generate(request):
+        if event.token_id is not None:
+            emitted.append(event.emitted_at)
+            received.append(time.monotonic())
+    lags = [(b - a) * 1e3 for a, b in zip(emitted[1:], received[1:], strict=False)]
+    return {
+        "engine_gap_ms": gaps_ms(emitted),
+        "gap_ms": gaps_ms(received),
+        "lag_ms": statistics.median(lags),
+        "receiver_cpu_ms_per_token": (own_cpu_ms() - cpu) / len(received),
+    }
+
+
+async def served_gap(url: str, pid: int, new_tokens: int) -> dict[str, float]:
+    body = {"prompt": PROMPT_TEXT, "max_tokens": new_tokens, "stream": True, "ignore_eos": True}
+    times: list[float] = []
+    cpu, client_cpu = process_cpu_ms(pid), own_cpu_ms()
+    async with (
+        httpx.AsyncClient(timeout=300) as client,
+        client.stream("POST", url, json=body) as response,
+    ):
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                times.append(time.monotonic())
+    return {
+        "gap_ms": gaps_ms(times[:-1]),  # the last chunk carries the finish, no new token
+        "coordinator_cpu_ms_per_token": (process_cpu_ms(pid) - cpu) / len(times),
+        "client_cpu_ms_per_token": (own_cpu_ms() - client_cpu) / len(times),
+    }
+
+
+def start_cluster(mode: str) -> Any:
+    from coordinator.cluster import Cluster
+    from coordinator.cluster_config import ClusterConfig
+    from coordinator.ray_connect import init_ray
+    from engine.config import EngineConfig
+
+    init_ray()
+    config = ClusterConfig(
+        deploy_mode=mode, engine=EngineConfig(device="cpu"), embedding_model_path=None
+    )
+    cluster = Cluster(config)
+    cluster.start()
+    return cluster
+
+
+def measure_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Every round of ``mode``: cluster and served figures."""
+    cluster = start_cluster(mode)
+    process, ports = start_pdserve(mode, "bundled", Path(tempfile.mkdtemp()))
+    url = f"http://127.0.0.1:{ports['predict_port']}/v1/completions"
+    measures = {
+        "cluster": lambda: asyncio.run(cluster_gap(cluster, args.new_tokens)),
+        "served": lambda: asyncio.run(served_gap(url, process.pid, args.new_tokens)),
+    }
+    rounds: list[dict[str, dict[str, float]]] = []
+    try:
+        for name in measures:  # warm-up, dropped
+            measures[name]()
+        for index in range(args.rounds):
+            names = list(measures)[index % 2 :] + list(measures)[: index % 2]
+            rounds.append({name: measures[name]() for name in names})
+            print(mode, index, json.dumps(rounds[-1]), flush=True)
+    finally:
+        process.terminate()
+        process.wait(60)
+        cluster.shutdown()
+    return summarize(rounds)
+
+
+def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for layer in rounds[0]:
+        out[layer] = {key: _spread([r[layer][key] for r in rounds], 3) for key in rounds[0][layer]}
+    out["served_over_engine"] = _spread(
+        [r["served"]["gap_ms"] / r["cluster"]["engine_gap_ms"] for r in rounds], 3
+    )
+    out["cluster_over_engine"] = _spread(
+        [r["cluster"]["gap_ms"] / r["cluster"]["engine_gap_ms"] for r in rounds], 3
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="single_node,pd_separate")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--out", help="write the JSON here")
+    args = parser.parse_args()
+    result = {
+        "new_tokens": args.new_tokens,
+        "prompt_tokens": len(PROMPT_IDS),
+        "modes": {mode: measure_mode(mode, args) for mode in args.modes.split(",")},
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

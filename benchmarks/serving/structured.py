@@ -1,0 +1,240 @@
+"""What a JSON-schema constraint costs a served request: time per output token of constrained
+against unconstrained requests through one pdserve cluster, side by side, at 1, 8 and 32
+streams; the compile time of a cold and a cached schema; and the share of constrained outputs
+that validate.
+
+    python -m benchmarks.serving.structured                       # pd_separate, bundled model
+    python -m benchmarks.serving.structured --deploy-mode single_node --repeats 5
+
+One pdserve (``--deploy-mode``; ``pd_separate`` as a fixed split: every prompt handed off, so
+the decode side's rebuilt matcher is what is measured). Constrained requests ask
+``/v1/completions`` for ``response_format: json_schema`` with :data:`SCHEMA` (a record of
+``--digits`` one-digit integers: its outputs all have the same characters and, as the bundled
+tokenizer writes digits one by one, nearly the same token count); unconstrained ones ask for the
+same number of tokens (``ignore_eos``), the mean length of the constrained outputs of the
+warm-up. The same prompts go both ways. At each stream count, ``--repeats`` rounds, each round
+one batch of constrained and one of unconstrained requests (``streams`` clients, each sending
+``--per-client`` requests in turn), which one goes first alternating by round. TPOT is each
+request's ``(e2e - ttft) / (tokens - 1)``; a round's figure is its median, the ratio is each
+round's constrained over unconstrained, reported as median [min-max] over rounds.
+
+Compile: :class:`engine.grammars.GrammarCache` over the bundled tokenizer, in this process: a
+cold compile of each of ``--compile-draws`` distinct 20-property schemas (one tokenizer view
+built first, as a worker holds it), then the same schemas again (cached: a lookup and a matcher
+copy). Goals: constrained TPOT <= 1.10x at 32 streams and <= 1.05x at 1 stream; cold compile of
+a 20-property schema <= 50 ms; 100 % of the constrained outputs validate.
+
+Writes ``benchmarks/results/structured.json`` (machine, commit, command in ``meta``), rendered
+into ``docs/performance/structured.md`` by ``python -m benchmarks.report``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+
+from benchmarks.harness.client import Target, send
+from benchmarks.harness.provenance import run_meta
+from benchmarks.serving.compare_modes import FIXED, start_pdserve
+from benchmarks.serving.workload import WorkItem
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+STREAMS = (1, 8, 32)
+GOALS = {"1": 1.05, "32": 1.10}  # constrained TPOT over unconstrained, at most
+COMPILE_GOAL_MS = 50.0
+PROMPTS = [
+    "List the digits you like best:",
+    "Write down some numbers:",
+    "Give me a few digits:",
+    "Numbers, please:",
+]
+
+
+def record_schema(digits: int) -> dict[str, Any]:
+    """An object of ``digits`` one-digit integers ``d0``, ``d1``, ...: every valid output has
+    the same length in characters."""
+    names = [f"d{i}" for i in range(digits)]
+    return {
+        "type": "object",
+        "properties": {n: {"type": "integer", "minimum": 0, "maximum": 9} for n in names},
+        "required": names,
+        "additionalProperties": False,
+    }
+
+
+def twenty_properties(draw: int) -> dict[str, Any]:
+    """A 20-property schema of mixed types, distinct for each ``draw``."""
+    kinds = [
+        {"type": "string", "maxLength": 16},
+        {"type": "integer", "minimum": 0},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"enum": ["red", "green", "blue"]},
+        {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+    ]
+    names = [f"field_{draw}_{i}" for i in range(20)]
+    properties = {n: kinds[i % len(kinds)] for i, n in enumerate(names)}
+    return {"type": "object", "properties": properties, "required": names[:10]}
+
+
+def spread(values: list[float], digits: int = 3) -> dict[str, Any]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "n": len(values),
+    }
+
+
+async def batch(
+    url: str, streams: int, per_client: int, tokens: int, extra: dict[str, Any] | None
+) -> tuple[list[float], list[str], list[int]]:
+    """``streams`` clients sending ``per_client`` requests each; every request's TPOT, text and
+    output token count."""
+    target = Target(url, api="completions", model="pdserve", ignore_eos=extra is None)
+    tpots: list[float] = []
+    texts: list[str] = []
+    counts: list[int] = []
+
+    async def client_loop(client: httpx.AsyncClient, index: int) -> None:
+        for n in range(per_client):
+            prompt = PROMPTS[(index + n) % len(PROMPTS)]
+            pieces: list[str] = []
+            collect = partial(_collect_text, pieces)
+            item = WorkItem(prompt, tokens)
+            record = await send(client, target, item, on_event=collect, extra_body=extra)
+            if record.error is not None:
+                raise RuntimeError(f"request failed: {record.error}")
+            if record.tpot_s is not None:
+                tpots.append(record.tpot_s)
+            texts.append("".join(pieces))
+            counts.append(record.output_tokens)
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(client_loop(client, i) for i in range(streams)))
+    return tpots, texts, counts
+
+
+def _collect_text(pieces: list[str], event: dict[str, Any]) -> None:
+    for choice in event.get("choices") or []:
+        pieces.append(choice.get("text") or "")
+
+
+def valid(text: str, schema: dict[str, Any]) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+async def serving(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    schema = record_schema(args.digits)
+    constrained = {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "digits", "schema": schema, "strict": True},
+        }
+    }
+    budget = args.digits * 8 + 8  # room for the whole record: it ends on its own
+    _, _, warm = await batch(url, 1, len(PROMPTS), budget, constrained)
+    tokens = round(statistics.mean(warm))
+    figures: dict[str, Any] = {"output_tokens": tokens, "streams": {}}
+    outputs, valid_outputs = 0, 0
+    for streams in args.streams:
+        ratios, free_tpot, bound_tpot = [], [], []
+        for round_index in range(args.repeats):
+            order = [None, constrained] if round_index % 2 == 0 else [constrained, None]
+            medians: dict[bool, float] = {}
+            for extra in order:  # unconstrained: the constrained outputs' length exactly
+                asked = budget if extra is not None else tokens
+                tpots, texts, _ = await batch(url, streams, args.per_client, asked, extra)
+                if extra is not None:
+                    outputs += len(texts)
+                    valid_outputs += sum(valid(t, schema) for t in texts)
+                medians[extra is not None] = statistics.median(tpots)
+            free_tpot.append(medians[False] * 1000)
+            bound_tpot.append(medians[True] * 1000)
+            ratios.append(medians[True] / medians[False])
+        figures["streams"][str(streams)] = {
+            "tpot_ms_unconstrained": spread(free_tpot, 2),
+            "tpot_ms_constrained": spread(bound_tpot, 2),
+            "ratio": spread(ratios),
+        }
+        print(f"{streams} streams: {figures['streams'][str(streams)]}", flush=True)
+    figures["outputs"] = outputs
+    figures["valid_share"] = valid_outputs / max(outputs, 1)
+    return figures
+
+
+def compiling(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.constraint import Constraint
+    from engine.grammars import GrammarCache
+    from engine.model.loader import load_model
+
+    loaded = load_model(args.model)
+    cache = GrammarCache(loaded.tokenizer, len(loaded.tokenizer))
+    start = time.perf_counter()
+    _ = cache.tokenizer
+    view_s = time.perf_counter() - start
+    constraints = [Constraint.json_schema(twenty_properties(d)) for d in range(args.compile_draws)]
+    cold, cached = [], []
+    for constraint in constraints:
+        start = time.perf_counter()
+        cache.state(constraint)
+        cold.append((time.perf_counter() - start) * 1000)
+    for constraint in constraints:
+        start = time.perf_counter()
+        cache.state(constraint)
+        cached.append((time.perf_counter() - start) * 1000)
+    return {
+        "tokenizer_view_s": round(view_s, 3),
+        "cold_ms": spread(cold),
+        "cached_ms": spread(cached, 4),
+        "goal_cold_ms": COMPILE_GOAL_MS,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--deploy-mode", default="pd_separate")
+    parser.add_argument("--streams", type=int, nargs="+", default=list(STREAMS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-client", type=int, default=2)
+    parser.add_argument("--digits", type=int, default=12)
+    parser.add_argument("--compile-draws", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=RESULTS / "structured.json")
+    args = parser.parse_args(argv)
+    report: dict[str, Any] = {"meta": run_meta(), "deploy_mode": args.deploy_mode}
+    report["compile"] = compiling(args)
+    print(f"compile: {report['compile']}", flush=True)
+    backend = {"stepTargetMs": 0, **(FIXED if args.deploy_mode == "pd_separate" else {})}
+    backend["maxIterTimes"] = 4096
+    with tempfile.TemporaryDirectory() as workdir:
+        process, ports = start_pdserve(args.deploy_mode, args.model, Path(workdir), backend)
+        try:
+            url = f"http://127.0.0.1:{ports['predict_port']}"
+            report["serving"] = asyncio.run(serving(args, url))
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+    report["goals"] = {"tpot_ratio_at_most": GOALS, "valid_share": 1.0}
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["serving"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
