@@ -52,7 +52,7 @@ def test_each_result_file_records_its_machine_code_and_command(name):
     data = json.loads((report.RESULTS / f"{name}.json").read_text())
     meta = data.get("_meta") or data.get("meta") or data
     assert all(meta.get(key) for key in PROVENANCE), {k: meta.get(k) for k in PROVENANCE}
-    assert meta["command"].startswith("python benchmarks/")
+    assert meta["command"].startswith(("python -m benchmarks.", "python benchmarks/"))
 
 
 def test_the_engine_figures_computed_their_prompts():
@@ -110,3 +110,15 @@ def test_the_replicas_figures_come_from_held_out_draws():
         rows = data["short_completions"][side]["rates"]
         assert all(len(row["ttft_p99_s_per_draw"]) == len(data["seeds"]) for row in rows)
     assert all(run["blocks_in_use_after"] == 0 for run in data["kill"]["runs"])
+
+
+def test_a_goal_is_met_only_when_the_intervals_lower_end_clears_it():
+    # the median clears 1.2, one round does not: undecided, not met
+    straddling = {"median": 1.25, "min": 1.19, "max": 1.30, "rounds": [1.19, 1.25, 1.3, 1.24, 1.27]}
+    assert report._goal(straddling, 1.2).startswith(">= 1.2x: undecided (met in 4 of 5 rounds")
+    clear = {"median": 1.3, "min": 1.28, "max": 1.33, "rounds": [1.28, 1.3, 1.33, 1.31, 1.29]}
+    assert report._goal(clear, 1.2) == ">= 1.2x: met (met in 5 of 5 rounds)"
+    short = {"median": 1.01, "min": 0.99, "max": 1.04, "rounds": [0.99, 1.04]}
+    assert "undecided" in report._goal(short, 1.2) and "2 rounds kept" in report._goal(short, 1.2)
+    assert report._goal(1.5, 1.2) == ">= 1.2x: undecided (a single figure, no rounds)"
+    assert report._goal(clear, 1.4, at_least=False).startswith("<= 1.4x: met")

@@ -1,6 +1,7 @@
-"""What every result file under ``benchmarks/results/`` records about the run that wrote it: the
-CPU (model, the ISA flags cpuid lists, the extensions it really executes), the commit, the date and
-the command, so a figure is compared only with figures of the same machine and code."""
+"""What every result file records about the run that wrote it, taken when the run starts: the CPU
+(model, the ISA flags cpuid lists, the extensions it really executes), the cores, the commit, the
+date, the command and the Python and torch versions, so a figure is compared only with figures of
+the same machine and code."""
 
 from __future__ import annotations
 
@@ -17,24 +18,35 @@ from benchmarks.harness.cpu_isa import cpu_model, cpuid_flags, probe_isa
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def uncommitted() -> list[str]:
+    """The tracked files that differ from the commit and the untracked files not ignored."""
+    return [line[3:] for line in _git("status", "--porcelain").splitlines() if line]
+
+
 def commit() -> str:
-    """The checked-out commit, with ``-dirty`` when tracked files differ from it."""
+    """The checked-out commit, with ``-dirty`` when the tree differs from it."""
+    head = _git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return head + ("-dirty" if uncommitted() else "")
 
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
 
-    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+def command_line(argv: list[str]) -> str:
+    """``argv`` as the command that runs it again: a module of this repository as ``python -m``."""
+    script = Path(argv[0]).resolve()
+    if script.suffix == ".py" and script.is_relative_to(ROOT):
+        module = ".".join(script.relative_to(ROOT).with_suffix("").parts)
+        return shlex.join(["python", "-m", module, *argv[1:]])
+    return shlex.join(["python", argv[0], *argv[1:]])
 
 
 def run_meta(argv: list[str] | None = None) -> dict:
     """The machine, code and command of this run."""
     import torch
 
-    argv = sys.argv if argv is None else argv
-    script = Path(argv[0]).resolve()
-    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
     return {
         "cpu": cpu_model(),
         "cores": len(_affinity()),
@@ -42,7 +54,8 @@ def run_meta(argv: list[str] | None = None) -> dict:
         "isa_executes": sorted(name for name, on in probe_isa().items() if on),
         "commit": commit(),
         "date": time.strftime("%Y-%m-%d"),
-        "command": shlex.join(["python", str(shown), *argv[1:]]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": command_line(sys.argv if argv is None else argv),
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
