@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.llamacpp import vs_llamacpp
 from benchmarks.llamacpp.build import TOOLS, has_tools
-from benchmarks.llamacpp.vs_llamacpp import LlamaCpp, _llama_cpp_folder, compare
+from benchmarks.llamacpp.random_gguf import tiny_shape, write_random_gguf
+from benchmarks.llamacpp.vs_llamacpp import LlamaCpp, _llama_cpp_folder, compare_best
 
 BENCH_ROW = {"build_commit": "abc1234", "build_number": 7, "cpu_info": "test cpu", "avg_ts": 151.5}
 BATCHED_ROW = {"pp": 64, "tg": 128, "pl": 32, "t": 20.0, "speed": 300.0, "speed_tg": 250.0}
@@ -76,15 +78,38 @@ def test_a_given_folder_must_hold_both_tools(tools, tmp_path_factory):
         _llama_cpp_folder(empty)
 
 
-def test_rounds_alternate_and_the_first_is_dropped():
+def test_every_build_runs_each_round_and_the_faster_is_the_peer():
     calls: list[str] = []
-    ours = iter([1.0, 10.0, 20.0, 30.0])
-    theirs = iter([1.0, 5.0, 10.0, 10.0])
+    values = {
+        "pdserve": iter([1.0, 20.0, 30.0, 40.0, 50.0, 60.0]),
+        "cpu": iter([1.0, 10.0, 10.0, 10.0, 10.0, 10.0]),
+        "blas": iter([1.0, 8.0, 12.0, 20.0, 25.0, 30.0]),
+    }
 
-    def side(name, values):
-        return lambda: calls.append(name) or next(values)
+    def side(name):
+        return lambda: calls.append(name) or next(values[name])
 
-    result = compare(side("ours", ours), side("theirs", theirs), rounds=4)
-    assert calls == ["ours", "theirs", "theirs", "ours", "ours", "theirs", "theirs", "ours"]
-    assert result["ratio"]["rounds"] == [2.0, 2.0, 3.0]
-    assert result["ratio"]["median"] == 2.0
+    builds = {"cpu": side("cpu"), "blas": side("blas")}
+    result = compare_best(side("pdserve"), builds, rounds=5)
+    assert calls[:6] == ["pdserve", "cpu", "blas", "cpu", "blas", "pdserve"]  # rotating
+    assert result["llamacpp_build"] == "blas"  # the higher median over the kept rounds
+    assert result["ratio"]["rounds"] == [2.5, 2.5, 2.0, 2.0, 2.0]  # each round's own blas rate
+    assert result["ratio"]["low"] <= result["ratio"]["median"] <= result["ratio"]["high"]
+
+
+def test_a_toy_run_writes_a_complete_result(tools, tmp_path, monkeypatch):
+    """The whole entry point at toy size: a tiny random GGUF, the stand-in tools, --scratch."""
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = write_random_gguf(tmp_path / "tiny.gguf", "tiny", tiny_shape("llama"))
+    out = tmp_path / "out.json"
+    argv = ["--scratch", "--out", str(out), "--llama-cpp-dir", str(tools), "--gguf", str(gguf)]
+    argv += ["--rounds", "1", "--new-tokens", "2", "--batch", "2", "--batch-prompt", "4"]
+    monkeypatch.setattr("sys.argv", ["vs_llamacpp", *argv, "--prefill-tokens", "8"])
+    vs_llamacpp.main()
+    result = json.loads(out.read_text())
+    assert result["_meta"]["complete"] and result["_meta"]["commit"]
+    measures = result["files"][str(gguf)]["measures"]
+    assert set(measures) == {"single_stream", "prefill8", "prefill8_cached", "batch2"}
+    assert all(
+        m["ratio"]["median"] > 0 and len(m["ratio"]["rounds"]) == 1 for m in measures.values()
+    )

@@ -1,7 +1,7 @@
 """Where a decode step's time goes, fused decode layers against the op-by-op path, in one run.
 
-    python -m benchmarks.engine.decode_step --out results/decode_step.json
-    python -m benchmarks.engine.decode_step --out /tmp/p.json --tokens 8 --rounds 2   # quick
+    python -m benchmarks.engine.decode_step             # -> benchmarks/results/decode_step.json
+    python -m benchmarks.engine.decode_step --scratch --tokens 8 --rounds 2   # quick
 
 Runs the bundled model (``--weight-dtype``, default ``auto``: the GGUF's blocks) decoding
 ``--tokens`` tokens for ``--streams`` sequences, and times the parts of every decode step:
@@ -12,24 +12,26 @@ Runs the bundled model (``--weight-dtype``, default ``auto``: the GGUF's blocks)
   head      the LM head over the sampled rows
   sample    choosing the tokens
   engine    the rest of the step: appending tokens, detokenizing, stop checks, events
-Each part's milliseconds per step are the median over ``--rounds`` rounds (the first dropped),
-alternating the two paths. Prefill steps are not counted.
+Each part's milliseconds per step are the median over ``--rounds`` kept rounds (5 by default,
+after one warm-up round), the two paths back to back in each, alternating which goes first; the
+step's speed-up of the fused path is taken within each round (``_fused_speedup``, with the
+bootstrap interval of its median). Prefill steps are not counted.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from benchmarks.engine.vs_transformers import PromptDraw
-from benchmarks.harness.provenance import run_meta
+from benchmarks.engine.measures import PromptDraw
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, order_of
+from benchmarks.harness.stats import spread
 from engine import llm_engine
 from engine.config import WEIGHT_DTYPES, EngineConfig
 from engine.llm_engine import LLMEngine
@@ -101,13 +103,14 @@ class StepClock:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    add_output_arguments(parser, "decode_step")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--streams", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
     args = parser.parse_args()
+    result_file = ResultFile.start(args)
     torch.set_num_threads(args.threads)
     engine = LLMEngine(
         EngineConfig(device="cpu", weight_dtype=args.weight_dtype), load_model("bundled")
@@ -120,12 +123,11 @@ def main() -> None:
     prompts = PromptDraw(1).prompts(args.streams, 64, 64)  # decode only: prefill not timed
     paths = {"fused": fused, "op_by_op": None}
     kept: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
-    for index in range(args.rounds):
-        order = list(paths) if index % 2 == 0 else list(paths)[::-1]
-        for name in order:
+    for index in range(DEFAULT_WARMUP + args.rounds):
+        for name in order_of(list(paths), index):
             engine.model.fused = paths[name]
             result = clock.run(prompts, args.tokens)
-            if index > 0:
+            if index >= DEFAULT_WARMUP:
                 kept[name].append(result)
     results: dict[str, dict] = {}
     print(f"ms per decode step, {args.streams} stream(s), {weights}")
@@ -134,18 +136,19 @@ def main() -> None:
         medians = {p: statistics.median(r[p] for r in rounds) for p in (*PARTS, "step")}
         results[name] = {p: round(v, 3) for p, v in medians.items()}
         print(f"{name:<10}" + "".join(f"{medians[p]:>10.3f}" for p in (*PARTS, "step")))
+    speedups = [s["step"] / f["step"] for f, s in zip(kept["fused"], kept["op_by_op"], strict=True)]
+    results["_fused_speedup"] = spread(speedups)
+    print(f"fused speed-up of a step: {results['_fused_speedup']}")
     results["_meta"] = {
-        **run_meta(),
         "kernel_isa": _kernel_isa(),
         "streams": args.streams,
         "tokens": args.tokens,
         "threads": args.threads,
         "rounds": args.rounds,
-        "dropped_rounds": 1,
+        "dropped_rounds": DEFAULT_WARMUP,
         "weights": weights,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    result_file.write(results)
 
 
 def _kernel_isa() -> str:

@@ -1,7 +1,7 @@
 """Engine throughput: pdserve's engine against transformers on the same machine, side by side.
 
-    python -m benchmarks.engine.vs_transformers --out results/engine.json
-    python -m benchmarks.engine.vs_transformers --out /tmp/engine.json --rounds 2 --new-tokens 4 \\
+    python -m benchmarks.engine.vs_transformers             # -> benchmarks/results/engine.json
+    python -m benchmarks.engine.vs_transformers --scratch --rounds 2 --new-tokens 4 \\
         --batch 2 --prefill-tokens 32          # a seconds-long check that it runs
 
 Three measurements on the bundled SmolLM2-135M (fp32 activations; pdserve's weights as
@@ -14,69 +14,44 @@ Three measurements on the bundled SmolLM2-135M (fp32 activations; pdserve's weig
                  first step: the vocabulary projection of the last position only, the KV cache
                  kept), then the argmax
 
-Every measure computes prompts neither engine has seen: each round (and each prefill repeat)
-draws fresh random tokens, the two sides of a round the same ones, so pdserve's prefix cache (on
-by default) finds nothing, and each of the batch's sequences has a prompt of its own; the JSON
-records each measure's ``prefix_cache_hit_tokens`` (0, or the run stops). pdserve's weights are
-the GGUF's 4- and 8-bit blocks, transformers' fp32: the ratio is what the engine gains with them,
-not a like-for-like kernel comparison. Both sides run in one process, with the same ``--threads``
-torch threads, greedy. Each measure runs ``--rounds`` rounds; the two sides alternate which goes
-first from round to round; the first round is a warm-up for both and is dropped. The JSON holds,
-for every measure, each side's rates per round and their median, min and max, and the same for
-the ratio pdserve / transformers taken within each round (the two sides of a round saw the same
-machine). Ratios are what to compare, since absolute rates move with whatever else the machine
-is doing.
+Every measure computes prompts neither engine has seen: each round (and each prefill repeat) draws
+fresh random tokens, the two sides of a round the same ones, so pdserve's prefix cache (on by
+default) finds nothing, and each of the batch's sequences has a prompt of its own; the JSON records
+each measure's ``prefix_cache_hit_tokens`` (0, or the run stops). pdserve's weights are the GGUF's
+4- and 8-bit blocks, transformers' fp32: the ratio is what the engine gains with them, not a
+like-for-like kernel comparison. Both sides run in one process, with the same ``--threads`` torch
+threads, greedy. Each measure runs ``--rounds`` kept rounds (5 by default) after one warm-up round,
+the two sides back to back in each, alternating which goes first
+(:mod:`benchmarks.harness.rounds`). The JSON holds, for every measure, each side's rates per round
+and their median, min and max, and the ratio pdserve / transformers taken within each round with
+the bootstrap interval of its median (the two sides of a round saw the same machine). Ratios are
+what to compare, since absolute rates move with whatever else the machine is doing.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import random
-import statistics
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.harness.provenance import run_meta
+from benchmarks.engine.measures import (
+    PREFILL_REPEATS,
+    PromptDraw,
+    SharedDraw,
+    pdserve_batch_rate,
+    pdserve_decode_rate,
+    pdserve_prefill_rate,
+    prefix_cache_hits,
+    row,
+    uncached,
+)
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.rounds import DEFAULT_ROUNDS, paired_rounds, summarize
 from engine.config import WEIGHT_DTYPES, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model
-from engine.sampling_params import SamplingParams
-
-PREFILL_REPEATS = 3  # forwards per round and side for the prefill measure
-
-
-class PromptDraw:
-    """Prompts of random tokens, new at every call (from one seeded stream): no prompt repeats,
-    so no measure is served from a prefix cache."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-
-    def prompts(self, count: int, low: int, high: int) -> list[list[int]]:
-        return [self.prompt(self.rng.randrange(low, high + 1)) for _ in range(count)]
-
-    def prompt(self, length: int) -> list[int]:
-        return [self.rng.randrange(100, 40000) for _ in range(length)]
-
-
-def prefix_cache_hits(engine: LLMEngine) -> int:
-    """Prompt tokens the engine found in its prefix cache so far (a counter)."""
-    return engine.stats().prefix_cache_hits
-
-
-def pdserve_decode_rate(engine: LLMEngine, prompt: list[int], new_tokens: int) -> float:
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    engine.add_request(f"single-{id(prompt)}", prompt, params)
-    times = []
-    while engine.has_work():
-        times += [e.emitted_at for e in engine.step() if e.token_id is not None]
-    return (len(times) - 1) / (times[-1] - times[0])
 
 
 def hf_decode_rate(model, prompt: list[int], new_tokens: int) -> float:
@@ -88,12 +63,6 @@ def hf_decode_rate(model, prompt: list[int], new_tokens: int) -> float:
         return time.perf_counter() - start
 
     return (new_tokens - 1) / (timed(new_tokens) - timed(1))  # first token to last, as above
-
-
-def pdserve_batch_rate(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> float:
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
-    return sum(map(len, outputs)) / (time.perf_counter() - start)
 
 
 def hf_batch_rate(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
@@ -112,31 +81,6 @@ def hf_batch_rate(model, prompts: list[list[int]], new_tokens: int, pad_id: int)
     return (out.shape[1] - width) * len(prompts) / (time.perf_counter() - start)
 
 
-def _first_token(engine: LLMEngine, prompt: list[int]) -> float:
-    """Seconds from queueing ``prompt`` to its first token (its forward, nothing else queued)."""
-    start = time.perf_counter()
-    engine.add_request(f"prefill-{id(prompt)}-{start}", prompt, SamplingParams(max_new_tokens=1))
-    while engine.has_work():
-        engine.step()
-    return time.perf_counter() - start
-
-
-def pdserve_prefill_rate(engine: LLMEngine, prompts: list[list[int]]) -> float:
-    """Prompt tokens/s over ``prompts`` (each new to the engine), one after another."""
-    seconds = sum(_first_token(engine, prompt) for prompt in prompts)
-    return sum(map(len, prompts)) / seconds
-
-
-def pdserve_cached_prefill_rate(engine: LLMEngine, prompts: list[list[int]]) -> float:
-    """Prompt tokens/s of each prompt's second sending (the first one, untimed, fills the
-    prefix cache): what caching gives a repeated prompt, not what prefill computes."""
-    seconds = 0.0
-    for prompt in prompts:
-        _first_token(engine, prompt)
-        seconds += _first_token(engine, prompt)
-    return sum(map(len, prompts)) / seconds
-
-
 @torch.inference_mode()
 def hf_prefill_rate(model, prompts: list[list[int]]) -> float:
     start = time.perf_counter()
@@ -145,57 +89,14 @@ def hf_prefill_rate(model, prompts: list[list[int]]) -> float:
     return sum(map(len, prompts)) / (time.perf_counter() - start)
 
 
-def _spread(values: list[float], digits: int) -> dict:
-    return {
-        "median": round(statistics.median(values), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-        "rounds": [round(v, digits) for v in values],
-    }
-
-
-def compare(
-    ours: Callable[[], float],
-    theirs: Callable[[], float],
-    rounds: int,
-    baseline: str = "baseline",
-) -> dict:
-    """``rounds`` rounds, the first dropped; the side that goes first alternates. The other
-    side's rates are kept under ``baseline``."""
-    kept: list[tuple[float, float]] = []
-    for index in range(rounds):
-        if index % 2 == 0:
-            ours_rate, theirs_rate = ours(), theirs()
-        else:
-            theirs_rate, ours_rate = theirs(), ours()
-        if index > 0:
-            kept.append((ours_rate, theirs_rate))
-    return {
-        "pdserve": _spread([a for a, _ in kept], 2),
-        baseline: _spread([b for _, b in kept], 2),
-        "ratio": _spread([a / b for a, b in kept], 3),
-    }
-
-
-def _row(key: str, entry: dict, baseline: str = "baseline") -> str:
-    def cell(spread: dict, digits: int) -> str:
-        low, high = spread["min"], spread["max"]
-        return f"{spread['median']:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
-
-    return (
-        f"{key:<15}{cell(entry['pdserve'], 1):>26}{cell(entry[baseline], 1):>26}"
-        f"{cell(entry['ratio'], 2):>20}"
-    )
-
-
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    add_output_arguments(parser, "engine")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, both sides")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prefill-tokens", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=6, help="rounds per measure, first dropped")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
     parser.add_argument("--seed", type=int, default=1, help="seed of the random prompts")
     parser.add_argument(
         "--weight-dtype",
@@ -203,9 +104,15 @@ def main() -> None:
         choices=WEIGHT_DTYPES,
         help="pdserve's weights (auto: the GGUF's own Q4_1/Q8_0 blocks); transformers: fp32",
     )
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
-    if args.rounds < 2 or args.new_tokens < 2:
-        parser.error("--rounds and --new-tokens must be at least 2")
+    if args.rounds < 1 or args.new_tokens < 2:
+        parser.error("--rounds must be at least 1 and --new-tokens at least 2")
+    result = ResultFile.start(args)
     torch.set_num_threads(args.threads)
     loaded = load_model("bundled")
     config = EngineConfig(device="cpu", dtype="float32", weight_dtype=args.weight_dtype)
@@ -213,15 +120,13 @@ def main() -> None:
     print(f"pdserve {engine.model.describe()}; transformers fp32")
     hf = AutoModelForCausalLM.from_pretrained(loaded.path, dtype=torch.float32).eval()
     pad_id = loaded.tokenizer.pad_token_id or 0
-    new = args.new_tokens
-
+    new, size = args.new_tokens, args.prefill_tokens
     draw = PromptDraw(args.seed)
-    size = args.prefill_tokens
     # each side of a round gets the same fresh prompts: the round's draw is kept for the second
     single, batch, long_prompts = (
-        _Shared(lambda: draw.prompt(64)),
-        _Shared(lambda: draw.prompts(args.batch, 16, 256)),
-        _Shared(lambda: draw.prompts(PREFILL_REPEATS, size, size)),
+        SharedDraw(lambda: draw.prompt(64)),
+        SharedDraw(lambda: draw.prompts(args.batch, 16, 256)),
+        SharedDraw(lambda: draw.prompts(PREFILL_REPEATS, size, size)),
     )
     pairs = {
         "single_stream": (
@@ -237,55 +142,36 @@ def main() -> None:
             lambda: hf_prefill_rate(hf, long_prompts()),
         ),
     }
-    results: dict[str, dict] = {}
-    print(f"{'tokens/s':<15}{'pdserve':>26}{'transformers':>26}{'ratio':>20}  weights")
+    results: dict[str, dict] = {"_meta": _meta(args, engine, loaded.name)}
+    print(f"{'tokens/s':<18}{'pdserve':>26}{'transformers':>26}{'ratio':>20}  weights")
     for key, (ours, theirs) in pairs.items():
         hits = prefix_cache_hits(engine)
-        results[key] = compare(ours, theirs, args.rounds)
+        kept = paired_rounds({"pdserve": ours, "baseline": theirs}, args.rounds)
+        results[key] = summarize(kept, "pdserve", "baseline")
         results[key]["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
-        print(_row(key, results[key]) + f"  {args.weight_dtype}")
-    results["_meta"] = {
-        **run_meta(),
+        print(row(key, results[key], "baseline") + f"  {args.weight_dtype}", flush=True)
+        result.write(results, complete=False)
+    result.write(results)
+
+
+def _meta(args: argparse.Namespace, engine: LLMEngine, model: str) -> dict:
+    return {
         "sides": {
             "pdserve": f"{engine.model.describe()}, fp32 activations",
             "transformers": "fp32 weights and activations",
         },
         "prompts": f"random tokens, a fresh draw per round and repeat (seed {args.seed})",
-        "model": loaded.name,
+        "model": model,
         "dtype": "float32",
         "weight_dtype": args.weight_dtype,
         "weights": engine.model.describe(),
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
-        "new_tokens": new,
+        "new_tokens": args.new_tokens,
         "rounds": args.rounds,
         "dropped_rounds": 1,
-        "order": "alternating, pdserve first in the dropped round",
+        "order": "alternating within rounds (A B, B A, ...), pdserve first in the dropped round",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-
-
-class _Shared:
-    """``draw()`` anew at every ``share``-th call: the ``share`` sides of a round that compute
-    prompts get the same ones, and no round reuses another's (``share=1``: a new draw each call)."""
-
-    def __init__(self, draw: Callable[[], list], share: int = 2) -> None:
-        self.draw, self.share, self.calls, self.value = draw, share, 0, None
-
-    def __call__(self) -> Any:
-        if self.calls % self.share == 0:
-            self.value = self.draw()
-        self.calls += 1
-        return self.value
-
-
-def uncached(engine: LLMEngine, hits_before: int, measure: str) -> int:
-    """The prefix-cache hits since ``hits_before``; a measure of compute must have none."""
-    hits = prefix_cache_hits(engine) - hits_before
-    if hits and not measure.endswith("_cached"):
-        raise RuntimeError(f"{measure} was served {hits} prompt tokens from the prefix cache")
-    return hits
 
 
 if __name__ == "__main__":

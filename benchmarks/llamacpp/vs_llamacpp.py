@@ -1,10 +1,9 @@
 """pdserve's engine against llama.cpp on the same GGUF files and threads, side by side in one run.
 
-    python -m benchmarks.llamacpp.vs_llamacpp --out benchmarks/results/vs_llamacpp.json
-    python -m benchmarks.llamacpp.vs_llamacpp --out /tmp/v.json --gguf bundled \\
-        --gguf bundled-q4_k_m --rounds 2 --new-tokens 8 --batch 2 --prefill-tokens 32  # runs?
-    python -m benchmarks.llamacpp.vs_llamacpp --out /tmp/1b.json --gguf 1b-q4_k_m --batch 8 \\
-        --batch-new-tokens 32                                         # a 1B model in minutes
+    python -m benchmarks.llamacpp.vs_llamacpp            # -> benchmarks/results/vs_llamacpp.json
+    python -m benchmarks.llamacpp.vs_llamacpp --scratch --gguf bundled --gguf bundled-q4_k_m \\
+        --rounds 2 --new-tokens 8 --batch 2 --prefill-tokens 32        # a quick check that it runs
+    python -m benchmarks.llamacpp.vs_llamacpp --scratch --gguf 1b-q4_k_m --batch 8
 
 ``--gguf`` (repeatable, default ``bundled``) names a file set of
 ``benchmarks/llamacpp/gguf_sets.py`` (``bundled``, ``bundled-q4_k_m``, ``bundled-q5_k_m``,
@@ -35,13 +34,14 @@ blocks where its kernels have them):
                     tokens over the whole run's time (prefill included); ``llama-batched-bench``
                     (the same shape, one ``llama_decode`` per step for all sequences), B·TG / T
 
-llama.cpp samples nothing in these tools (they decode a fixed token); pdserve samples greedily,
-so its figures include sampling. Each of ``--rounds`` rounds runs every measure on every side,
-the order rotating from round to round; the first round is a warm-up and is dropped. The JSON
-keeps, under ``files`` by set name, each file's tensor types (tensors per GGML type) and shapes
-and, for each measure, each side's rates per round with median, min and max, the ratio pdserve /
-the faster build taken within each round, the prefix-cache hits of each measure; ``_meta`` holds
-each build's CMake options and the instruction sets each side ran. Run it on an idle machine:
+llama.cpp samples nothing in these tools (they decode a fixed token); pdserve samples greedily, so
+its figures include sampling. Each measure runs one warm-up round, dropped, then ``--rounds`` kept
+rounds (5 by default), every side once per round back to back, the order rotating from round to
+round (:mod:`benchmarks.harness.rounds`). The JSON keeps, under ``files`` by set name, each file's
+tensor types (tensors per GGML type) and shapes and, for each measure, each side's rates per round
+with median, min and max, the ratio pdserve / the faster build taken within each round with the
+bootstrap interval of its median, the prefix-cache hits of each measure; ``_meta`` holds each
+build's CMake options and the instruction sets each side ran. Run it on an idle machine:
 llama.cpp's threads spin, and lose several times their speed when another process takes a core.
 """
 
@@ -58,28 +58,22 @@ from typing import Any
 
 import torch
 
-from benchmarks.engine.vs_transformers import (
+from benchmarks.engine.measures import (
     PREFILL_REPEATS,
     PromptDraw,
-    _row,
-    _Shared,
-    _spread,
+    SharedDraw,
     pdserve_batch_rate,
     pdserve_cached_prefill_rate,
     pdserve_decode_rate,
     pdserve_prefill_rate,
     prefix_cache_hits,
+    row,
     uncached,
 )
-from benchmarks.engine.vs_transformers import compare as engine_compare
-from benchmarks.harness.provenance import run_meta
-from benchmarks.llamacpp.build import (
-    TOOLS,
-    VARIANTS,
-    build_options,
-    ensure_tools,
-    has_tools,
-)
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.rounds import DEFAULT_ROUNDS, paired_rounds
+from benchmarks.harness.stats import spread
+from benchmarks.llamacpp.build import TOOLS, VARIANTS, build_options, ensure_tools, has_tools
 from benchmarks.llamacpp.gguf_sets import NAMED_SETS, resolve_gguf
 from benchmarks.llamacpp.requantize import tensor_type_counts
 from engine.config import PROMPT_MATMUL_DTYPES, WEIGHT_DTYPES, EngineConfig
@@ -124,31 +118,18 @@ class LlamaCpp:
         return row["pl"] * row["tg"] / row["t"]
 
 
-def compare(ours: Callable[[], float], theirs: Callable[[], float], rounds: int) -> dict:
-    """``bench_engine.compare`` with llama.cpp's rates under ``llamacpp``."""
-    return engine_compare(ours, theirs, rounds, baseline="llamacpp")
-
-
 def compare_best(
     ours: Callable[[], float], builds: dict[str, Callable[[], float]], rounds: int
 ) -> dict:
-    """pdserve against every llama.cpp build, ``rounds`` rounds (the first dropped) whose order
-    rotates; the peer is the build with the higher median, and ``ratio`` is taken within each
-    round against that build's rate of the same round."""
-    sides = {"pdserve": ours, **builds}
-    names = list(sides)
-    kept: dict[str, list[float]] = {name: [] for name in names}
-    for index in range(rounds):
-        order = names[index % len(names) :] + names[: index % len(names)]
-        rates = {name: sides[name]() for name in order}
-        if index > 0:
-            for name in names:
-                kept[name].append(rates[name])
+    """pdserve against every llama.cpp build over ``rounds`` kept rounds (one warm-up dropped)
+    whose order rotates; the peer is the build with the higher median, and ``ratio`` is taken
+    within each round against that build's rate of the same round."""
+    kept = paired_rounds({"pdserve": ours, **builds}, rounds)
     best = max(builds, key=lambda name: statistics.median(kept[name]))
-    result = {name: _spread(values, 2) for name, values in kept.items()}
+    result: dict[str, Any] = {name: spread(values, 2) for name, values in kept.items()}
     result["llamacpp"] = result[best]
     result["llamacpp_build"] = best
-    result["ratio"] = _spread([a / b for a, b in zip(kept["pdserve"], kept[best], strict=True)], 3)
+    result["ratio"] = spread([a / b for a, b in zip(kept["pdserve"], kept[best], strict=True)], 3)
     return result
 
 
@@ -166,7 +147,7 @@ def _llama_cpp_folder(given: Path | None) -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    add_output_arguments(parser, "vs_llamacpp")
     parser.add_argument(
         "--gguf", action="append", help=f"a set ({', '.join(NAMED_SETS)}) or a .gguf path; "
         "repeat for several (default: bundled)",
@@ -181,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--batch-prompt", type=int, default=64, help="prompt tokens per sequence")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds per measure, first dropped")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
     parser.add_argument("--seed", type=int, default=3, help="seed of the random prompts")
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
     parser.add_argument("--prompt-matmul-dtype", default="float32", choices=PROMPT_MATMUL_DTYPES)
@@ -192,8 +173,8 @@ def main() -> None:
     parser = _parser()
     args = parser.parse_args()
     args.batch_new_tokens = args.batch_new_tokens or args.new_tokens
-    if args.rounds < 2 or min(args.new_tokens, args.batch_new_tokens) < 2:
-        parser.error("--rounds, --new-tokens and --batch-new-tokens must be at least 2")
+    if args.rounds < 1 or min(args.new_tokens, args.batch_new_tokens) < 2:
+        parser.error("--rounds must be at least 1, --new-tokens and --batch-new-tokens 2")
     builds = [b for b in args.builds.split(",") if b]
     if not builds or set(builds) - set(VARIANTS):
         parser.error(f"--builds takes some of {', '.join(VARIANTS)}, got {args.builds!r}")
@@ -201,22 +182,26 @@ def main() -> None:
     if len(set(names)) != len(names):
         parser.error(f"--gguf names a file twice: {names}")
 
+    result = ResultFile.start(args)
     torch.set_num_threads(args.threads)
     folders = _llama_cpp_folders(args.llama_cpp_dir, builds)
     files = {name: resolve_gguf(name) for name in names}  # made first (requantized, written)
     results: dict[str, Any] = {"_meta": _meta(args, folders), "files": {}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name, path in files.items():
-        results["files"][name] = bench_file(args, name, path, folders, results)
-    results["_meta"]["complete"] = True
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+        results["files"][name] = bench_file(args, name, path, folders, results, result)
+    result.write(results)
 
 
 def bench_file(
-    args: argparse.Namespace, name: str, path: Path, folders: dict[str, Path], results: dict
+    args: argparse.Namespace,
+    name: str,
+    path: Path,
+    folders: dict[str, Path],
+    results: dict,
+    out: ResultFile,
 ) -> dict:
     """Every measure on ``path``, pdserve against each llama.cpp build; ``results`` (with this
-    file's figures so far) is rewritten to ``--out`` after each measure."""
+    file's figures so far) is rewritten to ``out`` after each measure."""
     loaded = load_model("bundled" if name == "bundled" else str(path))
     llamas = {build: LlamaCpp(folder, path, args.threads) for build, folder in folders.items()}
     config = EngineConfig(
@@ -228,15 +213,15 @@ def bench_file(
     print(f"{name}: pdserve {engine.model.describe()}; llama.cpp {', '.join(map(str, llamas))}")
     entry: dict[str, Any] = {"file": _file_meta(args, name, path, engine), "measures": {}}
     results["files"][name] = entry
-    print(f"{'tokens/s':<22}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}  build", flush=True)
+    print(f"{'tokens/s':<18}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}  build", flush=True)
     for key, (ours, theirs) in _measures(args, engine, llamas).items():
         hits = prefix_cache_hits(engine)
         measured = compare_best(ours, theirs, args.rounds)
         measured["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
         entry["measures"][key] = measured
-        print(f"{_row(key, measured, baseline='llamacpp')}  {measured['llamacpp_build']}")
+        print(f"{row(key, measured, 'llamacpp')}  {measured['llamacpp_build']}", flush=True)
         entry["file"]["llamacpp_builds"] = {b: llama.build for b, llama in llamas.items()}
-        args.out.write_text(json.dumps(results, indent=2) + "\n")  # what is measured so far
+        out.write(results, complete=False)  # what is measured so far
     del engine, loaded
     gc.collect()
     return entry
@@ -244,10 +229,12 @@ def bench_file(
 
 def _measures(args: argparse.Namespace, engine: LLMEngine, llamas: dict[str, LlamaCpp]) -> dict:
     new, batch_new, size = args.new_tokens, args.batch_new_tokens, args.prefill_tokens
-    draw = PromptDraw(args.seed)
-    single = _Shared(lambda: draw.prompt(64), share=1)
-    long_prompts = _Shared(lambda: draw.prompts(PREFILL_REPEATS, size, size), share=1)
-    batch = _Shared(lambda: draw.prompts(args.batch, args.batch_prompt, args.batch_prompt), share=1)
+    draw = PromptDraw(args.seed, engine.shape.vocab_size)
+    single = SharedDraw(lambda: draw.prompt(64), share=1)
+    long_prompts = SharedDraw(lambda: draw.prompts(PREFILL_REPEATS, size, size), share=1)
+    batch = SharedDraw(
+        lambda: draw.prompts(args.batch, args.batch_prompt, args.batch_prompt), share=1
+    )
 
     def each(measure: Callable[[LlamaCpp], float]) -> dict[str, Callable[[], float]]:
         return {build: (lambda llama=llama: measure(llama)) for build, llama in llamas.items()}
@@ -286,7 +273,6 @@ def _file_meta(args: argparse.Namespace, name: str, path: Path, engine: LLMEngin
 
 def _meta(args: argparse.Namespace, folders: dict[str, Path]) -> dict:
     return {
-        **run_meta(),
         "sides": {
             "pdserve": {"kernel_isa": _pdserve_isa(), "threads": args.threads},
             **{
@@ -305,7 +291,6 @@ def _meta(args: argparse.Namespace, folders: dict[str, Path]) -> dict:
         "rounds": args.rounds,
         "dropped_rounds": 1,
         "order": "rotating per round, pdserve first in the dropped round",
-        "complete": False,
     }
 
 
