@@ -176,7 +176,9 @@ def test_held_out_seeds_are_never_tuning_seeds_and_the_order_rotates_per_draw():
         draw_seeds("held-out", 0)
     modes = ["a", "b", "c"]
     assert [rotated(modes, d)[0] for d in range(3)] == ["a", "b", "c"]
-    assert draw_set_of([1001, 1002]) == "held-out" and draw_set_of([0, 1001]) == "custom"
+    assert draw_set_of(list(HELD_OUT_SEEDS[:2])) == "held-out"
+    assert draw_set_of([1001, 1002]) == "tuning"  # used to choose a shipping configuration
+    assert draw_set_of([0, HELD_OUT_SEEDS[0]]) == "custom"
 
 
 def test_llama_server_is_swept_over_slots_batches_and_threads():
