@@ -2,7 +2,8 @@
 result files.
 
     python -m benchmarks.report            # rewrite every generated block of those documents
-    python -m benchmarks.report --check    # exit 1 naming each block that differs from its JSON
+    python -m benchmarks.report --check    # exit 1 naming each block that differs from its JSON,
+                                           # and each figure stated outside a block
 
 A generated block sits between ``<!-- report: NAME -->`` and ``<!-- /report -->`` in a document;
 ``NAME`` is a result file under ``benchmarks/results/`` (``NAME.json``) with a renderer below.
@@ -417,6 +418,21 @@ def stale_blocks(readme: str, results: Path = RESULTS) -> list[str]:
     return [m.group(2) for m in BLOCK.finditer(readme) if fresh[m.group(2)] != m.group(3)]
 
 
+# a claimed speed: a ratio, a rate, or a share faster or slower (settings such as "50 ms" or
+# "8 MiB" are not matched: they are limits, not measurements)
+FIGURE = re.compile(
+    r"\b\d+(?:\.\d+)?\s?(?:×|x\b|tokens?/s|tok/s|req/s|GB/s|weights/s)"
+    r"|\b\d+(?:\.\d+)?\s?% (?:faster|slower|more|less|fewer)|\btimes as (?:many|fast|much)"
+)
+
+
+def prose_figures(text: str) -> list[str]:
+    """The lines outside generated blocks that state a speed or size figure: in a performance
+    document every figure is rendered from a result file, so each of these is a finding."""
+    outside = BLOCK.sub("", text)
+    return [line.strip() for line in outside.splitlines() if FIGURE.search(line)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="only say which blocks are stale")
@@ -431,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in stale_blocks(text):
             stale.append(name)
             print(f"{document}: block {name!r} differs from benchmarks/results/{name}.json")
+        for line in prose_figures(text):
+            stale.append(line)
+            print(f"{document}: a figure outside a generated block: {line[:120]}")
     return 1 if stale else 0
 
 

@@ -47,6 +47,13 @@ def test_a_figure_edited_by_hand_is_caught(tmp_path):
     assert copy.read_text() == readme  # ... to the committed text
 
 
+def test_every_result_file_is_rendered_somewhere():
+    rendered = {m.group(2) for d in report.DOCUMENTS for m in report.BLOCK.finditer(d.read_text())}
+    files = {path.stem for path in report.RESULTS.glob("*.json")}
+    assert files <= set(report.RENDERERS), files - set(report.RENDERERS)
+    assert files == rendered, (files - rendered, rendered - files)
+
+
 @pytest.mark.parametrize("name", [*NAMES, *NAMES_IN_DOCS])
 def test_each_result_file_records_its_machine_code_and_command(name):
     data = json.loads((report.RESULTS / f"{name}.json").read_text())
