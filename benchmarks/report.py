@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import caveats
 from benchmarks.harness.stats import Goal, bootstrap_interval, judge
 from benchmarks.serving.memory_report import render as render_memory_tables
 from benchmarks.serving.modes_report import attainment_table
@@ -203,6 +204,7 @@ def render_compare_modes(data: dict[str, Any]) -> str:
     for n, ratio in (ratios.get("closed_loop_pdserve_best_over_llama_server") or {}).items():
         goal = CLOSED_LOOP_GOALS.get(n)
         lines.append(f"| closed loop N = {n}, tok/s | {_x(ratio)} | {_goal(ratio, goal)} |")
+    lines += caveats.lines(caveats.serving(data))
     return "\n".join(lines)
 
 
@@ -222,6 +224,7 @@ def render_core_sharing(data: dict[str, Any]) -> str:
             attainment_table(results, with_gap=True),
             "",
             decision_table(results, CORE_SHARING_PARTS),
+            *caveats.lines(caveats.serving(data)),
         ]
     )
 
@@ -363,6 +366,7 @@ def render_replicas(data: dict[str, Any]) -> str:
         f"{sum(r['survivor_requests'] for r in runs)} requests; blocks left in use: "
         f"{sum(r['blocks_in_use_after'] for r in runs)}.",
     ]
+    lines += caveats.lines(caveats.replicas(data))
     return "\n".join(lines)
 
 
