@@ -47,8 +47,10 @@ def in_results(path: Path) -> bool:
 
 
 def check_clean(path: Path) -> None:
-    """Refuse a result file under ``benchmarks/results/`` while the tree has changes."""
-    changed = uncommitted()
+    """Refuse a result file under ``benchmarks/results/`` while the tree has changes (other than
+    that file itself, which the run rewrites as it goes)."""
+    own = path.resolve().relative_to(ROOT).as_posix() if path.resolve().is_relative_to(ROOT) else ""
+    changed = [name for name in uncommitted() if name != own]
     if in_results(path) and changed:
         shown = ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else "")
         raise DirtyTree(

@@ -63,3 +63,12 @@ def test_the_command_is_recorded_as_a_module():
     script = str(provenance.ROOT / "benchmarks" / "llamacpp" / "vs_llamacpp.py")
     line = provenance.command_line([script, "--gguf", "bundled"])
     assert line == "python -m benchmarks.llamacpp.vs_llamacpp --gguf bundled"
+
+
+def test_the_result_file_itself_does_not_make_the_tree_dirty(monkeypatch):
+    own = results.RESULTS / "trial.json"
+    monkeypatch.setattr(results, "uncommitted", lambda: ["benchmarks/results/trial.json"])
+    results.check_clean(own)  # the run's own partial writes
+    monkeypatch.setattr(results, "uncommitted", lambda: ["benchmarks/results/trial.json", "x.py"])
+    with pytest.raises(results.DirtyTree, match="x.py"):
+        results.check_clean(own)
