@@ -28,10 +28,14 @@ def uncommitted() -> list[str]:
     return [line[3:] for line in _git("status", "--porcelain").splitlines() if line]
 
 
+def head() -> str:
+    """The checked-out commit."""
+    return _git("rev-parse", "--short=12", "HEAD") or "unknown"
+
+
 def commit() -> str:
     """The checked-out commit, with ``-dirty`` when the tree differs from it."""
-    head = _git("rev-parse", "--short=12", "HEAD") or "unknown"
-    return head + ("-dirty" if uncommitted() else "")
+    return head() + ("-dirty" if uncommitted() else "")
 
 
 def command_line(argv: list[str]) -> str:

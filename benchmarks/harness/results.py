@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.provenance import ROOT, commit, run_meta, uncommitted
+from benchmarks.harness.provenance import ROOT, head, run_meta, uncommitted
 
 RESULTS = ROOT / "benchmarks" / "results"
 SCRATCH = Path(tempfile.gettempdir()) / "pdserve-benchmarks"
@@ -78,7 +78,7 @@ class ResultFile:
         goes on). The tree is checked again: a commit made mid-run is refused too."""
         if in_results(self.path) and complete:
             check_clean(self.path)
-            if commit() != self.meta["commit"]:
+            if head() != self.meta["commit"].removesuffix("-dirty"):
                 raise DirtyTree(f"refusing to write {self.path}: the commit moved during the run")
         body = {"_meta": {**self.meta, **data.get("_meta", {}), "complete": complete}}
         body.update((key, value) for key, value in data.items() if key != "_meta")

@@ -54,7 +54,8 @@ def test_a_clean_tree_writes_its_commit_and_a_commit_mid_run_is_refused(
     assert result.path == tmp_path / "trial.json"
     assert not result.meta["commit"].endswith("-dirty")
     result.write({"a": 1}, complete=False)
-    monkeypatch.setattr(results, "commit", lambda: "0123456789ab")
+    result.write({"a": 1})
+    monkeypatch.setattr(results, "head", lambda: "0123456789ab")
     with pytest.raises(results.DirtyTree, match="commit moved"):
         result.write({"a": 2})
 
