@@ -37,7 +37,8 @@ CORE_SHARING_PARTS = {
     "idle-core lending": ("pd_adaptive@0", "pd_adaptive_unshared"),
     "decode yields (3 s pauses)": ("pd_adaptive@3000", "pd_adaptive@0"),
 }
-BLOCK = re.compile(r"(<!-- report: (\w+) -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
+# ``NAME`` or ``NAME:VIEW``: the result file NAME.json, rendered whole or as a VIEW of it
+BLOCK = re.compile(r"(<!-- report: (\w+(?::\w+)?) -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
 
 # measure -> goal for pdserve / llama.cpp (the issue that set it), None: no goal
 ENGINE_GOALS = {"single_stream": 1.2, "prefill512": 2.0, "batch32": 2.0}
@@ -388,8 +389,31 @@ def _x(ratio: float | None) -> str:
     return f"**{ratio:.2f}x**"
 
 
+def result_file(block: str) -> str:
+    """The result file a block renders: ``vs_llamacpp`` for ``vs_llamacpp:headline``."""
+    return block.partition(":")[0]
+
+
+def render_engine_headline(data: dict[str, Any]) -> str:
+    """The bundled file's row per measure with a goal: the ratio, its interval and verdict."""
+    meta = data["_meta"]
+    lines = [
+        f"*{meta.get('cpu', '?')}, {meta.get('cores', '?')} cores; commit "
+        f"{meta.get('commit', '?')}, {meta.get('date', '?')}*",
+        "",
+        "| pdserve / llama.cpp, bundled model | median [95 % interval] | goal |",
+        "|---|---|---|",
+    ]
+    for name, key, entry in vs_llamacpp_measures(data):
+        if name in (None, "bundled") and key in ENGINE_GOALS:
+            ratio = entry["ratio"]
+            lines.append(f"| {key} | {_ratio_cell(ratio)} | {_goal(ratio, ENGINE_GOALS[key])} |")
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "vs_llamacpp": render_vs_llamacpp,
+    "vs_llamacpp:headline": render_engine_headline,
     "vs_llamacpp_bf16_prompts": render_vs_llamacpp,
     "vs_llamacpp_avx2": render_vs_llamacpp,
     "engine": render_engine,
@@ -410,7 +434,7 @@ def regenerate(readme: str, results: Path = RESULTS) -> str:
         name = match.group(2)
         if name not in RENDERERS:
             raise KeyError(f"README block {name!r} has no renderer (known: {', '.join(RENDERERS)})")
-        data = json.loads((results / f"{name}.json").read_text())
+        data = json.loads((results / f"{result_file(name)}.json").read_text())
         return f"{match.group(1)}{RENDERERS[name](data)}\n{match.group(4)}"
 
     return BLOCK.sub(block, readme)
