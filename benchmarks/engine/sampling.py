@@ -1,24 +1,27 @@
 """Sampling one token from a 49,152-token vocabulary: pdserve's sampler against the full-sort
 reference (transformers' top-k / top-p warpers, then a multinomial draw), side by side.
 
-    python -m benchmarks.engine.sampling --out results/sampling.json
+    python -m benchmarks.engine.sampling [--scratch] [--out PATH]
 
 For each setting, ``--rows`` rows of random logits (peaked, as a trained model's are) are sampled
-by both, alternating which goes first over ``--rounds`` rounds (the first dropped); the JSON
-keeps microseconds per row for each side and the ratio reference / pdserve per round.
+by both in paired rounds (``benchmarks.harness.rounds``: alternating which goes first, one round
+dropped, ``--rounds`` kept); the JSON keeps microseconds per row for each side and the speed-up
+reference / pdserve round by round, each with its median and bootstrap interval
+(``benchmarks.harness.stats.spread``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, paired_rounds, ratio_rounds
+from benchmarks.harness.stats import spread
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 
@@ -40,6 +43,8 @@ class _Row:
         self.generator = torch.Generator()
         self.num_output_tokens = 0
         self.token_ids: list[int] = []
+        self.output_token_ids: list[int] = []
+        self.grammar = None  # unconstrained
 
 
 def reference(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
@@ -60,8 +65,8 @@ def time_rows(fn, rows: torch.Tensor) -> float:
     return 1e6 * (time.perf_counter() - start) / rows.shape[0]
 
 
-def compare(params: SamplingParams, logits: torch.Tensor, rounds: int) -> list[tuple]:
-    """(pdserve, reference) microseconds per row for each kept round."""
+def sides(params: SamplingParams, logits: torch.Tensor) -> dict[str, Callable[[], float]]:
+    """pdserve's sampler and the reference, each timing every row once (microseconds a row)."""
     row = _Row(params)
     generator = torch.Generator().manual_seed(7)
 
@@ -71,48 +76,56 @@ def compare(params: SamplingParams, logits: torch.Tensor, rounds: int) -> list[t
     def theirs(x: torch.Tensor) -> int:
         return reference(x, params, generator)
 
-    kept = []
-    for index in range(rounds):
-        if index % 2 == 0:
-            a, b = time_rows(ours, logits), time_rows(theirs, logits)
-        else:
-            b, a = time_rows(theirs, logits), time_rows(ours, logits)
-        if index > 0:
-            kept.append((a, b))
-    return kept
+    return {
+        "pdserve": lambda: time_rows(ours, logits),
+        "reference": lambda: time_rows(theirs, logits),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    add_output_arguments(parser, "sampling")
     parser.add_argument("--rows", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    if args.rows < 1 or args.rounds < 1:
+        parser.error("--rows and --rounds must be at least 1")
+    result = ResultFile.start(args)
     torch.set_num_threads(args.threads)
     logits = torch.randn(args.rows, VOCAB, generator=torch.Generator().manual_seed(0)) * 4.0
-    results: dict[str, dict] = {}
-    print(f"{'us per row':<20}{'pdserve':>12}{'reference':>12}{'speed-up':>12}")
+    results: dict[str, dict] = {"_meta": _meta(args)}
+    print(f"{'us per row':<20}{'pdserve':>12}{'reference':>12}{'speed-up [95% interval]':>26}")
     for name, fields in SETTINGS.items():
-        kept = compare(SamplingParams(seed=7, **fields), logits, args.rounds)
+        params = SamplingParams(seed=7, **fields)
+        kept = paired_rounds(sides(params, logits), args.rounds, DEFAULT_WARMUP)
         results[name] = {
-            "pdserve_us": round(statistics.median(a for a, _ in kept), 1),
-            "reference_us": round(statistics.median(b for _, b in kept), 1),
-            "speedup": {
-                "median": round(statistics.median(b / a for a, b in kept), 2),
-                "min": round(min(b / a for a, b in kept), 2),
-                "max": round(max(b / a for a, b in kept), 2),
-            },
+            "pdserve_us": spread(kept["pdserve"], 1),
+            "reference_us": spread(kept["reference"], 1),
+            "speedup": spread(ratio_rounds(kept, "reference", "pdserve"), 2),
         }
         r = results[name]
+        speedup = r["speedup"]
         print(
-            f"{name:<20}{r['pdserve_us']:>12.1f}{r['reference_us']:>12.1f}"
-            f"{r['speedup']['median']:>11.2f}x"
+            f"{name:<20}{r['pdserve_us']['median']:>12.1f}{r['reference_us']['median']:>12.1f}"
+            f"{speedup['median']:>11.2f}x [{speedup['low']:.2f}-{speedup['high']:.2f}]",
+            flush=True,
         )
-    results["_meta"] = {"vocab": VOCAB, "rows": args.rows, "rounds": args.rounds,
-                        "threads": args.threads, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+        result.write(results, complete=False)
+    path = result.write(results)
+    print(f"results: {path}")
+
+
+def _meta(args: argparse.Namespace) -> dict:
+    return {
+        "vocab": VOCAB,
+        "rows": args.rows,
+        "rounds": args.rounds,
+        "dropped_rounds": DEFAULT_WARMUP,
+        "threads": torch.get_num_threads(),
+        "order": "alternating within rounds (A B, B A, ...), pdserve first in the dropped round",
+        "speedup": "reference / pdserve microseconds a row, round by round",
+    }
 
 
 if __name__ == "__main__":

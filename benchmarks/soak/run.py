@@ -3,30 +3,31 @@ leaks: no process's RSS keeps growing, and once idle no worker holds a KV block,
 a held request or an open stream.
 
     python -m benchmarks.soak.run --minutes 30 --url http://127.0.0.1:1025 \\
-        --manage-url http://127.0.0.1:1026 --concurrency 8 --out results/soak.json
+        --manage-url http://127.0.0.1:1026 --concurrency 8 [--scratch] [--out PATH]
 
 The load mixes MindIE ``/infer``, OpenAI ``/v1/chat/completions`` and ``/v1/completions``
 (streaming and not), TGI ``/generate`` and ``/generate_stream``, with priorities 1-5, client
 disconnects, abandoned requests, expiring per-request timeouts and invalid bodies. RSS is read
 with psutil (the coordinator by the port it listens on, or ``--coordinator-pid``; the workers by
 the pids ``/v1/instances`` lists), so run it on the server's host. Writes the JSON and a PNG next
-to it, prints a summary; exit code 0 passed, 1 failed, 2 the server could not be reached.
+to it (through ``benchmarks.harness.results``: the run's provenance under ``_meta``; the default
+file is under ``benchmarks/results/``, written only from a clean tree), prints a summary; exit
+code 0 passed, 1 failed, 2 the server could not be reached.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import httpx
 
+from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.soak.growth import GrowthBound, GrowthBounds, growth_trends
 from benchmarks.soak.judge import (
     RssBounds,
@@ -53,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--manage-url", help="the manage port (default: the url's host, 1026)")
     parser.add_argument("--concurrency", type=int, default=8, help="most requests in flight")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="results/soak.json", help="the PNG goes next to it")
+    add_output_arguments(parser, "soak")  # --out (the PNG goes next to it), --scratch
     parser.add_argument("--coordinator-pid", type=int, help="default: who listens on --url")
     parser.add_argument("--api-key", default="", help="sent as Authorization: Bearer")
     parser.add_argument("--mix", default="", help="kind=weight,... (default: every kind)")
@@ -255,12 +256,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    result_file = ResultFile.start(args, None if argv is None else [sys.argv[0], *argv])
     result = asyncio.run(main_async(args))
     if result is None:
         return 2
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out = result_file.write(result)
     if not args.no_plot:
         plot(result["samples"], result["config"]["warmup_s"], out.with_suffix(".png"))
     print_summary(result)

@@ -77,6 +77,10 @@ _POLL_MS = 100
 SHM_UNAVAILABLE = "shared memory unavailable"
 
 
+# bytes a CURVE MESSAGE adds to a frame (command name, nonce, MAC), with room to spare
+CURVE_FRAMING = 256
+
+
 class ZmqKVReceiver(BaseKVReceiver):
     def __init__(
         self,
@@ -101,9 +105,11 @@ class ZmqKVReceiver(BaseKVReceiver):
             self._socket.curve_server = True
         elif credentials is not None:  # plain text, but only the cluster's senders get in
             self._socket.plain_server = True
-        # A larger frame never reaches us: ZMQ drops its sender's connection.
+        # A larger frame never reaches us: ZMQ drops its sender's connection. Under CURVE the
+        # limit applies to the encrypted message, a page frame plus its box's framing.
         max_frame = max(min(PAGE_FRAME_BYTES, max_payload_bytes), self.max_header_bytes)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, max_frame)
+        encrypts = credentials is not None and credentials.encrypts
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_frame + (CURVE_FRAMING if encrypts else 0))
         port: int = self._socket.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         self._buffer = torch.empty(0, dtype=torch.uint8)
