@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.harness.client import Target
+from benchmarks.harness.results import SCRATCH, ResultFile
 from benchmarks.serving import prefix_cache as bench_prefix_cache
 from benchmarks.serving.metrics import SLO
 from benchmarks.serving.prefix_cache import (
@@ -248,12 +248,13 @@ class ChatChars:
         return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<a>")
 
 
-def test_tenants_option_names_its_results_under_benchmarks_results():
+def test_tenants_option_names_its_results_file():
     tenants = bench_prefix_cache.parse_args(["--tenants", "6"])
-    assert Path(tenants.out) == bench_prefix_cache.RESULTS / "prefix_cache_tenants.json"
-    assert Path(bench_prefix_cache.__file__).parent / "results" == bench_prefix_cache.RESULTS
+    assert tenants.out is None and tenants.result_name == "prefix_cache_tenants"
+    scratch = ResultFile.start(bench_prefix_cache.parse_args(["--tenants", "6", "--scratch"]))
+    assert scratch.path == SCRATCH / "prefix_cache_tenants.json"
     on_off = bench_prefix_cache.parse_args([])
-    assert on_off.tenants == 0 and Path(on_off.out).name == "prefix_cache.json"
+    assert on_off.tenants == 0 and on_off.result_name == "prefix_cache"
 
 
 def test_user_target_cycles_the_tenants_keys():

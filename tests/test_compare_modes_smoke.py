@@ -25,6 +25,13 @@ def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
     report = json.loads(out.read_text())
     assert report["draw_set"] == "tuning" and report["seeds"] == [0, 1]
     assert report["cpu"] and report["commit"] and "compare_modes" in report["command"]
+    assert report["_meta"]["complete"] and report["_meta"]["commit"] == report["commit"]
+    assert "failed_requests" not in report
+    # every rate of a draw offered the same shapes: 3 chat requests of 64 + 64 tokens
+    assert report["offered_load"]["0"] == {
+        "4": {"prompt_tokens_per_s": 4 * 64.0, "output_tokens_per_s": 4 * 64.0},
+        "inf": {"prompt_tokens_per_s": None, "output_tokens_per_s": None},
+    }
     result = report["results"]["pd_adaptive"]
     assert [run["request_rate"] for run in result["runs"]] == [4.0, float("inf")]
     assert result["given"]["backend_config"]["local_prefill_tokens"] == 96
@@ -40,6 +47,11 @@ def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
             "decode",
         }
     assert result["max_rate_own"] == float("inf")
+    workloads = result["workload"]
+    assert [w["seed"] for w in workloads] == [0, 1]
+    assert all(
+        w["same_shapes_every_rate"] and w["shapes"] == [["chat", 64, 64]] * 3 for w in workloads
+    )
     assert len(result["with_itl_slo"]["runs"]) == 2
     loops = result["closed_loop_by_draw"]
     assert len(loops) == 2 and all(d["2"]["num_failed"] == 0 for d in loops)

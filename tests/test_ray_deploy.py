@@ -22,7 +22,7 @@ from tests.coordinator_process import free_port
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
-# The cluster binds to 127.0.0.1 and runs without token auth (README, Deploy, documents both).
+# The cluster binds to 127.0.0.1 and runs without token auth (docs/deploy.md documents both).
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 

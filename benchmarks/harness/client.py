@@ -6,6 +6,10 @@ from the final ``usage`` when the server sends one, else from the content chunks
 for exactly ``output_tokens`` tokens (``ignore_eos``, which pdserve, vLLM and llama.cpp honour).
 A chat request sends the item's prompt as one user message, or a whole conversation
 (``messages``); ``on_event`` sees every parsed event (answer text, usage).
+
+A request that fails (an HTTP status other than 200, an error event, a broken connection, a body
+that is not SSE JSON, an exception of ``send_one``) is kept in the records with its error text,
+never dropped: the summaries count it against the run.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ async def send(
     on_event: Callable[[dict], None] | None = None,
     extra_body: dict | None = None,
 ) -> RequestRecord:
-    """One streamed request, timed token by token; ``extra_body``: more fields of its body."""
+    """One streamed request, timed token by token; ``extra_body``: more fields of its body. A
+    failure ends it with ``record.error`` set (what came before it is kept)."""
     record = RequestRecord(item.prompt_tokens, item.output_tokens)
     path, body = target.request(item, messages)
     body = {**body, **(extra_body or {})}
@@ -92,8 +97,8 @@ async def send(
                     record.gaps_s.append(now - last)
                 last = now
                 record.output_tokens += 1
-    except httpx.HTTPError as exc:
-        record.error = f"{type(exc).__name__}: {exc}"
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:  # transport, bad JSON
+        record.error = f"{type(exc).__name__}: {exc}"[:300]
     record.e2e_s = last - start
     if usage_tokens is not None and record.error is None:
         record.output_tokens = usage_tokens
@@ -130,7 +135,11 @@ async def run_load(
         await asyncio.sleep(delay)
         async with limit:
             sent_at = time.perf_counter() - start
-            record = await send_one(item)
+            try:
+                record = await send_one(item)
+            except Exception as exc:  # kept, with its error, and counted as failed
+                record = RequestRecord(item.prompt_tokens, item.output_tokens)
+                record.error = f"{type(exc).__name__}: {exc}"[:300]
         record.sent_at = sent_at
         if on_done is not None:
             on_done()

@@ -13,16 +13,19 @@ against every mode, each on its own freshly started server, over several indepen
   (``llama_server@<slots>:<batch>:<ubatch>:<threads>``; by default slots 4/8/16, ``-b``/``-ub``
   512/128 and 2048/512, 2 threads and 1 thread on a core of its own), the best at each rate kept.
 
-    python -m benchmarks.serving.compare_modes --peer llamacpp \\
-        --out benchmarks/results/compare_modes.json
+    python -m benchmarks.serving.compare_modes --peer llamacpp   # benchmarks/results/
+    python -m benchmarks.serving.compare_modes --scratch ...     # a trial run, outside them
 
-**Draws.** Each of ``--draws`` draws is a seed: its requests (``--num-requests`` fresh ones per
-rate, no rate reusing another's) are sent to every mode, the modes' order rotating from draw to
-draw. The seeds come from ``--draw-set``: ``held-out`` (the default: seeds no setting or
-constant was ever tuned on; the README's figures come from these only) or ``tuning`` (for
-trying settings). A mode's draws are pooled per rate (``modes_draws.py``): the requests within
-the SLO summed over the draws with their 95 % interval, and the highest rate the mode holds
->= 90 % at on its own, beside the monotone figure (every lower rate held too).
+**Draws.** Each of ``--draws`` draws is a seed: its ``--num-requests`` request shapes (kind,
+prompt and output lengths, in one order) are served at every rate, re-timed by the rate's
+Poisson arrivals, with text of the rate's own (no rate finds another's prompts in a prefix
+cache), so the rates differ in their arrivals only; the JSON records each rate's offered prompt
+and output tokens/s (``offered_load``). The same requests go to every mode, the modes' order
+rotating from draw to draw. The seeds come from ``--draw-set``: ``held-out`` (the default: seeds
+no setting or constant was ever tuned on; the README's figures come from these only) or
+``tuning`` (for trying settings). A mode's draws are pooled per rate (``draws.py``): the
+requests within the SLO summed over the draws with their 95 % interval, and the highest rate
+the mode holds >= 90 % at on its own, beside the monotone figure (every lower rate held too).
 
 **Closed loop.** On each draw's server, after the sweep, ``--closed-loop`` concurrencies
 (default 1, 8, 32) of streams each sending ~100-token prompts back to back for 128 greedy tokens
@@ -50,9 +53,6 @@ import contextlib
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,13 +61,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from benchmarks.harness.client import Target
+from benchmarks.harness.launch import MODES, SETTINGS, free_port, start_pdserve, stop_pdserve
 from benchmarks.harness.netns import TestBed, available
 from benchmarks.harness.netns import sweep as sweep_beds
-from benchmarks.harness.provenance import run_meta
 from benchmarks.harness.ray_hosts import HOSTS, RayOnHosts, start_coordinator
+from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.llamacpp.server import (
     LlamaServer,
     ServerSetting,
@@ -83,30 +82,24 @@ from benchmarks.serving.metrics import (
 from benchmarks.serving.modes_report import ratios, render
 from benchmarks.serving.phases import phase_means, scrape
 from benchmarks.serving.plots import plot_goodput
-from benchmarks.serving.sweep import make_encoder, print_report, sweep, workload
-from benchmarks.serving.sweep import parse_args as serving_args
-from benchmarks.serving.workload import WORDS, WorkItem, decode_prefix
+from benchmarks.serving.rate_sweep import (
+    flag_failures,
+    make_encoder,
+    print_report,
+    sweep,
+    sweep_args,
+    workload,
+)
+from benchmarks.serving.workload import (
+    WORDS,
+    WorkItem,
+    decode_prefix,
+    offered_load,
+    parse_mix,
+    rate_workloads,
+    shapes_of,
+)
 
-MODES = ("pd_separate", "pd_adaptive", "single_node")
-# pd_separate whose decode worker prefills short prompts itself (and those behind a long prefill
-# queue), in chunks sized to keep its steps within stepTargetMs (docs/architecture.md#routing):
-# pdserve's defaults, written out so that a run means the same whatever they become
-ADAPTIVE = {
-    "local_prefill_tokens": 96,
-    "local_prefill_queue_tokens": 1024,
-    "stepTargetMs": 100,
-}
-# the fixed split, whatever the defaults: every prompt handed off, no shared core
-FIXED = {
-    "local_prefill_tokens": 0,
-    "local_prefill_queue_tokens": 0,
-    "stepTargetMs": 0,
-}
-SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "pd_separate": ("pd_separate", FIXED),
-    "single_node": ("single_node", {"stepTargetMs": 0}),
-    "pd_adaptive": ("pd_separate", ADAPTIVE),
-}
 LLAMA_SERVER = "llama_server"
 SWEPT_KEY = {"single_node": "maxPrefillTokens"}
 
@@ -130,53 +123,6 @@ def llama_server_setting(mode: str) -> ServerSetting:
     if name != LLAMA_SERVER:
         raise ValueError(f"{mode!r} is not a llama_server mode")
     return ServerSetting.parse(value)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_pdserve(
-    mode: str,
-    model: str,
-    workdir: Path,
-    backend: dict[str, Any] | None = None,
-    http: dict[str, Any] | None = None,
-) -> tuple[subprocess.Popen, dict]:
-    """pdserve in ``mode`` on this machine, once ready; ``backend`` adds ``backend_config``
-    keys, ``http`` ``http_config`` keys. Its config and log are ``workdir/{mode}.json`` and
-    ``.log``."""
-    names = ("predict_port", "manage_port", "status_port", "external_port")
-    ports = {name: free_port() for name in names}
-    backend = {"model_path": model, "embedding_model_path": "", "device": "cpu", **(backend or {})}
-    config = {
-        "http_config": {**ports, **(http or {})},
-        "digs_scheduler_config": {"deploy_mode": mode},
-        "backend_config": backend,
-    }
-    path = workdir / f"{mode}.json"
-    path.write_text(json.dumps(config))
-    log = open(workdir / f"{mode}.log", "w")  # noqa: SIM115 - lives as long as the process
-    process = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "--config", str(path)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    deadline = time.monotonic() + 600
-    ready = f"http://127.0.0.1:{ports['status_port']}/v1/readiness"
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"pdserve ({mode}) exited; see {workdir / f'{mode}.log'}")
-        try:
-            if httpx.get(ready, timeout=2).status_code == 200:
-                return process, ports
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"pdserve ({mode}) not ready in 600 s")
 
 
 class Deployment:
@@ -227,23 +173,22 @@ class Deployment:
         elif self._hosted is not None:
             self._hosted.stop(120)
         elif self._process is not None:
-            self._process.send_signal(signal.SIGTERM)
-            self._process.wait(timeout=120)
+            stop_pdserve(self._process)
 
 
 def run_mode(
     mode: str, args: argparse.Namespace, workdir: Path, seed: int, ray: RayOnHosts | None = None
 ) -> dict[str, Any]:
-    """The sweep (and the closed loop) of one draw (``seed``) against ``mode``. Each rate gets
-    requests of its own (a cache that kept an earlier rate's prompts would flatter the later
-    ones), the same for every mode."""
+    """The sweep (and the closed loop) of one draw (``seed``) against ``mode``. Every rate serves
+    the draw's request shapes in the same order, with text of its own (a cache that kept an
+    earlier rate's prompts would flatter the later ones), the same for every mode."""
     deployment = Deployment(mode, args, workdir, ray)
     rates = args.request_rates.split(",")
     try:
-        bench = serving_args(
+        bench = sweep_args(
             [
                 "--num-requests",
-                str(args.num_requests * len(rates)),
+                str(args.num_requests),
                 "--mix",
                 args.mix,
                 "--slo-ttft",
@@ -255,20 +200,20 @@ def run_mode(
                 *_common(args, seed),
             ]  # fmt: skip
         )
-        pool = workload(bench)
+        encode = make_encoder(args.model)
+        by_rate = rate_workloads(args.num_requests, parse_mix(args.mix), encode, seed, len(rates))
         target = deployment.target
-        warmup = serving_args(["--request-rates", "inf", "--no-progress", *_common(args, -1)])
+        warmup = sweep_args(["--request-rates", "inf", "--no-progress", *_common(args, -1)])
         slo = SLO(args.slo_ttft, args.slo_tpot)
         # kernels, caches, first batches: one request of each kind alone (each path once, on
         # idle workers), then a burst; prompts of their own
-        spare = workload(serving_args(["--mix", args.mix, *_common(args, WARMUP_SEED + seed)]))
+        spare = workload(sweep_args(["--mix", args.mix, *_common(args, WARMUP_SEED + seed)]))
         firsts = list({item.kind: item for item in reversed(spare)}.values())
         with _pinned(deployment.load_cpus):
             for burst in [*([item] for item in firsts), spare[-4:]]:
                 deployment.run(lambda b=burst: asyncio.run(sweep(target, b, warmup, SLO())))
             runs = []
-            for i, rate in enumerate(rates):
-                items = pool[i * args.num_requests : (i + 1) * args.num_requests]
+            for items, rate in zip(by_rate, rates, strict=True):
                 bench.request_rates = rate
                 before = deployment.phases()
                 one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, bench, slo)))
@@ -279,11 +224,28 @@ def run_mode(
     finally:
         deployment.stop()
     result = {**one, "runs": runs, "max_rate_within_slo": max_rate_within_slo(runs)}
-    result["workload"] = {"seed": seed, "kinds": dict(Counter(item.kind for item in pool))}
+    result |= flag_failures(runs)
+    result["workload"] = draw_workload(seed, rates, by_rate)
     result["closed_loop"] = loops
     result["given"] = deployment.given
     print_report(result)
     return result
+
+
+def draw_workload(seed: int, rates: list[str], by_rate: list[list[WorkItem]]) -> dict[str, Any]:
+    """What a draw served: its shapes (the same at every rate), and per rate the offered prompt
+    and output tokens/s."""
+    first = by_rate[0]
+    return {
+        "seed": seed,
+        "kinds": dict(Counter(item.kind for item in first)),
+        "shapes": [list(shape) for shape in shapes_of(first)],
+        "same_shapes_every_rate": all(shapes_of(items) == shapes_of(first) for items in by_rate),
+        "offered_load": {
+            rate: offered_load(items, None if rate == "inf" else float(rate))
+            for rate, items in zip(rates, by_rate, strict=True)
+        },
+    }
 
 
 WARMUP_SEED = 100_000  # warm-up prompts: seeds of their own, never a draw's
@@ -296,7 +258,7 @@ def closed_loop(deployment: Deployment, args: argparse.Namespace, seed: int) -> 
     128 greedy tokens out, through streaming ``/v1/completions``; output tokens/s and the
     latency percentiles."""
     target = Target(deployment.target.url, api="completions")  # pdserve answers any model name
-    settings_ = serving_args(["--no-progress", *_common(args, seed)])
+    settings_ = sweep_args(["--no-progress", *_common(args, seed)])
     encode = make_encoder(args.model)
     rng = random.Random(f"closed-loop-{seed}")
     out: dict[str, Any] = {}
@@ -306,7 +268,8 @@ def closed_loop(deployment: Deployment, args: argparse.Namespace, seed: int) -> 
         settings_.request_rates = "inf"
         one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, settings_, SLO())))
         summary = one["runs"][0]["summary"]
-        kept = ("num_requests", "num_failed", "duration_s", "output_token_throughput")
+        kept = ("num_requests", "num_failed", "failed_requests", "duration_s")
+        kept = (*kept, "output_token_throughput")
         out[str(n)] = {key: summary[key] for key in (*kept, "ttft_s", "tpot_s")}
     return out
 
@@ -362,24 +325,34 @@ def expand_modes(args: argparse.Namespace) -> list[str]:
 
 
 def run_draws(
-    modes: list[str], seeds: list[int], args: argparse.Namespace, workdir: Path, ray: Any = None
+    modes: list[str],
+    seeds: list[int],
+    args: argparse.Namespace,
+    workdir: Path,
+    ray: Any = None,
+    on_draw: Any = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every mode on every draw, the order rotating per draw; each mode's sweeps by draw."""
+    """Every mode on every draw, the order rotating per draw; each mode's sweeps by draw.
+    ``on_draw(mode, seed, result)`` sees each as it ends (for partial result files)."""
     draws: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for number, seed in enumerate(seeds):
         for mode in rotated(modes, number):
             print(f"draw {number + 1}/{len(seeds)} (seed {seed}): {mode}", flush=True)
             draws[mode].append(run_mode(mode, args, workdir, seed, ray))
+            if on_draw is not None:
+                on_draw(mode, seed, draws[mode][-1])
     return draws
 
 
-def run_modes(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, Any]]:
+def run_modes(
+    args: argparse.Namespace, workdir: Path, on_draw: Any = None
+) -> dict[str, dict[str, Any]]:
     modes = expand_modes(args)
     seeds = _seeds(args)
     if args.multihost and any(m.startswith(LLAMA_SERVER) for m in modes):
         sys.exit("--multihost: llama-server runs on this host only; leave out --peer")
     if not args.multihost:
-        draws = run_draws(modes, seeds, args, workdir)
+        draws = run_draws(modes, seeds, args, workdir, on_draw=on_draw)
     else:
         why = available()
         if why is not None:
@@ -388,13 +361,14 @@ def run_modes(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, An
         with TestBed(HOSTS, workdir / "bed") as bed:
             ray = RayOnHosts(bed)
             ray.start_all()
-            draws = run_draws(modes, seeds, args, workdir, ray)
+            draws = run_draws(modes, seeds, args, workdir, ray, on_draw)
     slo, gap = SLO(args.slo_ttft, args.slo_tpot), SLO(args.slo_ttft, args.slo_tpot, args.slo_itl)
     pooled = {}
     for mode, sweeps in draws.items():
         pooled[mode] = pool_draws(sweeps, slo, gap)
         pooled[mode]["closed_loop_by_draw"] = [one["closed_loop"] for one in sweeps]
         pooled[mode]["given"] = sweeps[0]["given"]
+        pooled[mode] |= flag_failures(pooled[mode]["runs"])
     return pooled
 
 
@@ -445,31 +419,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slo-itl", type=float, default=0.25, help="seconds: a request's p99 inter-token gap"
     )
-    parser.add_argument("--out", default="results/compare_modes.json")
+    add_output_arguments(parser, "compare_modes")
     parser.add_argument(
         "--multihost", action="store_true", help="both modes across hosts in network namespaces"
     )
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
+    out = result_file.path
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="pdserve-modes-") as tmp:
-        results = run_modes(args, Path(tmp))
     seeds = _seeds(args)
-    summary = render(results, args.common_rate)
-    goals = ratios(results, args.common_rate)
-    report = {
-        **run_meta([__file__, *(argv if argv is not None else sys.argv[1:])]),
+    head = {
+        **result_file.meta,  # at the top level too: the report's provenance line reads it there
         "hosts": "3 hosts in namespaces" if args.multihost else "this machine",
-        "minutes": round((time.monotonic() - started) / 60, 1),
         "draw_set": draw_set_of(seeds),
         "seeds": seeds,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "common_rate": args.common_rate,
+    }
+    done: list[dict[str, Any]] = []
+
+    def on_draw(mode: str, seed: int, result: dict[str, Any]) -> None:
+        brief = {"mode": mode, "seed": seed, "max_rate_within_slo": result["max_rate_within_slo"]}
+        done.append(brief | flag_failures(result["runs"]))
+        result_file.write({**head, "draws_done": done}, complete=False)
+
+    with tempfile.TemporaryDirectory(prefix="pdserve-modes-") as tmp:
+        results = run_modes(args, Path(tmp), on_draw)
+    summary = render(results, args.common_rate)
+    goals = ratios(results, args.common_rate)
+    first = next(iter(results.values()))
+    report = {
+        **head,
+        "minutes": round((time.monotonic() - started) / 60, 1),
+        # per draw (seed), per rate: the prompt and output tokens/s its fixed shapes offer
+        "offered_load": {str(w["seed"]): w["offered_load"] for w in first["workload"]},
         "ratios": goals,
         "results": results,
     }
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    failing = {m: r["failed_requests"] for m, r in results.items() if r.get("failed_requests")}
+    if failing:
+        report["failed_requests"] = failing
+    result_file.write(report)
     out.with_suffix(".md").write_text(summary + "\n")
     if args.plots:
         plot_goodput(results, out.with_suffix(".goodput.png"))  # pooled: no per-request CDFs

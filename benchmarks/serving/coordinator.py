@@ -1,8 +1,8 @@
 """The coordinator's own overhead: streaming ``/infer`` against the cluster API, same actors;
 and ``/v1/embeddings`` through the cluster against the same embedding worker in-process.
 
-    python -m benchmarks.serving.coordinator --out results/coordinator.json
-    python -m benchmarks.serving.coordinator --out /tmp/coordinator.json --model DIR --tokens 4 \\
+    python -m benchmarks.serving.coordinator          # benchmarks/results/coordinator.json
+    python -m benchmarks.serving.coordinator --scratch --model DIR --tokens 4 \\
         --concurrency 2 --rounds 2 --embedding-batches 2 --embedding-requests 4   # a quick check
 
 One cluster (pd_separate, 1 prefill + 1 decode, bundled model unless ``--model``) serves both
@@ -18,8 +18,9 @@ an ``EmbeddingWorker`` built in this process, the actor's own class with its bat
 its torch threads; both keep ``--in-flight`` calls going.
 
 Every measure runs ``--rounds`` rounds; the two sides alternate which goes first; the first round
-warms both up and is dropped. The JSON gives each figure's median, min and max over the kept
-rounds, and the same for the per-round ratio of the two sides.
+warms both up and is dropped. The JSON gives each figure's median (with its bootstrap interval),
+min and max over the kept rounds (``benchmarks.harness.stats``), and the same for the per-round
+ratio of the two sides. ``--embedding-model ""``: no embedding measure.
 """
 
 from __future__ import annotations
@@ -28,33 +29,26 @@ import argparse
 import asyncio
 import json
 import random
-import socket
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
 
+from benchmarks.harness.launch import free_port
+from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.harness.sse import sse_lines
+from benchmarks.harness.stats import percentile
+from benchmarks.harness.stats import spread as _spread
 from coordinator.config import load_config
 from coordinator.server import Coordinator
 from engine.sampling_params import SamplingParams
 from workers.contracts import GenerationRequest
 from workers.embedding import EmbeddingWorker
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _summary(streams: list[list[float]], wall_s: float) -> dict[str, float]:
@@ -63,8 +57,8 @@ def _summary(streams: list[list[float]], wall_s: float) -> dict[str, float]:
     return {
         "tokens_per_s": round(tokens / wall_s, 2),
         "tpot_ms": round(statistics.mean(gaps) * 1000, 3),
-        "p50_gap_ms": round(_percentile(gaps, 0.5) * 1000, 3),
-        "p99_gap_ms": round(_percentile(gaps, 0.99) * 1000, 3),
+        "p50_gap_ms": round(percentile(gaps, 50) * 1000, 3),
+        "p99_gap_ms": round(percentile(gaps, 99) * 1000, 3),
         "tokens": tokens,
     }
 
@@ -86,6 +80,9 @@ async def http_stream(
     parameters = {"max_new_tokens": tokens, "seed": 1, "ignore_eos": True}
     body = {"input_id": prompt, "stream": True, "parameters": parameters}
     async with client.stream("POST", url, json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
         async for line in sse_lines(response):
             if line.startswith("data: "):
                 json.loads(line[6:])
@@ -102,14 +99,6 @@ async def _round(
     else:
         streams = await asyncio.gather(*[http_stream(client, url, p, tokens) for p in prompts])
     return _summary(streams, time.monotonic() - start)
-
-
-def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(values), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-    }
 
 
 def _alternating(rounds: int) -> list[tuple[str, str]]:
@@ -206,10 +195,13 @@ def start_server(coordinator: Coordinator) -> threading.Thread:
     return thread
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    add_output_arguments(parser, "coordinator")
     parser.add_argument("--model", default="bundled")
+    parser.add_argument(
+        "--embedding-model", help="the cluster's embedding model (default: the config's; '': none)"
+    )
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
@@ -217,17 +209,19 @@ def main() -> None:
     parser.add_argument("--embedding-batches", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--embedding-requests", type=int, default=32, help="calls per round")
     parser.add_argument("--in-flight", type=int, default=8, help="embedding calls at a time")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: the first is dropped")
+    result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
     port = free_port()
-    config = load_config(None).with_overrides(
-        {
-            "backend_config.model_path": args.model,
-            "http_config.predict_port": port,
-            "backend_config.maxIterTimes": args.tokens,
-        }
-    )
+    overrides: dict[str, Any] = {
+        "backend_config.model_path": args.model,
+        "http_config.predict_port": port,
+        "backend_config.maxIterTimes": args.tokens,
+    }
+    if args.embedding_model is not None:
+        overrides["backend_config.embedding_model_path"] = args.embedding_model
+    config = load_config(None).with_overrides(overrides)
     coordinator = Coordinator(config)
 
     async def run() -> dict:
@@ -246,6 +240,7 @@ def main() -> None:
             ]
             figures = await measure(coordinator, url, prompts, args.tokens, args.rounds)
             out[str(concurrency)] = figures
+            result_file.write(out, complete=False)
             added = figures["added_tpot"]
             print(
                 f"{concurrency:>3} streams  TPOT direct {_ms(figures['direct']['tpot_ms'])}, "
@@ -253,7 +248,7 @@ def main() -> None:
                 f"{added['median']:+.1%} ({added['min']:+.1%} to {added['max']:+.1%})"
             )
         cluster = coordinator.cluster.config
-        if cluster.embedding_model_path is not None:
+        if cluster.embedding_model_path:
             # The actor's own class and torch threads, in this process (sets this process's
             # torch threads, which nothing else here uses).
             worker = EmbeddingWorker(
@@ -287,9 +282,9 @@ def main() -> None:
         return out
 
     results = asyncio.run(run())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    print(f"results: {result_file.write(results)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,7 +16,10 @@ to one core; this process is the client, on the other.
   write 8 MiB headers in 1 KiB writes (the probes on the predict loop, as before, for the
   plain protocols; on their own thread for the guarded one).
 
-``python -m benchmarks.serving.http_edge`` writes ``benchmarks/results/http_edge.json``.
+``python -m benchmarks.serving.http_edge`` writes ``benchmarks/results/http_edge.json``
+(``--scratch``: a trial run outside it; ``--protocols``, ``--requests-scale`` and
+``--no-attacks`` make a short one). A stream that fails is counted, with examples of its error
+(``failed_streams``), and none of its events count.
 """
 
 from __future__ import annotations
@@ -28,16 +31,16 @@ import json
 import multiprocessing
 import os
 import socket
-import statistics
+import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
-from benchmarks.harness.provenance import ROOT, run_meta
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.stats import percentile, spread
 
 PROTOCOLS = ("httptools", "guarded", "h11")
 HEADER_TIMEOUT_S = 5.0
@@ -112,19 +115,26 @@ def free_port_pair() -> int:
 
 
 async def streams(
-    port: int, process: psutil.Process, concurrency: int, requests: int
+    port: int, process: psutil.Process, concurrency: int, requests: int, errors: list[str]
 ) -> tuple[float, float]:
     """Events per second over ``requests`` streams, ``concurrency`` at a time, and the
-    server's CPU microseconds per event (what the protocol costs, whatever the client's speed)."""
+    server's CPU microseconds per event (what the protocol costs, whatever the client's speed).
+    A stream that fails is appended to ``errors``."""
     limits = httpx.Limits(max_connections=concurrency)
     body = {"prompt": "hi", "stream": True, "max_tokens": 1000}
     events = 0
 
     async def one(client: httpx.AsyncClient) -> None:
         nonlocal events
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            async for line in response.aiter_lines():
-                events += line.startswith("data: {")
+        try:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    errors.append(f"HTTP {response.status_code}")
+                    return
+                async for line in response.aiter_lines():
+                    events += line.startswith("data: {")
+        except httpx.HTTPError as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60
@@ -135,7 +145,7 @@ async def streams(
         for _ in range(requests // concurrency):
             await asyncio.gather(*(one(client) for _ in range(concurrency)))
         elapsed, used = time.perf_counter() - start, sum(process.cpu_times()[:2]) - cpu
-        return events / elapsed, 1e6 * used / events
+        return events / elapsed, 1e6 * used / max(events, 1)
 
 
 def huge_header(port: int, process: psutil.Process) -> dict[str, Any]:
@@ -200,21 +210,11 @@ def probe_under_attack(port: int) -> dict[str, Any]:
             time.sleep(0.02)
     for thread in attackers:
         thread.join()
-    latencies.sort()
     return {
         "probes": len(latencies),
-        "p50_ms": round(latencies[len(latencies) // 2], 1),
-        "p99_ms": round(latencies[int(len(latencies) * 0.99)], 1),
-        "max_ms": round(latencies[-1], 1),
-    }
-
-
-def spread(values: list[float], digits: int = 1) -> dict[str, Any]:
-    return {
-        "median": round(statistics.median(values), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-        "rounds": [round(v, digits) for v in values],
+        "p50_ms": round(percentile(latencies, 50), 1),
+        "p99_ms": round(percentile(latencies, 99), 1),
+        "max_ms": round(max(latencies), 1),
     }
 
 
@@ -222,31 +222,52 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/http_edge.json"))
+    parser.add_argument(
+        "--protocols", default=",".join(PROTOCOLS), help="of " + ", ".join(PROTOCOLS)
+    )
+    parser.add_argument(
+        "--requests-scale", type=float, default=1.0, help="times the streams of a round (48, 384)"
+    )
+    parser.add_argument("--no-attacks", action="store_true", help="the normal path only")
+    add_output_arguments(parser, "http_edge")
     args = parser.parse_args(argv)
-    meta = run_meta()  # before the pinning below: the machine's cores, not this process's
+    # before the pinning below: the machine's cores, not this process's
+    result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
+    protocols = [p for p in args.protocols.split(",") if p]
+    if "httptools" not in protocols or not set(protocols) <= set(PROTOCOLS):
+        parser.error(f"--protocols: of {', '.join(PROTOCOLS)}, httptools among them (the base)")
+    loads = [(1, max(1, round(48 * args.requests_scale)))]
+    loads.append((64, 64 * max(1, round(6 * args.requests_scale))))
     os.sched_setaffinity(0, {1} if os.cpu_count() and os.cpu_count() > 1 else {0})
-    rates: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in PROTOCOLS}
-    costs: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in PROTOCOLS}
+    rates: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in protocols}
+    costs: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in protocols}
+    errors: dict[str, list[str]] = {p: [] for p in protocols}
     attacks: dict[str, Any] = {}
     for round_index in range(args.rounds):
-        for protocol in PROTOCOLS:
+        for protocol in protocols:
             with server(protocol, args.tokens) as (port, process):
-                for concurrency, requests in ((1, 48), (64, 384)):
-                    rate, cost = asyncio.run(streams(port, process, concurrency, requests))
+                for concurrency, requests in loads:
+                    rate, cost = asyncio.run(
+                        streams(port, process, concurrency, requests, errors[protocol])
+                    )
                     rates[protocol][concurrency].append(rate)
                     costs[protocol][concurrency].append(cost)
-                if round_index == 0:
+                if round_index == 0 and not args.no_attacks:
                     attacks[protocol] = {
                         "huge_header": huge_header(port, process),
                         "half_sent": half_sent(port, process),
                         "probe_under_attack": probe_under_attack(port),
                     }
             print(round_index, protocol, {c: round(r[-1], 1) for c, r in costs[protocol].items()})
+        result_file.write(
+            {"rounds_done": round_index + 1, "server_cpu_us_per_event": costs}, complete=False
+        )
     result = {
-        "meta": meta,
+        # the report reads ``meta``; the result file keeps its provenance under ``_meta`` too
+        "meta": result_file.meta,
         "tokens_per_stream": args.tokens,
-        "events_per_s": {p: {str(c): spread(v) for c, v in r.items()} for p, r in rates.items()},
+        "streams_per_round": {str(c): n for c, n in loads},
+        "events_per_s": {p: {str(c): spread(v, 1) for c, v in r.items()} for p, r in rates.items()},
         "server_cpu_us_per_event": {
             p: {str(c): spread(v, 2) for c, v in r.items()} for p, r in costs.items()
         },
@@ -257,11 +278,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 for c in (1, 64)
             }
-            for p in PROTOCOLS
+            for p in protocols
         },
         "attacks": attacks,
     }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    failed = {p: {"count": len(e), "examples": sorted(set(e))[:5]} for p, e in errors.items() if e}
+    if failed:
+        result["failed_streams"] = failed
+    result_file.write(result)
     print(json.dumps({k: result[k] for k in ("cpu_ratio_to_httptools", "attacks")}, indent=1))
     return 0
 

@@ -1,9 +1,10 @@
 """Resident memory of pdserve's whole process tree against llama-server's, on the same GGUF with
 the same sequences and context (``SLOTS`` x ``CONTEXT_PER_SLOT`` tokens of KV).
 
-    python -m benchmarks.serving.memory --out benchmarks/results/memory.json
+    python -m benchmarks.serving.memory              # benchmarks/results/memory.json
+    python -m benchmarks.serving.memory --scratch    # a trial run, outside results/
 
-Each mode (``single_node``, ``pd_separate``) is started on its own (``compare_modes.start_pdserve``)
+Each mode (``single_node``, ``pd_separate``) is started on its own (``harness.launch``)
 with ``maxBatchSize`` ``SLOTS``, ``maxSeqLen`` ``CONTEXT_PER_SLOT`` and ``kvCacheMemoryMB`` the
 KV of that many tokens (``pd_separate``'s prefill engine: ``--prefill-kv-tokens``, by default one
 step's prompt tokens, through ``prefill_kv_cache_memory_mb``). Once ready it answers
@@ -11,8 +12,9 @@ step's prompt tokens, through ``prefill_kv_cache_memory_mb``). Once ready it ans
 ``--settle-s``, and then every process of its tree is measured (``process_tree.py``: role, RSS,
 PSS, USS). llama-server runs with ``--parallel SLOTS -c SLOTS*CONTEXT_PER_SLOT`` from the cache
 folder (``benchmarks/llamacpp/build.py --server``), after the same requests; while it is not built
-there, pdserve is measured alone and the result says so. ``--embedding-model`` is the modes'
-``embedding_model_path`` (default ``bundled``, as ``pdserve`` starts; ``""``: none).
+there (or the model has no GGUF), pdserve is measured alone and the result says so. A request
+that fails is recorded (``failed_requests``, with its error), not raised. ``--embedding-model``
+is the modes' ``embedding_model_path`` (default ``bundled``, as ``pdserve`` starts; ``""``: none).
 
 The JSON holds each side's processes and sums and the machine (``results_meta.py``), and with
 ``--before FILE`` the modes of an earlier result (the run before a cut) under ``before``;
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import signal
 import sys
 import tempfile
 import time
@@ -33,11 +34,11 @@ from typing import Any
 
 import httpx
 
+from benchmarks.harness.launch import free_port, start_pdserve, stop_pdserve
 from benchmarks.harness.process_tree import measure, summarize, tree_pids
-from benchmarks.harness.provenance import run_meta
+from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.llamacpp.build import SERVER, has_tools, tools_dir
-from benchmarks.llamacpp.server import LlamaServer, ServerSetting, gguf_of
-from benchmarks.serving.compare_modes import free_port, start_pdserve
+from benchmarks.llamacpp.server import LlamaServer, ServerSetting
 
 SLOTS = 32
 CONTEXT_PER_SLOT = 1024
@@ -58,15 +59,32 @@ def kv_cache_mib(model: str, tokens: int, itemsize: int) -> int:
     return -(-per_token * tokens // 2**20)
 
 
-def send_requests(url: str, count: int, max_tokens: int = 32) -> None:
-    """``count`` concurrent completions through the OpenAI route, each answered in full."""
+def gguf_path(model: str) -> Path | None:
+    """The GGUF llama-server would serve ``model`` from (None: it has none)."""
+    from engine.model.loader import load_model
 
-    def one(i: int) -> None:
+    return load_model(model).gguf_path
+
+
+def send_requests(url: str, count: int, max_tokens: int = 32) -> dict[str, Any] | None:
+    """``count`` concurrent completions through the OpenAI route, each answered in full; the
+    failed ones (their count and errors), None when none failed."""
+
+    def one(i: int) -> str | None:
         body = {"model": "m", "prompt": f"{i}. {PROMPT}", "max_tokens": max_tokens}
-        httpx.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status()
+        try:
+            httpx.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status()
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"[:300]
+        return None
 
     with concurrent.futures.ThreadPoolExecutor(max(count, 1)) as pool:
-        list(pool.map(one, range(count)))
+        errors = [e for e in pool.map(one, range(count)) if e is not None]
+    return {"count": len(errors), "examples": sorted(set(errors))[:5]} if errors else None
+
+
+def _failed(failed: dict[str, Any] | None) -> dict[str, Any]:
+    return {"failed_requests": failed} if failed else {}
 
 
 def measure_pdserve(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -79,30 +97,33 @@ def measure_pdserve(mode: str, args: argparse.Namespace, workdir: Path) -> dict[
     }
     if mode == "pd_separate" and args.prefill_kv_tokens:
         backend["prefill_kv_cache_memory_mb"] = kv_cache_mib(args.model, args.prefill_kv_tokens, 4)
-    process, ports = start_pdserve(mode, args.model, workdir, backend)
+    process, ports = start_pdserve(mode, args.model, workdir / mode, backend)
     try:
-        send_requests(f"http://127.0.0.1:{ports['predict_port']}", args.requests)
+        failed = send_requests(f"http://127.0.0.1:{ports['predict_port']}", args.requests)
         time.sleep(args.settle_s)
-        return {"given": backend, **summarize(measure(tree_pids(process.pid)))}
+        return {"given": backend, **summarize(measure(tree_pids(process.pid))), **_failed(failed)}
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
+        stop_pdserve(process)
 
 
 def measure_llama_server(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     folder = args.llama_cpp_dir or tools_dir()
     if not has_tools(folder, SERVER):
         return {"missing": f"{folder / SERVER[0]} is not built"}
+    gguf = gguf_path(args.model)
+    if gguf is None:
+        return {"missing": f"{args.model}: no GGUF file to serve with llama-server"}
     setting = ServerSetting(slots=SLOTS)
     port = free_port()
     server = LlamaServer(
-        folder, gguf_of(args.model), port, workdir / "llama_server.log", setting, CONTEXT_PER_SLOT
+        folder, gguf, port, workdir / "llama_server.log", setting, CONTEXT_PER_SLOT
     )
     try:
-        send_requests(server.url, args.requests)
+        failed = send_requests(server.url, args.requests)
         time.sleep(args.settle_s)
         processes = summarize(measure(tree_pids(server.pid)))
-        return {"given": {**setting.to_dict(), "command": server.command}, **processes}
+        given = {"given": {**setting.to_dict(), "command": server.command}}
+        return {**given, **processes, **_failed(failed)}
     finally:
         server.stop()
 
@@ -122,7 +143,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--settle-s", type=float, default=3.0)
     parser.add_argument("--llama-cpp-dir", type=Path, default=None)
     parser.add_argument("--no-llama-server", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
+    add_output_arguments(parser, "memory")
     parser.add_argument(
         "--before", type=Path, default=None, help="an earlier result whose modes to show beside"
     )
@@ -131,10 +152,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
     args.kv_mib = kv_cache_mib(args.model, SLOTS * CONTEXT_PER_SLOT, 4)
     result: dict[str, Any] = {
         "_meta": {
-            **run_meta(),
             "slots": SLOTS,
             "context": CONTEXT_PER_SLOT,
             "kv_mib": args.kv_mib,
@@ -146,18 +167,20 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes.split(","):
             result[mode] = measure_pdserve(mode, args, workdir)
             print(mode, json.dumps(result[mode]["total"]), flush=True)
+            result_file.write(result, complete=False)
         if not args.no_llama_server:
             result["llama_server"] = measure_llama_server(args, workdir)
             print("llama_server", json.dumps(result["llama_server"].get("total")), flush=True)
-    result["_meta"]["gguf_mib"] = round(gguf_of(args.model).stat().st_size / 2**20, 1)
+    gguf = gguf_path(args.model)
+    result["_meta"]["gguf_mib"] = gguf and round(gguf.stat().st_size / 2**20, 1)
     if args.before:
         earlier = json.loads(args.before.read_text())
         result["before"] = {k: v for k, v in earlier.items() if k in ("_meta", *MODES)}
-    text = json.dumps(result, indent=2) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    failing = {k: v["failed_requests"] for k, v in result.items() if k in (*MODES, "llama_server")
+               and isinstance(v, dict) and v.get("failed_requests")}  # fmt: skip
+    if failing:
+        result["failed_requests"] = failing
+    print(f"results: {result_file.write(result)}")
     return 0
 
 

@@ -86,13 +86,17 @@ def roles_table(name: str, side: dict[str, Any], before: dict[str, Any] | None) 
     return lines
 
 
+def _mib(value: float | None) -> str:
+    return "no GGUF" if value is None else f"{value:.0f} MiB"
+
+
 def render(data: dict[str, Any], provenance: str) -> str:
     meta, before = data["_meta"], data.get("before", {})
     lines = [
         provenance,
         "",
         f"{meta['slots']} sequences x {meta['context']} tokens of context on the same GGUF "
-        f"({meta['gguf_mib']:.0f} MiB); each pdserve engine's KV budget {meta['kv_mib']} MiB "
+        f"({_mib(meta.get('gguf_mib'))}); each pdserve engine's KV budget {meta['kv_mib']} MiB "
         f"(float32), llama-server's KV {meta['llama_server_kv_mib']} MiB (f16). Before the cuts: "
         f"commit {before.get('_meta', {}).get('commit', '-')}.",
         "",

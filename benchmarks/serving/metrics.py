@@ -14,6 +14,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from benchmarks.harness.stats import percentile as _percentile
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -69,14 +71,19 @@ class SLO:
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """The ``q``-th percentile with linear interpolation between closest ranks (numpy's
-    default); None for no values."""
-    if not values:
+    """The ``q``-th percentile by the harness's one rule (:func:`benchmarks.harness.stats.
+    percentile`); None for no values (a run whose requests all failed has no latencies)."""
+    return _percentile(values, q) if values else None
+
+
+def failed_requests(records: list[RequestRecord], examples: int = 5) -> dict[str, Any] | None:
+    """How many of ``records`` failed and a few of their distinct errors (None: none failed). A
+    request that ended with no token and no error says so."""
+    failed = [r for r in records if not r.ok]
+    if not failed:
         return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    texts = sorted({r.error or "no token received" for r in failed})
+    return {"count": len(failed), "examples": texts[:examples]}
 
 
 def distribution(values: list[float]) -> dict[str, float | None]:
@@ -132,6 +139,7 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: SLO) -> dict
         "itl_s": distribution([g for r in done for g in r.gaps_s]),
         "e2e_s": distribution([r.e2e_s for r in done if r.e2e_s is not None]),
         "slo": asdict(slo),
+        "failed_requests": failed_requests(records),
         **_attained(records, slo, duration_s),
     }
 

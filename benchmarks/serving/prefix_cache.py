@@ -1,8 +1,8 @@
 """Prefix caching on against off: one multi-turn chat workload against pdserve with
 ``backend_config.enablePrefixCaching`` true and false, side by side.
 
-    python -m benchmarks.serving.prefix_cache --out results/prefix_cache.json
-    python -m benchmarks.serving.prefix_cache --openai-url http://127.0.0.1:8080 --out ...
+    python -m benchmarks.serving.prefix_cache          # benchmarks/results/prefix_cache.json
+    python -m benchmarks.serving.prefix_cache --openai-url http://127.0.0.1:8080 --scratch
 
 Starts pdserve on this machine (``--deploy-mode``, ``pd_separate`` by default) twice, caching on
 and then off, both with the same ``cacheBlockSize`` (``--block-size``). Every ``--openai-url``
@@ -33,8 +33,9 @@ the first every user sends with the same key (one tenant), in the second user ``
 the second computes and holds the shared prefix once per tenant. Ratios: ``N`` tenants over one.
 
 Prints the table (also written as Markdown next to the JSON), and writes the JSON (every request
-too, under ``benchmarks/results/`` by default) and a PNG: TTFT CDFs and the median TTFT of each
-turn.
+too, failed ones with their error; ``benchmarks/results/prefix_cache.json``, or
+``prefix_cache_tenants.json`` with ``--tenants``, by default) and a PNG: TTFT CDFs and the median
+TTFT of each turn.
 
     python -m benchmarks.serving.prefix_cache --tenants 6 --deploy-mode single_node
 """
@@ -43,11 +44,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,9 +58,9 @@ from typing import Any
 import httpx
 
 from benchmarks.harness.client import Target, send
-from benchmarks.harness.provenance import run_meta
-from benchmarks.serving.compare_modes import FIXED, MODES, start_pdserve
-from benchmarks.serving.metrics import SLO, RequestRecord, summarize
+from benchmarks.harness.launch import DEPLOY_MODES, FIXED, start_pdserve, stop_pdserve
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.serving.metrics import SLO, RequestRecord, failed_requests, summarize
 from benchmarks.serving.plots import plot_ttft_by_turn
 from benchmarks.serving.prefix_chat import (
     Conversation,
@@ -74,7 +72,6 @@ from benchmarks.serving.prefix_chat import (
 )
 from benchmarks.serving.workload import WorkItem
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 METRICS_SETTLE_S = 1.0  # pdserve's router polls worker counts every 0.25 s
 GOALS = {"ttft_p50": ("<=", 0.3), "request_throughput": (">=", 2.0)}
 _COUNTER = re.compile(r"^\w*prefix_cache_(queries|hits)_total(\{[^}]*\})?[ \t]+(\S+)$", re.M)
@@ -85,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from coordinator.config import SCHEMA
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--deploy-mode", choices=MODES, default="pd_separate")
+    parser.add_argument("--deploy-mode", choices=DEPLOY_MODES, default="pd_separate")
     parser.add_argument("--model", default="bundled", help="pdserve's model_path")
     parser.add_argument("--tokenizer", help="renders prompts for the allowed hit rate")
     parser.add_argument("--openai-url", action="append", default=[], help="one more column")
@@ -106,10 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tenants", type=int, default=0, help="one tenant against this many (0: on / off)"
     )
-    parser.add_argument("--out", help="the JSON (default: benchmarks/results/prefix_cache*.json)")
+    add_output_arguments(parser, "prefix_cache")
     args = parser.parse_args(argv)
-    name = "prefix_cache_tenants.json" if args.tenants else "prefix_cache.json"
-    args.out = args.out or str(RESULTS / name)
+    if args.tenants:
+        args.result_name = "prefix_cache_tenants"
     args.tokenizer = args.tokenizer or args.model
     args.concurrency = args.concurrency or args.users
     return args
@@ -190,12 +187,7 @@ def pdserve_column(
             keys=tenant_keys(tenants),
         )
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_pdserve(process)
 
 
 def cached_tokens_of(event: dict[str, Any]) -> int | None:
@@ -229,7 +221,10 @@ async def one_turn(
             seen["cached"] = cached
 
     sent_at = time.perf_counter() - start
-    record = await send(client, target, WorkItem("", max_tokens), messages, on_event)
+    try:
+        record = await send(client, target, WorkItem("", max_tokens), messages, on_event)
+    except Exception as exc:  # kept with its error: a failed turn counts, it is never dropped
+        record = RequestRecord(0, max_tokens, error=f"{type(exc).__name__}: {exc}")
     record.sent_at = sent_at
     answer = "".join(pieces)
     conversation.add_answer(turn, answer)
@@ -395,7 +390,7 @@ def run_column(column: Column, args: argparse.Namespace, tokenizer: Tokenizer) -
     pooled = summarize(records, duration, slo) | cache_figures(rows, column.with_answers)
     pooled["hit_rate_metrics"] = metrics_hit_rate(_sum_deltas(deltas))
     pooled["kv_bytes_per_handoff"] = bytes_per_handoff(_sum_deltas(deltas))
-    return {
+    out = {
         "label": column.label,
         "url": column.target.url,
         "enable_prefix_caching": column.caching,
@@ -405,6 +400,9 @@ def run_column(column: Column, args: argparse.Namespace, tokenizer: Tokenizer) -
         "repeats": repeats,
         "requests": rows,
     }
+    if failed := failed_requests(records):
+        out["failed_requests"] = failed
+    return out
 
 
 def _sum_deltas(deltas: list[dict | None]) -> dict[str, dict[str, float]] | None:
@@ -534,27 +532,37 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def run_all(args: argparse.Namespace, tokenizer: Tokenizer) -> list[dict]:
-    columns = []
+def run_all(
+    args: argparse.Namespace, tokenizer: Tokenizer, on_column: Callable[[list[dict]], None]
+) -> list[dict]:
+    """Every column in turn; ``on_column(columns so far)`` after each."""
+    columns: list[dict] = []
     runs = [(True, 1), (True, args.tenants)] if args.tenants else [(True, 0), (False, 0)]
     with tempfile.TemporaryDirectory(prefix="pdserve-prefix-") as tmp:
         for caching, tenants in runs:
             workdir = Path(tmp) / f"{'on' if caching else 'off'}-{tenants}"
             with pdserve_column(args, workdir, caching, tenants) as column:
                 columns.append(run_column(column, args, tokenizer))
+                on_column(columns)
     for url in args.openai_url:
         target = Target(url.rstrip("/"), "chat", args.openai_model)
         columns.append(run_column(Column(url, target), args, tokenizer))
+        on_column(columns)
     return columns
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
+    out = result_file.path
     started = time.monotonic()
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     tokenizer = load_chat_tokenizer(args.tokenizer)
-    columns = run_all(args, tokenizer)
+    columns = run_all(
+        args,
+        tokenizer,
+        lambda done: result_file.write({"settings": settings, "columns": done}, complete=False),
+    )
     if args.tenants:  # the cost of isolation: N tenants over one
         label = f"{args.tenants} / 1 tenant"
         on_off = ratios(columns[1], columns[0], goals={})
@@ -564,17 +572,18 @@ def main(argv: list[str] | None = None) -> int:
     summary = table(columns, on_off, slo, label)
     system = system_prompt(args.system_tokens, tokenizer.encode, args.seed)
     report = {
-        "meta": run_meta(),
         "machine": f"{os.cpu_count()} cores",
-        "date": time.strftime("%Y-%m-%d"),
         "minutes": (time.monotonic() - started) / 60,
-        "settings": vars(args),
+        "settings": settings,
         "system_prompt_tokens": len(tokenizer.encode(system)),
         "ratios_tenants_over_one" if args.tenants else "ratios_on_over_off": on_off,
         "table": summary,
         "columns": columns,
     }
-    out.write_text(json.dumps(report, indent=1))
+    failing = {c["label"]: c["failed_requests"] for c in columns if c.get("failed_requests")}
+    if failing:
+        report["failed_requests"] = failing
+    result_file.write(report)
     out.with_suffix(".md").write_text(summary + "\n")
     plot_ttft_by_turn({c["label"]: c["requests"] for c in columns}, out.with_suffix(".png"))
     print(summary)

@@ -2,7 +2,7 @@
 (docs/replicas.md).
 
     python -m benchmarks.serving.replicas                       # held-out draws -> results JSON
-    python -m benchmarks.serving.replicas --draw-set tuning --out /tmp/replicas.json
+    python -m benchmarks.serving.replicas --draw-set tuning --scratch
 
 A Ray head on 127.0.0.1, a shared pool started by ``pdserve workers`` (a tiny random model, so
 that the coordinators' own CPU, not the model, is what a request costs: 2 prefill workers and 1
@@ -25,8 +25,9 @@ which goes first per draw.
   the survivor's load has stopped (must be 0).
 
 The ladder of rates was chosen on the tuning draws (``benchmarks.serving.draws``): the committed
-figures come from the held-out draws only. Writes ``benchmarks/results/replicas.json`` (the
-README's block is generated from it by ``python -m benchmarks.report``).
+figures come from the held-out draws only. Failed requests count (with examples of their errors
+under ``failed_requests``). Writes ``benchmarks/results/replicas.json`` (the README's block is
+generated from it by ``python -m benchmarks.report``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import argparse
 import asyncio
 import json
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,7 +45,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness.provenance import ROOT, run_meta
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.stats import spread as stats_spread
 from benchmarks.serving.draws import draw_seeds, rotated
 from benchmarks.serving.metrics import percentile
 from benchmarks.serving.prefix_chat import Encode
@@ -62,7 +63,6 @@ SIDES = ("one", "two")
 RATES = (40.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0)
 TTFT_SLO_S = 1.0
 HIT_RATE_GOAL = 0.02  # two coordinators' hit rate at most 2 points below one's
-OUT = ROOT / "benchmarks" / "results" / "replicas.json"
 Draw = tuple[list[Sent], float]  # one open-loop run: its requests and its wall time
 
 
@@ -136,10 +136,9 @@ def _tokenizer(model: Path) -> Encode:
     return lambda text: tokenizer.encode(text, add_special_tokens=False)
 
 
-def spread(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+def spread(values: list[float]) -> dict[str, Any] | None:
+    """The harness's spread of ``values`` (None: no values)."""
+    return stats_spread(values, 4) if values else None
 
 
 def rate_row(rate: float, draws: list[Draw]) -> dict[str, Any]:
@@ -160,7 +159,7 @@ def rate_row(rate: float, draws: list[Draw]) -> dict[str, Any]:
         "ttft_p50_s": percentile(ttfts, 50),
         "ttft_p99_s": percentile(ttfts, 99),
         "ttft_p99_s_per_draw": per_draw,
-        "within_slo": bool(ttfts) and not failed and percentile(ttfts, 99) <= TTFT_SLO_S,
+        "within_slo": bool(ttfts) and not failed and (percentile(ttfts, 99) or 0) <= TTFT_SLO_S,
         "within_slo_per_draw": [
             p is not None and p <= TTFT_SLO_S and all(s.ok for s in requests)
             for p, (requests, _) in zip(per_draw, draws, strict=True)
@@ -232,7 +231,13 @@ def kill_once(pool: Pool, clients: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def failures(sent: list[Sent]) -> dict[str, Any] | None:
+    """How many of ``sent`` failed and a few of their distinct errors (None: none failed)."""
+    failed = [s.detail or "failed" for s in sent if not s.ok]
+    return {"count": len(failed), "examples": sorted(set(failed))[:5]} if failed else None
+
+
+def run(args: argparse.Namespace, on_progress: Any = None) -> dict[str, Any]:
     seeds = draw_seeds(args.draw_set, args.draws)
     short: dict[str, dict[float, list[Draw]]] = {s: {r: [] for r in args.rates} for s in SIDES}
     chat: dict[str, list[list[Sent]]] = {side: [] for side in SIDES}
@@ -259,6 +264,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     chat[side].append(sent)
                     print(f"seed {seed} {side} chat: {hit_figures([sent])}", flush=True)
+                    if on_progress is not None:
+                        on_progress({"seeds_done": seeds[: number + 1], "last_side": side})
             kills = [kill_once(pool, 8, 32) for _ in range(args.kills)]
         finally:
             pool.close()
@@ -278,8 +285,18 @@ def summarize(
     one, two = caps["one"]["completed_per_s_at_slo"], caps["two"]["completed_per_s_at_slo"]
     hit_gap = hits["two"]["hit_rate"] - hits["one"]["hit_rate"]
     freed = [k["freed_s"] for k in kills if k["freed_s"] is not None]
+    failed = {
+        side: f
+        for side in SIDES
+        if (
+            f := failures(
+                [s for rate in args.rates for draw, _ in short[side][rate] for s in draw]
+                + [s for sent in chat[side] for s in sent]
+            )
+        )
+    }
+    survivors = sum(k["survivor_failed"] for k in kills)
     return {
-        "meta": run_meta(),
         "draw_set": args.draw_set,
         "seeds": seeds,
         "setup": {
@@ -295,6 +312,9 @@ def summarize(
         "hit_rate_difference": hit_gap,
         "hit_rate_goal_met": hit_gap >= -HIT_RATE_GOAL,
         "kill": {"runs": kills, "freed_s": spread(freed), "lease_s": 6.0},
+        # a side's failed requests (its survivor's under the kills are counted under kill)
+        **({"failed_requests": failed} if failed else {}),
+        **({"kill_survivor_failed_requests": survivors} if survivors else {}),
     }
 
 
@@ -309,11 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--kills", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=OUT)
+    add_output_arguments(parser, "replicas")
     args = parser.parse_args(argv)
-    result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
+    # the report reads ``meta``; the result file keeps its provenance under ``_meta`` too
+    meta = {"meta": result_file.meta}
+    result = run(args, lambda progress: result_file.write({**meta, **progress}, complete=False))
+    result_file.write({**meta, **result})
     print(json.dumps({k: v for k, v in result.items() if k != "short_completions"}, indent=1))
     return 0
 

@@ -2,7 +2,7 @@
 over one or more coordinators, the shared-prefix chat mix with each user's turns going through
 the coordinators in turn, and closed-loop clients kept going in a thread while a coordinator is
 killed. Each request records when it was sent, its time to first token and whether it ended
-with a normal finish."""
+with a normal finish; a failed one is kept with what went wrong (``detail``)."""
 
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ async def stream_completion(
                     sent.prompt_tokens = usage["prompt_tokens"]
                     details = usage.get("prompt_tokens_details") or {}
                     sent.cached_tokens = details.get("cached_tokens") or 0
-    except httpx.HTTPError as exc:
-        sent.detail = f"{type(exc).__name__}: {exc}"
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        sent.detail = f"{type(exc).__name__}: {exc}"[:300]
     sent.ok = finish in ("length", "stop")
     if not sent.ok and not sent.detail:
         sent.detail = f"finish {finish!r}"
@@ -147,12 +147,20 @@ async def chat_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any], s
     if response.status_code != 200:
         sent.detail = f"{response.status_code}: {response.text[:200]}"
         return ""
-    answer = response.json()
-    usage = answer["usage"]
-    sent.prompt_tokens = usage["prompt_tokens"]
-    sent.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    sent.ok = answer["choices"][0]["finish_reason"] in ("length", "stop")
-    return answer["choices"][0]["message"]["content"] or ""
+    try:
+        answer = response.json()
+        usage = answer["usage"]
+        sent.prompt_tokens = usage["prompt_tokens"]
+        sent.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        finish = answer["choices"][0]["finish_reason"]
+        text = answer["choices"][0]["message"]["content"] or ""
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        sent.detail = f"{type(exc).__name__}: {exc}"[:300]
+        return ""
+    sent.ok = finish in ("length", "stop")
+    if not sent.ok:
+        sent.detail = f"finish {finish!r}"
+    return text
 
 
 @dataclass

@@ -24,8 +24,12 @@ built first, as a worker holds it), then the same schemas again (cached: a looku
 copy). Goals: constrained TPOT <= 1.10x at 32 streams and <= 1.05x at 1 stream; cold compile of
 a 20-property schema <= 50 ms; 100 % of the constrained outputs validate.
 
-Writes ``benchmarks/results/structured.json`` (machine, commit, command in ``meta``), rendered
-into ``docs/performance/structured.md`` by ``python -m benchmarks.report``.
+A request that fails is kept: it counts in ``failed_requests`` (with examples of its error),
+a constrained one as an output that does not validate, and gives no TPOT.
+
+Writes ``benchmarks/results/structured.json`` (``--scratch``: a trial run outside it; machine,
+commit, command in ``_meta`` and, for the report, ``meta``), rendered into
+``docs/performance/structured.md`` by ``python -m benchmarks.report``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,11 +50,12 @@ import httpx
 import jsonschema
 
 from benchmarks.harness.client import Target, send
-from benchmarks.harness.provenance import run_meta
-from benchmarks.serving.compare_modes import FIXED, start_pdserve
+from benchmarks.harness.launch import FIXED, start_pdserve, stop_pdserve
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.stats import spread
+from benchmarks.serving.metrics import RequestRecord, failed_requests
 from benchmarks.serving.workload import WorkItem
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 STREAMS = (1, 8, 32)
 GOALS = {"1": 1.05, "32": 1.10}  # constrained TPOT over unconstrained, at most
 COMPILE_GOAL_MS = 50.0
@@ -88,24 +94,23 @@ def twenty_properties(draw: int) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": names[:10]}
 
 
-def spread(values: list[float], digits: int = 3) -> dict[str, Any]:
-    return {
-        "median": round(statistics.median(values), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-        "n": len(values),
-    }
+@dataclass
+class Batch:
+    """What a batch's requests did: TPOT, text and output token count of each that succeeded,
+    and every request's record (failed ones with their error)."""
+
+    tpots: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
 
 
 async def batch(
     url: str, streams: int, per_client: int, tokens: int, extra: dict[str, Any] | None
-) -> tuple[list[float], list[str], list[int]]:
-    """``streams`` clients sending ``per_client`` requests each; every request's TPOT, text and
-    output token count."""
+) -> Batch:
+    """``streams`` clients sending ``per_client`` requests each."""
     target = Target(url, api="completions", model="pdserve", ignore_eos=extra is None)
-    tpots: list[float] = []
-    texts: list[str] = []
-    counts: list[int] = []
+    done = Batch()
 
     async def client_loop(client: httpx.AsyncClient, index: int) -> None:
         for n in range(per_client):
@@ -114,16 +119,17 @@ async def batch(
             collect = partial(_collect_text, pieces)
             item = WorkItem(prompt, tokens)
             record = await send(client, target, item, on_event=collect, extra_body=extra)
-            if record.error is not None:
-                raise RuntimeError(f"request failed: {record.error}")
+            done.records.append(record)
+            if not record.ok:
+                continue
             if record.tpot_s is not None:
-                tpots.append(record.tpot_s)
-            texts.append("".join(pieces))
-            counts.append(record.output_tokens)
+                done.tpots.append(record.tpot_s)
+            done.texts.append("".join(pieces))
+            done.counts.append(record.output_tokens)
 
     async with httpx.AsyncClient(timeout=600) as client:
         await asyncio.gather(*(client_loop(client, i) for i in range(streams)))
-    return tpots, texts, counts
+    return done
 
 
 def _collect_text(pieces: list[str], event: dict[str, Any]) -> None:
@@ -148,10 +154,13 @@ async def serving(args: argparse.Namespace, url: str) -> dict[str, Any]:
         }
     }
     budget = args.digits * 8 + 8  # room for the whole record: it ends on its own
-    _, _, warm = await batch(url, 1, len(PROMPTS), budget, constrained)
-    tokens = round(statistics.mean(warm))
+    warm = await batch(url, 1, len(PROMPTS), budget, constrained)
+    if not warm.counts:
+        raise RuntimeError(f"every warm-up request failed: {failed_requests(warm.records)}")
+    tokens = max(2, round(statistics.mean(warm.counts)))
     figures: dict[str, Any] = {"output_tokens": tokens, "streams": {}}
     outputs, valid_outputs = 0, 0
+    records: dict[str, list[RequestRecord]] = {"constrained": [], "unconstrained": []}
     for streams in args.streams:
         ratios, free_tpot, bound_tpot = [], [], []
         for round_index in range(args.repeats):
@@ -159,11 +168,16 @@ async def serving(args: argparse.Namespace, url: str) -> dict[str, Any]:
             medians: dict[bool, float] = {}
             for extra in order:  # unconstrained: the constrained outputs' length exactly
                 asked = budget if extra is not None else tokens
-                tpots, texts, _ = await batch(url, streams, args.per_client, asked, extra)
-                if extra is not None:
-                    outputs += len(texts)
-                    valid_outputs += sum(valid(t, schema) for t in texts)
-                medians[extra is not None] = statistics.median(tpots)
+                done = await batch(url, streams, args.per_client, asked, extra)
+                records["constrained" if extra is not None else "unconstrained"] += done.records
+                if extra is not None:  # a failed request: an output that does not validate
+                    outputs += len(done.records)
+                    valid_outputs += sum(valid(t, schema) for t in done.texts)
+                if not done.tpots:
+                    raise RuntimeError(
+                        f"no TPOT at {streams} streams: {failed_requests(done.records)}"
+                    )
+                medians[extra is not None] = statistics.median(done.tpots)
             free_tpot.append(medians[False] * 1000)
             bound_tpot.append(medians[True] * 1000)
             ratios.append(medians[True] / medians[False])
@@ -175,6 +189,9 @@ async def serving(args: argparse.Namespace, url: str) -> dict[str, Any]:
         print(f"{streams} streams: {figures['streams'][str(streams)]}", flush=True)
     figures["outputs"] = outputs
     figures["valid_share"] = valid_outputs / max(outputs, 1)
+    failing = {side: f for side, each in records.items() if (f := failed_requests(each))}
+    if failing:
+        figures["failed_requests"] = failing
     return figures
 
 
@@ -215,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-client", type=int, default=2)
     parser.add_argument("--digits", type=int, default=12)
     parser.add_argument("--compile-draws", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=RESULTS / "structured.json")
+    add_output_arguments(parser, "structured")
     args = parser.parse_args(argv)
-    report: dict[str, Any] = {"meta": run_meta(), "deploy_mode": args.deploy_mode}
+    result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
+    # the report reads ``meta``; the result file keeps its provenance under ``_meta`` too
+    report: dict[str, Any] = {"meta": result_file.meta, "deploy_mode": args.deploy_mode}
     report["compile"] = compiling(args)
     print(f"compile: {report['compile']}", flush=True)
+    result_file.write(report, complete=False)
     backend = {"stepTargetMs": 0, **(FIXED if args.deploy_mode == "pd_separate" else {})}
     backend["maxIterTimes"] = 4096
     with tempfile.TemporaryDirectory() as workdir:
@@ -228,10 +248,11 @@ def main(argv: list[str] | None = None) -> int:
             url = f"http://127.0.0.1:{ports['predict_port']}"
             report["serving"] = asyncio.run(serving(args, url))
         finally:
-            process.terminate()
-            process.wait(timeout=60)
+            stop_pdserve(process, 60)
     report["goals"] = {"tpot_ratio_at_most": GOALS, "valid_share": 1.0}
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if report["serving"].get("failed_requests"):
+        report["failed_requests"] = report["serving"]["failed_requests"]
+    result_file.write(report)
     print(json.dumps(report["serving"], indent=2))
     return 0
 

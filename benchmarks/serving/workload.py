@@ -4,6 +4,10 @@ One line per request: ``{"prompt": str, "output_tokens": int, "kind": str, "prom
 (``prompt_tokens`` as counted by the tokenizer the mix was made with; optional in user files).
 The synthetic kinds are short chat, long-prompt summarisation and long generation; a mix is a
 list of ``kind=weight``.
+
+A sweep over rates serves one draw's request *shapes* (kind, prompt and output lengths, in one
+order) at every rate, each rate with text of its own (:func:`rate_workloads`): the rates differ
+in their arrivals only, and no rate finds another's prompts in a prefix cache.
 """
 
 from __future__ import annotations
@@ -66,6 +70,82 @@ def _item(kind: str, rng: random.Random, encode: Callable[[str], list[int]] | No
         return WorkItem(text, output_tokens, kind, prompt_tokens)
     cut = decode_prefix(text, encode, prompt_tokens)
     return WorkItem(cut, output_tokens, kind, len(encode(cut)))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a request asks of a server, without its text."""
+
+    kind: str
+    prompt_tokens: int
+    output_tokens: int
+
+
+def draw_shapes(num: int, mix: dict[str, float], seed: int) -> list[Shape]:
+    """``num`` request shapes drawn from ``mix`` (``seed``'s)."""
+    rng = random.Random(f"shapes-{seed}")
+    kinds = rng.choices(list(mix), weights=list(mix.values()), k=num)
+    return [Shape(kind, *KINDS[kind]) for kind in kinds]
+
+
+def realize(
+    shapes: list[Shape], encode: Callable[[str], list[int]] | None, text_seed: str
+) -> list[WorkItem]:
+    """A request of each shape, in order, with text of ``text_seed``'s: prompts of exactly the
+    shape's token count when a filler word fits (``encode``), else about 1.3 tokens a word."""
+    rng = random.Random(f"text-{text_seed}")
+    return [_sized(shape, rng, encode) for shape in shapes]
+
+
+def rate_workloads(
+    num: int,
+    mix: dict[str, float],
+    encode: Callable[[str], list[int]] | None,
+    seed: int,
+    rates: int,
+) -> list[list[WorkItem]]:
+    """The requests of each of ``rates`` rates of draw ``seed``: the same shapes in the same
+    order at every rate, the text each rate's own."""
+    shapes = draw_shapes(num, mix, seed)
+    return [realize(shapes, encode, f"{seed}-rate-{index}") for index in range(rates)]
+
+
+def shapes_of(items: list[WorkItem]) -> list[tuple[str, int, int]]:
+    """(kind, prompt tokens, output tokens) of each request."""
+    return [(item.kind, item.prompt_tokens, item.output_tokens) for item in items]
+
+
+def offered_load(items: list[WorkItem], rate: float | None) -> dict[str, float | None]:
+    """The prompt and output tokens per second ``items`` offer at ``rate`` req/s (None: all at
+    once, no rate): the shapes' sums times the rate over their count."""
+    if not items or rate is None or rate == float("inf"):
+        return {"prompt_tokens_per_s": None, "output_tokens_per_s": None}
+    scale = rate / len(items)
+    return {
+        "prompt_tokens_per_s": round(sum(i.prompt_tokens for i in items) * scale, 2),
+        "output_tokens_per_s": round(sum(i.output_tokens for i in items) * scale, 2),
+    }
+
+
+def _sized(shape: Shape, rng: random.Random, encode: Callable[[str], list[int]] | None) -> WorkItem:
+    words = [rng.choice(WORDS) for _ in range(shape.prompt_tokens)]
+    if shape.kind == "summarise":
+        words = ["Summarise", "this", "text:", *words]
+    if encode is None:
+        text = " ".join(words[: max(1, int(shape.prompt_tokens / 1.3))])
+        return WorkItem(text, shape.output_tokens, shape.kind, shape.prompt_tokens)
+    text = decode_prefix(" ".join(words), encode, shape.prompt_tokens)
+    count = len(encode(text))
+    fillers = rng.sample(WORDS, len(WORDS))
+    while count < shape.prompt_tokens:  # one more word of one token, while one fits
+        for word in fillers:
+            longer = len(encode(f"{text} {word}"))
+            if longer == count + 1:
+                text, count = f"{text} {word}", longer
+                break
+        else:
+            break
+    return WorkItem(text, shape.output_tokens, shape.kind, count)
 
 
 def decode_prefix(text: str, encode: Callable[[str], list[int]], num_tokens: int) -> str:
