@@ -22,7 +22,7 @@ import pytest
 
 from coordinator.errors import GenerationFailed
 from engine.outputs import TokenEvent
-from tests.test_door_failures import AZURE_CHAT, MESSAGES, ScriptedService, predict_app, serving
+from tests.door_fakes import AZURE_CHAT, MESSAGES, ScriptedService, predict_app, serving
 
 FAIL = "fail"  # the prompt of a generation that fails after two tokens
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from coordinator.api.openai_fields import HONOURED, IDENTIFIERS, OFF_VALUES
-from tests.test_door_failures import AZURE_CHAT, post
+from tests.door_fakes import AZURE_CHAT, post
 from tests.test_prompt_integrity import RecordingService, app_for
 
 MESSAGES = [{"role": "user", "content": "hi"}]

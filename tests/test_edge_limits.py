@@ -31,7 +31,7 @@ from coordinator.api.mindie_request import MAX_INPUT_ITEMS
 from coordinator.content_safety import ContentFilter
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
-from tests.test_door_failures import AZURE_CHAT, MESSAGES, CharTokenizer, ScriptedService, serving
+from tests.door_fakes import AZURE_CHAT, MESSAGES, CharTokenizer, ScriptedService, serving
 
 AZURE_EMBED = "/embeddings?api-version=2024-05-01-preview"
 MAX_INPUT_TOKENS = 100

@@ -27,8 +27,8 @@ from coordinator.api import common
 from coordinator.api.limits import default_body_limit_mb
 from coordinator.edge import EdgeLimits, uvicorn_limits
 from coordinator.own_loop import OwnLoopServer
+from tests.door_fakes import ScriptedService, predict_app, serving
 from tests.test_disconnects import EndlessService
-from tests.test_door_failures import ScriptedService, predict_app, serving
 
 LIMITS = EdgeLimits(max_header_bytes=64 * 1024, header_timeout_s=1.0, body_timeout_s=1.0)
 MIB = 1024 * 1024

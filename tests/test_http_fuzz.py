@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.api.azure import API_VERSIONS
-from tests.test_door_failures import MESSAGES
+from tests.door_fakes import MESSAGES
 from tests.test_edge_limits import FILTER, app_for
 
 EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "12"))

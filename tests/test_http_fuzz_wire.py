@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.edge import EdgeLimits, uvicorn_limits
-from tests.test_door_failures import ScriptedService, predict_app, serving
+from tests.door_fakes import ScriptedService, predict_app, serving
 
 EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "12")) * 2
 HEADER_CAP = 8 * 1024

@@ -29,8 +29,8 @@ from coordinator.api.openai_format import Completion
 from coordinator.metrics import Metrics
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
+from tests.door_fakes import AZURE_CHAT, MESSAGES, events, post, predict_app, serving
 from tests.prerequisites import require
-from tests.test_door_failures import AZURE_CHAT, MESSAGES, events, post, predict_app, serving
 from tests.test_observability import DASHBOARD, metric_names
 from workers.contracts import WorkerLoad
 

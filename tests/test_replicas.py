@@ -21,7 +21,7 @@ import pytest
 
 from tests.chaos_load import Load
 from tests.coordinator_process import CoordinatorProcess, start_coordinator
-from tests.test_ray_deploy import RAY_ENV, RayHead
+from tests.ray_head import RAY_ENV, RayHead
 
 pytestmark = pytest.mark.ray
 CLUSTER = "replicas-test"

@@ -25,7 +25,7 @@ from coordinator.served_model import ServedModels
 from coordinator.server import Coordinator
 from engine.errors import ConfigError
 from engine.outputs import TokenEvent
-from tests.test_door_failures import AZURE_CHAT, MESSAGES, CharTokenizer, ScriptedService, serving
+from tests.door_fakes import AZURE_CHAT, MESSAGES, CharTokenizer, ScriptedService, serving
 from tests.test_inference_service import FakeCluster, _service
 from tests.test_manage_and_mtls import config_with
 

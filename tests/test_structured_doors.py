@@ -15,7 +15,7 @@ from coordinator.api.app import create_predict_app
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
 from engine.constraint import MAX_SPEC_CHARS, Constraint
-from tests.test_door_failures import AZURE_CHAT, post
+from tests.door_fakes import AZURE_CHAT, post
 from tests.test_prompt_integrity import TOKENIZER, RecordingService, app_for
 
 MESSAGES = [{"role": "user", "content": "hi"}]

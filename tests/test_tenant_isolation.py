@@ -29,7 +29,7 @@ from engine.outputs import TokenEvent
 from engine.sampling_params import SamplingParams
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
-from tests.test_door_failures import AZURE_CHAT, CharTokenizer, serving
+from tests.door_fakes import AZURE_CHAT, CharTokenizer, serving
 from tests.test_manage_and_mtls import config_with
 from tests.test_router_prefix import PROMPT_A, _poll, _queued, _router, _running
 from workers.colocated import ColocatedWorker

@@ -40,7 +40,7 @@ from engine.constraint import MAX_SPEC_CHARS
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from tests.conftest import make_engine
-from tests.test_door_failures import AZURE_CHAT, serving
+from tests.door_fakes import AZURE_CHAT, serving
 
 WEATHER = {
     "type": "object",

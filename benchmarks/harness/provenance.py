@@ -25,7 +25,15 @@ def _git(*args: str) -> str:
 
 def uncommitted() -> list[str]:
     """The tracked files that differ from the commit and the untracked files not ignored."""
-    return [line[3:] for line in _git("status", "--porcelain").splitlines() if line]
+    done = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True
+    )
+    return porcelain_paths(done.stdout) if done.returncode == 0 else []
+
+
+def porcelain_paths(status: str) -> list[str]:
+    """The paths of ``git status --porcelain`` lines (``XY path``; a rename's new path)."""
+    return [line[3:].split(" -> ")[-1] for line in status.splitlines() if len(line) > 3]
 
 
 def head() -> str:

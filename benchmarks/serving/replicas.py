@@ -52,7 +52,7 @@ from benchmarks.serving.metrics import percentile
 from benchmarks.serving.prefix_chat import Encode
 from benchmarks.serving.replicas_load import ClosedLoop, Sent, chat_mix, open_loop
 from tests.coordinator_process import CoordinatorProcess, start_coordinator
-from tests.test_ray_deploy import RAY_ENV, RayHead
+from tests.ray_head import RAY_ENV, RayHead
 from tests.tiny_model import build_tiny_model
 
 POOL = "bench-replicas"

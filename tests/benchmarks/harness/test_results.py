@@ -73,3 +73,8 @@ def test_the_result_file_itself_does_not_make_the_tree_dirty(monkeypatch):
     monkeypatch.setattr(results, "uncommitted", lambda: ["benchmarks/results/trial.json", "x.py"])
     with pytest.raises(results.DirtyTree, match="x.py"):
         results.check_clean(own)
+
+
+def test_porcelain_paths_keep_their_first_letter():
+    status = " M benchmarks/results/x.json\n?? new.py\nR  old.py -> moved.py\n"
+    assert provenance.porcelain_paths(status) == ["benchmarks/results/x.json", "new.py", "moved.py"]
