@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -134,10 +135,12 @@ class Deployment:
         self.run: Any = lambda fn: fn()
         self.metrics_url: str | None = None  # pdserve's /metrics (llama-server: none)
         self.given: dict[str, Any] = {}
+        self._peer: tuple[Path, Path, Path, ServerSetting] | None = None
         if mode.partition("@")[0] == LLAMA_SERVER:
             folder = server_folder(args.llama_cpp_dir)
             log = workdir / f"{mode.replace(':', '_')}.log"
             setting = llama_server_setting(mode)
+            self._peer = (folder, gguf_of(args.model), log, setting)
             self._server = LlamaServer(folder, gguf_of(args.model), free_port(), log, setting)
             self.target = Target(self._server.url, api="completions")
             self.given = {**setting.to_dict(), "command": self._server.command[1:]}
@@ -161,6 +164,26 @@ class Deployment:
         self.target = Target(self._hosted.url("predict_port", ""))
         self.metrics_url = self._hosted.url("external_port", "/metrics")
         self.run = self._hosted.host.call
+
+    @contextlib.contextmanager
+    def streams(self, n: int) -> Iterator[tuple[Target, int | None]]:
+        """Where ``n`` closed-loop streams go, and llama-server's slots there (None: pdserve's
+        own batching). llama-server with fewer slots than streams would queue the rest, so a
+        server of ``n`` slots (the setting's batches and threads) serves them instead."""
+        if self._peer is None:
+            yield Target(self.target.url, api="completions"), None  # any model name
+            return
+        folder, gguf, log, setting = self._peer
+        if setting.slots >= n:
+            yield Target(self.target.url, api="completions"), setting.slots
+            return
+        wider = dataclasses.replace(setting, slots=n)
+        own_log = log.with_name(f"{log.stem}-streams{n}.log")
+        server = LlamaServer(folder, gguf, free_port(), own_log, wider, CLOSED_LOOP_CONTEXT)
+        try:
+            yield Target(server.url, api="completions"), n
+        finally:
+            server.stop()
 
     def phases(self) -> dict[tuple[str, str], float]:
         """The queue, prefill and transfer histograms' sums and counts so far (serving_phases)."""
@@ -250,14 +273,14 @@ def draw_workload(seed: int, rates: list[str], by_rate: list[list[WorkItem]]) ->
 
 WARMUP_SEED = 100_000  # warm-up prompts: seeds of their own, never a draw's
 CLOSED_LOOP_PROMPT, CLOSED_LOOP_OUTPUT = 100, 128
+CLOSED_LOOP_CONTEXT = 512  # KV tokens per llama-server slot: a prompt and its output, with room
 
 
 def closed_loop(deployment: Deployment, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """Per concurrency N of ``--closed-loop``: N streams sending requests back to back
     (``--closed-loop-turns`` each, at least 4 requests in all), ~100-token prompts of their own,
     128 greedy tokens out, through streaming ``/v1/completions``; output tokens/s and the
-    latency percentiles."""
-    target = Target(deployment.target.url, api="completions")  # pdserve answers any model name
+    latency percentiles. llama-server has a slot per stream (``Deployment.streams``)."""
     settings_ = sweep_args(["--no-progress", *_common(args, seed)])
     encode = make_encoder(args.model)
     rng = random.Random(f"closed-loop-{seed}")
@@ -266,11 +289,16 @@ def closed_loop(deployment: Deployment, args: argparse.Namespace, seed: int) -> 
         items = [_loop_item(rng, encode) for _ in range(max(4, args.closed_loop_turns * n))]
         settings_.concurrency = n
         settings_.request_rates = "inf"
-        one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, settings_, SLO())))
+        with deployment.streams(n) as (target, slots):
+            one = deployment.run(
+                lambda it=items, t=target: asyncio.run(sweep(t, it, settings_, SLO()))
+            )
         summary = one["runs"][0]["summary"]
         kept = ("num_requests", "num_failed", "failed_requests", "duration_s")
         kept = (*kept, "output_token_throughput")
         out[str(n)] = {key: summary[key] for key in (*kept, "ttft_s", "tpot_s")}
+        if slots is not None:
+            out[str(n)]["slots"] = slots
     return out
 
 

@@ -136,9 +136,15 @@ def closed_loop_table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def _loop_cell(draws: list[dict[str, Any] | None]) -> str:
-    runs = [d for d in draws if d and not d.get("num_failed")]
+    """Draws with a failed request count as failed, never as slow or absent: the cell says how
+    many requests failed in all, and the figures are those of the clean draws."""
+    ran = [d for d in draws if d]
+    runs = [d for d in ran if not d.get("num_failed")]
+    failed = sum(d.get("num_failed") or 0 for d in ran)
+    sent = sum(d.get("num_requests") or 0 for d in ran)
+    note = f"; {failed} of {sent} requests failed" if failed else ""
     if not runs:
-        return "-"
+        return f"all draws failed{note}" if ran else "-"
     rates = [d["output_token_throughput"] for d in runs]
 
     def median(key: str, q: str) -> float:
@@ -147,7 +153,7 @@ def _loop_cell(draws: list[dict[str, Any] | None]) -> str:
     return (
         f"{statistics.median(rates):.1f} [{min(rates):.1f}-{max(rates):.1f}]; "
         f"{median('ttft_s', 'p50'):.2f}/{median('ttft_s', 'p99'):.2f}; "
-        f"{median('tpot_s', 'p50') * 1000:.0f}/{median('tpot_s', 'p99') * 1000:.0f}"
+        f"{median('tpot_s', 'p50') * 1000:.0f}/{median('tpot_s', 'p99') * 1000:.0f}{note}"
     )
 
 
