@@ -204,7 +204,8 @@ def render_compare_modes(data: dict[str, Any]) -> str:
     )
     for n, ratio in (ratios.get("closed_loop_pdserve_best_over_llama_server") or {}).items():
         goal = CLOSED_LOOP_GOALS.get(n)
-        lines.append(f"| closed loop N = {n}, tok/s | {_x(ratio)} | {_goal(ratio, goal)} |")
+        figure = _ratio_cell(ratio) if isinstance(ratio, dict) else _x(ratio)
+        lines.append(f"| closed loop N = {n}, tok/s | {figure} | {_goal(ratio, goal)} |")
     lines += caveats.lines(caveats.serving(data))
     return "\n".join(lines)
 

@@ -208,7 +208,12 @@ def test_the_closed_loop_is_reported_per_draw_and_against_the_best_tuned_peer():
     assert "| single_node | 310.0 [300.0-320.0]; 0.10/0.20; 20/30 |" in text
     assert "| llama_server (best setting per rate) | 150.0 [140.0-160.0];" in text
     out = ratios(results, 0.5)
-    assert out["closed_loop_pdserve_best_over_llama_server"]["8"] == pytest.approx(310 / 150)
+    # a ratio per draw (a paired round) over the best clean setting: 300/150, 320/140, 310/160
+    per_draw = out["closed_loop_pdserve_best_over_llama_server"]["8"]
+    assert per_draw["rounds"] == pytest.approx([2.0, 320 / 140, 1.9375], abs=1e-3)
+    results["llama_server@16"]["closed_loop_by_draw"][1]["8"]["num_failed"] = 1
+    per_draw = ratios(results, 0.5)["closed_loop_pdserve_best_over_llama_server"]["8"]
+    assert per_draw["rounds"] == pytest.approx([2.0, 320 / 110, 1.9375], abs=1e-3)  # @4 is clean
 
 
 def test_a_closed_loop_draw_with_failures_is_counted_not_dropped():
@@ -217,7 +222,9 @@ def test_a_closed_loop_draw_with_failures_is_counted_not_dropped():
     loops[0]["8"]["num_requests"] = loops[2]["8"]["num_requests"] = 16
     ours = _result({0.5: [GOOD] * 10}) | {"closed_loop_by_draw": loops}
     text = closed_loop_table({"single_node": ours})
-    assert "| single_node | 305.0 [300.0-310.0]; 0.10/0.20; 20/30; 2 of 48 requests failed |" in text
+    assert (
+        "| single_node | 305.0 [300.0-310.0]; 0.10/0.20; 20/30; 2 of 48 requests failed |" in text
+    )
     for draw in loops:
         draw["8"]["num_failed"] = 1
     assert "all draws failed; 3 of 48 requests failed" in closed_loop_table({"single_node": ours})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from benchmarks.harness.stats import spread
 from benchmarks.serving.phases import ROLES
 
 SINGLE = "single_node"
@@ -80,8 +81,11 @@ def _best_loops(variants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         merged: dict[str, Any] = {}
         for by_draw in loops:
             for n, figures in by_draw[index].items():
+                if figures.get("num_failed") and n in merged:
+                    continue  # a setting that failed requests is never the best
                 if (
                     n not in merged
+                    or merged[n].get("num_failed")
                     or figures["output_token_throughput"] > merged[n]["output_token_throughput"]
                 ):
                     merged[n] = figures
@@ -274,22 +278,31 @@ def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, 
 
 
 def _loop_ratios(ours: dict[str, dict[str, Any]], peer: dict[str, Any]) -> dict[str, Any]:
-    """Per concurrency: pdserve's best mode's median tokens/s over the best-tuned peer's."""
-
-    def median_rate(result: dict[str, Any], n: str) -> float | None:
-        rates = [
-            d[n]["output_token_throughput"]
-            for d in result.get("closed_loop_by_draw") or []
-            if n in d and not d[n].get("num_failed")
-        ]
-        return statistics.median(rates) if rates else None
-
+    """Per concurrency, a ratio per draw (the sides served it in one rotation, so a draw is a
+    paired round): pdserve's best mode's output tokens/s over the best peer setting's on that
+    draw, with the interval over draws; a draw where either side failed a request is left out
+    (and the table says so)."""
     counts = {n for d in peer.get("closed_loop_by_draw") or [] for n in d}
-    out = {}
+    out: dict[str, Any] = {}
     for n in sorted(counts, key=int):
-        best = max((r for r in (median_rate(o, n) for o in ours.values()) if r), default=None)
-        out[n] = _ratio(best, median_rate(peer, n))
+        rounds = []
+        for index, theirs in enumerate(peer.get("closed_loop_by_draw") or []):
+            mine = [
+                _clean_rate((o.get("closed_loop_by_draw") or [])[index:], n) for o in ours.values()
+            ]
+            best, peer_rate = max((r for r in mine if r), default=None), _clean_rate([theirs], n)
+            if best and peer_rate:
+                rounds.append(best / peer_rate)
+        out[n] = spread(rounds) if rounds else None
     return out
+
+
+def _clean_rate(draws: list[dict[str, Any]], n: str) -> float | None:
+    """The first draw's tokens/s at ``n`` streams, None when absent or a request failed."""
+    figures = draws[0].get(n) if draws else None
+    if not figures or figures.get("num_failed"):
+        return None
+    return figures["output_token_throughput"]
 
 
 def render(results: dict[str, dict[str, Any]], common_rate: float) -> str:
