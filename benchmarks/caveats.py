@@ -34,12 +34,21 @@ def serving(data: dict[str, Any]) -> list[str]:
                 "not a loop."
             )
         slots = [ServerSetting.parse(s).slots for s in _settings(settings)]
-        if slots and max(loops) > max(slots) and "closed_loop_slots" not in data:
+        if slots and max(loops) > max(slots) and not _slot_per_stream(data):
             notes.append(
                 f"llama-server's closed loop ran with its sweep settings' slots (at most "
                 f"{max(slots)}) at N up to {max(loops)}: not at parity."
             )
     return notes
+
+
+def _slot_per_stream(data: dict[str, Any]) -> bool:
+    """Whether llama-server's closed loop had a slot per stream (the run records its slots)."""
+    peers = [r for m, r in data.get("results", {}).items() if m.startswith("llama_server")]
+    loops = [d for r in peers for d in r.get("closed_loop_by_draw") or []]
+    return bool(loops) and all(
+        figures.get("slots", 0) >= int(n) for d in loops for n, figures in d.items()
+    )
 
 
 def replicas(data: dict[str, Any]) -> list[str]:

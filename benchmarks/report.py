@@ -294,8 +294,8 @@ def render_structured(data: dict[str, Any]) -> str:
         provenance(data["meta"]),
         "",
         f"TPOT (ms) of `json_schema`-constrained against unconstrained `/v1/completions` "
-        f"({data['deploy_mode']}, {serving['output_tokens']} tokens an answer), median [min-max] "
-        "over rounds; the ratio is each round's:",
+        f"({data['deploy_mode']}, {serving['output_tokens']} tokens an answer; {_schema(serving)}"
+        "), median [min-max] over rounds; the ratio is each round's:",
         "",
         "| streams | unconstrained | constrained | ratio | goal |",
         "|---|---|---|---|---|",
@@ -320,11 +320,21 @@ def render_structured(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _schema(serving: dict[str, Any]) -> str:
+    shape = serving.get("schema")
+    if shape is None:
+        return "a record of one-digit integers, no free-text field"
+    return (
+        f"a record of {shape['text_fields']} free-text strings (<= {shape['text_chars']} "
+        f"characters) and {shape['digits']} one-digit integers"
+    )
+
+
 def _bound_verdict(spread: dict[str, Any], bound: float) -> str:
-    """An absolute figure against an upper bound: met only when even its worst round is within."""
-    if spread["max"] <= bound:
-        return "met in every round"
-    return "missed in every round" if spread["min"] > bound else "undecided"
+    """An absolute figure against an upper bound, by the verdict rule over its rounds."""
+    if not spread.get("rounds"):
+        return "undecided (a single figure, no rounds)"
+    return str(judge(spread["rounds"], Goal(bound, at_least=False)))
 
 
 def render_replicas(data: dict[str, Any]) -> str:
@@ -357,13 +367,29 @@ def render_replicas(data: dict[str, Any]) -> str:
     gap = data["hit_rate_difference"]
     freed = kill["freed_s"]
     runs = kill["runs"]
+    per_draw = data.get("max_rate_ratio_per_draw")
+    if per_draw:
+        ratio_text = f"{_ratio_cell(per_draw)} (each draw's highest rate, paired)"
+    else:
+        ratio_text = f"{'-' if ratio is None else f'{ratio:.2f}x'} (pooled, no paired draws)"
+    differences = data.get("hit_rate_difference_per_draw")
+    if differences:
+        hit_goal = judge(differences["rounds"], Goal(-0.02))
+        hit_text = (
+            f"hit rate {differences['median'] * 100:+.1f} points per draw (goal: at most 2 "
+            f"points below: {hit_goal})"
+        )
+    else:
+        hit_text = (
+            f"hit rate {gap * 100:+.1f} points (goal: at most 2 points below: undecided, one "
+            "pooled figure per side, no paired draws)"
+        )
     lines += [
         "",
-        f"Two over one: {'-' if ratio is None else f'{ratio:.2f}x'} the requests/s within the "
-        f"SLO; hit rate {gap * 100:+.1f} points (goal: at most 2 points below: undecided, "
-        "one pooled figure per side, no paired draws). SIGKILL of a coordinator under "
-        f"load ({len(runs)} times): its requests aborted on every worker "
-        f"{_cell(freed, 2)} s after the kill (lease {kill['lease_s']:g} s); the other's "
+        f"Two over one: {ratio_text} the requests/s within the SLO; {hit_text}. SIGKILL of a "
+        f"coordinator under load ({len(runs)} times): its requests aborted on every worker "
+        f"{'(none in flight)' if freed is None else _cell(freed, 2)} s after the kill (lease "
+        f"{kill['lease_s']:g} s); the other's "
         f"clients saw {sum(r['survivor_failed'] for r in runs)} failed of "
         f"{sum(r['survivor_requests'] for r in runs)} requests; blocks left in use: "
         f"{sum(r['blocks_in_use_after'] for r in runs)}.",

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.coordinator_process import start_coordinator  # noqa: E402
+from testbed.coordinator_process import start_coordinator  # noqa: E402
 
 REQUESTS = ROOT / "scripts" / "replay_requests.json"
 # fields whose values differ from run to run whatever the code: ids, clocks, timings, and the

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.coordinator_process import CoordinatorProcess
+from testbed.coordinator_process import CoordinatorProcess
 
 IDLE_FIELDS = ("num_used_blocks", "num_reserved", "num_held", "num_open_streams", "num_running")
 

@@ -13,9 +13,9 @@ from engine.model.loader import LoadedModel, load_model
 from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.transfer.payload import KVPayload
+from testbed.tiny_model import build_tiny_model
 from tests.coordinator_servers import servers  # noqa: F401 - a session fixture
 from tests.mlflow_models import mlflow_chat_dir, mlflow_embed_dir  # noqa: F401 - fixtures
-from tests.tiny_model import build_tiny_model
 
 torch.set_num_threads(2)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import trustme
 
-from tests.coordinator_process import CoordinatorProcess, start_coordinator
-from tests.tiny_model import build_tiny_model
+from testbed.coordinator_process import CoordinatorProcess, start_coordinator
+from testbed.tiny_model import build_tiny_model
 
 MAX_ITER = 8
 API_KEY = "test-key"  # the grpc server requires it

@@ -34,7 +34,7 @@ def save_encoder(path: Path) -> Path:
     import mlflow.transformers
     from transformers import BertConfig, BertModel
 
-    from tests.tiny_model import build_tiny_tokenizer
+    from testbed.tiny_model import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     config = BertConfig(

@@ -31,12 +31,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from testbed.coordinator_process import CoordinatorProcess, start_coordinator
+from testbed.tiny_model import build_tiny_model
 from tests import chaos_cluster as cluster
 from tests.chaos_load import PROMPTS, Load, constrained, reference_texts, request, text_key
 from tests.chaos_prompts import greedy_texts, long_prompts
-from tests.coordinator_process import CoordinatorProcess, start_coordinator
 from tests.coordinator_servers import backend
-from tests.tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.ray, pytest.mark.chaos]
 TRANSFER_TIMEOUT_S = 2

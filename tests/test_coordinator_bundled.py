@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.coordinator_process import start_coordinator
+from testbed.coordinator_process import start_coordinator
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 PROMPT = "<|im_start|>user\n中国的首都是哪里？<|im_end|>\n<|im_start|>assistant\n"

@@ -16,8 +16,8 @@ from engine.model import decode_layers
 from engine.model.linear import PartsLinear, QuantizedLinear
 from engine.model.loader import load_model
 from engine.sampling_params import SamplingParams
+from testbed.tiny_model import build_tiny_model
 from tests.gguf_blocks import random_blocks
-from tests.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.skipif(
     decode_layers.decode_layer_kernels() is None, reason="needs the native kernels"

@@ -8,8 +8,8 @@ from transformers import AutoModelForCausalLM
 
 from engine.model.loader import load_model
 from engine.sampling_params import SamplingParams
+from testbed.tiny_model import build_tiny_model
 from tests.conftest import make_engine
-from tests.tiny_model import build_tiny_model
 
 PROMPT_LENGTHS = [1, 3, 7, 18, 33]
 

@@ -61,6 +61,7 @@ def test_a_lapsed_coordinators_reservations_are_freed_and_the_others_kept(tiny_m
         assert decode.requests.owned_by("kept") == ["kept-1"]
         load = decode.load()
         assert load.num_leases_expired == 1 and load.stats.num_reserved == 1
+        assert load.requests_by_owner == {"kept": 1}  # the lapsed one's are gone
         stop.set()
         renewing.join()
         decode.abort("kept-1")

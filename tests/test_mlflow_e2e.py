@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.embedding_model import EmbeddingModel
-from tests.coordinator_process import CoordinatorProcess, start_coordinator
+from testbed.coordinator_process import CoordinatorProcess, start_coordinator
 from tests.mlflow_models import CHAT_NAME, EMBED_NAME
 
 pytestmark = pytest.mark.ray

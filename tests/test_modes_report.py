@@ -7,6 +7,7 @@ import argparse
 
 import pytest
 
+from benchmarks.harness.record import RequestRecord
 from benchmarks.llamacpp.server import ServerSetting, sweep_settings
 from benchmarks.serving.compare_modes import (
     draw_set_of,
@@ -17,7 +18,6 @@ from benchmarks.serving.compare_modes import (
 from benchmarks.serving.draws import HELD_OUT_SEEDS, TUNING_SEEDS, draw_seeds, pool_draws, rotated
 from benchmarks.serving.metrics import (
     SLO,
-    RequestRecord,
     highest_rate_holding,
     max_rate_within_slo,
     record_from_dict,

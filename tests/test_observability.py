@@ -22,7 +22,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.coordinator_process import CoordinatorProcess, free_port
+from testbed.coordinator_process import CoordinatorProcess, free_port
 from tests.coordinator_servers import infer
 from tests.prerequisites import require
 

@@ -1,42 +1,52 @@
-"""A part is kept only if it wins beyond the 95 % intervals under one SLO and loses nowhere
-beyond them under the other."""
+"""A part is kept only if, draw by draw, it met the SLO in more requests than the mode without
+it (the paired differences' interval above zero) under one SLO and in fewer nowhere under the
+other; with fewer than five draws nothing is decided."""
 
 from __future__ import annotations
 
 from benchmarks.serving.part_decision import compare_at, decide, decision_table
 
 
-def _summary(low: float, high: float) -> dict:
-    return {"slo_attainment_95ci": [low, high]}
+def _summary(*met: int) -> dict:
+    return {"met_per_draw": list(met)}
 
 
-def _result(plain: dict[float, tuple[float, float]], gap: dict[float, tuple[float, float]]):
-    def runs(shares):
-        return [{"request_rate": r, "summary": _summary(*ci)} for r, ci in shares.items()]
+def _result(plain: dict[float, list[int]], gap: dict[float, list[int]]) -> dict:
+    def runs(counts):
+        return [{"request_rate": r, "summary": _summary(*met)} for r, met in counts.items()]
 
     return {"runs": runs(plain), "with_itl_slo": {"runs": runs(gap)}}
 
 
-def test_only_intervals_apart_count():
-    assert compare_at(_summary(0.7, 0.9), _summary(0.3, 0.6)) == 1
-    assert compare_at(_summary(0.3, 0.6), _summary(0.7, 0.9)) == -1
-    assert compare_at(_summary(0.5, 0.8), _summary(0.3, 0.6)) == 0  # overlapping: a tie
-    assert compare_at(None, _summary(0.3, 0.6)) == 0
+BASE = [5, 6, 5, 4, 6]
+
+
+def test_only_differences_wholly_on_one_side_count():
+    assert compare_at(_summary(8, 9, 8, 7, 9), _summary(*BASE)) == 1
+    assert compare_at(_summary(*BASE), _summary(8, 9, 8, 7, 9)) == -1
+    assert compare_at(_summary(6, 5, 6, 4, 6), _summary(*BASE)) == 0  # +1, -1, +1, 0, 0
+    assert compare_at(_summary(9, 9), _summary(1, 1)) == 0  # two draws decide nothing
+    assert compare_at(None, _summary(*BASE)) == 0
 
 
 def test_a_win_under_one_slo_keeps_a_part_unless_it_loses_under_the_other():
-    base = _result({0.5: (0.3, 0.5), 1.0: (0.2, 0.4)}, {0.5: (0.3, 0.5), 1.0: (0.2, 0.4)})
-    wins = _result({0.5: (0.6, 0.8), 1.0: (0.2, 0.4)}, {0.5: (0.3, 0.5), 1.0: (0.2, 0.4)})
-    assert decide(wins, base)["keep"] and decide(wins, base)["TTFT+TPOT"]["wins"] == [0.5]
-    trades = _result({0.5: (0.6, 0.8), 1.0: (0.2, 0.4)}, {0.5: (0.3, 0.5), 1.0: (0.0, 0.1)})
+    more = [8, 9, 8, 7, 9]
+    base = _result({0.5: BASE, 1.0: BASE}, {0.5: BASE, 1.0: BASE})
+    wins = _result({0.5: more, 1.0: BASE}, {0.5: BASE, 1.0: BASE})
+    assert decide(wins, base)["keep"] is True and decide(wins, base)["TTFT+TPOT"]["wins"] == [0.5]
+    trades = _result({0.5: more, 1.0: BASE}, {0.5: BASE, 1.0: [1, 2, 1, 0, 2]})
     verdict = decide(trades, base)
-    assert not verdict["keep"] and verdict["TTFT+TPOT+gap"]["losses"] == [1.0]
-    assert not decide(base, base)["keep"]  # a tie everywhere: deleted
+    assert verdict["keep"] is False and verdict["TTFT+TPOT+gap"]["losses"] == [1.0]
+    assert decide(base, base)["keep"] is False  # a tie everywhere: deleted
+    few = _result({0.5: [9, 9]}, {0.5: [9, 9]})
+    assert decide(few, _result({0.5: [1, 1]}, {0.5: [1, 1]}))["keep"] is None
 
 
 def test_the_table_says_each_parts_verdict():
-    base = _result({0.5: (0.3, 0.5)}, {0.5: (0.3, 0.5)})
-    better = _result({0.5: (0.6, 0.8)}, {0.5: (0.3, 0.5)})
+    base = _result({0.5: BASE}, {0.5: BASE})
+    better = _result({0.5: [8, 9, 8, 7, 9]}, {0.5: BASE})
     table = decision_table({"a": better, "b": base}, {"lending": ("a", "b"), "gone": ("a", "x")})
     assert "| lending | a / b | TTFT+TPOT: 0.5; TTFT+TPOT+gap: none |" in table
     assert table.rstrip().endswith("| kept |") and "gone" not in table
+    short = decision_table({"a": _result({0.5: [9]}, {0.5: [9]}), "b": base}, {"p": ("a", "b")})
+    assert short.rstrip().endswith("| undecided (1 draws) |")

@@ -21,8 +21,8 @@ from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
+from testbed.tiny_model import SPECIAL_TOKENS, build_tiny_tokenizer
 from tests.door_fakes import AZURE_CHAT, events, post, serving
-from tests.tiny_model import SPECIAL_TOKENS, build_tiny_tokenizer
 
 TOKENIZER = build_tiny_tokenizer()
 CONTROL_IDS = set(TOKENIZER.all_special_ids)

@@ -12,8 +12,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.coordinator_process import free_port
-from tests.ray_head import RayHead, wait_for
+from testbed.coordinator_process import free_port
+from testbed.ray_head import RayHead, wait_for
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent

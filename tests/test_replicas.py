@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testbed.coordinator_process import CoordinatorProcess, start_coordinator
+from testbed.ray_head import RAY_ENV, RayHead
 from tests.chaos_load import Load
-from tests.coordinator_process import CoordinatorProcess, start_coordinator
-from tests.ray_head import RAY_ENV, RayHead
 
 pytestmark = pytest.mark.ray
 CLUSTER = "replicas-test"

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from benchmarks.harness.client import run_load
+from benchmarks.harness.load import run_load
+from benchmarks.harness.record import RequestRecord
 from benchmarks.serving.metrics import (
     SLO,
-    RequestRecord,
     attainment,
     max_rate_within_slo,
     percentile,

@@ -25,7 +25,7 @@ from coordinator.model_info import ModelInfo
 from engine.constraint import MAX_SPEC_CHARS
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from tests.tiny_model import build_tiny_tokenizer
+from testbed.tiny_model import build_tiny_tokenizer
 
 WEATHER = {
     "type": "object",

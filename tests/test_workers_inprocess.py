@@ -227,6 +227,7 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "weight_formats",
             "kernel_isa",
             "num_leases_expired",
+            "requests_by_owner",
         ]
         assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2
         assert set(load.to_dict()["kernels"].values()) <= {"cached", "built"}

@@ -131,10 +131,12 @@ class WorkerLoad:
     weight_formats: dict[str, str] = field(default_factory=dict)
     kernel_isa: str = ""
     num_leases_expired: int = 0  # coordinators whose requests this worker aborted (lease lapsed)
+    requests_by_owner: dict[str, int] = field(default_factory=dict)  # coordinator id -> held
 
     def to_dict(self) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
-        node address, weights, their formats and the kernels' instruction set."""
+        node address, weights, their formats, the kernels' instruction set, lapsed leases and
+        the requests held per coordinator."""
         return {
             "role": self.role,
             "instance": self.instance,
@@ -148,6 +150,7 @@ class WorkerLoad:
             "weight_formats": dict(self.weight_formats),
             "kernel_isa": self.kernel_isa,
             "num_leases_expired": self.num_leases_expired,
+            "requests_by_owner": dict(self.requests_by_owner),
         }
 
 

@@ -188,6 +188,7 @@ class WorkerRuntime:
             self.engine.model.weight_formats(),
             _kernel_isa(),
             self.leases.num_expired,
+            self.requests.count_by_owner(),
         )
 
 

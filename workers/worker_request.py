@@ -27,6 +27,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,12 @@ class WorkerRequests:
         """The ids of ``owner``'s requests here."""
         with self._lock:
             return [r.request_id for r in self._requests.values() if r.owner == owner]
+
+    def count_by_owner(self) -> dict[str, int]:
+        """How many requests each coordinator holds here (a dead one's reach 0 once its lease
+        lapsed and they were aborted)."""
+        with self._lock:
+            return dict(Counter(r.owner for r in self._requests.values()))
 
     def claim(self, request_id: str) -> WorkerRequest | None:
         """``request_id`` for one stream to read; None if unknown, or a stream reads it."""

@@ -44,22 +44,27 @@ from benchmarks.engine.kv_planes import (
     open_receivers,
     open_senders,
     prefill_payload,
+    print_shares,
     ratio_spread,
     receiver_process,
+    run_setup,
+    sizes_argument,
     summarize,
     transfer_side,
     warm_engine,
 )
-from benchmarks.harness.netns import TestBed, available, sweep
 from benchmarks.harness.provenance import ROOT
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, paired_rounds
 from engine.transfer.security import generate_credentials
+from testbed.netns import TestBed, available, sweep
 
 # every one of them crosses the bridge (no shared memory)
 CROSS_HOST = {name: PLANES[name] for name in ("zmq_frames", "zmq_curve", "grpc", "grpc_tls")}
 SAME_HOST = {"zmq_shm": PLANES["zmq"]}
 RATIOS = {**ENCRYPTED_VS_PLAIN, "zmq_frames": "zmq_shm"}  # (numerator, denominator) pairs
+ORDER = "every plane once a round, the order rotating from round to round"
+HOSTS = "prefill and decode network namespaces joined by a bridge (netns.py)"
 SELF = [sys.executable, "-m", "benchmarks.engine.kv_cross_host"]
 
 
@@ -152,7 +157,11 @@ def orchestrate(args: argparse.Namespace) -> int:
     if sender.returncode != 0:
         sys.exit(f"the sender failed: {output[-3000:]}")
     measured = json.loads(output.strip().splitlines()[-1])
-    results = {"_meta": _meta(args), "shape": args.shape or "none", **measured}
+    results = {
+        "_meta": run_setup(args, args.threads, ORDER, hosts=HOSTS),
+        "shape": args.shape or "none",
+        **measured,
+    }
     report(results, args.sizes)
     path = result.write(results)
     print(f"results: {path}")
@@ -185,34 +194,10 @@ def report(results: dict, sizes: list[int]) -> None:
         for name in names:
             if "error" in results[name][str(size)]:
                 print(f"{name} failed: {results[name][str(size)]['error']}", file=sys.stderr)
-    print("\nencrypted as a share of plain, and cross-host as a share of same-host (MB/s)")
-    for size in sizes:
-        cells = [
-            f"{pair} {c['median']:.0%} [{c['low']:.0%}-{c['high']:.0%}]" if c else f"{pair} -"
-            for pair, c in results["ratios"][str(size)].items()
-        ]
-        print(f"{size:>7} tokens: " + "   ".join(cells))
-
-
-def _meta(args: argparse.Namespace) -> dict:
-    return {
-        "model": args.model,
-        "dtype": "float32",
-        "block_size": args.block_size,
-        "sizes": args.sizes,
-        "threads": args.threads,
-        "rounds": args.rounds,
-        "dropped_rounds": DEFAULT_WARMUP,
-        "transfers_per_round": args.transfers,
-        "order": "every plane once a round, the order rotating from round to round",
-        "hosts": "prefill and decode network namespaces joined by a bridge (netns.py)",
-        "credentials": "fresh cluster credentials; each end gets a worker's share "
-        "(transfer_credentials): CURVE / TLS encrypted, the ZMQ PLAIN password gate plain",
-    }
-
-
-def _sizes(text: str) -> list[int]:
-    return [int(size) for size in text.split(",")]
+    print_shares(
+        "\nencrypted as a share of plain, and cross-host as a share of same-host (MB/s)",
+        {str(size): results["ratios"][str(size)] for size in sizes},
+    )
 
 
 def main() -> int:
@@ -220,7 +205,9 @@ def main() -> int:
     add_output_arguments(parser, "kv_cross_host")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
     parser.add_argument("--transfers", type=int, default=TRANSFERS, help="per plane and round")
-    parser.add_argument("--sizes", type=_sizes, default=list(SIZES), help="prompt tokens, a,b,c")
+    parser.add_argument(
+        "--sizes", type=sizes_argument, default=list(SIZES), help="prompt tokens, a,b,c"
+    )
     parser.add_argument("--model", default="bundled", help="the model computing the pages")
     parser.add_argument("--block-size", type=int, default=128, help="tokens a KV block")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the prefill")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from benchmarks.engine.measures import PromptDraw
+from benchmarks.harness.rounds import DEFAULT_WARMUP
 from benchmarks.harness.stats import spread
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
@@ -258,3 +259,42 @@ def cell(figures: dict[str, Any], width: int = 20) -> str:
         f"{mb['median']:.0f} [{mb['low']:.0f}-{mb['high']:.0f}] {figures['share_of_prefill']:.2%}"
     )
     return f"{text:>{width}}"
+
+
+CREDENTIALS = (
+    "fresh cluster credentials; each end gets a worker's share (transfer_credentials): "
+    "CURVE / TLS encrypted, the ZMQ PLAIN password gate plain"
+)
+
+
+def run_setup(args: Any, threads: int, order: str, **more: Any) -> dict[str, Any]:
+    """What a KV benchmark's run was given (its result file's ``_meta``)."""
+    return {
+        "model": args.model,
+        "dtype": "float32",
+        "block_size": args.block_size,
+        "sizes": args.sizes,
+        "threads": threads,
+        "rounds": args.rounds,
+        "dropped_rounds": DEFAULT_WARMUP,
+        "transfers_per_round": args.transfers,
+        "order": order,
+        **more,
+        "credentials": CREDENTIALS,
+    }
+
+
+def print_shares(title: str, shares: Mapping[str, Mapping[str, dict[str, Any] | None]]) -> None:
+    """Per prompt size, each pair's share (median [95 % interval] over rounds)."""
+    print(title)
+    for size, pairs in shares.items():
+        cells = [
+            f"{pair} {c['median']:.0%} [{c['low']:.0%}-{c['high']:.0%}]" if c else f"{pair} -"
+            for pair, c in pairs.items()
+        ]
+        print(f"{size:>7} tokens: " + "   ".join(cells))
+
+
+def sizes_argument(text: str) -> list[int]:
+    """``--sizes a,b,c``: prompt tokens."""
+    return [int(size) for size in text.split(",")]

@@ -44,8 +44,11 @@ from benchmarks.engine.kv_planes import (
     copy_side,
     open_senders,
     prefill_payload,
+    print_shares,
     ratio_spread,
     receiver_process,
+    run_setup,
+    sizes_argument,
     summarize,
     transfer_side,
     warm_engine,
@@ -55,17 +58,15 @@ from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, paired_rou
 from engine.transfer.security import generate_credentials
 
 
-def _sizes(text: str) -> list[int]:
-    return [int(size) for size in text.split(",")]
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_output_arguments(parser, "kv_transfer")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for the prefill")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
     parser.add_argument("--transfers", type=int, default=TRANSFERS, help="per plane and round")
-    parser.add_argument("--sizes", type=_sizes, default=list(SIZES), help="prompt tokens, a,b,c")
+    parser.add_argument(
+        "--sizes", type=sizes_argument, default=list(SIZES), help="prompt tokens, a,b,c"
+    )
     parser.add_argument("--model", default="bundled", help="the model computing the pages")
     parser.add_argument("--block-size", type=int, default=128, help="tokens a KV block")
     return parser
@@ -81,7 +82,10 @@ def main() -> int:
     engine = warm_engine(args.model, args.block_size)
     keys = generate_credentials()
     names = [*PLANES, "copy"]
-    results: dict[str, dict] = {"_meta": _meta(args)}
+    order = "every plane and the copy once a round, the order rotating from round to round"
+    planes = {name: asdict(plane) for name, plane in PLANES.items()}
+    setup = run_setup(args, torch.get_num_threads(), order, planes=planes)
+    results: dict[str, dict] = {"_meta": setup}
     results.update({"prefill_ms": {}, **{name: {} for name in names}, "encryption_cost": {}})
     print("MB/s per plane (median [95% interval] over rounds), share of the prompt's prefill")
     print(f"{'tokens':>7}{'MB':>8}{'prefill ms':>11}" + "".join(f"{n:>26}" for n in names))
@@ -118,37 +122,13 @@ def main() -> int:
         finally:
             for sender in senders.values():
                 sender.close()
-    _print_costs(results)
+    print_shares(
+        "\nencrypted MB/s as a share of plain (median [95% interval] over rounds)",
+        results["encryption_cost"],
+    )
     path = result.write(results)
     print(f"results: {path}")
     return 1 if failed else 0
-
-
-def _print_costs(results: dict) -> None:
-    print("\nencrypted MB/s as a share of plain (median [95% interval] over rounds)")
-    for size, costs in results["encryption_cost"].items():
-        cells = [
-            f"{pair} {c['median']:.0%} [{c['low']:.0%}-{c['high']:.0%}]" if c else f"{pair} -"
-            for pair, c in costs.items()
-        ]
-        print(f"{size:>7} tokens: " + "   ".join(cells))
-
-
-def _meta(args: argparse.Namespace) -> dict:
-    return {
-        "model": args.model,
-        "dtype": "float32",
-        "block_size": args.block_size,
-        "sizes": args.sizes,
-        "threads": torch.get_num_threads(),
-        "rounds": args.rounds,
-        "dropped_rounds": DEFAULT_WARMUP,
-        "transfers_per_round": args.transfers,
-        "order": "every plane and the copy once a round, the order rotating from round to round",
-        "planes": {name: asdict(plane) for name, plane in PLANES.items()},
-        "credentials": "fresh cluster credentials; each end gets a worker's share "
-        "(transfer_credentials): CURVE / TLS encrypted, the ZMQ PLAIN password gate plain",
-    }
 
 
 if __name__ == "__main__":

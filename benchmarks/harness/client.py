@@ -14,17 +14,15 @@ never dropped: the summaries count it against the run.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
+from benchmarks.harness.record import RequestRecord
 from benchmarks.harness.sse import sse_lines
-from benchmarks.serving.metrics import RequestRecord
 from benchmarks.serving.workload import WorkItem
 
 APIS = ("infer", "completions", "chat")
@@ -87,7 +85,8 @@ async def send(
                 if "error" in event:
                     record.error = str(event["error"])
                     break
-                usage_tokens = (event.get("usage") or {}).get("completion_tokens", usage_tokens)
+                usage_tokens = _read_usage(event, record, usage_tokens)
+                record.finish_reason = _finish_reason(event, target.api) or record.finish_reason
                 if not _carries_token(event, target.api):
                     continue
                 now = time.perf_counter()
@@ -100,9 +99,38 @@ async def send(
     except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:  # transport, bad JSON
         record.error = f"{type(exc).__name__}: {exc}"[:300]
     record.e2e_s = last - start
+    if record.error is None and record.finish_reason is None:
+        record.error = f"the stream ended after {record.output_tokens} tokens without a finish"
     if usage_tokens is not None and record.error is None:
         record.output_tokens = usage_tokens
     return record
+
+
+def _read_usage(event: dict, record: RequestRecord, tokens: int | None) -> int | None:
+    """The usage's completion tokens (else ``tokens``); its prompt and cached tokens (OpenAI's
+    usage, or llama.cpp's timings) go on ``record``."""
+    cached = (event.get("timings") or {}).get("cache_n")  # llama.cpp's own figure
+    if cached is not None:
+        record.cached_tokens = cached
+    usage = event.get("usage") or {}
+    if not usage:
+        return tokens
+    record.served_prompt_tokens = usage.get("prompt_tokens", record.served_prompt_tokens)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is not None:
+        record.cached_tokens = cached
+    return usage.get("completion_tokens", tokens)
+
+
+def _finish_reason(event: dict, api: str) -> str | None:
+    """How the answer ended, from its last event: MindIE's carries ``generated_text`` (and its
+    details a finish reason); an OpenAI chunk a choice's ``finish_reason``."""
+    if api == "infer":
+        if event.get("generated_text") is None:
+            return None
+        return (event.get("details") or {}).get("finish_reason") or "final event"
+    choices = event.get("choices") or []
+    return choices[0].get("finish_reason") if choices else None
 
 
 def _carries_token(event: dict, api: str) -> bool:
@@ -114,41 +142,3 @@ def _carries_token(event: dict, api: str) -> bool:
     if api == "chat":
         return bool((choices[0].get("delta") or {}).get("content"))
     return bool(choices[0].get("text"))
-
-
-async def run_load(
-    items: list[WorkItem],
-    send_one: Callable[[WorkItem], Awaitable[RequestRecord]],
-    request_rate: float | None = None,
-    concurrency: int | None = None,
-    poisson: bool = True,
-    seed: int = 0,
-    on_done: Callable[[], None] | None = None,
-) -> tuple[list[RequestRecord], float]:
-    """Send ``items`` at ``request_rate`` (Poisson or fixed intervals; None: all at once),
-    never more than ``concurrency`` in flight; returns the records (in order) and the run time."""
-    rng = random.Random(seed)
-    limit = asyncio.Semaphore(concurrency or len(items) or 1)
-    start = time.perf_counter()
-
-    async def one(item: WorkItem, delay: float) -> RequestRecord:
-        await asyncio.sleep(delay)
-        async with limit:
-            sent_at = time.perf_counter() - start
-            try:
-                record = await send_one(item)
-            except Exception as exc:  # kept, with its error, and counted as failed
-                record = RequestRecord(item.prompt_tokens, item.output_tokens)
-                record.error = f"{type(exc).__name__}: {exc}"[:300]
-        record.sent_at = sent_at
-        if on_done is not None:
-            on_done()
-        return record
-
-    delays, at = [], 0.0
-    for _ in items:
-        delays.append(at)
-        if request_rate:
-            at += rng.expovariate(request_rate) if poisson else 1 / request_rate
-    records = await asyncio.gather(*(one(i, d) for i, d in zip(items, delays, strict=True)))
-    return list(records), time.perf_counter() - start

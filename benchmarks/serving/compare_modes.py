@@ -64,9 +64,6 @@ from typing import Any
 
 from benchmarks.harness.client import Target
 from benchmarks.harness.launch import MODES, SETTINGS, free_port, start_pdserve, stop_pdserve
-from benchmarks.harness.netns import TestBed, available
-from benchmarks.harness.netns import sweep as sweep_beds
-from benchmarks.harness.ray_hosts import HOSTS, RayOnHosts, start_coordinator
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.llamacpp.server import (
     LlamaServer,
@@ -100,6 +97,9 @@ from benchmarks.serving.workload import (
     rate_workloads,
     shapes_of,
 )
+from testbed.netns import TestBed, available
+from testbed.netns import sweep as sweep_beds
+from testbed.ray_hosts import HOSTS, RayOnHosts, start_coordinator
 
 LLAMA_SERVER = "llama_server"
 SWEPT_KEY = {"single_node": "maxPrefillTokens"}

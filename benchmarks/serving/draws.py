@@ -65,6 +65,15 @@ def pool_draws(draws: list[dict[str, Any]], slo: SLO, gap_slo: SLO) -> dict[str,
         scored_runs.append(pooled)
         runs.append({k: v for k, v in pooled.items() if k != "requests"})
     gap = rescore(scored_runs, gap_slo)
+    for index, rate in enumerate(rates):  # each draw's own count under the gap SLO too
+        same = [run for draw in draws for run in draw["runs"] if run["request_rate"] == rate]
+        gap["runs"][index]["summary"]["met_per_draw"] = [
+            sum(
+                record_from_dict(row).meets(gap_slo.ttft_s, gap_slo.tpot_s, gap_slo.itl_s)
+                for row in run["requests"]
+            )
+            for run in same
+        ]
     gap["max_rate_own"] = highest_rate_holding(gap["runs"])
     return {
         "label": draws[0].get("label", ""),

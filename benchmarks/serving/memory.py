@@ -35,10 +35,10 @@ from typing import Any
 import httpx
 
 from benchmarks.harness.launch import free_port, start_pdserve, stop_pdserve
-from benchmarks.harness.process_tree import measure, summarize, tree_pids
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.llamacpp.build import SERVER, has_tools, tools_dir
 from benchmarks.llamacpp.server import LlamaServer, ServerSetting
+from testbed.process_tree import measure, summarize, tree_pids
 
 SLOTS = 32
 CONTEXT_PER_SLOT = 1024

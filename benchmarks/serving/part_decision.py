@@ -1,33 +1,38 @@
-"""Whether a part of pdserve earns its lines, from one ``compare_modes.py`` result file: the mode
+"""Whether a part of pdserve earns its lines, from one ``compare_modes`` result file: the mode
 with the part against the same mode without it, rate by rate, under both SLOs.
 
-A part *wins* at a rate under an SLO when its pooled share of requests within that SLO has a
-95 % interval wholly above the other's, and *loses* when wholly below. It is kept only if it wins
-somewhere under one SLO and loses nowhere under the other:
-
-    keep = any(wins[a] and not losses[b] for a, b in ((TTFT+TPOT, +gap), (+gap, TTFT+TPOT)))
+Both modes served the same draws (the same requests, in one rotation), so the decision rests on
+paired per-draw differences: at a rate, the requests within the SLO with the part minus without
+it, draw by draw. The part *wins* there when the bootstrap interval of their median lies wholly
+above zero, *loses* when wholly below (:func:`benchmarks.harness.stats.decided`). It is kept only
+if it wins somewhere under one SLO and loses nowhere under the other; with fewer than
+``MIN_KEPT_ROUNDS`` draws nothing is decided. A decision stands only when a second run gives
+the same (``python -m benchmarks.verdicts``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.harness.stats import MIN_KEPT_ROUNDS, decided, paired_differences
 from benchmarks.serving.modes_report import at_rate
 
 SLOS = {"TTFT+TPOT": None, "TTFT+TPOT+gap": "with_itl_slo"}
 
 
 def compare_at(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> int:
-    """+1 if ``ours`` is within the SLO beyond ``theirs``'s interval, -1 if below, 0 else."""
-    if not ours or not theirs:
+    """+1 if ``ours`` met the SLO in more requests than ``theirs`` draw by draw (the paired
+    differences' interval above zero), -1 if in fewer, 0 when undecided or not comparable."""
+    mine, other = (s.get("met_per_draw") if s else None for s in (ours, theirs))
+    if not mine or not other or len(mine) != len(other):
         return 0
-    low, high = ours["slo_attainment_95ci"]
-    their_low, their_high = theirs["slo_attainment_95ci"]
-    return 1 if low > their_high else -1 if high < their_low else 0
+    side = decided(paired_differences(mine, other))
+    return 1 if side == "a" else -1 if side == "b" else 0
 
 
 def decide(with_part: dict[str, Any], without: dict[str, Any]) -> dict[str, Any]:
-    """Per SLO, the rates the part wins and loses at, and whether it is kept."""
+    """Per SLO, the rates the part wins and loses at, and whether it is kept (None: too few
+    draws to say)."""
     rates = [run["request_rate"] for run in with_part["runs"]]
     verdict: dict[str, Any] = {}
     for slo, view in SLOS.items():
@@ -39,8 +44,12 @@ def decide(with_part: dict[str, Any], without: dict[str, Any]) -> dict[str, Any]
             "losses": [rate for rate, sign in signs.items() if sign < 0],
         }
     plain, gap = (verdict[slo] for slo in SLOS)
-    verdict["keep"] = bool(
-        (plain["wins"] and not gap["losses"]) or (gap["wins"] and not plain["losses"])
+    draws = min((len(r["summary"].get("met_per_draw") or []) for r in with_part["runs"]), default=0)
+    verdict["draws"] = draws
+    verdict["keep"] = (
+        None
+        if draws < MIN_KEPT_ROUNDS
+        else bool((plain["wins"] and not gap["losses"]) or (gap["wins"] and not plain["losses"]))
     )
     return verdict
 
@@ -57,7 +66,12 @@ def decision_table(results: dict[str, dict[str, Any]], parts: dict[str, tuple[st
         verdict = decide(results[with_mode], results[without_mode])
         wins = "; ".join(f"{slo}: {_rates(verdict[slo]['wins'])}" for slo in SLOS)
         losses = "; ".join(f"{slo}: {_rates(verdict[slo]['losses'])}" for slo in SLOS)
-        kept = "kept" if verdict["keep"] else "deleted"
+        keep = verdict["keep"]
+        kept = (
+            f"undecided ({verdict['draws']} draws)"
+            if keep is None
+            else ("kept" if keep else "deleted")
+        )
         lines.append(f"| {part} | {with_mode} / {without_mode} | {wins} | {losses} | {kept} |")
     return "\n".join(lines)
 

@@ -57,10 +57,11 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness.client import Target, send
+from benchmarks.harness.client import Target
 from benchmarks.harness.launch import DEPLOY_MODES, FIXED, start_pdserve, stop_pdserve
+from benchmarks.harness.record import RequestRecord
 from benchmarks.harness.results import ResultFile, add_output_arguments
-from benchmarks.serving.metrics import SLO, RequestRecord, failed_requests, summarize
+from benchmarks.serving.metrics import SLO, failed_requests, summarize
 from benchmarks.serving.plots import plot_ttft_by_turn
 from benchmarks.serving.prefix_chat import (
     Conversation,
@@ -69,8 +70,8 @@ from benchmarks.serving.prefix_chat import (
     cache_figures,
     make_conversations,
     system_prompt,
+    take_turn,
 )
-from benchmarks.serving.workload import WorkItem
 
 METRICS_SETTLE_S = 1.0  # pdserve's router polls worker counts every 0.25 s
 GOALS = {"ttft_p50": ("<=", 0.3), "request_throughput": (">=", 2.0)}
@@ -133,8 +134,14 @@ class Turn:
     messages: list[dict[str, str]]
     record: RequestRecord
     answer: str = ""
-    usage_prompt_tokens: int | None = None
-    cached_tokens: int | None = None
+
+    @property
+    def usage_prompt_tokens(self) -> int | None:
+        return self.record.served_prompt_tokens
+
+    @property
+    def cached_tokens(self) -> int | None:
+        return self.record.cached_tokens
 
 
 @dataclass
@@ -190,14 +197,6 @@ def pdserve_column(
         stop_pdserve(process)
 
 
-def cached_tokens_of(event: dict[str, Any]) -> int | None:
-    """The cached prompt tokens an event reports: OpenAI usage, or llama.cpp's timings."""
-    details = (event.get("usage") or {}).get("prompt_tokens_details") or {}
-    if details.get("cached_tokens") is not None:
-        return details["cached_tokens"]
-    return (event.get("timings") or {}).get("cache_n")
-
-
 async def one_turn(
     client: httpx.AsyncClient,
     target: Target,
@@ -208,27 +207,10 @@ async def one_turn(
     start: float,
 ) -> Turn:
     messages = conversation.messages(turn)
-    pieces: list[str] = []
-    seen: dict[str, Any] = {}
-
-    def on_event(event: dict[str, Any]) -> None:
-        choices = event.get("choices") or []
-        if choices:
-            pieces.append((choices[0].get("delta") or {}).get("content") or "")
-        if event.get("usage"):
-            seen["prompt_tokens"] = event["usage"].get("prompt_tokens")
-        if (cached := cached_tokens_of(event)) is not None:
-            seen["cached"] = cached
-
     sent_at = time.perf_counter() - start
-    try:
-        record = await send(client, target, WorkItem("", max_tokens), messages, on_event)
-    except Exception as exc:  # kept with its error: a failed turn counts, it is never dropped
-        record = RequestRecord(0, max_tokens, error=f"{type(exc).__name__}: {exc}")
+    record, answer = await take_turn(client, target, conversation, turn, max_tokens)
     record.sent_at = sent_at
-    answer = "".join(pieces)
-    conversation.add_answer(turn, answer)
-    return Turn(user, turn, messages, record, answer, seen.get("prompt_tokens"), seen.get("cached"))
+    return Turn(user, turn, messages, record, answer)
 
 
 def user_target(target: Target, keys: Sequence[str], user: int) -> Target:

@@ -30,10 +30,40 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
+from benchmarks.harness.client import Target, send
+from benchmarks.harness.record import RequestRecord
 from benchmarks.serving.metrics import percentile
-from benchmarks.serving.workload import WORDS, decode_prefix
+from benchmarks.serving.workload import WORDS, WorkItem, decode_prefix
 
 Encode = Callable[[str], list[int]]
+
+
+async def take_turn(
+    client: httpx.AsyncClient,
+    target: Target,
+    conversation: Conversation,
+    turn: int,
+    max_tokens: int,
+) -> tuple[RequestRecord, str]:
+    """Turn ``turn`` of ``conversation`` as one streamed chat request (``target.api`` chat): its
+    record and the answer's text, which the conversation keeps for its next turn. Whatever
+    ``send`` raises is the record's error: a failed turn counts, it is never dropped."""
+    pieces: list[str] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        for choice in event.get("choices") or []:
+            pieces.append((choice.get("delta") or {}).get("content") or "")
+
+    item = WorkItem("", max_tokens, "chat")
+    try:
+        record = await send(client, target, item, conversation.messages(turn), on_event)
+    except Exception as exc:
+        record = RequestRecord(0, max_tokens, error=f"{type(exc).__name__}: {exc}"[:300])
+    answer = "".join(pieces)
+    conversation.add_answer(turn, answer)
+    return record, answer
 
 
 @dataclass

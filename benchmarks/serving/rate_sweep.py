@@ -10,7 +10,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness.client import APIS, Target, run_load, send
+from benchmarks.harness.client import APIS, Target, send
+from benchmarks.harness.load import run_load
 from benchmarks.serving.metrics import SLO, max_rate_within_slo, summarize
 from benchmarks.serving.workload import DEFAULT_MIX, WorkItem, load_dataset, parse_mix, synthetic
 

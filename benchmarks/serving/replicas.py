@@ -19,10 +19,13 @@ which goes first per draw.
   ``--users`` users of ``--turns`` turns); with two coordinators every next turn of a user comes
   through the other coordinator. Figure: the prefix-cache hit rate from the answers' usage,
   ``sum(cached_tokens) / sum(prompt_tokens)``; the goal is two at most 2 points below one.
-- **Kill**: 8 clients on each coordinator; the second is killed with SIGKILL and restarted,
-  ``--kills`` times: seconds from the kill until the workers have aborted its requests (their
-  ``num_leases_expired`` goes up), the survivor's failed requests, and the blocks in use once
-  the survivor's load has stopped (must be 0).
+- **Kill**: 8 streams on each coordinator; the second is killed with SIGKILL and restarted,
+  ``--kills`` times: seconds from the kill until no worker holds a request of it (their
+  ``requests_by_owner``), the survivor's failed requests, and the blocks in use once the
+  survivor's load has stopped (must be 0).
+
+Both sides meet the same arrival times (per draw and rate); the two-over-one figures are paired
+per draw: the ratio of each draw's highest rates, and the hit rates' difference.
 
 The ladder of rates was chosen on the tuning draws (``benchmarks.serving.draws``): the committed
 figures come from the held-out draws only. Failed requests count (with examples of their errors
@@ -45,15 +48,17 @@ from typing import Any
 
 import httpx
 
+from benchmarks.harness.record import RequestRecord
 from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.stats import paired_differences
 from benchmarks.harness.stats import spread as stats_spread
 from benchmarks.serving.draws import draw_seeds, rotated
 from benchmarks.serving.metrics import percentile
 from benchmarks.serving.prefix_chat import Encode
-from benchmarks.serving.replicas_load import ClosedLoop, Sent, chat_mix, open_loop
-from tests.coordinator_process import CoordinatorProcess, start_coordinator
-from tests.ray_head import RAY_ENV, RayHead
-from tests.tiny_model import build_tiny_model
+from benchmarks.serving.replicas_load import chat_mix, open_loop, streams
+from testbed.coordinator_process import CoordinatorProcess, start_coordinator
+from testbed.ray_head import RAY_ENV, RayHead
+from testbed.tiny_model import build_tiny_model
 
 POOL = "bench-replicas"
 SIDES = ("one", "two")
@@ -63,7 +68,8 @@ SIDES = ("one", "two")
 RATES = (40.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0)
 TTFT_SLO_S = 1.0
 HIT_RATE_GOAL = 0.02  # two coordinators' hit rate at most 2 points below one's
-Draw = tuple[list[Sent], float]  # one open-loop run: its requests and its wall time
+KILL_TOKENS = 256  # long enough that every stream has a request in flight at the kill
+Draw = tuple[list[RequestRecord], float]  # one open-loop run: its requests and its wall time
 
 
 class Pool:
@@ -145,7 +151,7 @@ def rate_row(rate: float, draws: list[Draw]) -> dict[str, Any]:
     """One rate of one side, its draws pooled; each draw's own p99 TTFT kept."""
     sent = [s for requests, _ in draws for s in requests]
     ttfts = [s.ttft_s for s in sent if s.ok and s.ttft_s is not None]
-    failed = [s.detail for s in sent if not s.ok]
+    failed = [s.error or "failed" for s in sent if not s.ok]
     per_draw = [
         percentile([s.ttft_s for s in requests if s.ok and s.ttft_s is not None], 99)
         for requests, _ in draws
@@ -183,10 +189,11 @@ def capacity(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def hit_figures(draws: list[list[Sent]]) -> dict[str, Any]:
-    def rate(sent: list[Sent]) -> float:
+def hit_figures(draws: list[list[RequestRecord]]) -> dict[str, Any]:
+    def rate(sent: list[RequestRecord]) -> float:
         done = [s for s in sent if s.ok]
-        return sum(s.cached_tokens for s in done) / max(1, sum(s.prompt_tokens for s in done))
+        prompts = sum(s.served_prompt_tokens or 0 for s in done)
+        return sum(s.cached_tokens or 0 for s in done) / max(1, prompts)
 
     pooled = [s for sent in draws for s in sent]
     return {
@@ -198,20 +205,22 @@ def hit_figures(draws: list[list[Sent]]) -> dict[str, Any]:
 
 
 def kill_once(pool: Pool, clients: int, max_tokens: int) -> dict[str, Any]:
-    """Load on both coordinators, SIGKILL of the second: until its lease lapsed on the
-    workers, the survivor's failures, then the blocks left in use once all is quiet."""
+    """Streams on both coordinators, SIGKILL of the second: seconds until no worker holds a
+    request of it (``requests_by_owner`` in ``/v1/instances``: its lease lapses, the workers
+    abort them), the survivor's failures, then the blocks left in use once all is quiet."""
     survivor_url, victim_url = pool.urls(2)
-    expired_before = sum(w["num_leases_expired"] for w in pool.instances())
-    survivor = ClosedLoop(survivor_url, clients, max_tokens)
-    victim = ClosedLoop(victim_url, clients, max_tokens)
+    victim_pid = pool.coordinators[1].process.pid
+    survivor = streams(survivor_url, clients, max_tokens)
+    victim = streams(victim_url, clients, max_tokens)
     time.sleep(3.0)
+    held_at_kill = held_by(pool, victim_pid)
     pool.coordinators[1].process.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     pool.coordinators[1].process.wait(timeout=10)
     victim.stop()
     freed_s = None
     while time.monotonic() - killed_at < 30:
-        if sum(w["num_leases_expired"] for w in pool.instances()) > expired_before:
+        if held_by(pool, victim_pid) == 0:
             freed_s = time.monotonic() - killed_at
             break
         time.sleep(0.05)
@@ -224,23 +233,46 @@ def kill_once(pool: Pool, clients: int, max_tokens: int) -> dict[str, Any]:
         time.sleep(0.2)
     pool.coordinators[1] = pool.coordinator("c1")
     return {
-        "freed_s": freed_s,
+        "held_at_kill": held_at_kill,
+        # with nothing in flight at the kill there was nothing to free: no figure
+        "freed_s": freed_s if held_at_kill else None,
         "survivor_requests": len(sent),
         "survivor_failed": sum(not s.ok for s in sent),
         "blocks_in_use_after": used,
     }
 
 
-def failures(sent: list[Sent]) -> dict[str, Any] | None:
+def held_by(pool: Pool, pid: int) -> int:
+    """The requests the workers hold for the coordinator of process ``pid`` (its id is
+    ``host-pid-xxxxxx``)."""
+    return sum(
+        count
+        for worker in pool.instances()
+        for owner, count in (worker.get("requests_by_owner") or {}).items()
+        if f"-{pid}-" in owner
+    )
+
+
+def per_draw_ratios(caps: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Two's highest rate within the SLO over one's, draw by draw (a draw one side held at no
+    rate has no ratio)."""
+    one, two = (caps[side]["max_rate_per_draw"] for side in SIDES)
+    if one is None or two is None:
+        return None
+    ratios = [b / a for a, b in zip(one["rounds"], two["rounds"], strict=True) if a and b]
+    return spread(ratios)
+
+
+def failures(sent: list[RequestRecord]) -> dict[str, Any] | None:
     """How many of ``sent`` failed and a few of their distinct errors (None: none failed)."""
-    failed = [s.detail or "failed" for s in sent if not s.ok]
+    failed = [s.error or "failed" for s in sent if not s.ok]
     return {"count": len(failed), "examples": sorted(set(failed))[:5]} if failed else None
 
 
 def run(args: argparse.Namespace, on_progress: Any = None) -> dict[str, Any]:
     seeds = draw_seeds(args.draw_set, args.draws)
     short: dict[str, dict[float, list[Draw]]] = {s: {r: [] for r in args.rates} for s in SIDES}
-    chat: dict[str, list[list[Sent]]] = {side: [] for side in SIDES}
+    chat: dict[str, list[list[RequestRecord]]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp:
         pool = Pool(Path(tmp))
         try:
@@ -251,9 +283,10 @@ def run(args: argparse.Namespace, on_progress: Any = None) -> dict[str, Any]:
                     # prompts in the workers' prefix caches
                     salted = seed * len(SIDES) + SIDES.index(side)
                     for rate in args.rates:
-                        draw = asyncio.run(
-                            open_loop(urls, rate, args.seconds, salted, args.words, args.max_tokens)
-                        )
+                        # both sides meet the same arrival times: the draw's, per rate
+                        arrivals = seed * 1000 + int(rate)
+                        load = (args.seconds, arrivals, salted, args.words, args.max_tokens)
+                        draw = asyncio.run(open_loop(urls, rate, *load))
                         short[side][rate].append(draw)
                         print(
                             f"seed {seed} {side} rate {rate}: {rate_row(rate, [draw])}", flush=True
@@ -266,7 +299,7 @@ def run(args: argparse.Namespace, on_progress: Any = None) -> dict[str, Any]:
                     print(f"seed {seed} {side} chat: {hit_figures([sent])}", flush=True)
                     if on_progress is not None:
                         on_progress({"seeds_done": seeds[: number + 1], "last_side": side})
-            kills = [kill_once(pool, 8, 32) for _ in range(args.kills)]
+            kills = [kill_once(pool, 8, KILL_TOKENS) for _ in range(args.kills)]
         finally:
             pool.close()
     return summarize(args, seeds, short, chat, kills)
@@ -276,7 +309,7 @@ def summarize(
     args: argparse.Namespace,
     seeds: list[int],
     short: dict[str, dict[float, list[Draw]]],
-    chat: dict[str, list[list[Sent]]],
+    chat: dict[str, list[list[RequestRecord]]],
     kills: list[dict[str, Any]],
 ) -> dict[str, Any]:
     rows = {side: [rate_row(rate, short[side][rate]) for rate in args.rates] for side in SIDES}
@@ -305,9 +338,16 @@ def summarize(
             "short": {"words": args.words, "max_tokens": args.max_tokens, "seconds": args.seconds},
             "chat": {"users": args.users, "turns": args.turns, "system_tokens": 96},
             "ttft_slo_s": TTFT_SLO_S,
+            "arrivals": "the same Poisson times for both sides, per draw and rate",
+            "kill": f"{KILL_TOKENS}-token streams; freed when no worker holds a request of it",
         },
         "short_completions": {side: {"rates": rows[side], **caps[side]} for side in SIDES},
         "throughput_ratio_two_to_one": two / one if one and two else None,
+        # per draw (the sides served it in turn, on the same arrivals): paired rounds
+        "max_rate_ratio_per_draw": per_draw_ratios(caps),
+        "hit_rate_difference_per_draw": paired_differences(
+            hits["two"]["hit_rate_per_draw"]["rounds"], hits["one"]["hit_rate_per_draw"]["rounds"]
+        ),
         "prefix_chat": hits,
         "hit_rate_difference": hit_gap,
         "hit_rate_goal_met": hit_gap >= -HIT_RATE_GOAL,

@@ -8,11 +8,11 @@ that validate.
 
 One pdserve (``--deploy-mode``; ``pd_separate`` as a fixed split: every prompt handed off, so
 the decode side's rebuilt matcher is what is measured). Constrained requests ask
-``/v1/completions`` for ``response_format: json_schema`` with :data:`SCHEMA` (a record of
-``--digits`` one-digit integers: its outputs all have the same characters and, as the bundled
-tokenizer writes digits one by one, nearly the same token count); unconstrained ones ask for the
-same number of tokens (``ignore_eos``), the mean length of the constrained outputs of the
-warm-up. The same prompts go both ways. At each stream count, ``--repeats`` rounds, each round
+``/v1/completions`` for ``response_format: json_schema`` with :func:`record_schema` (a record of
+``--text-fields`` free-text strings, which the model writes with the grammar open to any
+character, and ``--digits`` one-digit integers, where it allows only digits); unconstrained ones
+ask for the same number of tokens (``ignore_eos``), the mean length of the constrained outputs
+of the warm-up. The same prompts go both ways. At each stream count, ``--repeats`` rounds, each round
 one batch of constrained and one of unconstrained requests (``streams`` clients, each sending
 ``--per-client`` requests in turn), which one goes first alternating by round. TPOT is each
 request's ``(e2e - ttft) / (tokens - 1)``; a round's figure is its median, the ratio is each
@@ -51,14 +51,17 @@ import jsonschema
 
 from benchmarks.harness.client import Target, send
 from benchmarks.harness.launch import FIXED, start_pdserve, stop_pdserve
+from benchmarks.harness.record import RequestRecord
 from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.rounds import DEFAULT_ROUNDS
 from benchmarks.harness.stats import spread
-from benchmarks.serving.metrics import RequestRecord, failed_requests
+from benchmarks.serving.metrics import failed_requests
 from benchmarks.serving.workload import WorkItem
 
 STREAMS = (1, 8, 32)
 GOALS = {"1": 1.05, "32": 1.10}  # constrained TPOT over unconstrained, at most
 COMPILE_GOAL_MS = 50.0
+TEXT_CHARS = 32  # a free-text field's most characters
 PROMPTS = [
     "List the digits you like best:",
     "Write down some numbers:",
@@ -67,14 +70,16 @@ PROMPTS = [
 ]
 
 
-def record_schema(digits: int) -> dict[str, Any]:
-    """An object of ``digits`` one-digit integers ``d0``, ``d1``, ...: every valid output has
-    the same length in characters."""
-    names = [f"d{i}" for i in range(digits)]
+def record_schema(digits: int, texts: int = 0, text_chars: int = TEXT_CHARS) -> dict[str, Any]:
+    """An object of ``texts`` free-text strings ``t0``, ... (at most ``text_chars`` characters:
+    the model writes them, the grammar only keeps them strings) and ``digits`` one-digit
+    integers ``d0``, ...."""
+    strings = {f"t{i}": {"type": "string", "maxLength": text_chars} for i in range(texts)}
+    numbers = {f"d{i}": {"type": "integer", "minimum": 0, "maximum": 9} for i in range(digits)}
     return {
         "type": "object",
-        "properties": {n: {"type": "integer", "minimum": 0, "maximum": 9} for n in names},
-        "required": names,
+        "properties": {**strings, **numbers},
+        "required": [*strings, *numbers],
         "additionalProperties": False,
     }
 
@@ -146,19 +151,21 @@ def valid(text: str, schema: dict[str, Any]) -> bool:
 
 
 async def serving(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    schema = record_schema(args.digits)
+    schema = record_schema(args.digits, args.text_fields)
     constrained = {
         "response_format": {
             "type": "json_schema",
-            "json_schema": {"name": "digits", "schema": schema, "strict": True},
+            "json_schema": {"name": "record", "schema": schema, "strict": True},
         }
     }
-    budget = args.digits * 8 + 8  # room for the whole record: it ends on its own
+    # room for the whole record (a character a token at worst in the strings): it ends on its own
+    budget = args.digits * 8 + args.text_fields * (TEXT_CHARS + 8) + 8
     warm = await batch(url, 1, len(PROMPTS), budget, constrained)
     if not warm.counts:
         raise RuntimeError(f"every warm-up request failed: {failed_requests(warm.records)}")
     tokens = max(2, round(statistics.mean(warm.counts)))
-    figures: dict[str, Any] = {"output_tokens": tokens, "streams": {}}
+    shape = {"digits": args.digits, "text_fields": args.text_fields, "text_chars": TEXT_CHARS}
+    figures: dict[str, Any] = {"output_tokens": tokens, "schema": shape, "streams": {}}
     outputs, valid_outputs = 0, 0
     records: dict[str, list[RequestRecord]] = {"constrained": [], "unconstrained": []}
     for streams in args.streams:
@@ -228,9 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="bundled")
     parser.add_argument("--deploy-mode", default="pd_separate")
     parser.add_argument("--streams", type=int, nargs="+", default=list(STREAMS))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
     parser.add_argument("--per-client", type=int, default=2)
     parser.add_argument("--digits", type=int, default=12)
+    parser.add_argument(
+        "--text-fields", type=int, default=2, help=f"free-text strings (<= {TEXT_CHARS} chars)"
+    )
     parser.add_argument("--compile-draws", type=int, default=20)
     add_output_arguments(parser, "structured")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """The multi-host test bed: three hosts in network namespaces (head, prefill, decode) on one
 bridge, a Ray cluster across them laid out as the Helm chart lays it out, and a pdserve
-coordinator on the head host (``benchmarks/harness/netns.py``, ``benchmarks/harness/ray_hosts.py``).
+coordinator on the head host (``testbed/netns.py``, ``testbed/ray_hosts.py``).
 
 One bed and one Ray cluster serve the whole test session; each transport's coordinator is
 started once per module that asks for it. Everything is removed at the end, and what an
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.netns import TestBed, available, sweep
-from benchmarks.harness.ray_hosts import HOSTS, HostedCoordinator, RayOnHosts, start_coordinator
+from testbed.netns import TestBed, available, sweep
+from testbed.ray_hosts import HOSTS, HostedCoordinator, RayOnHosts, start_coordinator
+from testbed.tiny_model import build_tiny_model
 from tests.coordinator_servers import FIXED_SPLIT
 from tests.prerequisites import require
-from tests.tiny_model import build_tiny_model
 
 MAX_ITER = 64
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.harness.ray_hosts import (
+from testbed.ray_hosts import (
     BED_START_PARAMS,
     CHART_BACKEND,
     CHART_HEAD_PARAMS,

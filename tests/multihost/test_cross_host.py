@@ -13,12 +13,12 @@ import grpc
 import pytest
 import zmq
 
-from benchmarks.harness.ray_hosts import HostedCoordinator, RayOnHosts
 from engine.config import CacheConfig, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
+from testbed.ray_hosts import HostedCoordinator, RayOnHosts
 from tests.multihost.conftest import hosted
 
 pytestmark = [pytest.mark.ray, pytest.mark.multihost]

@@ -24,8 +24,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from benchmarks.harness.netns import Host, enter_netns
-from benchmarks.harness.ray_hosts import HostedCoordinator, RayOnHosts
+from testbed.netns import Host, enter_netns
+from testbed.ray_hosts import HostedCoordinator, RayOnHosts
 from tests.chaos_load import PROMPTS, Load, Outcome, request, text_key
 from tests.chaos_load import reference_texts as chaos_reference
 from tests.multihost.conftest import hosted

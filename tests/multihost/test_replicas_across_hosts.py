@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.ray_hosts import HostedCoordinator, RayOnHosts, start_coordinator
+from testbed.ray_hosts import HostedCoordinator, RayOnHosts, start_coordinator
 from tests.coordinator_servers import FIXED_SPLIT
 from tests.multihost.conftest import MAX_ITER
 from tests.multihost.test_host_faults import IDLE_FIELDS, HostedLoad, model_name

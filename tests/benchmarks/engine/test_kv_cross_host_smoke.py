@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from benchmarks.engine.kv_cross_host import CROSS_HOST, RATIOS, SAME_HOST
-from benchmarks.harness.netns import available
 from benchmarks.harness.provenance import ROOT
+from testbed.netns import available
 from tests.benchmarks.engine.kv_toy import SIZES, assert_measured, toy_argv
 from tests.prerequisites import require
 

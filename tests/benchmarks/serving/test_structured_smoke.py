@@ -14,7 +14,7 @@ pytestmark = pytest.mark.ray
 
 def test_structured_toy_run(tmp_path, tiny_model_dir):
     argv = ["--model", str(tiny_model_dir), "--streams", "1", "2", "--repeats", "1"]
-    argv += ["--per-client", "1", "--digits", "2", "--compile-draws", "2"]
+    argv += ["--per-client", "1", "--digits", "2", "--text-fields", "1", "--compile-draws", "2"]
     result = run_benchmark("structured", tmp_path / "structured.json", *argv)
     assert result["meta"]["commit"] == result["_meta"]["commit"]  # the report reads "meta"
     assert result["deploy_mode"] == "pd_separate"

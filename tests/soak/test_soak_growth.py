@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from benchmarks.soak.judge import RssBounds, judge, rss_failures, rss_trends
+from tests.soak.judge import RssBounds, judge, rss_failures, rss_trends
 
 RATE = 25.0  # requests finished per second
 SECONDS = 120

@@ -1,5 +1,5 @@
 """A Ray cluster and a pdserve coordinator on the hosts of a
-:class:`~benchmarks.harness.netns.TestBed`, laid out as the Helm chart lays out a KubeRay
+:class:`~testbed.netns.TestBed`, laid out as the Helm chart lays out a KubeRay
 deployment: a head host (the Ray head, no CPUs for actors, and the coordinator as a Ray driver) and
 one host per worker group, whose raylet offers the group's custom resource (``pdserve_prefill`` /
 ``pdserve_decode``), with the chart's fixed Ray ports and its Ray token authentication. The
@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness.netns import Host, TestBed
+from testbed.netns import Host, TestBed
 
 HOSTS = ("head", "prefill", "decode")
 GCS_PORT = 6379

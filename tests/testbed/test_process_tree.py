@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from benchmarks.harness.process_tree import (
+from testbed.process_tree import (
     ProcessMemory,
     classify,
     measure,

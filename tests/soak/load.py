@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.soak.client import CAUSES, Outcome, send_plan
-from benchmarks.soak.requests import LoadShape, Plan, draw_plan
+from tests.soak.client import CAUSES, Outcome, send_plan
+from tests.soak.requests import LoadShape, Plan, draw_plan
 
 MAX_EXAMPLES = 50  # unexpected outcomes kept in full
 

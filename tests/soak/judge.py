@@ -21,13 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.soak.growth import (
+from tests.soak.growth import (
     GrowthBounds,
     growth_failures,
     growth_trends,
     least_squares_slope,
 )
-from benchmarks.soak.monitor import ACTIVITY_FIELDS, LEAK_FIELDS
+from tests.soak.monitor import ACTIVITY_FIELDS, LEAK_FIELDS
 
 DEFAULT_GROWTH = GrowthBounds()
 

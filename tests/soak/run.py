@@ -2,7 +2,7 @@
 leaks: no process's RSS keeps growing, and once idle no worker holds a KV block, a reservation,
 a held request or an open stream.
 
-    python -m benchmarks.soak.run --minutes 30 --url http://127.0.0.1:1025 \\
+    python -m tests.soak.run --minutes 30 --url http://127.0.0.1:1025 \\
         --manage-url http://127.0.0.1:1026 --concurrency 8 [--scratch] [--out PATH]
 
 The load mixes MindIE ``/infer``, OpenAI ``/v1/chat/completions`` and ``/v1/completions``
@@ -28,23 +28,23 @@ from urllib.parse import urlparse
 import httpx
 
 from benchmarks.harness.results import ResultFile, add_output_arguments
-from benchmarks.soak.growth import GrowthBound, GrowthBounds, growth_trends
-from benchmarks.soak.judge import (
+from tests.soak.growth import GrowthBound, GrowthBounds, growth_trends
+from tests.soak.judge import (
     RssBounds,
     default_warmup_s,
     judge,
     leftovers,
     rss_trends,
 )
-from benchmarks.soak.load import LoadConfig, Tally, run_load
-from benchmarks.soak.monitor import (
+from tests.soak.load import LoadConfig, Tally, run_load
+from tests.soak.monitor import (
     Monitor,
     fetch_instances,
     listening_pid,
     wait_until_idle,
 )
-from benchmarks.soak.report import per_minute, plot, print_summary
-from benchmarks.soak.requests import LoadShape, parse_mix
+from tests.soak.report import per_minute, plot, print_summary
+from tests.soak.requests import LoadShape, parse_mix
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

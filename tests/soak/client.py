@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 
 from benchmarks.harness.sse import sse_lines
-from benchmarks.soak.requests import Plan
+from tests.soak.requests import Plan
 
 CAUSES = ("ok", "invalid_4xx", "timeout_408", "too_many_429", "client_aborted", "unexpected")
 

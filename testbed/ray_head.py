@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.coordinator_process import free_port
+from testbed.coordinator_process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

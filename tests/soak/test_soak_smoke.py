@@ -1,4 +1,4 @@
-"""The soak test (benchmarks/soak/run.py): its verdict on synthetic samples, how it sorts answers by
+"""The soak test (tests/soak/run.py): its verdict on synthetic samples, how it sorts answers by
 cause, and a two-minute run against a real pd_separate coordinator (1 prefill + 1 decode) with a
 tiny model, on the fixed PD split and on the shipping defaults (local prefill of short prompts,
 ``stepTargetMs``), which must pass with nothing left behind."""
@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.soak.client import StreamRead, classify_status, classify_stream, read_events
-from benchmarks.soak.judge import RssBounds, judge, rss_trends
-from benchmarks.soak.report import per_minute
-from benchmarks.soak.requests import DEFAULT_MIX, KINDS, LoadShape, draw_plan, parse_mix
-from tests.coordinator_process import CoordinatorProcess, start_coordinator
+from testbed.coordinator_process import CoordinatorProcess, start_coordinator
 from tests.coordinator_servers import FIXED_SPLIT
+from tests.soak.client import StreamRead, classify_status, classify_stream, read_events
+from tests.soak.judge import RssBounds, judge, rss_trends
+from tests.soak.report import per_minute
+from tests.soak.requests import DEFAULT_MIX, KINDS, LoadShape, draw_plan, parse_mix
 
 ROOT = Path(__file__).resolve().parent.parent
 IDLE_WORKER = {
@@ -187,7 +187,7 @@ def pd_server(request, tmp_path_factory, tiny_model_dir) -> CoordinatorProcess:
 
 
 def run_soak(server: CoordinatorProcess, out: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "benchmarks.soak.run", "--url", server.url("predict_port", "")]
+    command = [sys.executable, "-m", "tests.soak.run", "--url", server.url("predict_port", "")]
     command += ["--manage-url", server.url("manage_port", ""), "--out", str(out), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
