@@ -60,6 +60,7 @@ def build_tiny_model(
     num_kv_heads: int = 2,
     tie_embeddings: bool = False,
     initializer_range: float = 0.02,
+    max_positions: int = 1024,
 ) -> Path:
     """Write a random-weight model directory (config, safetensors, tokenizer) and return it."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -74,7 +75,7 @@ def build_tiny_model(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
-        max_position_embeddings=1024,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=tie_embeddings,
         initializer_range=initializer_range,
         rms_norm_eps=1e-6,

@@ -69,7 +69,7 @@ async def send(
     path, body = target.request(item, messages)
     body = {**body, **(extra_body or {})}
     start = last = time.perf_counter()
-    usage_tokens = None
+    usage_tokens, finished_at = None, 0.0
     try:
         async with client.stream("POST", target.url + path, json=body) as response:
             if response.status_code != 200:
@@ -88,6 +88,8 @@ async def send(
                 usage_tokens = _read_usage(event, record, usage_tokens)
                 record.finish_reason = _finish_reason(event, target.api) or record.finish_reason
                 if not _carries_token(event, target.api):
+                    if record.finish_reason and record.ttft_s is None:  # tokens with no text
+                        finished_at = time.perf_counter() - start
                     continue
                 now = time.perf_counter()
                 if record.ttft_s is None:
@@ -101,6 +103,11 @@ async def send(
     record.e2e_s = last - start
     if record.error is None and record.finish_reason is None:
         record.error = f"the stream ended after {record.output_tokens} tokens without a finish"
+    elif record.error is None and record.ttft_s is None:
+        if usage_tokens:  # every token's text held back (bytes of a character): seen at the end
+            record.ttft_s = finished_at
+        else:
+            record.error = f"finished ({record.finish_reason}) without a token"
     if usage_tokens is not None and record.error is None:
         record.output_tokens = usage_tokens
     return record
@@ -139,6 +146,9 @@ def _carries_token(event: dict, api: str) -> bool:
     choices = event.get("choices") or []
     if not choices:
         return False
-    if api == "chat":
+    if api == "chat":  # the first chunk may carry the role alone
         return bool((choices[0].get("delta") or {}).get("content"))
-    return bool(choices[0].get("text"))
+    # a token's chunk may have empty text (a byte of a character not yet complete); the closing
+    # chunk has empty text and the finish reason
+    text = choices[0].get("text")
+    return text is not None and bool(text or not choices[0].get("finish_reason"))

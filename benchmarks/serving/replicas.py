@@ -68,7 +68,9 @@ SIDES = ("one", "two")
 RATES = (40.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0)
 TTFT_SLO_S = 1.0
 HIT_RATE_GOAL = 0.02  # two coordinators' hit rate at most 2 points below one's
-KILL_TOKENS = 256  # long enough that every stream has a request in flight at the kill
+# a killed coordinator's streams outlive its lease (6 s) at this length, so that it is the
+# workers' aborts, not the requests' own end, that frees them
+KILL_TOKENS = 4000
 Draw = tuple[list[RequestRecord], float]  # one open-loop run: its requests and its wall time
 
 
@@ -78,15 +80,16 @@ class Pool:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.head = RayHead()
-        model = build_tiny_model(workdir / "model")
+        model = build_tiny_model(workdir / "model", max_positions=8192)
         self.config = {
             "backend_config": {
                 "model_path": str(model),
                 "device": "cpu",
                 "embedding_model_path": "",
                 "cacheBlockSize": 16,
-                "kvCacheMemoryMB": 32,
-                "maxSeqLen": 1024,
+                "kvCacheMemoryMB": 160,
+                "maxSeqLen": 8192,
+                "maxIterTimes": KILL_TOKENS,
                 "maxInputTokenLen": 960,
                 "num_prefill_instances": 2,
                 "num_decode_instances": 1,
@@ -299,7 +302,7 @@ def run(args: argparse.Namespace, on_progress: Any = None) -> dict[str, Any]:
                     print(f"seed {seed} {side} chat: {hit_figures([sent])}", flush=True)
                     if on_progress is not None:
                         on_progress({"seeds_done": seeds[: number + 1], "last_side": side})
-            kills = [kill_once(pool, 8, KILL_TOKENS) for _ in range(args.kills)]
+            kills = [kill_once(pool, 8, args.kill_tokens) for _ in range(args.kills)]
         finally:
             pool.close()
     return summarize(args, seeds, short, chat, kills)
@@ -339,7 +342,7 @@ def summarize(
             "chat": {"users": args.users, "turns": args.turns, "system_tokens": 96},
             "ttft_slo_s": TTFT_SLO_S,
             "arrivals": "the same Poisson times for both sides, per draw and rate",
-            "kill": f"{KILL_TOKENS}-token streams; freed when no worker holds a request of it",
+            "kill": f"{args.kill_tokens}-token streams; freed: no worker holds a request of it",
         },
         "short_completions": {side: {"rates": rows[side], **caps[side]} for side in SIDES},
         "throughput_ratio_two_to_one": two / one if one and two else None,
@@ -369,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--kill-tokens", type=int, default=KILL_TOKENS, help="a kill's streams'")
     add_output_arguments(parser, "replicas")
     args = parser.parse_args(argv)
     result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])

@@ -12,8 +12,8 @@ the decode side's rebuilt matcher is what is measured). Constrained requests ask
 ``--text-fields`` free-text strings, which the model writes with the grammar open to any
 character, and ``--digits`` one-digit integers, where it allows only digits); unconstrained ones
 ask for the same number of tokens (``ignore_eos``), the mean length of the constrained outputs
-of the warm-up. The same prompts go both ways. At each stream count, ``--repeats`` rounds, each round
-one batch of constrained and one of unconstrained requests (``streams`` clients, each sending
+of the warm-up. The same prompts go both ways. At each stream count, ``--repeats`` rounds, each
+round one batch of constrained and one of unconstrained requests (``streams`` clients, each sending
 ``--per-client`` requests in turn), which one goes first alternating by round. TPOT is each
 request's ``(e2e - ttft) / (tokens - 1)``; a round's figure is its median, the ratio is each
 round's constrained over unconstrained, reported as median [min-max] over rounds.

@@ -22,7 +22,7 @@ from tests.soak.judge import RssBounds, judge, rss_trends
 from tests.soak.report import per_minute
 from tests.soak.requests import DEFAULT_MIX, KINDS, LoadShape, draw_plan, parse_mix
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: tests.soak.run is found from it
 IDLE_WORKER = {
     "num_running": 0,
     "num_waiting": 0,
