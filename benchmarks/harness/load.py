@@ -6,6 +6,7 @@ raises is kept as that request's error: no request is ever dropped from the reco
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -83,7 +84,7 @@ def round_robin(
     client: httpx.AsyncClient, targets: list[Target]
 ) -> Callable[[WorkItem], Awaitable[RequestRecord]]:
     """A ``send_one`` spreading requests over ``targets`` in turn, in the order they go."""
-    turn = iter(range(1 << 62))
+    turn = itertools.count()
 
     async def send_one(item: WorkItem) -> RequestRecord:
         return await send(client, targets[next(turn) % len(targets)], item)
