@@ -24,19 +24,12 @@ from typing import Any
 from benchmarks import caveats
 from benchmarks.harness.stats import Goal, bootstrap_interval, judge
 from benchmarks.serving.memory_report import render as render_memory_tables
-from benchmarks.serving.modes_report import attainment_table
 from benchmarks.serving.modes_report import render as render_modes_tables
-from benchmarks.serving.part_decision import decision_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
 DOCUMENTS = (README, *sorted((ROOT / "docs" / "performance").glob("*.md")))
-# core sharing's parts: the mode with each and the one without it (docs/performance)
-CORE_SHARING_PARTS = {
-    "idle-core lending": ("pd_adaptive@0", "pd_adaptive_unshared"),
-    "decode yields (3 s pauses)": ("pd_adaptive@3000", "pd_adaptive@0"),
-}
 # ``NAME`` or ``NAME:VIEW``: the result file NAME.json, rendered whole or as a VIEW of it
 BLOCK = re.compile(r"(<!-- report: (\w+(?::\w+)?) -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
 
@@ -208,27 +201,6 @@ def render_compare_modes(data: dict[str, Any]) -> str:
         lines.append(f"| closed loop N = {n}, tok/s | {figure} | {_goal(ratio, goal)} |")
     lines += caveats.lines(caveats.serving(data))
     return "\n".join(lines)
-
-
-def render_core_sharing(data: dict[str, Any]) -> str:
-    settings, results = data.get("settings", {}), data["results"]
-    return "\n".join(
-        [
-            provenance(data),
-            "",
-            f"Draw set **{data.get('draw_set', '?')}** (seeds "
-            f"{', '.join(map(str, data['seeds']))}), {settings.get('num_requests', '?')} requests "
-            f"per rate and draw at {settings.get('request_rates', '?')} req/s. Requests within "
-            "TTFT+TPOT (95 % interval), then with the gap too:",
-            "",
-            attainment_table(results),
-            "",
-            attainment_table(results, with_gap=True),
-            "",
-            decision_table(results, CORE_SHARING_PARTS),
-            *caveats.lines(caveats.serving(data)),
-        ]
-    )
 
 
 def render_decode_step(data: dict[str, Any]) -> str:
@@ -438,15 +410,41 @@ def render_engine_headline(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_rerun(data: dict[str, Any]) -> str:
+    """A second run of ``vs_llamacpp`` (``vs_llamacpp_rerun.json``) against the first
+    (``vs_llamacpp.json``): each goal's verdict in both, side by side."""
+    from benchmarks.verdicts import side_by_side  # it reads this module's goals
+
+    first = json.loads((RESULTS / "vs_llamacpp.json").read_text())
+    pairs = side_by_side(first, data)
+    when = [run["_meta"].get("started", run["_meta"].get("date", "?")) for run in (first, data)]
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"The same command, run again at {when[1]} after the run above at {when[0]}:",
+        "",
+        "| measure | first run | second run | same verdict |",
+        "|---|---|---|---|",
+    ]
+    for name, a, b in pairs:
+        same = "yes" if a.verdict == b.verdict else "**no**"
+        lines.append(f"| {name} | {a} | {b} | {same} |")
+    agree = sum(a.verdict == b.verdict for _, a, b in pairs)
+    lines += ["", f"The verdicts agree in {agree} of {len(pairs)} measures."]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "vs_llamacpp": render_vs_llamacpp,
     "vs_llamacpp:headline": render_engine_headline,
-    "vs_llamacpp_bf16_prompts": render_vs_llamacpp,
-    "vs_llamacpp_avx2": render_vs_llamacpp,
+    "vs_llamacpp_rerun": render_rerun,
+    "vs_llamacpp_1b": render_vs_llamacpp,
+    "vs_llamacpp_q8_0": render_vs_llamacpp,
+    "vs_llamacpp_q4_k_m": render_vs_llamacpp,
+    "vs_llamacpp_05b": render_vs_llamacpp,
     "engine": render_engine,
     "compare_modes": render_compare_modes,
     "decode_step": render_decode_step,
-    "core_sharing": render_core_sharing,
     "http_edge": render_http_edge,
     "structured": render_structured,
     "memory": render_memory,

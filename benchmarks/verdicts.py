@@ -34,14 +34,21 @@ def judged(data: dict[str, Any]) -> Iterator[tuple[str, Judgement]]:
             yield f"structured {streams} streams", judge(row["ratio"]["rounds"], Goal(goal, False))
 
 
+def side_by_side(
+    first: dict[str, Any], second: dict[str, Any]
+) -> list[tuple[str, Judgement, Judgement]]:
+    """(measure, first run's verdict, second run's) for the measures both files judge."""
+    a, b = dict(judged(first)), dict(judged(second))
+    return [(name, a[name], b[name]) for name in a if name in b]
+
+
 def compare(first: dict[str, Any], second: dict[str, Any]) -> tuple[list[str], int]:
     """Lines for the measures both files judge, and how many verdicts differ."""
-    a, b = dict(judged(first)), dict(judged(second))
     lines, differ = [], 0
-    for name in (n for n in a if n in b):
-        same = a[name].verdict == b[name].verdict
+    for name, a, b in side_by_side(first, second):
+        same = a.verdict == b.verdict
         differ += not same
-        lines.append(f"{'same' if same else 'DIFFER':<7}{name:<36}{a[name]!s:<48}{b[name]!s}")
+        lines.append(f"{'same' if same else 'DIFFER':<7}{name:<36}{a!s:<48}{b!s}")
     return lines, differ
 
 

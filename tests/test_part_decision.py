@@ -4,7 +4,11 @@ other; with fewer than five draws nothing is decided."""
 
 from __future__ import annotations
 
-from benchmarks.serving.part_decision import compare_at, decide, decision_table
+import json
+
+import pytest
+
+from benchmarks.serving.part_decision import compare_at, decide, decision_table, main
 
 
 def _summary(*met: int) -> dict:
@@ -50,3 +54,19 @@ def test_the_table_says_each_parts_verdict():
     assert table.rstrip().endswith("| kept |") and "gone" not in table
     short = decision_table({"a": _result({0.5: [9]}, {0.5: [9]}), "b": base}, {"p": ("a", "b")})
     assert short.rstrip().endswith("| undecided (1 draws) |")
+
+
+def test_the_command_line_prints_the_table_and_names_a_missing_mode(tmp_path, capsys):
+
+    base = _result({0.5: BASE}, {0.5: BASE})
+    better = _result({0.5: [8, 9, 8, 7, 9]}, {0.5: BASE})
+    result = tmp_path / "modes.json"
+    result.write_text(json.dumps({"results": {"a": better, "b": base}}))
+    assert main([str(result), "lending=a,b"]) == 0
+    assert "| lending | a / b |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(result), "lending=a,zzz"])
+    error = capsys.readouterr().err
+    assert "not in" in error and "zzz" in error
+    with pytest.raises(SystemExit):
+        main([str(result), "lending"])

@@ -34,41 +34,47 @@ def kv_mib(name: str, side: dict[str, Any], meta: dict[str, Any]) -> float:
 
 
 def tree_table(data: dict[str, Any]) -> list[str]:
-    before = data.get("before", {})
+    """Each side's whole tree; with the PSS of the run before (``before``) when there is one."""
+    before = data.get("before")
     peer = data.get("llama_server", {}).get("total", {}).get("pss_mib")
-    lines = [
-        "| side | processes | RSS MiB | PSS MiB | USS MiB | PSS before the cuts | "
-        f"PSS / llama-server's | goal <= {TREE_GOAL:g}x | its KV budget | PSS less KV |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    was_column = ["PSS before"] if before else []
+    header = [
+        "side", "processes", "RSS MiB", "PSS MiB", "USS MiB", *was_column,
+        "PSS / llama-server's", f"goal <= {TREE_GOAL:g}x", "its KV budget", "PSS less KV",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name in SIDES:
         side = data.get(name)
         if side is None:
             continue
         if "missing" in side:
-            lines.append(f"| {name} | not measured: {side['missing']} | | | | | | | | |")
+            lines.append(f"| {name} | not measured: {side['missing']} |" + " |" * (len(header) - 2))
             continue
-        total, was = side["total"], before.get(name, {}).get("total", {}).get("pss_mib")
+        total = side["total"]
         ratio = total["pss_mib"] / peer if peer else None
         verdict = "-" if ratio is None else "met" if ratio <= TREE_GOAL else "missed"
-        lines.append(
-            f"| {name} | {len(side['processes'])} | {total['rss_mib']:.0f} | "
-            f"**{total['pss_mib']:.0f}** | {total['uss_mib']:.0f} | "
-            f"{'-' if was is None else f'{was:.0f}'} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} | "
-            f"{kv_mib(name, side, data['_meta']):.0f} | "
-            f"{total['pss_mib'] - kv_mib(name, side, data['_meta']):.0f} |"
-        )
+        was = (before or {}).get(name, {}).get("total", {}).get("pss_mib")
+        was_cell = [f"{'-' if was is None else f'{was:.0f}'}"] if before else []
+        kv = kv_mib(name, side, data["_meta"])
+        cells = [
+            name, str(len(side["processes"])), f"{total['rss_mib']:.0f}",
+            f"**{total['pss_mib']:.0f}**", f"{total['uss_mib']:.0f}", *was_cell,
+            "-" if ratio is None else f"{ratio:.2f}x", verdict, f"{kv:.0f}",
+            f"{total['pss_mib'] - kv:.0f}",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def roles_table(name: str, side: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
+    """``side``'s processes by role; beside the run before's when there is one."""
     now, was = by_role(side), by_role(before or {})
+    extra = " PSS before | PSS saved |" if before is not None else ""
     lines = [
         f"{name}, by role (MiB; a role with several processes is their sum):",
         "",
-        "| role | processes | RSS | PSS | USS | PSS before | PSS saved |",
-        "|---|---|---|---|---|---|---|",
+        "| role | processes | RSS | PSS | USS |" + extra,
+        "|---|---|---|---|---|" + ("---|---|" if extra else ""),
     ]
     order = sorted({*now, *was}, key=lambda r: -max(now.get(r, {}).get("pss_mib", 0),
                                                    was.get(r, {}).get("pss_mib", 0)))  # fmt: skip
@@ -80,9 +86,11 @@ def roles_table(name: str, side: dict[str, Any], before: dict[str, Any] | None) 
             if here
             else "0 | - | - | -"
         )
-        saved = f"{there['pss_mib'] - pss:.0f}" if there else "-"
-        shown = f"{there['pss_mib']:.0f}" if there else "-"
-        lines.append(f"| {role} | {cells} | {shown} | {saved} |")
+        row = f"| {role} | {cells} |"
+        if extra:
+            saved = f"{there['pss_mib'] - pss:.0f}" if there else "-"
+            row += f" {there['pss_mib']:.0f} | {saved} |" if there else " - | - |"
+        lines.append(row)
     return lines
 
 
@@ -91,19 +99,20 @@ def _mib(value: float | None) -> str:
 
 
 def render(data: dict[str, Any], provenance: str) -> str:
-    meta, before = data["_meta"], data.get("before", {})
+    meta, before = data["_meta"], data.get("before")
     lines = [
         provenance,
         "",
         f"{meta['slots']} sequences x {meta['context']} tokens of context on the same GGUF "
         f"({_mib(meta.get('gguf_mib'))}); each pdserve engine's KV budget {meta['kv_mib']} MiB "
-        f"(float32), llama-server's KV {meta['llama_server_kv_mib']} MiB (f16). Before the cuts: "
-        f"commit {before.get('_meta', {}).get('commit', '-')}.",
+        f"(float32), llama-server's KV {meta['llama_server_kv_mib']} MiB (f16)."
+        + (f" The run before: commit {before['_meta'].get('commit', '-')}." if before else ""),
         "",
         *tree_table(data),
     ]
     for name in SIDES:
         side = data.get(name)
         if side and "processes" in side:
-            lines += ["", *roles_table(name, side, before.get(name))]
+            was = before.get(name, {}) if before else None
+            lines += ["", *roles_table(name, side, was)]
     return "\n".join(lines)

@@ -8,10 +8,18 @@ above zero, *loses* when wholly below (:func:`benchmarks.harness.stats.decided`)
 if it wins somewhere under one SLO and loses nowhere under the other; with fewer than
 ``MIN_KEPT_ROUNDS`` draws nothing is decided. A decision stands only when a second run gives
 the same (``python -m benchmarks.verdicts``).
+
+    python -m benchmarks.serving.part_decision RESULT.json "NAME=WITH,WITHOUT" ...
+
+prints the decision table of each part NAME: mode WITH (the part on) against mode WITHOUT, both
+served in RESULT.json (a ``compare_modes`` run).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.stats import MIN_KEPT_ROUNDS, decided, paired_differences
@@ -78,3 +86,29 @@ def decision_table(results: dict[str, dict[str, Any]], parts: dict[str, tuple[st
 
 def _rates(rates: list[float]) -> str:
     return ", ".join(f"{rate:g}" for rate in rates) or "none"
+
+
+def parse_part(text: str) -> tuple[str, tuple[str, str]]:
+    """``NAME=WITH,WITHOUT`` -> (NAME, (WITH, WITHOUT))."""
+    name, _, modes = text.partition("=")
+    with_mode, _, without_mode = modes.partition(",")
+    if not (name and with_mode and without_mode):
+        raise argparse.ArgumentTypeError(f"a part is NAME=WITH,WITHOUT, got {text!r}")
+    return name, (with_mode, without_mode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("result", type=Path, help="a compare_modes result file")
+    parser.add_argument("parts", nargs="+", type=parse_part, help="NAME=WITH,WITHOUT")
+    args = parser.parse_args(argv)
+    results = json.loads(args.result.read_text())["results"]
+    missing = sorted({mode for _, pair in args.parts for mode in pair} - set(results))
+    if missing:
+        parser.error(f"not in {args.result}: {', '.join(missing)} (has {', '.join(results)})")
+    print(decision_table(results, dict(args.parts)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
