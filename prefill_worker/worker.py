@@ -53,8 +53,8 @@ class PrefillWorker(HandoffWorker):
         """Stream the first token, then (with a target) the hand-off's result. A target whose
         limit this first token reaches (a migrated request one token short of it) is not
         handed off: the request finishes here, at the limit."""
-        limit = target.max_output_tokens if target is not None else 0
-        handoff = target if limit > len(request.output_token_ids) + 1 else None
+        limit = target.max_output_tokens if target is not None else None
+        handoff = target if limit and limit > len(request.output_token_ids) + 1 else None
 
         yield from self._run(
             request, handoff, prefill_only=handoff is not None, max_output_tokens=limit

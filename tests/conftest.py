@@ -78,7 +78,9 @@ def payload(tiny_loaded) -> KVPayload:
     """The exported KV of a 37-token prompt (tiny model, blocks of 4 tokens)."""
     engine = make_engine(tiny_loaded, block_size=4)
     engine.add_request(
-        "r1", list(range(3, 40)), SamplingParams(max_new_tokens=5, seed=11), prefill_only=True
+        engine.request(
+            "r1", list(range(3, 40)), SamplingParams(max_new_tokens=5, seed=11), prefill_only=True
+        )
     )
     while engine.requests["r1"].status != RequestStatus.HELD:
         engine.step()

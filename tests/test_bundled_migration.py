@@ -37,7 +37,7 @@ def _cuts(num_tokens: int) -> list[int]:
 def _continue(engine: LLMEngine, runs: dict[str, tuple[list[int], list[int]]]) -> dict:
     """Every (prompt, outputs so far) of ``runs`` continued at once on ``engine``."""
     for request_id, (prompt, outputs) in runs.items():
-        engine.add_request(request_id, prompt, GREEDY, output_token_ids=outputs)
+        engine.add_request(engine.request(request_id, prompt, GREEDY, output_token_ids=outputs))
     rest: dict[str, list[int]] = {request_id: [] for request_id in runs}
     while engine.has_work():
         for event in engine.step():

@@ -54,7 +54,7 @@ def test_chinese_streams_whole_characters(bundled_loaded):
         [{"role": "user", "content": MESSAGES[1]}], add_generation_prompt=True, tokenize=True
     )["input_ids"]
     engine = LLMEngine(EngineConfig(device="cpu", dtype="float32"), bundled_loaded)
-    engine.add_request("zh", list(prompt), SamplingParams(max_new_tokens=40))
+    engine.add_request(engine.request("zh", list(prompt), SamplingParams(max_new_tokens=40)))
     pieces = []
     while engine.has_work():
         pieces += [e.text for e in engine.step()]

@@ -45,7 +45,7 @@ def _params(constraint: Constraint | None, sampled: bool = False, **options) -> 
 
 def _run(engine: LLMEngine, params: SamplingParams, request_id: str = "r", outputs=()):
     prompt = engine.tokenizer.encode(PROMPT_TEXT)
-    engine.add_request(request_id, prompt, params, output_token_ids=outputs)
+    engine.add_request(engine.request(request_id, prompt, params, output_token_ids=outputs))
     events = []
     while request_id in engine.requests:
         events += [e for e in engine.step() if e.request_id == request_id]
@@ -151,7 +151,9 @@ def test_a_constrained_handoff_matches_one_engine(tiny_loaded, sampled):
     params = _params(Constraint.json_schema(SCHEMA), sampled)
     full = [e.token_id for e in _run(make_engine(tiny_loaded), params)]
     prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
-    prefill.add_request("h", prefill.tokenizer.encode(PROMPT_TEXT), params, prefill_only=True)
+    prefill.add_request(
+        prefill.request("h", prefill.tokenizer.encode(PROMPT_TEXT), params, prefill_only=True)
+    )
     first = [e.token_id for e in prefill.step() if e.request_id == "h"]
     decode.importer.import_kv(prefill.export_kv("h", params.max_new_tokens))
     prefill.release("h")
@@ -184,7 +186,7 @@ def test_outputs_the_grammar_refuses_end_the_request_with_an_error(tiny_engine):
 )
 def test_a_constraint_that_does_not_compile_is_refused_naming_why(tiny_engine, constraint, reason):
     with pytest.raises(GrammarError, match=reason):
-        tiny_engine.add_request("bad", [5, 6], _params(constraint))
+        tiny_engine.add_request(tiny_engine.request("bad", [5, 6], _params(constraint)))
     assert not tiny_engine.requests
 
 

@@ -33,7 +33,9 @@ def _engine_answer(model_dir, text: str, max_new_tokens: int) -> tuple[str, int,
         )
     )
     engine.add_request(
-        "ref", engine.tokenizer.encode(text), SamplingParams(max_new_tokens=max_new_tokens)
+        engine.request(
+            "ref", engine.tokenizer.encode(text), SamplingParams(max_new_tokens=max_new_tokens)
+        )
     )
     events = []
     while engine.has_work():

@@ -44,7 +44,9 @@ def test_engine_reports_stop_finish_reason(tiny_engine):
     text = tiny_engine.tokenizer.decode(free, skip_special_tokens=True)
     stop = text[len(text) // 2 : len(text) // 2 + 2]
     tiny_engine.add_request(
-        "s", prompt, SamplingParams(max_new_tokens=12, ignore_eos=True, stop=(stop,))
+        tiny_engine.request(
+            "s", prompt, SamplingParams(max_new_tokens=12, ignore_eos=True, stop=(stop,))
+        )
     )
     events = []
     while tiny_engine.has_work():

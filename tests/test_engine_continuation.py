@@ -18,7 +18,7 @@ STOPPING = SamplingParams(max_new_tokens=12, ignore_eos=True, stop=("zzzz-never"
 
 
 def _run(engine: LLMEngine, request_id: str, params: SamplingParams, outputs=()) -> list:
-    engine.add_request(request_id, PROMPT, params, output_token_ids=outputs)
+    engine.add_request(engine.request(request_id, PROMPT, params, output_token_ids=outputs))
     events: list[TokenEvent] = []
     while request_id in engine.requests:
         events += [e for e in engine.step() if e.request_id == request_id]
@@ -43,7 +43,9 @@ def test_continuing_past_the_output_limit_is_refused(tiny_engine):
     from engine.errors import RequestRejectedError
 
     with pytest.raises(RequestRejectedError, match="12 output tokens already generated"):
-        tiny_engine.add_request("r", PROMPT, GREEDY, output_token_ids=list(range(12)))
+        tiny_engine.add_request(
+            tiny_engine.request("r", PROMPT, GREEDY, output_token_ids=list(range(12)))
+        )
 
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
@@ -53,7 +55,9 @@ def test_continued_request_across_a_handoff(tiny_loaded, params):
     prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
     full = [e.token_id for e in _run(make_engine(tiny_loaded), "full", params)]
     k = 4
-    prefill.add_request("m", PROMPT, params, prefill_only=True, output_token_ids=full[:k])
+    prefill.add_request(
+        prefill.request("m", PROMPT, params, prefill_only=True, output_token_ids=full[:k])
+    )
     first = [e for e in prefill.step() if e.request_id == "m"]
     assert [e.token_id for e in first] == [full[k]]
     assert first[0].num_output_tokens == k + 1
@@ -72,7 +76,9 @@ def test_pages_with_no_token_left_to_decode_are_refused(tiny_loaded):
     from engine.errors import KVImportError
 
     prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
-    prefill.add_request("m", PROMPT, GREEDY, prefill_only=True, output_token_ids=[9, 9, 9])
+    prefill.add_request(
+        prefill.request("m", PROMPT, GREEDY, prefill_only=True, output_token_ids=[9, 9, 9])
+    )
     prefill.step()
     with pytest.raises(KVImportError, match="output limit 4 is not within 5"):
         decode.importer.import_kv(prefill.export_kv("m", 4))

@@ -100,7 +100,9 @@ def shm_pair(tiny_model_dir) -> Iterator[Pair]:
 def _exported(tiny_loaded: Any, request_id: str, token: str = "") -> KVPayload:
     """Genuine pages and state of ``request_id``'s prompt, as a prefill engine exports them."""
     engine = make_engine(tiny_loaded, block_size=4)
-    engine.add_request(request_id, PROMPT, _request(request_id).params, prefill_only=True)
+    engine.add_request(
+        engine.request(request_id, PROMPT, _request(request_id).params, prefill_only=True)
+    )
     while engine.requests[request_id].status != RequestStatus.HELD:
         engine.step()
     payload = engine.export_kv(request_id, 6)

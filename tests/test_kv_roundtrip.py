@@ -24,7 +24,7 @@ PARAMS = [
 
 
 def _prefill(engine, request_id, prompt, params):
-    engine.add_request(request_id, prompt, params, prefill_only=True)
+    engine.add_request(engine.request(request_id, prompt, params, prefill_only=True))
     first = None
     while engine.requests[request_id].status != RequestStatus.HELD:
         for event in engine.step():
@@ -49,7 +49,10 @@ def test_prefill_in_a_decode_in_b_equals_one_engine(tiny_loaded, case):
     payload = prefill.export_kv("req")
     assert payload.state.num_computed_tokens == len(prompt)
     assert payload.num_bytes > 0 and payload.blocks.is_contiguous()
-    assert decode.importer.reserve_import("req", prompt, params) is not None
+    assert (
+        decode.importer.reserve_import(decode.request("req", prompt, params, disaggregated=True))
+        is not None
+    )
     decode.importer.import_kv(payload, max_output_tokens=params.max_new_tokens)
     prefill.release("req")
     assert prefill.blocks.num_used_blocks == 0
@@ -98,7 +101,7 @@ def test_handshake_mismatch_is_refused_and_frees_the_reservation(tiny_loaded, fi
     _prefill(prefill, "req", PROMPTS[0], PARAMS[0])
     payload = prefill.export_kv("req")
     payload.layout = dataclasses.replace(payload.layout, **{field: value})
-    decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0])
+    decode.importer.reserve_import(decode.request("req", PROMPTS[0], PARAMS[0], disaggregated=True))
     with pytest.raises(KVImportError, match=field):
         decode.importer.import_kv(payload, max_output_tokens=4)
     assert decode.blocks.num_used_blocks == 0 and "req" not in decode.requests
@@ -107,8 +110,14 @@ def test_handshake_mismatch_is_refused_and_frees_the_reservation(tiny_loaded, fi
 def test_reserve_refuses_when_the_cache_is_full(tiny_loaded):
     decode = make_engine(tiny_loaded, block_size=4, num_blocks=3)
     # 3 blocks with room for the next token
-    assert decode.importer.reserve_import("a", [5] * 8, PARAMS[0]) is not None
-    assert decode.importer.reserve_import("b", [5], PARAMS[0]) is None
+    assert (
+        decode.importer.reserve_import(decode.request("a", [5] * 8, PARAMS[0], disaggregated=True))
+        is not None
+    )
+    assert (
+        decode.importer.reserve_import(decode.request("b", [5], PARAMS[0], disaggregated=True))
+        is None
+    )
     decode.abort("a")
     assert decode.blocks.num_used_blocks == 0
 
@@ -124,7 +133,9 @@ def _payload(tiny_loaded, request_id="req"):
 
 def test_a_reservation_is_a_request_that_aborts_like_one(tiny_loaded):
     decode = make_engine(tiny_loaded, block_size=4, num_blocks=8)
-    reserved = decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=30)
+    reserved = decode.importer.reserve_import(
+        decode.request("req", PROMPTS[0], PARAMS[0], disaggregated=True), timeout_s=30
+    )
     assert reserved is decode.requests["req"] and reserved.status == RequestStatus.RESERVED
     assert decode.stats().num_reserved == 1 and decode.blocks.num_used_blocks == 2
     assert decode.abort("req")
@@ -135,8 +146,12 @@ def test_a_reservation_is_a_request_that_aborts_like_one(tiny_loaded):
 
 def test_a_reservation_past_its_deadline_ends_with_an_error(tiny_loaded):
     decode = make_engine(tiny_loaded, block_size=4, num_blocks=8)
-    reserved = decode.importer.reserve_import("late", PROMPTS[0], PARAMS[0], timeout_s=2)
-    decode.importer.reserve_import("no-deadline", PROMPTS[2], PARAMS[0])
+    reserved = decode.importer.reserve_import(
+        decode.request("late", PROMPTS[0], PARAMS[0], disaggregated=True), timeout_s=2
+    )
+    decode.importer.reserve_import(
+        decode.request("no-deadline", PROMPTS[2], PARAMS[0], disaggregated=True)
+    )
     decode.importer.expire_reservations(now=reserved.arrival_time + 1.9)
     assert "late" in decode.requests
     decode.importer.expire_reservations(now=reserved.arrival_time + 2.1)
@@ -149,7 +164,9 @@ def test_a_reservation_past_its_deadline_ends_with_an_error(tiny_loaded):
 def test_pages_arriving_after_the_deadline_are_refused(tiny_loaded):
     payload = _payload(tiny_loaded)
     decode = make_engine(tiny_loaded, block_size=4)
-    reserved = decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=1)
+    reserved = decode.importer.reserve_import(
+        decode.request("req", PROMPTS[0], PARAMS[0], disaggregated=True), timeout_s=1
+    )
     decode.importer.expire_reservations(now=reserved.arrival_time + 5)
     with pytest.raises(KVImportError, match="no reservation"):
         decode.importer.take_reservation(payload)
@@ -158,7 +175,9 @@ def test_pages_arriving_after_the_deadline_are_refused(tiny_loaded):
 def test_abort_while_the_pages_are_written_frees_the_blocks_after_the_write(tiny_loaded):
     payload = _payload(tiny_loaded)
     decode = make_engine(tiny_loaded, block_size=4)
-    decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0], timeout_s=30)
+    decode.importer.reserve_import(
+        decode.request("req", PROMPTS[0], PARAMS[0], disaggregated=True), timeout_s=30
+    )
     request = decode.importer.take_reservation(payload)  # the transport thread's part, first half
     assert request.status == RequestStatus.RECEIVING
     with pytest.raises(KVImportError, match="no reservation"):
@@ -175,7 +194,7 @@ def test_abort_while_the_pages_are_written_frees_the_blocks_after_the_write(tiny
 def test_a_failed_write_ends_the_request_with_its_error(tiny_loaded):
     payload = _payload(tiny_loaded)
     decode = make_engine(tiny_loaded, block_size=4)
-    decode.importer.reserve_import("req", PROMPTS[0], PARAMS[0])
+    decode.importer.reserve_import(decode.request("req", PROMPTS[0], PARAMS[0], disaggregated=True))
     request = decode.importer.take_reservation(payload)
     decode.importer.finish_receive(request, payload.state, error="KV install failed: out of memory")
     [event] = decode.step()

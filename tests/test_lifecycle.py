@@ -33,7 +33,9 @@ def test_500_random_operations_leak_no_block(tiny_loaded):
             params = SamplingParams(
                 max_new_tokens=rng.randrange(1, 25), do_sample=rng.random() < 0.5, ignore_eos=True
             )
-            engine.add_request(request_id, prompt, params, priority=rng.randrange(1, 6))
+            engine.add_request(
+                engine.request(request_id, prompt, params, priority=rng.randrange(1, 6))
+            )
             live.append(request_id)
         elif choice < 0.5 and live:
             engine.abort(live.pop(rng.randrange(len(live))))
@@ -54,7 +56,7 @@ def test_full_cache_makes_requests_wait_and_none_fails(tiny_loaded):
     engine = make_engine(tiny_loaded, block_size=4, num_blocks=12)  # 48 token slots
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
     for i in range(8):  # 8 x 30 tokens >> 48 slots
-        engine.add_request(f"r{i}", [7 + i] * 10, params)
+        engine.add_request(engine.request(f"r{i}", [7 + i] * 10, params))
     most_waiting, lengths = 0, {}
     while engine.has_work():
         most_waiting = max(most_waiting, engine.stats().num_waiting)
@@ -80,16 +82,21 @@ def test_preempted_request_recomputes_to_the_same_tokens(tiny_loaded):
 def test_abort_frees_blocks_in_every_state(tiny_loaded):
     engine = make_engine(tiny_loaded, block_size=4, num_blocks=64, max_prefill_tokens=4)
     params = SamplingParams(max_new_tokens=50, ignore_eos=True)
-    engine.add_request("decoding", [5] * 6, params)
+    engine.add_request(engine.request("decoding", [5] * 6, params))
     for _ in range(4):
         engine.step()
-    engine.add_request("mid-prefill", [6] * 30, params)
+    engine.add_request(engine.request("mid-prefill", [6] * 30, params))
     engine.step()
-    engine.add_request("waiting", [7] * 10, params, priority=5)
-    engine.add_request("held", [8] * 5, params, prefill_only=True)
+    engine.add_request(engine.request("waiting", [7] * 10, params, priority=5))
+    engine.add_request(engine.request("held", [8] * 5, params, prefill_only=True))
     while engine.requests["held"].status.name != "HELD":
         engine.step()
-    assert engine.importer.reserve_import("incoming", [9] * 9, params) is not None
+    assert (
+        engine.importer.reserve_import(
+            engine.request("incoming", [9] * 9, params, disaggregated=True)
+        )
+        is not None
+    )
     for request_id in ["decoding", "mid-prefill", "waiting", "held", "incoming"]:
         assert engine.abort(request_id)
     events = engine.step()
@@ -108,7 +115,7 @@ def test_priority_one_is_served_first_fcfs_within(tiny_loaded):
     engine = make_engine(tiny_loaded, block_size=4, num_blocks=64, max_batch_size=1)
     params = SamplingParams(max_new_tokens=2, ignore_eos=True)
     for request_id, priority in [("a5", 5), ("b3", 3), ("c1", 1), ("d3", 3), ("e1", 1)]:
-        engine.add_request(request_id, [5, 6, 7], params, priority=priority)
+        engine.add_request(engine.request(request_id, [5, 6, 7], params, priority=priority))
     order = []
     while engine.has_work():
         order += [e.request_id for e in engine.step() if e.finished]
@@ -135,19 +142,19 @@ def test_chunked_prefill_respects_the_token_budget(tiny_loaded):
 def test_requests_that_can_never_fit_are_rejected(tiny_loaded):
     engine = make_engine(tiny_loaded, block_size=4, num_blocks=4, max_input_token_len=100)
     with pytest.raises(RequestRejectedError, match="cache holds 16"):
-        engine.add_request("big", [5] * 20, SamplingParams(max_new_tokens=1))
+        engine.add_request(engine.request("big", [5] * 20, SamplingParams(max_new_tokens=1)))
     with pytest.raises(RequestRejectedError, match=r"valid range is \[1, 100\]"):
-        engine.add_request("long", [5] * 101, SamplingParams(max_new_tokens=1))
+        engine.add_request(engine.request("long", [5] * 101, SamplingParams(max_new_tokens=1)))
     with pytest.raises(RequestRejectedError, match="valid range"):
-        engine.add_request("empty", [], SamplingParams())
+        engine.add_request(engine.request("empty", [], SamplingParams()))
     _assert_no_leak(engine)
 
 
 def test_prompt_tokens_to_compute_count_a_prompt_mid_chunk_and_not_decodes(tiny_loaded):
     engine = make_engine(tiny_loaded, max_prefill_tokens=16)
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)
-    engine.add_request("long", list(range(3, 43)), params)  # 40 tokens: chunks of 16
-    engine.add_request("short", [5, 6, 7], params)
+    engine.add_request(engine.request("long", list(range(3, 43)), params))  # chunks of 16
+    engine.add_request(engine.request("short", [5, 6, 7], params))
     assert engine.stats().num_prompt_tokens_to_compute == 43
     engine.step()  # 16 of the long prompt
     assert engine.stats().num_prompt_tokens_to_compute == 27

@@ -66,7 +66,7 @@ def test_a_continued_penalized_request_matches_an_undisturbed_run(tiny_loaded, s
     )
     full = make_engine(tiny_loaded).generate([PROMPT], params)[0]
     engine = make_engine(tiny_loaded)
-    engine.add_request("c", PROMPT, params, output_token_ids=full[:5])
+    engine.add_request(engine.request("c", PROMPT, params, output_token_ids=full[:5]))
     rest = []
     while "c" in engine.requests:
         rest += [

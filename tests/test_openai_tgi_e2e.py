@@ -84,7 +84,7 @@ def _greedy(model_dir, text: str, max_new_tokens: int) -> tuple[str, int]:
         )
     )
     params = SamplingParams(max_new_tokens=max_new_tokens)
-    engine.add_request("reference", engine.tokenizer.encode(text), params)
+    engine.add_request(engine.request("reference", engine.tokenizer.encode(text), params))
     events = []
     while engine.has_work():
         events += engine.step()

@@ -32,7 +32,7 @@ def _first_logits(engine: LLMEngine, request_id: str, prompt: list[int]) -> torc
 
     engine.runner.run = recording
     try:
-        engine.add_request(request_id, prompt, GREEDY)
+        engine.add_request(engine.request(request_id, prompt, GREEDY))
         while request_id in engine.requests:
             engine.step()
     finally:
@@ -101,7 +101,7 @@ def test_a_prompt_ending_on_a_block_edge_computes_its_last_block(tiny_loaded):
     engine = make_engine(tiny_loaded)
     prompt = list(SYSTEM[:16])
     _outputs(engine, [prompt])
-    engine.add_request("again", prompt, GREEDY)
+    engine.add_request(engine.request("again", prompt, GREEDY))
     engine.step()
     request = engine.requests["again"]
     assert request.num_cached_tokens == 12  # three blocks; the fourth holds the last token
@@ -114,8 +114,8 @@ def test_shared_blocks_survive_one_sharers_abort(tiny_loaded):
     engine = make_engine(tiny_loaded)
     alone = _outputs(make_engine(tiny_loaded), [[*SYSTEM, 60, 61]])[0]
     _outputs(engine, [[*SYSTEM, 1]])  # caches the system prompt
-    engine.add_request("a", [*SYSTEM, 70, 71], GREEDY)
-    engine.add_request("b", [*SYSTEM, 60, 61], GREEDY)
+    engine.add_request(engine.request("a", [*SYSTEM, 70, 71], GREEDY))
+    engine.add_request(engine.request("b", [*SYSTEM, 60, 61], GREEDY))
     engine.step()
     a, b = engine.requests["a"], engine.requests["b"]
     shared = a.block_ids[:6]
@@ -135,13 +135,15 @@ def test_eviction_under_pressure_keeps_running_requests_intact(tiny_loaded):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     expected = _outputs(make_engine(tiny_loaded, prefix_caching=False), [[*SYSTEM, 5]], params)[0]
     _outputs(engine, [[*SYSTEM, 1]], params)  # cached: 9 blocks
-    engine.add_request("keep", [*SYSTEM, 5], params)
+    engine.add_request(engine.request("keep", [*SYSTEM, 5], params))
     outputs: list[int] = []
     flood = random.Random(0)
     for i in range(40):  # a flood of unique prompts evicts what nobody uses, never "keep"'s
         if i % 3 == 0:
             prompt = [flood.randrange(60, 250) for _ in range(flood.randrange(3, 20))]
-            engine.add_request(f"flood-{i}", prompt, SamplingParams(max_new_tokens=2))
+            engine.add_request(
+                engine.request(f"flood-{i}", prompt, SamplingParams(max_new_tokens=2))
+            )
         outputs += [e.token_id for e in engine.step() if e.request_id == "keep" and e.token_id]
         _check(engine)
     while "keep" in engine.requests:
@@ -164,8 +166,8 @@ def test_preempted_requests_recompute_from_their_cached_blocks(tiny_loaded):
 def test_a_priority_request_takes_the_cache_too(tiny_loaded):
     engine = make_engine(tiny_loaded)
     _outputs(engine, [[*SYSTEM, 1]])
-    engine.add_request("late", [*SYSTEM, 2], GREEDY, priority=5)
-    engine.add_request("urgent", [*SYSTEM, 3], GREEDY, priority=1)
+    engine.add_request(engine.request("late", [*SYSTEM, 2], GREEDY, priority=5))
+    engine.add_request(engine.request("urgent", [*SYSTEM, 3], GREEDY, priority=1))
     engine.step()
     assert engine.requests["urgent"].num_cached_tokens == 24
     assert engine.requests["late"].num_cached_tokens == 24
@@ -184,7 +186,9 @@ def test_random_operations_keep_reference_counts_and_free_lists_consistent(tiny_
                 *(rng.randrange(3, 250) for _ in range(rng.randrange(1, 9))),
             ]
             params = SamplingParams(max_new_tokens=rng.randrange(1, 20), ignore_eos=True)
-            engine.add_request(f"r{next(ids)}", prompt, params, priority=rng.choice([1, 5]))
+            engine.add_request(
+                engine.request(f"r{next(ids)}", prompt, params, priority=rng.choice([1, 5]))
+            )
         elif op < 0.5 and engine.requests:
             engine.abort(rng.choice(list(engine.requests)))
         elif op < 0.55:  # a flood of allocations forces eviction of cached blocks
@@ -247,7 +251,7 @@ def test_cache_counters_and_stats(tiny_loaded):
     assert stats.prefix_cache_queries == 2 * 27
     assert stats.prefix_cache_hits in (0, 24)  # the same batch: only if admitted a step later
     events = []
-    engine.add_request("c", [*SYSTEM, 3], GREEDY)
+    engine.add_request(engine.request("c", [*SYSTEM, 3], GREEDY))
     while "c" in engine.requests:
         events += [e for e in engine.step() if e.request_id == "c"]
     assert {e.num_cached_tokens for e in events} == {24}

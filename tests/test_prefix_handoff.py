@@ -116,7 +116,9 @@ def test_pages_that_start_at_the_wrong_block_are_refused(tiny_model_dir):
 
 
 def _prefill(engine, request_id: str, prompt: list[int], outputs=()) -> None:
-    engine.add_request(request_id, prompt, PARAMS, prefill_only=True, output_token_ids=outputs)
+    engine.add_request(
+        engine.request(request_id, prompt, PARAMS, prefill_only=True, output_token_ids=outputs)
+    )
     while engine.requests[request_id].first_token_time is None:
         engine.step()
 
@@ -161,7 +163,7 @@ def test_ending_a_reservation_that_shares_blocks_keeps_the_counts(tiny_loaded):
     }
     for i, (name, end) in enumerate(ends.items()):
         reserved = decode.importer.reserve_import(
-            f"r{i}", [*SYSTEM, 1, 2, 3], PARAMS, timeout_s=5.0
+            decode.request(f"r{i}", [*SYSTEM, 1, 2, 3], PARAMS, disaggregated=True), timeout_s=5.0
         )
         assert reserved.num_shared_blocks == 7, name
         shared = reserved.block_ids[:7]
@@ -198,12 +200,17 @@ def test_a_migrated_request_shares_the_blocks_its_outputs_filled(tiny_loaded):
     assert _decode_to_end(decode, "first") == full
     outputs = full[:7]  # 28 prompt + 7 outputs: eight full blocks were computed here
     reserved = decode.importer.reserve_import(
-        "moved", [*SYSTEM, 1, 2], params, output_token_ids=outputs, token="t"
+        decode.request(
+            "moved", [*SYSTEM, 1, 2], params, output_token_ids=outputs, disaggregated=True
+        ),
+        token="t",
     )
     assert reserved.num_shared_blocks == 8
     engine_params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     prefill.add_request(
-        "moved", [*SYSTEM, 1, 2], engine_params, prefill_only=True, output_token_ids=outputs
+        prefill.request(
+            "moved", [*SYSTEM, 1, 2], engine_params, prefill_only=True, output_token_ids=outputs
+        )
     )
     while prefill.requests["moved"].first_token_time is None:
         prefill.step()

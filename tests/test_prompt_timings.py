@@ -24,8 +24,8 @@ def test_the_first_token_says_how_long_its_prompt_queued_and_computed(tiny_loade
     engine = make_engine(tiny_loaded, max_prefill_tokens=16)
     params = SamplingParams(max_new_tokens=3, ignore_eos=True)
     start = time.monotonic()
-    engine.add_request("first", list(range(10, 42)), params)
-    engine.add_request("second", list(range(50, 58)), params)
+    engine.add_request(engine.request("first", list(range(10, 42)), params))
+    engine.add_request(engine.request("second", list(range(50, 58)), params))
     events = _run(engine)
     first, second = events["first"], events["second"]
     for stream in (first, second):
@@ -40,7 +40,9 @@ def test_the_first_token_says_how_long_its_prompt_queued_and_computed(tiny_loade
 
 def test_a_one_token_prompt_computed_as_a_decode_is_timed_too(tiny_loaded):
     engine = make_engine(tiny_loaded)
-    engine.add_request("one", [3], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    engine.add_request(
+        engine.request("one", [3], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    )
     first, second = _run(engine)["one"]
     assert first.queued_s is not None and first.prefill_s > 0 and second.queued_s is None
 
@@ -48,7 +50,7 @@ def test_a_one_token_prompt_computed_as_a_decode_is_timed_too(tiny_loaded):
 def test_an_imported_request_reports_no_prompt_timing(tiny_loaded):
     prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)
-    prefill.add_request("r", list(range(10, 30)), params, prefill_only=True)
+    prefill.add_request(prefill.request("r", list(range(10, 30)), params, prefill_only=True))
     (first,) = _run(prefill)["r"]
     assert first.queued_s is not None  # the prefill engine computed the prompt
     payload = prefill.export_kv("r", 4)

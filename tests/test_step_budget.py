@@ -63,10 +63,10 @@ def test_an_engine_with_a_target_chunks_prompts_beside_decodes_and_answers_the_s
         return out
 
     engine.scheduler.schedule = recording
-    engine.add_request("stream", prompts[0], params)
+    engine.add_request(engine.request("stream", prompts[0], params))
     engine.step()  # the stream decodes from now on
     outputs = {"stream": [], "long": []}
-    engine.add_request("long", prompts[1], params)
+    engine.add_request(engine.request("long", prompts[1], params))
     while engine.has_work():
         for event in engine.step():
             if event.token_id is not None:

@@ -48,7 +48,7 @@ def _config(model_dir) -> EngineConfig:
 
 
 def _cached(engine, request_id: str, prompt: list[int], tenant: str) -> int:
-    engine.add_request(request_id, prompt, PARAMS, tenant=tenant)
+    engine.add_request(engine.request(request_id, prompt, PARAMS, tenant=tenant))
     events = []
     while request_id in engine.requests:
         events += [e for e in engine.step() if e.request_id == request_id]

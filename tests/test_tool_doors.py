@@ -89,7 +89,9 @@ class EngineService:
             return
         async with self.lock:
             rid = request.request_id
-            self.engine.add_request(rid, list(request.prompt_token_ids), request.params)
+            self.engine.add_request(
+                self.engine.request(rid, list(request.prompt_token_ids), request.params)
+            )
             try:
                 while rid in self.engine.requests:
                     for event in self.engine.step():

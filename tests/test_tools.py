@@ -292,7 +292,9 @@ def test_a_tiny_model_under_the_grammar_writes_valid_calls(tiny_engine, choice, 
         seed=11,
         constraint=tool_constraint(tools, parser),
     )
-    tiny_engine.add_request("t", tiny_engine.tokenizer.encode("Weather?"), params)
+    tiny_engine.add_request(
+        tiny_engine.request("t", tiny_engine.tokenizer.encode("Weather?"), params)
+    )
     events = []
     while "t" in tiny_engine.requests:
         events += [e for e in tiny_engine.step() if e.request_id == "t"]

@@ -52,7 +52,7 @@ def next_token_logits(engine: LLMEngine, prefixes: list[list[int]]) -> torch.Ten
     engine.runner.run = recording_run
     params = SamplingParams(max_new_tokens=1, ignore_eos=True)
     for i, prefix in enumerate(prefixes):
-        engine.add_request(f"p{i}", prefix, params)
+        engine.add_request(engine.request(f"p{i}", prefix, params))
     while engine.has_work():
         engine.step()
     return torch.stack([seen[f"p{i}"] for i in range(len(prefixes))])
@@ -73,7 +73,7 @@ def teacher_forced(
 
 def greedy(engine: LLMEngine, prompt: str, n: int = 24) -> list[int]:
     ids = engine.tokenizer.encode(prompt)
-    engine.add_request("g", ids, SamplingParams(max_new_tokens=n, ignore_eos=True))
+    engine.add_request(engine.request("g", ids, SamplingParams(max_new_tokens=n, ignore_eos=True)))
     tokens = []
     while engine.has_work():
         tokens += [e.token_id for e in engine.step()]

@@ -161,7 +161,8 @@ def prefill_payload(engine: LLMEngine, num_tokens: int) -> tuple[KVPayload, floa
     prompt = PromptDraw(num_tokens, engine.shape.vocab_size).prompt(num_tokens)
     request_id = f"bench-{num_tokens}-{time.monotonic()}"
     start = time.perf_counter()
-    engine.add_request(request_id, prompt, SamplingParams(max_new_tokens=2), prefill_only=True)
+    two = SamplingParams(max_new_tokens=2)
+    engine.add_request(engine.request(request_id, prompt, two, prefill_only=True))
     while engine.requests[request_id].status != RequestStatus.HELD:
         engine.step()
     elapsed = time.perf_counter() - start
