@@ -59,17 +59,13 @@ from workers.contracts import (
     WorkerReport,
 )
 from workers.embedding import EmbeddingWorker
+from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
-FAULT_INJECTION = "PDSERVE_FAULT_INJECTION"  # "1": workers accept inject_fault (chaos tests)
 _UNCLEAN = (FinishReason.ERROR, FinishReason.ABORT)
 RELEASE_WAIT_S = 2.0  # how long a finished stream waits for its workers to drop the request
 LOAD_TIMEOUT_S = 2.0  # a worker that does not report its load within this is left out (stale)
-
-
-def fault_injection_enabled() -> bool:
-    return os.environ.get(FAULT_INJECTION) == "1"
 
 
 class Cluster:
@@ -202,7 +198,7 @@ class Cluster:
         # served stream's prompts 1.6x slower (docs/performance/memory.md)
         env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         if fault_injection_enabled():
-            env[FAULT_INJECTION] = "1"
+            env[FAULT_INJECTION_ENV] = "1"
         return (
             ray.remote(cls)
             .options(

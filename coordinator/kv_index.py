@@ -46,11 +46,6 @@ class KvIndex:
     def cursors(self) -> dict[WorkerKey, tuple[str, int]]:
         return {key: (m.epoch, m.seq) for key, m in self._workers.items()}
 
-    def mirrored(self, worker: WorkerKey) -> bool:
-        """Whether the index follows ``worker``'s events (it publishes them and is in sync)."""
-        mirror = self._workers.get(worker)
-        return mirror is not None and mirror.seq >= 0
-
     def root(self, worker: WorkerKey) -> bytes | None:
         mirror = self._workers.get(worker)
         return mirror.root if mirror is not None and mirror.seq >= 0 else None

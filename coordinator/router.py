@@ -120,10 +120,6 @@ class WorkerState:
         stats = self.stats
         return stats.num_running + stats.num_reserved + self.pending_requests
 
-    @property
-    def decode_cost(self) -> tuple[float, float]:
-        return (self.decode_load, -self.stats.num_free_blocks)
-
 
 Pair = tuple[WorkerState | None, WorkerState]  # (None, colocated worker) in single_node
 # (prefill instance, decode instance); prefill None: the decode worker prefills it itself

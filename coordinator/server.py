@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
-from coordinator.cluster import Cluster, fault_injection_enabled
+from coordinator.cluster import Cluster
 from coordinator.config import CoordinatorConfig, check_manage_listener
 from coordinator.edge import EdgeLimits, uvicorn_limits
 from coordinator.fault_injection import add_fault_route, read_fault_body
@@ -41,6 +41,7 @@ from coordinator.own_loop import OwnLoopServer
 from coordinator.ray_connect import init_ray
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
+from workers.faults import fault_injection_enabled
 
 log = logging.getLogger(__name__)
 PROBES = ("/v1/startup", "/v1/health", "/v1/readiness", "/v2/health/live", "/v2/health/ready")
@@ -256,8 +257,3 @@ def tls_options(tls: dict[str, Any]) -> dict[str, Any]:
         options["ssl_ca_certs"] = tls["ca_cert"]
         options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
     return options
-
-
-def with_model(config: CoordinatorConfig, **backend: Any) -> CoordinatorConfig:
-    """Copy of ``config`` with ``backend_config`` keys replaced (tests, benchmarks)."""
-    return config.with_overrides({f"backend_config.{k}": v for k, v in backend.items()})

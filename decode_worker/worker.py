@@ -37,7 +37,6 @@ Chaos tests break transfers on purpose with ``inject_fault`` (``docs/kv-handoff.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import time
 from collections.abc import Iterator
@@ -53,9 +52,9 @@ from engine.transfer import create_receiver
 from engine.transfer.base import header_limit
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from workers.contracts import GenerationRequest, Reservation
+from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.handoff_worker import HandoffWorker
 
-FAULT_INJECTION_ENV = "PDSERVE_FAULT_INJECTION"
 FAULTS = ("break_transport",)
 SETTLE_S = 0.1  # kept of reserve's wait_s for the engine thread to say why it refuses
 
@@ -171,7 +170,7 @@ class DecodeWorker(HandoffWorker):
         """Chaos tests only, with ``PDSERVE_FAULT_INJECTION=1`` in this worker's environment:
         ``break_transport`` breaks the next ``count`` incoming transfers mid-stream (see
         ``docs/kv-handoff.md``). Returns how many breaks are pending."""
-        if os.environ.get(FAULT_INJECTION_ENV) != "1":
+        if not fault_injection_enabled():
             raise RuntimeError(
                 f"fault injection is off: set {FAULT_INJECTION_ENV}=1 in the decode worker's "
                 "environment"

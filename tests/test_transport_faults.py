@@ -14,7 +14,7 @@ import pytest
 import torch
 import zmq
 
-from decode_worker.worker import FAULT_INJECTION_ENV, DecodeWorker
+from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
@@ -28,6 +28,7 @@ from prefill_worker.worker import PrefillWorker
 from tests.worker_streams import collect as _collect
 from tests.worker_streams import wait_until as _wait_until
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
+from workers.faults import FAULT_INJECTION_ENV
 
 # a hand-off's settings (transport, shared_memory)
 SOCKETS = {"zmq_shm": ("zmq", True), "zmq_frames": ("zmq", False), "grpc": ("grpc", True)}
