@@ -129,11 +129,11 @@ Route = tuple[int | None, int]
 class Router:
     def __init__(
         self,
-        cluster: Any,
+        fleet: Any,
         poll_interval_s: float = 0.25,
         routing: RoutingConfig | None = None,
     ) -> None:
-        self.cluster = cluster
+        self.fleet = fleet  # the workers it routes to (coordinator.pool.fleet.Fleet)
         self.poll_interval_s = poll_interval_s
         self.routing = routing or RoutingConfig()
         self.index = PrefixIndex(self.routing.prefix_ttl_s)  # what this router sent where
@@ -161,19 +161,19 @@ class Router:
                 await task
 
     def _bind(self) -> None:
-        """Worker states for the cluster's actors (known once it has started)."""
-        cluster = self.cluster
-        single = cluster.config.deploy_mode == "single_node"
+        """Worker states for the fleet's actors (known once it has started)."""
+        fleet = self.fleet
+        single = fleet.config.deploy_mode == "single_node"
         if not self.decodes:
-            self.prefills = [WorkerState("prefill", i) for i in range(len(cluster.prefills))]
-            count = len(cluster.colocated if single else cluster.decodes)
+            self.prefills = [WorkerState("prefill", i) for i in range(len(fleet.prefills))]
+            count = len(fleet.colocated if single else fleet.decodes)
             self.decodes = [
                 WorkerState("colocated" if single else "decode", i) for i in range(count)
             ]
 
     async def refresh(self) -> list[WorkerLoad]:
         self._bind()
-        reports = await self.cluster.reports(self.kv.cursors())
+        reports = await self.fleet.reports(self.kv.cursors())
         loads = [report.load for report in reports]
         self.latest_loads = loads
         self.latest_reports = reports
@@ -207,7 +207,7 @@ class Router:
                 await asyncio.sleep(self.poll_interval_s)
                 continue
             try:
-                batch = await self.cluster.kv_events(*state.key, epoch, seq, FOLLOW_WAIT_S)
+                batch = await self.fleet.kv_events(*state.key, epoch, seq, FOLLOW_WAIT_S)
             except Exception as exc:  # dead or restarting: the load poll notices it
                 log.debug("events of %s worker %d: %r", *state.key, exc)
                 await asyncio.sleep(self.poll_interval_s)
@@ -226,7 +226,7 @@ class Router:
         if not self.kv.apply(state.key, report.kv_events, state.stats.num_total_blocks):
             return
         try:
-            snapshot = await self.cluster.kv_snapshot(*state.key)
+            snapshot = await self.fleet.kv_snapshot(*state.key)
         except Exception as exc:  # the next poll reports the gap again
             log.warning("prefix cache snapshot of %s worker %d failed: %r", *state.key, exc)
             return

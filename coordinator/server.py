@@ -65,8 +65,9 @@ class Coordinator:
         self.cluster = Cluster(cluster_config(config, self.served))
         self.cluster.on_handoff = self.metrics.record_handoff
         self.cluster.on_prefilled = self.metrics.record_prefill
+        self.fleet = self.cluster.fleet
         self.router = Router(
-            self.cluster, routing=routing_config(config, self.cluster.config.engine.cache)
+            self.fleet, routing=routing_config(config, self.cluster.config.engine.cache)
         )
         self.service = InferenceService(
             self.cluster,
@@ -87,7 +88,7 @@ class Coordinator:
         return create_predict_app(
             self.service,
             self.served,
-            self.cluster.embed,
+            self.fleet.embed,
             body_limit_mb=self.config["request_limit"]["body_limit"],
             max_input_tokens=self.config["backend_config"]["maxInputTokenLen"],
             api_keys=self.config["http_config"]["api_keys"],
@@ -112,7 +113,7 @@ class Coordinator:
             self.metrics.record_loads(self.router.latest_loads)
             router = self.router
             self.metrics.record_replicas(
-                self.cluster.coordinator_id,
+                self.fleet.coordinator_id,
                 router.latest_reports,
                 router.kv.num_events,
                 router.kv.num_resyncs,
@@ -149,7 +150,7 @@ class Coordinator:
         worker's ``inject_fault`` (``docs/kv-handoff.md``); 400 when it refuses."""
         try:
             body = await read_fault_body(request)
-            worker = self.cluster.worker(str(body["role"]), int(body["instance"]))
+            worker = self.fleet.worker(str(body["role"]), int(body["instance"]))
             await worker.inject_fault.remote(str(body["fault"]), int(body.get("count", 1)))
         except (ValueError, KeyError, TypeError, IndexError, ray.exceptions.RayError) as exc:
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=400)
@@ -162,7 +163,7 @@ class Coordinator:
         address = self.config["backend_config"]["ray_address"] or None
         self.started_ray = init_ray(address)
         start = time.monotonic()
-        self.cluster.start()
+        self.fleet.start()
         log.info(
             "cluster up in %.1f s: %s", time.monotonic() - start, self.cluster.config.deploy_mode
         )
@@ -241,7 +242,7 @@ class Coordinator:
             starting.cancel()
         await self.router.stop()
         if ray.is_initialized():
-            self.cluster.shutdown()
+            self.fleet.shutdown()
             if self.started_ray:
                 ray.shutdown()
 

@@ -39,9 +39,9 @@ def cluster(ray_session, tiny_model_dir):
             reservation_timeout_s=3.0,
         )
     )
-    cluster.start()
+    cluster.fleet.start()
     yield cluster
-    cluster.shutdown()
+    cluster.fleet.shutdown()
 
 
 async def _requests_until_kill(cluster, worker, count: int):
@@ -99,29 +99,29 @@ def _recovered(cluster, worker) -> None:
 def _idle(cluster) -> None:
     async def settled():
         for _ in range(100):
-            stats = [load.stats for load in await cluster.loads()]
+            stats = [load.stats for load in await cluster.fleet.loads()]
             if len(stats) == 2 and all(s.num_free_blocks == s.num_total_blocks for s in stats):
                 return stats
             await asyncio.sleep(0.1)
-        return [load.stats for load in await cluster.loads()]
+        return [load.stats for load in await cluster.fleet.loads()]
 
     for load in asyncio.run(settled()):
         assert load.num_free_blocks == load.num_total_blocks, load
 
 
 def test_decode_worker_killed_mid_decode(cluster):
-    results, elapsed = asyncio.run(_requests_until_kill(cluster, cluster.decodes[0], 4))
+    results, elapsed = asyncio.run(_requests_until_kill(cluster, cluster.fleet.decodes[0], 4))
     assert elapsed < 10
     for events in results:  # decoding ones lose their worker; others their hand-off
         assert events[-1].finish_reason == FinishReason.ERROR
         assert "worker failed" in events[-1].error or "hand-off failed" in events[-1].error
-    _recovered(cluster, cluster.decodes[0])
+    _recovered(cluster, cluster.fleet.decodes[0])
     _idle(cluster)
 
 
 def test_prefill_worker_killed_with_requests_in_flight(cluster):
     async def scenario():
-        pid = (await cluster.prefills[0].ready.remote())["pid"]
+        pid = (await cluster.fleet.prefills[0].ready.remote())["pid"]
         prompts = [list(range(3, 3 + n)) for n in (40, 60, 80, 100, 120, 140)]
         tasks = [
             asyncio.ensure_future(_collect(cluster, f"p-{i}", p)) for i, p in enumerate(prompts)
@@ -136,7 +136,7 @@ def test_prefill_worker_killed_with_requests_in_flight(cluster):
     assert elapsed < 10
     assert all(events[-1].finished for events in results)
     assert any(events[-1].finish_reason == FinishReason.ERROR for events in results)
-    _recovered(cluster, cluster.prefills[0])
+    _recovered(cluster, cluster.fleet.prefills[0])
     _idle(cluster)
 
 

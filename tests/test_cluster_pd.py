@@ -44,7 +44,7 @@ def _cluster(model_dir, engine: EngineConfig | None = None, **overrides) -> Clus
         **overrides,
     )
     cluster = Cluster(config)
-    cluster.start()
+    cluster.fleet.start()
     return cluster
 
 
@@ -62,7 +62,7 @@ HANDOFFS = {
 def single_node(ray_session, tiny_model_dir):
     cluster = _cluster(tiny_model_dir, deploy_mode="single_node")
     yield cluster
-    cluster.shutdown()
+    cluster.fleet.shutdown()
 
 
 @pytest.fixture(scope="module", params=list(HANDOFFS))
@@ -75,7 +75,7 @@ def pd(handoff, ray_session, tiny_model_dir):
     """The pd_separate cluster of ``handoff``: one at a time, its tests run before the next's."""
     cluster = _cluster(tiny_model_dir, **HANDOFFS[handoff][0])
     yield cluster
-    cluster.shutdown()
+    cluster.fleet.shutdown()
 
 
 async def _collect(cluster, request_id, prompt, params):
@@ -112,7 +112,7 @@ PARAMS = [
 
 
 def _handoffs_by_path(ray_session, cluster) -> dict[str, int]:
-    return ray_session.get(cluster.prefills[0].num_handoffs_by_path.remote())
+    return ray_session.get(cluster.fleet.prefills[0].num_handoffs_by_path.remote())
 
 
 def test_pd_output_is_token_identical_to_single_node(pd, single_node, handoff, ray_session):
@@ -231,7 +231,7 @@ def test_past_the_prompt_tokens_routed_to_prefill_short_prompts_run_locally_long
     routing = RoutingConfig(
         block_size=4, prefix_routing=False, local_prefill_tokens=8, local_prefill_queue_tokens=40
     )
-    router = Router(pd, routing=routing)
+    router = Router(pd.fleet, routing=routing)
     queueing = [list(range(100, 130)), list(range(200, 230))]  # 60 tokens routed
     short, longer = [7, 8, 9, 10, 11], list(range(300, 370))  # 5 tokens; 70, over the queue
     prompts = [*queueing, short, longer]
@@ -280,13 +280,13 @@ def test_prefill_and_decode_each_own_a_core(pd, ray_session):
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("one core: nothing to pin apart")
-    prefill = ray_session.get(pd.prefills[0].ready.remote())["cpus"]
-    decode = ray_session.get(pd.decodes[0].ready.remote())["cpus"]
+    prefill = ray_session.get(pd.fleet.prefills[0].ready.remote())["cpus"]
+    decode = ray_session.get(pd.fleet.decodes[0].ready.remote())["cpus"]
     assert len(prefill) == len(decode) == 1 and prefill != decode
 
 
 def test_loads_report_every_worker(pd):
-    loads = asyncio.run(pd.loads())
+    loads = asyncio.run(pd.fleet.loads())
     assert all(isinstance(load, WorkerLoad) for load in loads)  # typed across Ray
     assert all(isinstance(load.stats, EngineStats) and load.pid > 0 for load in loads)
     assert sorted(load.role for load in loads) == ["decode", "prefill"]
@@ -297,14 +297,14 @@ def test_loads_report_every_worker(pd):
 def _assert_idle(cluster) -> None:
     async def settled():
         for _ in range(100):
-            stats = [load.stats for load in await cluster.loads()]
+            stats = [load.stats for load in await cluster.fleet.loads()]
             if all(
                 s.num_free_blocks == s.num_total_blocks and not s.num_reserved and not s.num_held
                 for s in stats
             ):
                 return stats
             await asyncio.sleep(0.1)
-        return [load.stats for load in await cluster.loads()]
+        return [load.stats for load in await cluster.fleet.loads()]
 
     for load in asyncio.run(settled()):
         assert load.num_free_blocks == load.num_total_blocks, load
@@ -349,20 +349,20 @@ def test_full_decode_worker_refuses_with_a_reason(ray_session, tiny_model_dir):
         reservation_wait_s=0.3,
     )
     cluster = Cluster(config)
-    cluster.start()
+    cluster.fleet.start()
     try:
         params = SamplingParams(max_new_tokens=8, ignore_eos=True)
         hog_request = GenerationRequest("hog", range(3, 15), params)
-        hog = ray_session.get(cluster.decodes[0].reserve.remote(hog_request, 0.1))
+        hog = ray_session.get(cluster.fleet.decodes[0].reserve.remote(hog_request, 0.1))
         assert hog.granted  # 13 tokens = all 4 blocks of the decode worker
         assert isinstance(hog, Reservation) and hog.endpoint.startswith("tcp://")
         other = GenerationRequest("other", [5, 6, 7], params)
-        refused = ray_session.get(cluster.decodes[0].reserve.remote(other, 0.1))
+        refused = ray_session.get(cluster.fleet.decodes[0].reserve.remote(other, 0.1))
         assert refused == Reservation.refused("decode cache full: 0 of 4 blocks free, 1 needed")
         events = asyncio.run(_collect(cluster, "refused", list(range(3, 12)), params))
         assert events[-1].finish_reason == FinishReason.ERROR
         assert "decode cache full: 0 of 4 blocks free, 3 needed" in events[-1].error
-        ray_session.get(cluster.decodes[0].abort.remote("hog"))
+        ray_session.get(cluster.fleet.decodes[0].abort.remote("hog"))
         _assert_idle(cluster)
     finally:
-        cluster.shutdown()
+        cluster.fleet.shutdown()

@@ -53,7 +53,7 @@ def test_the_default_pd_separate_is_the_adaptive_one_measured_and_single_node_fi
 
 
 def test_a_prefill_engine_may_have_a_kv_cache_of_its_own(tmp_path):
-    from coordinator.cluster import Cluster
+    from coordinator.pool.fleet import Fleet
     from coordinator.served_model import ServedModels, cluster_config
     from decode_worker.worker import DecodeWorker
     from prefill_worker.worker import PrefillWorker
@@ -61,10 +61,10 @@ def test_a_prefill_engine_may_have_a_kv_cache_of_its_own(tmp_path):
     sized = {"backend_config": {"kvCacheMemoryMB": 1440, "prefill_kv_cache_memory_mb": 360}}
     for given, prefill_mb in (({}, 1024), (sized, 360)):
         config = resolve_config(parse_args(["--config", _write(tmp_path, given)]))
-        cluster = Cluster(cluster_config(config, ServedModels(None, None)))
-        decode_mb = cluster.config.engine.cache.memory_mb
-        assert cluster._cache_of(PrefillWorker).memory_mb == prefill_mb
-        assert cluster._cache_of(DecodeWorker).memory_mb == decode_mb == (1440 if given else 1024)
+        fleet = Fleet(cluster_config(config, ServedModels(None, None)))
+        decode_mb = fleet.config.engine.cache.memory_mb
+        assert fleet._cache_of(PrefillWorker).memory_mb == prefill_mb
+        assert fleet._cache_of(DecodeWorker).memory_mb == decode_mb == (1440 if given else 1024)
 
 
 def test_cli_wins_over_file_which_wins_over_defaults(tmp_path):

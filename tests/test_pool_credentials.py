@@ -1,4 +1,4 @@
-"""A shared pool's KV credentials (``coordinator/worker_pool.py``): coordinators that start the
+"""A shared pool's KV credentials (``coordinator/pool/shared.py``): coordinators that start the
 same pool at once must hand its prefill and decode workers one set, or a decode worker created by
 one would refuse the pages of a prefill worker created by the other. The first starter's set is
 put once into Ray's GCS store; stopping the pool drops it with the workers. A private cluster's
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.cluster import Cluster
 from coordinator.cluster_config import ClusterConfig
-from coordinator.worker_pool import pool_credentials
+from coordinator.pool.fleet import Fleet
+from coordinator.pool.shared import pool_credentials
 
 pytestmark = pytest.mark.ray
 
@@ -22,11 +22,11 @@ def test_starters_of_one_pool_share_its_credentials_and_stopping_drops_them(ray_
     assert pool_credentials(namespace) == shared  # a second starter gets the first one's
     assert pool_credentials("pdserve-another-pool") != shared
     assert pool_credentials(None) != pool_credentials(None)  # private: fresh at every start
-    pool = Cluster(ClusterConfig(cluster_name="credentials-test", embedding_model_path=None))
+    pool = Fleet(ClusterConfig(cluster_name="credentials-test", embedding_model_path=None))
     assert pool.config.namespace == namespace
     assert pool.stop_pool() == []  # no worker was started; the credentials go all the same
     assert pool_credentials(namespace) != shared
     pool.stop_pool()
-    Cluster(ClusterConfig(cluster_name="another-pool", embedding_model_path=None)).stop_pool()
+    Fleet(ClusterConfig(cluster_name="another-pool", embedding_model_path=None)).stop_pool()
     with pytest.raises(ValueError, match="needs a cluster_name"):
-        Cluster(ClusterConfig(embedding_model_path=None)).stop_pool()
+        Fleet(ClusterConfig(embedding_model_path=None)).stop_pool()

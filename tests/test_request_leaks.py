@@ -89,10 +89,11 @@ def _service(mode: str, behaviour: str | None, **options: Any) -> InferenceServi
     cluster = Cluster(ClusterConfig(deploy_mode=deploy_mode))
     workers = [FakeWorker("decode", i, behaviour) for i in range(2)]
     if deploy_mode == "single_node":
-        cluster.colocated = [FakeWorker("colocated", i, behaviour) for i in range(2)]
+        cluster.fleet.colocated = [FakeWorker("colocated", i, behaviour) for i in range(2)]
     else:
-        cluster.prefills, cluster.decodes = [FakeWorker("prefill", i) for i in range(2)], workers
-    router = Router(cluster, routing=routing)
+        fleet = cluster.fleet
+        fleet.prefills, fleet.decodes = [FakeWorker("prefill", i) for i in range(2)], workers
+    router = Router(cluster.fleet, routing=routing)
     return InferenceService(cluster, router, 10, 2, Timeouts(**options), Metrics("m"))
 
 
@@ -191,8 +192,8 @@ def test_an_ended_request_is_named_nowhere(end, mode):
         return service
 
     service = asyncio.run(scenario())
-    cluster = service.cluster
-    assert all(not w.held for w in [*cluster.prefills, *cluster.decodes, *cluster.colocated])
+    fleet = service.cluster.fleet
+    assert all(not w.held for w in [*fleet.prefills, *fleet.decodes, *fleet.colocated])
     assert service.in_flight == 0 and not service.runs
     metrics = service.metrics
     assert _sample(metrics, "num_requests_waiting") == _sample(metrics, "num_requests_running") == 0

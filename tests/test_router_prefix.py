@@ -68,7 +68,7 @@ def _poll(router: Router, **stats: EngineStats) -> None:
     """A poll where worker ``prefill_0`` / ``decode_1`` / ... reports ``stats``."""
     for name, value in stats.items():
         role, instance = name.rsplit("_", 1)
-        router.cluster.stats[(role, int(instance))] = value
+        router.fleet.stats[(role, int(instance))] = value
     asyncio.run(router.refresh())
 
 
@@ -191,7 +191,7 @@ def test_a_migration_never_gets_its_failed_pair_back():
 def test_a_restarted_worker_loses_its_entries():
     router = _router()
     router.choose(PROMPT_A)
-    router.cluster.pids[("prefill", 0)] = 4242
+    router.fleet.pids[("prefill", 0)] = 4242
     _poll(router)
     assert router.index.num_entries(("prefill", 0)) == 0
     assert router.index.num_entries(("decode", 0)) == 4
@@ -203,7 +203,7 @@ def test_a_lost_worker_loses_its_entries(monkeypatch):
     monkeypatch.setattr("coordinator.router.time.monotonic", lambda: now[0])
     router = _router()
     router.choose(PROMPT_A)
-    router.cluster.silent.add(("decode", 0))
+    router.fleet.silent.add(("decode", 0))
     _poll(router)
     assert router.index.num_entries(("decode", 0)) == 4  # stale only: its cache may be there
     now[0] += STALE_GRACE_S + 1

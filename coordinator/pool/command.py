@@ -54,20 +54,20 @@ def main(argv: list[str]) -> int:
         print(f"pdserve workers: configuration error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from coordinator.cluster import Cluster
+    from coordinator.pool.fleet import Fleet
     from coordinator.ray_connect import init_ray
     from coordinator.served_model import cluster_config, served_models
 
     try:
-        cluster = Cluster(cluster_config(config, served_models(config)))
+        fleet = Fleet(cluster_config(config, served_models(config)))
     except EngineError as exc:
         print(f"pdserve workers: {exc}", file=sys.stderr)
         return 2
     init_ray(backend["ray_address"])
     if args.stop:
-        stopped = cluster.stop_pool()
+        stopped = fleet.stop_pool()
         print(json.dumps({"cluster_name": backend["cluster_name"], "stopped": stopped}))
         return 0
-    cluster.start()
-    print(json.dumps({"cluster_name": backend["cluster_name"], "workers": cluster.describe()}))
+    fleet.start()
+    print(json.dumps({"cluster_name": backend["cluster_name"], "workers": fleet.describe()}))
     return 0
