@@ -19,7 +19,7 @@ from coordinator.config_keys import Convert, Feed, Key, fed
 from coordinator.edge import EdgeLimits
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo
-from coordinator.router import RoutingConfig
+from coordinator.routing.config import RoutingConfig
 from engine.config import (
     DTYPES,
     ENCRYPTION_MODES,

@@ -115,8 +115,8 @@ class Coordinator:
             self.metrics.record_replicas(
                 self.fleet.coordinator_id,
                 router.latest_reports,
-                router.kv.num_events,
-                router.kv.num_resyncs,
+                router.cache.num_events,
+                router.cache.num_resyncs,
             )
             self.metrics.record_grammars(self.model.grammars if self.model else None)
             return Response(

@@ -12,7 +12,8 @@ import pytest
 from coordinator.cluster import Cluster
 from coordinator.cluster_config import ActorResources, ClusterConfig
 from coordinator.request_run import RequestRun
-from coordinator.router import Router, RoutingConfig
+from coordinator.router import Router
+from coordinator.routing.config import RoutingConfig
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.outputs import EngineStats
 from engine.request import FinishReason

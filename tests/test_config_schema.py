@@ -14,7 +14,7 @@ from coordinator.cluster_config import ClusterConfig
 from coordinator.config import defaults, load_config
 from coordinator.config_schema import KEYS, SCHEMA, STEP_TARGET_MS
 from coordinator.inference import Timeouts
-from coordinator.router import RoutingConfig
+from coordinator.routing.config import RoutingConfig
 from coordinator.served_model import ServedModels, cluster_config, routing_config
 from engine.errors import ConfigError
 

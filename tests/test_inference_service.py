@@ -13,7 +13,9 @@ import pytest
 from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, TooManyRequests
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
-from coordinator.router import STALE_GRACE_S, Router, RoutingConfig, WorkerState
+from coordinator.router import Router
+from coordinator.routing.config import RoutingConfig
+from coordinator.routing.worker_state import STALE_GRACE_S, WorkerState
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams

@@ -9,8 +9,10 @@ import asyncio
 import threading
 import time
 
-from coordinator.kv_index import KvIndex
-from coordinator.router import FOLLOW_BATCH_S, Router, RoutingConfig
+from coordinator.router import Router
+from coordinator.routing.cache_view import CacheView
+from coordinator.routing.config import RoutingConfig
+from coordinator.routing.worker_view import FOLLOW_BATCH_S
 from engine.block_manager import BlockManager
 from engine.kv_events import REMOVED, STORED, KvEventBatch, KvEventLog
 from engine.prefix_hash import block_hashes
@@ -63,7 +65,7 @@ def test_a_long_poll_returns_at_the_next_event_or_its_timeout():
 
 def test_an_event_that_arrives_twice_applies_once():
     """A load poll and a long poll may bring the same events: no resync, no double count."""
-    log, index, key = KvEventLog(b"root"), KvIndex(), ("prefill", 0)
+    log, index, key = KvEventLog(b"root"), CacheView(ttl_s=600.0), ("prefill", 0)
     index.apply(key, log.since(*index.cursor(key)))
     index.load(key, log.snapshot([]))
     cursor = index.cursor(key)
@@ -73,7 +75,7 @@ def test_an_event_that_arrives_twice_applies_once():
     log.record(REMOVED, H[0])
     assert not index.apply(key, log.since(*cursor))  # 1-3 again, then 4
     assert index.num_events == 4 and index.num_resyncs == 1
-    assert index.match(key, H[:3]) == 0 and index.match(key, H[1:3]) == 2
+    assert index.match_confirmed(key, H[:3]) == 0 and index.match_confirmed(key, H[1:3]) == 2
 
 
 def test_the_block_manager_records_stores_and_evictions():
@@ -96,21 +98,21 @@ def test_the_block_manager_records_stores_and_evictions():
 
 def test_the_index_resyncs_after_a_gap_a_restart_or_an_overflow_never_guessing():
     log = KvEventLog(b"root", capacity=3)
-    index = KvIndex()
+    index = CacheView(ttl_s=600.0)
     key = ("decode", 0)
     assert index.apply(key, log.since(*index.cursor(key)))  # first poll: a snapshot is due
     index.load(key, log.snapshot([]))
     log.record(STORED, H[1])
     assert not index.apply(key, log.since(*index.cursor(key)))
-    assert index.match(key, [H[1], H[2]]) == 1
+    assert index.match_confirmed(key, [H[1], H[2]]) == 1
     for h in H[2:8]:  # more than the replay buffer holds
         log.record(STORED, h)
     assert index.apply(key, log.since(*index.cursor(key)))
-    assert index.match(key, [H[1]]) == 0  # nothing is trusted until the snapshot
+    assert index.match_confirmed(key, [H[1]]) == 0  # nothing is trusted until the snapshot
     index.load(key, log.snapshot(H[1:8]))
-    assert index.match(key, H[1:8]) == 7 and index.num_resyncs == 2
+    assert index.match_confirmed(key, H[1:8]) == 7 and index.num_resyncs == 2
     out_of_order = KvEventBatch(log.epoch, b"root", 12, ((12, REMOVED, H[1]),))
-    assert index.apply(key, out_of_order) and index.match(key, [H[2]]) == 0
+    assert index.apply(key, out_of_order) and index.match_confirmed(key, [H[2]]) == 0
     index.load(key, log.snapshot(H[1:8]))
     restarted = KvEventLog(b"root")
     assert index.apply(key, restarted.since(*index.cursor(key)))  # another epoch
@@ -170,7 +172,7 @@ def test_a_router_learns_of_another_routers_prefix_at_once_from_its_long_poll(ti
             await asyncio.sleep(0.1)
             await asyncio.to_thread(lambda: list(workers[1].generate(_request("t", prompt))))
             generated = time.monotonic()
-            while router.kv.num_entries(("colocated", 1)) < 9:
+            while router.cache.num_confirmed(("colocated", 1)) < 9:
                 assert time.monotonic() - generated < 2.0, "the long poll brought nothing"
                 await asyncio.sleep(0.005)
             assert router.choose([*prompt, 1, 2, 3]) == (0, 1)
@@ -183,11 +185,11 @@ def test_a_router_learns_of_another_routers_prefix_at_once_from_its_long_poll(ti
         await router.refresh()
         router.start()
         try:
-            assert not router._shared()
+            assert not router.view.shared()
             more = [*prompt, *range(100, 140)]
             await asyncio.to_thread(lambda: list(workers[0].generate(_request("u", more))))
             await asyncio.sleep(0.5)
-            return router.kv.num_entries(("colocated", 0))
+            return router.cache.num_confirmed(("colocated", 0))
         finally:
             await router.stop()
 

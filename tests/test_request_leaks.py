@@ -25,7 +25,9 @@ from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
 from coordinator.request_run import RunPhase
-from coordinator.router import STALE_GRACE_S, Router, RoutingConfig
+from coordinator.router import Router
+from coordinator.routing.config import RoutingConfig
+from coordinator.routing.worker_state import STALE_GRACE_S
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from tests.fake_actors import MAX_NEW, FakeWorker
@@ -214,7 +216,7 @@ def test_the_search_sees_through_containers_objects_and_tasks():
         service = _service("handoff", None)
         service.cluster._releases.add(asyncio.ensure_future(working_for(REQUEST_ID)))
         await asyncio.sleep(0)  # the task is under way
-        service.router.index.extra = [{"k": (f"{REQUEST_ID}-m1",)}, Holder()]  # type: ignore
+        service.router.cache.extra = [{"k": (f"{REQUEST_ID}-m1",)}, Holder()]  # type: ignore
         found = references(service, REQUEST_ID)
         for task in service.cluster._releases:
             task.cancel()
@@ -222,6 +224,6 @@ def test_the_search_sees_through_containers_objects_and_tasks():
 
     assert asyncio.run(search()) == [
         "InferenceService.cluster._releases[0]<task locals>['request_id']",
-        "InferenceService.router.index.extra[0]['k'][0]",
-        "InferenceService.router.index.extra[1]",
+        "InferenceService.router.cache.extra[0]['k'][0]",
+        "InferenceService.router.cache.extra[1]",
     ]

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from coordinator.errors import NoWorkerError
-from coordinator.prefix_index import PrefixIndex
-from coordinator.router import STALE_GRACE_S, Router, RoutingConfig
+from coordinator.router import Router
+from coordinator.routing.cache_view import CacheView
+from coordinator.routing.config import RoutingConfig
+from coordinator.routing.worker_state import STALE_GRACE_S
 from engine.outputs import EngineStats
 from engine.prefix_hash import block_hashes
 from tests.fake_actors import reports_of
@@ -68,7 +70,7 @@ def _poll(router: Router, **stats: EngineStats) -> None:
     """A poll where worker ``prefill_0`` / ``decode_1`` / ... reports ``stats``."""
     for name, value in stats.items():
         role, instance = name.rsplit("_", 1)
-        router.fleet.stats[(role, int(instance))] = value
+        router.view.fleet.stats[(role, int(instance))] = value
     asyncio.run(router.refresh())
 
 
@@ -81,7 +83,9 @@ def _running(count: int) -> EngineStats:
 
 
 def _cached_blocks(router: Router, role: str, instance: int, tokens: list[int]) -> int:
-    return router.index.match((role, instance), block_hashes(tokens, BLOCK), time.monotonic())
+    return router.cache.match_dispatched(
+        (role, instance), block_hashes(tokens, BLOCK), time.monotonic()
+    )
 
 
 def test_a_request_goes_to_the_workers_holding_its_prefix():
@@ -150,24 +154,24 @@ def test_the_index_is_bounded_by_the_workers_blocks_least_recently_used_first():
     router = _router(cluster)
     router.choose(PROMPT_A)
     router.choose(PROMPT_B)  # 8 blocks routed, room for 6: A's two last blocks go
-    assert router.index.num_entries(("prefill", 0)) == 6
+    assert router.cache.num_dispatched(("prefill", 0)) == 6
     assert _cached_blocks(router, "prefill", 0, PROMPT_B) == 4
     assert _cached_blocks(router, "prefill", 0, PROMPT_A) == 2  # its prefix outlives its end
-    assert router.index.num_entries(("decode", 0)) == 8  # decode: 100 blocks
+    assert router.cache.num_dispatched(("decode", 0)) == 8  # decode: 100 blocks
 
 
-def test_prefix_index_keeps_a_chain_root_longest_and_expires_by_last_use():
-    index = PrefixIndex(ttl_s=10)
+def test_the_dispatches_keep_a_chain_root_longest_and_expires_by_last_use():
+    index = CacheView(ttl_s=10)
     a, b = block_hashes(PROMPT_A, BLOCK), block_hashes(PROMPT_B, BLOCK)
-    index.insert(("prefill", 0), a, now=0, capacity=5)
-    index.insert(("prefill", 0), b, now=5, capacity=5)
-    assert index.match(("prefill", 0), a, now=5) == 1
-    assert index.match(("prefill", 0), b, now=5) == 4
-    assert index.match(("prefill", 0), b, now=16) == 0
-    index.insert(("prefill", 0), a, now=20)  # capacity 0: the default
-    assert index.match(("prefill", 0), a, now=29) == 4
+    index.dispatched(("prefill", 0), a, now=0, capacity=5)
+    index.dispatched(("prefill", 0), b, now=5, capacity=5)
+    assert index.match_dispatched(("prefill", 0), a, now=5) == 1
+    assert index.match_dispatched(("prefill", 0), b, now=5) == 4
+    assert index.match_dispatched(("prefill", 0), b, now=16) == 0
+    index.dispatched(("prefill", 0), a, now=20)  # capacity 0: the default
+    assert index.match_dispatched(("prefill", 0), a, now=29) == 4
     index.drop(("prefill", 0))
-    assert index.num_entries(("prefill", 0)) == 0
+    assert index.num_dispatched(("prefill", 0)) == 0
 
 
 def test_prefix_routing_off_routes_by_load_alone():
@@ -176,7 +180,7 @@ def test_prefix_routing_off_routes_by_load_alone():
     _poll(router, prefill_0=_queued(1), decode_0=_running(1))
     assert router.choose(PROMPT_A) == (1, 1)
     assert router.prefills[1].pending_tokens == len(PROMPT_A)
-    assert router.index.num_entries(("prefill", 0)) == 0
+    assert router.cache.num_dispatched(("prefill", 0)) == 0
 
 
 def test_a_migration_never_gets_its_failed_pair_back():
@@ -191,10 +195,10 @@ def test_a_migration_never_gets_its_failed_pair_back():
 def test_a_restarted_worker_loses_its_entries():
     router = _router()
     router.choose(PROMPT_A)
-    router.fleet.pids[("prefill", 0)] = 4242
+    router.view.fleet.pids[("prefill", 0)] = 4242
     _poll(router)
-    assert router.index.num_entries(("prefill", 0)) == 0
-    assert router.index.num_entries(("decode", 0)) == 4
+    assert router.cache.num_dispatched(("prefill", 0)) == 0
+    assert router.cache.num_dispatched(("decode", 0)) == 4
     assert router.prefills[0].pid == 4242
 
 
@@ -203,13 +207,13 @@ def test_a_lost_worker_loses_its_entries(monkeypatch):
     monkeypatch.setattr("coordinator.router.time.monotonic", lambda: now[0])
     router = _router()
     router.choose(PROMPT_A)
-    router.fleet.silent.add(("decode", 0))
+    router.view.fleet.silent.add(("decode", 0))
     _poll(router)
-    assert router.index.num_entries(("decode", 0)) == 4  # stale only: its cache may be there
+    assert router.cache.num_dispatched(("decode", 0)) == 4  # stale only: its cache may be there
     now[0] += STALE_GRACE_S + 1
     _poll(router)
-    assert router.index.num_entries(("decode", 0)) == 0
-    assert router.index.num_entries(("prefill", 0)) == 4
+    assert router.cache.num_dispatched(("decode", 0)) == 0
+    assert router.cache.num_dispatched(("prefill", 0)) == 4
 
 
 def test_an_idle_worker_without_cached_blocks_loses_its_entries():
@@ -217,11 +221,11 @@ def test_an_idle_worker_without_cached_blocks_loses_its_entries():
     router.choose(PROMPT_A)
     empty = replace(IDLE, num_cached_blocks=0)
     _poll(router, prefill_0=empty)  # sent since the last poll: maybe not there yet
-    assert router.index.num_entries(("prefill", 0)) == 4
+    assert router.cache.num_dispatched(("prefill", 0)) == 4
     _poll(router, prefill_0=replace(empty, num_running=1))  # busy: its blocks may come
-    assert router.index.num_entries(("prefill", 0)) == 4
+    assert router.cache.num_dispatched(("prefill", 0)) == 4
     _poll(router, prefill_0=empty)
-    assert router.index.num_entries(("prefill", 0)) == 0
+    assert router.cache.num_dispatched(("prefill", 0)) == 0
 
 
 def test_single_node_prefers_the_colocated_worker_holding_the_prefix():

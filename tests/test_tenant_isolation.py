@@ -20,7 +20,8 @@ from coordinator.config import defaults
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.model_info import ModelInfo
 from coordinator.request_run import RequestRun
-from coordinator.router import Router, RoutingConfig
+from coordinator.router import Router
+from coordinator.routing.config import RoutingConfig
 from coordinator.served_model import ServedModels
 from coordinator.server import Coordinator
 from decode_worker.worker import DecodeWorker
