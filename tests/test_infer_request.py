@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.api.mindie_request import (
-    MAX_INPUT_CHARS,
-    BadRequestError,
-    InputValidationError,
-    parse_infer_body,
-)
+from coordinator.api.errors import BadRequestError, InputValidationError
+from coordinator.api.mindie_request import MAX_INPUT_CHARS, parse_infer_body
 
 ACCEPTED = [
     ("temperature", 1e-5),

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
+from coordinator.api.errors import InputValidationError
 from coordinator.api.media import MB, check_media
-from coordinator.api.mindie_request import InputValidationError
 
 
 def _image(value: str) -> list[dict]:

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from coordinator.api.errors import MlflowError
 from coordinator.api.mlflow import MlflowScorer
 from coordinator.api.mlflow_inputs import (
-    MlflowError,
     embedding_texts,
     generation_params,
     merged_settings,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.api.tool_parsers import (
+from coordinator.api.tools.parsers import (
     HermesParser,
     Llama3JsonParser,
     ToolCallStream,

@@ -11,16 +11,16 @@ import json
 import jsonschema
 import pytest
 
-from coordinator.api.openai_format import OpenAIError
-from coordinator.api.tool_grammar import check_constraint, tool_constraint
-from coordinator.api.tool_parsers import (
+from coordinator.api.errors import OpenAIError
+from coordinator.api.tools.grammar import check_constraint, tool_constraint
+from coordinator.api.tools.parsers import (
     HermesParser,
     Llama3JsonParser,
     parse_tool_calls,
     select_parser,
 )
-from coordinator.api.tool_prompt import chat_input, render_tool_chat, renders_tools
-from coordinator.api.tools import MAX_TOOLS, ToolError, read_tools, tool_chars
+from coordinator.api.tools.prompt import chat_input, render_tool_chat, renders_tools
+from coordinator.api.tools.request import MAX_TOOLS, ToolError, read_tools, tool_chars
 from coordinator.model_info import ModelInfo
 from engine.constraint import MAX_SPEC_CHARS
 from engine.request import FinishReason

@@ -22,17 +22,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from coordinator.api.admission import admitted
-from coordinator.api.common import APIError, collect, create_router, read_json
+from coordinator.api.common import collect, create_router, read_json
+from coordinator.api.errors import APIError, MlflowError, OpenAIError
 from coordinator.api.limits import MAX_INVOCATION_ROWS, over_limit
 from coordinator.api.mlflow_inputs import (
-    MlflowError,
     Scoring,
     embedding_texts,
     generation_params,
     merged_settings,
     parse_scoring,
 )
-from coordinator.api.openai_format import Completion, OpenAIError
+from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import input_blocked, read_prompt
 from coordinator.api.tenants import tenant_of
 from coordinator.content_safety import INPUT_FILTERED

@@ -2,7 +2,7 @@
 
 Two formats (:data:`PARSERS`), chosen by the chat template (:func:`select_parser`):
 
-- ``hermes`` (Hermes, Qwen2.5, and pdserve's own tool prompt: :mod:`~coordinator.api.tool_prompt`):
+- ``hermes`` (Hermes, Qwen2.5, and pdserve's own tool prompt: :mod:`~coordinator.api.tools.prompt`):
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number of them; the text
   outside them is the answer's content.
 - ``llama3_json`` (Llama 3.1+): the whole output is ``{"name": ..., "parameters": {...}}``
@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.api.tool_prompt import template_source
+from coordinator.api.tools.prompt import template_source
 
 CALL_ID_CHARS = string.ascii_letters + string.digits
 PYTHON_TAG = "<|python_tag|>"

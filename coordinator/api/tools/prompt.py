@@ -6,7 +6,7 @@ objects) and ``tool`` messages with their ``tool_call_id``.
 
 Any other template (the bundled SmolLM2's among them) reads only ``{role, content}`` text, so
 pdserve writes the tools into the prompt itself, in the Hermes form its ``hermes`` parser reads
-(:mod:`~coordinator.api.tool_parsers`):
+(:mod:`~coordinator.api.tools.parsers`):
 
 - the tools offered are described at the start of the system message (one is added when there is
   none): each function's JSON on its own line inside ``<tools></tools>``, and how to call one,
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.api.chat_prompt import ChatPrompt, render_chat, shown
-from coordinator.api.openai_format import OpenAIError
-from coordinator.api.tools import ToolRequest
+from coordinator.api.errors import OpenAIError
+from coordinator.api.tools.request import ToolRequest
 
 CALL_FORM = '{"id", "type": "function", "function": {"name", "arguments"}}'
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.api.chat_prompt import shown
-from coordinator.api.openai_format import OpenAIError
+from coordinator.api.errors import OpenAIError
 from coordinator.api.structured_request import NAME as TOOL_NAME
 from engine.constraint import MAX_SPEC_CHARS
 

@@ -1,6 +1,6 @@
 """A chat answer whose text is read for tool calls (``tool_choice`` ``auto``, ``required`` or a
 named function): OpenAI's shapes of :class:`~coordinator.api.openai_format.Completion`, with the
-calls the model's parser (:mod:`~coordinator.api.tool_parsers`) finds in the text.
+calls the model's parser (:mod:`~coordinator.api.tools.parsers`) finds in the text.
 
 Whole: ``message = {"role": "assistant", "content": <the text outside the calls, null when
 there is none>, "tool_calls": [{"id": "call_…", "type": "function", "function": {"name",
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordinator.api.openai_format import Completion
-from coordinator.api.tool_parsers import BaseToolParser, Delta, ToolCallStream, parse_tool_calls
+from coordinator.api.tools.parsers import BaseToolParser, Delta, ToolCallStream, parse_tool_calls
 from coordinator.content_safety import ContentFilter
 
 

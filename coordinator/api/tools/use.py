@@ -5,12 +5,12 @@ in the order the door takes them:
    ``parallel_tool_calls`` (a :class:`~coordinator.api.tools.ToolError` is 400);
 2. the prompt renders the offered tools, the history's calls and tool results
    (:func:`~coordinator.api.openai_request.read_prompt` with the request's tools;
-   :mod:`~coordinator.api.tool_prompt`);
+   :mod:`~coordinator.api.tools.prompt`);
 3. :func:`with_tool_constraint` puts the grammar of ``required`` or a named choice on the
-   sampling settings, compiled first (:mod:`~coordinator.api.tool_grammar`): it replaces a
+   sampling settings, compiled first (:mod:`~coordinator.api.tools.grammar`): it replaces a
    ``response_format``'s constraint, as the calls are the answer;
 4. :func:`tool_completion` is the answer that reads the calls out of the text
-   (:mod:`~coordinator.api.tool_answer`), in the format :func:`tool_parser` picks.
+   (:mod:`~coordinator.api.tools.answer`), in the format :func:`tool_parser` picks.
 
 ``tool_choice: "none"`` renders no tool and parses nothing: a plain answer.
 """
@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 
 from coordinator.api.openai_format import Completion
-from coordinator.api.tool_answer import ToolCompletion
-from coordinator.api.tool_grammar import check_constraint, tool_constraint
-from coordinator.api.tool_parsers import BaseToolParser, select_parser
-from coordinator.api.tool_prompt import renders_tools
-from coordinator.api.tools import ToolRequest
+from coordinator.api.tools.answer import ToolCompletion
+from coordinator.api.tools.grammar import check_constraint, tool_constraint
+from coordinator.api.tools.parsers import BaseToolParser, select_parser
+from coordinator.api.tools.prompt import renders_tools
+from coordinator.api.tools.request import ToolRequest
 from coordinator.model_info import ModelInfo
 from engine.sampling_params import SamplingParams
 

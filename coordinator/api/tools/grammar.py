@@ -1,7 +1,7 @@
 """The grammar that makes ``tool_choice: "required"`` and a named ``tool_choice`` true.
 
 Both are a Lark :class:`~engine.constraint.Constraint` (llguidance's dialect) over the calls the
-model's parser reads (:mod:`~coordinator.api.tool_parsers`), each call's arguments the function's
+model's parser reads (:mod:`~coordinator.api.tools.parsers`), each call's arguments the function's
 ``parameters`` schema embedded with ``%json``. For ``hermes``::
 
     start: call ("\\n" call)*            # "required" with parallel_tool_calls; else: start: call
@@ -26,8 +26,8 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.tool_parsers import BaseToolParser
-from coordinator.api.tools import Tool, ToolError, ToolRequest
+from coordinator.api.tools.parsers import BaseToolParser
+from coordinator.api.tools.request import Tool, ToolError, ToolRequest
 from coordinator.model_info import ModelInfo
 from engine.constraint import MAX_SPEC_CHARS, Constraint
 from engine.errors import ConfigError
