@@ -76,7 +76,7 @@ class MlflowScorer:
         self.service, self.model, self.embed = service, model, embed
         self.saved_keys = frozenset(model_config)
         # rows run at once, each a request in flight: never more than max_requests of them
-        in_flight_limit = getattr(service, "max_requests", MAX_INVOCATION_ROWS)
+        in_flight_limit = service.max_requests if service is not None else MAX_INVOCATION_ROWS
         self.max_rows = min(MAX_INVOCATION_ROWS, in_flight_limit)
 
     async def predict(self, scoring: Scoring, tenant: str = "") -> Any:
