@@ -14,8 +14,8 @@ from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.transfer.payload import KVPayload
 from testbed.tiny_model import build_tiny_model
-from tests.coordinator_servers import servers  # noqa: F401 - a session fixture
-from tests.mlflow_models import mlflow_chat_dir, mlflow_embed_dir  # noqa: F401 - fixtures
+from tests.support.coordinator_servers import servers  # noqa: F401 - a session fixture
+from tests.support.mlflow_models import mlflow_chat_dir, mlflow_embed_dir  # noqa: F401 - fixtures
 
 torch.set_num_threads(2)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub

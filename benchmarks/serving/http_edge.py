@@ -55,7 +55,7 @@ def serve(protocol: str, port: int, tokens: int) -> None:
 
     from coordinator.edge import EdgeLimits, uvicorn_limits
     from coordinator.own_loop import OwnLoopServer
-    from tests.door_fakes import ScriptedService, predict_app
+    from tests.support.door_fakes import ScriptedService, predict_app
 
     os.sched_setaffinity(0, {0})
     options: dict[str, Any] = {"http": protocol}
