@@ -5,8 +5,8 @@ names it afterwards, and every worker was told to drop it.
 The real ``InferenceService``, ``Router`` and ``Cluster`` run over in-process workers
 (``tests.support.fake_actors``), in each deploy path: a hand-off, a decode worker prefilling
 itself, and ``single_node``. Nothing is looked up by hand: every object of the coordinator's own
-classes reachable from the service (the cluster, the router and their parts), through every dict, list,
-tuple and set, and through every pending task's local variables, is searched for the request's
+classes reachable from the service (the cluster, the router and their parts), through every dict,
+list, tuple and set, and through every pending task's local variables, is searched for the request's
 id or anything carrying it; so a table added later that keeps a request is caught too.
 """
 
