@@ -228,10 +228,11 @@ class KVImporter:
         self.scheduler.insert_running(request)
 
     def import_kv(self, payload: KVPayload, max_output_tokens: int | None = None) -> None:
-        """Install received pages into a request that continues decoding: into its reservation,
-        or into blocks reserved now, decoding to ``max_output_tokens`` (by default the limit the
-        pages carry). On a mismatch the reservation ends with the error, which is raised too
-        (pages are never decoded into garbage)."""
+        """Install received pages into a request that continues decoding: into its reservation
+        (decoding to the reservation's output limit), or into blocks reserved now (decoding to
+        ``max_output_tokens``, by default the limit the pages carry). On a mismatch the
+        reservation ends with the error, which is raised too (pages are never decoded into
+        garbage)."""
         state = payload.state
         if state.request_id not in self.requests:
             new = NewRequest(
