@@ -122,7 +122,7 @@ class Cluster:
         request, limit = run.attempt, self._limit(run)
         run.workers = [p_worker, d_worker]
         # the first token is the last: it ends on the prefill worker, no pages move
-        target = HandoffTarget("", limit)
+        target = HandoffTarget.nowhere(limit)
         if limit > len(request.output_token_ids) + 1:
             reservation = await self._reserve(d_worker, request, limit)
             if not reservation.granted:
@@ -153,7 +153,7 @@ class Cluster:
         async for item in self._stream(run.attempt_id, stream):
             if isinstance(item, TokenEvent) and not item.finished:
                 run.advance(RunPhase.HANDING_OFF)  # the first token: the pages go now
-            elif isinstance(item, TokenEvent) and target.endpoint:
+            elif isinstance(item, TokenEvent) and target.hands_off:
                 await self._release(run)  # ended on its first token: free the reservation
             yield item
 

@@ -54,7 +54,8 @@ class PrefillWorker(HandoffWorker):
         limit this first token reaches (a migrated request one token short of it) is not
         handed off: the request finishes here, at the limit."""
         limit = target.max_output_tokens if target is not None else None
-        handoff = target if limit and limit > len(request.output_token_ids) + 1 else None
+        last = limit is not None and limit <= len(request.output_token_ids) + 1
+        handoff = target if target is not None and target.hands_off and not last else None
 
         yield from self._run(
             request, handoff, prefill_only=handoff is not None, max_output_tokens=limit

@@ -217,7 +217,7 @@ def test_migrated_request_one_token_short_of_its_limit_ends_on_prefill(tiny_mode
     prefill = PrefillWorker(config, KVTransferConfig("inprocess"))
     try:
         request = _request("r").continued("r-m1", range(20, 20 + limit - 1))
-        items = list(prefill.prefill(request, HandoffTarget("", limit)))
+        items = list(prefill.prefill(request, HandoffTarget.nowhere(limit)))
         assert len(items) == 1 and isinstance(items[0], TokenEvent)
         assert items[0].finish_reason == FinishReason.LENGTH
         assert items[0].num_output_tokens == limit
