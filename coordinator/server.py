@@ -6,7 +6,7 @@ with ``ca_cert``), manage (instance list; ``POST /v1/faults`` too when
 never off loopback without them),
 status (probes: 503 until every actor is up, then 200; served by a thread of their own, on its
 own event loop, so nothing on the predict port's loop delays them), external (``/metrics``).
-Every listener runs behind the edge's limits (:mod:`coordinator.edge`: header size, header and
+Every listener runs behind the edge's limits (:mod:`coordinator.http_edge`: header size, header and
 body deadlines, ``limit_concurrency``). The cluster starts in the background so the probes answer
 from the first second. SIGTERM stops taking new
 requests, lets in-flight ones finish (bounded by ``drain_timeout_s``), then shuts the actors
@@ -33,14 +33,14 @@ import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
 from coordinator.cluster import Cluster
 from coordinator.config import CoordinatorConfig, check_manage_listener
-from coordinator.edge import EdgeLimits, uvicorn_limits
 from coordinator.fault_injection import add_fault_route, read_fault_body
+from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
-from coordinator.own_loop import OwnLoopServer
 from coordinator.ray_connect import init_ray
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
+from coordinator.threaded_server import ThreadedServer
 from workers.faults import fault_injection_enabled
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Coordinator:
         self.ready = False
         self.started_ray = False
         self._servers: list[uvicorn.Server] = []
-        self._probes: OwnLoopServer | None = None
+        self._probes: ThreadedServer | None = None
 
     # ---- apps ------------------------------------------------------------------------------
 
@@ -209,7 +209,7 @@ class Coordinator:
 
     async def serve(self) -> None:
         self._servers = [SignalFreeServer(c) for c in self.uvicorn_configs()]
-        self._probes = OwnLoopServer(self._servers.pop(2), "probes")
+        self._probes = ThreadedServer(self._servers.pop(2), "probes")
         self._probes.start()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()

@@ -25,8 +25,8 @@ from fastapi.responses import Response
 
 from coordinator.api import common
 from coordinator.api.limits import default_body_limit_mb
-from coordinator.edge import EdgeLimits, uvicorn_limits
-from coordinator.own_loop import OwnLoopServer
+from coordinator.http_edge import EdgeLimits, uvicorn_limits
+from coordinator.threaded_server import ThreadedServer
 from tests.support.door_fakes import ScriptedService, predict_app, serving
 from tests.support.endless_service import EndlessService
 
@@ -248,7 +248,7 @@ def test_the_probes_answer_within_100_ms_while_the_predict_loop_is_stalled():
         return Response(status_code=200)
 
     config = uvicorn.Config(probes, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    probe_server = OwnLoopServer(uvicorn.Server(config), "probes")
+    probe_server = ThreadedServer(uvicorn.Server(config), "probes")
     probe_server.start()
     deadline = time.monotonic() + 10
     while not probe_server.server.started:

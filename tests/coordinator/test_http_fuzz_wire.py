@@ -2,7 +2,7 @@
 counts, sizes near and over the cap, bytes no header should hold) and random bodies, whole or
 chunked (chunk sizes true or false, extensions, trailers, a last chunk or none), written in
 random fragments with random pauses, against a real uvicorn server behind the edge
-(:mod:`coordinator.edge`) with short deadlines.
+(:mod:`coordinator.http_edge`) with short deadlines.
 
 Every exchange must end within :data:`ANSWER_TIMEOUT_S` with an answer below 500 (431 and 408
 included) or a closed connection, and the server must serve a plain request after each one.
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.edge import EdgeLimits, uvicorn_limits
+from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from tests.support.door_fakes import ScriptedService, predict_app, serving
 
 EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "12")) * 2

@@ -9,7 +9,7 @@ import threading
 import uvicorn
 
 
-class OwnLoopServer:
+class ThreadedServer:
     """``server`` served by a daemon thread running its own event loop."""
 
     def __init__(self, server: uvicorn.Server, name: str) -> None:

@@ -33,7 +33,7 @@ CONCURRENCY_HEADROOM = 64  # connections beyond max_requests before uvicorn answ
 
 @dataclass(frozen=True)
 class EdgeLimits:
-    """The bounds of :mod:`coordinator.edge`; seconds and bytes."""
+    """The bounds of :mod:`coordinator.http_edge`; seconds and bytes."""
 
     max_header_bytes: int = 64 * 1024
     header_timeout_s: float = 30.0
