@@ -35,7 +35,7 @@ from coordinator.pool.fleet import Fleet
 from coordinator.request_run import RequestRun, RunPhase
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-from engine.token_accounting import pd_output_limit
+from engine.token_accounting import output_limit
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget, Reservation
 
 log = logging.getLogger(__name__)
@@ -106,30 +106,34 @@ class Cluster:
             worker = colocated[decode % len(colocated)]
             return self._generate_alone(run, worker), "colocated"
         if prefill is None:
-            return self._generate_alone(run, self.fleet.decodes[decode], self._limit(run)), "decode"
+            return self._generate_alone(
+                run, self.fleet.decodes[decode], self._max_output_tokens(run)
+            ), "decode"
         return self._generate_pd(
             run, self.fleet.prefills[prefill], self.fleet.decodes[decode]
         ), "prefill"
 
-    def _limit(self, run: RequestRun) -> int:
+    def _max_output_tokens(self, run: RequestRun) -> int:
         """A disaggregated request's output limit, whichever path it takes (token-accounting)."""
         max_new_tokens = run.request.params.max_new_tokens
-        return pd_output_limit(max_new_tokens, self.config.engine.scheduler.max_iter_times)
+        return output_limit(
+            max_new_tokens, self.config.engine.scheduler.max_iter_times, disaggregated=True
+        )
 
     async def _generate_pd(
         self, run: RequestRun, p_worker: Any, d_worker: Any
     ) -> AsyncIterator[TokenEvent]:
-        request, limit = run.attempt, self._limit(run)
+        request, max_output_tokens = run.attempt, self._max_output_tokens(run)
         run.workers = [p_worker, d_worker]
         # the first token is the last: it ends on the prefill worker, no pages move
-        target = HandoffTarget.nowhere(limit)
-        if limit > len(request.output_token_ids) + 1:
-            reservation = await self._reserve(d_worker, request, limit)
+        target = HandoffTarget.nowhere(max_output_tokens)
+        if max_output_tokens > len(request.output_token_ids) + 1:
+            reservation = await self._reserve(d_worker, request, max_output_tokens)
             if not reservation.granted:
                 refusal = f"decode worker refused: {reservation.reason}"
                 yield TokenEvent.failure(request.request_id, refusal, "reservation_refused")
                 return
-            target = HandoffTarget.from_reservation(reservation, limit)
+            target = HandoffTarget.from_reservation(reservation, max_output_tokens)
         if run.aborted:  # aborted while its blocks were being reserved
             yield TokenEvent.aborted(request.request_id)
             return
@@ -184,12 +188,14 @@ class Cluster:
                 run.advance(RunPhase.DECODING)
             yield event
 
-    async def _reserve(self, d_worker: Any, request: GenerationRequest, limit: int) -> Reservation:
-        """Blocks on ``d_worker`` for a request decoding up to ``limit`` outputs, waiting for
+    async def _reserve(
+        self, d_worker: Any, request: GenerationRequest, max_output_tokens: int
+    ) -> Reservation:
+        """Blocks on ``d_worker`` for a request decoding up to ``max_output_tokens``, waiting for
         room no longer than the request may take."""
         wait_s = min(x for x in (self.config.reservation_wait_s, request.timeout_s) if x)
         try:
-            return await d_worker.reserve.remote(request, wait_s, limit)
+            return await d_worker.reserve.remote(request, wait_s, max_output_tokens)
         except ray.exceptions.RayError as exc:
             return Reservation.refused(type(exc).__name__)
 

@@ -9,16 +9,9 @@ tokens after the first, so the request reports maxIterTimes + 1 — MindIE's rul
 from __future__ import annotations
 
 
-def pd_output_limit(max_new_tokens: int, max_iter_times: int) -> int:
-    """Total output tokens (first token included) of a disaggregated request."""
-    if max_new_tokens > max_iter_times:
-        return max_iter_times + 1
-    return max_new_tokens
-
-
 def output_limit(max_new_tokens: int, max_iter_times: int, disaggregated: bool = False) -> int:
     """Total output tokens (first token included) of a request, colocated or disaggregated: the
     one place a request's limit is worked out (every ``NewRequest`` carries it)."""
-    if disaggregated:
-        return pd_output_limit(max_new_tokens, max_iter_times)
+    if disaggregated and max_new_tokens > max_iter_times:
+        return max_iter_times + 1
     return min(max_new_tokens, max_iter_times)
