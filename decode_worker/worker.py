@@ -49,7 +49,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import NewRequest, Request, RequestStatus
 from engine.transfer import create_receiver
-from engine.transfer.base import header_limit
+from engine.transfer.base import ReceiverLimits, header_limit
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from workers.contracts import GenerationRequest, Reservation
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
@@ -81,10 +81,12 @@ class DecodeWorker(HandoffWorker):
             self._on_transfer,
             kv_bind_address(transfer.host),
             on_broken=self._on_broken,
-            stream_timeout_s=transfer.transfer_timeout_s,
-            max_payload_bytes=self.engine.kv_cache_bytes,
+            limits=ReceiverLimits(
+                max_payload_bytes=self.engine.kv_cache_bytes,
+                max_header_bytes=header_limit(self.engine.config.scheduler.max_seq_len),
+                stream_timeout_s=transfer.transfer_timeout_s,
+            ),
             credentials=self.credentials,
-            max_header_bytes=header_limit(self.engine.config.scheduler.max_seq_len),
         )
 
     def endpoint(self) -> str:

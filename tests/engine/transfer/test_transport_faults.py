@@ -19,6 +19,7 @@ from engine.config import CacheConfig, EngineConfig, KVTransferConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from engine.transfer import KVTransferError, create_receiver, create_sender
+from engine.transfer.base import ReceiverLimits
 from engine.transfer.endpoints import EndpointCache
 from engine.transfer.grpc_transport import MAX_CONCURRENT_PUSHES, chunk_messages
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferHeader
@@ -212,7 +213,7 @@ class _RawClient:
 
 
 def test_idle_grpc_streams_do_not_block_a_handoff_beyond_the_stream_bound():
-    receiver = create_receiver("grpc", _accept_all, stream_timeout_s=1.0)
+    receiver = create_receiver("grpc", _accept_all, limits=ReceiverLimits(stream_timeout_s=1.0))
     raw = _RawClient(receiver.endpoint)
     sender = create_sender("grpc")
     try:
@@ -235,7 +236,10 @@ def test_idle_grpc_streams_do_not_block_a_handoff_beyond_the_stream_bound():
 def test_a_grpc_stream_stalling_mid_transfer_is_cut_and_reported():
     broken: list[tuple[str, str]] = []
     receiver = create_receiver(
-        "grpc", _accept_all, on_broken=lambda *why: broken.append(why), stream_timeout_s=0.5
+        "grpc",
+        _accept_all,
+        on_broken=lambda *why: broken.append(why),
+        limits=ReceiverLimits(stream_timeout_s=0.5),
     )
     raw = _RawClient(receiver.endpoint)
     try:
