@@ -39,6 +39,7 @@ from engine.transfer import (
     BaseKVReceiver,
     BaseKVSender,
     KVTransferError,
+    ReceiverLimits,
     create_receiver,
     create_sender,
 )
@@ -85,7 +86,7 @@ def open_receivers(
             plane.transport,
             lambda item: None,
             host,
-            stream_timeout_s=TIMEOUT_S,
+            limits=ReceiverLimits(stream_timeout_s=TIMEOUT_S),
             credentials=share(plane, credentials),
         )
         for name, plane in planes.items()
