@@ -142,8 +142,8 @@ def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model
         assert first.choose(prompt) == (0, 0)
         list(workers[chosen].generate(_request("turn-1", prompt)))
         asyncio.run(second.refresh())
-        assert second.kv.num_entries(("colocated", chosen)) >= 9
-        assert second.kv.num_entries(("colocated", 1 - chosen)) == 0
+        assert second.cache.num_confirmed(("colocated", chosen)) >= 9
+        assert second.cache.num_confirmed(("colocated", 1 - chosen)) == 0
         follow_up = [*prompt, 7, 8, 9, 10]
         assert second.choose(follow_up) == (0, chosen)
         events = list(workers[chosen].generate(_request("turn-2", follow_up)))
