@@ -33,7 +33,7 @@ import pytest
 
 from testbed.coordinator_process import CoordinatorProcess, start_coordinator
 from testbed.tiny_model import build_tiny_model
-from tests import chaos_cluster as cluster
+from tests.support import chaos_cluster as cluster
 from tests.support.chaos_load import PROMPTS, Load, constrained, reference_texts, request, text_key
 from tests.support.chaos_prompts import greedy_texts, long_prompts
 from tests.support.coordinator_servers import backend
