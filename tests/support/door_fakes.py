@@ -53,6 +53,9 @@ class ScriptedService:
         self.tokens, self.error, self.finish = tokens, error, finish
         self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission's state
 
+    def count_door_refusal(self) -> None:
+        """Admission's hook for a request refused at the door (nothing counts it here)."""
+
     def new_request_id(self) -> str:
         return "req-1"
 

@@ -37,6 +37,9 @@ class EndlessService:
         self._ids = itertools.count()
         self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission
 
+    def count_door_refusal(self) -> None:
+        """Admission's hook for a request refused at the door (nothing counts it here)."""
+
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 

@@ -37,6 +37,9 @@ class RecordingService:
         self.taken: list[int] = []
         self.in_flight, self.max_requests, self.draining = 0, 100, False
 
+    def count_door_refusal(self) -> None:
+        """Admission's hook for a request refused at the door (nothing counts it here)."""
+
     def new_request_id(self) -> str:
         return "req-1"
 
