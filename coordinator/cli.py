@@ -199,7 +199,7 @@ def resolve_config(args: argparse.Namespace) -> CoordinatorConfig:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["workers"]:  # the shared worker pool alone (docs/replicas.md)
-        from coordinator.workers_command import main as workers_main
+        from coordinator.pool.command import main as workers_main
 
         return workers_main(argv[1:])
     args = parse_args(argv)

@@ -16,10 +16,10 @@ from typing import Any
 
 from coordinator.cluster_config import DEPLOY_MODES, ActorResources, ClusterConfig
 from coordinator.config_keys import Convert, Feed, Key, fed
-from coordinator.edge import EdgeLimits
+from coordinator.http_edge import EdgeLimits
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo
-from coordinator.router import RoutingConfig
+from coordinator.routing.config import RoutingConfig
 from engine.config import (
     DTYPES,
     ENCRYPTION_MODES,

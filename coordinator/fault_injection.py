@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 
-from coordinator.cluster import FAULT_INJECTION, fault_injection_enabled
+from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 
 log = logging.getLogger(__name__)
 FAULT_BODY_LIMIT = 4096  # bytes: a fault request is a few short fields
@@ -28,7 +28,7 @@ def add_fault_route(app: FastAPI, inject: Callable[[Request], Awaitable[Any]]) -
         "%s=1: FAULT INJECTION IS ON. POST /v1/faults on the management port breaks workers on "
         "request, and every worker accepts injected faults. For chaos tests only: never in "
         "production.",
-        FAULT_INJECTION,
+        FAULT_INJECTION_ENV,
     )
     app.add_api_route("/v1/faults", inject, methods=["POST"])
 

@@ -46,7 +46,8 @@ from coordinator.errors import (
 )
 from coordinator.metrics import Metrics
 from coordinator.request_run import Outcome, RequestRun
-from coordinator.router import Route, Router
+from coordinator.router import Router
+from coordinator.routing.choice import Route
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from workers.contracts import GenerationRequest

@@ -3,7 +3,7 @@
 A local Ray otherwise binds its services to the host's external address. Ray reads
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when it is imported, so the flag it derived is set too; the
 processes it starts inherit the variable. A local Ray runs none of Ray's services that pdserve
-does not use (``ray_services.py``). Joining a cluster, the coordinator attaches to this host's
+does not use (``local_ray_services.py``). Joining a cluster, the coordinator attaches to this host's
 own raylet where the machine shows several (``ray_node.py``).
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import ray
 
+from coordinator.local_ray_services import without_unused_services
 from coordinator.ray_node import own_node_ip
-from coordinator.ray_services import without_unused_services
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from coordinator.router import Route
+from coordinator.routing.choice import Route
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from workers.contracts import GenerationRequest

@@ -20,7 +20,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.config_keys import build
 from coordinator.content_safety import ContentFilter
 from coordinator.model_info import ModelInfo
-from coordinator.router import RoutingConfig
+from coordinator.routing.config import RoutingConfig
 from engine.config import CacheConfig
 from engine.embedding_model import embedding_model_dirs
 from engine.model.loader import load_hf_config, load_tokenizer, model_name, resolve_model_dir

@@ -6,7 +6,7 @@ with ``ca_cert``), manage (instance list; ``POST /v1/faults`` too when
 never off loopback without them),
 status (probes: 503 until every actor is up, then 200; served by a thread of their own, on its
 own event loop, so nothing on the predict port's loop delays them), external (``/metrics``).
-Every listener runs behind the edge's limits (:mod:`coordinator.edge`: header size, header and
+Every listener runs behind the edge's limits (:mod:`coordinator.http_edge`: header size, header and
 body deadlines, ``limit_concurrency``). The cluster starts in the background so the probes answer
 from the first second. SIGTERM stops taking new
 requests, lets in-flight ones finish (bounded by ``drain_timeout_s``), then shuts the actors
@@ -31,16 +31,17 @@ from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
-from coordinator.cluster import Cluster, fault_injection_enabled
+from coordinator.cluster import Cluster
 from coordinator.config import CoordinatorConfig, check_manage_listener
-from coordinator.edge import EdgeLimits, uvicorn_limits
 from coordinator.fault_injection import add_fault_route, read_fault_body
+from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
-from coordinator.own_loop import OwnLoopServer
 from coordinator.ray_connect import init_ray
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
+from coordinator.threaded_server import ThreadedServer
+from workers.faults import fault_injection_enabled
 
 log = logging.getLogger(__name__)
 PROBES = ("/v1/startup", "/v1/health", "/v1/readiness", "/v2/health/live", "/v2/health/ready")
@@ -64,8 +65,9 @@ class Coordinator:
         self.cluster = Cluster(cluster_config(config, self.served))
         self.cluster.on_handoff = self.metrics.record_handoff
         self.cluster.on_prefilled = self.metrics.record_prefill
+        self.fleet = self.cluster.fleet
         self.router = Router(
-            self.cluster, routing=routing_config(config, self.cluster.config.engine.cache)
+            self.fleet, routing=routing_config(config, self.cluster.config.engine.cache)
         )
         self.service = InferenceService(
             self.cluster,
@@ -78,7 +80,7 @@ class Coordinator:
         self.ready = False
         self.started_ray = False
         self._servers: list[uvicorn.Server] = []
-        self._probes: OwnLoopServer | None = None
+        self._probes: ThreadedServer | None = None
 
     # ---- apps ------------------------------------------------------------------------------
 
@@ -86,7 +88,7 @@ class Coordinator:
         return create_predict_app(
             self.service,
             self.served,
-            self.cluster.embed,
+            self.fleet.embed,
             body_limit_mb=self.config["request_limit"]["body_limit"],
             max_input_tokens=self.config["backend_config"]["maxInputTokenLen"],
             api_keys=self.config["http_config"]["api_keys"],
@@ -111,10 +113,10 @@ class Coordinator:
             self.metrics.record_loads(self.router.latest_loads)
             router = self.router
             self.metrics.record_replicas(
-                self.cluster.coordinator_id,
+                self.fleet.coordinator_id,
                 router.latest_reports,
-                router.kv.num_events,
-                router.kv.num_resyncs,
+                router.cache.num_events,
+                router.cache.num_resyncs,
             )
             self.metrics.record_grammars(self.model.grammars if self.model else None)
             return Response(
@@ -148,7 +150,7 @@ class Coordinator:
         worker's ``inject_fault`` (``docs/kv-handoff.md``); 400 when it refuses."""
         try:
             body = await read_fault_body(request)
-            worker = self.cluster.worker(str(body["role"]), int(body["instance"]))
+            worker = self.fleet.worker(str(body["role"]), int(body["instance"]))
             await worker.inject_fault.remote(str(body["fault"]), int(body.get("count", 1)))
         except (ValueError, KeyError, TypeError, IndexError, ray.exceptions.RayError) as exc:
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=400)
@@ -161,7 +163,7 @@ class Coordinator:
         address = self.config["backend_config"]["ray_address"] or None
         self.started_ray = init_ray(address)
         start = time.monotonic()
-        self.cluster.start()
+        self.fleet.start()
         log.info(
             "cluster up in %.1f s: %s", time.monotonic() - start, self.cluster.config.deploy_mode
         )
@@ -207,7 +209,7 @@ class Coordinator:
 
     async def serve(self) -> None:
         self._servers = [SignalFreeServer(c) for c in self.uvicorn_configs()]
-        self._probes = OwnLoopServer(self._servers.pop(2), "probes")
+        self._probes = ThreadedServer(self._servers.pop(2), "probes")
         self._probes.start()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -240,7 +242,7 @@ class Coordinator:
             starting.cancel()
         await self.router.stop()
         if ray.is_initialized():
-            self.cluster.shutdown()
+            self.fleet.shutdown()
             if self.started_ray:
                 ray.shutdown()
 
@@ -256,8 +258,3 @@ def tls_options(tls: dict[str, Any]) -> dict[str, Any]:
         options["ssl_ca_certs"] = tls["ca_cert"]
         options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
     return options
-
-
-def with_model(config: CoordinatorConfig, **backend: Any) -> CoordinatorConfig:
-    """Copy of ``config`` with ``backend_config`` keys replaced (tests, benchmarks)."""
-    return config.with_overrides({f"backend_config.{k}": v for k, v in backend.items()})

@@ -16,22 +16,22 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.errors import RequestRejectedError
 from engine.llm_engine import LLMEngine
-from workers.contracts import GenerationRequest
+from engine.request import NewRequest
 
 
 @dataclass(order=True)
 class Waiter:
     priority: int
     seq: int
-    request: GenerationRequest = field(compare=False)
+    request: NewRequest = field(compare=False)  # with its output limit
     token: str = field(compare=False, repr=False)  # the reservation's secret
     answer: Future[int | str] = field(default_factory=Future, compare=False)
-    max_output_tokens: int = field(default=0, compare=False)  # its output limit, kept here
 
 
 class ReservationQueue:
@@ -43,21 +43,12 @@ class ReservationQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(
-        self,
-        engine: LLMEngine,
-        request: GenerationRequest,
-        token: str,
-        answer: Future,
-        max_output_tokens: int = 0,
-    ) -> None:
+    def add(self, engine: LLMEngine, request: NewRequest, token: str, answer: Future) -> None:
         """Queue a hand-off whose pages must carry ``token``, answered through ``answer``, and
         serve the queue."""
         if answer.cancelled():  # its caller gave up before we got here
             return
-        waiter = Waiter(
-            request.priority, next(self._seq), request, token, answer, max_output_tokens
-        )
+        waiter = Waiter(request.priority, next(self._seq), request, token, answer)
         heapq.heappush(self._heap, waiter)
         self.grant(engine)
 
@@ -70,17 +61,9 @@ class ReservationQueue:
                 continue
             request = waiter.request
             try:
-                reserved = engine.importer.reserve_import(
-                    request.request_id,
-                    request.prompt_token_ids,
-                    request.params,
-                    request.priority,
-                    self.timeout_s,
-                    output_token_ids=request.output_token_ids,
-                    token=waiter.token,
-                    tenant=request.tenant,
-                    max_output_tokens=waiter.max_output_tokens,
-                )
+                # its pages' deadline and its queueing here count from the grant
+                granted = replace(request, arrival_time=time.monotonic())
+                reserved = engine.importer.reserve_import(granted, self.timeout_s, waiter.token)
                 if reserved is None:
                     return
                 result: int | str = reserved.num_shared_blocks
@@ -94,7 +77,7 @@ class ReservationQueue:
         """A waiter waited long enough: refuse it, saying why (unless answered meanwhile)."""
         waiter = self._remove(request_id)
         if waiter is not None:
-            _answer(waiter, engine.importer.reservation_refusal(waiter.request.num_tokens))
+            _answer(waiter, engine.importer.reservation_refusal(len(waiter.request.token_ids)))
 
     def cancel(self, request_id: str) -> bool:
         """Abort a waiting hand-off: refused at once."""

@@ -37,7 +37,6 @@ Chaos tests break transfers on purpose with ``inject_fault`` (``docs/kv-handoff.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import time
 from collections.abc import Iterator
@@ -48,15 +47,14 @@ from engine.errors import KVImportError
 from engine.grammars import GrammarError
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
-from engine.request import Request, RequestStatus
-from engine.token_accounting import pd_output_limit
+from engine.request import NewRequest, Request, RequestStatus
 from engine.transfer import create_receiver
-from engine.transfer.base import header_limit
+from engine.transfer.base import ReceiverLimits, header_limit
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from workers.contracts import GenerationRequest, Reservation
+from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.handoff_worker import HandoffWorker
 
-FAULT_INJECTION_ENV = "PDSERVE_FAULT_INJECTION"
 FAULTS = ("break_transport",)
 SETTLE_S = 0.1  # kept of reserve's wait_s for the engine thread to say why it refuses
 
@@ -83,10 +81,12 @@ class DecodeWorker(HandoffWorker):
             self._on_transfer,
             kv_bind_address(transfer.host),
             on_broken=self._on_broken,
-            stream_timeout_s=transfer.transfer_timeout_s,
-            max_payload_bytes=self.engine.kv_cache_bytes,
+            limits=ReceiverLimits(
+                max_payload_bytes=self.engine.kv_cache_bytes,
+                max_header_bytes=header_limit(self.engine.config.scheduler.max_seq_len),
+                stream_timeout_s=transfer.transfer_timeout_s,
+            ),
             credentials=self.credentials,
-            max_header_bytes=header_limit(self.engine.config.scheduler.max_seq_len),
         )
 
     def endpoint(self) -> str:
@@ -97,14 +97,12 @@ class DecodeWorker(HandoffWorker):
     ) -> Reservation:
         """Set blocks aside for an incoming hand-off and open its stream. Waits for room, among
         waiting hand-offs served by priority then arrival; returns within ``wait_s``.
-        ``max_output_tokens``: the request's output limit, first token included (0: worked out
-        here from its ``max_new_tokens``); kept with the reservation, never taken from the
-        pages' message."""
+        ``max_output_tokens``: the request's output limit, first token included (0: the
+        disaggregated limit of its ``max_new_tokens``); kept with the reservation, never taken
+        from the pages' message."""
         request_id = request.request_id
         token = secrets.token_hex(16)  # only pages carrying it are accepted
-        limit = max_output_tokens or pd_output_limit(
-            request.params.max_new_tokens, self.engine.config.scheduler.max_iter_times
-        )
+        new = self.engine_request(request, max_output_tokens, disaggregated=True)
         try:  # a constraint compiles here, not on the engine thread (workers/runtime.py)
             self.engine.grammars.compile(request.params.constraint)
         except GrammarError as exc:
@@ -112,7 +110,7 @@ class DecodeWorker(HandoffWorker):
         self.leases.renew(request.owner)
         self.requests.open(request_id, owner=request.owner)
         try:
-            answer = self._wait_for_blocks(request, token, max(wait_s, 0.0), limit)
+            answer = self._wait_for_blocks(new, token, max(wait_s, 0.0))
         except BaseException:
             self.requests.close(request_id)
             raise
@@ -121,19 +119,15 @@ class DecodeWorker(HandoffWorker):
             return Reservation.refused(answer)
         return Reservation(True, self.receiver.endpoint, token=token, num_cached_blocks=answer)
 
-    def _wait_for_blocks(
-        self, request: GenerationRequest, token: str, wait_s: float, max_output_tokens: int
-    ) -> int | str:
+    def _wait_for_blocks(self, new: NewRequest, token: str, wait_s: float) -> int | str:
         """Once blocks are reserved, how many leading ones the prefix cache gave; else why not,
         within ``wait_s`` (the last ``SETTLE_S`` of it for the engine thread to say why)."""
         deadline = time.monotonic() + wait_s
         answer: Future[int | str] = Future()
-        added = self.loop.call(
-            lambda e: self._waiting.add(e, request, token, answer, max_output_tokens)
-        )
+        added = self.loop.call(lambda e: self._waiting.add(e, new, token, answer))
         with contextlib.suppress(TimeoutError):
             return answer.result(timeout=_left(deadline - min(SETTLE_S, wait_s / 2)))
-        self.loop.call(lambda e: self._waiting.withdraw(e, request.request_id))
+        self.loop.call(lambda e: self._waiting.withdraw(e, new.request_id))
         with contextlib.suppress(TimeoutError):
             return answer.result(timeout=_left(deadline))
         if answer.cancel():  # the engine thread is busy: it drops the waiter when it gets to it
@@ -147,7 +141,7 @@ class DecodeWorker(HandoffWorker):
         """Prefill ``request`` here, in this worker's batches (no hand-off: a short prompt, or no
         prefill worker to take it), and stream it to its finish; ``max_output_tokens``: its
         output limit, first token included (docs/token-accounting.md)."""
-        yield from self._run(request, max_output_tokens=max_output_tokens)
+        yield from self._run(request, max_output_tokens=max_output_tokens or None)
 
     def on_events(self, events: list[TokenEvent]) -> None:
         super().on_events(events)
@@ -178,7 +172,7 @@ class DecodeWorker(HandoffWorker):
         """Chaos tests only, with ``PDSERVE_FAULT_INJECTION=1`` in this worker's environment:
         ``break_transport`` breaks the next ``count`` incoming transfers mid-stream (see
         ``docs/kv-handoff.md``). Returns how many breaks are pending."""
-        if os.environ.get(FAULT_INJECTION_ENV) != "1":
+        if not fault_injection_enabled():
             raise RuntimeError(
                 f"fault injection is off: set {FAULT_INJECTION_ENV}=1 in the decode worker's "
                 "environment"

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt = engine.tokenizer.apply_chat_template(
             [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
         )["input_ids"]
-        engine.add_request("demo", list(prompt), params)
+        engine.add_request(engine.request("demo", prompt, params))
     except EngineError as exc:
         print(f"pdserve: {exc}", file=sys.stderr)
         return 2

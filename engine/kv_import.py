@@ -14,14 +14,12 @@ from __future__ import annotations
 import hmac
 import threading
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from engine.errors import KVImportError, RequestRejectedError
-from engine.request import Request, RequestStatus, replay_outputs
-from engine.sampling_params import SamplingParams
+from engine.request import NewRequest, Request, RequestStatus, replay_outputs
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 
 if TYPE_CHECKING:
@@ -48,54 +46,45 @@ class KVImporter:
 
     def reserve_import(
         self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        priority: int = 5,
+        new: NewRequest,
         timeout_s: float | None = None,
-        output_token_ids: Sequence[int] = (),
         token: str = "",
         max_shared_blocks: int | None = None,
-        tenant: str = "",
-        max_output_tokens: int = 0,
     ) -> Request | None:
-        """Set blocks aside for an incoming hand-off: a RESERVED request that ends with an error
-        if its pages are not in within ``timeout_s``. None when the cache cannot hold it now.
-        ``output_token_ids``: the outputs a migrated request arrives with, besides its prompt.
-        ``token``: the reservation's secret; only pages carrying it are taken.
-        ``max_output_tokens``: the output limit the request decodes to; 0: the one its pages
-        bring (``import_kv`` of pages nobody reserved for), else the pages' is never taken.
+        """Set blocks aside for an incoming hand-off of ``new`` (its prompt, any outputs a
+        migrated request arrives with, its output limit and tenant, as the coordinator said,
+        never the pages): a RESERVED request that ends with an error if its pages are not in
+        within ``timeout_s``. None when the cache cannot hold it now. ``token``: the
+        reservation's secret; only pages carrying it are taken.
 
         Leading blocks of the request found in the prefix cache (at most ``max_shared_blocks``)
         are shared, not reserved anew: ``num_shared_blocks`` of the returned request; the pages
-        that come start after them. ``tenant``: whose prompt it is, as the coordinator said (not
-        the pages): only that tenant's cached blocks are shared, and the blocks that arrive are
-        cached as that tenant's."""
-        if request_id in self.requests:
-            raise RequestRejectedError(f"request id {request_id!r} is already in use")
-        token_ids = [*prompt_token_ids, *output_token_ids]
+        that come start after them. Only the tenant's own cached blocks are shared, and the
+        blocks that arrive are cached as that tenant's."""
+        if new.request_id in self.requests:
+            raise RequestRejectedError(f"request id {new.request_id!r} is already in use")
+        token_ids = new.token_ids
         hashes: list[bytes] = []
-        shared = self.blocks.lookup(hashes, token_ids, tenant)[:max_shared_blocks]
+        shared = self.blocks.lookup(hashes, token_ids, new.tenant)[:max_shared_blocks]
         num_new = self.blocks.blocks_for(len(token_ids) + 1) - len(shared)
         if not self.blocks.can_take(shared, num_new):
             return None
         self.blocks.count_lookup(len(token_ids), len(shared))
-        # Its first token comes with the pages (finish_receive); its output limit is ours.
-        num_prompt = len(prompt_token_ids)
+        # Its first token comes with the pages, and its outputs so far are replayed then
+        # (finish_receive).
         request = self.engine.new_request(
-            request_id, token_ids[:num_prompt], num_prompt, params, max_output_tokens, priority
+            new,
+            replay=False,
+            status=RequestStatus.RESERVED,
+            block_hashes=hashes,
+            block_ids=self.blocks.take(shared) + self.blocks.allocate(num_new),
+            num_shared_blocks=len(shared),
+            num_registered_blocks=len(shared),
+            deadline=None if timeout_s is None else new.arrival_time + timeout_s,
+            reservation_token=token,
         )
-        request.token_ids = token_ids  # its outputs are replayed when their pages are in
-        request.status = RequestStatus.RESERVED
-        request.tenant = tenant
-        request.block_hashes = hashes
-        request.block_ids = self.blocks.take(shared) + self.blocks.allocate(num_new)
-        request.num_shared_blocks = request.num_registered_blocks = len(shared)
-        if timeout_s is not None:
-            request.deadline = request.arrival_time + timeout_s
-        request.reservation_token = token
         with self.receive_lock:  # the transport's thread looks reservations up
-            self.requests[request_id] = request
+            self.requests[new.request_id] = request
         return request
 
     def reservation_refusal(self, num_tokens: int) -> str:
@@ -125,14 +114,14 @@ class KVImporter:
             self.layout.check_compatible(header.layout)
             self._check_page_shape(request, header.shape)
 
-    def take_reservation(self, payload: KVPayload, max_output_tokens: int | None = None) -> Request:
+    def take_reservation(self, payload: KVPayload) -> Request:
         """Any thread: check arriving pages against their reservation and mark it RECEIVING.
 
         Raises :class:`KVImportError` (the request keeps its reservation) for pages that have no
         live reservation with their secret or do not fit it: another model or layout, more
         blocks, another shape, or a request state at odds with the reservation (another prompt,
-        token ids out of the vocabulary, counts that do not add up). ``max_output_tokens``
-        overrides the state's output limit.
+        token ids out of the vocabulary, counts that do not add up, an output limit the
+        reservation's does not leave room in).
         """
         state = payload.state
         with self.receive_lock:
@@ -147,16 +136,10 @@ class KVImporter:
             payload.check_shape(
                 self.blocks.blocks_for(state.num_computed_tokens) - state.first_block
             )
-            self._check_state(request, state, self._output_limit(request, state, max_output_tokens))
+            self._check_state(request, state)
             request.status = RequestStatus.RECEIVING
             request.reservation_token = ""
         return request
-
-    @staticmethod
-    def _output_limit(request: Request, state: HandoffState, max_output_tokens: int | None) -> int:
-        """The output limit a received request decodes to: the caller's, else its
-        reservation's; the pages' own only when neither set one."""
-        return max_output_tokens or request.max_output_tokens or state.max_output_tokens
 
     def _live_reservation(self, request_id: str, token: str) -> Request:
         """Under ``_receive_lock``: the RESERVED request whose secret is ``token``. Every miss
@@ -185,7 +168,7 @@ class KVImporter:
         if num_blocks > reserved:
             raise KVImportError(f"{num_blocks} blocks arrived, {reserved} reserved")
 
-    def _check_state(self, request: Request, state: HandoffState, max_output_tokens: int) -> None:
+    def _check_state(self, request: Request, state: HandoffState) -> None:
         """The arriving state must continue the reserved request and fit its blocks: a forged
         one never reaches a step, where a bad token id would fail every running request."""
         num_prompt = request.num_prompt_tokens
@@ -203,7 +186,7 @@ class KVImporter:
         vocab_size = self.shape.vocab_size
         if any(not 0 <= t < vocab_size for t in tokens):
             raise KVImportError(f"a token id is outside the vocabulary (0..{vocab_size - 1})")
-        num_outputs = len(tokens) - num_prompt
+        num_outputs, max_output_tokens = len(tokens) - num_prompt, request.max_output_tokens
         if not num_outputs < max_output_tokens <= self.config.scheduler.max_seq_len:
             raise KVImportError(  # at least one token left to decode
                 f"output limit {max_output_tokens} is not within {num_outputs + 1}.."
@@ -224,11 +207,7 @@ class KVImporter:
         return None
 
     def finish_receive(
-        self,
-        request: Request,
-        state: HandoffState,
-        error: str | None = None,
-        max_output_tokens: int | None = None,
+        self, request: Request, state: HandoffState, error: str | None = None
     ) -> None:
         """After ``write_pages``: the request continues decoding (RUNNING) from where the prefill
         side left it, or ends with the write's ``error``. One ended meanwhile (abort, expiry)
@@ -242,7 +221,6 @@ class KVImporter:
         request.num_computed_tokens = state.num_computed_tokens
         # the prefill side's, for usage; never past the reserved prompt
         request.num_cached_tokens = min(state.num_cached_tokens, request.num_prompt_tokens)
-        request.max_output_tokens = self._output_limit(request, state, max_output_tokens)
         # its first token was made on the prefill side just before its pages were sent
         request.first_token_time = request.first_token_time or time.monotonic()
         replay_outputs(request)  # every output so far was streamed by the prefill side
@@ -250,29 +228,34 @@ class KVImporter:
         self.scheduler.insert_running(request)
 
     def import_kv(self, payload: KVPayload, max_output_tokens: int | None = None) -> None:
-        """Install received pages into a request that continues decoding: into its reservation,
-        or into blocks reserved now. On a mismatch the reservation ends with the error, which is
-        raised too (pages are never decoded into garbage)."""
+        """Install received pages into a request that continues decoding: into its reservation
+        (decoding to the reservation's output limit), or into blocks reserved now (decoding to
+        ``max_output_tokens``, by default the limit the pages carry). On a mismatch the
+        reservation ends with the error, which is raised too (pages are never decoded into
+        garbage)."""
         state = payload.state
         if state.request_id not in self.requests:
-            reserved = self.reserve_import(
+            new = NewRequest(
                 state.request_id,
-                state.prompt_token_ids,
+                tuple(state.prompt_token_ids),
                 state.params,
-                state.priority,
-                output_token_ids=state.token_ids[state.num_prompt_tokens :],
-                token=payload.token,
-                max_shared_blocks=state.first_block,  # fewer: the pages do not fit, refused
+                max_output_tokens or state.max_output_tokens,
+                output_token_ids=tuple(state.token_ids[state.num_prompt_tokens :]),
+                priority=state.priority,
+            )
+            # fewer shared blocks than the pages skip: the pages do not fit, refused
+            reserved = self.reserve_import(
+                new, token=payload.token, max_shared_blocks=state.first_block
             )
             if reserved is None:
                 raise KVImportError(f"no free KV blocks for request {state.request_id!r}")
         try:
-            request = self.take_reservation(payload, max_output_tokens)
+            request = self.take_reservation(payload)
         except KVImportError as exc:
             if self.requests[state.request_id].status == RequestStatus.RESERVED:
                 self.engine.abort(state.request_id, str(exc))
             raise
         error = self.write_pages(request, payload)
-        self.finish_receive(request, state, error, max_output_tokens)
+        self.finish_receive(request, state, error)
         if error is not None:
             raise KVImportError(error)

@@ -43,10 +43,11 @@ from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, TokenEvent
-from engine.request import FinishReason, Request, RequestStatus, replay_outputs
+from engine.request import FinishReason, NewRequest, Request, RequestStatus, replay_outputs
 from engine.sampler import make_generator, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.token_accounting import output_limit
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 
 log = logging.getLogger(__name__)
@@ -108,79 +109,68 @@ class LLMEngine:
     def max_prompt_tokens(self) -> int:
         return self.config.scheduler.max_prompt_tokens(self.shape.max_position_embeddings)
 
-    def add_request(
+    def request(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],
         params: SamplingParams,
-        priority: int = 5,
-        prefill_only: bool = False,
-        output_token_ids: Sequence[int] = (),
-        max_output_tokens: int = 0,
-        arrival_time: float | None = None,
-        tenant: str = "",
-    ) -> None:
-        """Queue a request; :class:`RequestRejectedError` if it can never run. A request with
-        ``output_token_ids`` continues after them (see the module docstring).
-        ``max_output_tokens``: its output limit, first token included, when the caller set one
-        (a disaggregated request's, docs/token-accounting.md); else min(max_new_tokens,
-        maxIterTimes). ``arrival_time``: when it reached the worker (its queueing counts from
-        then), by default now. ``tenant``: whose prompt it is (its prefix cache hits are that
-        tenant's own blocks only)."""
-        if request_id in self.requests:
-            raise RequestRejectedError(f"request id {request_id!r} is already in use")
-        num_prompt = len(prompt_token_ids)
+        disaggregated: bool = False,
+        **fields: Any,
+    ) -> NewRequest:
+        """A :class:`NewRequest` whose output limit is the colocated (or ``disaggregated``) one
+        of this engine's ``maxIterTimes`` (``engine.token_accounting``), unless ``fields`` set
+        ``max_output_tokens``; ``fields``: the rest of its fields."""
+        max_iter_times = self.config.scheduler.max_iter_times
+        limit = output_limit(params.max_new_tokens, max_iter_times, disaggregated)
+        fields.setdefault("max_output_tokens", limit)
+        return NewRequest(request_id, tuple(prompt_token_ids), params, **fields)
+
+    def add_request(self, new: NewRequest) -> None:
+        """Queue a request; :class:`RequestRejectedError` if it can never run. One with output
+        tokens so far continues after them (see the module docstring)."""
+        if new.request_id in self.requests:
+            raise RequestRejectedError(f"request id {new.request_id!r} is already in use")
+        num_prompt = len(new.prompt_token_ids)
         if not 0 < num_prompt <= self.max_prompt_tokens():
             raise RequestRejectedError(
                 f"prompt has {num_prompt} tokens; valid range is [1, {self.max_prompt_tokens()}]"
             )
-        max_output = max_output_tokens or min(
-            params.max_new_tokens, self.config.scheduler.max_iter_times
-        )
-        if not prefill_only and len(output_token_ids) >= max_output:
+        num_outputs = len(new.output_token_ids)
+        if not new.prefill_only and num_outputs >= new.max_output_tokens:
             raise RequestRejectedError(
-                f"{len(output_token_ids)} output tokens already generated; the limit is "
-                f"{max_output}"
+                f"{num_outputs} output tokens already generated; the limit is "
+                f"{new.max_output_tokens}"
             )
-        request = self.new_request(
-            request_id, [*prompt_token_ids, *output_token_ids], num_prompt, params, 0, priority
-        )
-        request.max_output_tokens = len(output_token_ids) + 1 if prefill_only else max_output
-        request.prefill_only = prefill_only
-        request.tenant = tenant
-        if arrival_time is not None:
-            request.arrival_time = arrival_time
+        request = self.new_request(new)
         self._check_fits(request)
-        self.requests[request_id] = request
+        self.requests[new.request_id] = request
         self.scheduler.add(request)
 
-    def new_request(
-        self,
-        request_id: str,
-        token_ids: list[int],
-        num_prompt: int,
-        params: SamplingParams,
-        max_output: int,
-        priority: int,
-    ) -> Request:
-        """A request over ``token_ids`` (the prompt, then any outputs so far, which are replayed
-        through the detokenizer as if they had just been generated and streamed, and through
-        its grammar's matcher before its next token). A constraint that does not compile is
+    def new_request(self, new: NewRequest, replay: bool = True, **state: Any) -> Request:
+        """The engine's request for ``new`` over its prompt and outputs so far, which (with
+        ``replay``) go through the detokenizer as if they had just been generated and streamed,
+        and through its grammar's matcher before its next token; ``state``: the engine's own
+        fields set from the start (a reservation's). A constraint that does not compile is
         :class:`~engine.grammars.GrammarError`."""
-        grammar = self.grammars.state(params.constraint)
+        params, prompt = new.params, list(new.prompt_token_ids)
         request = Request(
-            request_id=request_id,
-            token_ids=token_ids,
-            num_prompt_tokens=num_prompt,
+            request_id=new.request_id,
+            token_ids=new.token_ids,
+            num_prompt_tokens=len(new.prompt_token_ids),
             params=params,
-            max_output_tokens=max_output,
-            priority=priority,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids[:num_prompt], params.stop),
+            max_output_tokens=new.engine_output_limit,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt, params.stop),
+            priority=new.priority,
             arrival_seq=next(self._arrivals),
+            prefill_only=new.prefill_only,
+            tenant=new.tenant,
+            arrival_time=new.arrival_time,
             generator=make_generator(self.device),
-            grammar=grammar,
+            grammar=self.grammars.state(params.constraint),
+            **state,
         )
-        replay_outputs(request)
+        if replay:
+            replay_outputs(request)
         return request
 
     def _check_fits(self, request: Request) -> None:
@@ -412,7 +402,7 @@ class LLMEngine:
         ids = [f"generate-{next(self._arrivals)}" for _ in prompts]
         outputs: dict[str, list[int]] = {i: [] for i in ids}
         for request_id, prompt, p in zip(ids, prompts, params_list, strict=True):
-            self.add_request(request_id, prompt, p)
+            self.add_request(self.request(request_id, prompt, p))
         while any(i in self.requests for i in ids):
             for event in self.step():
                 if event.request_id in outputs and event.token_id is not None:

@@ -25,6 +25,44 @@ class RequestStatus(enum.IntEnum):
     FINISHED = 5
 
 
+@dataclass(frozen=True)
+class NewRequest:
+    """What a caller asks an engine to run, whole: ``LLMEngine.add_request`` and
+    ``KVImporter.reserve_import`` make their :class:`Request` from it, and nothing patches that
+    request afterwards but the engine's own state changes. ``LLMEngine.request`` makes one with
+    the output limit of ``engine.token_accounting``."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    max_output_tokens: int  # output limit, first token included (docs/token-accounting.md)
+    # generated elsewhere already (a request migrated off a failed worker): computed with the
+    # prompt, counted against the limit, and continued after
+    output_token_ids: tuple[int, ...] = ()
+    priority: int = 5  # 1 is served first
+    # whose prompt it is: the prefix cache roots its block hashes here (engine.prefix_hash), so
+    # it shares blocks with its own tenant's requests only; "": no tenant
+    tenant: str = ""
+    arrival_time: float = field(default_factory=time.monotonic)  # its queueing counts from then
+    prefill_only: bool = False  # stop after the first token and hold the KV for export
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_token_ids", "output_token_ids"):
+            if not isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The prompt, then the outputs so far."""
+        return [*self.prompt_token_ids, *self.output_token_ids]
+
+    @property
+    def engine_output_limit(self) -> int:
+        """The limit the engine decodes this request to: a prefill-only one stops at its next
+        token (the rest is the decode side's)."""
+        return len(self.output_token_ids) + 1 if self.prefill_only else self.max_output_tokens
+
+
 class FinishReason(enum.Enum):
     EOS = "eos_token"
     LENGTH = "length"

@@ -53,11 +53,13 @@ class PrefillWorker(HandoffWorker):
         """Stream the first token, then (with a target) the hand-off's result. A target whose
         limit this first token reaches (a migrated request one token short of it) is not
         handed off: the request finishes here, at the limit."""
-        limit = target.max_output_tokens if target is not None else 0
-        handoff = target if limit > len(request.output_token_ids) + 1 else None
-
+        max_output_tokens = target.max_output_tokens if target is not None else None
+        ends_here = max_output_tokens is not None and (
+            max_output_tokens <= len(request.output_token_ids) + 1
+        )
+        handoff = target if target is not None and target.hands_off and not ends_here else None
         yield from self._run(
-            request, handoff, prefill_only=handoff is not None, max_output_tokens=limit
+            request, handoff, prefill_only=handoff is not None, max_output_tokens=max_output_tokens
         )
 
     def num_handoffs_by_path(self) -> dict[str, int]:

@@ -14,8 +14,8 @@ from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.transfer.payload import KVPayload
 from testbed.tiny_model import build_tiny_model
-from tests.coordinator_servers import servers  # noqa: F401 - a session fixture
-from tests.mlflow_models import mlflow_chat_dir, mlflow_embed_dir  # noqa: F401 - fixtures
+from tests.support.coordinator_servers import servers  # noqa: F401 - a session fixture
+from tests.support.mlflow_models import mlflow_chat_dir, mlflow_embed_dir  # noqa: F401 - fixtures
 
 torch.set_num_threads(2)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
@@ -78,7 +78,9 @@ def payload(tiny_loaded) -> KVPayload:
     """The exported KV of a 37-token prompt (tiny model, blocks of 4 tokens)."""
     engine = make_engine(tiny_loaded, block_size=4)
     engine.add_request(
-        "r1", list(range(3, 40)), SamplingParams(max_new_tokens=5, seed=11), prefill_only=True
+        engine.request(
+            "r1", list(range(3, 40)), SamplingParams(max_new_tokens=5, seed=11), prefill_only=True
+        )
     )
     while engine.requests["r1"].status != RequestStatus.HELD:
         engine.step()

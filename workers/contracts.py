@@ -72,6 +72,16 @@ class HandoffTarget:
     first_block: int = 0  # the Reservation's num_cached_blocks: pages before it are not sent
 
     @classmethod
+    def nowhere(cls, max_output_tokens: int) -> HandoffTarget:
+        """No hand-off: the request ends on the prefill worker's first token, its limit."""
+        return cls("", max_output_tokens)
+
+    @property
+    def hands_off(self) -> bool:
+        """Whether pages go somewhere (a reservation's endpoint), not :meth:`nowhere`."""
+        return bool(self.endpoint)
+
+    @classmethod
     def from_reservation(cls, reservation: Reservation, max_output_tokens: int) -> HandoffTarget:
         """Where and from which block to push the pages a decode worker reserved room for."""
         return cls(

@@ -31,6 +31,7 @@ from engine.kernels.quantized import quantized_kernels
 from engine.kv_events import KvEventBatch, KvSnapshot
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
+from engine.request import NewRequest
 from workers.contracts import GenerationRequest, HandoffTarget, WorkerLoad, WorkerReport
 from workers.leases import Leases
 from workers.worker_request import WorkerRequests
@@ -88,35 +89,51 @@ class WorkerRuntime:
         for event in events:
             self.requests.put(event.request_id, event)
 
+    def engine_request(
+        self,
+        request: GenerationRequest,
+        max_output_tokens: int | None = None,
+        disaggregated: bool = False,
+        **fields: Any,
+    ) -> NewRequest:
+        """``request`` as this worker's engine takes it: decoding to ``max_output_tokens`` when
+        the coordinator set it, else to the colocated (or ``disaggregated``) limit of
+        ``engine.token_accounting``; ``fields``: the engine's own (arrival time, prefill-only)."""
+        if max_output_tokens:
+            fields["max_output_tokens"] = max_output_tokens
+        return self.engine.request(
+            request.request_id,
+            request.prompt_token_ids,
+            request.params,
+            disaggregated,
+            output_token_ids=request.output_token_ids,
+            priority=request.priority,
+            tenant=request.tenant,
+            **fields,
+        )
+
     def _run(
         self,
         request: GenerationRequest,
         handoff: HandoffTarget | None = None,
         prefill_only: bool = False,
-        max_output_tokens: int = 0,
+        max_output_tokens: int | None = None,
     ) -> Iterator[Any]:
         """Queue ``request`` on the engine and yield its stream up to the final item; a request
         the engine refuses ends with an error event. ``handoff``: where a prefill worker sends
-        its KV once held; ``prefill_only``, ``max_output_tokens``: see
-        :meth:`LLMEngine.add_request`."""
+        its KV once held; ``prefill_only``, ``max_output_tokens``: see :class:`NewRequest`
+        (by default the colocated limit)."""
         self.leases.renew(request.owner)
         streamed = self.requests.open(
             request.request_id, streaming=True, handoff=handoff, owner=request.owner
         )
-        arrived = time.monotonic()  # its wait for the engine thread counts as queueing too
+        # its wait for the engine thread counts as queueing too
+        new = self.engine_request(
+            request, max_output_tokens, arrival_time=time.monotonic(), prefill_only=prefill_only
+        )
 
         def queue_it(engine: LLMEngine) -> None:
-            engine.add_request(
-                request.request_id,
-                list(request.prompt_token_ids),
-                request.params,
-                request.priority,
-                prefill_only=prefill_only,
-                output_token_ids=request.output_token_ids,
-                max_output_tokens=max_output_tokens,
-                arrival_time=arrived,
-                tenant=request.tenant,
-            )
+            engine.add_request(new)
 
         try:
             # a constraint compiles here, on the caller's thread: the engine thread finds it cached

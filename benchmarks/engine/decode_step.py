@@ -75,7 +75,7 @@ class StepClock:
         try:
             params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
             for i, prompt in enumerate(prompts):
-                self.engine.add_request(f"r{i}", prompt, params)
+                self.engine.add_request(self.engine.request(f"r{i}", prompt, params))
             while self.engine.has_work():
                 self.current.clear()
                 prefills = bool(self.engine.scheduler.waiting)

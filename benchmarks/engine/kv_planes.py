@@ -39,6 +39,7 @@ from engine.transfer import (
     BaseKVReceiver,
     BaseKVSender,
     KVTransferError,
+    ReceiverLimits,
     create_receiver,
     create_sender,
 )
@@ -85,7 +86,7 @@ def open_receivers(
             plane.transport,
             lambda item: None,
             host,
-            stream_timeout_s=TIMEOUT_S,
+            limits=ReceiverLimits(stream_timeout_s=TIMEOUT_S),
             credentials=share(plane, credentials),
         )
         for name, plane in planes.items()
@@ -161,7 +162,8 @@ def prefill_payload(engine: LLMEngine, num_tokens: int) -> tuple[KVPayload, floa
     prompt = PromptDraw(num_tokens, engine.shape.vocab_size).prompt(num_tokens)
     request_id = f"bench-{num_tokens}-{time.monotonic()}"
     start = time.perf_counter()
-    engine.add_request(request_id, prompt, SamplingParams(max_new_tokens=2), prefill_only=True)
+    two = SamplingParams(max_new_tokens=2)
+    engine.add_request(engine.request(request_id, prompt, two, prefill_only=True))
     while engine.requests[request_id].status != RequestStatus.HELD:
         engine.step()
     elapsed = time.perf_counter() - start

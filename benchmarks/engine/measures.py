@@ -38,7 +38,7 @@ def prefix_cache_hits(engine: LLMEngine) -> int:
 
 def pdserve_decode_rate(engine: LLMEngine, prompt: list[int], new_tokens: int) -> float:
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    engine.add_request(f"single-{id(prompt)}", prompt, params)
+    engine.add_request(engine.request(f"single-{id(prompt)}", prompt, params))
     times = []
     while engine.has_work():
         times += [e.emitted_at for e in engine.step() if e.token_id is not None]
@@ -54,7 +54,8 @@ def pdserve_batch_rate(engine: LLMEngine, prompts: list[list[int]], new_tokens: 
 def first_token_seconds(engine: LLMEngine, prompt: list[int]) -> float:
     """Seconds from queueing ``prompt`` to its first token (its forward, nothing else queued)."""
     start = time.perf_counter()
-    engine.add_request(f"prefill-{id(prompt)}-{start}", prompt, SamplingParams(max_new_tokens=1))
+    one_token = SamplingParams(max_new_tokens=1)
+    engine.add_request(engine.request(f"prefill-{id(prompt)}-{start}", prompt, one_token))
     while engine.has_work():
         engine.step()
     return time.perf_counter() - start

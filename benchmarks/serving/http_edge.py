@@ -1,6 +1,6 @@
 """What the HTTP edge's defences cost on the normal path, and what they buy under attack, side by
 side in one run: uvicorn's plain httptools protocol (the edge before), the guarded one
-(:mod:`coordinator.edge`) and h11 with its incomplete-event limit (the other choice).
+(:mod:`coordinator.http_edge`) and h11 with its incomplete-event limit (the other choice).
 
 Each protocol serves the real predict app over a scripted service that streams tokens as fast
 as it can (so the edge, not a model, is what is timed), in a child process of its own pinned
@@ -53,9 +53,9 @@ def serve(protocol: str, port: int, tokens: int) -> None:
     from fastapi import FastAPI
     from fastapi.responses import Response
 
-    from coordinator.edge import EdgeLimits, uvicorn_limits
-    from coordinator.own_loop import OwnLoopServer
-    from tests.door_fakes import ScriptedService, predict_app
+    from coordinator.http_edge import EdgeLimits, uvicorn_limits
+    from coordinator.threaded_server import ThreadedServer
+    from tests.support.door_fakes import ScriptedService, predict_app
 
     os.sched_setaffinity(0, {0})
     options: dict[str, Any] = {"http": protocol}
@@ -71,7 +71,7 @@ def serve(protocol: str, port: int, tokens: int) -> None:
     predict = uvicorn.Server(uvicorn.Config(predict_app(service), port=port, **common))
     probe = uvicorn.Server(uvicorn.Config(probes, port=port + 1, **common))
     if protocol == "guarded":
-        OwnLoopServer(probe, "probes").start()
+        ThreadedServer(probe, "probes").start()
         predict.run()
     else:
 

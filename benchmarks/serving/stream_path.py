@@ -124,7 +124,7 @@ def start_cluster(mode: str, model: str) -> Any:
         embedding_model_path=None,
     )
     cluster = Cluster(config)
-    cluster.start()
+    cluster.fleet.start()
     return cluster
 
 
@@ -148,7 +148,7 @@ def measure_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             print(mode, index, json.dumps(rounds[-1]), flush=True)
     finally:
         stop_pdserve(process, 60)
-        cluster.shutdown()
+        cluster.fleet.shutdown()
     return summarize(rounds)
 
 

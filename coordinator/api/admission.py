@@ -29,11 +29,15 @@ DoorRefusal = Callable[[str, ServiceError], Response]  # (path, why) -> the door
 
 
 class Admission(Protocol):
-    """What admission needs of the service: its counter, its limit and whether it drains."""
+    """What admission needs of the service (``InferenceService``): its counter, its limit,
+    whether it drains, and where a refusal at the door is counted."""
 
     in_flight: int
     max_requests: int
     draining: bool
+
+    def count_door_refusal(self) -> None:
+        """One request refused at the door (``request_failed_total``, like its own refusals)."""
 
 
 @contextlib.asynccontextmanager
@@ -79,9 +83,7 @@ class DoorGate:
         try:
             self.check(self.service)
         except ServiceError as exc:
-            count = getattr(self.service, "count_door_refusal", None)
-            if count is not None:  # in request_failed_total like the service's own refusals
-                count()
+            self.service.count_door_refusal()
             await self.refusal(scope["path"], exc)(scope, receive, send)
             return
         self.count.open += 1

@@ -26,8 +26,9 @@ from fastapi.responses import JSONResponse, Response
 from coordinator.api import azure, mindie, mlflow, openai, tgi
 from coordinator.api.admission import DoorCount, DoorGate
 from coordinator.api.azure import create_azure_router, create_info_router
-from coordinator.api.common import APIError, internal_error_message, new_error_id
+from coordinator.api.common import internal_error_message, new_error_id
 from coordinator.api.embeddings import Embed, create_embeddings_router
+from coordinator.api.errors import APIError
 from coordinator.api.limits import default_body_limit_mb
 from coordinator.api.middleware import DisconnectGuard, RequestGate
 from coordinator.api.mindie import create_infer_router

@@ -11,7 +11,7 @@ unknown ``type`` is 422, a malformed or uncompilable one 400 naming the field; a
 ``tools``, ``tool_choice`` or ``parallel_tool_calls`` is 400 naming it the same way (``loc:
 ["body", <field>]``). Chat requests are read and answered as OpenAI's
 (:mod:`~coordinator.api.openai_request`, :mod:`~coordinator.api.openai_format`, with tools
-:mod:`~coordinator.api.tool_use`), usage with ``prompt_tokens_details.cached_tokens``; streams
+:mod:`~coordinator.api.tools.use`), usage with ``prompt_tokens_details.cached_tokens``; streams
 are exactly ``data: {json}\\n\\n`` chunks and ``data: [DONE]\\n\\n`` (no comments, no
 ``event:`` lines: the SDK rejects them). Errors are ``{"error": {"code", "message"}}`` unless
 the API defines another body.
@@ -26,17 +26,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.api.common import APIError, create_router, read_object, respond
+from coordinator.api.common import create_router, read_object, respond
+from coordinator.api.errors import APIError, AzureError, FormatError
 from coordinator.api.openai_request import input_blocked, openai_sampling, read_prompt
 from coordinator.api.structured_request import (
-    FormatError,
     check_compiles,
     constraint_param,
     response_format_constraint,
 )
 from coordinator.api.tenants import tenant_of
-from coordinator.api.tool_use import tool_completion, with_tool_constraint
-from coordinator.api.tools import ToolError, read_tools
+from coordinator.api.tools.request import ToolError, read_tools
+from coordinator.api.tools.use import tool_completion, with_tool_constraint
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from engine.constraint import Constraint
@@ -64,14 +64,6 @@ PASS_THROUGH = {"top_k", "repetition_penalty", "typical_p", "do_sample", "ignore
 EXTRA_MODES = ("error", "drop", "pass-through")
 PREFIXES = ("", "/models")
 ECHOED_CHARS = 64  # how much of an unsupported value a 422 echoes
-
-
-class AzureError(APIError):
-    """An error with a body of the API's own (and maybe headers)."""
-
-    def __init__(self, status: int, body: dict[str, Any], headers: dict | None = None) -> None:
-        super().__init__(status, json.dumps(body))
-        self.body, self.headers = body, headers or {}
 
 
 def _error(status: int, code: str, message: str) -> AzureError:

@@ -21,7 +21,7 @@ from typing import Any
 
 import jinja2
 
-from coordinator.api.openai_format import OpenAIError
+from coordinator.api.errors import OpenAIError
 
 ROLES = ("system", "user", "assistant", "tool")
 SHOWN_CHARS = 64  # how much of a refused value an error message shows
@@ -56,7 +56,7 @@ def render_chat(
     tokenizer: Any, messages: list[dict[str, Any]], with_text: bool, tools: list | None = None
 ) -> ChatPrompt:
     """The prompt of ``messages`` (``{role, content}`` strings, and the tool fields of
-    :mod:`~coordinator.api.tool_prompt`); blocking: run it off the loop. ``with_text``: keep
+    :mod:`~coordinator.api.tools.prompt`); blocking: run it off the loop. ``with_text``: keep
     the rendered text too (for the content filter). ``tools``: the template's own ``tools``."""
     options: dict[str, Any] = {"tools": tools} if tools else {}
     try:

@@ -30,6 +30,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from coordinator.api.errors import APIError
 from coordinator.errors import GenerationFailed, ServiceError
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
@@ -41,20 +42,6 @@ SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape in
 # large body's objects at most are being built at once, whatever arrives)
 LARGE_JSON_BYTES = 1024 * 1024
 LARGE_JSON = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-json")
-
-
-class APIError(Exception):
-    """A request answered with an error status before its answer began. ``code`` names the
-    failure where it has a name of its own (a service error's class, ``content_filter``)."""
-
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
-
-    @classmethod
-    def from_service(cls, exc: ServiceError) -> APIError:
-        """A service error, answered with the HTTP status it carries."""
-        return cls(exc.status, str(exc), type(exc).__name__)
 
 
 OnError = Callable[[APIError], Response]

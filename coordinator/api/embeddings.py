@@ -22,9 +22,9 @@ from fastapi.responses import JSONResponse, Response
 from coordinator.api import azure, openai
 from coordinator.api.admission import Admission, admitted
 from coordinator.api.azure import PREFIXES, check_api_version, not_supported, split_extras
-from coordinator.api.common import APIError, create_router, read_object
+from coordinator.api.common import create_router, read_object
+from coordinator.api.errors import APIError, OpenAIError
 from coordinator.api.limits import MAX_EMBEDDING_CHARS, MAX_EMBEDDING_INPUTS, count_over, over_limit
-from coordinator.api.openai_format import OpenAIError
 from coordinator.errors import ServiceError
 
 MAX_INPUTS = MAX_EMBEDDING_INPUTS

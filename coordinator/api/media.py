@@ -13,7 +13,7 @@ import binascii
 import os
 from pathlib import Path
 
-from coordinator.api.mindie_request import InputValidationError
+from coordinator.api.errors import InputValidationError
 
 MB = 1024 * 1024
 LIMITS = {  # type -> (allowed extensions, max bytes)

@@ -19,12 +19,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.common import (
-    APIError,
-    create_router,
-    read_json,
-    respond,
-)
+from coordinator.api.common import create_router, read_json, respond
+from coordinator.api.errors import APIError, InputValidationError
 from coordinator.api.limits import prompt_char_limit
 from coordinator.api.media import check_media
 from coordinator.api.mindie_format import (
@@ -36,7 +32,6 @@ from coordinator.api.mindie_format import (
 from coordinator.api.mindie_request import (
     MAX_TOKENS_HARD,
     InferRequest,
-    InputValidationError,
     parse_infer_body,
     parse_tokenizer_body,
 )

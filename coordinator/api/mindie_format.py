@@ -22,7 +22,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.api.common import APIError, Events
+from coordinator.api.common import Events
+from coordinator.api.errors import APIError
 from coordinator.content_safety import ContentFilter
 from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent

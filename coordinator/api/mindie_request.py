@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.api.common import APIError
+from coordinator.api.errors import BadRequestError, InputValidationError
 from coordinator.api.limits import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, over_limit
 from engine.sampling_params import MAX_SEED, SamplingParams
 
@@ -23,20 +23,6 @@ SEED_MAX = 18446744073709551615
 MEDIA_TYPES = ("image_url", "video_url", "audio_url")
 MAX_MEDIA_ITEMS = 20
 MAX_INPUT_ITEMS = 256  # content items of a list-form ``inputs``, text and media together
-
-
-class InputValidationError(APIError):
-    """A client's parameter is invalid: HTTP 422, ``error_type: Input Validation Error``."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(422, message)
-
-
-class BadRequestError(APIError):
-    """The body is not a JSON object of the expected shape: HTTP 400."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(400, message)
 
 
 @dataclass(frozen=True)

@@ -22,17 +22,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from coordinator.api.admission import admitted
-from coordinator.api.common import APIError, collect, create_router, read_json
+from coordinator.api.common import collect, create_router, read_json
+from coordinator.api.errors import APIError, MlflowError, OpenAIError
 from coordinator.api.limits import MAX_INVOCATION_ROWS, over_limit
 from coordinator.api.mlflow_inputs import (
-    MlflowError,
     Scoring,
     embedding_texts,
     generation_params,
     merged_settings,
     parse_scoring,
 )
-from coordinator.api.openai_format import Completion, OpenAIError
+from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import input_blocked, read_prompt
 from coordinator.api.tenants import tenant_of
 from coordinator.content_safety import INPUT_FILTERED
@@ -76,7 +76,7 @@ class MlflowScorer:
         self.service, self.model, self.embed = service, model, embed
         self.saved_keys = frozenset(model_config)
         # rows run at once, each a request in flight: never more than max_requests of them
-        in_flight_limit = getattr(service, "max_requests", MAX_INVOCATION_ROWS)
+        in_flight_limit = service.max_requests if service is not None else MAX_INVOCATION_ROWS
         self.max_rows = min(MAX_INVOCATION_ROWS, in_flight_limit)
 
     async def predict(self, scoring: Scoring, tenant: str = "") -> Any:

@@ -14,9 +14,8 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from coordinator.api.common import APIError
+from coordinator.api.errors import MlflowError, OpenAIError
 from coordinator.api.limits import MAX_EMBEDDING_CHARS, MAX_EMBEDDING_INPUTS, over_limit
-from coordinator.api.openai_format import OpenAIError
 from coordinator.api.openai_request import openai_sampling
 from engine.sampling_params import SamplingParams
 
@@ -41,16 +40,6 @@ GENERATION_SETTINGS = frozenset(
     }
 )
 DEFAULT_MAX_NEW_TOKENS = {"llm/v1/chat": 512, "llm/v1/completions": 16}
-
-
-class MlflowError(APIError):
-    """Answered 400 (or ``status``) with MLflow's body ``{"error_code", "message"}``."""
-
-    def __init__(self, message: str, code: str = "BAD_REQUEST", status: int = 400) -> None:
-        super().__init__(status, message, code)
-
-    def body(self) -> dict[str, str]:
-        return {"error_code": str(self.code), "message": self.message}
 
 
 @dataclass

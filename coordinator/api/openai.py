@@ -4,7 +4,7 @@ A request's life: the body is read and validated (:mod:`~coordinator.api.openai_
 prompt tokenized and checked by the content filter; the service generates, and the answer is
 streamed or collected whole (:mod:`~coordinator.api.openai_format`), its ``usage`` with
 ``prompt_tokens_details.cached_tokens``. Chat reads ``tools`` first and answers with the calls
-the model makes (:mod:`~coordinator.api.tool_use`). Refusals answer 400 with OpenAI's error body;
+the model makes (:mod:`~coordinator.api.tools.use`). Refusals answer 400 with OpenAI's error body;
 service errors their own status with ``type: "server_error"``.
 """
 
@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.api.common import APIError, create_router, read_object, respond
+from coordinator.api.common import create_router, read_object, respond
+from coordinator.api.errors import APIError, OpenAIError
 from coordinator.api.openai_fields import check_fields
-from coordinator.api.openai_format import Completion, OpenAIError
+from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import (
     Prompt,
     input_blocked,
@@ -27,8 +28,8 @@ from coordinator.api.openai_request import (
     read_prompt,
 )
 from coordinator.api.tenants import tenant_of
-from coordinator.api.tool_use import tool_completion, with_tool_constraint
-from coordinator.api.tools import read_tools
+from coordinator.api.tools.request import read_tools
+from coordinator.api.tools.use import tool_completion, with_tool_constraint
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from workers.contracts import GenerationRequest

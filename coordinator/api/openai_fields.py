@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from coordinator.api.openai_format import OpenAIError
+from coordinator.api.errors import OpenAIError
 
 # read by openai_request / structured_request / the tool-call modules
 HONOURED = frozenset(

@@ -22,9 +22,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from fastapi.responses import JSONResponse
-
-from coordinator.api.common import APIError, Events
+from coordinator.api.common import Events
 from coordinator.content_safety import ContentFilter
 from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent
@@ -36,25 +34,6 @@ FINISH = {  # the normal finishes; a failure is raised, never a finish (common.r
     FinishReason.LENGTH: "length",
 }
 DONE = b"data: [DONE]\n\n"
-
-
-class OpenAIError(APIError):
-    """An error answered with OpenAI's body; ``kind`` is its ``type``, ``param`` the field."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(status, message, code)
-        self.param, self.kind = param, kind
-
-    def response(self) -> JSONResponse:
-        body = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        return JSONResponse({"error": body}, status_code=self.status)
 
 
 def _data(payload: dict[str, Any]) -> bytes:
@@ -164,7 +143,7 @@ class Completion:
 
     def piece_chunks(self, piece: str, ending: bool) -> list[bytes]:
         """The chunks of text just taken (``ending``: the last of it); a tool-call answer
-        (:mod:`~coordinator.api.tool_answer`) sends calls instead of some of it."""
+        (:mod:`~coordinator.api.tools.answer`) sends calls instead of some of it."""
         return [self.chunk(piece, None)] if piece else []
 
     def final_finish(self) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.chat_prompt import check_roles
+from coordinator.api.errors import FormatError, OpenAIError
 from coordinator.api.limits import (
     MAX_MESSAGES,
     MAX_STOP_SEQUENCES,
@@ -27,15 +28,9 @@ from coordinator.api.limits import (
     prompt_chars_message,
     stop_limit_message,
 )
-from coordinator.api.openai_format import OpenAIError
-from coordinator.api.structured_request import (
-    FormatError,
-    check_compiles,
-    constraint_param,
-    request_constraint,
-)
-from coordinator.api.tool_prompt import chat_input, render_tool_chat
-from coordinator.api.tools import ToolRequest, tool_chars
+from coordinator.api.structured_request import check_compiles, constraint_param, request_constraint
+from coordinator.api.tools.prompt import chat_input, render_tool_chat
+from coordinator.api.tools.request import ToolRequest, tool_chars
 from coordinator.content_safety import text_blocked
 from coordinator.model_info import ModelInfo
 from engine.constraint import Constraint
@@ -161,7 +156,7 @@ async def read_prompt(
 ) -> Prompt:
     """The prompt: chat ``messages`` through the chat template
     (:mod:`~coordinator.api.chat_prompt`; with the ``tools`` offered and the history's tool
-    calls and results: :mod:`~coordinator.api.tool_prompt`), or ``prompt``; refused before
+    calls and results: :mod:`~coordinator.api.tools.prompt`), or ``prompt``; refused before
     tokenizing when its messages are too many or its text is over the character cap."""
     messages = body.get("messages") if kind == "chat" else None
     if isinstance(messages, list) and (

@@ -28,13 +28,16 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.chat_prompt import shown
+from coordinator.api.errors import FormatError
 from coordinator.model_info import ModelInfo
 from engine.constraint import MAX_SPEC_CHARS, Constraint
 from engine.errors import ConfigError
 from engine.grammars import GrammarError
 
 FORMAT_TYPES = ("text", "json_object", "json_schema")
-NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a schema's name, and a tool's (coordinator.api.tools)
+NAME = re.compile(
+    r"[A-Za-z0-9_-]{1,64}"
+)  # a schema's name, and a tool's (coordinator.api.tools.request)
 GUIDED = {  # vLLM's guided_* field -> its structured_outputs key
     "guided_json": "json",
     "guided_regex": "regex",
@@ -42,14 +45,6 @@ GUIDED = {  # vLLM's guided_* field -> its structured_outputs key
     "guided_grammar": "grammar",
 }
 MAX_CHOICES = 256  # a choice list past this is refused (it compiles to one alternation)
-
-
-class FormatError(Exception):
-    """A structured-output field refused: ``param`` names it."""
-
-    def __init__(self, param: str, message: str, value: Any = None, unsupported: bool = False):
-        super().__init__(message)
-        self.param, self.message, self.value, self.unsupported = param, message, value, unsupported
 
 
 def request_constraint(body: dict, extensions: bool = True) -> Constraint | None:

@@ -23,16 +23,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.common import (
-    APIError,
-    Events,
-    create_router,
-    read_json,
-    respond,
-)
+from coordinator.api.common import Events, create_router, read_json, respond
+from coordinator.api.errors import APIError, FormatError, InputValidationError
 from coordinator.api.limits import prompt_char_limit
-from coordinator.api.mindie_request import InputValidationError
-from coordinator.api.structured_request import FormatError, check_compiles, tgi_constraint
+from coordinator.api.structured_request import check_compiles, tgi_constraint
 from coordinator.api.tenants import tenant_of
 from coordinator.api.tgi_request import parse_tgi_body
 from coordinator.content_safety import INPUT_FILTERED, ContentFilter, text_blocked

@@ -17,8 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from coordinator.api.errors import InputValidationError
 from coordinator.api.limits import stop_limit_message
-from coordinator.api.mindie_request import InferRequest, InputValidationError, parse_infer_body
+from coordinator.api.mindie_request import InferRequest, parse_infer_body
 
 PARAMETERS = frozenset(
     {

@@ -4,7 +4,7 @@ Decode steps of up to ``FUSED_MAX_ROWS`` sequences on the CPU in float32 run eve
 projections, rotary, the KV cache write, paged attention, SwiGLU, residuals) without returning
 to Python; prompts and larger batches run the op-by-op path in ``llama.py``. Both compute the
 same operations in the same order on the same kernels, so their results agree to float32
-rounding (``tests/test_decode_layers.py``).
+rounding (``tests/engine/model/test_decode_layers.py``).
 """
 
 from __future__ import annotations

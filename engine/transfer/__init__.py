@@ -35,6 +35,7 @@ from engine.transfer.base import (
     KVRefusedError,
     KVTransferError,
     PayloadHandler,
+    ReceiverLimits,
 )
 from engine.transfer.security import KVCredentials
 
@@ -45,36 +46,21 @@ def create_receiver(
     host: str = "127.0.0.1",
     *,
     on_broken: BrokenHandler | None = None,
-    stream_timeout_s: float = 10.0,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    limits: ReceiverLimits | None = None,
     credentials: KVCredentials | None = None,
-    max_header_bytes: int | None = None,
 ) -> BaseKVReceiver:
     """Start a receiver that calls ``handler`` for every header (the handshake) and payload and
     answers with its result, and ``on_broken`` (request id, why) for a transfer that broke after
-    its header. A gRPC push still unfinished after ``stream_timeout_s`` is cut (use the senders'
-    transfer timeout). Page buffers over ``max_payload_bytes`` (the receiver's KV cache) are
-    refused before they are read, headers over ``max_header_bytes`` (default
-    ``header_limit()``) before they are parsed, larger frames by the transport itself.
+    its header; within ``limits`` (larger frames are refused by the transport itself).
     ``credentials`` (the receivers' share): encrypted, admitting only the cluster's senders."""
     if name == "zmq":
         from engine.transfer.zmq_transport import ZmqKVReceiver
 
-        return ZmqKVReceiver(
-            handler, host, on_broken, max_payload_bytes, credentials, max_header_bytes
-        )
+        return ZmqKVReceiver(handler, host, on_broken, limits, credentials)
     if name == "grpc":
         from engine.transfer.grpc_transport import GrpcKVReceiver
 
-        return GrpcKVReceiver(
-            handler,
-            host,
-            on_broken,
-            stream_timeout_s,
-            max_payload_bytes,
-            credentials,
-            max_header_bytes,
-        )
+        return GrpcKVReceiver(handler, host, on_broken, limits, credentials)
     if name == "inprocess":
         from engine.transfer.inprocess import InProcessKVReceiver
 
@@ -118,6 +104,7 @@ __all__ = [
     "KVRefusedError",
     "KVTransferError",
     "PayloadHandler",
+    "ReceiverLimits",
     "create_receiver",
     "create_sender",
 ]

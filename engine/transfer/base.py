@@ -24,6 +24,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from engine.transfer.codec import decode_header
 from engine.transfer.payload import KVPayload, TransferHeader
@@ -126,6 +127,17 @@ class BaseKVSender(ABC):
         """Release sockets and channels."""
 
 
+@dataclass(frozen=True)
+class ReceiverLimits:
+    """What a receiver bounds before it reads: page buffers over ``max_payload_bytes`` (its KV
+    cache), headers over ``max_header_bytes`` (``header_limit()`` of its longest sequence), and a
+    gRPC push still unfinished after ``stream_timeout_s`` (the senders' transfer timeout)."""
+
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_header_bytes: int = field(default_factory=header_limit)
+    stream_timeout_s: float = 10.0
+
+
 class BaseKVReceiver(ABC):
     endpoint: str
 
@@ -133,13 +145,13 @@ class BaseKVReceiver(ABC):
         self,
         handler: PayloadHandler,
         on_broken: BrokenHandler | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        max_header_bytes: int | None = None,
+        limits: ReceiverLimits | None = None,
     ) -> None:
         self.payloads_by_path = PathCounts()  # accepted by the handler
         self.breaker = TransferBreaker()
-        self.max_payload_bytes = max_payload_bytes
-        self.max_header_bytes = header_limit() if max_header_bytes is None else max_header_bytes
+        self.limits = limits or ReceiverLimits()
+        self.max_payload_bytes = self.limits.max_payload_bytes
+        self.max_header_bytes = self.limits.max_header_bytes
         self._handler = handler
         self._on_broken = on_broken
 

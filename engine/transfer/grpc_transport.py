@@ -37,7 +37,6 @@ import torch
 
 from engine.transfer.base import (
     CHUNKS,
-    DEFAULT_MAX_PAYLOAD_BYTES,
     INJECTED_BREAK,
     PAGE_FRAME_BYTES,
     BaseKVReceiver,
@@ -46,6 +45,7 @@ from engine.transfer.base import (
     KVRefusedError,
     KVTransferError,
     PayloadHandler,
+    ReceiverLimits,
 )
 from engine.transfer.codec import (
     byte_view,
@@ -209,16 +209,13 @@ class GrpcKVReceiver(BaseKVReceiver):
         handler: PayloadHandler,
         host: str = "127.0.0.1",
         on_broken: BrokenHandler | None = None,
-        stream_timeout_s: float = 10.0,
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        limits: ReceiverLimits | None = None,
         credentials: KVCredentials | None = None,
-        max_header_bytes: int | None = None,
     ) -> None:
-        """``stream_timeout_s``: a push still unfinished after it is cut."""
-        super().__init__(handler, on_broken, max_payload_bytes, max_header_bytes)
-        self.watchdog = _StreamWatchdog(stream_timeout_s)
+        super().__init__(handler, on_broken, limits)
+        self.watchdog = _StreamWatchdog(self.limits.stream_timeout_s)
         # One chunk at most: a larger message is refused by gRPC before it reaches us.
-        max_message = min(CHUNK_BYTES, max_payload_bytes) + self.max_header_bytes
+        max_message = min(CHUNK_BYTES, self.max_payload_bytes) + self.max_header_bytes
         self._server = grpc.server(
             futures.ThreadPoolExecutor(MAX_CONCURRENT_PUSHES, thread_name_prefix="kv-grpc"),
             options=[

@@ -48,7 +48,6 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from engine.transfer.base import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
     FRAMES,
     INJECTED_BREAK,
     PAGE_FRAME_BYTES,
@@ -59,6 +58,7 @@ from engine.transfer.base import (
     KVRefusedError,
     KVTransferError,
     PayloadHandler,
+    ReceiverLimits,
 )
 from engine.transfer.codec import (
     byte_view,
@@ -87,11 +87,10 @@ class ZmqKVReceiver(BaseKVReceiver):
         handler: PayloadHandler,
         host: str = "127.0.0.1",
         on_broken: BrokenHandler | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        limits: ReceiverLimits | None = None,
         credentials: KVCredentials | None = None,
-        max_header_bytes: int | None = None,
     ) -> None:
-        super().__init__(handler, on_broken, max_payload_bytes, max_header_bytes)
+        super().__init__(handler, on_broken, limits)
         self._context: zmq.Context = zmq.Context.instance()
         self._authenticator: ThreadAuthenticator | None = None
         if credentials is not None:
@@ -107,7 +106,7 @@ class ZmqKVReceiver(BaseKVReceiver):
             self._socket.plain_server = True
         # A larger frame never reaches us: ZMQ drops its sender's connection. Under CURVE the
         # limit applies to the encrypted message, a page frame plus its box's framing.
-        max_frame = max(min(PAGE_FRAME_BYTES, max_payload_bytes), self.max_header_bytes)
+        max_frame = max(min(PAGE_FRAME_BYTES, self.max_payload_bytes), self.max_header_bytes)
         encrypts = credentials is not None and credentials.encrypts
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_frame + (CURVE_FRAMING if encrypts else 0))
         port: int = self._socket.bind_to_random_port(f"tcp://{host}")

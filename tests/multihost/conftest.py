@@ -17,8 +17,8 @@ import pytest
 from testbed.netns import TestBed, available, sweep
 from testbed.ray_hosts import HOSTS, HostedCoordinator, RayOnHosts, start_coordinator
 from testbed.tiny_model import build_tiny_model
-from tests.coordinator_servers import FIXED_SPLIT
-from tests.prerequisites import require
+from tests.support.coordinator_servers import FIXED_SPLIT
+from tests.support.prerequisites import require
 
 MAX_ITER = 64
 

@@ -16,7 +16,7 @@ from testbed.ray_hosts import (
     RayOnHosts,
     worker_params,
 )
-from tests.test_helm_chart import ms_coordinator, one, render
+from tests.support.helm_chart import ms_coordinator, one, render
 
 
 def _groups() -> dict[str, dict]:

@@ -42,7 +42,7 @@ def engine_answer(model, prompt: str, max_new_tokens: int) -> tuple[str, int]:
     """The engine alone, greedy, in this process: text and number of tokens."""
     engine = LLMEngine(EngineConfig(model_path=str(model), device="cpu", cache=CacheConfig(4, 256)))
     params = SamplingParams(max_new_tokens=max_new_tokens)
-    engine.add_request("ref", engine.tokenizer.encode(prompt), params)
+    engine.add_request(engine.request("ref", engine.tokenizer.encode(prompt), params))
     events = []
     while engine.has_work():
         events += engine.step()

@@ -26,9 +26,9 @@ import pytest
 
 from testbed.netns import Host, enter_netns
 from testbed.ray_hosts import HostedCoordinator, RayOnHosts
-from tests.chaos_load import PROMPTS, Load, Outcome, request, text_key
-from tests.chaos_load import reference_texts as chaos_reference
 from tests.multihost.conftest import hosted
+from tests.support.chaos_load import PROMPTS, Load, Outcome, request, text_key
+from tests.support.chaos_load import reference_texts as chaos_reference
 
 pytestmark = [pytest.mark.ray, pytest.mark.multihost, pytest.mark.chaos]
 OUTAGE_S = 6  # the cable stays out past Ray's node-death detection (~3 s on the bed)
@@ -87,7 +87,7 @@ FAULTS: dict[str, Callable[[RayOnHosts], None]] = {
 
 
 class HostedLoad:
-    """``tests.chaos_load.Load`` run from ``host`` in a thread of its own."""
+    """``tests.support.chaos_load.Load`` run from ``host`` in a thread of its own."""
 
     def __init__(self, host: Host, base_url: str, model: str) -> None:
         self.load = Load(base_url, model, concurrency=6)
@@ -116,7 +116,7 @@ def model_name(coordinator: HostedCoordinator) -> str:
 
 
 def reference_texts(coordinator: HostedCoordinator, model: str) -> dict[tuple[str, bool], str]:
-    """Each prompt's texts from the undisturbed cluster (tests.chaos_load.reference_texts)."""
+    """Each prompt's texts from the undisturbed cluster (``chaos_load.reference_texts``)."""
     base_url = coordinator.url("predict_port", "")
     return coordinator.host.call(lambda: asyncio.run(chaos_reference(base_url, model)))
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from testbed.ray_hosts import HostedCoordinator, RayOnHosts, start_coordinator
-from tests.coordinator_servers import FIXED_SPLIT
 from tests.multihost.conftest import MAX_ITER
 from tests.multihost.test_host_faults import IDLE_FIELDS, HostedLoad, model_name
+from tests.support.coordinator_servers import FIXED_SPLIT
 
 pytestmark = [pytest.mark.ray, pytest.mark.multihost]
 POOL = "bed-pool"

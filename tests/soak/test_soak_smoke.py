@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from testbed.coordinator_process import CoordinatorProcess, start_coordinator
-from tests.coordinator_servers import FIXED_SPLIT
 from tests.soak.client import StreamRead, classify_status, classify_stream, read_events
 from tests.soak.judge import RssBounds, judge, rss_trends
 from tests.soak.report import per_minute
 from tests.soak.requests import DEFAULT_MIX, KINDS, LoadShape, draw_plan, parse_mix
+from tests.support.coordinator_servers import FIXED_SPLIT
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: tests.soak.run is found from it
 IDLE_WORKER = {

@@ -1,7 +1,7 @@
 """``python -m benchmarks.engine.kv_cross_host`` at toy size (the tiny model, blocks of 4 tokens,
 two rounds) on a real two-host bed (network namespaces; root): the code path of a real run in
 seconds. Where namespaces cannot be made it skips locally and fails in CI, as the multi-host
-tests do (``tests/prerequisites.py``)."""
+tests do (``tests/support/prerequisites.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from benchmarks.engine.kv_cross_host import CROSS_HOST, RATIOS, SAME_HOST
 from benchmarks.harness.provenance import ROOT
 from testbed.netns import available
 from tests.benchmarks.engine.kv_toy import SIZES, assert_measured, toy_argv
-from tests.prerequisites import require
+from tests.support.prerequisites import require
 
 pytestmark = pytest.mark.multihost
 

@@ -1,0 +1,280 @@
+"""The fleet: the worker actors a coordinator uses, from start to shutdown.
+
+The workers are the coordinator's own (``cluster_name`` ""), or a shared pool of named, detached
+actors in the namespace ``pdserve-<cluster_name>`` that several coordinators use at once
+(docs/replicas.md): ``start`` finds the actors the pool has and starts the missing ones, and
+``shutdown`` leaves them running (unless ``own_workers`` and no other coordinator holds a lease).
+Each actor owns the cores Ray gave it, pinned on a one-node Ray when they add up; the embedding
+worker starts with the first embeddings request unless it is the model served. Every load poll
+(``reports``) renews this coordinator's lease (``coordinator_id``) on every worker and collects
+the workers' prefix-cache events. How one request runs on these actors: ``coordinator/cluster.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.pool.shared import actor_options, drop_credentials, pool_credentials, stop_pool
+from decode_worker.worker import DecodeWorker
+from engine.config import CacheConfig
+from engine.kv_events import KvEventBatch, KvSnapshot
+from prefill_worker.worker import PrefillWorker
+from workers.colocated import ColocatedWorker
+from workers.contracts import WorkerLoad, WorkerReport
+from workers.embedding import EmbeddingWorker
+from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
+from workers.runtime import WorkerRuntime
+
+LOAD_TIMEOUT_S = 2.0  # a worker that does not report its load within this is left out (stale)
+
+
+class Fleet:
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.prefills: list[Any] = []
+        self.decodes: list[Any] = []
+        self.colocated: list[Any] = []
+        self._cores: list[int] | None = None
+        self.ready_info: list[dict[str, Any]] = []
+        self._id = uuid.uuid4().hex[:12]  # names this cluster's files on its hosts
+        # the owner its requests name on the workers (workers/leases.py)
+        self.coordinator_id = f"{socket.gethostname()}-{os.getpid()}-{self._id[:6]}"
+        self.embedders: list[Any] = []  # started by the first embed() unless it is the model
+        self._embedder_start = asyncio.Lock()
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        """Create the actors and wait until every one has loaded its model."""
+        cfg = self.config
+        self._cores = self._core_plan()
+        if not cfg.generation:
+            pass  # embeddings only
+        elif cfg.deploy_mode == "pd_separate":
+            prefill, decode = cfg.prefill_resources, cfg.decode_resources
+            transfer = cfg.kv_transfer
+            # fresh per start, to the actors only (restarted ones get the same); a plaintext
+            # plane still admits only the cluster's senders with them (security.py)
+            keys = pool_credentials(cfg.namespace) if transfer.transport != "inprocess" else None
+            self.prefills = self._actors(
+                PrefillWorker, prefill, cfg.num_prefill, transfer, keys and keys.sender
+            )
+            self.decodes = self._actors(
+                DecodeWorker, decode, cfg.num_decode, transfer, keys and keys.receiver
+            )
+        else:
+            self.colocated = self._actors(
+                ColocatedWorker, cfg.colocated_resources, cfg.num_colocated
+            )
+        if cfg.embedding_model_path is not None and not cfg.generation:
+            self.embedders = [self._embedder()]  # the model served: up before the service
+        self.ready_info = ray.get(
+            [a.ready.remote() for a in [*self.actors, *self.embedders]], timeout=timeout_s
+        )
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each worker's ``ready`` answer (role, instance, pid, cores, model) as of ``start``."""
+        return list(self.ready_info)
+
+    def stop_pool(self) -> list[str]:
+        """Stop the shared pool's actors that this configuration names; their names."""
+        cfg = self.config
+        if cfg.namespace is None:
+            raise ValueError("stop_pool needs a cluster_name: a private cluster has no pool")
+        if cfg.deploy_mode == "pd_separate":
+            counts = {"prefill": cfg.num_prefill, "decode": cfg.num_decode}
+        else:
+            counts = {"colocated": cfg.num_colocated}
+        names = [f"{role}-{i}" for role, count in counts.items() for i in range(count)]
+        return stop_pool(cfg.namespace, [*names, "embedding-0"])
+
+    def _embedder(self) -> Any:
+        """The embedding worker (its model loads in its own process, ~320 MiB)."""
+        cfg = self.config
+        return (
+            ray.remote(EmbeddingWorker)
+            .options(
+                num_cpus=cfg.embedding_resources.num_cpus,
+                max_restarts=-1,
+                max_concurrency=256,
+                **actor_options(self.config.namespace, "embedding-0"),
+            )
+            .remote(cfg.embedding_model_path, cfg.embedding_resources.num_threads)
+        )
+
+    def _core_plan(self) -> list[int] | None:
+        """Cores to hand out in actor order, when pinning applies: a one-node Ray with at least
+        as many cores as the actors ask for (else None: the OS schedules)."""
+        cfg = self.config
+        if not cfg.pin_cpus or not cfg.generation or len(ray.nodes()) != 1:
+            return None
+        if cfg.deploy_mode == "pd_separate":
+            wanted = [cfg.prefill_resources.num_threads] * cfg.num_prefill + [
+                cfg.decode_resources.num_threads
+            ] * cfg.num_decode
+        else:
+            wanted = [cfg.colocated_resources.num_threads] * cfg.num_colocated
+        cores = sorted(os.sched_getaffinity(0))
+        return cores if sum(wanted) <= len(cores) else None
+
+    def _take_cores(self, count: int) -> tuple[int, ...] | None:
+        if self._cores is None:
+            return None
+        taken, self._cores = self._cores[:count], self._cores[count:]
+        return tuple(taken)
+
+    def _actors(
+        self, cls: type[WorkerRuntime], resources: ActorResources, count: int, *args: Any
+    ) -> list[Any]:
+        return [
+            self._actor(cls, resources, i, *args, cpu_ids=self._take_cores(resources.num_threads))
+            for i in range(count)
+        ]
+
+    def _actor(
+        self,
+        cls: type[WorkerRuntime],
+        resources: ActorResources,
+        instance: int,
+        *args: Any,
+        cpu_ids: tuple[int, ...] | None = None,
+    ) -> Any:
+        """Worker ``instance`` of ``cls``, built from the engine config (with ``resources``'
+        threads and device) and ``args``, pinned to ``cpu_ids`` (None: not pinned)."""
+        engine = replace(
+            self.config.engine,
+            num_threads=resources.num_threads,
+            device="cuda" if resources.num_gpus > 0 else self.config.engine.device,
+            cache=self._cache_of(cls),
+        )
+        threads = str(resources.num_threads)
+        # glibc's default arenas: MALLOC_ARENA_MAX=2 saved nothing measurable here and made a
+        # served stream's prompts 1.6x slower (docs/performance/memory.md)
+        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        if fault_injection_enabled():
+            env[FAULT_INJECTION_ENV] = "1"
+        return (
+            ray.remote(cls)
+            .options(
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                resources=dict(resources.resources),
+                max_restarts=-1,
+                max_task_retries=0,
+                max_concurrency=256,
+                runtime_env={"env_vars": env},
+                **actor_options(self.config.namespace, f"{cls.role}-{instance}"),
+            )
+            .remote(
+                engine,
+                *args,
+                instance=instance,
+                cpu_ids=cpu_ids,
+            )
+        )
+
+    def _cache_of(self, cls: type) -> CacheConfig:
+        """The KV cache of a ``cls`` actor: a prefill engine's may be sized on its own."""
+        cache, prefill_mb = self.config.engine.cache, self.config.prefill_kv_memory_mb
+        if cls is not PrefillWorker or not prefill_mb:
+            return cache
+        return replace(cache, memory_mb=prefill_mb, num_blocks=None)
+
+    def worker(self, role: str, instance: int) -> Any:
+        """The actor of ``role`` (prefill, decode, colocated) number ``instance``."""
+        pools = {"prefill": self.prefills, "decode": self.decodes, "colocated": self.colocated}
+        if role not in pools:
+            raise ValueError(f"role must be one of {', '.join(pools)}, got {role!r}")
+        if not 0 <= instance < len(pools[role]):
+            raise IndexError(f"instance must be in [0, {len(pools[role])}), got {instance}")
+        return pools[role][instance]
+
+    @property
+    def actors(self) -> list[Any]:
+        return [*self.prefills, *self.decodes, *self.colocated]
+
+    def shutdown(self) -> None:
+        """Stop the workers if they are this cluster's own, or the shared pool's when
+        ``own_workers`` and no other coordinator holds a lease on them; else leave them."""
+        if self.config.namespace is None or (self.config.own_workers and not self.others()):
+            for actor in [*self.actors, *self.embedders]:
+                ray.kill(actor, no_restart=True)
+            if self.config.namespace is not None:
+                drop_credentials(self.config.namespace)
+        self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
+
+    def others(self) -> set[str]:
+        """The other coordinators holding a live lease on any worker (asked all at once)."""
+        calls = [actor.live_coordinators.remote() for actor in self.actors]
+        owners: set[str] = set()
+        for answer in ray.get(calls, timeout=LOAD_TIMEOUT_S * 5):
+            owners.update(answer)
+        return owners - {self.coordinator_id}
+
+    async def embed(self, texts: list[str]) -> dict[str, Any]:
+        """Embeddings (float32 ``[n, d]``) and token counts from the embedding worker, started by
+        the first call when the cluster also generates (no process holds an embedding model
+        that no request asked for)."""
+        if self.config.embedding_model_path is None:
+            raise RuntimeError("this cluster has no embedding worker")
+        if not self.embedders:
+            async with self._embedder_start:
+                if not self.embedders:
+                    embedder = self._embedder()
+                    await embedder.ready.remote()
+                    self.embedders = [embedder]
+        return await self.embedders[0].embed.remote(texts)
+
+    # ---- polls ---------------------------------------------------------------------------------
+
+    async def loads(self) -> list[WorkerLoad]:
+        """Queue, running and free-block figures of every worker, asked all at once; a worker
+        that is dead, restarting or does not answer within ``LOAD_TIMEOUT_S`` is left out."""
+        answers = await asyncio.gather(*(_load_of(actor) for actor in self.actors))
+        return [load for load in answers if load is not None]
+
+    async def reports(self, cursors: dict[tuple[str, int], tuple[str, int]]) -> list[WorkerReport]:
+        """Every worker's load poll as this coordinator (renewing its lease there), with its
+        prefix-cache events after ``cursors[(role, instance)]`` (epoch, seq; none: from a
+        snapshot); left out as in ``loads``."""
+        calls = [
+            _report_of(actor, self.coordinator_id, *cursors.get(key, ("", -1)))
+            for key, actor in self._keyed_actors()
+        ]
+        answers = await asyncio.gather(*calls)
+        return [report for report in answers if report is not None]
+
+    async def kv_events(
+        self, role: str, instance: int, epoch: str, seq: int, wait_s: float
+    ) -> KvEventBatch:
+        """Worker ``(role, instance)``'s prefix-cache events after (epoch, seq), once there is
+        one or ``wait_s`` passed (a long poll)."""
+        return await self.worker(role, instance).kv_events.remote(epoch, seq, wait_s)
+
+    async def kv_snapshot(self, role: str, instance: int) -> KvSnapshot:
+        """Every hash in worker ``(role, instance)``'s prefix cache now."""
+        return await self.worker(role, instance).kv_snapshot.remote()
+
+    def _keyed_actors(self) -> list[tuple[tuple[str, int], Any]]:
+        pools = {"prefill": self.prefills, "decode": self.decodes, "colocated": self.colocated}
+        return [((role, i), actor) for role, pool in pools.items() for i, actor in enumerate(pool)]
+
+
+async def _load_of(actor: Any) -> WorkerLoad | None:
+    try:
+        return await asyncio.wait_for(actor.load.remote(), LOAD_TIMEOUT_S)
+    except (TimeoutError, ray.exceptions.RayError):
+        return None
+
+
+async def _report_of(actor: Any, owner: str, epoch: str, seq: int) -> WorkerReport | None:
+    try:
+        return await asyncio.wait_for(actor.report.remote(owner, epoch, seq), LOAD_TIMEOUT_S)
+    except (TimeoutError, ray.exceptions.RayError):
+        return None

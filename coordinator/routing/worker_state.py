@@ -1,0 +1,40 @@
+"""One worker as the router sees it: its last polled stats, what was dispatched to it since,
+and whether it answers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.outputs import EngineStats
+
+WorkerKey = tuple[str, int]  # (role, instance)
+STALE_GRACE_S = 30.0  # a worker silent this long is not chosen at all
+
+
+@dataclass
+class WorkerState:
+    role: str
+    instance: int
+    stats: EngineStats = field(default_factory=EngineStats)  # as of the last poll
+    pending_tokens: int = 0  # tokens to compute dispatched here since the last poll
+    pending_requests: int = 0
+    fresh: bool = True  # answered the last poll
+    last_seen: float = field(default_factory=time.monotonic)
+    pid: int = 0  # of its actor at the last poll (0: not heard from yet)
+
+    @property
+    def key(self) -> WorkerKey:
+        return (self.role, self.instance)
+
+    def reachable(self, now: float) -> bool:
+        return self.fresh or now - self.last_seen < STALE_GRACE_S
+
+    @property
+    def prefill_cost(self) -> float:
+        return self.stats.num_prompt_tokens_to_compute + self.pending_tokens
+
+    @property
+    def decode_load(self) -> int:
+        stats = self.stats
+        return stats.num_running + stats.num_reserved + self.pending_requests

@@ -1,0 +1,165 @@
+"""What the router knows of each worker, kept up to date in the background.
+
+A load poll every ``poll_interval_s`` asks every worker at once (``Fleet.reports``): its stats
+(queues, running, free blocks), its pid, and its prefix-cache events after this router's cursor,
+which go into the cache view (``cache_view.py``), loading a snapshot after a gap or a restart. The
+poll also renews this coordinator's lease on every worker. A worker that did not answer the last
+poll (busy, stopped, restarting) is *stale*; one silent for ``STALE_GRACE_S`` is lost, and its
+cache view is dropped (it comes back, if ever, with an empty cache). So is the record of what was
+sent to a worker that restarted (another pid) or is idle with no cached block.
+
+While other coordinators share the workers, each worker's events are also followed by a long
+poll: it waits up to ``FOLLOW_WAIT_S`` for the next event and returns at most every
+``FOLLOW_BATCH_S`` (events batch up meanwhile), so a block stored on a worker reaches every router
+within ~``FOLLOW_BATCH_S``, not at its next load poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from coordinator.routing.cache_view import CacheView
+from coordinator.routing.worker_state import WorkerState
+from engine.outputs import EngineStats
+from workers.contracts import WorkerLoad, WorkerReport
+
+log = logging.getLogger(__name__)
+FOLLOW_WAIT_S = 2.0
+FOLLOW_BATCH_S = 0.1
+
+
+class WorkerView:
+    def __init__(self, fleet: Any, cache: CacheView, poll_interval_s: float = 0.25) -> None:
+        self.fleet = fleet  # the workers (coordinator.pool.fleet.Fleet)
+        self.cache = cache
+        self.poll_interval_s = poll_interval_s
+        self.prefills: list[WorkerState] = []
+        self.decodes: list[WorkerState] = []  # the colocated workers in single_node
+        self.latest_loads: list[WorkerLoad] = []
+        self.latest_reports: list[WorkerReport] = []
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        """Poll loads, and follow every worker's events, until ``stop``."""
+        loop = asyncio.get_running_loop()
+        self.bind()
+        workers = [*self.prefills, *self.decodes]
+        self._tasks = [
+            loop.create_task(self._poll_forever()),
+            *(loop.create_task(self._follow_forever(w)) for w in workers),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def bind(self) -> None:
+        """Worker states for the fleet's actors (known once it has started)."""
+        fleet = self.fleet
+        single = fleet.config.deploy_mode == "single_node"
+        if not self.decodes:
+            self.prefills = [WorkerState("prefill", i) for i in range(len(fleet.prefills))]
+            count = len(fleet.colocated if single else fleet.decodes)
+            self.decodes = [
+                WorkerState("colocated" if single else "decode", i) for i in range(count)
+            ]
+
+    async def refresh(self) -> list[WorkerLoad]:
+        """One load poll (module docstring); the loads of the workers that answered."""
+        self.bind()
+        reports = await self.fleet.reports(self.cache.cursors())
+        loads = [report.load for report in reports]
+        self.latest_loads, self.latest_reports = loads, reports
+        seen = {(load.role, load.instance) for load in loads}
+        now = time.monotonic()
+        for worker in [*self.prefills, *self.decodes]:
+            worker.fresh = worker.key in seen
+            if worker.fresh:
+                worker.last_seen = now
+            elif not worker.reachable(now):
+                self.cache.drop(worker.key)  # lost: back, if ever, with an empty cache
+        for report in reports:
+            load = report.load
+            state = self.state(load.role, load.instance)
+            if state is not None:
+                self._forget_lost_cache(state, load)
+                state.stats, state.pending_tokens, state.pending_requests = load.stats, 0, 0
+                state.pid = load.pid
+                await self._follow_events(state, report)
+        return loads
+
+    def state(self, role: str, instance: int) -> WorkerState | None:
+        pool = self.prefills if role == "prefill" else self.decodes
+        return pool[instance] if instance < len(pool) else None
+
+    def shared(self) -> bool:
+        """Whether another coordinator holds a lease on any worker, as of the last poll."""
+        return any(report.num_coordinators > 1 for report in self.latest_reports)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # a poll must never kill the router
+                log.exception("load poll failed")
+            await asyncio.sleep(self.poll_interval_s)
+
+    async def _follow_forever(self, state: WorkerState) -> None:
+        """Long-poll ``state``'s worker for its prefix-cache events and apply them as they come
+        (a gap or another epoch is left to the load poll, which resynchronises)."""
+        while True:
+            epoch, seq = self.cache.cursor(state.key)
+            if seq < 0 or not state.fresh or not self.shared():
+                # not in sync yet, not answering, or no other coordinator routes to the workers
+                # (what this one routed counts at once): the load poll's events suffice
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            try:
+                batch = await self.fleet.kv_events(*state.key, epoch, seq, FOLLOW_WAIT_S)
+            except Exception as exc:  # dead or restarting: the load poll notices it
+                log.debug("events of %s worker %d: %r", *state.key, exc)
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            if not batch.gap and batch.epoch == self.cache.cursor(state.key)[0]:
+                self.cache.apply(state.key, batch, state.stats.num_total_blocks)
+            await asyncio.sleep(FOLLOW_BATCH_S)
+
+    async def _follow_events(self, state: WorkerState, report: WorkerReport) -> None:
+        """Apply a worker's prefix-cache events; after a gap or a restart, load its snapshot
+        (a failed snapshot is asked for again at the next poll)."""
+        if not self.cache.apply(state.key, report.kv_events, state.stats.num_total_blocks):
+            return
+        try:
+            snapshot = await self.fleet.kv_snapshot(*state.key)
+        except Exception as exc:  # the next poll reports the gap again
+            log.warning("prefix cache snapshot of %s worker %d failed: %r", *state.key, exc)
+            return
+        self.cache.load(state.key, snapshot)
+        log.info(
+            "%s worker %d: prefix cache view resynchronised (%d blocks, event %d)",
+            *state.key,
+            len(snapshot.hashes),
+            snapshot.seq,
+        )
+
+    def _forget_lost_cache(self, state: WorkerState, load: WorkerLoad) -> None:
+        """Forget what was sent to a worker whose cache is gone: its actor restarted, or it is
+        idle (nothing on its way to it either) and reports no cached block."""
+        restarted = state.pid != 0 and load.pid != state.pid
+        sent = state.pending_tokens or state.pending_requests  # maybe not there at the poll
+        emptied = load.stats.num_cached_blocks == 0 and _is_idle(load.stats) and not sent
+        if (restarted or emptied) and self.cache.num_dispatched(state.key):
+            why = f"restarted (pid {state.pid} -> {load.pid})" if restarted else "has no cache"
+            log.info("%s worker %d %s: what was sent there is forgotten", *state.key, why)
+            self.cache.forget_dispatches(state.key)
+
+
+def _is_idle(stats: EngineStats) -> bool:
+    return stats.num_waiting + stats.num_running + stats.num_held + stats.num_reserved == 0

@@ -1,0 +1,166 @@
+"""The configuration schema: environment variables between the file and the CLI, one naming
+rule, and defaults that are the dataclasses' own (each written once)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+
+from coordinator.cli import parse_args, resolve_config
+from coordinator.cluster_config import ClusterConfig
+from coordinator.config import defaults, load_config
+from coordinator.config_schema import KEYS, SCHEMA, STEP_TARGET_MS
+from coordinator.inference import Timeouts
+from coordinator.routing.config import RoutingConfig
+from coordinator.served_model import ServedModels, cluster_config, routing_config
+from engine.errors import ConfigError
+
+# MindIE's own names (MindIE-MS's ms_coordinator.json, MindIE Server's config.json)
+MINDIE_CAMEL_CASE = {
+    "maxSeqLen",
+    "maxInputTokenLen",
+    "maxIterTimes",
+    "maxBatchSize",
+    "maxPrefillTokens",
+    "maxPrefillBatchSize",
+    "cacheBlockSize",
+    "fullTextEnabled",
+    "enablePrefixCaching",
+}
+OLDER_CAMEL_CASE = {"kvCacheMemoryMB", "stepTargetMs"}  # pdserve's, from before the rule
+
+
+def _write(tmp_path, config) -> str:
+    path = tmp_path / "ms_coordinator.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_environment_wins_over_the_file_and_the_cli_over_both(tmp_path, monkeypatch):
+    path = _write(
+        tmp_path,
+        {
+            "http_config": {"predict_port": 2000, "manage_port": 2001},
+            "backend_config": {"maxIterTimes": 64, "maxSeqLen": 1000},
+        },
+    )
+    monkeypatch.setenv("PDSERVE_HTTP_CONFIG__PREDICT_PORT", "2500")
+    monkeypatch.setenv("PDSERVE_BACKEND_CONFIG__MAXSEQLEN", "4096")
+    monkeypatch.setenv("PDSERVE_BACKEND_CONFIG__KV_SHARED_MEMORY", "false")
+    monkeypatch.setenv("PDSERVE_HTTP_CONFIG__API_KEYS", "k1, k2")
+    monkeypatch.setenv("PDSERVE_BACKEND_CONFIG__PREFILL_RESOURCES", '{"num_cpus": 2}')
+    config = load_config(path)
+    assert config["http_config"]["predict_port"] == 2500  # the environment over the file
+    assert config["http_config"]["manage_port"] == 2001  # the file where no variable is set
+    assert config["backend_config"]["maxIterTimes"] == 64
+    assert config["backend_config"]["maxSeqLen"] == 4096
+    assert config["backend_config"]["kv_shared_memory"] is False
+    assert config["http_config"]["api_keys"] == ("k1", "k2")
+    cluster = cluster_config(config, ServedModels(None, None))
+    assert cluster.prefill_resources.num_cpus == 2.0 and not cluster.kv_shared_memory
+    config = resolve_config(parse_args(["--config", path, "--predict-port", "3000"]))
+    assert config["http_config"]["predict_port"] == 3000  # the CLI over the environment
+
+
+def test_environment_alone_over_the_defaults(monkeypatch):
+    monkeypatch.setenv("PDSERVE_DIGS_SCHEDULER_CONFIG__DEPLOY_MODE", "single_node")
+    monkeypatch.setenv("PDSERVE_HTTP_CONFIG__MANAGE_API_KEYS", '["m-1"]')
+    config = resolve_config(parse_args([]))
+    assert config["digs_scheduler_config"]["deploy_mode"] == "single_node"
+    assert config["http_config"]["manage_api_keys"] == ("m-1",)
+    cluster = cluster_config(config, ServedModels(None, None))
+    assert cluster.engine.scheduler.step_target_ms == STEP_TARGET_MS["single_node"]
+
+
+@pytest.mark.parametrize(
+    "variable, text, message",
+    [
+        (
+            "PDSERVE_BACKEND_CONFIG__MAXITERTIMES",
+            "0",
+            "backend_config.maxIterTimes must be an integer in [1, 4194304], got 0",
+        ),
+        (
+            "PDSERVE_BACKEND_CONFIG__MAXITERTIMES",
+            "many",
+            'backend_config.maxIterTimes must be an integer in [1, 4194304], got "many"',
+        ),
+        (
+            "PDSERVE_HTTP_CONFIG__PREDICT_PORT",
+            "80",
+            "http_config.predict_port must be an integer in [1024, 65535], got 80",
+        ),
+        (
+            "PDSERVE_BACKEND_CONFIG__KV_SHARED_MEMORY",
+            "maybe",
+            'backend_config.kv_shared_memory must be true or false, got "maybe"',
+        ),
+        (
+            "PDSERVE_BACKEND_CONFIG__KV_TRANSPORT",
+            "carrier-pigeon",
+            'backend_config.kv_transport must be one of zmq, grpc, got "carrier-pigeon"',
+        ),
+        (
+            "PDSERVE_BACKEND_CONFIG__DECODE_RESOURCES",
+            '{"gpus": 1}',
+            "backend_config.decode_resources must be",
+        ),
+    ],
+)
+def test_environment_values_are_checked_like_the_files(monkeypatch, variable, text, message):
+    monkeypatch.setenv(variable, text)
+    with pytest.raises(ConfigError) as error:
+        load_config()
+    assert message in str(error.value)
+
+
+def test_unknown_environment_keys_are_ignored_with_a_warning(caplog):
+    environ = {"PDSERVE_BACKEND_CONFIG__NOPE": "1", "PDSERVE_CACHE_DIR": "/tmp/x"}
+    config = load_config(environ=environ)
+    assert config.values == defaults().values
+    assert "PDSERVE_BACKEND_CONFIG__NOPE" in caplog.text
+    assert "PDSERVE_CACHE_DIR" not in caplog.text  # not a key's variable: no double underscore
+
+
+def test_every_key_has_its_own_environment_variable():
+    names = [key.env_name for key in KEYS]
+    assert len(set(names)) == len(names) == 72
+    assert all(re.fullmatch(r"PDSERVE_[A-Z_]+__[A-Z0-9_]+", name) for name in names)
+
+
+def test_keys_of_pdserve_are_snake_case_and_mindies_keep_their_names():
+    for key in KEYS:
+        if key.name not in MINDIE_CAMEL_CASE | OLDER_CAMEL_CASE:
+            assert re.fullmatch(r"[a-z][a-z0-9_]*", key.name), key.dotted
+
+
+def test_every_key_has_one_line_of_doc():
+    for key in KEYS:
+        assert key.doc and "\n" not in key.doc and key.section in SCHEMA, key.dotted
+
+
+def test_the_files_defaults_are_the_dataclasses_own():
+    """Left out of the file, a key gives its field the field's own default (the exceptions: the
+    deploy mode's stepTargetMs, schedule_timeout's hand-off wait, and what is served)."""
+    config = defaults()
+    cluster = cluster_config(config, ServedModels(None, ClusterConfig.embedding_model_path))
+    base = ClusterConfig()
+    scheduler = replace(base.engine.scheduler, step_target_ms=STEP_TARGET_MS["pd_separate"])
+    assert cluster == replace(
+        base,
+        engine=replace(base.engine, scheduler=scheduler),
+        reservation_wait_s=float(config["exception_config"]["schedule_timeout"]),
+        generation=False,
+    )
+    assert routing_config(config, cluster.engine.cache) == RoutingConfig()
+    assert Timeouts(**config.fed(Timeouts)) == Timeouts()
+
+
+def test_fed_keys_take_the_fields_range():
+    maxseqlen = SCHEMA["backend_config"]["maxSeqLen"]
+    assert (maxseqlen.low, maxseqlen.high) == (2, 1 << 22)
+    with pytest.raises(ConfigError, match="maxSeqLen must be an integer in \\[2, 4194304\\]"):
+        replace(ClusterConfig().engine.scheduler, max_seq_len=1)

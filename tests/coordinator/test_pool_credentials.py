@@ -1,0 +1,32 @@
+"""A shared pool's KV credentials (``coordinator/pool/shared.py``): coordinators that start the
+same pool at once must hand its prefill and decode workers one set, or a decode worker created by
+one would refuse the pages of a prefill worker created by the other. The first starter's set is
+put once into Ray's GCS store; stopping the pool drops it with the workers. A private cluster's
+are its own. (Two coordinators racing to create a pool with encryption on, end to end:
+``tests/multihost/test_replicas_across_hosts.py``.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.cluster_config import ClusterConfig
+from coordinator.pool.fleet import Fleet
+from coordinator.pool.shared import pool_credentials
+
+pytestmark = pytest.mark.ray
+
+
+def test_starters_of_one_pool_share_its_credentials_and_stopping_drops_them(ray_session):
+    namespace = "pdserve-credentials-test"
+    shared = pool_credentials(namespace)
+    assert pool_credentials(namespace) == shared  # a second starter gets the first one's
+    assert pool_credentials("pdserve-another-pool") != shared
+    assert pool_credentials(None) != pool_credentials(None)  # private: fresh at every start
+    pool = Fleet(ClusterConfig(cluster_name="credentials-test", embedding_model_path=None))
+    assert pool.config.namespace == namespace
+    assert pool.stop_pool() == []  # no worker was started; the credentials go all the same
+    assert pool_credentials(namespace) != shared
+    pool.stop_pool()
+    Fleet(ClusterConfig(cluster_name="another-pool", embedding_model_path=None)).stop_pool()
+    with pytest.raises(ValueError, match="needs a cluster_name"):
+        Fleet(ClusterConfig(embedding_model_path=None)).stop_pool()

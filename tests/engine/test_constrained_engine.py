@@ -1,0 +1,220 @@
+"""Constrained decoding in the engine: masks equal llguidance's own, outputs match their
+constraint, unconstrained rows of a mixed batch are untouched, seeds stay reproducible, a
+grammar that completes finishes ``stop`` and ``length`` cuts it mid-way, and a request handed
+off or continued after outputs made elsewhere ends token-identical to an undisturbed run."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import llguidance
+import numpy as np
+import pytest
+import torch
+
+from engine.constraint import MAX_SPEC_CHARS, Constraint
+from engine.errors import ConfigError
+from engine.grammars import GrammarCache, GrammarError
+from engine.llm_engine import LLMEngine
+from engine.request import FinishReason
+from engine.sampling_params import SamplingParams
+from tests.conftest import make_engine
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+REGEX = "[0-9]{3}-[a-z]{2,5}"
+PROMPT_TEXT = "The quick brown fox"
+
+
+def _params(constraint: Constraint | None, sampled: bool = False, **options) -> SamplingParams:
+    options.setdefault("max_new_tokens", 96)
+    return SamplingParams(
+        do_sample=sampled, temperature=1.5, seed=7, constraint=constraint, **options
+    )
+
+
+def _run(engine: LLMEngine, params: SamplingParams, request_id: str = "r", outputs=()):
+    prompt = engine.tokenizer.encode(PROMPT_TEXT)
+    engine.add_request(engine.request(request_id, prompt, params, output_token_ids=outputs))
+    events = []
+    while request_id in engine.requests:
+        events += [e for e in engine.step() if e.request_id == request_id]
+    return events
+
+
+def _text(engine: LLMEngine, events) -> str:
+    return engine.tokenizer.decode([e.token_id for e in events if e.token_id is not None])
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_a_json_schema_output_validates_and_finishes_stop(tiny_engine, sampled):
+    events = _run(tiny_engine, _params(Constraint.json_schema(SCHEMA), sampled))
+    jsonschema.validate(json.loads(_text(tiny_engine, events)), SCHEMA)
+    assert events[-1].finish_reason in (FinishReason.STOP, FinishReason.EOS)
+    assert tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_regex_and_json_object_outputs_match(tiny_engine, sampled):
+    events = _run(tiny_engine, _params(Constraint("regex", REGEX), sampled))
+    assert re.fullmatch(REGEX, _text(tiny_engine, events))
+    events = _run(tiny_engine, _params(Constraint("json_object"), sampled), "o")
+    assert isinstance(json.loads(_text(tiny_engine, events)), dict)
+
+
+def test_a_lark_grammar_constrains_the_output(tiny_engine):
+    grammar = 'start: "yes" | "no" | "maybe " NUMBER\nNUMBER: /[1-9]/'
+    events = _run(tiny_engine, _params(Constraint("lark", grammar), True))
+    assert re.fullmatch("yes|no|maybe [1-9]", _text(tiny_engine, events))
+    assert events[-1].finish_reason in (FinishReason.STOP, FinishReason.EOS)
+
+
+def test_max_tokens_mid_grammar_finishes_length(tiny_engine):
+    events = _run(tiny_engine, _params(Constraint.json_schema(SCHEMA), max_new_tokens=3))
+    assert len(events) == 3 and events[-1].finish_reason == FinishReason.LENGTH
+    assert _text(tiny_engine, events).startswith("{")
+
+
+@pytest.mark.parametrize("few_words", [0.0, 1.0], ids=["biases", "kept-tokens"])
+def test_the_mask_equals_llguidances_own(tiny_engine, monkeypatch, few_words):
+    """After every token of a constrained run, the tokens the engine left finite are exactly
+    those llguidance's reference matcher allows next (both ways of masking a row)."""
+    monkeypatch.setattr("engine.grammars.FEW_WORDS", few_words)
+    constraint = Constraint.json_schema(SCHEMA)
+    tokens = [e.token_id for e in _run(tiny_engine, _params(constraint, True))]
+    grammars: GrammarCache = tiny_engine.grammars
+    reference = llguidance.LLMatcher(
+        grammars.tokenizer,
+        llguidance.LLMatcher.grammar_from_json_schema(
+            constraint.spec,
+            {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+        ),
+    )
+    state = grammars.state(constraint)
+    vocab = tiny_engine.shape.vocab_size
+    for token in tokens:
+        logits = torch.zeros((2, vocab))
+        grammars.mask(logits, [1], [state])
+        allowed = np.flatnonzero(np.isfinite(logits[1].numpy()))
+        words = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
+        reference.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+        bits = np.unpackbits(words.numpy().view(np.uint8), bitorder="little")[:vocab]
+        assert allowed.tolist() == np.flatnonzero(bits).tolist()
+        assert torch.isfinite(logits[0]).all()  # an unconstrained row is untouched
+        assert reference.consume_token(token) and state.matcher.consume_token(token)
+
+
+def test_a_mixed_batch_leaves_unconstrained_rows_token_identical(tiny_loaded):
+    free = [_params(None, sampled, max_new_tokens=24, ignore_eos=True) for sampled in (False, True)]
+    alone = make_engine(tiny_loaded).generate([[5, 6, 7, 8]] * 2, free)
+    constrained = [
+        _params(Constraint.json_schema(SCHEMA)),
+        _params(Constraint("regex", REGEX), True),
+    ]
+    mixed = make_engine(tiny_loaded).generate([[5, 6, 7, 8]] * 4, [*free, *constrained])
+    assert mixed[:2] == alone
+
+
+def test_seeded_constrained_sampling_is_reproducible(tiny_loaded):
+    params = _params(Constraint.json_schema(SCHEMA), True)
+    first = [e.token_id for e in _run(make_engine(tiny_loaded), params)]
+    second = [e.token_id for e in _run(make_engine(tiny_loaded), params)]
+    assert first == second
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_a_continued_constrained_request_matches_an_undisturbed_run(tiny_engine, sampled, k):
+    """A migration: the new engine's matcher replays the k outputs before its first token."""
+    params = _params(Constraint.json_schema(SCHEMA), sampled)
+    full = _run(tiny_engine, params, "full")
+    tokens = [e.token_id for e in full]
+    rest = _run(tiny_engine, params, "rest", outputs=tokens[:k])
+    assert [e.token_id for e in rest] == tokens[k:]
+    assert rest[-1].finish_reason == full[-1].finish_reason
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_a_constrained_handoff_matches_one_engine(tiny_loaded, sampled):
+    """Prefill samples the first token under the grammar; decode rebuilds the matcher from the
+    spec in the pages' state, replays that token and goes on: one engine's output exactly."""
+    params = _params(Constraint.json_schema(SCHEMA), sampled)
+    full = [e.token_id for e in _run(make_engine(tiny_loaded), params)]
+    prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
+    prefill.add_request(
+        prefill.request("h", prefill.tokenizer.encode(PROMPT_TEXT), params, prefill_only=True)
+    )
+    first = [e.token_id for e in prefill.step() if e.request_id == "h"]
+    decode.importer.import_kv(prefill.export_kv("h", params.max_new_tokens))
+    prefill.release("h")
+    rest: list[int] = []
+    while "h" in decode.requests:
+        rest += [e.token_id for e in decode.step() if e.request_id == "h"]
+    assert [*first, *rest] == full
+    for engine in (prefill, decode):
+        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_outputs_the_grammar_refuses_end_the_request_with_an_error(tiny_engine):
+    """A token made elsewhere that the spec does not allow (a forged or mismatched first
+    token) is checked, not trusted: an error finish, every block freed."""
+    bad = tiny_engine.tokenizer.encode("zz")[:1]
+    events = _run(tiny_engine, _params(Constraint("regex", REGEX)), outputs=bad)
+    assert events[-1].finish_reason == FinishReason.ERROR and "constraint" in events[-1].error
+    assert events[-1].cause == "constraint_violated"
+    assert tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
+
+
+@pytest.mark.parametrize(
+    "constraint, reason",
+    [
+        (Constraint("json_schema", '{"type": "objectx"}'), "objectx"),
+        (Constraint("json_schema", "[1, 2"), "not accepted"),
+        (Constraint("regex", "(a"), "unclosed group"),
+        (Constraint("lark", "start: undefined_rule"), "undefined_rule"),
+    ],
+)
+def test_a_constraint_that_does_not_compile_is_refused_naming_why(tiny_engine, constraint, reason):
+    with pytest.raises(GrammarError, match=reason):
+        tiny_engine.add_request(tiny_engine.request("bad", [5, 6], _params(constraint)))
+    assert not tiny_engine.requests
+
+
+def test_a_spec_past_the_size_bound_is_refused_before_compiling():
+    with pytest.raises(ConfigError, match=str(MAX_SPEC_CHARS)):
+        Constraint("regex", "a" * (MAX_SPEC_CHARS + 1))
+    with pytest.raises(ConfigError, match="kind"):
+        Constraint("xml")
+
+
+def test_equal_specs_compile_once(tiny_engine):
+    grammars = tiny_engine.grammars
+    before = grammars.stats.compiles
+    for _ in range(3):
+        grammars.compile(Constraint.json_schema(dict(SCHEMA)))
+    assert grammars.stats.compiles == before + 1 and grammars.stats.hits >= 2
+
+
+def test_the_cache_keeps_its_capacity(tiny_loaded):
+    grammars = make_engine(tiny_loaded).grammars
+    grammars.capacity = 4
+    for n in range(10):
+        grammars.compile(Constraint("regex", f"a{{{n + 1}}}"))
+    assert len(grammars) == 4
+
+
+def test_constraints_survive_the_wire_dict():
+    params = _params(Constraint.json_schema(SCHEMA), True)
+    again = SamplingParams.from_dict(json.loads(json.dumps(params.to_dict())))
+    assert again == params and again.constraint == params.constraint
+    assert SamplingParams.from_dict(_params(None).to_dict()).constraint is None

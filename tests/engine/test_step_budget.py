@@ -1,0 +1,77 @@
+"""The step budget: prompt tokens per step sized to a target step time, learnt from the steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.step_budget import MIN_CHUNK_TOKENS, StepBudget
+
+
+def _learn(budget: StepBudget, decode_s: float, token_s: float, steps: int = 60) -> None:
+    """Steps of a machine where a decode step takes ``decode_s`` and a prompt token ``token_s``."""
+    for i in range(steps):
+        budget.observe(4, 0, decode_s)
+        prompt = 100 + 10 * (i % 5)
+        budget.observe(4, prompt, decode_s + prompt * token_s)
+
+
+def test_without_a_target_or_without_decodes_a_step_takes_the_whole_budget():
+    assert StepBudget(0, 8192).tokens(num_decodes=10) == 8192
+    assert StepBudget(150, 8192).tokens(num_decodes=0) == 8192
+
+
+def test_the_chunk_fits_the_target_once_the_costs_are_learnt():
+    budget = StepBudget(150, 8192)
+    _learn(budget, decode_s=0.030, token_s=0.002)
+    assert budget.decode_s == pytest.approx(0.030, rel=0.01)
+    assert budget.token_s == pytest.approx(0.002, rel=0.01)
+    assert budget.tokens(4) == pytest.approx(60, abs=1)  # (150 - 30) ms / 2 ms
+    _learn(budget, decode_s=0.030, token_s=0.001)  # a faster machine (or fewer busy threads)
+    assert budget.tokens(4) == pytest.approx(120, abs=2)
+
+
+def test_a_prompt_always_progresses_and_never_exceeds_max_prefill_tokens():
+    slow = StepBudget(50, 8192)
+    _learn(slow, decode_s=0.080, token_s=0.002)  # decoding alone misses the target
+    assert slow.tokens(4) == MIN_CHUNK_TOKENS
+    fast = StepBudget(10_000, 512)
+    _learn(fast, decode_s=0.010, token_s=0.0001)
+    assert fast.tokens(4) == 512
+
+
+def test_prompt_only_steps_teach_the_token_cost_too():
+    budget = StepBudget(100, 8192)
+    for _ in range(60):
+        budget.observe(0, 500, 1.0)  # 2 ms a token, no decode rows
+    assert budget.token_s == pytest.approx(0.002, rel=0.01)
+
+
+def test_an_engine_with_a_target_chunks_prompts_beside_decodes_and_answers_the_same(tiny_loaded):
+    from engine.sampling_params import SamplingParams
+    from tests.conftest import make_engine
+
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    prompts = [[5, 6, 7], list(range(10, 130))]  # a stream, then a 120-token prompt beside it
+    expected = make_engine(tiny_loaded, prefix_caching=False).generate(prompts, params)
+    engine = make_engine(tiny_loaded, prefix_caching=False, step_target_ms=1)
+    chunks: list[tuple[int, int]] = []  # (prompt tokens, decode rows) of each step
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        out = schedule()
+        chunks.append((sum(n for _, n in out.prefills), len(out.decodes)))
+        return out
+
+    engine.scheduler.schedule = recording
+    engine.add_request(engine.request("stream", prompts[0], params))
+    engine.step()  # the stream decodes from now on
+    outputs = {"stream": [], "long": []}
+    engine.add_request(engine.request("long", prompts[1], params))
+    while engine.has_work():
+        for event in engine.step():
+            if event.token_id is not None:
+                outputs[event.request_id].append(event.token_id)
+    beside_decodes = [tokens for tokens, decodes in chunks[1:] if decodes and tokens]
+    assert beside_decodes and max(beside_decodes) == MIN_CHUNK_TOKENS  # a 1 ms target: the least
+    assert outputs["long"] == expected[1]
+    assert engine.scheduler.step_budget.token_s != pytest.approx(0.003)  # learnt from its steps

@@ -1,0 +1,122 @@
+"""A predict app over a scripted service, in process or on a real port: what the door tests
+(and the HTTP edge benchmark) drive the front doors with, no cluster behind them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+
+from coordinator.api.app import create_predict_app
+from coordinator.errors import ServiceError
+from coordinator.model_info import ModelInfo
+from coordinator.served_model import ServedModels
+from engine.outputs import TokenEvent
+from engine.request import FinishReason
+
+AZURE_CHAT = "/chat/completions?api-version=2024-05-01-preview"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+class CharTokenizer:
+    """One token per character (its code point); chat renders the last message's content."""
+
+    all_special_ids = [0]
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def apply_chat_template(
+        self, messages: list[dict], tokenize: bool = True, **_: Any
+    ) -> list[int] | str:
+        text = messages[-1]["content"]
+        return self.encode(text) if tokenize else text
+
+
+class ScriptedService:
+    """Yields ``tokens`` events ("a", "b", ...), then raises ``error``; without an error the last
+    event finishes with ``finish`` (an ``error`` finish carries the text "engine failed"), and
+    with ``finish`` None the generation just stops."""
+
+    def __init__(
+        self,
+        tokens: int,
+        error: ServiceError | None = None,
+        finish: FinishReason | None = FinishReason.LENGTH,
+    ) -> None:
+        self.tokens, self.error, self.finish = tokens, error, finish
+        self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission's state
+
+    def count_door_refusal(self) -> None:
+        """Admission's hook for a request refused at the door (nothing counts it here)."""
+
+    def new_request_id(self) -> str:
+        return "req-1"
+
+    async def generate(self, request: Any):
+        for i in range(self.tokens):
+            last = self.error is None and i == self.tokens - 1
+            finish = self.finish if last else None
+            error = "engine failed" if finish == FinishReason.ERROR else None
+            now = time.monotonic()
+            n = request.num_prompt_tokens
+            yield TokenEvent(request.request_id, 10 + i, "ab"[i % 2], n, i + 1, now, finish, error)
+        if self.error is not None:
+            raise self.error
+
+
+def predict_app(service: Any, body_limit_mb: int = 1):
+    model = ModelInfo("fake", CharTokenizer(), 1024, 1000, 100)
+    served = ServedModels(generation=model, embedding_path=None)
+    return create_predict_app(
+        service, served, None, body_limit_mb=body_limit_mb, api_keys=(), is_ready=lambda: True
+    )
+
+
+def post(app: Any, path: str, body: Any, **kwargs: Any) -> httpx.Response:
+    async def run() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://door") as client:
+            return await client.post(path, json=body, **kwargs)
+
+    return asyncio.run(run())
+
+
+@contextlib.contextmanager
+def serving(app: Any, **options: Any) -> Iterator[str]:
+    """``app`` under a real uvicorn server on a free port, in a thread; yields its base URL.
+    ``options``: more ``uvicorn.Config`` arguments (the edge's limits)."""
+    config = uvicorn.Config(  # log_config None: uvicorn's records reach pytest's caplog
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="off",
+        log_config=None,
+        **options,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def events(response: httpx.Response) -> list[bytes]:
+    """The SSE events of a stream, each with its ``data:`` prefix."""
+    assert response.content.endswith(b"\n\n"), response.content
+    return response.content[:-2].split(b"\n\n")

@@ -1,0 +1,227 @@
+"""Worker classes driven in-process (no Ray): hand-off over the real transports, and the
+failure paths that must free blocks on both sides."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from decode_worker.worker import DecodeWorker
+from engine.config import KVTransferConfig, SchedulerConfig
+from engine.outputs import EngineStats, TokenEvent
+from engine.request import FinishReason, RequestStatus
+from prefill_worker.worker import PrefillWorker
+from tests.support.inprocess_workers import (
+    HANDOFFS,
+    _assert_freed,
+    _config,
+    _decode_worker,
+    _request,
+    _stop,
+    _used,
+)
+from workers.contracts import HandoffResult, HandoffTarget
+
+
+@pytest.fixture(params=list(HANDOFFS))
+def handoff(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def pair(handoff, tiny_model_dir):
+    (transport, shared_memory), _ = HANDOFFS[handoff]
+    transfer = KVTransferConfig(
+        transport, transfer_timeout_s=1.0, reservation_timeout_s=1.0, shared_memory=shared_memory
+    )
+    prefill = PrefillWorker(_config(tiny_model_dir), transfer)
+    decode = DecodeWorker(_config(tiny_model_dir), transfer)
+    yield prefill, decode
+    for worker in (prefill, decode):
+        worker.loop.stop()
+    decode.receiver.close()
+    prefill.sender.close()
+
+
+def test_handoff_then_decode(pair, handoff):
+    prefill, decode = pair
+    reservation = decode.reserve(_request("r"))
+    assert reservation.granted
+    items = list(prefill.prefill(_request("r"), HandoffTarget.from_reservation(reservation, 6)))
+    assert isinstance(items[0], TokenEvent) and items[0].token_id is not None
+    assert isinstance(items[-1], HandoffResult) and items[-1].ok and items[-1].num_bytes > 0
+    assert prefill.num_handoffs_by_path() == {HANDOFFS[handoff][1]: 1}
+    events = list(decode.stream("r"))
+    assert len(events) == 5 and events[-1].finish_reason == FinishReason.LENGTH
+    _assert_freed(prefill)
+    assert _used(decode) == 0
+
+
+def test_transfer_to_a_dead_endpoint_frees_the_prefill_blocks(pair, handoff):
+    prefill, _ = pair
+    dead = {"zmq": "tcp://127.0.0.1:9", "grpc": "127.0.0.1:9", "inprocess": "inprocess://gone"}
+    endpoint = dead[HANDOFFS[handoff][0][0]]
+    start = time.monotonic()
+    items = list(prefill.prefill(_request("r"), HandoffTarget(endpoint, 6)))
+    assert isinstance(items[-1], HandoffResult) and not items[-1].ok
+    assert "KV hand-off failed" in items[-1].error
+    assert time.monotonic() - start < 5
+    _assert_freed(prefill)
+
+
+def test_pages_that_never_arrive_free_the_reservation(pair):
+    _, decode = pair
+    assert decode.reserve(_request("lost", 20)).granted
+    assert _used(decode) > 0
+    events = list(decode.stream("lost"))  # ends when the reservation expires (1 s here)
+    assert events[-1].finish_reason == FinishReason.ERROR
+    assert "did not arrive" in events[-1].error
+    assert _used(decode) == 0
+
+
+def test_abort_before_the_pages_arrive_refuses_them(pair):
+    prefill, decode = pair
+    reservation = decode.reserve(_request("r"))
+    assert reservation.granted
+    decode.abort("r")
+    items = list(prefill.prefill(_request("r"), HandoffTarget.from_reservation(reservation, 6)))
+    assert isinstance(items[-1], HandoffResult) and not items[-1].ok
+    assert "no reservation" in items[-1].error
+    _assert_freed(prefill)
+    assert _used(decode) == 0
+
+
+def test_full_decode_worker_grants_waiting_handoffs_by_priority(tiny_model_dir):
+    decode = _decode_worker(tiny_model_dir)
+    try:
+        assert decode.reserve(_request("hog", 12)).granted  # every block
+        granted: list[str] = []
+
+        def wait(request_id: str, priority: int) -> None:  # 5 + 1 tokens = 2 of the 4 blocks
+            if decode.reserve(_request(request_id, 5, priority), wait_s=3).granted:
+                granted.append(request_id)
+
+        threads = []
+        for request_id, priority in [("p5-first", 5), ("p5-second", 5), ("p1-late", 1)]:
+            threads.append(threading.Thread(target=wait, args=(request_id, priority)))
+            threads[-1].start()
+            time.sleep(0.2)
+        decode.abort("hog")  # frees 4 blocks: room for two of the three waiting hand-offs
+        for thread in threads:
+            thread.join(timeout=10)
+        assert sorted(granted) == ["p1-late", "p5-first"]  # the later priority-5 one waits
+    finally:
+        _stop(decode)
+
+
+def test_refusal_reason_is_worked_out_on_the_engine_thread(tiny_model_dir):
+    decode = _decode_worker(tiny_model_dir)
+    threads: list[str] = []
+    reason = decode.engine.importer.reservation_refusal
+
+    def recording(num_prompt_tokens: int) -> str:
+        threads.append(threading.current_thread().name)
+        return reason(num_prompt_tokens)
+
+    decode.engine.importer.reservation_refusal = recording
+    try:
+        assert decode.reserve(_request("hog", 12)).granted
+        refused = decode.reserve(_request("late", 5), wait_s=0.2)
+        assert not refused.granted and refused.endpoint == ""
+        assert refused.reason == "decode cache full: 0 of 4 blocks free, 2 needed"
+        assert threads == ["engine-loop"]
+        assert decode.abort("hog") and not decode.abort("late")
+        assert _used(decode) == 0 and decode.load().num_open_streams == 0
+    finally:
+        _stop(decode)
+
+
+def test_pages_are_acknowledged_while_the_engine_thread_is_busy(tiny_model_dir):
+    prefill = PrefillWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
+    decode = _decode_worker(tiny_model_dir, num_blocks=64)
+    try:
+        reservation = decode.reserve(_request("r"))
+        assert reservation.granted
+        busy, go_on = threading.Event(), threading.Event()
+        decode.loop.call(lambda engine: busy.set() or go_on.wait(10))  # a long "decode step"
+        assert busy.wait(5)
+        items = list(prefill.prefill(_request("r"), HandoffTarget.from_reservation(reservation, 6)))
+        assert items[-1].ok  # acknowledged: the pages are in the reserved blocks already
+        assert decode.engine.requests["r"].status == RequestStatus.RECEIVING
+        go_on.set()
+        events = list(decode.stream("r"))
+        assert len(events) == 5 and events[-1].finish_reason == FinishReason.LENGTH
+        assert _used(decode) == 0
+    finally:
+        go_on.set()
+        _stop(decode)
+        prefill.loop.stop()
+        prefill.sender.close()
+
+
+def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir):
+    decode = _decode_worker(tiny_model_dir)
+    try:
+        assert decode.reserve(_request("r")).granted
+        load = decode.load()
+        assert isinstance(load.stats, EngineStats) and load.stats.num_reserved == 1
+        assert list(load.to_dict()) == [
+            "role",
+            "instance",
+            "num_waiting",
+            "num_running",
+            "num_held",
+            "num_free_blocks",
+            "num_total_blocks",
+            "num_prompt_tokens_to_compute",
+            "num_reserved",
+            "num_cached_blocks",
+            "prefix_cache_queries",
+            "prefix_cache_hits",
+            "grammar_cache_size",
+            "grammar_compiles",
+            "grammar_masked_rows",
+            "grammar_mask_seconds",
+            "num_used_blocks",
+            "num_open_streams",
+            "pid",
+            "node_ip",
+            "weights",
+            "kernels",
+            "weight_formats",
+            "kernel_isa",
+            "num_leases_expired",
+            "requests_by_owner",
+        ]
+        assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2
+        assert set(load.to_dict()["kernels"].values()) <= {"cached", "built"}
+        assert load.to_dict()["weights"].startswith("weights fp32: layers float32")
+        formats = load.to_dict()["weight_formats"]
+        assert set(formats) == {"embedding", "qkv", "o_proj", "gate_up", "down", "lm_head"}
+        assert set(formats.values()) == {"float32"}
+        assert load.to_dict()["kernel_isa"] in ("avx512", "avx2", "scalar", "")
+        decode.abort("r")
+    finally:
+        _stop(decode)
+
+
+@pytest.mark.parametrize("limit", [6, 9])
+def test_migrated_request_one_token_short_of_its_limit_ends_on_prefill(tiny_model_dir, limit):
+    """A request migrated with ``limit - 1`` outputs gets one more token, on the prefill worker,
+    and finishes there at exactly its limit (none handed off for decode to overshoot), even when
+    the limit is past the engine's own (a disaggregated ``maxIterTimes + 1``)."""
+    config = replace(_config(tiny_model_dir), scheduler=SchedulerConfig(max_iter_times=8))
+    prefill = PrefillWorker(config, KVTransferConfig("inprocess"))
+    try:
+        request = _request("r").continued("r-m1", range(20, 20 + limit - 1))
+        items = list(prefill.prefill(request, HandoffTarget.nowhere(limit)))
+        assert len(items) == 1 and isinstance(items[0], TokenEvent)
+        assert items[0].finish_reason == FinishReason.LENGTH
+        assert items[0].num_output_tokens == limit
+        _assert_freed(prefill)
+    finally:
+        prefill.loop.stop()
+        prefill.sender.close()
