@@ -30,7 +30,7 @@ from coordinator.errors import NoWorkerError
 from coordinator.routing.cache_view import CacheView
 from coordinator.routing.choice import Route, candidate_pairs, choose_pair
 from coordinator.routing.config import RoutingConfig
-from coordinator.routing.worker_state import WorkerState
+from coordinator.routing.worker_state import WorkerKey, WorkerState
 from coordinator.routing.worker_view import WorkerView
 from engine.prefix_hash import block_hashes, tenant_root
 from workers.contracts import WorkerLoad, WorkerReport
@@ -97,16 +97,8 @@ class Router:
             if routing.prefix_routing
             else []
         )
-        max_blocks = max(len(token_ids) - 1, 0) // routing.block_size  # engines compute the last
         keys = {w.key for pair in pairs for w in pair if w is not None}
-        cached = {  # tokens each worker should find cached
-            key: min(
-                self.cache.num_cached(key, token_ids, hashes, tenant, now, routing.block_size),
-                max_blocks,
-            )
-            * routing.block_size
-            for key in keys
-        }
+        cached = self._cached_tokens(keys, token_ids, hashes, tenant, now)
         choice = choose_pair(pairs, bool(view.prefills), len(token_ids), cached, exclude, routing)
         if choice.prefill is not None:
             choice.prefill.pending_tokens += choice.prefill_tokens
@@ -116,3 +108,23 @@ class Router:
             if worker is not None:
                 self.cache.dispatched(worker.key, hashes, now, worker.stats.num_total_blocks)
         return choice.route
+
+    def _cached_tokens(
+        self,
+        keys: set[WorkerKey],
+        token_ids: Sequence[int],
+        hashes: list[bytes],
+        tenant: str,
+        now: float,
+    ) -> dict[WorkerKey, int]:
+        """Tokens of ``token_ids`` each worker should find cached (never the last one: the
+        engines compute it)."""
+        block_size = self.routing.block_size
+        max_blocks = max(len(token_ids) - 1, 0) // block_size
+        return {
+            key: min(
+                self.cache.num_cached(key, token_ids, hashes, tenant, now, block_size), max_blocks
+            )
+            * block_size
+            for key in keys
+        }

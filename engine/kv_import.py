@@ -51,16 +51,12 @@ class KVImporter:
         token: str = "",
         max_shared_blocks: int | None = None,
     ) -> Request | None:
-        """Set blocks aside for an incoming hand-off of ``new`` (its prompt, any outputs a
-        migrated request arrives with, its output limit and tenant, as the coordinator said,
-        never the pages): a RESERVED request that ends with an error if its pages are not in
-        within ``timeout_s``. None when the cache cannot hold it now. ``token``: the
-        reservation's secret; only pages carrying it are taken.
-
-        Leading blocks of the request found in the prefix cache (at most ``max_shared_blocks``)
-        are shared, not reserved anew: ``num_shared_blocks`` of the returned request; the pages
-        that come start after them. Only the tenant's own cached blocks are shared, and the
-        blocks that arrive are cached as that tenant's."""
+        """Set blocks aside for the hand-off of ``new`` (its prompt, outputs so far, output limit
+        and tenant as the coordinator said, never the pages): a RESERVED request, ended with an
+        error if its pages are not in within ``timeout_s``; None when the cache cannot hold it
+        now. Only pages carrying ``token`` (its secret) are taken. Its leading blocks in the
+        prefix cache, the tenant's own (at most ``max_shared_blocks``), are shared
+        (``num_shared_blocks``): the pages start after them."""
         if new.request_id in self.requests:
             raise RequestRejectedError(f"request id {new.request_id!r} is already in use")
         token_ids = new.token_ids

@@ -77,9 +77,7 @@ class LLMEngine:
         # constrained requests' compiled grammars (engine/grammars.py)
         self.grammars = GrammarCache(self.tokenizer, self.shape.vocab_size, self.eos_token_ids)
         block_size = config.cache.block_size
-        num_blocks = config.cache.num_blocks or max(
-            config.cache.memory_mb * 2**20 // bytes_per_block(self.shape, block_size, self.dtype), 1
-        )
+        num_blocks = config.cache.num_blocks or _blocks_in(config, self.shape, self.dtype)
         fingerprint = _fingerprint(loaded, self.shape)
         self.kv_cache = KVCache(self.shape, num_blocks, block_size, self.device, self.dtype)
         self.blocks = BlockManager(
@@ -90,15 +88,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(self.model, self.kv_cache.layers, block_size, self.device)
-        self.layout = KVLayout(
-            fingerprint,
-            KV_LAYOUT,
-            str(self.dtype),
-            block_size,
-            self.shape.num_layers,
-            self.shape.num_kv_heads,
-            self.shape.head_dim,
-        )
+        self.layout = _kv_layout(fingerprint, self.shape, str(self.dtype), block_size)
         self.requests: dict[str, Request] = {}
         self.importer = KVImporter(self)  # hand-offs received (engine/kv_import.py)
         self._pending: list[TokenEvent] = []
@@ -424,6 +414,20 @@ def _gguf_blocks(loaded: LoadedModel, config: EngineConfig) -> dict | None:
     if config.torch_device.type != "cpu" or config.torch_dtype != torch.float32:
         return None
     return read_quantized(loaded.gguf_path, loaded.hf_config)
+
+
+def _blocks_in(config: EngineConfig, shape: Any, dtype: torch.dtype) -> int:
+    """KV blocks in ``kvCacheMemoryMB`` (at least one)."""
+    block_bytes = bytes_per_block(shape, config.cache.block_size, dtype)
+    return max(config.cache.memory_mb * 2**20 // block_bytes, 1)
+
+
+def _kv_layout(fingerprint: str, shape: Any, dtype: str, block_size: int) -> KVLayout:
+    """What a KV page of this engine is, as a hand-off's header says it."""
+    return KVLayout(
+        fingerprint, KV_LAYOUT, dtype, block_size,
+        shape.num_layers, shape.num_kv_heads, shape.head_dim,
+    )  # fmt: skip
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:

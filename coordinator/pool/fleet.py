@@ -154,8 +154,7 @@ class Fleet:
             cache=self._cache_of(cls),
         )
         threads = str(resources.num_threads)
-        # glibc's default arenas: MALLOC_ARENA_MAX=2 saved nothing measurable here and made a
-        # served stream's prompts 1.6x slower (docs/performance/memory.md)
+        # glibc's default arenas: fewer (MALLOC_ARENA_MAX) were tried and slowed prompts down
         env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         if fault_injection_enabled():
             env[FAULT_INJECTION_ENV] = "1"
@@ -171,12 +170,7 @@ class Fleet:
                 runtime_env={"env_vars": env},
                 **actor_options(self.config.namespace, f"{cls.role}-{instance}"),
             )
-            .remote(
-                engine,
-                *args,
-                instance=instance,
-                cpu_ids=cpu_ids,
-            )
+            .remote(engine, *args, instance=instance, cpu_ids=cpu_ids)
         )
 
     def _cache_of(self, cls: type) -> CacheConfig:
