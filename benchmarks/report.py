@@ -418,17 +418,21 @@ def render_rerun(data: dict[str, Any]) -> str:
     first = json.loads((RESULTS / "vs_llamacpp.json").read_text())
     pairs = side_by_side(first, data)
     when = [run["_meta"].get("started", run["_meta"].get("date", "?")) for run in (first, data)]
+    ratios = [
+        {f"{f} {m}" if f else m: _ratio_cell(e["ratio"]) for f, m, e in vs_llamacpp_measures(run)}
+        for run in (first, data)
+    ]
     lines = [
         provenance(data["_meta"]),
         "",
         f"The same command, run again at {when[1]} after the run above at {when[0]}:",
         "",
-        "| measure | first run | second run | same verdict |",
+        "| measure | first run: ratio, verdict | second run: ratio, verdict | same verdict |",
         "|---|---|---|---|",
     ]
     for name, a, b in pairs:
         same = "yes" if a.verdict == b.verdict else "**no**"
-        lines.append(f"| {name} | {a} | {b} | {same} |")
+        lines.append(f"| {name} | {ratios[0][name]}, {a} | {ratios[1][name]}, {b} | {same} |")
     agree = sum(a.verdict == b.verdict for _, a, b in pairs)
     lines += ["", f"The verdicts agree in {agree} of {len(pairs)} measures."]
     return "\n".join(lines)
@@ -439,9 +443,6 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "vs_llamacpp:headline": render_engine_headline,
     "vs_llamacpp_rerun": render_rerun,
     "vs_llamacpp_1b": render_vs_llamacpp,
-    "vs_llamacpp_q8_0": render_vs_llamacpp,
-    "vs_llamacpp_q4_k_m": render_vs_llamacpp,
-    "vs_llamacpp_05b": render_vs_llamacpp,
     "engine": render_engine,
     "compare_modes": render_compare_modes,
     "decode_step": render_decode_step,

@@ -14,6 +14,7 @@ from benchmarks.serving.draws import HELD_OUT_SEEDS
 
 FILES = (
     "vs_llamacpp",
+    "vs_llamacpp_rerun",
     "engine",
     "compare_modes",
     "decode_step",
