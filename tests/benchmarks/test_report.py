@@ -15,6 +15,7 @@ from benchmarks.serving.draws import HELD_OUT_SEEDS
 FILES = (
     "vs_llamacpp",
     "vs_llamacpp_rerun",
+    "vs_llamacpp_1b",
     "engine",
     "compare_modes",
     "decode_step",
