@@ -19,7 +19,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from coordinator.config import (
+from coordinator.config.loader import (
     CONFIG_PATH_ENV,
     SCHEMA,
     CoordinatorConfig,

@@ -30,7 +30,7 @@ from typing import Any
 
 import ray
 
-from coordinator.cluster_config import ClusterConfig
+from coordinator.config.cluster import ClusterConfig
 from coordinator.pool.fleet import Fleet
 from coordinator.request_run import RequestRun, RunPhase
 from engine.outputs import TokenEvent

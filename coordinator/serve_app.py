@@ -34,7 +34,7 @@ from ray import serve
 
 from coordinator.api.app import missing_api_key
 from coordinator.cli import OVERRIDES
-from coordinator.config import CoordinatorConfig, load_config
+from coordinator.config.loader import CoordinatorConfig, load_config
 from engine.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ directory, which makes an embeddings-only server: no prefill/decode actors, and 
 that directory replaces ``embedding_model_path``.
 
 The dataclasses the configuration feeds are built here from the keys' own ``feeds``
-(``coordinator/config_schema.py``): the cluster's, the router's and the doors' ``ModelInfo``.
+(``coordinator/config/schema.py``): the cluster's, the router's and the doors' ``ModelInfo``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import json
 import logging
 from dataclasses import dataclass
 
-from coordinator.cluster_config import ClusterConfig
-from coordinator.config import CoordinatorConfig
-from coordinator.config_keys import build
+from coordinator.config.cluster import ClusterConfig
+from coordinator.config.keys import build
+from coordinator.config.loader import CoordinatorConfig
 from coordinator.content_safety import ContentFilter
 from coordinator.model_info import ModelInfo
 from coordinator.routing.config import RoutingConfig

@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse, Response
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
 from coordinator.cluster import Cluster
-from coordinator.config import CoordinatorConfig, check_manage_listener
+from coordinator.config.loader import CoordinatorConfig, check_manage_listener
 from coordinator.fault_injection import add_fault_route, read_fault_body
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts

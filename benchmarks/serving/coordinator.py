@@ -44,7 +44,7 @@ from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.harness.sse import sse_lines
 from benchmarks.harness.stats import percentile
 from benchmarks.harness.stats import spread as _spread
-from coordinator.config import load_config
+from coordinator.config.loader import load_config
 from coordinator.server import Coordinator
 from engine.sampling_params import SamplingParams
 from workers.contracts import GenerationRequest

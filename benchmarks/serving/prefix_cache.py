@@ -80,7 +80,7 @@ _KV_COUNTER = re.compile(r"^\w*kv_transfer(s|_bytes)_total(\{[^}]*\})?[ \t]+(\S+
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from coordinator.config import SCHEMA
+    from coordinator.config.loader import SCHEMA
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deploy-mode", choices=DEPLOY_MODES, default="pd_separate")

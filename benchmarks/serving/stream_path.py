@@ -113,7 +113,7 @@ async def served_gap(url: str, pid: int, new_tokens: int) -> dict[str, float]:
 
 def start_cluster(mode: str, model: str) -> Any:
     from coordinator.cluster import Cluster
-    from coordinator.cluster_config import ClusterConfig
+    from coordinator.config.cluster import ClusterConfig
     from coordinator.ray_connect import init_ray
     from engine.config import EngineConfig
 

@@ -138,7 +138,7 @@ def authorized(request: Request, keys: set[str]) -> bool:
     """``api-key: K`` or ``Authorization: Bearer K`` with one of ``keys``. Each presented key is
     compared with every configured one in constant time (no early exit, so the answer's timing
     tells nothing of how close a guess was); an empty key never matches (the configuration
-    refuses one, :mod:`coordinator.config`)."""
+    refuses one, :mod:`coordinator.config.loader`)."""
     bearer = request.headers.get("authorization", "")
     token = bearer[7:] if bearer.lower().startswith("bearer ") else ""
     presented = [k.encode("latin-1") for k in (request.headers.get("api-key", ""), token) if k]

@@ -15,7 +15,7 @@ import json
 import logging
 import sys
 
-from coordinator.config import CONFIG_PATH_ENV, load_config
+from coordinator.config.loader import CONFIG_PATH_ENV, load_config
 from engine.errors import ConfigError, EngineError
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.pool.shared import actor_options, drop_credentials, pool_credentials, stop_pool
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from coordinator.cluster import Cluster
-from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.config.cluster import ActorResources, ClusterConfig
 from engine.config import CacheConfig, EngineConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from coordinator.cluster import Cluster
-from coordinator.cluster_config import ActorResources, ClusterConfig
+from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.request_run import RequestRun
 from coordinator.router import Router
 from coordinator.routing.config import RoutingConfig

@@ -1,4 +1,4 @@
-"""docs/configuration.md's key tables are the schema's: ``python -m coordinator.config_docs``
+"""docs/configuration.md's key tables are the schema's: ``python -m coordinator.config.docs``
 writes them, and this fails when the committed file says anything else."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from coordinator.config_docs import DOCS, check, default_text, main, render, valid_text
-from coordinator.config_schema import KEYS, SCHEMA
+from coordinator.config.docs import DOCS, check, default_text, main, render, valid_text
+from coordinator.config.schema import KEYS, SCHEMA
 
 
 def test_the_committed_tables_are_the_schemas():
-    assert check(DOCS) == [], "run: python -m coordinator.config_docs"
+    assert check(DOCS) == [], "run: python -m coordinator.config.docs"
 
 
 def test_every_key_is_in_the_docs_with_its_default_and_range():
@@ -51,7 +51,7 @@ def test_prose_outside_the_markers_is_kept():
 
 def test_the_command_checks_the_committed_docs():
     result = subprocess.run(
-        [sys.executable, "-m", "coordinator.config_docs", "--check"],
+        [sys.executable, "-m", "coordinator.config.docs", "--check"],
         capture_output=True,
         text=True,
         timeout=120,

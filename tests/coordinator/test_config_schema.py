@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from coordinator.cli import parse_args, resolve_config
-from coordinator.cluster_config import ClusterConfig
-from coordinator.config import defaults, load_config
-from coordinator.config_schema import KEYS, SCHEMA, STEP_TARGET_MS
+from coordinator.config.cluster import ClusterConfig
+from coordinator.config.loader import defaults, load_config
+from coordinator.config.schema import KEYS, SCHEMA, STEP_TARGET_MS
 from coordinator.inference import Timeouts
 from coordinator.routing.config import RoutingConfig
 from coordinator.served_model import ServedModels, cluster_config, routing_config

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from coordinator.api.openai_format import Completion
-from coordinator.config import load_config
+from coordinator.config.loader import load_config
 from coordinator.content_safety import ContentFilter
 from engine.errors import ConfigError
 from engine.outputs import TokenEvent

@@ -11,7 +11,7 @@ from importlib import metadata
 import pytest
 
 from coordinator.cli import OVERRIDES, build_parser, parse_args, resolve_config
-from coordinator.config import CONFIG_PATH_ENV, SCHEMA, load_config
+from coordinator.config.loader import CONFIG_PATH_ENV, SCHEMA, load_config
 from engine.errors import ConfigError
 
 

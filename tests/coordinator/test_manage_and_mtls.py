@@ -12,7 +12,7 @@ import pytest
 import trustme
 
 from coordinator.cli import main
-from coordinator.config import check_manage_listener, defaults
+from coordinator.config.loader import check_manage_listener, defaults
 from coordinator.server import Coordinator, tls_options
 from engine.errors import ConfigError
 from tests.support.coordinator_configs import (

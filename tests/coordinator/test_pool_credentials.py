@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.cluster_config import ClusterConfig
+from coordinator.config.cluster import ClusterConfig
 from coordinator.pool.fleet import Fleet
 from coordinator.pool.shared import pool_credentials
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from coordinator.cluster import Cluster
-from coordinator.cluster_config import ClusterConfig
+from coordinator.config.cluster import ClusterConfig
 from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics

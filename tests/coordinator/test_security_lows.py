@@ -17,7 +17,7 @@ import pytest
 import coordinator.api.app as app_module
 from coordinator.api.app import create_predict_app
 from coordinator.api.azure import ECHOED_CHARS
-from coordinator.config import load_config
+from coordinator.config.loader import load_config
 from coordinator.errors import GenerationFailed
 from coordinator.fault_injection import FAULT_BODY_LIMIT
 from coordinator.model_info import ModelInfo

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from coordinator.api.tenants import Tenants, record_tenant
-from coordinator.config import defaults
+from coordinator.config.loader import defaults
 from coordinator.server import Coordinator
 from decode_worker.worker import DecodeWorker
 from engine.config import KVTransferConfig

@@ -29,7 +29,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from coordinator.config import SCHEMA, load_config
+from coordinator.config.loader import SCHEMA, check_manage_listener, load_config
 from coordinator.served_model import ServedModels, cluster_config
 from tests.support.helm_chart import (
     BUILTIN_KINDS,
@@ -771,17 +771,13 @@ def test_api_keys_come_from_a_secret(tmp_path: Path) -> None:
 
 
 def test_management_api_stays_on_loopback_unless_exposed_with_keys(tmp_path: Path) -> None:
-    import coordinator.config as pd_config
-
-    check = getattr(pd_config, "check_manage_listener", None)
     # Defaults: loopback, not on the Service.
     docs = render("defaults")
     assert ms_coordinator(docs)["http_config"]["manage_ip"] == "127.0.0.1"
     assert "manage" not in {p["name"] for p in one(docs, "Service")["spec"]["ports"]}
     config_file = tmp_path / "defaults.json"
     config_file.write_text(json.dumps(ms_coordinator(docs)))
-    if check:
-        check(load_config(config_file))
+    check_manage_listener(load_config(config_file))
     # Exposed: off loopback, with the keys of their own Secret merged in at start.
     values = values_of("network")
     docs = render("network")
@@ -803,8 +799,7 @@ def test_management_api_stays_on_loopback_unless_exposed_with_keys(tmp_path: Pat
     subprocess.run(run, check=True, timeout=30)
     composed = json.loads(target.read_text())["http_config"]
     assert (composed["manage_ip"], composed["manage_api_keys"]) == ("0.0.0.0", ["m-1"])
-    if check:
-        check(load_config(target))
+    check_manage_listener(load_config(target))
     # Exposing it without keys, or on loopback, fails the rendering.
     for extra, message in (
         ({"coordinator": {"service": {"exposeManagePort": True}}}, "manage_ip off loopback"),

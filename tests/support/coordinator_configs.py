@@ -16,7 +16,7 @@ import trustme
 import uvicorn
 from fastapi import FastAPI
 
-from coordinator.config import defaults
+from coordinator.config.loader import defaults
 
 KEY = "manage-secret"
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from coordinator.config import defaults
+from coordinator.config.loader import defaults
 from coordinator.served_model import served_models
 from engine.embedding_model import EmbeddingModel
 from engine.errors import ModelLoadError

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from coordinator.cluster_config import ClusterConfig
-from coordinator.config import load_config
+from coordinator.config.cluster import ClusterConfig
+from coordinator.config.loader import load_config
 from engine.config import KVTransferConfig
 from engine.errors import ConfigError
 from engine.request import RequestStatus

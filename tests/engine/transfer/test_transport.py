@@ -140,7 +140,7 @@ def test_zmq_uses_shared_memory_on_one_host_and_frames_when_it_cannot(payload, m
 
 
 def test_shared_memory_is_chosen_by_the_config(tmp_path):
-    from coordinator.config import load_config
+    from coordinator.config.loader import load_config
     from coordinator.served_model import ServedModels, cluster_config
 
     assert KVTransferConfig().shared_memory

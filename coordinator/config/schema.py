@@ -1,6 +1,6 @@
 """Every key of ``ms_coordinator.json``, once: its section and name, type, range or choices,
 default and one line of doc (docs/configuration.md's tables are generated from it:
-``python -m coordinator.config_docs``).
+``python -m coordinator.config.docs``).
 
 A key that feeds a dataclass field is declared with :func:`fed`: its default (and range, for a
 ``bounded`` field) is that field's, and ``CoordinatorConfig.fed`` hands its value to the field,
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from coordinator.cluster_config import DEPLOY_MODES, ActorResources, ClusterConfig
-from coordinator.config_keys import Convert, Feed, Key, fed
+from coordinator.config.cluster import DEPLOY_MODES, ActorResources, ClusterConfig
+from coordinator.config.keys import Convert, Feed, Key, fed
 from coordinator.http_edge import EdgeLimits
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo

@@ -1,6 +1,6 @@
 """``ms_coordinator.json``: MindIE-MS compatible sections plus pdserve's ``backend_config``.
 
-Every key is declared once, in ``coordinator/config_schema.py``, with its type and valid range; a
+Every key is declared once, in ``coordinator/config/schema.py``, with its type and valid range; a
 wrong type or an out-of-range value is a :class:`ConfigError` naming ``section.key``, the valid
 range and the value received. Unknown keys are ignored with a warning.
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.config_keys import Key
-from coordinator.config_schema import KEYS, SCHEMA
+from coordinator.config.keys import Key
+from coordinator.config.schema import KEYS, SCHEMA
 from coordinator.content_safety import ContentFilter
 from engine.config import KVTransferConfig
 from engine.errors import ConfigError

@@ -97,7 +97,7 @@ class Key:
     unit: str = ""
     feeds: Feed | None = None
     default_by: tuple[str, Mapping[str, Any]] | None = None
-    section: str = ""  # set by coordinator.config_schema.section()
+    section: str = ""  # set by coordinator.config.schema.section()
 
     @property
     def dotted(self) -> str:

@@ -1,7 +1,7 @@
 """The key tables of docs/configuration.md, generated from the schema.
 
-    python -m coordinator.config_docs            # rewrite the tables in docs/configuration.md
-    python -m coordinator.config_docs --check    # exit 1 when they differ from the schema
+    python -m coordinator.config.docs            # rewrite the tables in docs/configuration.md
+    python -m coordinator.config.docs --check    # exit 1 when they differ from the schema
 
 Each table sits between ``<!-- config: SECTION -->`` and ``<!-- /config -->`` (SECTION: a
 section of ``ms_coordinator.json``, or ``cli`` for the command-line options); everything
@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.cli import OPTIONS, OVERRIDES
-from coordinator.config_keys import Key
-from coordinator.config_schema import SCHEMA
+from coordinator.config.keys import Key
+from coordinator.config.schema import SCHEMA
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+REPOSITORY = Path(__file__).resolve().parents[2]
+DOCS = REPOSITORY / "docs" / "configuration.md"
 BLOCK = re.compile(r"(<!-- config: (\S+) -->\n)(.*?)(<!-- /config -->)", re.DOTALL)
 KIND_WORDS = {"bool": "bool", "ip": "IP", "list": "list of strings", "dict": "object"}
 
@@ -99,7 +100,7 @@ def check(path: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coordinator.config_docs")
+    parser = argparse.ArgumentParser(prog="python -m coordinator.config.docs")
     parser.add_argument("path", nargs="?", type=Path, default=DOCS)
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
     args = parser.parse_args(argv)
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     problems = check(args.path)
     for problem in problems:
-        print(f"{problem}; run python -m coordinator.config_docs", file=sys.stderr)
+        print(f"{problem}; run python -m coordinator.config.docs", file=sys.stderr)
     return 1 if problems else 0
 
 
