@@ -1,8 +1,9 @@
 """Engine configuration: one frozen dataclass per concern, validated at construction.
 
 The names in comments are the MindIE Server ``config.json`` keys each field mirrors. A field
-made with :func:`bounded` carries its valid range, which its dataclass checks and which the
-coordinator's configuration schema reads, with the default, from the field itself.
+made with :func:`bounded`, :func:`choice` or :func:`flag` carries what it allows (a range,
+choices, a bool), which its dataclass checks and which the coordinator's configuration schema
+reads, with the default, from the field itself.
 """
 
 from __future__ import annotations
@@ -25,17 +26,33 @@ ENCRYPTION_MODES = ("auto", "on", "off")
 
 
 def bounded(default: int | None, low: int, high: int, name: str) -> Any:
-    """A dataclass field that :func:`check_bounds` keeps in [low, high] (None: unset, allowed
+    """A dataclass field that :func:`check_fields` keeps in [low, high] (None: unset, allowed
     when it is the default); ``name``: the field's name in errors."""
     return field(default=default, metadata={"range": (low, high), "name": name})
 
 
-def check_bounds(config: Any) -> None:
-    """A ConfigError for the first :func:`bounded` field of ``config`` out of its range."""
+def choice(default: str, choices: tuple[str, ...], name: str) -> Any:
+    """A dataclass field that :func:`check_fields` keeps among ``choices``."""
+    return field(default=default, metadata={"choices": choices, "name": name})
+
+
+def flag(default: bool, name: str) -> Any:
+    """A dataclass field that :func:`check_fields` keeps a bool."""
+    return field(default=default, metadata={"flag": True, "name": name})
+
+
+def check_fields(config: Any) -> None:
+    """A ConfigError for the first :func:`bounded`, :func:`choice` or :func:`flag` field of
+    ``config`` whose value is not one it allows."""
     for f in fields(config):
-        value = getattr(config, f.name)
-        if "range" in f.metadata and not (value is None and f.default is None):
-            _check_range(f.metadata["name"], value, *f.metadata["range"])
+        value, meta = getattr(config, f.name), f.metadata
+        if "range" in meta and not (value is None and f.default is None):
+            _check_range(meta["name"], value, *meta["range"])
+        if "choices" in meta and value not in meta["choices"]:
+            choices = ", ".join(meta["choices"])
+            raise ConfigError(f"{meta['name']} must be one of {choices}; got {value!r}")
+        if "flag" in meta and not isinstance(value, bool):
+            raise ConfigError(f"{meta['name']} must be true or false, got {value!r}")
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:
@@ -72,11 +89,10 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` is fp32 on CPU (bf16 matmul is far slower there) and bf16 on CUDA."""
+    """``dtype`` (one of :data:`DTYPES`) as torch's; ``auto`` is fp32 on CPU (bf16 matmul is far
+    slower there) and bf16 on CUDA."""
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
-    if dtype not in _DTYPES:
-        raise ConfigError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
     return _DTYPES[dtype]
 
 
@@ -90,14 +106,10 @@ class CacheConfig:
     memory_mb: int = bounded(1024, 1, 1 << 24, "kv_cache_memory_mb")  # kvCacheMemoryMB
     # enablePrefixCaching: full blocks stay cached after their request and are reused by any
     # later request with the same prefix (engine/block_manager.py)
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = flag(True, "enablePrefixCaching")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ConfigError(
-                f"enablePrefixCaching must be true or false, got {self.enable_prefix_caching!r}"
-            )
-        check_bounds(self)
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,7 @@ class SchedulerConfig:
     step_target_ms: int = bounded(0, 0, 60_000, "stepTargetMs")
 
     def __post_init__(self) -> None:
-        check_bounds(self)
+        check_fields(self)
 
     def max_prompt_tokens(self, max_position_embeddings: int) -> int:
         """The longest prompt: min(maxInputTokenLen, maxSeqLen - 1, the model's
@@ -129,36 +141,21 @@ class SchedulerConfig:
 class KVTransferConfig:
     """How prefill and decode workers hand a request's KV over, and how long each side waits."""
 
-    transport: str = "zmq"  # kv_transport: a name in TRANSPORTS
+    transport: str = choice("zmq", TRANSPORTS, "kv_transport")
     host: str = "127.0.0.1"  # kv_host: the decode workers' KV endpoint binds here ("auto": node IP)
     transfer_timeout_s: float = 10.0  # prefill frees its blocks if no acknowledgement by then
     reservation_timeout_s: float = 30.0  # decode ends a reservation whose pages never came
-    # kv_shared_memory: zmq on one host hands pages over in /dev/shm; False: always on the socket
-    shared_memory: bool = True
-    # kv_encryption: CURVE / TLS with peer authentication (engine/transfer/security.py); "auto":
-    # on unless ``host`` is a loopback address
-    encryption: str = "auto"
-    # kv_allow_plaintext_off_loopback: ``encryption`` "off" with ``host`` not a loopback address
-    # is refused unless this is set (then every worker warns at start)
-    allow_plaintext_off_loopback: bool = False
+    # zmq on one host hands pages over in /dev/shm; False: always on the socket
+    shared_memory: bool = flag(True, "kv_shared_memory")
+    # CURVE / TLS with peer authentication (engine/transfer/security.py); "auto": on unless
+    # ``host`` is a loopback address
+    encryption: str = choice("auto", ENCRYPTION_MODES, "kv_encryption")
+    # ``encryption`` "off" with ``host`` not a loopback address is refused unless this is set
+    # (then every worker warns at start)
+    allow_plaintext_off_loopback: bool = flag(False, "kv_allow_plaintext_off_loopback")
 
     def __post_init__(self) -> None:
-        if self.encryption not in ENCRYPTION_MODES:
-            raise ConfigError(
-                f"kv_encryption must be one of {', '.join(ENCRYPTION_MODES)}; "
-                f"got {self.encryption!r}"
-            )
-        if self.transport not in TRANSPORTS:
-            raise ConfigError(
-                f"kv_transport must be one of {', '.join(TRANSPORTS)}; got {self.transport!r}"
-            )
-        if not isinstance(self.shared_memory, bool):
-            raise ConfigError(f"kv_shared_memory must be true or false, got {self.shared_memory!r}")
-        if not isinstance(self.allow_plaintext_off_loopback, bool):
-            raise ConfigError(
-                "kv_allow_plaintext_off_loopback must be true or false, "
-                f"got {self.allow_plaintext_off_loopback!r}"
-            )
+        check_fields(self)
         if self.plaintext_off_loopback and not self.allow_plaintext_off_loopback:
             raise ConfigError(
                 f"kv_encryption 'off' with kv_host {self.host!r}, not a loopback address: KV "
@@ -189,27 +186,18 @@ class EngineConfig:
 
     model_path: str = "bundled"  # model_path: "bundled", a HF directory, or a .gguf file
     device: str = "auto"
-    dtype: str = "auto"
-    # weight_dtype: auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4 (model/linear.py)
-    weight_dtype: str = "auto"
-    # prompt_matmul_dtype: float32 (exact up to summation order) or bfloat16 (model/linear.py)
-    prompt_matmul_dtype: str = "float32"
+    dtype: str = choice("auto", DTYPES, "dtype")
+    # auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4 (model/linear.py)
+    weight_dtype: str = choice("auto", WEIGHT_DTYPES, "weight_dtype")
+    # float32 (exact up to summation order) or bfloat16 (model/linear.py)
+    prompt_matmul_dtype: str = choice("float32", PROMPT_MATMUL_DTYPES, "prompt_matmul_dtype")
     # torch intra-op threads for this engine's process
     num_threads: int | None = bounded(None, 1, 1024, "num_threads")
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
-        check_bounds(self)
-        if self.weight_dtype not in WEIGHT_DTYPES:
-            raise ConfigError(
-                f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}; got {self.weight_dtype!r}"
-            )
-        if self.prompt_matmul_dtype not in PROMPT_MATMUL_DTYPES:
-            raise ConfigError(
-                f"prompt_matmul_dtype must be one of {', '.join(PROMPT_MATMUL_DTYPES)}; "
-                f"got {self.prompt_matmul_dtype!r}"
-            )
+        check_fields(self)
 
     @property
     def torch_device(self) -> torch.device:

@@ -6,7 +6,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from engine.config import EngineConfig, KVTransferConfig, bounded, check_bounds
+from engine.config import EngineConfig, KVTransferConfig, bounded, check_fields, choice
 from engine.errors import ConfigError
 
 DEPLOY_MODES = ("pd_separate", "single_node")
@@ -63,30 +63,21 @@ def _amount(name: str, value: float) -> str:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """The worker cluster; its hand-off fields default to :class:`KVTransferConfig`'s."""
+    """The worker cluster: its engines, actors and the KV hand-off between them."""
 
-    deploy_mode: str = "pd_separate"
+    deploy_mode: str = choice("pd_separate", DEPLOY_MODES, "deploy_mode")
     num_prefill: int = bounded(1, 1, 1024, "num_prefill")
     num_decode: int = bounded(1, 1, 1024, "num_decode")
     # single_node: engines that each do prefill and decode
     num_colocated: int = bounded(1, 1, 1024, "num_colocated")
-    kv_transport: str = KVTransferConfig.transport
-    kv_host: str = KVTransferConfig.host  # decode workers' KV endpoints bind here ("auto": node IP)
-    kv_shared_memory: bool = KVTransferConfig.shared_memory  # zmq on one host: pages in /dev/shm
-    kv_encryption: str = KVTransferConfig.encryption  # CURVE / TLS on the KV plane
-    # kv_encryption off with kv_host off loopback: refused unless this is set
-    kv_allow_plaintext_off_loopback: bool = KVTransferConfig.allow_plaintext_off_loopback
+    kv: KVTransferConfig = field(default_factory=KVTransferConfig)  # the hand-off, both roles
     engine: EngineConfig = field(default_factory=EngineConfig)
     # KV cache of each prefill engine; 0: the engine's own (kvCacheMemoryMB)
     prefill_kv_memory_mb: int = bounded(0, 0, 1 << 24, "prefill_kv_cache_memory_mb")
     prefill_resources: ActorResources = field(default_factory=ActorResources)
     decode_resources: ActorResources = field(default_factory=ActorResources)
     colocated_resources: ActorResources = field(default_factory=lambda: ActorResources(2.0))
-    # prefill frees its blocks if no acknowledgement by then
-    transfer_timeout_s: float = KVTransferConfig.transfer_timeout_s
     reservation_wait_s: float = 5.0  # how long a hand-off waits for room on a full decode worker
-    # decode drops a reservation whose pages never came
-    reservation_timeout_s: float = KVTransferConfig.reservation_timeout_s
     pin_cpus: bool = True  # local Ray: give each actor its own cores when they add up
     generation: bool = True  # False: an embeddings-only cluster (no prefill/decode actors)
     embedding_model_path: str | None = "bundled"  # None: no embedding worker
@@ -100,12 +91,7 @@ class ClusterConfig:
     own_workers: bool = False
 
     def __post_init__(self) -> None:
-        if self.deploy_mode not in DEPLOY_MODES:
-            raise ConfigError(
-                f"deploy_mode must be one of {', '.join(DEPLOY_MODES)}; got {self.deploy_mode!r}"
-            )
-        self.kv_transfer  # noqa: B018 - validates the hand-off fields
-        check_bounds(self)
+        check_fields(self)
         if self.cluster_name and not CLUSTER_NAME.fullmatch(self.cluster_name):
             raise ConfigError(
                 "cluster_name must be 1-40 letters, digits, '-' or '_' (starting with a letter "
@@ -118,16 +104,3 @@ class ClusterConfig:
     def namespace(self) -> str | None:
         """The Ray namespace of a shared pool's actors (None: the workers are private)."""
         return f"pdserve-{self.cluster_name}" if self.cluster_name else None
-
-    @property
-    def kv_transfer(self) -> KVTransferConfig:
-        """The hand-off settings both worker roles take."""
-        return KVTransferConfig(
-            self.kv_transport,
-            self.kv_host,
-            self.transfer_timeout_s,
-            self.reservation_timeout_s,
-            self.kv_shared_memory,
-            self.kv_encryption,
-            self.kv_allow_plaintext_off_loopback,
-        )

@@ -174,14 +174,17 @@ def _from_text(kind: str, text: str) -> Any:
 
 
 def fed(name: str, kind: str, feed: Feed, doc: str, **options: Any) -> Key:
-    """A key whose default, and range where the field is ``bounded``, are those of the field
-    it feeds (an integer key feeding a float field: the default as an integer; with
-    ``default_by``: None, the default then depends on another key)."""
+    """A key whose default, and range (choices) where the field is ``bounded`` (a ``choice``),
+    are those of the field it feeds (an integer key feeding a float field: the default as an
+    integer; with ``default_by``: None, the default then depends on another key). A key may
+    narrow a field's choices, never widen them."""
     default = None if "default_by" in options else feed.default
     if kind == "int" and isinstance(default, float) and default.is_integer():
         default = int(default)
-    bounds = feed.field.metadata.get("range")
+    bounds, choices = feed.field.metadata.get("range"), feed.field.metadata.get("choices", ())
     if bounds and {"low", "high"} & set(options):
         raise ValueError(f"{name}: the range is the field's own, {bounds}")
+    if choices and not set(options.setdefault("choices", choices)) <= set(choices):
+        raise ValueError(f"{name}: the choices must be among the field's own, {choices}")
     low, high = bounds or (options.pop("low", None), options.pop("high", None))
     return Key(name, kind, default, doc, low, high, feeds=feed, **options)

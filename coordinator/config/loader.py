@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.config.keys import Key
+from coordinator.config.cluster import ClusterConfig
+from coordinator.config.keys import Key, build
 from coordinator.config.schema import KEYS, SCHEMA
 from coordinator.content_safety import ContentFilter
-from engine.config import KVTransferConfig
 from engine.errors import ConfigError
 
 __all__ = [
@@ -159,7 +159,7 @@ def _checked(config: CoordinatorConfig) -> CoordinatorConfig:
                 )
     for key in ("api_keys", "manage_api_keys"):
         _check_keys(f"http_config.{key}", http[key])
-    _check_kv_plane(config["backend_config"])
+    build(ClusterConfig, config.fed(ClusterConfig))  # and the cluster's own checks (KV plane)
     tls = config["tls_config"]
     if tls["request_server_tls_enable"] and not (tls["tls_cert"] and tls["tls_key"]):
         raise ConfigError(
@@ -176,17 +176,6 @@ def _check_keys(name: str, keys: tuple[str, ...]) -> None:
             raise ConfigError(
                 f"{name}[{index}] is empty: an API key must hold a non-blank string (remove it)"
             )
-
-
-def _check_kv_plane(backend: Mapping[str, Any]) -> None:
-    """A plaintext KV plane off loopback fails here, before any actor starts (the hand-off
-    settings check themselves: :class:`KVTransferConfig`)."""
-    KVTransferConfig(
-        backend["kv_transport"],
-        backend["kv_host"],
-        encryption=backend["kv_encryption"],
-        allow_plaintext_off_loopback=backend["kv_allow_plaintext_off_loopback"],
-    )
 
 
 def check_manage_listener(config: CoordinatorConfig) -> None:

@@ -14,19 +14,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from coordinator.config.cluster import DEPLOY_MODES, ActorResources, ClusterConfig
+from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.config.keys import Convert, Feed, Key, fed
 from coordinator.http_edge import EdgeLimits
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo
 from coordinator.routing.config import RoutingConfig
-from engine.config import (
-    DTYPES,
-    ENCRYPTION_MODES,
-    PROMPT_MATMUL_DTYPES,
-    WEIGHT_DTYPES,
-    SchedulerConfig,
-)
+from engine.config import SchedulerConfig
 
 PORT: dict[str, Any] = {"kind": "port", "low": 1024, "high": 65535}
 TIMEOUT: dict[str, Any] = {"low": 0, "high": 86400, "unit": "s"}
@@ -126,7 +120,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "digs_scheduler_config": section(
         "digs_scheduler_config",
         fed("deploy_mode", "str", cluster("deploy_mode"), "prefill and decode actors with a KV "
-            "hand-off between them, or colocated engines that do both", choices=DEPLOY_MODES),
+            "hand-off between them, or colocated engines that do both"),
         Key("algorithm_type", "str", "load_balance", "pair choice by polled load (below)",
             choices=("load_balance",)),
         fed("prefix_routing", "bool", routing("prefix_routing"), "cache-aware pair choice: "
@@ -173,19 +167,19 @@ SCHEMA["backend_config"] = section(
     Key("model_config", "dict", {}, "MLflow models only: overrides of keys already in the saved "
         "`model_config` (others are ignored with a warning)"),
     fed("dtype", "str", engine("dtype"), "`auto`: float32 on CPU (bf16 matmul is far slower "
-        "there), bfloat16 on CUDA", choices=DTYPES),
+        "there), bfloat16 on CUDA"),
     fed("weight_dtype", "str", engine("weight_dtype"), "the weights of the linear layers "
-        "(below); the start-up log names what runs", choices=WEIGHT_DTYPES),
+        "(below); the start-up log names what runs",),
     fed("prompt_matmul_dtype", "str", engine("prompt_matmul_dtype"), "what quantized layers "
         "multiply prompts (more than 32 rows) in: `float32` (exact up to summation order) or "
-        "`bfloat16` (below)", choices=PROMPT_MATMUL_DTYPES),
+        "`bfloat16` (below)",),
     fed("device", "str", engine("device"), "`auto`, `cpu` or `cuda[:N]`; `auto`: CUDA when "
         "present; a worker given GPUs (`num_gpus > 0`) always runs on CUDA"),
     fed("num_prefill_instances", "int", cluster("num_prefill"), "prefill actors (`pd_separate`)"),
     fed("num_decode_instances", "int", cluster("num_decode"), "decode actors (`pd_separate`)"),
     fed("num_colocated_instances", "int", cluster("num_colocated"), "engines that each prefill "
         "and decode (`single_node`)"),
-    fed("kv_transport", "str", cluster("kv_transport"), "how KV pages move, see "
+    fed("kv_transport", "str", cluster("kv.transport"), "how KV pages move, see "
         "[kv-handoff.md](kv-handoff.md)", choices=FILE_TRANSPORTS),
     Key("ray_address", "str", "", '`""`: start a local Ray bound to 127.0.0.1; `auto`: join the '
         "Ray cluster this process runs in; `ray://HOST:PORT`: a remote one"),
@@ -196,24 +190,23 @@ SCHEMA["backend_config"] = section(
         "([replicas.md](replicas.md))"),
     fed("own_workers", "bool", cluster("own_workers"), "with `cluster_name`: the coordinator "
         "that stops while no other one holds a lease on the workers stops them too"),
-    fed("kv_host", "str", cluster("kv_host"), "address decode workers bind their KV endpoint "
+    fed("kv_host", "str", cluster("kv.host"), "address decode workers bind their KV endpoint "
         "to; `auto`: the Ray node's IP (pods of a Kubernetes RayCluster)"),
-    fed("kv_shared_memory", "bool", cluster("kv_shared_memory"), "`zmq` only: workers on one "
+    fed("kv_shared_memory", "bool", cluster("kv.shared_memory"), "`zmq` only: workers on one "
         "host hand the pages over in a `/dev/shm` file; `false`: every page over the socket, "
         "as between hosts ([kv-handoff.md](kv-handoff.md#zmq-default))"),
-    fed("kv_encryption", "str", cluster("kv_encryption"), "ZMQ CURVE / gRPC TLS with peer "
+    fed("kv_encryption", "str", cluster("kv.encryption"), "ZMQ CURVE / gRPC TLS with peer "
         "authentication on the KV plane; `auto`: on unless `kv_host` is a loopback address "
-        "([kv-handoff.md](kv-handoff.md#encryption-and-peer-authentication))",
-        choices=ENCRYPTION_MODES),
-    fed("kv_allow_plaintext_off_loopback", "bool", cluster("kv_allow_plaintext_off_loopback"),
+        "([kv-handoff.md](kv-handoff.md#encryption-and-peer-authentication))"),
+    fed("kv_allow_plaintext_off_loopback", "bool", cluster("kv.allow_plaintext_off_loopback"),
         "`kv_encryption: off` with a `kv_host` that is not a loopback address is refused at "
         "start unless this is `true` (then each worker logs a warning); only for a network "
         "where no other host can see or send KV traffic "
         "([kv-handoff.md](kv-handoff.md#what-the-receiver-bounds))"),
-    fed("kv_transfer_timeout_s", "int", cluster("transfer_timeout_s", as_float), "a prefill "
+    fed("kv_transfer_timeout_s", "int", cluster("kv.transfer_timeout_s", as_float), "a prefill "
         "worker gives a hand-off up (and frees its blocks) when its pages are not acknowledged "
         "by then; the request then migrates", low=1, high=3600, unit="s"),
-    fed("kv_reservation_timeout_s", "int", cluster("reservation_timeout_s", as_float), "a "
+    fed("kv_reservation_timeout_s", "int", cluster("kv.reservation_timeout_s", as_float), "a "
         "decode worker drops a reservation whose pages have not arrived by then", low=1,
         high=3600, unit="s"),
     Key("prefill_resources", "dict", {}, 'Ray resources of each prefill actor: `{"num_cpus": '

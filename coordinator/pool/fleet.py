@@ -58,7 +58,7 @@ class Fleet:
             pass  # embeddings only
         elif cfg.deploy_mode == "pd_separate":
             prefill, decode = cfg.prefill_resources, cfg.decode_resources
-            transfer = cfg.kv_transfer
+            transfer = cfg.kv
             # fresh per start, to the actors only (restarted ones get the same); a plaintext
             # plane still admits only the cluster's senders with them (security.py)
             keys = pool_credentials(cfg.namespace) if transfer.transport != "inprocess" else None

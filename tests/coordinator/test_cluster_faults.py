@@ -12,7 +12,7 @@ import pytest
 
 from coordinator.cluster import Cluster
 from coordinator.config.cluster import ActorResources, ClusterConfig
-from engine.config import CacheConfig, EngineConfig
+from engine.config import CacheConfig, EngineConfig, KVTransferConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from workers.contracts import GenerationRequest
@@ -35,8 +35,7 @@ def cluster(ray_session, tiny_model_dir):
             engine=engine,
             prefill_resources=one,
             decode_resources=one,
-            transfer_timeout_s=2.0,
-            reservation_timeout_s=3.0,
+            kv=KVTransferConfig(transfer_timeout_s=2.0, reservation_timeout_s=3.0),
         )
     )
     cluster.fleet.start()

@@ -14,7 +14,7 @@ from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.request_run import RequestRun
 from coordinator.router import Router
 from coordinator.routing.config import RoutingConfig
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, KVTransferConfig, SchedulerConfig
 from engine.outputs import EngineStats
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
@@ -35,13 +35,15 @@ def _engine(model_dir, num_blocks: int = 128) -> EngineConfig:
     )
 
 
-def _cluster(model_dir, engine: EngineConfig | None = None, **overrides) -> Cluster:
+def _cluster(
+    model_dir, engine: EngineConfig | None = None, kv: dict | None = None, **overrides
+) -> Cluster:
     config = ClusterConfig(
         engine=engine or _engine(model_dir),
         prefill_resources=ONE_CPU,
         decode_resources=ONE_CPU,
         colocated_resources=ONE_CPU,
-        transfer_timeout_s=5.0,
+        kv=KVTransferConfig(transfer_timeout_s=5.0, **(kv or {})),
         **overrides,
     )
     cluster = Cluster(config)
@@ -51,11 +53,11 @@ def _cluster(model_dir, engine: EngineConfig | None = None, **overrides) -> Clus
 
 # a PD cluster's hand-off settings, and the path its pages must take; the socket paths run
 # encrypted, as between hosts (credentials made by the cluster, handed to its actors)
-ENCRYPTED = {"kv_encryption": "on"}
+ENCRYPTED = {"encryption": "on"}
 HANDOFFS = {
-    "zmq_shm": ({"kv_transport": "zmq"}, "shared_memory"),
-    "zmq_frames_curve": ({"kv_transport": "zmq", "kv_shared_memory": False, **ENCRYPTED}, "frames"),
-    "grpc_tls": ({"kv_transport": "grpc", **ENCRYPTED}, "chunks"),
+    "zmq_shm": ({"transport": "zmq"}, "shared_memory"),
+    "zmq_frames_curve": ({"transport": "zmq", "shared_memory": False, **ENCRYPTED}, "frames"),
+    "grpc_tls": ({"transport": "grpc", **ENCRYPTED}, "chunks"),
 }
 
 
@@ -74,7 +76,7 @@ def handoff(request) -> str:
 @pytest.fixture(scope="module")
 def pd(handoff, ray_session, tiny_model_dir):
     """The pd_separate cluster of ``handoff``: one at a time, its tests run before the next's."""
-    cluster = _cluster(tiny_model_dir, **HANDOFFS[handoff][0])
+    cluster = _cluster(tiny_model_dir, kv=HANDOFFS[handoff][0])
     yield cluster
     cluster.fleet.shutdown()
 

@@ -10,12 +10,14 @@ from dataclasses import replace
 import pytest
 
 from coordinator.cli import parse_args, resolve_config
-from coordinator.config.cluster import ClusterConfig
+from coordinator.config.cluster import DEPLOY_MODES, ClusterConfig
+from coordinator.config.keys import Feed, fed
 from coordinator.config.loader import defaults, load_config
 from coordinator.config.schema import KEYS, SCHEMA, STEP_TARGET_MS
 from coordinator.inference import Timeouts
 from coordinator.routing.config import RoutingConfig
 from coordinator.served_model import ServedModels, cluster_config, routing_config
+from engine.config import KVTransferConfig
 from engine.errors import ConfigError
 
 # MindIE's own names (MindIE-MS's ms_coordinator.json, MindIE Server's config.json)
@@ -60,7 +62,7 @@ def test_environment_wins_over_the_file_and_the_cli_over_both(tmp_path, monkeypa
     assert config["backend_config"]["kv_shared_memory"] is False
     assert config["http_config"]["api_keys"] == ("k1", "k2")
     cluster = cluster_config(config, ServedModels(None, None))
-    assert cluster.prefill_resources.num_cpus == 2.0 and not cluster.kv_shared_memory
+    assert cluster.prefill_resources.num_cpus == 2.0 and not cluster.kv.shared_memory
     config = resolve_config(parse_args(["--config", path, "--predict-port", "3000"]))
     assert config["http_config"]["predict_port"] == 3000  # the CLI over the environment
 
@@ -164,3 +166,23 @@ def test_fed_keys_take_the_fields_range():
     assert (maxseqlen.low, maxseqlen.high) == (2, 1 << 22)
     with pytest.raises(ConfigError, match="maxSeqLen must be an integer in \\[2, 4194304\\]"):
         replace(ClusterConfig().engine.scheduler, max_seq_len=1)
+
+
+def test_a_key_takes_its_fields_choices_and_may_only_narrow_them():
+    assert SCHEMA["digs_scheduler_config"]["deploy_mode"].choices == DEPLOY_MODES
+    assert SCHEMA["backend_config"]["kv_transport"].choices == ("zmq", "grpc")  # no "inprocess"
+    with pytest.raises(ValueError, match="among the field's own"):
+        fed("x", "str", Feed(KVTransferConfig, "transport"), "", choices=("zmq", "pigeon"))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("encryption", "maybe", "kv_encryption must be one of auto, on, off; got 'maybe'"),
+        ("transport", "pigeon", "kv_transport must be one of zmq, grpc, inprocess; got 'pigeon'"),
+        ("shared_memory", "no", "kv_shared_memory must be true or false, got 'no'"),
+    ],
+)
+def test_the_kv_settings_refuse_what_their_fields_do_not_allow(field, value, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        KVTransferConfig(**{field: value})

@@ -277,7 +277,7 @@ def test_ms_coordinator_json_loads_with_pdserve(tmp_path: Path, name: str) -> No
     # and the actor placement the cluster computes from the config agrees.
     assert backend["kv_host"] == "auto"
     cluster = cluster_config(config, ServedModels(None, None))
-    assert backend["kv_encryption"] == "on" and cluster.kv_transfer.encrypted  # between pods
+    assert backend["kv_encryption"] == "on" and cluster.kv.encrypted  # between pods
     groups = {g["groupName"]: g for g in one(docs, "RayCluster")["spec"]["workerGroupSpecs"]}
     for role, resources in (
         ("prefill", cluster.prefill_resources),

@@ -42,7 +42,7 @@ def test_a_plaintext_kv_plane_off_loopback_is_refused_at_config_load(tmp_path):
     for fragment in ("kv_encryption 'off'", "'10.0.0.7'", "kv_allow_plaintext_off_loopback"):
         assert fragment in str(error.value)
     with pytest.raises(ConfigError, match="not a loopback address"):
-        ClusterConfig(kv_host="auto", kv_encryption="off")  # the node's IP
+        ClusterConfig(kv=KVTransferConfig("zmq", "auto", encryption="off"))  # the node's IP
     allowed = {**OFF_LOOPBACK, "kv_allow_plaintext_off_loopback": True}
     path.write_text(json.dumps({"backend_config": allowed}))
     load_config(path)

@@ -150,7 +150,7 @@ def test_shared_memory_is_chosen_by_the_config(tmp_path):
     path = tmp_path / "config.json"
     for value in (True, False):
         path.write_text(json.dumps({"backend_config": {"kv_shared_memory": value}}))
-        assert cluster_config(load_config(path), no_models).kv_transfer.shared_memory is value
+        assert cluster_config(load_config(path), no_models).kv.shared_memory is value
     path.write_text(json.dumps({"backend_config": {"kv_shared_memory": "no"}}))
     with pytest.raises(ConfigError, match="backend_config.kv_shared_memory must be true or false"):
         load_config(path)
