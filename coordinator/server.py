@@ -139,7 +139,9 @@ class Coordinator:
                 {
                     "ready": self.ready,
                     "deploy_mode": self.cluster.config.deploy_mode,
-                    "instances": [load.to_dict() for load in self.router.latest_loads],
+                    "instances": [
+                        load.to_dict(self.fleet.identity(load)) for load in self.router.latest_loads
+                    ],
                 }
             )
 

@@ -7,6 +7,7 @@ string keys, and a field added on one side is seen by the other.
     coordinator ──GenerationRequest + HandoffTarget──► PrefillWorker.prefill
                                        ──► TokenEvent ..., HandoffResult
     coordinator ──GenerationRequest──► ColocatedWorker.generate ──► TokenEvent ...
+    coordinator ──► WorkerRuntime.ready ──► WorkerIdentity (at start, and after a restart)
     coordinator ──► WorkerRuntime.load ──► WorkerLoad
     coordinator ──owner, KV event cursor──► WorkerRuntime.report ──► WorkerReport
 """
@@ -123,14 +124,16 @@ class HandoffResult:
 
 
 @dataclass(frozen=True)
-class WorkerLoad:
-    """A worker's engine figures, as the router and ``/v1/instances`` see them."""
+class WorkerIdentity:
+    """What a worker is for its process's life: its ``ready`` answer, which the coordinator asks
+    at start and again when the worker's pid changes (its actor restarted)."""
 
     role: str
     instance: int
     pid: int
-    stats: EngineStats
-    num_open_streams: int = 0  # per-request event queues the worker holds (0 once idle)
+    cpus: tuple[int, ...] = ()  # the cores its engine thread may run on
+    model: str = ""
+    layout: dict[str, Any] = field(default_factory=dict)  # its KV layout (KVLayout.to_dict)
     node_ip: str = ""  # the address of the Ray node it runs on ("" outside Ray)
     weights: str = ""  # the weights and kernels its engine computes with (LlamaModel.describe)
     # native module (by source) -> "cached" (imported from an earlier build) or "built" (compiled
@@ -140,13 +143,42 @@ class WorkerLoad:
     # kernels run ("avx512", "avx2", "scalar"; "" without them)
     weight_formats: dict[str, str] = field(default_factory=dict)
     kernel_isa: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        """What ``pdserve workers`` prints of it: role, instance, pid, cores, model, KV layout."""
+        described = ("role", "instance", "pid", "cpus", "model", "layout")
+        return {k: v for k, v in asdict(self).items() if k in described}
+
+
+@dataclass(frozen=True)
+class EmbedderIdentity:
+    """The embedding worker's ``ready`` answer."""
+
+    role: str
+    pid: int
+    model: str
+    dimensions: int
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A worker's engine figures now, as the router and ``/v1/instances`` see them."""
+
+    role: str
+    instance: int
+    pid: int
+    stats: EngineStats
+    num_open_streams: int = 0  # per-request event queues the worker holds (0 once idle)
     num_leases_expired: int = 0  # coordinators whose requests this worker aborted (lease lapsed)
     requests_by_owner: dict[str, int] = field(default_factory=dict)  # coordinator id -> held
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, identity: WorkerIdentity) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
-        node address, weights, their formats, the kernels' instruction set, lapsed leases and
-        the requests held per coordinator."""
+        and from ``identity`` node address, weights, kernels, their formats and instruction set;
+        lapsed leases and the requests held per coordinator."""
         return {
             "role": self.role,
             "instance": self.instance,
@@ -154,11 +186,11 @@ class WorkerLoad:
             "num_used_blocks": self.stats.num_used_blocks,
             "num_open_streams": self.num_open_streams,
             "pid": self.pid,
-            "node_ip": self.node_ip,
-            "weights": self.weights,
-            "kernels": dict(self.kernels),
-            "weight_formats": dict(self.weight_formats),
-            "kernel_isa": self.kernel_isa,
+            "node_ip": identity.node_ip,
+            "weights": identity.weights,
+            "kernels": dict(identity.kernels),
+            "weight_formats": dict(identity.weight_formats),
+            "kernel_isa": identity.kernel_isa,
             "num_leases_expired": self.num_leases_expired,
             "requests_by_owner": dict(self.requests_by_owner),
         }

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from engine.embedding_model import EmbeddingModel
+from workers.contracts import EmbedderIdentity
 
 
 class EmbeddingWorker:
@@ -30,13 +31,8 @@ class EmbeddingWorker:
         self.num_batches = 0
         threading.Thread(target=self._run, name="embedding-batcher", daemon=True).start()
 
-    def ready(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "pid": os.getpid(),
-            "model": self.model.name,
-            "dimensions": self.model.dimensions,
-        }
+    def ready(self) -> EmbedderIdentity:
+        return EmbedderIdentity(self.role, os.getpid(), self.model.name, self.model.dimensions)
 
     def embed(self, texts: list[str]) -> dict[str, Any]:
         """``{"embeddings": float32 [n, d] tensor, "tokens": [n]}`` for the texts, in order."""

@@ -32,7 +32,13 @@ from engine.kv_events import KvEventBatch, KvSnapshot
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import NewRequest
-from workers.contracts import GenerationRequest, HandoffTarget, WorkerLoad, WorkerReport
+from workers.contracts import (
+    GenerationRequest,
+    HandoffTarget,
+    WorkerIdentity,
+    WorkerLoad,
+    WorkerReport,
+)
 from workers.leases import Leases
 from workers.worker_request import WorkerRequests
 
@@ -59,7 +65,6 @@ class WorkerRuntime:
         if cpu_ids:  # own these cores: a prefill and a decode worker never share one
             _pin_process(cpu_ids)
         self.instance = instance
-        self.node_ip = _ray_node_ip()
         self.engine = LLMEngine(config)
         self.unclaimed_grace_s = UNCLAIMED_GRACE_S
         self.requests = WorkerRequests(self.role)  # every request here (workers/worker_request.py)
@@ -145,15 +150,21 @@ class WorkerRuntime:
 
     # ---- methods the client calls --------------------------------------------------------------
 
-    def ready(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "instance": self.instance,
-            "pid": os.getpid(),
-            "cpus": sorted(os.sched_getaffinity(self.loop.native_id)),
-            "model": self.engine.model_name,
-            "layout": self.engine.layout.to_dict(),
-        }
+    def ready(self) -> WorkerIdentity:
+        quantized = quantized_kernels()  # loaded first, so that kernel_origins() lists it
+        return WorkerIdentity(
+            self.role,
+            self.instance,
+            os.getpid(),
+            tuple(sorted(os.sched_getaffinity(self.loop.native_id))),
+            self.engine.model_name,
+            self.engine.layout.to_dict(),
+            _ray_node_ip(),
+            self.engine.model.describe(),
+            kernel_origins(),
+            self.engine.model.weight_formats(),
+            quantized.isa() if quantized is not None else "",  # its instruction set
+        )
 
     def abort(self, request_id: str) -> bool:
         aborted = self.loop.call(lambda e: e.abort(request_id)).result()
@@ -192,27 +203,15 @@ class WorkerRuntime:
         except TimeoutError:
             future.cancel()
             stats = self.loop.stats
-        num_open_streams = len(self.requests)
         return WorkerLoad(
             self.role,
             self.instance,
             os.getpid(),
             stats,
-            num_open_streams,
-            self.node_ip,
-            self.engine.model.describe(),
-            kernel_origins(),
-            self.engine.model.weight_formats(),
-            _kernel_isa(),
+            len(self.requests),
             self.leases.num_expired,
             self.requests.count_by_owner(),
         )
-
-
-def _kernel_isa() -> str:
-    """The instruction set the quantized kernels run now, "" without the native module."""
-    module = quantized_kernels()
-    return module.isa() if module is not None else ""
 
 
 def _ray_node_ip() -> str:

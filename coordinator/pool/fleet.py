@@ -28,7 +28,7 @@ from engine.config import CacheConfig
 from engine.kv_events import KvEventBatch, KvSnapshot
 from prefill_worker.worker import PrefillWorker
 from workers.colocated import ColocatedWorker
-from workers.contracts import WorkerLoad, WorkerReport
+from workers.contracts import EmbedderIdentity, WorkerIdentity, WorkerLoad, WorkerReport
 from workers.embedding import EmbeddingWorker
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.runtime import WorkerRuntime
@@ -43,7 +43,8 @@ class Fleet:
         self.decodes: list[Any] = []
         self.colocated: list[Any] = []
         self._cores: list[int] | None = None
-        self.ready_info: list[dict[str, Any]] = []
+        self.ready_info: list[WorkerIdentity | EmbedderIdentity] = []  # as of ``start``
+        self.identities: dict[tuple[str, int], WorkerIdentity] = {}  # by (role, instance), current
         self._id = uuid.uuid4().hex[:12]  # names this cluster's files on its hosts
         # the owner its requests name on the workers (workers/leases.py)
         self.coordinator_id = f"{socket.gethostname()}-{os.getpid()}-{self._id[:6]}"
@@ -77,10 +78,17 @@ class Fleet:
         self.ready_info = ray.get(
             [a.ready.remote() for a in [*self.actors, *self.embedders]], timeout=timeout_s
         )
+        workers = [i for i in self.ready_info if isinstance(i, WorkerIdentity)]
+        self.identities = {(i.role, i.instance): i for i in workers}
 
     def describe(self) -> list[dict[str, Any]]:
         """Each worker's ``ready`` answer (role, instance, pid, cores, model) as of ``start``."""
-        return list(self.ready_info)
+        return [identity.describe() for identity in self.ready_info]
+
+    def identity(self, load: WorkerLoad) -> WorkerIdentity:
+        """What the worker of ``load`` is, as its latest ``ready`` said (blank before one)."""
+        key = (load.role, load.instance)
+        return self.identities.get(key, WorkerIdentity(*key, 0))
 
     def stop_pool(self) -> list[str]:
         """Stop the shared pool's actors that this configuration names; their names."""
@@ -230,7 +238,7 @@ class Fleet:
     async def loads(self) -> list[WorkerLoad]:
         """Queue, running and free-block figures of every worker, asked all at once; a worker
         that is dead, restarting or does not answer within ``LOAD_TIMEOUT_S`` is left out."""
-        answers = await asyncio.gather(*(_load_of(actor) for actor in self.actors))
+        answers = await asyncio.gather(*(_answer(actor.load) for actor in self.actors))
         return [load for load in answers if load is not None]
 
     async def reports(self, cursors: dict[tuple[str, int], tuple[str, int]]) -> list[WorkerReport]:
@@ -238,11 +246,19 @@ class Fleet:
         prefix-cache events after ``cursors[(role, instance)]`` (epoch, seq; none: from a
         snapshot); left out as in ``loads``."""
         calls = [
-            _report_of(actor, self.coordinator_id, *cursors.get(key, ("", -1)))
+            _answer(actor.report, self.coordinator_id, *cursors.get(key, ("", -1)))
             for key, actor in self._keyed_actors()
         ]
-        answers = await asyncio.gather(*calls)
-        return [report for report in answers if report is not None]
+        reports = [report for report in await asyncio.gather(*calls) if report is not None]
+        await self._identify([report.load for report in reports])
+        return reports
+
+    async def _identify(self, loads: list[WorkerLoad]) -> None:
+        """Ask ``ready`` again of each worker whose pid is not its identity's (its actor
+        restarted); one that does not answer is asked again at the next poll."""
+        moved = [self.worker(w.role, w.instance) for w in loads if self.identity(w).pid != w.pid]
+        asked = await asyncio.gather(*(_answer(actor.ready) for actor in moved))
+        self.identities.update({(i.role, i.instance): i for i in asked if i is not None})
 
     async def kv_events(
         self, role: str, instance: int, epoch: str, seq: int, wait_s: float
@@ -260,15 +276,10 @@ class Fleet:
         return [((role, i), actor) for role, pool in pools.items() for i, actor in enumerate(pool)]
 
 
-async def _load_of(actor: Any) -> WorkerLoad | None:
+async def _answer(method: Any, *args: Any) -> Any:
+    """An actor ``method``'s answer, None when the actor is dead, restarting or does not answer
+    within ``LOAD_TIMEOUT_S``."""
     try:
-        return await asyncio.wait_for(actor.load.remote(), LOAD_TIMEOUT_S)
-    except (TimeoutError, ray.exceptions.RayError):
-        return None
-
-
-async def _report_of(actor: Any, owner: str, epoch: str, seq: int) -> WorkerReport | None:
-    try:
-        return await asyncio.wait_for(actor.report.remote(owner, epoch, seq), LOAD_TIMEOUT_S)
+        return await asyncio.wait_for(method.remote(*args), LOAD_TIMEOUT_S)
     except (TimeoutError, ray.exceptions.RayError):
         return None

@@ -61,7 +61,7 @@ async def _requests_until_kill(cluster, worker, count: int):
 
     tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
     await asyncio.wait_for(started.wait(), 30)
-    pid = (await worker.ready.remote())["pid"]
+    pid = (await worker.ready.remote()).pid
     os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
     results = await asyncio.wait_for(asyncio.gather(*tasks), 20)
@@ -120,7 +120,7 @@ def test_decode_worker_killed_mid_decode(cluster):
 
 def test_prefill_worker_killed_with_requests_in_flight(cluster):
     async def scenario():
-        pid = (await cluster.fleet.prefills[0].ready.remote())["pid"]
+        pid = (await cluster.fleet.prefills[0].ready.remote()).pid
         prompts = [list(range(3, 3 + n)) for n in (40, 60, 80, 100, 120, 140)]
         tasks = [
             asyncio.ensure_future(_collect(cluster, f"p-{i}", p)) for i, p in enumerate(prompts)

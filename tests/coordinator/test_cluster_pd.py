@@ -283,8 +283,8 @@ def test_prefill_and_decode_each_own_a_core(pd, ray_session):
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("one core: nothing to pin apart")
-    prefill = ray_session.get(pd.fleet.prefills[0].ready.remote())["cpus"]
-    decode = ray_session.get(pd.fleet.decodes[0].ready.remote())["cpus"]
+    prefill = ray_session.get(pd.fleet.prefills[0].ready.remote()).cpus
+    decode = ray_session.get(pd.fleet.decodes[0].ready.remote()).cpus
     assert len(prefill) == len(decode) == 1 and prefill != decode
 
 
@@ -293,6 +293,10 @@ def test_loads_report_every_worker(pd):
     assert all(isinstance(load, WorkerLoad) for load in loads)  # typed across Ray
     assert all(isinstance(load.stats, EngineStats) and load.pid > 0 for load in loads)
     assert sorted(load.role for load in loads) == ["decode", "prefill"]
+    # each worker's identity, as its ready answered at start (typed across Ray too)
+    assert {(i.role, i.pid) for i in pd.fleet.identities.values()} == {
+        (load.role, load.pid) for load in loads
+    }
     stats = [load.stats for load in loads]
     assert all(s.num_free_blocks == s.num_total_blocks == 128 for s in stats)
 

@@ -27,6 +27,9 @@ def test_worker_batches_concurrent_calls():
     import concurrent.futures as futures
 
     worker = EmbeddingWorker()
+    identity = worker.ready()  # typed; ``pdserve workers`` prints it as the dict it was
+    assert list(identity.describe()) == ["role", "pid", "model", "dimensions"]
+    assert identity.role == "embedding" and identity.dimensions == 384
     with futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda i: worker.embed([f"text {i}", f"more {i}"]), range(16)))
     assert all(r["embeddings"].shape == (2, 384) for r in results)

@@ -7,6 +7,8 @@ A worker's model emits output token n as 100 + n, up to ``MAX_NEW`` tokens. Its 
 ends with an ``abort`` event (as an engine does); ``"fail"`` ends with a ``worker_lost`` error
 after the attempt's first token and keeps the request until it is aborted (as a broken worker
 would). ``held`` names the requests a worker still holds: empty once everything was dropped.
+``restart`` gives it another process (pid), as Ray's restart of an actor does: its ``ready``
+answers with the new pid and kernels from the cached build.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from workers.contracts import (
     HandoffResult,
     HandoffTarget,
     Reservation,
+    WorkerIdentity,
     WorkerLoad,
     WorkerReport,
 )
@@ -69,6 +72,9 @@ class FakeWorker:
     def __init__(self, role: str, instance: int, behaviour: str | None = None) -> None:
         self.role, self.instance, self.behaviour = role, instance, behaviour
         self.held: dict[str, asyncio.Event] = {}  # request id -> set when it is aborted
+        self.pid = 1
+        self.num_ready = 0  # ``ready`` calls answered
+        self.ready = _Method(self._ready)
         self._requests: dict[str, GenerationRequest] = {}  # reserved here, streamed later
         self.load = _Method(self._load)
         self.report = _Method(self._report)
@@ -78,9 +84,19 @@ class FakeWorker:
         self.stream = _Method(lambda request_id: _refs(self._stream(request_id)))
         self.generate = _Method(lambda r, *_limit: _refs(self._generate(r)))
 
+    def restart(self) -> None:
+        self.pid += 1
+
+    async def _ready(self) -> WorkerIdentity:
+        self.num_ready += 1
+        kernels = {"attention_cpu": "built" if self.pid == 1 else "cached"}
+        return WorkerIdentity(
+            self.role, self.instance, self.pid, node_ip="10.0.0.1", kernels=kernels
+        )
+
     async def _load(self) -> WorkerLoad:
         idle = EngineStats(num_free_blocks=10, num_total_blocks=10)
-        return WorkerLoad(self.role, self.instance, 1, idle)
+        return WorkerLoad(self.role, self.instance, self.pid, idle)
 
     async def _report(self, owner: str, epoch: str, seq: int) -> WorkerReport:
         return WorkerReport(await self._load(), NO_EVENTS)

@@ -23,7 +23,7 @@ from tests.support.inprocess_workers import (
     _stop,
     _used,
 )
-from workers.contracts import HandoffResult, HandoffTarget
+from workers.contracts import HandoffResult, HandoffTarget, WorkerIdentity
 
 
 @pytest.fixture(params=list(HANDOFFS))
@@ -166,9 +166,11 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
     decode = _decode_worker(tiny_model_dir)
     try:
         assert decode.reserve(_request("r")).granted
-        load = decode.load()
+        load, identity = decode.load(), decode.ready()
         assert isinstance(load.stats, EngineStats) and load.stats.num_reserved == 1
-        assert list(load.to_dict()) == [
+        assert isinstance(identity, WorkerIdentity) and identity.pid == load.pid
+        instance = load.to_dict(identity)
+        assert list(instance) == [
             "role",
             "instance",
             "num_waiting",
@@ -196,14 +198,25 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "num_leases_expired",
             "requests_by_owner",
         ]
-        assert load.to_dict()["role"] == "decode" and load.to_dict()["num_free_blocks"] == 2
-        assert set(load.to_dict()["kernels"].values()) <= {"cached", "built"}
-        assert load.to_dict()["weights"].startswith("weights fp32: layers float32")
-        formats = load.to_dict()["weight_formats"]
+        assert instance["role"] == "decode" and instance["num_free_blocks"] == 2
+        decode.abort("r")
+    finally:
+        _stop(decode)
+
+
+def test_worker_identity_is_typed_and_names_weights_kernels_and_formats(tiny_model_dir):
+    decode = _decode_worker(tiny_model_dir)
+    try:
+        identity = decode.ready()
+        assert isinstance(identity, WorkerIdentity) and identity.role == "decode"
+        assert set(identity.kernels.values()) <= {"cached", "built"}
+        assert identity.weights.startswith("weights fp32: layers float32")
+        formats = identity.weight_formats
         assert set(formats) == {"embedding", "qkv", "o_proj", "gate_up", "down", "lm_head"}
         assert set(formats.values()) == {"float32"}
-        assert load.to_dict()["kernel_isa"] in ("avx512", "avx2", "scalar", "")
-        decode.abort("r")
+        assert identity.kernel_isa in ("avx512", "avx2", "scalar", "")
+        # what ``pdserve workers`` prints of it: the keys ``ready`` answered before it was typed
+        assert list(identity.describe()) == ["role", "instance", "pid", "cpus", "model", "layout"]
     finally:
         _stop(decode)
 

@@ -1,0 +1,49 @@
+"""``/v1/instances``: each worker's polled load with what the worker is (its ``ready`` answer),
+asked once per worker process: again only when a poll shows another pid (Ray restarted the
+actor). A real Coordinator (fleet, router, manage app) over in-process fake actors, without Ray."""
+
+from __future__ import annotations
+
+import asyncio
+
+from coordinator.server import Coordinator
+from tests.support.coordinator_configs import config_with, get
+from tests.support.fake_actors import FakeWorker
+
+
+def _coordinator() -> tuple[Coordinator, list[FakeWorker]]:
+    coordinator = Coordinator(config_with())
+    workers = [FakeWorker("prefill", 0), FakeWorker("decode", 0)]
+    coordinator.fleet.prefills, coordinator.fleet.decodes = [workers[0]], [workers[1]]
+    return coordinator, workers
+
+
+def _polled_instances(coordinator: Coordinator, polls: int = 1) -> list[dict]:
+    for _ in range(polls):
+        asyncio.run(coordinator.router.refresh())
+    return get(coordinator.manage_app(), "/v1/instances").json()["instances"]
+
+
+def test_instances_carry_each_workers_identity_asked_once():
+    coordinator, workers = _coordinator()
+    instances = _polled_instances(coordinator, polls=3)
+    assert [(i["role"], i["pid"], i["node_ip"]) for i in instances] == [
+        ("prefill", 1, "10.0.0.1"),
+        ("decode", 1, "10.0.0.1"),
+    ]
+    assert all(i["kernels"] == {"attention_cpu": "built"} for i in instances)
+    assert [worker.num_ready for worker in workers] == [1, 1]  # not once per poll
+
+
+def test_instances_after_a_worker_restart_carry_the_new_process():
+    coordinator, (prefill, decode) = _coordinator()
+    before = _polled_instances(coordinator)
+    decode.restart()
+    after = _polled_instances(coordinator, polls=2)
+    assert after[0] == before[0]
+    assert after[1]["pid"] == 2 and after[1]["kernels"] == {"attention_cpu": "cached"}
+    assert {k: v for k, v in after[1].items() if k not in ("pid", "kernels")} == {
+        k: v for k, v in before[1].items() if k not in ("pid", "kernels")
+    }
+    assert (prefill.num_ready, decode.num_ready) == (1, 2)
+    assert coordinator.fleet.identity(coordinator.router.latest_loads[1]).pid == 2
