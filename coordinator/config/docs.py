@@ -1,11 +1,12 @@
 """The key tables of docs/configuration.md, generated from the schema.
 
-    python -m coordinator.config.docs            # rewrite the tables in docs/configuration.md
+    python -m coordinator.config.docs            # rewrite the tables and the chart's values
     python -m coordinator.config.docs --check    # exit 1 when they differ from the schema
 
 Each table sits between ``<!-- config: SECTION -->`` and ``<!-- /config -->`` (SECTION: a
 section of ``ms_coordinator.json``, or ``cli`` for the command-line options); everything
-outside the markers is prose kept as it is.
+outside the markers is prose kept as it is. The same command writes the Helm chart's
+``msCoordinator`` values and their JSON schema (:mod:`coordinator.config.chart`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.cli import OPTIONS, OVERRIDES
+from coordinator.config.chart import render_schema, render_values
 from coordinator.config.keys import Key
 from coordinator.config.schema import SCHEMA
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 DOCS = REPOSITORY / "docs" / "configuration.md"
+CHART = REPOSITORY / "deploy" / "helm" / "pdserve"
+CHART_FILES = {CHART / "values.yaml": render_values, CHART / "values.schema.json": render_schema}
 BLOCK = re.compile(r"(<!-- config: (\S+) -->\n)(.*?)(<!-- /config -->)", re.DOTALL)
 KIND_WORDS = {"bool": "bool", "ip": "IP", "list": "list of strings", "dict": "object"}
 
@@ -99,15 +103,26 @@ def check(path: Path) -> list[str]:
     return problems
 
 
+def check_chart() -> list[str]:
+    """What is wrong with the chart's generated values and schema: nothing when current."""
+    return [
+        f"{path}: differs from the schema"
+        for path, render in CHART_FILES.items()
+        if render(path.read_text()) != path.read_text()
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m coordinator.config.docs")
     parser.add_argument("path", nargs="?", type=Path, default=DOCS)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     args = parser.parse_args(argv)
     if not args.check:
         args.path.write_text(render(args.path.read_text()))
+        for path, render_chart in CHART_FILES.items():
+            path.write_text(render_chart(path.read_text()))
         return 0
-    problems = check(args.path)
+    problems = check(args.path) + check_chart()
     for problem in problems:
         print(f"{problem}; run python -m coordinator.config.docs", file=sys.stderr)
     return 1 if problems else 0

@@ -6,7 +6,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from coordinator.config.docs import DOCS, check, default_text, main, render, valid_text
+import yaml
+
+from coordinator.config.chart import CHART_DEFAULTS, CHART_SETS, chart_keys, render_values
+from coordinator.config.docs import (
+    CHART,
+    DOCS,
+    check,
+    check_chart,
+    default_text,
+    main,
+    render,
+    valid_text,
+)
 from coordinator.config.schema import KEYS, SCHEMA
 
 
@@ -57,3 +69,30 @@ def test_the_command_checks_the_committed_docs():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_charts_values_and_schema_are_the_schemas():
+    assert check_chart() == [], "run: python -m coordinator.config.docs"
+
+
+def test_the_chart_lists_every_key_it_does_not_manage_with_pdserves_default():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["msCoordinator"]
+    for section, keys in chart_keys().items():
+        for key in keys:
+            if key.dotted in CHART_SETS or key.default_by:
+                assert key.name not in values[section], key.dotted  # the chart decides it
+                continue
+            expected = CHART_DEFAULTS.get(key.dotted, key.default)
+            listed = values[section][key.name]
+            assert listed == (list(expected) if isinstance(expected, tuple) else expected)
+    assert "tls_config" not in values and "api_keys" not in values["http_config"]
+
+
+def test_a_stale_chart_fails_the_check(tmp_path, monkeypatch):
+    stale = tmp_path / "values.yaml"
+    text = (CHART / "values.yaml").read_text()
+    stale.write_text(text.replace("maxSeqLen: 2560", "maxSeqLen: 4096"))
+    files = {stale: render_values}
+    monkeypatch.setattr("coordinator.config.docs.CHART_FILES", files)
+    assert check_chart() == [f"{stale}: differs from the schema"]
+    assert main([]) == 0 and stale.read_text() == text
