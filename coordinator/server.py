@@ -110,11 +110,11 @@ class Coordinator:
 
         @app.get("/metrics")
         async def metrics() -> Response:
-            self.metrics.record_loads(self.router.latest_loads)
+            self.metrics.record_loads(self.router.view.latest_loads)
             router = self.router
             self.metrics.record_replicas(
                 self.fleet.coordinator_id,
-                router.latest_reports,
+                router.view.latest_reports,
                 router.cache.num_events,
                 router.cache.num_resyncs,
             )
@@ -140,7 +140,8 @@ class Coordinator:
                     "ready": self.ready,
                     "deploy_mode": self.cluster.config.deploy_mode,
                     "instances": [
-                        load.to_dict(self.fleet.identity(load)) for load in self.router.latest_loads
+                        load.to_dict(self.fleet.identity(load))
+                        for load in self.router.view.latest_loads
                     ],
                 }
             )

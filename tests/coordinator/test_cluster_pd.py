@@ -244,7 +244,7 @@ def test_past_the_prompt_tokens_routed_to_prefill_short_prompts_run_locally_long
     async def routed():
         await router.refresh()
         routes = [router.choose(prompt) for prompt in queueing]  # as the coordinator does
-        (worker,) = router.prefills
+        (worker,) = router.view.prefills
         queued.append((worker.stats.num_prompt_tokens_to_compute, worker.prefill_cost))
         routes += [router.choose(short), router.choose(longer)]
         runs = await asyncio.gather(

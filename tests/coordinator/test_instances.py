@@ -46,4 +46,4 @@ def test_instances_after_a_worker_restart_carry_the_new_process():
         k: v for k, v in before[1].items() if k not in ("pid", "kernels")
     }
     assert (prefill.num_ready, decode.num_ready) == (1, 2)
-    assert coordinator.fleet.identity(coordinator.router.latest_loads[1]).pid == 2
+    assert coordinator.fleet.identity(coordinator.router.view.latest_loads[1]).pid == 2

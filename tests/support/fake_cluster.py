@@ -15,18 +15,10 @@ from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from tests.support.fake_actors import reports_of
+from tests.support.router_polls import NO_LOCAL_PREFILL, FakeClusterConfig
 from workers.contracts import GenerationRequest, WorkerLoad
 
 MAX_NEW = 6
-
-
-# every request is handed off: no prompt is prefilled on its decode worker
-NO_LOCAL_PREFILL = {"local_prefill_tokens": 0, "local_prefill_queue_tokens": 0}
-
-
-@dataclass
-class FakeClusterConfig:
-    deploy_mode: str = "pd_separate"
 
 
 @dataclass
@@ -117,7 +109,7 @@ async def _losing_the_last_prefill(service):
 
     async def kill_the_rest():
         await asyncio.sleep(0.05)
-        _gone(service.router.prefills[0])
+        _gone(service.router.view.prefills[0])
 
     asyncio.ensure_future(kill_the_rest())
     return await _collect(service)
