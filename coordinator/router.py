@@ -30,10 +30,9 @@ from coordinator.errors import NoWorkerError
 from coordinator.routing.cache_view import CacheView
 from coordinator.routing.choice import Route, candidate_pairs, choose_pair
 from coordinator.routing.config import RoutingConfig
-from coordinator.routing.worker_state import WorkerKey, WorkerState
+from coordinator.routing.worker_state import WorkerKey
 from coordinator.routing.worker_view import WorkerView
 from engine.prefix_hash import block_hashes, tenant_root
-from workers.contracts import WorkerLoad, WorkerReport
 
 
 class Router:
@@ -46,31 +45,6 @@ class Router:
         self.routing = routing or RoutingConfig()
         self.cache = CacheView(self.routing.prefix_ttl_s)
         self.view = WorkerView(fleet, self.cache, poll_interval_s)
-
-    @property
-    def prefills(self) -> list[WorkerState]:
-        return self.view.prefills
-
-    @property
-    def decodes(self) -> list[WorkerState]:
-        return self.view.decodes
-
-    @property
-    def latest_loads(self) -> list[WorkerLoad]:
-        return self.view.latest_loads
-
-    @property
-    def latest_reports(self) -> list[WorkerReport]:
-        return self.view.latest_reports
-
-    def start(self) -> None:
-        self.view.start()
-
-    async def stop(self) -> None:
-        await self.view.stop()
-
-    async def refresh(self) -> list[WorkerLoad]:
-        return await self.view.refresh()
 
     def choose(
         self,

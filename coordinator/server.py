@@ -110,11 +110,11 @@ class Coordinator:
 
         @app.get("/metrics")
         async def metrics() -> Response:
-            self.metrics.record_loads(self.router.latest_loads)
+            self.metrics.record_loads(self.router.view.latest_loads)
             router = self.router
             self.metrics.record_replicas(
                 self.fleet.coordinator_id,
-                router.latest_reports,
+                router.view.latest_reports,
                 router.cache.num_events,
                 router.cache.num_resyncs,
             )
@@ -139,7 +139,7 @@ class Coordinator:
                 {
                     "ready": self.ready,
                     "deploy_mode": self.cluster.config.deploy_mode,
-                    "instances": [load.to_dict() for load in self.router.latest_loads],
+                    "instances": [load.to_dict() for load in self.router.view.latest_loads],
                 }
             )
 
@@ -170,8 +170,8 @@ class Coordinator:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.start_cluster)
-        await self.router.refresh()
-        self.router.start()
+        await self.router.view.refresh()
+        self.router.view.start()
         self.ready = True
         log.info("ready: /v1/readiness answers 200")
 
@@ -240,7 +240,7 @@ class Coordinator:
             await self._probes.stop()
         if starting is not None and not starting.done():
             starting.cancel()
-        await self.router.stop()
+        await self.router.view.stop()
         if ray.is_initialized():
             self.fleet.shutdown()
             if self.started_ray:

@@ -31,12 +31,12 @@ from tests.support.fake_cluster import (
 def test_a_stale_worker_is_chosen_only_when_no_fresh_pair_is_left():
     service = _service(FakeCluster())
     router = service.router
-    _stale(router.decodes[0])
+    _stale(router.view.decodes[0])
     assert {router.choose([1, 2, 3])[1] for _ in range(4)} == {1}
-    _stale(router.decodes[1])
+    _stale(router.view.decodes[1])
     assert router.choose([1, 2, 3])[1] in (0, 1)  # slow, not failed: no 503
-    _gone(router.decodes[0])
-    _gone(router.decodes[1])
+    _gone(router.view.decodes[0])
+    _gone(router.view.decodes[1])
     with pytest.raises(NoWorkerError):
         router.choose([1, 2, 3])
 
@@ -91,7 +91,7 @@ def test_a_lone_failed_pair_is_tried_again():
     """With every other pair gone, a migration goes back to the same pair (a restarted actor)."""
     cluster = FakeCluster(fail_after={(0, 0): 2}, fail_once=True)
     service = _service(cluster)
-    for worker in [*service.router.prefills[1:], *service.router.decodes[1:]]:
+    for worker in [*service.router.view.prefills[1:], *service.router.view.decodes[1:]]:
         _gone(worker)
     events = asyncio.run(_collect(service))
     assert [e.token_id for e in events] == [100 + n for n in range(MAX_NEW)]
@@ -102,8 +102,8 @@ def test_a_migration_waits_for_a_pair_within_the_request_timeout():
     cluster = FakeCluster(fail_after={(0, 0): 1})
     no_local = RoutingConfig(local_prefill_fallback=False, **NO_LOCAL_PREFILL)
     service = _service(cluster, timeouts=Timeouts(infer=1), routing=no_local)
-    _gone(service.router.prefills[1])
-    _gone(service.router.decodes[1])
+    _gone(service.router.view.prefills[1])
+    _gone(service.router.view.decodes[1])
 
     cluster.delay_s = 0.1
     start = time.monotonic()
@@ -116,8 +116,8 @@ def test_a_migration_waits_for_a_pair_within_the_request_timeout():
 def test_with_no_prefill_worker_left_a_migration_completes_on_the_decode_worker():
     cluster = FakeCluster(fail_after={(0, 0): 1})
     service = _service(cluster)
-    _gone(service.router.prefills[1])
-    _gone(service.router.decodes[1])
+    _gone(service.router.view.prefills[1])
+    _gone(service.router.view.decodes[1])
 
     cluster.delay_s = 0.1
     events = asyncio.run(_losing_the_last_prefill(service))
@@ -127,7 +127,7 @@ def test_with_no_prefill_worker_left_a_migration_completes_on_the_decode_worker(
 
 def test_no_pair_at_all_is_503_at_once():
     service = _service(FakeCluster())
-    for worker in service.router.decodes:
+    for worker in service.router.view.decodes:
         _gone(worker)
     with pytest.raises(NoWorkerError):
         asyncio.run(_collect(service))

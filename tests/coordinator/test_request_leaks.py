@@ -145,7 +145,7 @@ async def _exhausted(service: InferenceService) -> None:
 
 
 async def _unavailable(service: InferenceService) -> None:
-    for worker in service.router.decodes:
+    for worker in service.router.view.decodes:
         worker.fresh, worker.last_seen = False, time.monotonic() - STALE_GRACE_S - 1
     with pytest.raises(NoWorkerError):
         await _collect(service)
@@ -188,7 +188,7 @@ def test_an_ended_request_is_named_nowhere(end, mode):
 
     async def scenario() -> InferenceService:
         service = _service(mode, behaviour, **timeouts)
-        await service.router.refresh()
+        await service.router.view.refresh()
         await drive(service)
         assert await _settled(service) == []
         return service

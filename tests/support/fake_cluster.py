@@ -77,7 +77,7 @@ class FakeCluster:
 
 def _service(cluster, max_retry=5, timeouts=None, max_requests=10, metrics=None, routing=None):
     router = Router(cluster, routing=routing or RoutingConfig(**NO_LOCAL_PREFILL))
-    asyncio.run(router.refresh())
+    asyncio.run(router.view.refresh())
     return InferenceService(
         cluster, router, max_requests, max_retry, timeouts or Timeouts(), metrics
     )
@@ -117,7 +117,7 @@ async def _losing_the_last_prefill(service):
 
     async def kill_the_rest():
         await asyncio.sleep(0.05)
-        _gone(service.router.prefills[0])
+        _gone(service.router.view.prefills[0])
 
     asyncio.ensure_future(kill_the_rest())
     return await _collect(service)

@@ -64,7 +64,7 @@ class FakeCluster:
 def _router(cluster: FakeCluster | None = None, **routing) -> Router:
     routing = {**NO_LOCAL_PREFILL, **routing}
     router = Router(cluster or FakeCluster(), routing=RoutingConfig(block_size=BLOCK, **routing))
-    asyncio.run(router.refresh())
+    asyncio.run(router.view.refresh())
     return router
 
 
@@ -73,7 +73,7 @@ def _poll(router: Router, **stats: EngineStats) -> None:
     for name, value in stats.items():
         role, instance = name.rsplit("_", 1)
         router.view.fleet.stats[(role, int(instance))] = value
-    asyncio.run(router.refresh())
+    asyncio.run(router.view.refresh())
 
 
 def _queued(tokens: int) -> EngineStats:

@@ -46,9 +46,9 @@ def test_pending_tokens_count_only_the_tokens_to_compute():
     _poll(router)
     router.choose(PROMPT_A)
     # 16 of 17 tokens are cached (4 blocks); the engine always computes the last one
-    assert router.prefills[0].pending_tokens == 1
+    assert router.view.prefills[0].pending_tokens == 1
     router.choose(PROMPT_B)
-    assert router.prefills[1].pending_tokens == len(PROMPT_B)
+    assert router.view.prefills[1].pending_tokens == len(PROMPT_B)
 
 
 def test_an_overloaded_holder_loses_to_the_least_loaded():
@@ -118,7 +118,7 @@ def test_prefix_routing_off_routes_by_load_alone():
     assert router.choose(PROMPT_A) == (0, 0)
     _poll(router, prefill_0=_queued(1), decode_0=_running(1))
     assert router.choose(PROMPT_A) == (1, 1)
-    assert router.prefills[1].pending_tokens == len(PROMPT_A)
+    assert router.view.prefills[1].pending_tokens == len(PROMPT_A)
     assert router.cache.num_dispatched(("prefill", 0)) == 0
 
 
@@ -138,7 +138,7 @@ def test_a_restarted_worker_loses_its_entries():
     _poll(router)
     assert router.cache.num_dispatched(("prefill", 0)) == 0
     assert router.cache.num_dispatched(("decode", 0)) == 4
-    assert router.prefills[0].pid == 4242
+    assert router.view.prefills[0].pid == 4242
 
 
 def test_a_lost_worker_loses_its_entries(monkeypatch):
@@ -211,7 +211,7 @@ def test_requests_are_prefilled_locally_while_no_prefill_worker_answers():
     )
     assert off.choose(PROMPT_A)[0] in {0, 1}  # a stale prefill worker, within its grace
     cluster.silent.clear()
-    asyncio.run(router.refresh())
+    asyncio.run(router.view.refresh())
     assert router.choose(PROMPT_A)[0] is not None  # back: hand-offs again
 
 
