@@ -52,7 +52,6 @@ class EngineLoop:
         self._next_housekeeping = 0.0
         self._commands: queue.Queue[tuple[Callable[[LLMEngine], object], Future]] = queue.Queue()
         self._stopped = threading.Event()
-        self.num_steps = 0
         self.stats: EngineStats = engine.stats()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
@@ -92,7 +91,6 @@ class EngineLoop:
                 continue
             try:
                 events = self.engine.step()
-                self.num_steps += 1
                 self.stats = self.engine.stats()
             except Exception:
                 log.exception("engine step failed; aborting its requests")

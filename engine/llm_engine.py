@@ -230,7 +230,6 @@ class LLMEngine:
             prefill_s = now - request.first_scheduled_time
         request.token_ids.append(token_id)
         request.first_token_time = request.first_token_time or now
-        request.last_token_time = now
         grammar = request.grammar
         if grammar is not None and not grammar.catch_up(request.output_token_ids):
             return self._fail(request, grammar.error or "constraint violated", now)

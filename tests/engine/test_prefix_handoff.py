@@ -18,6 +18,7 @@ from engine.sampling_params import SamplingParams
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
 from tests.support.inprocess_workers import _assert_freed
+from tests.support.kv_import import import_kv
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
 
 SYSTEM = list(range(20, 46))  # 26 tokens
@@ -144,7 +145,7 @@ def test_import_kv_works_again_once_the_decode_engine_caches_the_prefix(tiny_loa
     alone = make_engine(tiny_loaded, prefix_caching=False)
     for request_id in ("a", "b"):
         _prefill(prefill, request_id, [*SYSTEM, 1, 2])
-        decode.importer.import_kv(prefill.export_kv(request_id, 6))  # all pages: from block 0
+        import_kv(decode, prefill.export_kv(request_id, 6))  # all pages: from block 0
         prefill.release(request_id)
         assert decode.requests[request_id].num_shared_blocks == 0
         assert _decode_to_end(decode, request_id) == alone.generate([[*SYSTEM, 1, 2]], PARAMS)[0]
@@ -154,7 +155,7 @@ def test_import_kv_works_again_once_the_decode_engine_caches_the_prefix(tiny_loa
 def test_ending_a_reservation_that_shares_blocks_keeps_the_counts(tiny_loaded):
     prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
     _prefill(prefill, "warm", [*SYSTEM, 1, 2])
-    decode.importer.import_kv(prefill.export_kv("warm", 6))
+    import_kv(decode, prefill.export_kv("warm", 6))
     _decode_to_end(decode, "warm")
     ends = {
         "aborted reserved": lambda r: decode.abort(r.request_id),
@@ -195,7 +196,7 @@ def test_a_migrated_request_shares_the_blocks_its_outputs_filled(tiny_loaded):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     full = make_engine(tiny_loaded, prefix_caching=False).generate([[*SYSTEM, 1, 2]], params)[0]
     _prefill(prefill, "first", [*SYSTEM, 1, 2])
-    decode.importer.import_kv(prefill.export_kv("first", 12))
+    import_kv(decode, prefill.export_kv("first", 12))
     prefill.release("first")
     assert _decode_to_end(decode, "first") == full
     outputs = full[:7]  # 28 prompt + 7 outputs: eight full blocks were computed here
