@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.common import create_router, read_json, respond
+from coordinator.api.common import Door, create_router, read_json, respond
 from coordinator.api.errors import APIError, InputValidationError
 from coordinator.api.limits import prompt_char_limit
 from coordinator.api.media import check_media
@@ -35,11 +35,9 @@ from coordinator.api.mindie_request import (
     parse_infer_body,
     parse_tokenizer_body,
 )
-from coordinator.api.tenants import tenant_of
 from coordinator.content_safety import INPUT_FILTERED, text_blocked
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
-from workers.contracts import GenerationRequest
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -51,11 +49,8 @@ def service_error_response(error: APIError) -> JSONResponse:
     return error_response(service_error(error))
 
 
-class MindieRoutes:
+class MindieRoutes(Door):
     """The MindIE handlers over one service and model."""
-
-    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
-        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
 
     async def infer(self, request: Request) -> Response:
         return await self._infer(request, token_input=False)
@@ -91,12 +86,7 @@ class MindieRoutes:
             time.monotonic(),
             content_filter=self.model.content_filter,
         )
-        request_id = self.service.new_request_id()
-        events = self.service.generate(
-            GenerationRequest(
-                request_id, ids, params, p.priority, p.timeout, tenant=tenant_of(request)
-            )
-        )
+        events = self.generation(request, ids, params, priority=p.priority, timeout_s=p.timeout)
         return await respond(events, answer, req.stream, service_error_response)
 
     async def _prompt_ids(self, req: InferRequest) -> list[int]:

@@ -17,17 +17,17 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.common import Events, create_router, read_json, respond
+from coordinator.api.common import Door, Events, create_router, read_json, respond
 from coordinator.api.errors import APIError, FormatError, InputValidationError
 from coordinator.api.limits import prompt_char_limit
 from coordinator.api.structured_request import check_compiles, tgi_constraint
-from coordinator.api.tenants import tenant_of
 from coordinator.api.tgi_request import parse_tgi_body
 from coordinator.content_safety import INPUT_FILTERED, ContentFilter, text_blocked
 from coordinator.errors import ServiceError
@@ -36,7 +36,6 @@ from coordinator.model_info import ModelInfo
 from engine.constraint import Constraint
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-from workers.contracts import GenerationRequest
 
 FINISH = {  # the normal finishes; a failure is raised, never a finish
     FinishReason.EOS: "eos_token",
@@ -111,9 +110,7 @@ class TgiAnswer:
 
     def body(self) -> Any:
         details = {
-            "finish_reason": FINISH[self.finish or FinishReason.LENGTH],
-            "generated_tokens": len(self.tokens),
-            "seed": self.seed,
+            **self._stream_details(),
             "prefill": [],
             "tokens": self.tokens,
             "top_tokens": None,
@@ -156,12 +153,12 @@ class TgiAnswer:
             await events.aclose()
 
 
-class TgiRoutes:
+class TgiRoutes(Door):
     """The TGI handlers over one service and model."""
 
-    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
-        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
-        self.special_ids = set(getattr(model.tokenizer, "all_special_ids", []))
+    @cached_property
+    def special_ids(self) -> set[int]:
+        return set(getattr(self.model.tokenizer, "all_special_ids", []))
 
     async def generate(self, request: Request) -> Response:
         return await self._generate(request, stream=False)
@@ -192,12 +189,7 @@ class TgiRoutes:
             constraint=constraint,
             frequency_penalty=tgi.frequency_penalty,
         )
-        request_id = self.service.new_request_id()
-        events = self.service.generate(
-            GenerationRequest(
-                request_id, ids, params, p.priority, p.timeout, tenant=tenant_of(request)
-            )
-        )
+        events = self.generation(request, ids, params, priority=p.priority, timeout_s=p.timeout)
         answer = TgiAnswer(params.seed, self.special_ids, stream is None, self.model.content_filter)
         answer.prefix = req.text if tgi.return_full_text else ""
         streaming = body.get("stream", False) if stream is None else stream
