@@ -147,16 +147,8 @@ class KVImporter:
         return request
 
     def _check_page_shape(self, request: Request, shape: tuple[int, ...]) -> None:
-        layout = self.layout
         num_blocks = shape[2] if len(shape) == 6 else 0
-        expected = (
-            layout.num_layers,
-            2,
-            num_blocks,
-            layout.block_size,
-            layout.num_kv_heads,
-            layout.head_dim,
-        )
+        expected = self.layout.page_shape(num_blocks)
         if shape != expected:
             raise KVImportError(f"KV blocks have shape {shape}, expected {expected}")
         reserved = len(request.block_ids) - request.num_shared_blocks

@@ -78,11 +78,8 @@ class Completion:
             self.finish = FINISH[event.finish_reason]
         match = self.content_filter.search(self.text) if self.content_filter else None
         if match is not None:
-            self.text, self.finish, self.blocked = (
-                self.text[: match.start()],
-                "content_filter",
-                True,
-            )
+            self.text = self.text[: match.start()]
+            self.finish, self.blocked = "content_filter", True
         return self.blocked
 
     def pending(self) -> str:
