@@ -103,11 +103,6 @@ def not_supported(param: str, value: Any) -> AzureError:
     )
 
 
-def invalid_tools(error: ToolError) -> AzureError:
-    """400 for a refused tool field: ``loc`` names the body's field, ``message`` the part."""
-    return invalid_parameter(error.field, error.message, error.value)
-
-
 def content_filtered() -> AzureError:
     body = {
         "status": 400,
@@ -226,8 +221,8 @@ class AzureRoutes(Door):
             params = openai_sampling({**known, **extras}, self.model.vocab_size, 512)
             params = replace(params, constraint=await azure_constraint(body, self.model))
             params = await with_tool_constraint(self.model, tools, params)  # tools' wins
-        except ToolError as exc:
-            return error_response(invalid_tools(exc))
+        except ToolError as exc:  # ``loc``: the body's field; the message names the part
+            return error_response(invalid_parameter(exc.field, exc.message, exc.value))
         except APIError as exc:
             return error_response(exc)
         answer = tool_completion(self.model, tools, len(prompt.ids))

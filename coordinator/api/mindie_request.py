@@ -90,12 +90,9 @@ class InferRequest:
         )
 
 
-def _show(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)[:200]
-
-
 def _bad(name: str, valid: str, value: Any) -> InputValidationError:
-    return InputValidationError(f"Parameter {name} must be {valid}, but got {_show(value)}")
+    shown = json.dumps(value, ensure_ascii=False)[:200]
+    return InputValidationError(f"Parameter {name} must be {valid}, but got {shown}")
 
 
 def _number(params: dict[str, Any], name: str, valid: str, ok: Any, integer: bool) -> Any:

@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from coordinator.api.common import Door, Events, create_router, read_json, respond
 from coordinator.api.errors import APIError, FormatError, InputValidationError
 from coordinator.api.limits import prompt_char_limit
+from coordinator.api.mindie_format import FINISH_REASONS
 from coordinator.api.structured_request import check_compiles, tgi_constraint
 from coordinator.api.tgi_request import parse_tgi_body
 from coordinator.content_safety import INPUT_FILTERED, ContentFilter, text_blocked
@@ -37,20 +38,11 @@ from engine.constraint import Constraint
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 
-FINISH = {  # the normal finishes; a failure is raised, never a finish
-    FinishReason.EOS: "eos_token",
-    FinishReason.LENGTH: "length",
-    FinishReason.STOP: "stop_sequence",
-}
 OVERLOADED = (429, 503)  # the statuses TGI calls "overloaded"; other failures are "generation"
 
 
 def tgi_error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": message, "error_type": kind}, status_code=status)
-
-
-def validation_error(error: APIError) -> JSONResponse:
-    return tgi_error(error.status, error.message, "validation")
 
 
 def service_error_kind(status: int) -> str:
@@ -132,7 +124,7 @@ class TgiAnswer:
 
     def _stream_details(self) -> dict[str, Any]:
         return {
-            "finish_reason": FINISH[self.finish or FinishReason.LENGTH],
+            "finish_reason": FINISH_REASONS[self.finish or FinishReason.LENGTH],  # MindIE's names
             "generated_tokens": len(self.tokens),
             "seed": self.seed,
         }
@@ -178,7 +170,7 @@ class TgiRoutes(Door):
             constraint = await self._constraint(body)
             ids = await self._prompt_ids(req.text)
         except APIError as exc:
-            return validation_error(exc)
+            return tgi_error(exc.status, exc.message, "validation")
         if text_blocked(self.model.content_filter, req.text):
             return tgi_error(400, INPUT_FILTERED, "content_filter")
         if tgi.truncate is not None:
