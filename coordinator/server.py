@@ -188,23 +188,15 @@ class Coordinator:
             "timeout_graceful_shutdown": 5,
             **uvicorn_limits(edge, self.config["request_limit"]["max_requests"]),
         }
+        listeners = [  # (app, address, port, TLS)
+            (self.predict_app(), http["predict_ip"], http["predict_port"], tls_args),
+            (self.manage_app(), http["manage_ip"], http["manage_port"], {}),
+            (self.status_app(), http["predict_ip"], http["status_port"], {}),
+            (self.external_app(), http["predict_ip"], http["external_port"], {}),
+        ]
         return [
-            uvicorn.Config(
-                self.predict_app(),
-                host=http["predict_ip"],
-                port=http["predict_port"],
-                **tls_args,
-                **common,
-            ),
-            uvicorn.Config(
-                self.manage_app(), host=http["manage_ip"], port=http["manage_port"], **common
-            ),
-            uvicorn.Config(
-                self.status_app(), host=http["predict_ip"], port=http["status_port"], **common
-            ),
-            uvicorn.Config(
-                self.external_app(), host=http["predict_ip"], port=http["external_port"], **common
-            ),
+            uvicorn.Config(app, host=host, port=port, **tls, **common)
+            for app, host, port, tls in listeners
         ]
 
     async def serve(self) -> None:

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, TokenEvent
@@ -98,13 +98,12 @@ class EngineLoop:
             if events:
                 self._hook("on_events", events)
 
-    def _hook(self, name: str, *args: object) -> Any:
-        """``hooks.<name>(*args)``; an error is logged and the loop goes on (None)."""
+    def _hook(self, name: str, *args: object) -> None:
+        """``hooks.<name>(*args)``; an error is logged and the loop goes on."""
         try:
-            return getattr(self.hooks, name)(*args)
+            getattr(self.hooks, name)(*args)
         except Exception:
             log.exception("%s hook failed", name)
-            return None
 
     def _housekeeping(self) -> None:
         now = time.monotonic()

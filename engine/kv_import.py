@@ -33,11 +33,8 @@ class KVImporter:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.config, self.shape, self.layout = engine.config, engine.shape, engine.layout
-        self.blocks, self.kv_cache, self.scheduler = (
-            engine.blocks,
-            engine.kv_cache,
-            engine.scheduler,
-        )
+        self.blocks, self.kv_cache = engine.blocks, engine.kv_cache
+        self.scheduler = engine.scheduler
         self.requests = engine.requests  # the engine's: a reservation is one of its requests
         # orders the transport thread's RESERVED -> RECEIVING against the engine thread ending
         # the request: blocks being written to are freed only once the write is over

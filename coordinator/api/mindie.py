@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.common import Door, create_router, read_json, respond
 from coordinator.api.errors import APIError, InputValidationError
-from coordinator.api.limits import prompt_char_limit
+from coordinator.api.limits import MAX_INPUT_TOKENS, prompt_char_limit
 from coordinator.api.media import check_media
 from coordinator.api.mindie_format import (
     CONTENT_FILTER,
@@ -30,7 +30,6 @@ from coordinator.api.mindie_format import (
     service_error,
 )
 from coordinator.api.mindie_request import (
-    MAX_TOKENS_HARD,
     InferRequest,
     parse_infer_body,
     parse_tokenizer_body,
@@ -105,7 +104,7 @@ class MindieRoutes(Door):
         return ids
 
     def _check_token_count(self, ids: list[int]) -> None:
-        limit = min(self.model.max_input_tokens, MAX_TOKENS_HARD)
+        limit = min(self.model.max_input_tokens, MAX_INPUT_TOKENS)
         if not 0 < len(ids) <= limit:
             raise InputValidationError(
                 f"Parameter inputs must be [1, {limit}] tokens after tokenization, but got "

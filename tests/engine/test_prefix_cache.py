@@ -13,6 +13,7 @@ from engine.block_manager import BlockManager
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.support.block_checks import check_consistent
 
 GREEDY = SamplingParams(max_new_tokens=6, ignore_eos=True)
 SEEDED = SamplingParams(max_new_tokens=6, do_sample=True, temperature=1.2, seed=3, ignore_eos=True)
@@ -54,7 +55,7 @@ def _live_refs(engine: LLMEngine) -> list[int]:
 
 
 def _check(engine: LLMEngine) -> None:
-    engine.blocks.check_consistent()
+    check_consistent(engine.blocks)
     expected = _live_refs(engine)
     assert [engine.blocks.ref_count(b) for b in range(engine.blocks.num_blocks)] == expected
 
@@ -241,7 +242,7 @@ def test_cached_free_blocks_are_evicted_oldest_first_and_count_as_free():
     blocks.allocate(3)  # two empty blocks, then the oldest cached one
     assert blocks.match(blocks.extend_hashes([], [1], 1), [1], 1) == []
     assert len(blocks.match(blocks.extend_hashes([], [2], 1), [2], 1)) == 1
-    blocks.check_consistent()
+    check_consistent(blocks)
 
 
 def test_cache_counters_and_stats(tiny_loaded):

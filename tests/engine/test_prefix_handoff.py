@@ -17,6 +17,7 @@ from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
+from tests.support.block_checks import check_consistent
 from tests.support.inprocess_workers import _assert_freed
 from tests.support.kv_import import import_kv
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
@@ -132,7 +133,7 @@ def _decode_to_end(engine, request_id: str) -> list[int]:
 
 
 def _consistent(engine) -> None:
-    engine.blocks.check_consistent()
+    check_consistent(engine.blocks)
     held = [0] * engine.blocks.num_blocks
     for request in engine.requests.values():
         for block_id in request.block_ids:

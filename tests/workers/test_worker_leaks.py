@@ -202,7 +202,7 @@ def test_a_sender_raising_anything_fails_the_handoff_and_frees_the_blocks(tiny_m
     prefill.sender.send = send  # type: ignore[method-assign]
     try:
         assert decode.reserve(_request("r")).granted
-        items = _collect(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
+        items = _collect(prefill.prefill(_request("r"), HandoffTarget(decode.receiver.endpoint, 6)))
         assert isinstance(items[-1], HandoffResult) and not items[-1].ok
         assert items[-1].error == "KV hand-off failed: _Boom: socket in a bad state"
         assert _wait_until(lambda: _used(prefill) == 0, 3)
