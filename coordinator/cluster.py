@@ -209,9 +209,9 @@ class Cluster:
             yield TokenEvent.failure(request_id, error, "worker_lost")
 
     async def _release(self, run: RequestRun) -> None:
-        """Tell every worker that may hold ``run``'s attempt to drop it, from now on held
-        nowhere: in a task of its own, which goes on when the caller is cancelled, and which
-        the caller waits for at most ``RELEASE_WAIT_S``."""
+        """Tell every worker that may hold ``run``'s attempt to drop it (from now on it is held
+        nowhere), in a task of its own that goes on when the caller is cancelled; the caller
+        waits for it at most ``RELEASE_WAIT_S``."""
         workers, run.workers = run.workers, []
         if not workers:
             return

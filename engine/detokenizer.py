@@ -2,9 +2,9 @@
 
 Each step decodes a short window of recent tokens twice (with and without the newest ones); the
 difference is the new text. A window that ends inside a multi-byte character decodes to U+FFFD,
-so the text is held back until the character completes. With stop strings, as many characters
-as the longest one has, less one, are held back too, so a stop string split across tokens is never
-streamed before it is recognised and cut.
+so the text is held back until the character completes. With stop strings, the last
+``len(longest stop) - 1`` characters are held back too, so a stop string split across tokens is
+never streamed before it is recognised and cut.
 """
 
 from __future__ import annotations
