@@ -208,6 +208,3 @@ class BlockManager:
     def kv_snapshot(self) -> KvSnapshot:
         """Every cached hash as of the latest event (call it where the blocks change)."""
         return self.events.snapshot(list(self._cached))
-
-    def ref_count(self, block_id: int) -> int:
-        return self._refs[block_id]

@@ -110,10 +110,6 @@ class CacheView:
             return 0
         return _leading(hashes, cache.hashes.__contains__)
 
-    def num_confirmed(self, worker: WorkerKey) -> int:
-        cache = self._workers.get(worker)
-        return len(cache.hashes) if cache is not None else 0
-
     # ---- this router's dispatches ----------------------------------------------------------------
 
     def dispatched(

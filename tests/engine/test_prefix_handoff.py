@@ -17,7 +17,7 @@ from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
-from tests.support.block_checks import check_consistent
+from tests.support.block_checks import check_consistent, ref_count
 from tests.support.inprocess_workers import _assert_freed
 from tests.support.kv_import import import_kv
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
@@ -138,7 +138,7 @@ def _consistent(engine) -> None:
     for request in engine.requests.values():
         for block_id in request.block_ids:
             held[block_id] += 1
-    assert [engine.blocks.ref_count(b) for b in range(engine.blocks.num_blocks)] == held
+    assert [ref_count(engine.blocks, b) for b in range(engine.blocks.num_blocks)] == held
 
 
 def test_import_kv_works_again_once_the_decode_engine_caches_the_prefix(tiny_loaded):
@@ -169,10 +169,10 @@ def test_ending_a_reservation_that_shares_blocks_keeps_the_counts(tiny_loaded):
         )
         assert reserved.num_shared_blocks == 7, name
         shared = reserved.block_ids[:7]
-        assert all(decode.blocks.ref_count(b) == 1 for b in shared)
+        assert all(ref_count(decode.blocks, b) == 1 for b in shared)
         end(reserved)
         assert f"r{i}" not in decode.requests, name
-        assert all(decode.blocks.ref_count(b) == 0 for b in shared), name
+        assert all(ref_count(decode.blocks, b) == 0 for b in shared), name
         _consistent(decode)
     assert decode.blocks.num_used_blocks == 0 and decode.blocks.num_cached_blocks >= 7
 

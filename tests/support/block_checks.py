@@ -1,4 +1,4 @@
-"""White-box checks of a :class:`~engine.block_manager.BlockManager`'s bookkeeping."""
+"""White-box looks at a :class:`~engine.block_manager.BlockManager`'s bookkeeping."""
 
 from __future__ import annotations
 
@@ -16,3 +16,8 @@ def check_consistent(blocks: BlockManager) -> None:
         assert (block_id in evictable) <= (block_id in blocks._hash_of), block_id
         assert (block_id in empty) <= (block_id not in blocks._hash_of), block_id
     assert {e.block_id: h for h, e in blocks._cached.items()} == blocks._hash_of
+
+
+def ref_count(blocks: BlockManager, block_id: int) -> int:
+    """How many requests hold ``block_id``."""
+    return blocks._refs[block_id]

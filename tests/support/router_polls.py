@@ -7,7 +7,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 from coordinator.router import Router
+from coordinator.routing.cache_view import CacheView
 from coordinator.routing.config import RoutingConfig
+from coordinator.routing.worker_state import WorkerKey
 from engine.outputs import EngineStats
 from engine.prefix_hash import block_hashes
 from tests.support.fake_actors import reports_of
@@ -88,3 +90,9 @@ def _cached_blocks(router: Router, role: str, instance: int, tokens: list[int]) 
     return router.cache.match_dispatched(
         (role, instance), block_hashes(tokens, BLOCK), time.monotonic()
     )
+
+
+def num_confirmed(cache: CacheView, worker: WorkerKey) -> int:
+    """The block hashes ``worker``'s own events confirm in ``cache``."""
+    held = cache._workers.get(worker)
+    return len(held.hashes) if held is not None else 0
