@@ -209,17 +209,13 @@ class Cluster:
             yield TokenEvent.failure(request_id, error, "worker_lost")
 
     async def _release(self, run: RequestRun) -> None:
-        """Tell every worker that may hold ``run``'s attempt to drop it, and wait (up to
-        ``RELEASE_WAIT_S``); from now on it is held nowhere."""
+        """Tell every worker that may hold ``run``'s attempt to drop it (from now on it is held
+        nowhere), in a task of its own that goes on when the caller is cancelled; the caller
+        waits for it at most ``RELEASE_WAIT_S``."""
         workers, run.workers = run.workers, []
-        await self._release_in_background(run.attempt_id, workers)
-
-    async def _release_in_background(self, request_id: str, workers: list[Any]) -> None:
-        """Abort ``request_id`` on ``workers`` in a task of its own: it goes on when the caller
-        is cancelled, and the caller waits for it at most ``RELEASE_WAIT_S``."""
         if not workers:
             return
-        task = asyncio.ensure_future(_abort_on(workers, request_id))
+        task = asyncio.ensure_future(_abort_on(workers, run.attempt_id))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
         with contextlib.suppress(TimeoutError):

@@ -77,13 +77,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.header_bytes += len(head)
         super().data_received(head)
         if rest and self.reading_headers and not self.transport.is_closing():
-            self.refuse(431, "Request Header Fields Too Large", self.header_message())
+            limit = self.limits.max_header_bytes
+            message = f"the request line and headers may hold at most {limit} bytes; more were sent"
+            self.refuse(431, "Request Header Fields Too Large", message)
         elif rest and not self.transport.is_closing():
             super().data_received(rest)
-
-    def header_message(self) -> str:
-        limit = self.limits.max_header_bytes
-        return f"the request line and headers may hold at most {limit} bytes; more were sent"
 
     def on_headers_complete(self) -> None:
         self.reading_headers = False

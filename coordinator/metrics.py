@@ -38,6 +38,7 @@ LATENCY_BUCKETS = (
 # the start, at zero, so rate() and alerts see it before the first migration.
 MIGRATION_CAUSES = ("worker_lost", "handoff_failed", "reservation_refused", "engine_error")
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+WORKER = ("role", "instance")  # the labels of a worker's series, besides the model's name
 COMPILE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "lark")
 
@@ -104,30 +105,29 @@ class Metrics:
         self.waiting = self._gauge("num_requests_waiting", "Requests before their first token")
 
     def _declare_workers(self) -> None:
-        worker = ("role", "instance")
-        self.npu_cache = self._gauge("npu_cache_usage_perc", "KV cache in use (0-1)", *worker)
-        self.kv_cache = self._gauge("kv_cache_usage_perc", "KV cache in use (0-1)", *worker)
+        self.npu_cache = self._gauge("npu_cache_usage_perc", "KV cache in use (0-1)", *WORKER)
+        self.kv_cache = self._gauge("kv_cache_usage_perc", "KV cache in use (0-1)", *WORKER)
         self.queue_depth = self._gauge(
-            "worker_num_requests_waiting", "Requests queued on a worker", *worker
+            "worker_num_requests_waiting", "Requests queued on a worker", *WORKER
         )
         self.batch_size = self._gauge(
-            "worker_num_requests_running", "Requests in a worker's batch", *worker
+            "worker_num_requests_running", "Requests in a worker's batch", *WORKER
         )
         self.cached_blocks = self._gauge(
-            "worker_num_cached_blocks", "KV blocks of a worker holding reusable prefix KV", *worker
+            "worker_num_cached_blocks", "KV blocks of a worker holding reusable prefix KV", *WORKER
         )
         self.prefix_cache_queries = PolledCounter(
             self._counter(
                 "prefix_cache_queries",
                 "Prompt tokens a worker looked up in its prefix cache",
-                *worker,
+                *WORKER,
             )
         )
         self.prefix_cache_hits = PolledCounter(
             self._counter(
                 "prefix_cache_hits",
                 "Prompt tokens found in the prefix cache (KV not computed; on decode: not sent)",
-                *worker,
+                *WORKER,
             )
         )
 
@@ -183,16 +183,15 @@ class Metrics:
             "grammar_cache_hits", "Constraints the door found compiled already"
         )
         self._door_hits = 0
-        worker = ("role", "instance")
         self.grammar_cache_size = self._gauge(
-            "worker_grammar_cache_size", "Compiled constraints a worker keeps", *worker
+            "worker_grammar_cache_size", "Compiled constraints a worker keeps", *WORKER
         )
         self.grammar_masked_rows = PolledCounter(
-            self._counter("grammar_masked_rows", "Constrained rows a worker masked", *worker)
+            self._counter("grammar_masked_rows", "Constrained rows a worker masked", *WORKER)
         )
         self.grammar_mask_seconds = PolledCounter(
             self._counter(
-                "grammar_mask_seconds", "Seconds a worker spent masking constrained rows", *worker
+                "grammar_mask_seconds", "Seconds a worker spent masking constrained rows", *WORKER
             )
         )
 
@@ -264,15 +263,13 @@ class Metrics:
             self._counter(
                 "worker_leases_expired",
                 "Coordinators whose lease on a worker lapsed (their requests there aborted)",
-                "role",
-                "instance",
+                *WORKER,
             )
         )
         self.worker_coordinators = self._gauge(
             "worker_num_coordinators",
             "Coordinators holding a live lease on a worker",
-            "role",
-            "instance",
+            *WORKER,
         )
         self._kv_seen = (0, 0)
 

@@ -27,15 +27,13 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     if address is None:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
-        kwargs["num_cpus"] = num_cpus
-    # "local": a Ray of our own even when another one runs on this machine (never join it
-    # unasked: that is what --ray-address auto is for).
-    if address is None:
+        # "local": a Ray of our own even when another one runs on this machine (never join it
+        # unasked: that is what --ray-address auto is for).
         with without_unused_services():
-            ray.init(address="local", **kwargs)
-    else:
-        node_ip = own_node_ip(address)
-        if node_ip is not None:
-            kwargs["_node_ip_address"] = node_ip
-        ray.init(address=address, **kwargs)
-    return address is None
+            ray.init(address="local", num_cpus=num_cpus, **kwargs)
+        return True
+    node_ip = own_node_ip(address)
+    if node_ip is not None:
+        kwargs["_node_ip_address"] = node_ip
+    ray.init(address=address, **kwargs)
+    return False

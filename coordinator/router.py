@@ -33,7 +33,6 @@ from coordinator.routing.config import RoutingConfig
 from coordinator.routing.worker_state import WorkerKey
 from coordinator.routing.worker_view import WorkerView
 from engine.prefix_hash import block_hashes, tenant_root
-from workers.contracts import WorkerLoad
 
 
 class Router:
@@ -46,15 +45,6 @@ class Router:
         self.routing = routing or RoutingConfig()
         self.cache = CacheView(self.routing.prefix_ttl_s)
         self.view = WorkerView(fleet, self.cache, poll_interval_s)
-
-    def start(self) -> None:
-        self.view.start()
-
-    async def stop(self) -> None:
-        await self.view.stop()
-
-    async def refresh(self) -> list[WorkerLoad]:
-        return await self.view.refresh()
 
     def choose(
         self,

@@ -173,8 +173,8 @@ class Coordinator:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.start_cluster)
-        await self.router.refresh()
-        self.router.start()
+        await self.router.view.refresh()
+        self.router.view.start()
         self.ready = True
         log.info("ready: /v1/readiness answers 200")
 
@@ -191,23 +191,15 @@ class Coordinator:
             "timeout_graceful_shutdown": 5,
             **uvicorn_limits(edge, self.config["request_limit"]["max_requests"]),
         }
+        listeners = [  # (app, address, port, TLS)
+            (self.predict_app(), http["predict_ip"], http["predict_port"], tls_args),
+            (self.manage_app(), http["manage_ip"], http["manage_port"], {}),
+            (self.status_app(), http["predict_ip"], http["status_port"], {}),
+            (self.external_app(), http["predict_ip"], http["external_port"], {}),
+        ]
         return [
-            uvicorn.Config(
-                self.predict_app(),
-                host=http["predict_ip"],
-                port=http["predict_port"],
-                **tls_args,
-                **common,
-            ),
-            uvicorn.Config(
-                self.manage_app(), host=http["manage_ip"], port=http["manage_port"], **common
-            ),
-            uvicorn.Config(
-                self.status_app(), host=http["predict_ip"], port=http["status_port"], **common
-            ),
-            uvicorn.Config(
-                self.external_app(), host=http["predict_ip"], port=http["external_port"], **common
-            ),
+            uvicorn.Config(app, host=host, port=port, **tls, **common)
+            for app, host, port, tls in listeners
         ]
 
     async def serve(self) -> None:
@@ -243,7 +235,7 @@ class Coordinator:
             await self._probes.stop()
         if starting is not None and not starting.done():
             starting.cancel()
-        await self.router.stop()
+        await self.router.view.stop()
         if ray.is_initialized():
             self.fleet.shutdown()
             if self.started_ray:

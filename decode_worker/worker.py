@@ -89,9 +89,6 @@ class DecodeWorker(HandoffWorker):
             credentials=self.credentials,
         )
 
-    def endpoint(self) -> str:
-        return self.receiver.endpoint
-
     def reserve(
         self, request: GenerationRequest, wait_s: float = 5.0, max_output_tokens: int = 0
     ) -> Reservation:

@@ -208,18 +208,3 @@ class BlockManager:
     def kv_snapshot(self) -> KvSnapshot:
         """Every cached hash as of the latest event (call it where the blocks change)."""
         return self.events.snapshot(list(self._cached))
-
-    def ref_count(self, block_id: int) -> int:
-        return self._refs[block_id]
-
-    def check_consistent(self) -> None:
-        """Raise AssertionError unless the free lists, counts and cache agree (tests)."""
-        empty, evictable = set(self._empty), set(self._evictable)
-        assert len(empty) == len(self._empty), "a block is twice on the empty list"
-        assert not empty & evictable, "a block is both empty and cached"
-        for block_id, refs in enumerate(self._refs):
-            free = block_id in empty or block_id in evictable
-            assert refs >= 0 and free == (refs == 0), f"block {block_id}: {refs} users, free={free}"
-            assert (block_id in evictable) <= (block_id in self._hash_of), block_id
-            assert (block_id in empty) <= (block_id not in self._hash_of), block_id
-        assert {e.block_id: h for h, e in self._cached.items()} == self._hash_of

@@ -3,8 +3,8 @@
 Each step decodes a short window of recent tokens twice (with and without the newest ones); the
 difference is the new text. A window that ends inside a multi-byte character decodes to U+FFFD,
 so the text is held back until the character completes. With stop strings, the last
-``max_stop_len - 1`` characters are held back too, so a stop string split across tokens is never
-streamed before it is recognised and cut.
+``len(longest stop) - 1`` characters are held back too, so a stop string split across tokens is
+never streamed before it is recognised and cut.
 """
 
 from __future__ import annotations

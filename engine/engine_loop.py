@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, TokenEvent
@@ -52,7 +52,6 @@ class EngineLoop:
         self._next_housekeeping = 0.0
         self._commands: queue.Queue[tuple[Callable[[LLMEngine], object], Future]] = queue.Queue()
         self._stopped = threading.Event()
-        self.num_steps = 0
         self.stats: EngineStats = engine.stats()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
@@ -92,7 +91,6 @@ class EngineLoop:
                 continue
             try:
                 events = self.engine.step()
-                self.num_steps += 1
                 self.stats = self.engine.stats()
             except Exception:
                 log.exception("engine step failed; aborting its requests")
@@ -100,13 +98,12 @@ class EngineLoop:
             if events:
                 self._hook("on_events", events)
 
-    def _hook(self, name: str, *args: object) -> Any:
-        """``hooks.<name>(*args)``; an error is logged and the loop goes on (None)."""
+    def _hook(self, name: str, *args: object) -> None:
+        """``hooks.<name>(*args)``; an error is logged and the loop goes on."""
         try:
-            return getattr(self.hooks, name)(*args)
+            getattr(self.hooks, name)(*args)
         except Exception:
             log.exception("%s hook failed", name)
-            return None
 
     def _housekeeping(self) -> None:
         now = time.monotonic()

@@ -5,8 +5,7 @@ deadline), sharing the leading blocks the prefix cache holds (their pages are no
 ``check_transfer_header`` and ``take_reservation`` + ``write_pages`` check and put the arriving
 pages into the other blocks (RECEIVING; these alone may run on the transport's thread, under
 ``_receive_lock``); ``finish_receive`` starts the request decoding (RUNNING). A reservation ends
-like any request: ``abort``, or ``expire_reservations`` once its deadline passed. ``import_kv``
-does it all in one call.
+like any request: ``abort``, or ``expire_reservations`` once its deadline passed.
 """
 
 from __future__ import annotations
@@ -34,11 +33,8 @@ class KVImporter:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.config, self.shape, self.layout = engine.config, engine.shape, engine.layout
-        self.blocks, self.kv_cache, self.scheduler = (
-            engine.blocks,
-            engine.kv_cache,
-            engine.scheduler,
-        )
+        self.blocks, self.kv_cache = engine.blocks, engine.kv_cache
+        self.scheduler = engine.scheduler
         self.requests = engine.requests  # the engine's: a reservation is one of its requests
         # orders the transport thread's RESERVED -> RECEIVING against the engine thread ending
         # the request: blocks being written to are freed only once the write is over
@@ -148,16 +144,8 @@ class KVImporter:
         return request
 
     def _check_page_shape(self, request: Request, shape: tuple[int, ...]) -> None:
-        layout = self.layout
         num_blocks = shape[2] if len(shape) == 6 else 0
-        expected = (
-            layout.num_layers,
-            2,
-            num_blocks,
-            layout.block_size,
-            layout.num_kv_heads,
-            layout.head_dim,
-        )
+        expected = self.layout.page_shape(num_blocks)
         if shape != expected:
             raise KVImportError(f"KV blocks have shape {shape}, expected {expected}")
         reserved = len(request.block_ids) - request.num_shared_blocks
@@ -222,36 +210,3 @@ class KVImporter:
         replay_outputs(request)  # every output so far was streamed by the prefill side
         self.engine.cache_computed(request)  # what arrived is reusable by later hand-offs
         self.scheduler.insert_running(request)
-
-    def import_kv(self, payload: KVPayload, max_output_tokens: int | None = None) -> None:
-        """Install received pages into a request that continues decoding: into its reservation
-        (decoding to the reservation's output limit), or into blocks reserved now (decoding to
-        ``max_output_tokens``, by default the limit the pages carry). On a mismatch the
-        reservation ends with the error, which is raised too (pages are never decoded into
-        garbage)."""
-        state = payload.state
-        if state.request_id not in self.requests:
-            new = NewRequest(
-                state.request_id,
-                tuple(state.prompt_token_ids),
-                state.params,
-                max_output_tokens or state.max_output_tokens,
-                output_token_ids=tuple(state.token_ids[state.num_prompt_tokens :]),
-                priority=state.priority,
-            )
-            # fewer shared blocks than the pages skip: the pages do not fit, refused
-            reserved = self.reserve_import(
-                new, token=payload.token, max_shared_blocks=state.first_block
-            )
-            if reserved is None:
-                raise KVImportError(f"no free KV blocks for request {state.request_id!r}")
-        try:
-            request = self.take_reservation(payload)
-        except KVImportError as exc:
-            if self.requests[state.request_id].status == RequestStatus.RESERVED:
-                self.engine.abort(state.request_id, str(exc))
-            raise
-        error = self.write_pages(request, payload)
-        self.finish_receive(request, state, error)
-        if error is not None:
-            raise KVImportError(error)

@@ -44,7 +44,7 @@ from engine.model.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason, NewRequest, Request, RequestStatus, replay_outputs
-from engine.sampler import make_generator, sample
+from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.token_accounting import output_limit
@@ -155,7 +155,7 @@ class LLMEngine:
             prefill_only=new.prefill_only,
             tenant=new.tenant,
             arrival_time=new.arrival_time,
-            generator=make_generator(self.device),
+            generator=torch.Generator(device=self.device),
             grammar=self.grammars.state(params.constraint),
             **state,
         )
@@ -230,7 +230,6 @@ class LLMEngine:
             prefill_s = now - request.first_scheduled_time
         request.token_ids.append(token_id)
         request.first_token_time = request.first_token_time or now
-        request.last_token_time = now
         grammar = request.grammar
         if grammar is not None and not grammar.catch_up(request.output_token_ids):
             return self._fail(request, grammar.error or "constraint violated", now)
@@ -361,9 +360,6 @@ class LLMEngine:
         block_bytes = bytes_per_block(self.shape, self.layout.block_size, self.dtype)
         return self.blocks.num_blocks * block_bytes
 
-    def num_prompt_tokens_to_compute(self) -> int:
-        return _prompt_tokens_to_compute(self.scheduler.waiting, self.scheduler.running)
-
     def stats(self) -> EngineStats:
         waiting = self.scheduler.waiting
         statuses = Counter(r.status for r in self.requests.values())
@@ -373,7 +369,7 @@ class LLMEngine:
             num_held=statuses[RequestStatus.HELD],
             num_free_blocks=self.blocks.num_free_blocks,
             num_total_blocks=self.blocks.num_blocks,
-            num_prompt_tokens_to_compute=self.num_prompt_tokens_to_compute(),
+            num_prompt_tokens_to_compute=_prompt_tokens_to_compute(waiting, self.scheduler.running),
             num_reserved=statuses[RequestStatus.RESERVED] + statuses[RequestStatus.RECEIVING],
             num_cached_blocks=self.blocks.num_cached_blocks,
             prefix_cache_queries=self.blocks.num_queried_tokens,

@@ -103,7 +103,6 @@ class Request:
     # first decode here)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    last_token_time: float | None = None
     deadline: float | None = None  # RESERVED: ended with an error if its pages are not in by then
     reservation_token: str = field(default="", repr=False)  # RESERVED: pages must carry it
     # a constrained request's matcher (engine/grammars.py), rebuilt by every engine it runs on

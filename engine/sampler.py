@@ -33,10 +33,6 @@ _MASK64 = 2**64 - 1
 NUCLEUS_START = 64  # candidates first tried for top-p alone
 
 
-def make_generator(device: torch.device) -> torch.Generator:
-    return torch.Generator(device=device)
-
-
 def position_seed(seed: int, position: int) -> int:
     """The seed of output token ``position`` (0-based) of a request seeded ``seed``: splitmix64
     of ``seed + (position + 1) * golden ratio``, so neighbouring positions are unrelated."""

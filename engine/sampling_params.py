@@ -77,10 +77,6 @@ class SamplingParams:
         """Whether any of the OpenAI logit adjustments applies."""
         return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
-    @property
-    def max_stop_len(self) -> int:
-        return max((len(s) for s in self.stop), default=0)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible (``stop`` as a list)."""
         return {

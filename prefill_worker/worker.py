@@ -45,7 +45,6 @@ class PrefillWorker(HandoffWorker):
         self.sender = create_sender(transfer.transport, transfer.shared_memory, self.credentials)
         self.transfer_timeout_s = transfer.transfer_timeout_s
         self._senders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-send")
-        self.num_transferred_bytes = 0
 
     def prefill(
         self, request: GenerationRequest, target: HandoffTarget | None = None
@@ -103,7 +102,6 @@ class PrefillWorker(HandoffWorker):
             path = self.sender.send(endpoint, payload, deadline - start)
             seconds = time.monotonic() - start
             result = HandoffResult(request_id, True, None, payload.num_bytes, seconds, path)
-            self.num_transferred_bytes += payload.num_bytes
         except Exception as exc:
             result = _failed(request_id, endpoint, exc)
         # The result first: the caller switches to the decode worker's stream at once, instead

@@ -63,11 +63,6 @@ class WorkerRequests:
         with self._lock:
             return len(self._requests)
 
-    def phase_of(self, request_id: str) -> Phase | None:
-        with self._lock:
-            request = self._requests.get(request_id)
-            return request.phase if request is not None else None
-
     def open(
         self,
         request_id: str,

@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.api.common import create_router, read_object, respond
+from coordinator.api.common import Door, create_router, read_object, respond
 from coordinator.api.errors import APIError, AzureError, FormatError
 from coordinator.api.openai_request import input_blocked, openai_sampling, read_prompt
 from coordinator.api.structured_request import (
@@ -34,13 +34,11 @@ from coordinator.api.structured_request import (
     constraint_param,
     response_format_constraint,
 )
-from coordinator.api.tenants import tenant_of
 from coordinator.api.tools.request import ToolError, read_tools
 from coordinator.api.tools.use import tool_completion, with_tool_constraint
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from engine.constraint import Constraint
-from workers.contracts import GenerationRequest
 
 API_VERSIONS = ("2024-04-01-preview", "2024-05-01-preview", "2025-04-01", "2025-05-01")
 CHAT_KEYS = {
@@ -68,6 +66,10 @@ ECHOED_CHARS = 64  # how much of an unsupported value a 422 echoes
 
 def _error(status: int, code: str, message: str) -> AzureError:
     return AzureError(status, {"error": {"code": code, "message": message}})
+
+
+def _bad_request(message: str) -> AzureError:
+    return _error(400, "BadRequest", message)
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -101,11 +103,6 @@ def not_supported(param: str, value: Any) -> AzureError:
     )
 
 
-def invalid_tools(error: ToolError) -> AzureError:
-    """400 for a refused tool field: ``loc`` names the body's field, ``message`` the part."""
-    return invalid_parameter(error.field, error.message, error.value)
-
-
 def content_filtered() -> AzureError:
     body = {
         "status": 400,
@@ -120,10 +117,8 @@ def content_filtered() -> AzureError:
 def check_api_version(request: Request) -> None:
     version = request.query_params.get("api-version")
     if version not in API_VERSIONS:
-        raise _error(
-            400,
-            "BadRequest",
-            f"api-version {version!r} is not supported; use one of {', '.join(API_VERSIONS)}",
+        raise _bad_request(
+            f"api-version {version!r} is not supported; use one of {', '.join(API_VERSIONS)}"
         )
 
 
@@ -138,12 +133,10 @@ def split_extras(
     mode = _extra_mode(request)
     extras = {k: v for k, v in body.items() if k not in known}
     if extras and mode == "error":
-        raise _error(
-            400,
-            "BadRequest",
+        raise _bad_request(
             f"Extra parameters {sorted(extras)} are not allowed when "
             "extra-parameters is not set or set to be 'error'. Set extra-parameters to "
-            "'pass-through' to pass to the model.",
+            "'pass-through' to pass to the model."
         )
     if mode != "pass-through":
         return {}
@@ -156,10 +149,8 @@ def split_extras(
 def _extra_mode(request: Request) -> str:
     mode = request.headers.get("extra-parameters", "error")
     if mode not in EXTRA_MODES:
-        raise _error(
-            400,
-            "BadRequest",
-            f"extra-parameters must be one of {', '.join(EXTRA_MODES)}; got {mode!r}",
+        raise _bad_request(
+            f"extra-parameters must be one of {', '.join(EXTRA_MODES)}; got {mode!r}"
         )
     return mode
 
@@ -214,11 +205,8 @@ def create_info_router(name: str, model_type: str) -> APIRouter:
     return create_router(("GET", "/info", AzureInfo(name, model_type).info), prefixes=PREFIXES)
 
 
-class AzureRoutes:
+class AzureRoutes(Door):
     """The chat and image-embeddings handlers over one service and model."""
-
-    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
-        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
 
     async def chat(self, request: Request) -> Response:
         try:
@@ -233,16 +221,12 @@ class AzureRoutes:
             params = openai_sampling({**known, **extras}, self.model.vocab_size, 512)
             params = replace(params, constraint=await azure_constraint(body, self.model))
             params = await with_tool_constraint(self.model, tools, params)  # tools' wins
-        except ToolError as exc:
-            return error_response(invalid_tools(exc))
+        except ToolError as exc:  # ``loc``: the body's field; the message names the part
+            return error_response(invalid_parameter(exc.field, exc.message, exc.value))
         except APIError as exc:
             return error_response(exc)
         answer = tool_completion(self.model, tools, len(prompt.ids))
-        events = self.service.generate(
-            GenerationRequest(
-                self.service.new_request_id(), prompt.ids, params, tenant=tenant_of(request)
-            )
-        )
+        events = self.generation(request, prompt.ids, params)
         return await respond(events, answer, bool(body.get("stream")), error_response)
 
     async def images_embeddings(self, request: Request) -> Response:

@@ -24,6 +24,7 @@ import re
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
@@ -31,9 +32,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from coordinator.api.errors import APIError
+from coordinator.api.tenants import tenant_of
 from coordinator.errors import GenerationFailed, ServiceError
+from coordinator.inference import InferenceService
+from coordinator.model_info import ModelInfo
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
+from engine.sampling_params import SamplingParams
+from workers.contracts import GenerationRequest
 
 log = logging.getLogger(__name__)
 Events = AsyncGenerator[TokenEvent, None]
@@ -63,6 +69,25 @@ class Answer(Protocol):
     def body(self) -> Any:
         """The whole answer, as JSON."""
         ...
+
+
+@dataclass(eq=False)
+class Door:
+    """A generating front door's handlers over one service and model."""
+
+    service: InferenceService
+    model: ModelInfo
+    body_limit_mb: int
+
+    def generation(
+        self, request: Request, ids: list[int], params: SamplingParams, **fields: Any
+    ) -> Events:
+        """The service's events for ``ids`` under a new request id, as the tenant of the HTTP
+        ``request``; ``fields``: the rest of the :class:`GenerationRequest` (priority, timeout)."""
+        new = GenerationRequest(
+            self.service.new_request_id(), ids, params, tenant=tenant_of(request), **fields
+        )
+        return self.service.generate(new)
 
 
 def create_router(*routes: Route, prefixes: tuple[str, ...] = ("",)) -> APIRouter:

@@ -60,6 +60,21 @@ def _encode(vector: Any, encoding: str) -> Any:
     return vector.tolist()
 
 
+async def embedded(
+    embed: Embed, service: Admission | None, texts: list[str], encoding: str = "float"
+) -> tuple[list[dict], dict[str, int]]:
+    """OpenAI's ``data`` and ``usage`` of the embeddings of ``texts``, computed once ``service``
+    admits them like a generation."""
+    async with admitted(service):
+        result = await embed(texts)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode(row, encoding)}
+        for i, row in enumerate(result["embeddings"])
+    ]
+    tokens = sum(result["tokens"])
+    return data, {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
 class EmbeddingRoutes:
     """The two embeddings handlers over the embedding worker."""
 
@@ -79,7 +94,7 @@ class EmbeddingRoutes:
         try:
             body = await read_object(request, self.body_limit_mb)
             texts, encoding = _inputs(body), self._openai_encoding(body)
-            data, usage = await self._run(texts, encoding)
+            data, usage = await embedded(self.embed, self.service, texts, encoding)
         except APIError as exc:
             return openai.error_response(exc)
         except ServiceError as exc:
@@ -94,7 +109,7 @@ class EmbeddingRoutes:
             split_extras(request, body, AZURE_KEYS, pass_through=frozenset())
             encoding = self._azure_encoding(body)
             texts = _inputs(body)
-            data, usage = await self._run(texts, encoding)
+            data, usage = await embedded(self.embed, self.service, texts, encoding)
         except APIError as exc:
             return azure.error_response(exc)
         except ServiceError as exc:
@@ -123,16 +138,6 @@ class EmbeddingRoutes:
         if body.get("dimensions") not in (None, self.dimensions):
             raise not_supported("dimensions", body["dimensions"])
         return encoding
-
-    async def _run(self, texts: list[str], encoding: str) -> tuple[list[dict], dict[str, int]]:
-        async with admitted(self.service):
-            result = await self.embed(texts)
-        data = [
-            {"object": "embedding", "index": i, "embedding": _encode(row, encoding)}
-            for i, row in enumerate(result["embeddings"])
-        ]
-        tokens = sum(result["tokens"])
-        return data, {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
 def create_embeddings_router(

@@ -52,11 +52,7 @@ def _check_base64(name: str, kind: str, value: str) -> None:
         size = len(base64.b64decode(data, validate=True))
     except (binascii.Error, ValueError) as exc:
         raise InputValidationError(f"Parameter {name} is not valid base64: {exc}") from None
-    limit = LIMITS[kind][1]
-    if size > limit:
-        raise InputValidationError(
-            f"Parameter {name} must be at most {limit // MB} MB, but got {size} bytes"
-        )
+    _check_size(name, size, LIMITS[kind][1])
 
 
 def _check_local(name: str, kind: str, value: str, allowed_dirs: tuple[str, ...]) -> None:
@@ -75,7 +71,10 @@ def _check_local(name: str, kind: str, value: str, allowed_dirs: tuple[str, ...]
         )
     if not path.is_file():
         raise InputValidationError(f"Parameter {name} names no file: {value!r}")
-    size = path.stat().st_size
+    _check_size(name, path.stat().st_size, limit)
+
+
+def _check_size(name: str, size: int, limit: int) -> None:
     if size > limit:
         raise InputValidationError(
             f"Parameter {name} must be at most {limit // MB} MB, but got {size} bytes"

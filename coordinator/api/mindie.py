@@ -19,9 +19,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.common import create_router, read_json, respond
+from coordinator.api.common import Door, create_router, read_json, respond
 from coordinator.api.errors import APIError, InputValidationError
-from coordinator.api.limits import prompt_char_limit
+from coordinator.api.limits import MAX_INPUT_TOKENS, prompt_char_limit
 from coordinator.api.media import check_media
 from coordinator.api.mindie_format import (
     CONTENT_FILTER,
@@ -30,16 +30,13 @@ from coordinator.api.mindie_format import (
     service_error,
 )
 from coordinator.api.mindie_request import (
-    MAX_TOKENS_HARD,
     InferRequest,
     parse_infer_body,
     parse_tokenizer_body,
 )
-from coordinator.api.tenants import tenant_of
 from coordinator.content_safety import INPUT_FILTERED, text_blocked
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
-from workers.contracts import GenerationRequest
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -51,11 +48,8 @@ def service_error_response(error: APIError) -> JSONResponse:
     return error_response(service_error(error))
 
 
-class MindieRoutes:
+class MindieRoutes(Door):
     """The MindIE handlers over one service and model."""
-
-    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
-        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
 
     async def infer(self, request: Request) -> Response:
         return await self._infer(request, token_input=False)
@@ -91,12 +85,7 @@ class MindieRoutes:
             time.monotonic(),
             content_filter=self.model.content_filter,
         )
-        request_id = self.service.new_request_id()
-        events = self.service.generate(
-            GenerationRequest(
-                request_id, ids, params, p.priority, p.timeout, tenant=tenant_of(request)
-            )
-        )
+        events = self.generation(request, ids, params, priority=p.priority, timeout_s=p.timeout)
         return await respond(events, answer, req.stream, service_error_response)
 
     async def _prompt_ids(self, req: InferRequest) -> list[int]:
@@ -115,7 +104,7 @@ class MindieRoutes:
         return ids
 
     def _check_token_count(self, ids: list[int]) -> None:
-        limit = min(self.model.max_input_tokens, MAX_TOKENS_HARD)
+        limit = min(self.model.max_input_tokens, MAX_INPUT_TOKENS)
         if not 0 < len(ids) <= limit:
             raise InputValidationError(
                 f"Parameter inputs must be [1, {limit}] tokens after tokenization, but got "

@@ -118,11 +118,8 @@ class InferAnswer:
         """Cut the text before the content filter's first match, and end the answer there."""
         match = self.content_filter.search(self.text) if self.content_filter else None
         if match is not None:
-            self.text, self.finish_reason, self.blocked = (
-                self.text[: match.start()],
-                CONTENT_FILTER,
-                True,
-            )
+            self.text = self.text[: match.start()]
+            self.finish_reason, self.blocked = CONTENT_FILTER, True
 
     def payload(self, event: TokenEvent, now: float) -> dict[str, Any] | None:
         """Take one event; return the SSE payload for it (None for an event with no token, unless
@@ -137,23 +134,20 @@ class InferAnswer:
             self.num_tokens += 1
         self.num_cached_tokens = min(event.num_cached_tokens, event.num_prompt_tokens)
         last_at = self._last_at
-        prefill_ms = round((now - self.started_at) * 1000, 3) if last_at is None else None
-        decode_ms = None if last_at is None else round((now - last_at) * 1000, 3)
+        times = {
+            "prefill_time": round((now - self.started_at) * 1000, 3) if last_at is None else None,
+            "decode_time": None if last_at is None else round((now - last_at) * 1000, 3),
+        }
         self._last_at = now
         if event.finished or self.blocked:
             return {
-                "prefill_time": prefill_ms,
-                "decode_time": decode_ms,
+                **times,
                 "generated_text": self.text,
                 "details": self.details_body(),
                 "token": {"id": event.token_id, "text": None},
             }
         piece = self.text if self.full_text else event.text
-        return {
-            "prefill_time": prefill_ms,
-            "decode_time": decode_ms,
-            "token": {"id": event.token_id, "text": piece},
-        }
+        return {**times, "token": {"id": event.token_id, "text": piece}}
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"generated_text": self.text}

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.api.errors import BadRequestError, InputValidationError
-from coordinator.api.limits import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, over_limit
+from coordinator.api.limits import MAX_INPUT_CHARS, over_limit
 from engine.sampling_params import MAX_SEED, SamplingParams
 
-MAX_TOKENS_HARD = MAX_INPUT_TOKENS
 INT32_MAX = 2147483647
 SEED_MAX = 18446744073709551615
 MEDIA_TYPES = ("image_url", "video_url", "audio_url")
@@ -90,12 +89,9 @@ class InferRequest:
         )
 
 
-def _show(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)[:200]
-
-
 def _bad(name: str, valid: str, value: Any) -> InputValidationError:
-    return InputValidationError(f"Parameter {name} must be {valid}, but got {_show(value)}")
+    shown = json.dumps(value, ensure_ascii=False)[:200]
+    return InputValidationError(f"Parameter {name} must be {valid}, but got {shown}")
 
 
 def _number(params: dict[str, Any], name: str, valid: str, ok: Any, integer: bool) -> Any:
@@ -156,12 +152,7 @@ def parse_inputs(raw: Any, max_chars: int = MAX_INPUT_CHARS) -> str | list[dict[
     if raw is None:
         raise InputValidationError("Parameter inputs is required, but it is missing or null")
     if isinstance(raw, str):
-        if not 0 < len(raw) <= max_chars:
-            raise InputValidationError(
-                f"Parameter inputs must be a non-empty string of at most {max_chars} "
-                f"characters, but got {len(raw)} characters"
-            )
-        return raw
+        return _text(raw, max_chars)
     if isinstance(raw, list):
         items = _parse_items(raw)
         chars = sum(len(item["text"]) for item in items if item["type"] == "text")
@@ -233,9 +224,14 @@ def parse_tokenizer_body(body: Any, max_chars: int = MAX_INPUT_CHARS) -> str:
         raise InputValidationError(
             f"Parameter inputs must be a non-empty string, but got {json.dumps(inputs)[:200]}"
         )
-    if len(inputs) > max_chars:
+    return _text(inputs, max_chars)
+
+
+def _text(text: str, max_chars: int) -> str:
+    """A string ``inputs``: 1 to ``max_chars`` characters."""
+    if not 0 < len(text) <= max_chars:
         raise InputValidationError(
             f"Parameter inputs must be a non-empty string of at most {max_chars} "
-            f"characters, but got {len(inputs)} characters"
+            f"characters, but got {len(text)} characters"
         )
-    return inputs
+    return text

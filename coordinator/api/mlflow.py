@@ -21,8 +21,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from coordinator.api.admission import admitted
 from coordinator.api.common import collect, create_router, read_json
+from coordinator.api.embeddings import embedded
 from coordinator.api.errors import APIError, MlflowError, OpenAIError
 from coordinator.api.limits import MAX_INVOCATION_ROWS, over_limit
 from coordinator.api.mlflow_inputs import (
@@ -126,18 +126,8 @@ class MlflowScorer:
             raise MlflowError(
                 f"unsupported parameter {name!r} for llm/v1/embeddings", "INVALID_PARAMETER_VALUE"
             )
-        texts = embedding_texts(scoring.inputs)
-        async with admitted(self.service):
-            result = await self.embed(texts)
-        tokens = sum(result["tokens"])
-        return {
-            "object": "list",
-            "data": [
-                {"object": "embedding", "index": i, "embedding": row.tolist()}
-                for i, row in enumerate(result["embeddings"])
-            ],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        data, usage = await embedded(self.embed, self.service, embedding_texts(scoring.inputs))
+        return {"object": "list", "data": data, "usage": usage}
 
 
 def _check_content_type(request: Request) -> None:

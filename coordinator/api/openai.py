@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.api.common import create_router, read_object, respond
+from coordinator.api.common import Door, create_router, read_object, respond
 from coordinator.api.errors import APIError, OpenAIError
 from coordinator.api.openai_fields import check_fields
 from coordinator.api.openai_format import Completion
@@ -27,12 +27,10 @@ from coordinator.api.openai_request import (
     prompt_field,
     read_prompt,
 )
-from coordinator.api.tenants import tenant_of
 from coordinator.api.tools.request import read_tools
 from coordinator.api.tools.use import tool_completion, with_tool_constraint
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
-from workers.contracts import GenerationRequest
 
 DEFAULT_MAX_TOKENS = {"text": 16, "chat": 512}
 
@@ -63,11 +61,8 @@ def create_models_router(name: str) -> APIRouter:
     return create_router(("GET", "/v1/models", ModelList(name).models))
 
 
-class OpenAIRoutes:
+class OpenAIRoutes(Door):
     """The completion handlers over one service and model."""
-
-    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
-        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
 
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, "text")
@@ -92,11 +87,7 @@ class OpenAIRoutes:
             if kind == "chat"
             else Completion(kind, self.model.name, len(prompt.ids), self.model.content_filter, True)
         )
-        events = self.service.generate(
-            GenerationRequest(
-                self.service.new_request_id(), prompt.ids, params, tenant=tenant_of(request)
-            )
-        )
+        events = self.generation(request, prompt.ids, params)
         return await respond(events, answer, bool(body.get("stream")), service_error_response)
 
     def _check_input(self, prompt: Prompt, kind: str) -> None:

@@ -48,40 +48,23 @@ EXTENSIONS = frozenset(
         "guided_grammar",
     }
 )
-# defined fields pdserve does not do: each accepted only at the value meaning "off"
-OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "store": (None, False),
-    "service_tier": (None, "auto", "default"),
-    "modalities": (None, ["text"]),
-    "audio": (None,),
-    "prediction": (None,),
-    "web_search_options": (None,),
-    "reasoning_effort": (None,),
-    "verbosity": (None,),
-    "functions": (None, []),
-    "function_call": (None, "none"),
-    "best_of": (None, 1),
-    "echo": (None, False),
-    "suffix": (None, ""),
-}
-WHY_NOT = {
-    "logprobs": "token log probabilities are not returned",
-    "top_logprobs": "token log probabilities are not returned",
-    "store": "completions are not stored",
-    "service_tier": "there is one service tier (auto)",
-    "modalities": "the model writes text only",
-    "audio": "the model writes text only",
-    "prediction": "predicted outputs are not supported",
-    "web_search_options": "there is no web search",
-    "reasoning_effort": "the model does not reason apart from its answer",
-    "verbosity": "the model has no verbosity setting",
-    "functions": "use 'tools' (functions is the deprecated form)",
-    "function_call": "use 'tool_choice' (function_call is the deprecated form)",
-    "best_of": "only one candidate is generated (best_of 1)",
-    "echo": "the prompt is not echoed",
-    "suffix": "insertion after a suffix is not supported",
+# defined fields pdserve does not do: each accepted only at a value meaning "off"; why not
+OFF_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
+    "logprobs": ((None, False, 0), "token log probabilities are not returned"),
+    "top_logprobs": ((None, 0), "token log probabilities are not returned"),
+    "store": ((None, False), "completions are not stored"),
+    "service_tier": ((None, "auto", "default"), "there is one service tier (auto)"),
+    "modalities": ((None, ["text"]), "the model writes text only"),
+    "audio": ((None,), "the model writes text only"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "web_search_options": ((None,), "there is no web search"),
+    "reasoning_effort": ((None,), "the model does not reason apart from its answer"),
+    "verbosity": ((None,), "the model has no verbosity setting"),
+    "functions": ((None, []), "use 'tools' (functions is the deprecated form)"),
+    "function_call": ((None, "none"), "use 'tool_choice' (function_call is the deprecated form)"),
+    "best_of": ((None, 1), "only one candidate is generated (best_of 1)"),
+    "echo": ((None, False), "the prompt is not echoed"),
+    "suffix": ((None, ""), "insertion after a suffix is not supported"),
 }
 
 
@@ -93,11 +76,10 @@ def check_fields(body: dict, kind: str) -> None:
         if name in HONOURED or name in own or name in IDENTIFIERS or name in EXTENSIONS:
             continue
         if name in OFF_VALUES:
-            if not any(_same(value, off) for off in OFF_VALUES[name]):
+            offs, why_not = OFF_VALUES[name]
+            if not any(_same(value, off) for off in offs):
                 shown = json.dumps(value)[:64]
-                raise OpenAIError(
-                    400, f"'{name}' is not supported: {WHY_NOT[name]}; got {shown}", name
-                )
+                raise OpenAIError(400, f"'{name}' is not supported: {why_not}; got {shown}", name)
             continue
         raise OpenAIError(400, f"Unrecognized request argument supplied: {name[:64]}", name[:64])
     _check_stream_options(body.get("stream_options"))

@@ -36,10 +36,6 @@ FINISH = {  # the normal finishes; a failure is raised, never a finish (common.r
 DONE = b"data: [DONE]\n\n"
 
 
-def _data(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
-
-
 def _stream_error(exc: ServiceError) -> bytes:
     """The chunk that ends a stream a service error broke."""
     error = {"message": str(exc), "type": "server_error", "param": None, "code": exc.status}
@@ -78,11 +74,8 @@ class Completion:
             self.finish = FINISH[event.finish_reason]
         match = self.content_filter.search(self.text) if self.content_filter else None
         if match is not None:
-            self.text, self.finish, self.blocked = (
-                self.text[: match.start()],
-                "content_filter",
-                True,
-            )
+            self.text = self.text[: match.start()]
+            self.finish, self.blocked = "content_filter", True
         return self.blocked
 
     def pending(self) -> str:
@@ -139,7 +132,7 @@ class Completion:
         payload = {**self._envelope(True), "choices": [choice]}
         if usage:
             payload["usage"] = self.usage
-        return _data(payload)
+        return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
     def piece_chunks(self, piece: str, ending: bool) -> list[bytes]:
         """The chunks of text just taken (``ending``: the last of it); a tool-call answer

@@ -17,17 +17,18 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.common import Events, create_router, read_json, respond
+from coordinator.api.common import Door, Events, create_router, read_json, respond
 from coordinator.api.errors import APIError, FormatError, InputValidationError
 from coordinator.api.limits import prompt_char_limit
+from coordinator.api.mindie_format import FINISH_REASONS
 from coordinator.api.structured_request import check_compiles, tgi_constraint
-from coordinator.api.tenants import tenant_of
 from coordinator.api.tgi_request import parse_tgi_body
 from coordinator.content_safety import INPUT_FILTERED, ContentFilter, text_blocked
 from coordinator.errors import ServiceError
@@ -36,22 +37,12 @@ from coordinator.model_info import ModelInfo
 from engine.constraint import Constraint
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-from workers.contracts import GenerationRequest
 
-FINISH = {  # the normal finishes; a failure is raised, never a finish
-    FinishReason.EOS: "eos_token",
-    FinishReason.LENGTH: "length",
-    FinishReason.STOP: "stop_sequence",
-}
 OVERLOADED = (429, 503)  # the statuses TGI calls "overloaded"; other failures are "generation"
 
 
 def tgi_error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": message, "error_type": kind}, status_code=status)
-
-
-def validation_error(error: APIError) -> JSONResponse:
-    return tgi_error(error.status, error.message, "validation")
 
 
 def service_error_kind(status: int) -> str:
@@ -111,9 +102,7 @@ class TgiAnswer:
 
     def body(self) -> Any:
         details = {
-            "finish_reason": FINISH[self.finish or FinishReason.LENGTH],
-            "generated_tokens": len(self.tokens),
-            "seed": self.seed,
+            **self._stream_details(),
             "prefill": [],
             "tokens": self.tokens,
             "top_tokens": None,
@@ -135,7 +124,7 @@ class TgiAnswer:
 
     def _stream_details(self) -> dict[str, Any]:
         return {
-            "finish_reason": FINISH[self.finish or FinishReason.LENGTH],
+            "finish_reason": FINISH_REASONS[self.finish or FinishReason.LENGTH],  # MindIE's names
             "generated_tokens": len(self.tokens),
             "seed": self.seed,
         }
@@ -156,12 +145,12 @@ class TgiAnswer:
             await events.aclose()
 
 
-class TgiRoutes:
+class TgiRoutes(Door):
     """The TGI handlers over one service and model."""
 
-    def __init__(self, service: InferenceService, model: ModelInfo, body_limit_mb: int) -> None:
-        self.service, self.model, self.body_limit_mb = service, model, body_limit_mb
-        self.special_ids = set(getattr(model.tokenizer, "all_special_ids", []))
+    @cached_property
+    def special_ids(self) -> set[int]:
+        return set(getattr(self.model.tokenizer, "all_special_ids", []))
 
     async def generate(self, request: Request) -> Response:
         return await self._generate(request, stream=False)
@@ -181,7 +170,7 @@ class TgiRoutes:
             constraint = await self._constraint(body)
             ids = await self._prompt_ids(req.text)
         except APIError as exc:
-            return validation_error(exc)
+            return tgi_error(exc.status, exc.message, "validation")
         if text_blocked(self.model.content_filter, req.text):
             return tgi_error(400, INPUT_FILTERED, "content_filter")
         if tgi.truncate is not None:
@@ -192,12 +181,7 @@ class TgiRoutes:
             constraint=constraint,
             frequency_penalty=tgi.frequency_penalty,
         )
-        request_id = self.service.new_request_id()
-        events = self.service.generate(
-            GenerationRequest(
-                request_id, ids, params, p.priority, p.timeout, tenant=tenant_of(request)
-            )
-        )
+        events = self.generation(request, ids, params, priority=p.priority, timeout_s=p.timeout)
         answer = TgiAnswer(params.seed, self.special_ids, stream is None, self.model.content_filter)
         answer.prefix = req.text if tgi.return_full_text else ""
         streaming = body.get("stream", False) if stream is None else stream

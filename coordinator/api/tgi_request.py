@@ -34,19 +34,12 @@ PARAMETERS = frozenset(
         "details",
     }
 )
-OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1),
-    "decoder_input_details": (None, False),
-    "top_n_tokens": (None, 0),
-    "adapter_id": (None,),
-    "watermark": (None, False),
-}
-WHY_NOT = {
-    "best_of": "only one candidate is generated",
-    "decoder_input_details": "the prompt's token details are not returned",
-    "top_n_tokens": "token alternatives are not returned",
-    "adapter_id": "no adapters are loaded",
-    "watermark": "outputs are not watermarked",
+OFF_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {  # the values meaning "off"; why not
+    "best_of": ((None, 1), "only one candidate is generated"),
+    "decoder_input_details": ((None, False), "the prompt's token details are not returned"),
+    "top_n_tokens": ((None, 0), "token alternatives are not returned"),
+    "adapter_id": ((None,), "no adapters are loaded"),
+    "watermark": ((None, False), "outputs are not watermarked"),
 }
 MAX_TRUNCATE = 2**31 - 1
 
@@ -89,11 +82,11 @@ def parse_tgi_body(body: Any, max_chars: int) -> TgiRequest:
 
 
 def _refuse_unsupported(raw: dict[str, Any]) -> None:
-    for name, off in OFF_VALUES.items():
+    for name, (offs, why_not) in OFF_VALUES.items():
         value = raw.get(name)
-        if not any(type(value) is type(o) and value == o for o in off):
+        if not any(type(value) is type(off) and value == off for off in offs):
             shown = json.dumps(value)[:64]
-            raise InputValidationError(f"{name} is not supported: {WHY_NOT[name]}; got {shown}")
+            raise InputValidationError(f"{name} is not supported: {why_not}; got {shown}")
 
 
 def _frequency_penalty(value: Any) -> float:

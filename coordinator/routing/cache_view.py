@@ -21,8 +21,9 @@ dispatches are all there is.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.routing.worker_state import WorkerKey
@@ -107,16 +108,7 @@ class CacheView:
         cache = self._workers.get(worker)
         if cache is None or not cache.confirms:
             return 0
-        count = 0
-        for block_hash in hashes:
-            if block_hash not in cache.hashes:
-                break
-            count += 1
-        return count
-
-    def num_confirmed(self, worker: WorkerKey) -> int:
-        cache = self._workers.get(worker)
-        return len(cache.hashes) if cache is not None else 0
+        return _leading(hashes, cache.hashes.__contains__)
 
     # ---- this router's dispatches ----------------------------------------------------------------
 
@@ -155,13 +147,8 @@ class CacheView:
             return 0
         self._expire(cache.routed, now)
         oldest = now - max_age_s if max_age_s is not None else float("-inf")
-        count = 0
-        for block_hash in hashes:
-            sent_at = cache.routed.get(block_hash)
-            if sent_at is None or sent_at < oldest:
-                break
-            count += 1
-        return count
+        routed = cache.routed
+        return _leading(hashes, lambda h: h in routed and routed[h] >= oldest)
 
     # ---- both ------------------------------------------------------------------------------------
 
@@ -193,3 +180,8 @@ class CacheView:
     def _expire(self, routed: OrderedDict[bytes, float], now: float) -> None:
         while routed and now - next(iter(routed.values())) > self.ttl_s:
             routed.popitem(last=False)
+
+
+def _leading(hashes: Sequence[bytes], held: Callable[[bytes], bool]) -> int:
+    """How many of the leading ``hashes`` are ``held``."""
+    return sum(1 for _ in itertools.takewhile(held, hashes))

@@ -68,7 +68,8 @@ def choose_pair(
 ) -> Choice:
     """The cheapest of ``pairs`` (not empty) for a request computing ``num_tokens`` (prompt and
     outputs so far) of which each worker would find ``cached[key]`` tokens cached."""
-    least = (min(_prefill_load(p) for p, _ in pairs), min(d.decode_load for _, d in pairs))
+    least_prefill = min(p.prefill_cost if p is not None else 0 for p, _ in pairs)
+    least = (least_prefill, min(d.decode_load for _, d in pairs))
     p, d = min(pairs, key=lambda pair: _cost(pair, num_tokens, cached, least, routing))
     local = p is None and has_prefill_workers
     num_local = num_tokens - cached[d.key]  # what the decode worker would compute
@@ -139,7 +140,3 @@ def _pairs(
         and (p.instance if p else 0, d.instance) not in exclude
         and (None, d.instance) not in exclude  # failed prefilling there itself
     ]
-
-
-def _prefill_load(worker: WorkerState | None) -> float:
-    return worker.prefill_cost if worker is not None else 0

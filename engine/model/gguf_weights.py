@@ -98,12 +98,6 @@ def read_quantized(path: Path, hf_config: Any) -> dict[str, GGUFMatrix]:
     return matrices
 
 
-def tensor_types(path: Path) -> dict[str, int]:
-    """How many of the file's tensors each GGML type holds (``{"Q4_K": 97, "F32": 49, ...}``)."""
-    counts = Counter(tensor.tensor_type.name for tensor in GGUFReader(str(path)).tensors)
-    return dict(sorted(counts.items()))
-
-
 def _architecture(reader: GGUFReader) -> str:
     field = reader.get_field("general.architecture")
     return "" if field is None else bytes(field.parts[field.data[0]]).decode()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -60,16 +61,8 @@ def decode_header(header: pb.KVHeaderMsg) -> TransferHeader:
 
 
 def decode_layout(header: pb.KVHeaderMsg) -> KVLayout:
-    m = header.layout
-    return KVLayout(
-        m.model_fingerprint,
-        m.layout,
-        m.dtype,
-        m.block_size,
-        m.num_layers,
-        m.num_kv_heads,
-        m.head_dim,
-    )
+    """The header's layout message as a :class:`KVLayout` (``encode_header``'s inverse)."""
+    return KVLayout(**{f.name: getattr(header.layout, f.name) for f in fields(KVLayout)})
 
 
 def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:

@@ -164,7 +164,7 @@ class _Servicer(pb_grpc.KVTransferServicer):
         view = byte_view(buffer)
         offset = 0
         max_chunks = max(math.ceil(header.num_bytes / CHUNK_BYTES), 1)
-        for count, chunk in enumerate(_chain(first, rest), start=1):
+        for count, chunk in enumerate(itertools.chain([first], rest), start=1):
             end = offset + len(chunk.data)
             if end > header.num_bytes or count > max_chunks:
                 push.report_cut(self._receiver)  # the reservation ends: no pages for it
@@ -196,11 +196,6 @@ class _PushState:
         self.cut = True
         if self.accepted:
             receiver.report_broken(self.request_id, "the stream was cut")
-
-
-def _chain(first: pb.KVChunkMsg, rest: Iterator[pb.KVChunkMsg]) -> Iterator[pb.KVChunkMsg]:
-    yield first
-    yield from rest
 
 
 class GrpcKVReceiver(BaseKVReceiver):

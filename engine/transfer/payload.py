@@ -42,6 +42,10 @@ class KVLayout:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def page_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """The shape of ``num_blocks`` pages: [layers, 2, blocks, slots, heads, dim]."""
+        return (self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+
 
 def _difference(name: str, sender: Any, receiver: Any) -> str:
     """One differing field; the model fingerprint's values are never echoed to the sender."""
@@ -93,15 +97,7 @@ class KVPayload:
         return self.blocks.numel() * self.blocks.element_size()
 
     def check_shape(self, expected_blocks: int) -> None:
-        layout = self.layout
-        expected = (
-            layout.num_layers,
-            2,
-            expected_blocks,
-            layout.block_size,
-            layout.num_kv_heads,
-            layout.head_dim,
-        )
+        expected = self.layout.page_shape(expected_blocks)
         if tuple(self.blocks.shape) != expected:
             raise KVImportError(
                 f"KV blocks have shape {tuple(self.blocks.shape)}, expected {expected}"

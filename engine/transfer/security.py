@@ -93,33 +93,26 @@ def generate_credentials() -> ClusterCredentials:
     sender_public, sender_secret = zmq.curve_keypair()
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = _certificate("pdserve KV CA", ca_key.public_key(), ca_key, None, is_ca=True)
-    receiver_key, sender_key = (
-        ec.generate_private_key(ec.SECP256R1()),
-        ec.generate_private_key(ec.SECP256R1()),
-    )
+    receiver_key = ec.generate_private_key(ec.SECP256R1())
+    sender_key = ec.generate_private_key(ec.SECP256R1())
     receiver_cert = _certificate(KV_TLS_NAME, receiver_key.public_key(), ca_key, ca, server=True)
     sender_cert = _certificate("pdserve KV sender", sender_key.public_key(), ca_key, ca)
     ca_pem = ca.public_bytes(serialization.Encoding.PEM)
     password = secrets.token_hex(32).encode()
+
+    def share(
+        curve: tuple[bytes, bytes, bytes], cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
+    ) -> KVCredentials:
+        """A role's share: its CURVE keys (its public, its secret, its peers' public), the CA,
+        its certificate and its key, and the cluster's PLAIN password."""
+        tls = (ca_pem, cert.public_bytes(serialization.Encoding.PEM), _pem(key))
+        return KVCredentials(*curve, *tls, password)
+
     return ClusterCredentials(
-        receiver=KVCredentials(
-            receiver_public,
-            receiver_secret,
-            sender_public,
-            ca_pem,
-            receiver_cert.public_bytes(serialization.Encoding.PEM),
-            _pem(receiver_key),
-            password,
+        receiver=share(
+            (receiver_public, receiver_secret, sender_public), receiver_cert, receiver_key
         ),
-        sender=KVCredentials(
-            sender_public,
-            sender_secret,
-            receiver_public,
-            ca_pem,
-            sender_cert.public_bytes(serialization.Encoding.PEM),
-            _pem(sender_key),
-            password,
-        ),
+        sender=share((sender_public, sender_secret, receiver_public), sender_cert, sender_key),
     )
 
 

@@ -89,10 +89,6 @@ class SharedPageBuffer:
         # Unlinks the name at close, garbage collection or exit, without keeping self alive.
         self._unlink = weakref.finalize(self, self.path.unlink, missing_ok=True)
 
-    @property
-    def closed(self) -> bool:
-        return self._map is None
-
     def write(self, pages: torch.Tensor) -> None:
         if self.tensor is None:
             raise ValueError(f"{self.path} is closed")

@@ -242,7 +242,7 @@ def test_past_the_prompt_tokens_routed_to_prefill_short_prompts_run_locally_long
     queued: list[tuple[int, float]] = []  # (the worker's queue at the poll, the router's)
 
     async def routed():
-        await router.refresh()
+        await router.view.refresh()
         routes = [router.choose(prompt) for prompt in queueing]  # as the coordinator does
         (worker,) = router.view.prefills
         queued.append((worker.stats.num_prompt_tokens_to_compute, worker.prefill_cost))

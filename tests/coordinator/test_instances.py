@@ -20,7 +20,7 @@ def _coordinator() -> tuple[Coordinator, list[FakeWorker]]:
 
 def _polled_instances(coordinator: Coordinator, polls: int = 1) -> list[dict]:
     for _ in range(polls):
-        asyncio.run(coordinator.router.refresh())
+        asyncio.run(coordinator.router.view.refresh())
     return get(coordinator.manage_app(), "/v1/instances").json()["instances"]
 
 

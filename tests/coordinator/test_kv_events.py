@@ -17,6 +17,7 @@ from engine.block_manager import BlockManager
 from engine.kv_events import REMOVED, STORED, KvEventBatch, KvEventLog
 from engine.prefix_hash import block_hashes
 from engine.sampling_params import SamplingParams
+from tests.support.router_polls import num_confirmed
 from tests.support.tenant_cluster import InProcessCluster, _config
 from workers.colocated import ColocatedWorker
 from workers.contracts import GenerationRequest
@@ -136,14 +137,14 @@ def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model
     try:
         first, second = Router(cluster, routing=routing), Router(cluster, routing=routing)
         prompt = list(range(20, 60))
-        asyncio.run(first.refresh())
-        asyncio.run(second.refresh())
+        asyncio.run(first.view.refresh())
+        asyncio.run(second.view.refresh())
         chosen = 1  # where the first router would not send it (both idle: the first one)
         assert first.choose(prompt) == (0, 0)
         list(workers[chosen].generate(_request("turn-1", prompt)))
-        asyncio.run(second.refresh())
-        assert second.cache.num_confirmed(("colocated", chosen)) >= 9
-        assert second.cache.num_confirmed(("colocated", 1 - chosen)) == 0
+        asyncio.run(second.view.refresh())
+        assert num_confirmed(second.cache, ("colocated", chosen)) >= 9
+        assert num_confirmed(second.cache, ("colocated", 1 - chosen)) == 0
         follow_up = [*prompt, 7, 8, 9, 10]
         assert second.choose(follow_up) == (0, chosen)
         events = list(workers[chosen].generate(_request("turn-2", follow_up)))
@@ -166,32 +167,32 @@ def test_a_router_learns_of_another_routers_prefix_at_once_from_its_long_poll(ti
         router = Router(cluster, poll_interval_s=30.0, routing=routing)
         for worker in workers:  # another coordinator shares them
             worker.report("another-coordinator")
-        await router.refresh()  # in sync: the long polls take over from here
-        router.start()
+        await router.view.refresh()  # in sync: the long polls take over from here
+        router.view.start()
         try:
             await asyncio.sleep(0.1)
             await asyncio.to_thread(lambda: list(workers[1].generate(_request("t", prompt))))
             generated = time.monotonic()
-            while router.cache.num_confirmed(("colocated", 1)) < 9:
+            while num_confirmed(router.cache, ("colocated", 1)) < 9:
                 assert time.monotonic() - generated < 2.0, "the long poll brought nothing"
                 await asyncio.sleep(0.005)
             assert router.choose([*prompt, 1, 2, 3]) == (0, 1)
             return time.monotonic() - generated
         finally:
-            await router.stop()
+            await router.view.stop()
 
     async def alone() -> int:
         router = Router(cluster, poll_interval_s=30.0, routing=routing)
-        await router.refresh()
-        router.start()
+        await router.view.refresh()
+        router.view.start()
         try:
             assert not router.view.shared()
             more = [*prompt, *range(100, 140)]
             await asyncio.to_thread(lambda: list(workers[0].generate(_request("u", more))))
             await asyncio.sleep(0.5)
-            return router.cache.num_confirmed(("colocated", 0))
+            return num_confirmed(router.cache, ("colocated", 0))
         finally:
-            await router.stop()
+            await router.view.stop()
 
     try:
         learned_s = asyncio.run(scenario())

@@ -188,7 +188,7 @@ def test_an_ended_request_is_named_nowhere(end, mode):
 
     async def scenario() -> InferenceService:
         service = _service(mode, behaviour, **timeouts)
-        await service.router.refresh()
+        await service.router.view.refresh()
         await drive(service)
         assert await _settled(service) == []
         return service

@@ -16,6 +16,7 @@ from engine.config import KVTransferConfig
 from engine.outputs import TokenEvent
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
+from tests.support.block_checks import check_consistent
 from tests.support.coordinator_configs import config_with
 from tests.support.router_polls import PROMPT_A, _poll, _queued, _router, _running
 from tests.support.tenant_cluster import (
@@ -56,7 +57,7 @@ def test_a_tenant_never_hits_another_tenants_prefix_in_the_engine(tiny_loaded):
     assert _cached(engine, "b2", [*SYSTEM, 4], "tenant-b") == 24  # B's own, cached just now
     assert _cached(engine, "n1", [*SYSTEM, 5], "") == 0  # no tenant is a root of its own
     assert _cached(engine, "n2", [*SYSTEM, 6], "") == 24  # and shares as it always did
-    engine.blocks.check_consistent()
+    check_consistent(engine.blocks)
 
 
 def test_a_decode_reservation_shares_only_its_own_tenants_blocks(tiny_model_dir):

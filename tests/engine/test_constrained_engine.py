@@ -21,6 +21,7 @@ from engine.llm_engine import LLMEngine
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.support.kv_import import import_kv
 
 SCHEMA = {
     "type": "object",
@@ -155,7 +156,7 @@ def test_a_constrained_handoff_matches_one_engine(tiny_loaded, sampled):
         prefill.request("h", prefill.tokenizer.encode(PROMPT_TEXT), params, prefill_only=True)
     )
     first = [e.token_id for e in prefill.step() if e.request_id == "h"]
-    decode.importer.import_kv(prefill.export_kv("h", params.max_new_tokens))
+    import_kv(decode, prefill.export_kv("h", params.max_new_tokens))
     prefill.release("h")
     rest: list[int] = []
     while "h" in decode.requests:

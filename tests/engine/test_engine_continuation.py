@@ -10,6 +10,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.support.kv_import import import_kv
 
 PROMPT = [5, 6, 7, 8, 9]
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
@@ -61,7 +62,7 @@ def test_continued_request_across_a_handoff(tiny_loaded, params):
     first = [e for e in prefill.step() if e.request_id == "m"]
     assert [e.token_id for e in first] == [full[k]]
     assert first[0].num_output_tokens == k + 1
-    decode.importer.import_kv(prefill.export_kv("m", params.max_new_tokens))
+    import_kv(decode, prefill.export_kv("m", params.max_new_tokens))
     prefill.release("m")
     rest: list[int] = []
     while "m" in decode.requests:
@@ -81,6 +82,6 @@ def test_pages_with_no_token_left_to_decode_are_refused(tiny_loaded):
     )
     prefill.step()
     with pytest.raises(KVImportError, match="output limit 4 is not within 5"):
-        decode.importer.import_kv(prefill.export_kv("m", 4))
+        import_kv(decode, prefill.export_kv("m", 4))
     prefill.release("m")
     assert decode.blocks.num_free_blocks == decode.blocks.num_blocks

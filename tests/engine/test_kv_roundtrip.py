@@ -12,6 +12,7 @@ from engine.errors import KVImportError
 from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.support.kv_import import import_kv
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 45)), [3]]
 PARAMS = [
@@ -53,7 +54,7 @@ def test_prefill_in_a_decode_in_b_equals_one_engine(tiny_loaded, case):
         decode.importer.reserve_import(decode.request("req", prompt, params, disaggregated=True))
         is not None
     )
-    decode.importer.import_kv(payload, max_output_tokens=params.max_new_tokens)
+    import_kv(decode, payload, max_output_tokens=params.max_new_tokens)
     prefill.release("req")
     assert prefill.blocks.num_used_blocks == 0
     assert [first, *_decode(decode, "req")] == expected
@@ -65,7 +66,7 @@ def test_an_imported_request_counts_its_time_per_token_from_when_its_pages_arriv
     decode = make_engine(tiny_loaded, block_size=4)
     _prefill(prefill, "req", PROMPTS[1], PARAMS[0])
     before = time.monotonic()
-    decode.importer.import_kv(prefill.export_kv("req"), max_output_tokens=4)
+    import_kv(decode, prefill.export_kv("req"), max_output_tokens=4)
     request = decode.requests["req"]
     assert request.num_output_tokens == 1  # the prefill side's first token, before any step
     assert before <= request.first_token_time <= time.monotonic()
@@ -79,7 +80,7 @@ def test_imported_blocks_are_bit_exact(tiny_loaded):
     decode = make_engine(tiny_loaded, block_size=4)
     _prefill(prefill, "req", PROMPTS[1], PARAMS[0])
     payload = prefill.export_kv("req")
-    decode.importer.import_kv(payload, max_output_tokens=4)
+    import_kv(decode, payload, max_output_tokens=4)
     installed = decode.kv_cache.export_blocks(
         decode.requests["req"].block_ids[: payload.blocks.shape[2]]
     )
@@ -103,7 +104,7 @@ def test_handshake_mismatch_is_refused_and_frees_the_reservation(tiny_loaded, fi
     payload.layout = dataclasses.replace(payload.layout, **{field: value})
     decode.importer.reserve_import(decode.request("req", PROMPTS[0], PARAMS[0], disaggregated=True))
     with pytest.raises(KVImportError, match=field):
-        decode.importer.import_kv(payload, max_output_tokens=4)
+        import_kv(decode, payload, max_output_tokens=4)
     assert decode.blocks.num_used_blocks == 0 and "req" not in decode.requests
 
 

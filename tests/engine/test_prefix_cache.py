@@ -13,6 +13,7 @@ from engine.block_manager import BlockManager
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.support.block_checks import check_consistent, ref_count
 
 GREEDY = SamplingParams(max_new_tokens=6, ignore_eos=True)
 SEEDED = SamplingParams(max_new_tokens=6, do_sample=True, temperature=1.2, seed=3, ignore_eos=True)
@@ -54,9 +55,9 @@ def _live_refs(engine: LLMEngine) -> list[int]:
 
 
 def _check(engine: LLMEngine) -> None:
-    engine.blocks.check_consistent()
+    check_consistent(engine.blocks)
     expected = _live_refs(engine)
-    assert [engine.blocks.ref_count(b) for b in range(engine.blocks.num_blocks)] == expected
+    assert [ref_count(engine.blocks, b) for b in range(engine.blocks.num_blocks)] == expected
 
 
 # ---- results never change --------------------------------------------------------------------
@@ -119,10 +120,10 @@ def test_shared_blocks_survive_one_sharers_abort(tiny_loaded):
     engine.step()
     a, b = engine.requests["a"], engine.requests["b"]
     shared = a.block_ids[:6]
-    assert shared == b.block_ids[:6] and all(engine.blocks.ref_count(x) == 2 for x in shared)
+    assert shared == b.block_ids[:6] and all(ref_count(engine.blocks, x) == 2 for x in shared)
     engine.abort("a")
     _check(engine)
-    assert all(engine.blocks.ref_count(x) == 1 for x in shared)
+    assert all(ref_count(engine.blocks, x) == 1 for x in shared)
     tokens = list(b.output_token_ids)
     while "b" in engine.requests:
         tokens += [e.token_id for e in engine.step() if e.request_id == "b" and e.token_id]
@@ -241,7 +242,7 @@ def test_cached_free_blocks_are_evicted_oldest_first_and_count_as_free():
     blocks.allocate(3)  # two empty blocks, then the oldest cached one
     assert blocks.match(blocks.extend_hashes([], [1], 1), [1], 1) == []
     assert len(blocks.match(blocks.extend_hashes([], [2], 1), [2], 1)) == 1
-    blocks.check_consistent()
+    check_consistent(blocks)
 
 
 def test_cache_counters_and_stats(tiny_loaded):

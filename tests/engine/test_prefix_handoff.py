@@ -17,7 +17,9 @@ from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
+from tests.support.block_checks import check_consistent, ref_count
 from tests.support.inprocess_workers import _assert_freed
+from tests.support.kv_import import import_kv
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
 
 SYSTEM = list(range(20, 46))  # 26 tokens
@@ -131,12 +133,12 @@ def _decode_to_end(engine, request_id: str) -> list[int]:
 
 
 def _consistent(engine) -> None:
-    engine.blocks.check_consistent()
+    check_consistent(engine.blocks)
     held = [0] * engine.blocks.num_blocks
     for request in engine.requests.values():
         for block_id in request.block_ids:
             held[block_id] += 1
-    assert [engine.blocks.ref_count(b) for b in range(engine.blocks.num_blocks)] == held
+    assert [ref_count(engine.blocks, b) for b in range(engine.blocks.num_blocks)] == held
 
 
 def test_import_kv_works_again_once_the_decode_engine_caches_the_prefix(tiny_loaded):
@@ -144,7 +146,7 @@ def test_import_kv_works_again_once_the_decode_engine_caches_the_prefix(tiny_loa
     alone = make_engine(tiny_loaded, prefix_caching=False)
     for request_id in ("a", "b"):
         _prefill(prefill, request_id, [*SYSTEM, 1, 2])
-        decode.importer.import_kv(prefill.export_kv(request_id, 6))  # all pages: from block 0
+        import_kv(decode, prefill.export_kv(request_id, 6))  # all pages: from block 0
         prefill.release(request_id)
         assert decode.requests[request_id].num_shared_blocks == 0
         assert _decode_to_end(decode, request_id) == alone.generate([[*SYSTEM, 1, 2]], PARAMS)[0]
@@ -154,7 +156,7 @@ def test_import_kv_works_again_once_the_decode_engine_caches_the_prefix(tiny_loa
 def test_ending_a_reservation_that_shares_blocks_keeps_the_counts(tiny_loaded):
     prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
     _prefill(prefill, "warm", [*SYSTEM, 1, 2])
-    decode.importer.import_kv(prefill.export_kv("warm", 6))
+    import_kv(decode, prefill.export_kv("warm", 6))
     _decode_to_end(decode, "warm")
     ends = {
         "aborted reserved": lambda r: decode.abort(r.request_id),
@@ -167,10 +169,10 @@ def test_ending_a_reservation_that_shares_blocks_keeps_the_counts(tiny_loaded):
         )
         assert reserved.num_shared_blocks == 7, name
         shared = reserved.block_ids[:7]
-        assert all(decode.blocks.ref_count(b) == 1 for b in shared)
+        assert all(ref_count(decode.blocks, b) == 1 for b in shared)
         end(reserved)
         assert f"r{i}" not in decode.requests, name
-        assert all(decode.blocks.ref_count(b) == 0 for b in shared), name
+        assert all(ref_count(decode.blocks, b) == 0 for b in shared), name
         _consistent(decode)
     assert decode.blocks.num_used_blocks == 0 and decode.blocks.num_cached_blocks >= 7
 
@@ -195,7 +197,7 @@ def test_a_migrated_request_shares_the_blocks_its_outputs_filled(tiny_loaded):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     full = make_engine(tiny_loaded, prefix_caching=False).generate([[*SYSTEM, 1, 2]], params)[0]
     _prefill(prefill, "first", [*SYSTEM, 1, 2])
-    decode.importer.import_kv(prefill.export_kv("first", 12))
+    import_kv(decode, prefill.export_kv("first", 12))
     prefill.release("first")
     assert _decode_to_end(decode, "first") == full
     outputs = full[:7]  # 28 prompt + 7 outputs: eight full blocks were computed here

@@ -9,6 +9,7 @@ import time
 
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.support.kv_import import import_kv
 
 
 def _run(engine) -> dict[str, list]:
@@ -54,6 +55,6 @@ def test_an_imported_request_reports_no_prompt_timing(tiny_loaded):
     (first,) = _run(prefill)["r"]
     assert first.queued_s is not None  # the prefill engine computed the prompt
     payload = prefill.export_kv("r", 4)
-    decode.importer.import_kv(payload)
+    import_kv(decode, payload)
     events = _run(decode)["r"]
     assert events and all(e.queued_s is None and e.prefill_s is None for e in events)

@@ -69,7 +69,7 @@ class FakeCluster:
 
 def _service(cluster, max_retry=5, timeouts=None, max_requests=10, metrics=None, routing=None):
     router = Router(cluster, routing=routing or RoutingConfig(**NO_LOCAL_PREFILL))
-    asyncio.run(router.refresh())
+    asyncio.run(router.view.refresh())
     return InferenceService(
         cluster, router, max_requests, max_retry, timeouts or Timeouts(), metrics
     )

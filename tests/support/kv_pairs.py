@@ -51,7 +51,7 @@ class Pair:
 
     @property
     def endpoint(self) -> str:
-        return self.decode.endpoint()
+        return self.decode.receiver.endpoint
 
     def good_handoff(self, request_id: str, reservation: Reservation | None = None) -> None:
         """A genuine hand-off goes through and decodes to its end."""

@@ -7,7 +7,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 from coordinator.router import Router
+from coordinator.routing.cache_view import CacheView
 from coordinator.routing.config import RoutingConfig
+from coordinator.routing.worker_state import WorkerKey
 from engine.outputs import EngineStats
 from engine.prefix_hash import block_hashes
 from tests.support.fake_actors import reports_of
@@ -64,7 +66,7 @@ class FakeCluster:
 def _router(cluster: FakeCluster | None = None, **routing) -> Router:
     routing = {**NO_LOCAL_PREFILL, **routing}
     router = Router(cluster or FakeCluster(), routing=RoutingConfig(block_size=BLOCK, **routing))
-    asyncio.run(router.refresh())
+    asyncio.run(router.view.refresh())
     return router
 
 
@@ -73,7 +75,7 @@ def _poll(router: Router, **stats: EngineStats) -> None:
     for name, value in stats.items():
         role, instance = name.rsplit("_", 1)
         router.view.fleet.stats[(role, int(instance))] = value
-    asyncio.run(router.refresh())
+    asyncio.run(router.view.refresh())
 
 
 def _queued(tokens: int) -> EngineStats:
@@ -88,3 +90,9 @@ def _cached_blocks(router: Router, role: str, instance: int, tokens: list[int]) 
     return router.cache.match_dispatched(
         (role, instance), block_hashes(tokens, BLOCK), time.monotonic()
     )
+
+
+def num_confirmed(cache: CacheView, worker: WorkerKey) -> int:
+    """The block hashes ``worker``'s own events confirm in ``cache``."""
+    held = cache._workers.get(worker)
+    return len(held.hashes) if held is not None else 0

@@ -110,7 +110,7 @@ def served(
     cluster = InProcessCluster(workers)
     routing = RoutingConfig(block_size=4, local_prefill_tokens=0, local_prefill_queue_tokens=0)
     router = Router(cluster, routing=routing)
-    asyncio.run(router.refresh())  # no polling after: each routed request counts as load
+    asyncio.run(router.view.refresh())  # no polling after: each routed request counts as load
     service = InferenceService(cluster, router, 100, 0, Timeouts())
     model = ModelInfo("tiny", tokenizer or CharTokenizer(), 1024, 512, 1000)
     served = ServedModels(generation=model, embedding_path=None)

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from workers.worker_request import Phase, WorkerRequests
+
 
 def collect(items: Iterator[Any], timeout_s: float = 10.0) -> list[Any]:
     """Every item of a worker stream, read on a thread; fails instead of hanging."""
@@ -26,3 +28,10 @@ def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def phase_of(requests: WorkerRequests, request_id: str) -> Phase | None:
+    """The phase of ``request_id`` on a worker (None: it holds no such request)."""
+    with requests._lock:
+        request = requests._requests.get(request_id)
+        return request.phase if request is not None else None

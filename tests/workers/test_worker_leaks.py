@@ -23,6 +23,7 @@ from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 from engine.transfer.shared_memory import SharedPageBuffer
 from prefill_worker.worker import PrefillWorker
 from tests.support.worker_streams import collect as _collect
+from tests.support.worker_streams import phase_of
 from tests.support.worker_streams import wait_until as _wait_until
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from workers.worker_request import Phase
@@ -111,7 +112,7 @@ def test_a_second_stream_of_one_request_is_refused(tiny_model_dir):
         first = decode.stream("r")
         reader = threading.Thread(target=lambda: list(first), daemon=True)
         reader.start()
-        assert _wait_until(lambda: decode.requests.phase_of("r") == Phase.STREAMING, 3)
+        assert _wait_until(lambda: phase_of(decode.requests, "r") == Phase.STREAMING, 3)
         [second] = _collect(decode.stream("r"))
         assert second.finish_reason == FinishReason.ERROR and "streamed already" in second.error
         decode.abort("r")  # the first stream ends on the abort's event and drops the queue
@@ -202,7 +203,7 @@ def test_a_sender_raising_anything_fails_the_handoff_and_frees_the_blocks(tiny_m
     prefill.sender.send = send  # type: ignore[method-assign]
     try:
         assert decode.reserve(_request("r")).granted
-        items = _collect(prefill.prefill(_request("r"), HandoffTarget(decode.endpoint(), 6)))
+        items = _collect(prefill.prefill(_request("r"), HandoffTarget(decode.receiver.endpoint, 6)))
         assert isinstance(items[-1], HandoffResult) and not items[-1].ok
         assert items[-1].error == "KV hand-off failed: _Boom: socket in a bad state"
         assert _wait_until(lambda: _used(prefill) == 0, 3)

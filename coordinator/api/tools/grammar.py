@@ -31,9 +31,7 @@ from coordinator.api.tools.request import Tool, ToolError, ToolRequest
 from coordinator.model_info import ModelInfo
 from engine.constraint import MAX_SPEC_CHARS, Constraint
 from engine.errors import ConfigError
-from engine.grammars import GrammarError
-
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+from engine.grammars import JSON_OPTIONS, GrammarError
 
 
 def tool_constraint(tools: ToolRequest, parser: type[BaseToolParser]) -> Constraint | None:
@@ -60,7 +58,7 @@ def tool_constraint(tools: ToolRequest, parser: type[BaseToolParser]) -> Constra
 
 def _schema(tool: Tool) -> dict[str, Any]:
     guidance = tool.parameters.get("x-guidance")
-    layout = {**JSON_LAYOUT, **({} if tool.strict else {"lenient": True})}
+    layout = {**JSON_OPTIONS, **({} if tool.strict else {"lenient": True})}
     return {**tool.parameters, "x-guidance": {**layout, **(guidance or {})}}
 
 

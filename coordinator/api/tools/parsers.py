@@ -1,6 +1,6 @@
 """Tool calls read out of a model's text, whole or as it streams, by the format the model writes.
 
-Two formats (:data:`PARSERS`), chosen by the chat template (:func:`select_parser`):
+Two formats, chosen by the chat template (:func:`select_parser`):
 
 - ``hermes`` (Hermes, Qwen2.5, and pdserve's own tool prompt: :mod:`~coordinator.api.tools.prompt`):
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number of them; the text
@@ -70,7 +70,6 @@ def call_of(value: Any, names: frozenset[str], arguments_keys: tuple[str, ...]) 
 class BaseToolParser(ABC):
     """Splits one answer's text, fed piece by piece, into text and calls."""
 
-    name: str = ""
     separator: str = ""  # what a grammar writes between two calls
 
     def __init__(self, names: frozenset[str]) -> None:
@@ -93,7 +92,6 @@ class BaseToolParser(ABC):
 class HermesParser(BaseToolParser):
     """``<tool_call>{"name", "arguments"}</tool_call>`` blocks anywhere in the text."""
 
-    name = "hermes"
     separator = "\n"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -144,7 +142,6 @@ class HermesParser(BaseToolParser):
 class Llama3JsonParser(BaseToolParser):
     """The whole output as ``{"name", "parameters"}`` objects separated by ``;``."""
 
-    name = "llama3_json"
     separator = "; "
 
     def __init__(self, names: frozenset[str]) -> None:
@@ -196,12 +193,6 @@ class Llama3JsonParser(BaseToolParser):
     @classmethod
     def call_text(cls, name: str) -> tuple[str, str]:
         return f'{{"name": {json.dumps(name)}, "parameters": ', "}"
-
-
-PARSERS: dict[str, type[BaseToolParser]] = {
-    HermesParser.name: HermesParser,
-    Llama3JsonParser.name: Llama3JsonParser,
-}
 
 
 def select_parser(tokenizer: Any, native: bool) -> type[BaseToolParser]:

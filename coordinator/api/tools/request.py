@@ -33,7 +33,6 @@ MAX_TOOLS = 128  # tools of one request
 MAX_TOOLS_CHARS = 4 * MAX_SPEC_CHARS  # characters of the whole tools list's JSON
 MODES = ("none", "auto", "required")
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
-FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 class ToolError(OpenAIError):

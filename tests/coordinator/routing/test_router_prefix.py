@@ -211,7 +211,7 @@ def test_requests_are_prefilled_locally_while_no_prefill_worker_answers():
     )
     assert off.choose(PROMPT_A)[0] in {0, 1}  # a stale prefill worker, within its grace
     cluster.silent.clear()
-    asyncio.run(router.refresh())
+    asyncio.run(router.view.refresh())
     assert router.choose(PROMPT_A)[0] is not None  # back: hand-offs again
 
 
