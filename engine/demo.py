@@ -38,25 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parse_args(argv)
     try:
-        engine = LLMEngine(
-            EngineConfig(
-                model_path=args.model,
-                device=args.device,
-                dtype=args.dtype,
-                num_threads=args.threads,
-                cache=CacheConfig(block_size=args.block_size),
-            )
-        )
-        params = SamplingParams(
-            max_new_tokens=args.max_new_tokens,
-            do_sample=args.temperature is not None,
-            temperature=args.temperature or 1.0,
-            **({"seed": args.seed} if args.seed is not None else {}),
-        )
-        prompt = engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
-        )["input_ids"]
-        engine.add_request(engine.request("demo", prompt, params))
+        engine = _engine_with_request(args)
     except EngineError as exc:
         print(f"pdserve: {exc}", file=sys.stderr)
         return 2
@@ -73,6 +55,29 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _engine_with_request(args: argparse.Namespace) -> LLMEngine:
+    """An engine of ``args``' model with the prompt queued as a chat turn."""
+    config = EngineConfig(
+        model_path=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        num_threads=args.threads,
+        cache=CacheConfig(block_size=args.block_size),
+    )
+    engine = LLMEngine(config)
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.temperature is not None,
+        temperature=args.temperature or 1.0,
+        **({"seed": args.seed} if args.seed is not None else {}),
+    )
+    prompt = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
+    engine.add_request(engine.request("demo", prompt, params))
+    return engine
 
 
 if __name__ == "__main__":

@@ -47,16 +47,32 @@ def is_mlflow_dir(model_path: str | Path) -> bool:
 
 def read_mlflow_model(model_path: str | Path) -> MlflowModel:
     """Parse and check an MLflow model directory; every problem is a :class:`ModelLoadError`."""
+    path = Path(model_path).expanduser()
+    mlmodel = _read_mlmodel(path)
+    flavors = mlmodel.get("flavors") if isinstance(mlmodel, dict) else None
+    flavors = flavors if isinstance(flavors, dict) else {}
+    flavor = _transformers_flavor(path, flavors)
+    name = str(flavor.get("source_model_name") or path.name)
+    config = (flavors.get("python_function") or {}).get("config") or {}
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path}: python_function.config must be a mapping, got {config!r}")
+    weights_dir, tokenizer_dir = _saved_dirs(path, flavor, name)
+    version = str(mlmodel.get("mlflow_version", ""))
+    task = flavor["inference_task"]
+    return MlflowModel(path, task, name, weights_dir, tokenizer_dir, dict(config), version)
+
+
+def _read_mlmodel(path: Path) -> Any:
     import yaml
 
-    path = Path(model_path).expanduser()
     try:
-        mlmodel = yaml.safe_load((path / MLMODEL).read_text())
+        return yaml.safe_load((path / MLMODEL).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ModelLoadError(f"cannot read {path / MLMODEL}: {exc}") from exc
-    flavors = mlmodel.get("flavors") if isinstance(mlmodel, dict) else None
-    if not isinstance(flavors, dict):
-        flavors = {}
+
+
+def _transformers_flavor(path: Path, flavors: dict) -> dict:
+    """The transformers flavor of a model saved with a task pdserve serves."""
     flavor = flavors.get("transformers")
     if not isinstance(flavor, dict):
         raise ModelLoadError(f"{path} is an MLflow model without the transformers flavor")
@@ -66,7 +82,11 @@ def read_mlflow_model(model_path: str | Path) -> MlflowModel:
             f"{path} was saved with inference_task {task!r} (task {flavor.get('task')!r}); "
             f"pdserve serves MLflow models saved with task one of {', '.join(TASKS)}"
         )
-    name = str(flavor.get("source_model_name") or path.name)
+    return flavor
+
+
+def _saved_dirs(path: Path, flavor: dict, name: str) -> tuple[Path, Path]:
+    """The weights and tokenizer directories the model was saved with."""
     binary = flavor.get("model_binary")
     if not binary:
         revision = flavor.get("source_model_revision")
@@ -78,20 +98,7 @@ def read_mlflow_model(model_path: str | Path) -> MlflowModel:
     weights_dir = path / str(binary)
     if not weights_dir.is_dir():
         raise ModelLoadError(f"{path}: the weights directory {binary}/ is missing")
-    components = flavor.get("components") or []
     tokenizer_dir = path / "components" / "tokenizer"
-    if "tokenizer" not in components or not tokenizer_dir.is_dir():
+    if "tokenizer" not in (flavor.get("components") or []) or not tokenizer_dir.is_dir():
         raise ModelLoadError(f"{path}: no tokenizer in components/tokenizer/")
-    pyfunc = flavors.get("python_function") or {}
-    config = pyfunc.get("config") or {}
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{path}: python_function.config must be a mapping, got {config!r}")
-    return MlflowModel(
-        path,
-        task,
-        name,
-        weights_dir,
-        tokenizer_dir,
-        dict(config),
-        str(mlmodel.get("mlflow_version", "")),
-    )
+    return weights_dir, tokenizer_dir
