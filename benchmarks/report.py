@@ -310,11 +310,16 @@ def _bound_verdict(spread: dict[str, Any], bound: float) -> str:
 
 
 def render_replicas(data: dict[str, Any]) -> str:
-    short, chat, kill = data["short_completions"], data["prefix_chat"], data["kill"]
-    setup = data["setup"]
+    lines = [provenance(data["meta"]), "", *_replicas_table(data)]
+    lines += ["", f"Two over one: {_replicas_goals(data)}. {_replicas_kill(data['kill'])}"]
+    lines += caveats.lines(caveats.replicas(data))
+    return "\n".join(lines)
+
+
+def _replicas_table(data: dict[str, Any]) -> list[str]:
+    """The replicas result's setup sentence and its table, one row per number of coordinators."""
+    short, chat, setup = data["short_completions"], data["prefix_chat"], data["setup"]
     lines = [
-        provenance(data["meta"]),
-        "",
         f"One coordinator against two over one pool ({setup['workers']}; {setup['model']}), "
         f"{data['draw_set']} draws {', '.join(map(str, data['seeds']))}. Short streamed "
         f"`/v1/completions` ({setup['short']['words']} words, {setup['short']['max_tokens']} "
@@ -335,10 +340,13 @@ def render_replicas(data: dict[str, Any]) -> str:
             f"{'-' if done is None else f'{done:.1f}'} | {hits['hit_rate']:.1%} "
             f"[{per['min']:.1%}-{per['max']:.1%}] |"
         )
+    return lines
+
+
+def _replicas_goals(data: dict[str, Any]) -> str:
+    """Two coordinators over one: the throughput ratio and the hit-rate difference, judged."""
     ratio = data["throughput_ratio_two_to_one"]
     gap = data["hit_rate_difference"]
-    freed = kill["freed_s"]
-    runs = kill["runs"]
     per_draw = data.get("max_rate_ratio_per_draw")
     if per_draw:
         ratio_text = f"{_ratio_cell(per_draw)} (each draw's highest rate, paired)"
@@ -356,18 +364,21 @@ def render_replicas(data: dict[str, Any]) -> str:
             f"hit rate {gap * 100:+.1f} points (goal: at most 2 points below: undecided, one "
             "pooled figure per side, no paired draws)"
         )
-    lines += [
-        "",
-        f"Two over one: {ratio_text} the requests/s within the SLO; {hit_text}. SIGKILL of a "
-        f"coordinator under load ({len(runs)} times): its requests aborted on every worker "
-        f"{'(none in flight)' if freed is None else _cell(freed, 2)} s after the kill (lease "
-        f"{kill['lease_s']:g} s); the other's "
-        f"clients saw {sum(r['survivor_failed'] for r in runs)} failed of "
+    return f"{ratio_text} the requests/s within the SLO; {hit_text}"
+
+
+def _replicas_kill(kill: dict[str, Any]) -> str:
+    """The sentence on SIGKILL of a coordinator under load."""
+    freed = kill["freed_s"]
+    runs = kill["runs"]
+    return (
+        f"SIGKILL of a coordinator under load ({len(runs)} times): its requests aborted on every "
+        f"worker {'(none in flight)' if freed is None else _cell(freed, 2)} s after the kill "
+        f"(lease {kill['lease_s']:g} s); the other's clients saw "
+        f"{sum(r['survivor_failed'] for r in runs)} failed of "
         f"{sum(r['survivor_requests'] for r in runs)} requests; blocks left in use: "
-        f"{sum(r['blocks_in_use_after'] for r in runs)}.",
-    ]
-    lines += caveats.lines(caveats.replicas(data))
-    return "\n".join(lines)
+        f"{sum(r['blocks_in_use_after'] for r in runs)}."
+    )
 
 
 def _range(spread: dict[str, Any] | None) -> str:

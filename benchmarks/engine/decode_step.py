@@ -101,7 +101,8 @@ class StepClock:
         }
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of the benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_output_arguments(parser, "decode_step")
     parser.add_argument("--threads", type=int, default=2)
@@ -109,7 +110,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     result_file = ResultFile.start(args)
     torch.set_num_threads(args.threads)
     engine = LLMEngine(
@@ -119,6 +124,14 @@ def main() -> None:
     if fused is None:
         raise SystemExit("the fused decode layers are not available here (no native kernels)")
     weights = engine.model.describe()
+    kept = _measure(engine, fused, args)
+    result_file.write(_report(kept, args, weights))
+
+
+def _measure(
+    engine: LLMEngine, fused: object, args: argparse.Namespace
+) -> dict[str, list[dict[str, float]]]:
+    """Each kept round's decode-step parts, fused and op by op, the order rotating by round."""
     clock = StepClock(engine)
     prompts = PromptDraw(1).prompts(args.streams, 64, 64)  # decode only: prefill not timed
     paths = {"fused": fused, "op_by_op": None}
@@ -129,6 +142,13 @@ def main() -> None:
             result = clock.run(prompts, args.tokens)
             if index >= DEFAULT_WARMUP:
                 kept[name].append(result)
+    return kept
+
+
+def _report(
+    kept: dict[str, list[dict[str, float]]], args: argparse.Namespace, weights: str
+) -> dict[str, dict]:
+    """The median parts of each path and the fused speed-up, printed; the result file's JSON."""
     results: dict[str, dict] = {}
     print(f"ms per decode step, {args.streams} stream(s), {weights}")
     print(f"{'':<10}" + "".join(f"{part:>10}" for part in (*PARTS, "step")))
@@ -148,7 +168,7 @@ def main() -> None:
         "dropped_rounds": DEFAULT_WARMUP,
         "weights": weights,
     }
-    result_file.write(results)
+    return results
 
 
 def _kernel_isa() -> str:

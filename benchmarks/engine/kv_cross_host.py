@@ -130,31 +130,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         keys_path = Path(tmp) / "keys.pickle"
         keys_path.write_bytes(pickle.dumps(generate_credentials()))
         keys_path.chmod(0o600)
-        with TestBed(("prefill", "decode"), Path(tmp) / "bed") as bed:
-            if args.shape:
-                rate, _, delay = args.shape.partition(",")
-                bed.shape(rate, delay or None)
-            decode = bed["decode"]
-            receiver = decode.popen(
-                [*SELF, "--serve", str(keys_path), "--host", decode.address],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                env=_host_env(),
-            )
-            assert receiver.stdout is not None and receiver.stdin is not None
-            endpoints = receiver.stdout.readline()
-            sender = bed["prefill"].popen(
-                [*SELF, "--send", str(keys_path), "--endpoints", endpoints, *_measure_argv(args)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=_host_env(),
-            )
-            output, _ = sender.communicate(timeout=3600)
-            receiver.stdin.close()
-            receiver.wait(timeout=30)
-    if sender.returncode != 0:
+        returncode, output = _measure_on_hosts(args, keys_path, Path(tmp) / "bed")
+    if returncode != 0:
         sys.exit(f"the sender failed: {output[-3000:]}")
     measured = json.loads(output.strip().splitlines()[-1])
     results = {
@@ -167,6 +144,36 @@ def orchestrate(args: argparse.Namespace) -> int:
     print(f"results: {path}")
     names = [*SAME_HOST, *CROSS_HOST]
     return 1 if any("error" in results[n][str(s)] for n in names for s in args.sizes) else 0
+
+
+def _measure_on_hosts(args: argparse.Namespace, keys_path: Path, bed_path: Path) -> tuple[int, str]:
+    """The two hosts built (links shaped), the receiver on the decode host and the sender run to
+    its end on the prefill host; the sender's exit status and output."""
+    with TestBed(("prefill", "decode"), bed_path) as bed:
+        if args.shape:
+            rate, _, delay = args.shape.partition(",")
+            bed.shape(rate, delay or None)
+        decode = bed["decode"]
+        receiver = decode.popen(
+            [*SELF, "--serve", str(keys_path), "--host", decode.address],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_host_env(),
+        )
+        assert receiver.stdout is not None and receiver.stdin is not None
+        endpoints = receiver.stdout.readline()
+        sender = bed["prefill"].popen(
+            [*SELF, "--send", str(keys_path), "--endpoints", endpoints, *_measure_argv(args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_host_env(),
+        )
+        output, _ = sender.communicate(timeout=3600)
+        receiver.stdin.close()
+        receiver.wait(timeout=30)
+    return sender.returncode, output
 
 
 def _measure_argv(args: argparse.Namespace) -> list[str]:

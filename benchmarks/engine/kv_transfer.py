@@ -55,6 +55,8 @@ from benchmarks.engine.kv_planes import (
 )
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, paired_rounds
+from engine.llm_engine import LLMEngine
+from engine.transfer import BaseKVSender
 from engine.transfer.security import generate_credentials
 
 
@@ -94,29 +96,7 @@ def main() -> int:
         senders = open_senders(PLANES, keys.sender)
         try:
             for size in args.sizes:
-                payload, prefill_s = prefill_payload(engine, size)
-                sides: dict[str, Side] = {
-                    name: transfer_side(senders[name], endpoints[name], payload, args.transfers)
-                    for name in PLANES
-                }
-                sides["copy"] = copy_side(payload, args.transfers)
-                kept = paired_rounds(sides, args.rounds, DEFAULT_WARMUP)
-                figures = summarize(kept, sides, payload, prefill_s)
-                key = str(size)
-                results["prefill_ms"][key] = round(prefill_s * 1000, 1)
-                for name in names:
-                    results[name][key] = figures[name]
-                results["encryption_cost"][key] = {
-                    f"{enc}/{plain}": ratio_spread(kept, enc, plain)
-                    for enc, plain in ENCRYPTED_VS_PLAIN.items()
-                }
-                for name, side in sides.items():
-                    if side.error is not None:
-                        failed = True
-                        print(f"{name} at {size} tokens failed: {side.error}", file=sys.stderr)
-                row = "".join(cell(figures[n], 26) for n in names)
-                megabytes = payload.num_bytes / 1e6
-                print(f"{size:>7}{megabytes:>8.3f}{prefill_s * 1000:>11.0f}{row}", flush=True)
+                failed |= _measure_size(engine, size, senders, endpoints, args, names, results)
                 result.write(results, complete=False)
             check_paths(PLANES, senders)
         finally:
@@ -129,6 +109,44 @@ def main() -> int:
     path = result.write(results)
     print(f"results: {path}")
     return 1 if failed else 0
+
+
+def _measure_size(
+    engine: LLMEngine,
+    size: int,
+    senders: dict[str, BaseKVSender],
+    endpoints: dict[str, str],
+    args: argparse.Namespace,
+    names: list[str],
+    results: dict[str, dict],
+) -> bool:
+    """Every plane and the copy in paired rounds on a ``size``-token prompt's pages, its figures
+    put in ``results`` and its row printed; whether a plane failed."""
+    payload, prefill_s = prefill_payload(engine, size)
+    sides: dict[str, Side] = {
+        name: transfer_side(senders[name], endpoints[name], payload, args.transfers)
+        for name in PLANES
+    }
+    sides["copy"] = copy_side(payload, args.transfers)
+    kept = paired_rounds(sides, args.rounds, DEFAULT_WARMUP)
+    figures = summarize(kept, sides, payload, prefill_s)
+    key = str(size)
+    results["prefill_ms"][key] = round(prefill_s * 1000, 1)
+    for name in names:
+        results[name][key] = figures[name]
+    results["encryption_cost"][key] = {
+        f"{enc}/{plain}": ratio_spread(kept, enc, plain)
+        for enc, plain in ENCRYPTED_VS_PLAIN.items()
+    }
+    failed = False
+    for name, side in sides.items():
+        if side.error is not None:
+            failed = True
+            print(f"{name} at {size} tokens failed: {side.error}", file=sys.stderr)
+    row = "".join(cell(figures[n], 26) for n in names)
+    megabytes = payload.num_bytes / 1e6
+    print(f"{size:>7}{megabytes:>8.3f}{prefill_s * 1000:>11.0f}{row}", flush=True)
+    return failed
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -120,6 +122,23 @@ def main() -> None:
     print(f"pdserve {engine.model.describe()}; transformers fp32")
     hf = AutoModelForCausalLM.from_pretrained(loaded.path, dtype=torch.float32).eval()
     pad_id = loaded.tokenizer.pad_token_id or 0
+    pairs = _pairs(args, engine, hf, pad_id)
+    results: dict[str, dict] = {"_meta": _meta(args, engine, loaded.name)}
+    print(f"{'tokens/s':<18}{'pdserve':>26}{'transformers':>26}{'ratio':>20}  weights")
+    for key, (ours, theirs) in pairs.items():
+        hits = prefix_cache_hits(engine)
+        kept = paired_rounds({"pdserve": ours, "baseline": theirs}, args.rounds)
+        results[key] = summarize(kept, "pdserve", "baseline")
+        results[key]["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
+        print(row(key, results[key], "baseline") + f"  {args.weight_dtype}", flush=True)
+        result.write(results, complete=False)
+    result.write(results)
+
+
+def _pairs(
+    args: argparse.Namespace, engine: LLMEngine, hf: Any, pad_id: int
+) -> dict[str, tuple[Callable[[], float], Callable[[], float]]]:
+    """Measure -> its (pdserve, transformers) sides, both on the same fresh prompts a round."""
     new, size = args.new_tokens, args.prefill_tokens
     draw = PromptDraw(args.seed)
     # each side of a round gets the same fresh prompts: the round's draw is kept for the second
@@ -128,7 +147,7 @@ def main() -> None:
         SharedDraw(lambda: draw.prompts(args.batch, 16, 256)),
         SharedDraw(lambda: draw.prompts(PREFILL_REPEATS, size, size)),
     )
-    pairs = {
+    return {
         "single_stream": (
             lambda: pdserve_decode_rate(engine, single(), new),
             lambda: hf_decode_rate(hf, single(), new),
@@ -142,16 +161,6 @@ def main() -> None:
             lambda: hf_prefill_rate(hf, long_prompts()),
         ),
     }
-    results: dict[str, dict] = {"_meta": _meta(args, engine, loaded.name)}
-    print(f"{'tokens/s':<18}{'pdserve':>26}{'transformers':>26}{'ratio':>20}  weights")
-    for key, (ours, theirs) in pairs.items():
-        hits = prefix_cache_hits(engine)
-        kept = paired_rounds({"pdserve": ours, "baseline": theirs}, args.rounds)
-        results[key] = summarize(kept, "pdserve", "baseline")
-        results[key]["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
-        print(row(key, results[key], "baseline") + f"  {args.weight_dtype}", flush=True)
-        result.write(results, complete=False)
-    result.write(results)
 
 
 def _meta(args: argparse.Namespace, engine: LLMEngine, model: str) -> dict:

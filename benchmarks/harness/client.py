@@ -55,6 +55,16 @@ class Target:
         return "/v1/completions", {**body, "prompt": item.prompt}
 
 
+@dataclass
+class _Timing:
+    """Where a streamed request stands: its start, last token, usage count, textless finish."""
+
+    start: float
+    last: float
+    usage_tokens: int | None = None
+    finished_at: float = 0.0
+
+
 async def send(
     client: httpx.AsyncClient,
     target: Target,
@@ -68,49 +78,61 @@ async def send(
     record = RequestRecord(item.prompt_tokens, item.output_tokens)
     path, body = target.request(item, messages)
     body = {**body, **(extra_body or {})}
-    start = last = time.perf_counter()
-    usage_tokens, finished_at = None, 0.0
+    start = time.perf_counter()
+    timing = _Timing(start, start)
     try:
         async with client.stream("POST", target.url + path, json=body) as response:
             if response.status_code != 200:
                 await response.aread()
                 record.error = f"HTTP {response.status_code}: {response.text[:200]}"
                 return record
-            async for line in sse_lines(response):
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if on_event is not None:
-                    on_event(event)
-                if "error" in event:
-                    record.error = str(event["error"])
-                    break
-                usage_tokens = _read_usage(event, record, usage_tokens)
-                record.finish_reason = _finish_reason(event, target.api) or record.finish_reason
-                if not _carries_token(event, target.api):
-                    if record.finish_reason and record.ttft_s is None:  # tokens with no text
-                        finished_at = time.perf_counter() - start
-                    continue
-                now = time.perf_counter()
-                if record.ttft_s is None:
-                    record.ttft_s = now - start
-                else:
-                    record.gaps_s.append(now - last)
-                last = now
-                record.output_tokens += 1
+            await _read_events(response, target.api, record, timing, on_event)
     except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:  # transport, bad JSON
         record.error = f"{type(exc).__name__}: {exc}"[:300]
-    record.e2e_s = last - start
+    record.e2e_s = timing.last - timing.start
     if record.error is None and record.finish_reason is None:
         record.error = f"the stream ended after {record.output_tokens} tokens without a finish"
     elif record.error is None and record.ttft_s is None:
-        if usage_tokens:  # every token's text held back (bytes of a character): seen at the end
-            record.ttft_s = finished_at
+        # every token's text held back (bytes of a character): seen at the end
+        if timing.usage_tokens:
+            record.ttft_s = timing.finished_at
         else:
             record.error = f"finished ({record.finish_reason}) without a token"
-    if usage_tokens is not None and record.error is None:
-        record.output_tokens = usage_tokens
+    if timing.usage_tokens is not None and record.error is None:
+        record.output_tokens = timing.usage_tokens
     return record
+
+
+async def _read_events(
+    response: httpx.Response,
+    api: str,
+    record: RequestRecord,
+    timing: _Timing,
+    on_event: Callable[[dict], None] | None,
+) -> None:
+    """The stream's events onto ``record``, each token timed as it arrives, up to an error."""
+    async for line in sse_lines(response):
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if on_event is not None:
+            on_event(event)
+        if "error" in event:
+            record.error = str(event["error"])
+            break
+        timing.usage_tokens = _read_usage(event, record, timing.usage_tokens)
+        record.finish_reason = _finish_reason(event, api) or record.finish_reason
+        if not _carries_token(event, api):
+            if record.finish_reason and record.ttft_s is None:  # tokens with no text
+                timing.finished_at = time.perf_counter() - timing.start
+            continue
+        now = time.perf_counter()
+        if record.ttft_s is None:
+            record.ttft_s = now - timing.start
+        else:
+            record.gaps_s.append(now - timing.last)
+        timing.last = now
+        record.output_tokens += 1
 
 
 def _read_usage(event: dict, record: RequestRecord, tokens: int | None) -> int | None:

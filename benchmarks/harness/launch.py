@@ -80,15 +80,21 @@ def start_pdserve(
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    _wait_ready(process, mode, workdir, ports["status_port"])
+    return process, ports
+
+
+def _wait_ready(process: subprocess.Popen, mode: str, workdir: Path, status_port: int) -> None:
+    """Until pdserve's readiness answers 200 (within ``READY_S``); stopped if it fails to."""
     deadline = time.monotonic() + READY_S
-    ready = f"http://127.0.0.1:{ports['status_port']}/v1/readiness"
+    ready = f"http://127.0.0.1:{status_port}/v1/readiness"
     try:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise RuntimeError(f"pdserve ({mode}) exited; see {workdir / f'{mode}.log'}")
             try:
                 if httpx.get(ready, timeout=2).status_code == 200:
-                    return process, ports
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(1)

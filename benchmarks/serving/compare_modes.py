@@ -208,21 +208,7 @@ def run_mode(
     deployment = Deployment(mode, args, workdir, ray)
     rates = args.request_rates.split(",")
     try:
-        bench = sweep_args(
-            [
-                "--num-requests",
-                str(args.num_requests),
-                "--mix",
-                args.mix,
-                "--slo-ttft",
-                str(args.slo_ttft),
-                "--slo-tpot",
-                str(args.slo_tpot),
-                "--label",
-                mode,
-                *_common(args, seed),
-            ]  # fmt: skip
-        )
+        bench = _bench_args(mode, args, seed)
         encode = make_encoder(args.model)
         by_rate = rate_workloads(args.num_requests, parse_mix(args.mix), encode, seed, len(rates))
         target = deployment.target
@@ -235,14 +221,7 @@ def run_mode(
         with _pinned(deployment.load_cpus):
             for burst in [*([item] for item in firsts), spare[-4:]]:
                 deployment.run(lambda b=burst: asyncio.run(sweep(target, b, warmup, SLO())))
-            runs = []
-            for items, rate in zip(by_rate, rates, strict=True):
-                bench.request_rates = rate
-                before = deployment.phases()
-                one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, bench, slo)))
-                if deployment.metrics_url is not None:
-                    one["runs"][0]["phases"] = phase_means(before, deployment.phases())
-                runs += one["runs"]
+            one, runs = _sweep_rates(deployment, target, by_rate, rates, bench, slo)
             loops = closed_loop(deployment, args, seed)
     finally:
         deployment.stop()
@@ -253,6 +232,46 @@ def run_mode(
     result["given"] = deployment.given
     print_report(result)
     return result
+
+
+def _bench_args(mode: str, args: argparse.Namespace, seed: int) -> argparse.Namespace:
+    """The rate sweep's settings for ``mode`` on the draw ``seed``."""
+    return sweep_args(
+        [
+            "--num-requests",
+            str(args.num_requests),
+            "--mix",
+            args.mix,
+            "--slo-ttft",
+            str(args.slo_ttft),
+            "--slo-tpot",
+            str(args.slo_tpot),
+            "--label",
+            mode,
+            *_common(args, seed),
+        ]  # fmt: skip
+    )
+
+
+def _sweep_rates(
+    deployment: Deployment,
+    target: Target,
+    by_rate: list[list[WorkItem]],
+    rates: list[str],
+    bench: argparse.Namespace,
+    slo: SLO,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Each rate's requests served in turn (with its phases where pdserve's metrics tell them):
+    the last rate's sweep, and every rate's run."""
+    runs = []
+    for items, rate in zip(by_rate, rates, strict=True):
+        bench.request_rates = rate
+        before = deployment.phases()
+        one = deployment.run(lambda it=items: asyncio.run(sweep(target, it, bench, slo)))
+        if deployment.metrics_url is not None:
+            one["runs"][0]["phases"] = phase_means(before, deployment.phases())
+        runs += one["runs"]
+    return one, runs
 
 
 def draw_workload(seed: int, rates: list[str], by_rate: list[list[WorkItem]]) -> dict[str, Any]:
@@ -411,7 +430,8 @@ def draw_set_of(seeds: list[int]) -> str:
     return next((n for n, known in DRAW_SETS.items() if set(seeds) <= set(known)), "custom")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of the benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bundled")
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(SETTINGS)}")
@@ -437,6 +457,16 @@ def main(argv: list[str] | None = None) -> int:
         "--closed-loop-turns", type=int, default=2, help="requests per closed-loop stream"
     )
     parser.add_argument("--plots", action="store_true", help="also write PNG plots")
+    _add_sweep_arguments(parser)
+    add_output_arguments(parser, "compare_modes")
+    parser.add_argument(
+        "--multihost", action="store_true", help="both modes across hosts in network namespaces"
+    )
+    return parser
+
+
+def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the rate sweep: its rates, requests and SLOs."""
     parser.add_argument("--request-rates", default="0.5,0.75,1,1.25,1.5")
     parser.add_argument("--common-rate", type=float, default=1.0)
     # 30 per rate left rankings resting on one or two requests (the spread table shows it)
@@ -447,11 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slo-itl", type=float, default=0.25, help="seconds: a request's p99 inter-token gap"
     )
-    add_output_arguments(parser, "compare_modes")
-    parser.add_argument(
-        "--multihost", action="store_true", help="both modes across hosts in network namespaces"
-    )
-    args = parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
     out = result_file.path
     started = time.monotonic()
@@ -475,6 +504,21 @@ def main(argv: list[str] | None = None) -> int:
         results = run_modes(args, Path(tmp), on_draw)
     summary = render(results, args.common_rate)
     goals = ratios(results, args.common_rate)
+    report = _report(head, started, results, goals)
+    result_file.write(report)
+    out.with_suffix(".md").write_text(summary + "\n")
+    if args.plots:
+        plot_goodput(results, out.with_suffix(".goodput.png"))  # pooled: no per-request CDFs
+    print(summary)
+    print(f"ratios: {json.dumps(goals, indent=1)}  ({report['minutes']:.1f} min)")
+    return 0
+
+
+def _report(
+    head: dict[str, Any], started: float, results: dict[str, dict[str, Any]], goals: dict
+) -> dict[str, Any]:
+    """The result file's JSON: the run's head, its minutes, the offered load, the goals'
+    ratios, the pooled results and any failed requests."""
     first = next(iter(results.values()))
     report = {
         **head,
@@ -487,13 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     failing = {m: r["failed_requests"] for m, r in results.items() if r.get("failed_requests")}
     if failing:
         report["failed_requests"] = failing
-    result_file.write(report)
-    out.with_suffix(".md").write_text(summary + "\n")
-    if args.plots:
-        plot_goodput(results, out.with_suffix(".goodput.png"))  # pooled: no per-request CDFs
-    print(summary)
-    print(f"ratios: {json.dumps(goals, indent=1)}  ({report['minutes']:.1f} min)")
-    return 0
+    return report
 
 
 if __name__ == "__main__":

@@ -195,7 +195,8 @@ def start_server(coordinator: Coordinator) -> threading.Thread:
     return thread
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of the benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_output_arguments(parser, "coordinator")
     parser.add_argument("--model", default="bundled")
@@ -209,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embedding-batches", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--embedding-requests", type=int, default=32, help="calls per round")
     parser.add_argument("--in-flight", type=int, default=8, help="embedding calls at a time")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: the first is dropped")
@@ -223,67 +229,83 @@ def main(argv: list[str] | None = None) -> int:
         overrides["backend_config.embedding_model_path"] = args.embedding_model
     config = load_config(None).with_overrides(overrides)
     coordinator = Coordinator(config)
-
-    async def run() -> dict:
-        await coordinator.start()
-        start_server(coordinator)
-        url = f"http://127.0.0.1:{port}/infer_token"
-        rng = random.Random(0)
-        out: dict[str, dict] = {}
-        for concurrency in args.concurrency:
-            prompts = [
-                [
-                    rng.randrange(100, coordinator.model.vocab_size)
-                    for _ in range(args.prompt_tokens)
-                ]
-                for _ in range(concurrency)
-            ]
-            figures = await measure(coordinator, url, prompts, args.tokens, args.rounds)
-            out[str(concurrency)] = figures
-            result_file.write(out, complete=False)
-            added = figures["added_tpot"]
-            print(
-                f"{concurrency:>3} streams  TPOT direct {_ms(figures['direct']['tpot_ms'])}, "
-                f"http {_ms(figures['http']['tpot_ms'])}; the coordinator adds "
-                f"{added['median']:+.1%} ({added['min']:+.1%} to {added['max']:+.1%})"
-            )
-        cluster = coordinator.cluster.config
-        if cluster.embedding_model_path:
-            # The actor's own class and torch threads, in this process (sets this process's
-            # torch threads, which nothing else here uses).
-            worker = EmbeddingWorker(
-                cluster.embedding_model_path, cluster.embedding_resources.num_threads
-            )
-            embeddings_url = f"http://127.0.0.1:{port}/v1/embeddings"
-            out["embeddings"] = {}
-            for batch in args.embedding_batches:
-                figures = await measure_embeddings(
-                    embeddings_url,
-                    worker,
-                    batch,
-                    args.embedding_requests,
-                    args.rounds,
-                    args.in_flight,
-                )
-                out["embeddings"][str(batch)] = figures
-                print(f"embeddings batch {batch:>2}: {figures}")
-        await coordinator.shutdown()
-        out["_meta"] = {
-            "model": args.model,
-            "tokens": args.tokens,
-            "prompt_tokens": args.prompt_tokens,
-            "rounds": args.rounds,
-            "dropped_rounds": 1,
-            "order": "alternating, direct first in the dropped round",
-            "embedding_in_flight": args.in_flight,
-            "embedding_threads": cluster.embedding_resources.num_threads,
-            "date": time.strftime("%Y-%m-%d"),
-        }
-        return out
-
-    results = asyncio.run(run())
+    results = asyncio.run(_run(coordinator, port, args, result_file))
     print(f"results: {result_file.write(results)}")
     return 0
+
+
+async def _run(
+    coordinator: Coordinator, port: int, args: argparse.Namespace, result_file: ResultFile
+) -> dict:
+    """The cluster and its HTTP server started, every measure run, the cluster shut down."""
+    await coordinator.start()
+    start_server(coordinator)
+    out = await _stream_figures(coordinator, port, args, result_file)
+    cluster = coordinator.cluster.config
+    if cluster.embedding_model_path:
+        out["embeddings"] = await _embedding_figures(
+            cluster.embedding_model_path, cluster.embedding_resources.num_threads, port, args
+        )
+    await coordinator.shutdown()
+    out["_meta"] = {
+        "model": args.model,
+        "tokens": args.tokens,
+        "prompt_tokens": args.prompt_tokens,
+        "rounds": args.rounds,
+        "dropped_rounds": 1,
+        "order": "alternating, direct first in the dropped round",
+        "embedding_in_flight": args.in_flight,
+        "embedding_threads": cluster.embedding_resources.num_threads,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    return out
+
+
+async def _stream_figures(
+    coordinator: Coordinator, port: int, args: argparse.Namespace, result_file: ResultFile
+) -> dict[str, dict]:
+    """Streaming ``/infer`` against the cluster API at each concurrency, each written as done."""
+    url = f"http://127.0.0.1:{port}/infer_token"
+    rng = random.Random(0)
+    out: dict[str, dict] = {}
+    for concurrency in args.concurrency:
+        prompts = [
+            [rng.randrange(100, coordinator.model.vocab_size) for _ in range(args.prompt_tokens)]
+            for _ in range(concurrency)
+        ]
+        figures = await measure(coordinator, url, prompts, args.tokens, args.rounds)
+        out[str(concurrency)] = figures
+        result_file.write(out, complete=False)
+        added = figures["added_tpot"]
+        print(
+            f"{concurrency:>3} streams  TPOT direct {_ms(figures['direct']['tpot_ms'])}, "
+            f"http {_ms(figures['http']['tpot_ms'])}; the coordinator adds "
+            f"{added['median']:+.1%} ({added['min']:+.1%} to {added['max']:+.1%})"
+        )
+    return out
+
+
+async def _embedding_figures(
+    model_path: str, threads: int, port: int, args: argparse.Namespace
+) -> dict[str, dict]:
+    """``/v1/embeddings`` against the worker in this process, at each batch size."""
+    # The actor's own class and torch threads, in this process (sets this process's
+    # torch threads, which nothing else here uses).
+    worker = EmbeddingWorker(model_path, threads)
+    embeddings_url = f"http://127.0.0.1:{port}/v1/embeddings"
+    embeddings: dict[str, dict] = {}
+    for batch in args.embedding_batches:
+        figures = await measure_embeddings(
+            embeddings_url,
+            worker,
+            batch,
+            args.embedding_requests,
+            args.rounds,
+            args.in_flight,
+        )
+        embeddings[str(batch)] = figures
+        print(f"embeddings batch {batch:>2}: {figures}")
+    return embeddings
 
 
 if __name__ == "__main__":

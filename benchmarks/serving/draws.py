@@ -49,19 +49,7 @@ def pool_draws(draws: list[dict[str, Any]], slo: SLO, gap_slo: SLO) -> dict[str,
     rates = [run["request_rate"] for run in draws[0]["runs"]]
     runs, scored_runs = [], []
     for rate in rates:
-        same = [run for draw in draws for run in draw["runs"] if run["request_rate"] == rate]
-        records = [record_from_dict(row) for run in same for row in run["requests"]]
-        duration = sum(run["summary"]["duration_s"] for run in same)
-        summary = summarize(records, duration, slo)
-        summary["met_per_draw"] = [run["summary"]["num_met"] for run in same]
-        pooled = {
-            "request_rate": rate,
-            "summary": summary,
-            "requests": [r.to_dict() for r in records],
-        }
-        phases = [run["phases"] for run in same if run.get("phases")]
-        if phases:
-            pooled["phases"] = merge_phases(phases)
+        pooled = _pool_rate(draws, rate, slo)
         scored_runs.append(pooled)
         runs.append({k: v for k, v in pooled.items() if k != "requests"})
     gap = rescore(scored_runs, gap_slo)
@@ -84,6 +72,24 @@ def pool_draws(draws: list[dict[str, Any]], slo: SLO, gap_slo: SLO) -> dict[str,
         "max_rate_own": highest_rate_holding(runs),
         "with_itl_slo": gap,
     }
+
+
+def _pool_rate(draws: list[dict[str, Any]], rate: float, slo: SLO) -> dict[str, Any]:
+    """Every draw's run at ``rate`` as one run: its requests judged together, phases merged."""
+    same = [run for draw in draws for run in draw["runs"] if run["request_rate"] == rate]
+    records = [record_from_dict(row) for run in same for row in run["requests"]]
+    duration = sum(run["summary"]["duration_s"] for run in same)
+    summary = summarize(records, duration, slo)
+    summary["met_per_draw"] = [run["summary"]["num_met"] for run in same]
+    pooled = {
+        "request_rate": rate,
+        "summary": summary,
+        "requests": [r.to_dict() for r in records],
+    }
+    phases = [run["phases"] for run in same if run.get("phases")]
+    if phases:
+        pooled["phases"] = merge_phases(phases)
+    return pooled
 
 
 def merge_phases(phases: list[dict[str, Any]]) -> dict[str, Any]:

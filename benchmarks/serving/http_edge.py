@@ -218,7 +218,8 @@ def probe_under_attack(port: int) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of the benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
@@ -230,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-attacks", action="store_true", help="the normal path only")
     add_output_arguments(parser, "http_edge")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     # before the pinning below: the machine's cores, not this process's
     result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
@@ -239,6 +245,36 @@ def main(argv: list[str] | None = None) -> int:
     loads = [(1, max(1, round(48 * args.requests_scale)))]
     loads.append((64, 64 * max(1, round(6 * args.requests_scale))))
     os.sched_setaffinity(0, {1} if os.cpu_count() and os.cpu_count() > 1 else {0})
+    rates, costs, errors, attacks = _measure(args, protocols, loads, result_file)
+    result = {
+        # the report reads ``meta``; the result file keeps its provenance under ``_meta`` too
+        "meta": result_file.meta,
+        "tokens_per_stream": args.tokens,
+        "streams_per_round": {str(c): n for c, n in loads},
+        "events_per_s": {p: {str(c): spread(v, 1) for c, v in r.items()} for p, r in rates.items()},
+        "server_cpu_us_per_event": {
+            p: {str(c): spread(v, 2) for c, v in r.items()} for p, r in costs.items()
+        },
+        # server CPU per event, each round against httptools' own
+        "cpu_ratio_to_httptools": _cpu_ratios(costs, protocols),
+        "attacks": attacks,
+    }
+    failed = {p: {"count": len(e), "examples": sorted(set(e))[:5]} for p, e in errors.items() if e}
+    if failed:
+        result["failed_streams"] = failed
+    result_file.write(result)
+    print(json.dumps({k: result[k] for k in ("cpu_ratio_to_httptools", "attacks")}, indent=1))
+    return 0
+
+
+def _measure(
+    args: argparse.Namespace,
+    protocols: list[str],
+    loads: list[tuple[int, int]],
+    result_file: ResultFile,
+) -> tuple[dict, dict, dict[str, list[str]], dict[str, Any]]:
+    """Every protocol in turn, each round, on a server of its own: its event rates and server
+    CPU per event at each load, its failed streams, and (first round) the attacks."""
     rates: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in protocols}
     costs: dict[str, dict[int, list[float]]] = {p: {1: [], 64: []} for p in protocols}
     errors: dict[str, list[str]] = {p: [] for p in protocols}
@@ -262,32 +298,20 @@ def main(argv: list[str] | None = None) -> int:
         result_file.write(
             {"rounds_done": round_index + 1, "server_cpu_us_per_event": costs}, complete=False
         )
-    result = {
-        # the report reads ``meta``; the result file keeps its provenance under ``_meta`` too
-        "meta": result_file.meta,
-        "tokens_per_stream": args.tokens,
-        "streams_per_round": {str(c): n for c, n in loads},
-        "events_per_s": {p: {str(c): spread(v, 1) for c, v in r.items()} for p, r in rates.items()},
-        "server_cpu_us_per_event": {
-            p: {str(c): spread(v, 2) for c, v in r.items()} for p, r in costs.items()
-        },
-        "cpu_ratio_to_httptools": {  # server CPU per event, each round against httptools' own
-            p: {
-                str(c): spread(
-                    [a / b for a, b in zip(costs[p][c], costs["httptools"][c], strict=True)], 3
-                )
-                for c in (1, 64)
-            }
-            for p in protocols
-        },
-        "attacks": attacks,
+    return rates, costs, errors, attacks
+
+
+def _cpu_ratios(costs: dict[str, dict[int, list[float]]], protocols: list[str]) -> dict:
+    """Each protocol's server CPU per event over httptools', round by round, per concurrency."""
+    return {
+        p: {
+            str(c): spread(
+                [a / b for a, b in zip(costs[p][c], costs["httptools"][c], strict=True)], 3
+            )
+            for c in (1, 64)
+        }
+        for p in protocols
     }
-    failed = {p: {"count": len(e), "examples": sorted(set(e))[:5]} for p, e in errors.items() if e}
-    if failed:
-        result["failed_streams"] = failed
-    result_file.write(result)
-    print(json.dumps({k: result[k] for k in ("cpu_ratio_to_httptools", "attacks")}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -53,23 +53,28 @@ def best_tuned(results: dict[str, dict[str, Any]], family: str) -> dict[str, Any
         ]
         return max((m for m in maxima if m is not None), default=None)
 
+    return {
+        "runs": runs,
+        "max_rate_within_slo": best(None),
+        "max_rate_own": best(None, "max_rate_own"),
+        "with_itl_slo": {
+            "runs": _best_itl_runs(variants, rates),
+            "max_rate_within_slo": best("with_itl_slo"),
+            "max_rate_own": best("with_itl_slo", "max_rate_own"),
+        },
+        "closed_loop_by_draw": _best_loops(variants),
+    }
+
+
+def _best_itl_runs(variants: dict[str, dict[str, Any]], rates: list[float]) -> list[dict[str, Any]]:
+    """Per rate, the variant's run with the most goodput under the SLO with the gap."""
     itl_runs = []
     for rate in rates:
         views = [r["with_itl_slo"] for r in variants.values() if "with_itl_slo" in r]
         scored = [s for s in (at_rate(view, rate) for view in views) if s]
         if scored:
             itl_runs.append({"request_rate": rate, "summary": max(scored, key=_goodput)})
-    return {
-        "runs": runs,
-        "max_rate_within_slo": best(None),
-        "max_rate_own": best(None, "max_rate_own"),
-        "with_itl_slo": {
-            "runs": itl_runs,
-            "max_rate_within_slo": best("with_itl_slo"),
-            "max_rate_own": best("with_itl_slo", "max_rate_own"),
-        },
-        "closed_loop_by_draw": _best_loops(variants),
-    }
+    return itl_runs
 
 
 def _best_loops(variants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -259,21 +264,29 @@ def ratios(results: dict[str, dict[str, Any]], common_rate: float) -> dict[str, 
         )
     peer = best_tuned(results, PEER)
     if peer is not None:
-        ours = {m: r for m, r in results.items() if m.partition("@")[0] != PEER}
-        views = ((None, "max_rate"), ("with_itl_slo", "max_rate_with_gap"))
-        for view, key in views:
-            for rule, suffix in (("max_rate_own", ""), ("max_rate_within_slo", "_monotone")):
-                maxima = [(r[view] if view else r).get(rule) for r in ours.values()]
-                best = max((m for m in maxima if m is not None), default=None)
-                theirs = (peer[view] if view else peer).get(rule)
-                out[f"{key}{suffix}_pdserve_best_over_llama_server"] = _ratio(best, theirs)
-        out["llama_server_setting_by_rate"] = {
-            run["request_rate"]: run["mode"] for run in peer["runs"]
-        }
-        out["goodput_at_common_rate_by_mode"] = {
-            m: (at_rate(r, common_rate) or {}).get("goodput") for m, r in results.items()
-        }
-        out["closed_loop_pdserve_best_over_llama_server"] = _loop_ratios(ours, peer)
+        out |= _against_peer(results, peer, common_rate)
+    return out
+
+
+def _against_peer(
+    results: dict[str, dict[str, Any]], peer: dict[str, Any], common_rate: float
+) -> dict[str, Any]:
+    """pdserve's best mode against the best-tuned llama-server: the highest rates, the
+    settings chosen, the goodput at the common rate and the closed-loop ratios."""
+    out: dict[str, Any] = {}
+    ours = {m: r for m, r in results.items() if m.partition("@")[0] != PEER}
+    views = ((None, "max_rate"), ("with_itl_slo", "max_rate_with_gap"))
+    for view, key in views:
+        for rule, suffix in (("max_rate_own", ""), ("max_rate_within_slo", "_monotone")):
+            maxima = [(r[view] if view else r).get(rule) for r in ours.values()]
+            best = max((m for m in maxima if m is not None), default=None)
+            theirs = (peer[view] if view else peer).get(rule)
+            out[f"{key}{suffix}_pdserve_best_over_llama_server"] = _ratio(best, theirs)
+    out["llama_server_setting_by_rate"] = {run["request_rate"]: run["mode"] for run in peer["runs"]}
+    out["goodput_at_common_rate_by_mode"] = {
+        m: (at_rate(r, common_rate) or {}).get("goodput") for m, r in results.items()
+    }
+    out["closed_loop_pdserve_best_over_llama_server"] = _loop_ratios(ours, peer)
     return out
 
 

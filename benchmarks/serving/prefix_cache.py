@@ -345,14 +345,7 @@ def run_column(column: Column, args: argparse.Namespace, tokenizer: Tokenizer) -
     rows: list[dict] = []
     repeats, duration, deltas = [], 0.0, []
     for repeat in range(args.repeats):
-        seed = args.seed + repeat
-        system = system_prompt(args.system_tokens, tokenizer.encode, seed)
-        conversations = make_conversations(args.users, args.turns, system, seed, args.user_words)
-        before = prefix_counters(column.metrics_url)
-        turns, seconds = asyncio.run(
-            talk(column.target, conversations, args.concurrency, args.max_tokens, column.keys)
-        )
-        delta = counter_delta(before, prefix_counters(column.metrics_url))
+        turns, seconds, delta = _run_repeat(column, args, tokenizer, repeat)
         these = [
             {**row, "repeat": repeat} for row in request_rows(turns, tokenizer, args.block_size)
         ]
@@ -372,6 +365,33 @@ def run_column(column: Column, args: argparse.Namespace, tokenizer: Tokenizer) -
     pooled = summarize(records, duration, slo) | cache_figures(rows, column.with_answers)
     pooled["hit_rate_metrics"] = metrics_hit_rate(_sum_deltas(deltas))
     pooled["kv_bytes_per_handoff"] = bytes_per_handoff(_sum_deltas(deltas))
+    return _column_result(column, pooled, repeats, rows, records)
+
+
+def _run_repeat(
+    column: Column, args: argparse.Namespace, tokenizer: Tokenizer, repeat: int
+) -> tuple[list[Turn], float, dict[str, dict[str, float]] | None]:
+    """Repeat ``repeat``'s conversations (its own seed) against the column: its turns, seconds,
+    and the change in the prefix-cache counters over it."""
+    seed = args.seed + repeat
+    system = system_prompt(args.system_tokens, tokenizer.encode, seed)
+    conversations = make_conversations(args.users, args.turns, system, seed, args.user_words)
+    before = prefix_counters(column.metrics_url)
+    turns, seconds = asyncio.run(
+        talk(column.target, conversations, args.concurrency, args.max_tokens, column.keys)
+    )
+    delta = counter_delta(before, prefix_counters(column.metrics_url))
+    return turns, seconds, delta
+
+
+def _column_result(
+    column: Column,
+    pooled: dict,
+    repeats: list[dict],
+    rows: list[dict],
+    records: list[RequestRecord],
+) -> dict:
+    """A column's JSON: its setup, pooled summary, repeats, requests and any failed ones."""
     out = {
         "label": column.label,
         "url": column.target.url,

@@ -321,29 +321,12 @@ def summarize(
     one, two = caps["one"]["completed_per_s_at_slo"], caps["two"]["completed_per_s_at_slo"]
     hit_gap = hits["two"]["hit_rate"] - hits["one"]["hit_rate"]
     freed = [k["freed_s"] for k in kills if k["freed_s"] is not None]
-    failed = {
-        side: f
-        for side in SIDES
-        if (
-            f := failures(
-                [s for rate in args.rates for draw, _ in short[side][rate] for s in draw]
-                + [s for sent in chat[side] for s in sent]
-            )
-        )
-    }
+    failed = _failed_by_side(args, short, chat)
     survivors = sum(k["survivor_failed"] for k in kills)
     return {
         "draw_set": args.draw_set,
         "seeds": seeds,
-        "setup": {
-            "workers": "2 prefill + 1 decode, one shared pool (pdserve workers)",
-            "model": "tiny random llama (2 layers, hidden 64)",
-            "short": {"words": args.words, "max_tokens": args.max_tokens, "seconds": args.seconds},
-            "chat": {"users": args.users, "turns": args.turns, "system_tokens": 96},
-            "ttft_slo_s": TTFT_SLO_S,
-            "arrivals": "the same Poisson times for both sides, per draw and rate",
-            "kill": f"{args.kill_tokens}-token streams; freed: no worker holds a request of it",
-        },
+        "setup": _setup(args),
         "short_completions": {side: {"rates": rows[side], **caps[side]} for side in SIDES},
         "throughput_ratio_two_to_one": two / one if one and two else None,
         # per draw (the sides served it in turn, on the same arrivals): paired rounds
@@ -358,6 +341,37 @@ def summarize(
         # a side's failed requests (its survivor's under the kills are counted under kill)
         **({"failed_requests": failed} if failed else {}),
         **({"kill_survivor_failed_requests": survivors} if survivors else {}),
+    }
+
+
+def _failed_by_side(
+    args: argparse.Namespace,
+    short: dict[str, dict[float, list[Draw]]],
+    chat: dict[str, list[list[RequestRecord]]],
+) -> dict[str, Any]:
+    """Each side's failed requests, short completions and chat (sides with none left out)."""
+    return {
+        side: f
+        for side in SIDES
+        if (
+            f := failures(
+                [s for rate in args.rates for draw, _ in short[side][rate] for s in draw]
+                + [s for sent in chat[side] for s in sent]
+            )
+        )
+    }
+
+
+def _setup(args: argparse.Namespace) -> dict[str, Any]:
+    """What the run measured: the pool, the model, the loads, the SLO and the kills."""
+    return {
+        "workers": "2 prefill + 1 decode, one shared pool (pdserve workers)",
+        "model": "tiny random llama (2 layers, hidden 64)",
+        "short": {"words": args.words, "max_tokens": args.max_tokens, "seconds": args.seconds},
+        "chat": {"users": args.users, "turns": args.turns, "system_tokens": 96},
+        "ttft_slo_s": TTFT_SLO_S,
+        "arrivals": "the same Poisson times for both sides, per draw and rate",
+        "kill": f"{args.kill_tokens}-token streams; freed: no worker holds a request of it",
     }
 
 

@@ -150,14 +150,20 @@ def valid(text: str, schema: dict[str, Any]) -> bool:
     return True
 
 
+@dataclass
+class _Tally:
+    """The constrained outputs served so far, how many validate, and every request by side."""
+
+    outputs: int = 0
+    valid_outputs: int = 0
+    records: dict[str, list[RequestRecord]] = field(
+        default_factory=lambda: {"constrained": [], "unconstrained": []}
+    )
+
+
 async def serving(args: argparse.Namespace, url: str) -> dict[str, Any]:
     schema = record_schema(args.digits, args.text_fields)
-    constrained = {
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "record", "schema": schema, "strict": True},
-        }
-    }
+    constrained = _constrained(schema)
     # room for the whole record (a character a token at worst in the strings): it ends on its own
     budget = args.digits * 8 + args.text_fields * (TEXT_CHARS + 8) + 8
     warm = await batch(url, 1, len(PROMPTS), budget, constrained)
@@ -166,8 +172,7 @@ async def serving(args: argparse.Namespace, url: str) -> dict[str, Any]:
     tokens = max(2, round(statistics.mean(warm.counts)))
     shape = {"digits": args.digits, "text_fields": args.text_fields, "text_chars": TEXT_CHARS}
     figures: dict[str, Any] = {"output_tokens": tokens, "schema": shape, "streams": {}}
-    outputs, valid_outputs = 0, 0
-    records: dict[str, list[RequestRecord]] = {"constrained": [], "unconstrained": []}
+    tally = _Tally()
     for streams in args.streams:
         ratios, free_tpot, bound_tpot = [], [], []
         for round_index in range(args.repeats):
@@ -175,16 +180,9 @@ async def serving(args: argparse.Namespace, url: str) -> dict[str, Any]:
             medians: dict[bool, float] = {}
             for extra in order:  # unconstrained: the constrained outputs' length exactly
                 asked = budget if extra is not None else tokens
-                done = await batch(url, streams, args.per_client, asked, extra)
-                records["constrained" if extra is not None else "unconstrained"] += done.records
-                if extra is not None:  # a failed request: an output that does not validate
-                    outputs += len(done.records)
-                    valid_outputs += sum(valid(t, schema) for t in done.texts)
-                if not done.tpots:
-                    raise RuntimeError(
-                        f"no TPOT at {streams} streams: {failed_requests(done.records)}"
-                    )
-                medians[extra is not None] = statistics.median(done.tpots)
+                medians[extra is not None] = await _median_tpot(
+                    url, streams, args.per_client, asked, extra, schema, tally
+                )
             free_tpot.append(medians[False] * 1000)
             bound_tpot.append(medians[True] * 1000)
             ratios.append(medians[True] / medians[False])
@@ -194,12 +192,43 @@ async def serving(args: argparse.Namespace, url: str) -> dict[str, Any]:
             "ratio": spread(ratios),
         }
         print(f"{streams} streams: {figures['streams'][str(streams)]}", flush=True)
-    figures["outputs"] = outputs
-    figures["valid_share"] = valid_outputs / max(outputs, 1)
-    failing = {side: f for side, each in records.items() if (f := failed_requests(each))}
+    figures["outputs"] = tally.outputs
+    figures["valid_share"] = tally.valid_outputs / max(tally.outputs, 1)
+    failing = {side: f for side, each in tally.records.items() if (f := failed_requests(each))}
     if failing:
         figures["failed_requests"] = failing
     return figures
+
+
+def _constrained(schema: dict[str, Any]) -> dict[str, Any]:
+    """The request fields that constrain the output to ``schema``."""
+    return {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "record", "schema": schema, "strict": True},
+        }
+    }
+
+
+async def _median_tpot(
+    url: str,
+    streams: int,
+    per_client: int,
+    tokens: int,
+    extra: dict[str, Any] | None,
+    schema: dict[str, Any],
+    tally: _Tally,
+) -> float:
+    """One batch (constrained when ``extra``), its requests and outputs tallied: its median
+    TPOT, in seconds."""
+    done = await batch(url, streams, per_client, tokens, extra)
+    tally.records["constrained" if extra is not None else "unconstrained"] += done.records
+    if extra is not None:  # a failed request: an output that does not validate
+        tally.outputs += len(done.records)
+        tally.valid_outputs += sum(valid(t, schema) for t in done.texts)
+    if not done.tpots:
+        raise RuntimeError(f"no TPOT at {streams} streams: {failed_requests(done.records)}")
+    return statistics.median(done.tpots)
 
 
 def compiling(args: argparse.Namespace) -> dict[str, Any]:
