@@ -222,6 +222,37 @@ def test_a_request_prefilled_on_the_decode_worker_answers_as_single_node(
     _assert_idle(pd)
 
 
+async def _route_and_run(pd, router, prompts, params, handoff, queued) -> tuple[list, list]:
+    """Route the two queueing prompts, note both counts of the prefill queue in ``queued``, route
+    the short and the longer one, then run all four on their routes; the routes and the events."""
+    queueing, (short, longer) = prompts[:2], prompts[2:]
+    await router.view.refresh()
+    routes = [router.choose(prompt) for prompt in queueing]  # as the coordinator does
+    (worker,) = router.view.prefills
+    queued.append((worker.stats.num_prompt_tokens_to_compute, worker.prefill_cost))
+    routes += [router.choose(short), router.choose(longer)]
+    runs = await asyncio.gather(
+        *[
+            _collect_on(pd, route, f"adaptive-{handoff}-{i}", prompt, p)
+            for i, (route, prompt, p) in enumerate(zip(routes, prompts, params, strict=True))
+        ]
+    )
+    return routes, runs
+
+
+async def _collect_on(pd, route, request_id, prompt, p) -> list:
+    """The events of one request generated on the given (prefill, decode) route."""
+    request = GenerationRequest(request_id, prompt, p)
+    return [e async for e in pd.generate(request, prefill=route[0], decode=route[1])]
+
+
+def _assert_the_same_tokens_as_single_node(runs, single) -> None:
+    """Every routed answer finished without an error, token for token as ``single_node``'s."""
+    for routed_events, single_events in zip(runs, single, strict=True):
+        assert routed_events[-1].error is None
+        assert [e.token_id for e in routed_events] == [e.token_id for e in single_events]
+
+
 def test_past_the_prompt_tokens_routed_to_prefill_short_prompts_run_locally_long_ones_hand_off(
     pd, single_node, handoff, ray_session
 ):
@@ -240,30 +271,11 @@ def test_past_the_prompt_tokens_routed_to_prefill_short_prompts_run_locally_long
     prompts = [*queueing, short, longer]
     params = [SamplingParams(max_new_tokens=6, ignore_eos=True)] * len(prompts)
     queued: list[tuple[int, float]] = []  # (the worker's queue at the poll, the router's)
-
-    async def routed():
-        await router.view.refresh()
-        routes = [router.choose(prompt) for prompt in queueing]  # as the coordinator does
-        (worker,) = router.view.prefills
-        queued.append((worker.stats.num_prompt_tokens_to_compute, worker.prefill_cost))
-        routes += [router.choose(short), router.choose(longer)]
-        runs = await asyncio.gather(
-            *[
-                _collect_on(route, f"adaptive-{handoff}-{i}", prompt, p)
-                for i, (route, prompt, p) in enumerate(zip(routes, prompts, params, strict=True))
-            ]
-        )
-        return routes, runs
-
-    async def _collect_on(route, request_id, prompt, p):
-        request = GenerationRequest(request_id, prompt, p)
-        return [e async for e in pd.generate(request, prefill=route[0], decode=route[1])]
-
     before = sum(_handoffs_by_path(ray_session, pd).values())
     roles: list[str] = []
     pd.on_prefilled = lambda role, queued, prefill: roles.append(role)
     try:
-        routes, runs = asyncio.run(routed())
+        routes, runs = asyncio.run(_route_and_run(pd, router, prompts, params, handoff, queued))
     finally:
         pd.on_prefilled = None
     assert queued == [(0, 60)]  # the rule weighed what the router sent, not a reported queue
@@ -271,9 +283,7 @@ def test_past_the_prompt_tokens_routed_to_prefill_short_prompts_run_locally_long
     assert sorted(roles) == ["decode", "prefill", "prefill", "prefill"]
     assert sum(_handoffs_by_path(ray_session, pd).values()) == before + 3  # the local one: none
     single = _run(single_node, prompts, params, f"adaptive-single-{handoff}")
-    for routed_events, single_events in zip(runs, single, strict=True):
-        assert routed_events[-1].error is None
-        assert [e.token_id for e in routed_events] == [e.token_id for e in single_events]
+    _assert_the_same_tokens_as_single_node(runs, single)
     _assert_idle(pd)
 
 

@@ -248,16 +248,11 @@ def _await_metric(server, name: str, value: float, **labels: str) -> None:
     raise AssertionError(f"{name} never reached {value}: {_metric(server, name, **labels)}")
 
 
-def test_https_priority_429_timeout_and_disconnect(servers):
-    server = servers["single"]
-    # ignore_eos and 500 tokens: the blocker holds the one batch slot (maxBatchSize 1) for
-    # hundreds of decode steps while the test queues requests behind it.
-    long = {
-        "inputs": "hello",
-        "parameters": {"max_new_tokens": 500, "priority": 5, "ignore_eos": True},
-    }
-    # 64 steps each: the order the answers reach the client is the order they ran in.
-    short = {"inputs": "hello", "parameters": {"max_new_tokens": 64, "ignore_eos": True}}
+def _assert_priority_runs_first_and_a_fourth_request_is_429(
+    server, long: dict, short: dict
+) -> None:
+    """Behind the long blocker, a later priority-1 request overtakes an earlier priority 5, and a
+    fourth request while three are in flight is refused with 429."""
     finished: list[str] = []
 
     def run(name, body):
@@ -280,6 +275,9 @@ def test_https_priority_429_timeout_and_disconnect(servers):
         assert all(f.result().status_code == 200 for f in (first, later_p5, p1))
     assert finished == ["long-p5", "p1", "later-p5"]  # priority 1 overtakes an earlier 5
 
+
+def _assert_a_stopped_engine_times_the_request_out(server, long: dict) -> None:
+    """A request waiting on a stopped engine past its 1 s timeout answers 408, nothing left."""
     # The engine stopped (SIGSTOP) for longer than the request's 1 s, however fast the machine:
     # the request times out waiting, and the engine, once it goes on, has nothing left of it.
     (engine,) = _instances(server)
@@ -295,6 +293,9 @@ def test_https_priority_429_timeout_and_disconnect(servers):
     assert timed_out.json()["error"] == "Request inference timeout"
     _idle(server)
 
+
+def _assert_a_client_gone_mid_stream_is_counted_aborted(server, long: dict) -> None:
+    """A client leaving a stream mid-way is counted once as aborted, and nothing is left held."""
     aborted_before = _metric(server, "request_failed_total", reason="aborted")
     with (
         server.client() as client,
@@ -309,3 +310,18 @@ def test_https_priority_429_timeout_and_disconnect(servers):
     # moment after the engine has freed the request's blocks.
     _await_metric(server, "request_failed_total", aborted_before + 1, reason="aborted")
     _idle(server)
+
+
+def test_https_priority_429_timeout_and_disconnect(servers):
+    server = servers["single"]
+    # ignore_eos and 500 tokens: the blocker holds the one batch slot (maxBatchSize 1) for
+    # hundreds of decode steps while the test queues requests behind it.
+    long = {
+        "inputs": "hello",
+        "parameters": {"max_new_tokens": 500, "priority": 5, "ignore_eos": True},
+    }
+    # 64 steps each: the order the answers reach the client is the order they ran in.
+    short = {"inputs": "hello", "parameters": {"max_new_tokens": 64, "ignore_eos": True}}
+    _assert_priority_runs_first_and_a_fourth_request_is_429(server, long, short)
+    _assert_a_stopped_engine_times_the_request_out(server, long)
+    _assert_a_client_gone_mid_stream_is_counted_aborted(server, long)

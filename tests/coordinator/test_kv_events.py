@@ -154,6 +154,47 @@ def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model
             worker.loop.stop()
 
 
+async def _seconds_until_a_shared_router_learns_the_prefix(
+    cluster, workers, routing, prompt
+) -> float:
+    """With another coordinator sharing the workers, a router's long polls bring worker 1's stored
+    prompt and the router sends its next turn there; how long after generating it learned."""
+    router = Router(cluster, poll_interval_s=30.0, routing=routing)
+    for worker in workers:  # another coordinator shares them
+        worker.report("another-coordinator")
+    await router.view.refresh()  # in sync: the long polls take over from here
+    router.view.start()
+    try:
+        await asyncio.sleep(0.1)
+        await asyncio.to_thread(lambda: list(workers[1].generate(_request("t", prompt))))
+        generated = time.monotonic()
+        while num_confirmed(router.cache, ("colocated", 1)) < 9:
+            assert time.monotonic() - generated < 2.0, "the long poll brought nothing"
+            await asyncio.sleep(0.005)
+        assert router.choose([*prompt, 1, 2, 3]) == (0, 1)
+        return time.monotonic() - generated
+    finally:
+        await router.view.stop()
+
+
+async def _blocks_a_lone_router_confirms_without_a_load_poll(
+    cluster, workers, routing, prompt
+) -> int:
+    """A router alone in front of the workers (not shared): the blocks of worker 0 it confirms
+    half a second after worker 0 stored a longer prompt, its load poll 30 s away."""
+    router = Router(cluster, poll_interval_s=30.0, routing=routing)
+    await router.view.refresh()
+    router.view.start()
+    try:
+        assert not router.view.shared()
+        more = [*prompt, *range(100, 140)]
+        await asyncio.to_thread(lambda: list(workers[0].generate(_request("u", more))))
+        await asyncio.sleep(0.5)
+        return num_confirmed(router.cache, ("colocated", 0))
+    finally:
+        await router.view.stop()
+
+
 def test_a_router_learns_of_another_routers_prefix_at_once_from_its_long_poll(tiny_model_dir):
     """With load polls far apart, a router sharing the workers with another coordinator still
     knows within a batching period that a worker stored a prompt it never routed: each worker's
@@ -162,44 +203,14 @@ def test_a_router_learns_of_another_routers_prefix_at_once_from_its_long_poll(ti
     routing = RoutingConfig(block_size=4, local_prefill_tokens=0, local_prefill_queue_tokens=0)
     cluster = InProcessCluster(workers)
     prompt = list(range(20, 60))
-
-    async def scenario() -> float:
-        router = Router(cluster, poll_interval_s=30.0, routing=routing)
-        for worker in workers:  # another coordinator shares them
-            worker.report("another-coordinator")
-        await router.view.refresh()  # in sync: the long polls take over from here
-        router.view.start()
-        try:
-            await asyncio.sleep(0.1)
-            await asyncio.to_thread(lambda: list(workers[1].generate(_request("t", prompt))))
-            generated = time.monotonic()
-            while num_confirmed(router.cache, ("colocated", 1)) < 9:
-                assert time.monotonic() - generated < 2.0, "the long poll brought nothing"
-                await asyncio.sleep(0.005)
-            assert router.choose([*prompt, 1, 2, 3]) == (0, 1)
-            return time.monotonic() - generated
-        finally:
-            await router.view.stop()
-
-    async def alone() -> int:
-        router = Router(cluster, poll_interval_s=30.0, routing=routing)
-        await router.view.refresh()
-        router.view.start()
-        try:
-            assert not router.view.shared()
-            more = [*prompt, *range(100, 140)]
-            await asyncio.to_thread(lambda: list(workers[0].generate(_request("u", more))))
-            await asyncio.sleep(0.5)
-            return num_confirmed(router.cache, ("colocated", 0))
-        finally:
-            await router.view.stop()
-
+    scenario = (cluster, workers, routing, prompt)
     try:
-        learned_s = asyncio.run(scenario())
+        learned_s = asyncio.run(_seconds_until_a_shared_router_learns_the_prefix(*scenario))
         assert learned_s < 0.5 + FOLLOW_BATCH_S  # not at the next load poll, 30 s away
         for worker in workers:  # the other coordinator's lease lapses (so does the router's,
             worker.leases.take_expired(time.monotonic() + LEASE_S + 1)  # renewed at its poll)
-        assert asyncio.run(alone()) == 0  # not followed: its next load poll brings them
+        # not followed: its next load poll brings them
+        assert asyncio.run(_blocks_a_lone_router_confirms_without_a_load_poll(*scenario)) == 0
     finally:
         for worker in workers:
             worker.loop.stop()

@@ -121,55 +121,73 @@ def _wait_idle(server: CoordinatorProcess, timeout_s: float) -> list[dict]:
         time.sleep(0.2)
 
 
+def _assert_a_prefix_through_one_is_a_hit_through_the_other(first, second) -> int:
+    """A prefix sent through one coordinator is a cache hit through the other; its tokens."""
+    num_tokens, cached = _cached_tokens(first, PROMPT)
+    assert cached == 0
+    time.sleep(1.0)  # a few load polls: the second has the workers' events
+    assert _cached_tokens(second, PROMPT + " And then?")[1] >= num_tokens - 4
+    return num_tokens
+
+
+def _assert_killing_one_under_load_costs_the_other_nothing(first, second) -> None:
+    """SIGKILL of the first under 16-client load (8 on each): its leases expire within the bound,
+    the second's clients see no failure, and every worker goes idle with no block in use."""
+    victims, survivors = Background(first, 8), Background(second, 8)
+    time.sleep(3.0)
+    first.process.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    first.process.wait(timeout=10)
+    expired = 0
+    while time.monotonic() - killed_at < LEASE_BOUND_S + 5 and not expired:
+        expired = sum(w["num_leases_expired"] for w in _instances(second))
+        time.sleep(0.2)
+    freed_s = time.monotonic() - killed_at
+    assert expired >= 1 and freed_s <= LEASE_BOUND_S, (expired, freed_s)
+    time.sleep(2.0)
+    outcomes = survivors.stop()
+    victims.stop()
+    assert outcomes and Background.failures(outcomes) == []
+    workers = _wait_idle(second, 30)
+    assert all(w["num_open_streams"] == 0 and w["num_used_blocks"] == 0 for w in workers)
+
+
+def _assert_a_restarted_coordinator_rejoins(tmp_path, config, live, pids, num_tokens) -> None:
+    """The killed first coordinator restarted (in ``live[0]``) finds the same workers and cache."""
+    live[0] = _coordinator(tmp_path, config, "first-again")
+    assert _pids(live[0]) == pids
+    assert _cached_tokens(live[0], PROMPT + " Once more.")[1] >= num_tokens - 4
+
+
+def _assert_a_rolling_restart_fails_nothing(tmp_path, config, live, pids) -> None:
+    """A rolling restart under load (the second, then the first; ``live`` kept current) fails no
+    request of the coordinator that stays, and never restarts a worker."""
+    for name in ("second-again", "first-third"):  # the second, then the first
+        first, second = live
+        leaving, staying = (second, first) if name.startswith("second") else (first, second)
+        load = Background(staying, 8)
+        time.sleep(1.0)
+        assert leaving.stop() == 0  # drains its own requests
+        restarted = _coordinator(tmp_path, config, name)
+        time.sleep(1.0)
+        assert Background.failures(load.stop()) == []
+        assert _pids(restarted) == pids
+        live[:] = (first, restarted) if leaving is second else (restarted, second)
+
+
 def test_two_coordinators_share_the_pool_its_cache_and_survive_each_other(pool, tmp_path):
     head, config = pool
     first = _coordinator(tmp_path, config, "first")
     second = _coordinator(tmp_path, config, "second")
+    live = [first, second]  # the coordinators as they are replaced, stopped at the end
     try:
         pids = _pids(first)
         assert _pids(second) == pids  # both found the pool `pdserve workers` started
-
-        # a prefix sent through one coordinator is a cache hit through the other
-        num_tokens, cached = _cached_tokens(first, PROMPT)
-        assert cached == 0
-        time.sleep(1.0)  # a few load polls: the second has the workers' events
-        assert _cached_tokens(second, PROMPT + " And then?")[1] >= num_tokens - 4
-
-        # SIGKILL of the first under 16-client load (8 on each)
-        victims, survivors = Background(first, 8), Background(second, 8)
-        time.sleep(3.0)
-        first.process.send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-        first.process.wait(timeout=10)
-        expired = 0
-        while time.monotonic() - killed_at < LEASE_BOUND_S + 5 and not expired:
-            expired = sum(w["num_leases_expired"] for w in _instances(second))
-            time.sleep(0.2)
-        freed_s = time.monotonic() - killed_at
-        assert expired >= 1 and freed_s <= LEASE_BOUND_S, (expired, freed_s)
-        time.sleep(2.0)
-        outcomes = survivors.stop()
-        victims.stop()
-        assert outcomes and Background.failures(outcomes) == []
-        workers = _wait_idle(second, 30)
-        assert all(w["num_open_streams"] == 0 and w["num_used_blocks"] == 0 for w in workers)
-
-        # a restarted coordinator rejoins; a rolling restart under load fails no request of the
-        # coordinator that stays, and never restarts a worker
-        first = _coordinator(tmp_path, config, "first-again")
-        assert _pids(first) == pids
-        assert _cached_tokens(first, PROMPT + " Once more.")[1] >= num_tokens - 4
-        for name in ("second-again", "first-third"):  # the second, then the first
-            leaving, staying = (second, first) if name.startswith("second") else (first, second)
-            load = Background(staying, 8)
-            time.sleep(1.0)
-            assert leaving.stop() == 0  # drains its own requests
-            restarted = _coordinator(tmp_path, config, name)
-            time.sleep(1.0)
-            assert Background.failures(load.stop()) == []
-            assert _pids(restarted) == pids
-            first, second = (first, restarted) if leaving is second else (restarted, second)
+        num_tokens = _assert_a_prefix_through_one_is_a_hit_through_the_other(first, second)
+        _assert_killing_one_under_load_costs_the_other_nothing(first, second)
+        _assert_a_restarted_coordinator_rejoins(tmp_path, config, live, pids, num_tokens)
+        _assert_a_rolling_restart_fails_nothing(tmp_path, config, live, pids)
     finally:
-        for server in (first, second):
+        for server in live:
             if server.process.poll() is None:
                 server.stop()

@@ -284,8 +284,9 @@ def test_passwordless_sudo_of_the_ray_image_is_removed() -> None:
         assert not re.search(r"(?:^|&&|;|\|\||\()\s*sudo\s", run), run
 
 
-def test_every_pip_install_is_constrained_to_the_tested_versions() -> None:
-    constraints = DOCKER / "constraints.txt"
+def _assert_the_constraints_are_in_place_before_the_first_pip_install() -> None:
+    """``PIP_CONSTRAINT`` names the constraints file copied into the workdir, both before the
+    first ``pip install``, and the build context lets the file through."""
     (arg,) = [r for r in args_of("ARG") if r.startswith("PIP_CONSTRAINT=")]
     target = arg.partition("=")[2]
     copy = f"--chown={IMAGE_UID}:{IMAGE_GID} deploy/docker/constraints.txt ./constraints.txt"
@@ -297,17 +298,21 @@ def test_every_pip_install_is_constrained_to_the_tested_versions() -> None:
     assert keywords.index(("ARG", arg)) < first_pip
     assert keywords.index(("COPY", copy)) < first_pip
     assert "!deploy/docker/constraints.txt" in (DOCKER / "Dockerfile.dockerignore").read_text()
-    # Every line is an exact pin; torch and Ray at the image's versions; pdserve's own
-    # requirements each pinned to a version they admit.
+
+
+def _exact_pins(constraints: Path) -> dict[str, str]:
+    """The constraints file's pins by name, every line asserted an exact ``name==version``."""
     pins = {}
     for line in constraints.read_text().splitlines():
         if line and not line.startswith("#"):
             name, sep, version = line.partition("==")
             assert sep and re.fullmatch(r"[a-z0-9-]+", name) and re.fullmatch(r"[\w.]+", version)
             pins[name] = version
-    defaults = arg_defaults()
-    assert pins["torch"] == defaults["TORCH_VERSION"]
-    assert pins["ray"] == defaults["RAY_VERSION"]
+    return pins
+
+
+def _assert_pdserves_requirements_are_pinned(pins: dict[str, str]) -> None:
+    """Each of pyproject's dependencies pinned to a version it admits; install.sh's too."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
@@ -322,6 +327,18 @@ def test_every_pip_install_is_constrained_to_the_tested_versions() -> None:
     ):
         for package in line.split():
             assert canonicalize_name(package.split("==")[0]) in pins, package
+
+
+def test_every_pip_install_is_constrained_to_the_tested_versions() -> None:
+    constraints = DOCKER / "constraints.txt"
+    _assert_the_constraints_are_in_place_before_the_first_pip_install()
+    # Every line is an exact pin; torch and Ray at the image's versions; pdserve's own
+    # requirements each pinned to a version they admit.
+    pins = _exact_pins(constraints)
+    defaults = arg_defaults()
+    assert pins["torch"] == defaults["TORCH_VERSION"]
+    assert pins["ray"] == defaults["RAY_VERSION"]
+    _assert_pdserves_requirements_are_pinned(pins)
     # torch comes alone from its index (no dependency from there): its dependencies then come
     # from the main index at their pinned versions.
     (torch,) = [r for r in args_of("RUN") if "TORCH_INDEX_URL" in r]

@@ -474,31 +474,28 @@ def test_ray_dashboard_listens_on_loopback(name: str) -> None:
     assert params["dashboard-host"] == "127.0.0.1"
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_network_policies(name: str) -> None:
-    docs, values = render(name), values_of(name)
-    np = values["networkPolicy"]
-    if not np["enabled"]:
-        assert not objects(docs, "NetworkPolicy")
-        return
-    http = values["msCoordinator"]["http_config"]
-    cluster_name = one(docs, "RayCluster")["metadata"]["name"]
-    ray_ports = values["ray"]["ports"]
-    coordinator = {"podSelector": {"matchLabels": one(docs, "Service")["spec"]["selector"]}}
-    workers = {
-        "podSelector": {
-            "matchLabels": {"ray.io/cluster": cluster_name, "ray.io/node-type": "worker"}
-        }
+def _policy_peers(docs: list[dict], cluster_name: str) -> dict[str, dict]:
+    """The NetworkPolicy peers the policies admit: the coordinator, the Ray workers, the prefill
+    pods and every Ray pod, by their pod selectors."""
+    return {
+        "coordinator": {"podSelector": {"matchLabels": one(docs, "Service")["spec"]["selector"]}},
+        "workers": {
+            "podSelector": {
+                "matchLabels": {"ray.io/cluster": cluster_name, "ray.io/node-type": "worker"}
+            }
+        },
+        "prefill": {
+            "podSelector": {
+                "matchLabels": {"ray.io/cluster": cluster_name, "ray.io/group": "prefill"}
+            }
+        },
+        "ray_pods": {"podSelector": {"matchLabels": {"ray.io/cluster": cluster_name}}},
     }
-    prefill = {
-        "podSelector": {"matchLabels": {"ray.io/cluster": cluster_name, "ray.io/group": "prefill"}}
-    }
-    ray_pods = {"podSelector": {"matchLabels": {"ray.io/cluster": cluster_name}}}
-    assert len(objects(docs, "NetworkPolicy")) == 4
-    for doc in objects(docs, "NetworkPolicy"):
-        assert doc["spec"]["policyTypes"] == ["Ingress", "Egress"]
 
-    # The coordinator: predict and status from predictFrom, manage from nobody unless exposed.
+
+def _assert_the_coordinator_policy(docs: list[dict], values: dict, peers: dict) -> None:
+    """The coordinator: predict and status from predictFrom, manage from nobody unless exposed."""
+    np, http = values["networkPolicy"], values["msCoordinator"]["http_config"]
     spec = policy(docs, "coordinator")
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
@@ -510,24 +507,32 @@ def test_network_policies(name: str) -> None:
         assert manage == np["manageFrom"]
     else:
         assert manage == []
-    assert admitted(spec, ray_ports["nodeManager"]) == [ray_pods]
+    assert admitted(spec, values["ray"]["ports"]["nodeManager"]) == [peers["ray_pods"]]
 
-    # The head: GCS from the coordinator and the workers, the client port from the coordinator
-    # only, the dashboard from nobody.
+
+def _assert_the_ray_head_policy(docs: list[dict], cluster_name: str, peers: dict) -> None:
+    """The head: GCS from the coordinator and the workers, the client port from the coordinator
+    only, the dashboard from nobody."""
     spec = policy(docs, "ray-head")
     assert spec["podSelector"]["matchLabels"] == {
         "ray.io/cluster": cluster_name,
         "ray.io/node-type": "head",
     }
-    assert admitted(spec, 6379) == [coordinator, workers]
-    assert admitted(spec, 10001) == [coordinator]
+    assert admitted(spec, 6379) == [peers["coordinator"], peers["workers"]]
+    assert admitted(spec, 10001) == [peers["coordinator"]]
     assert admitted(spec, 8265) == []
 
-    # Decode: the KV ports from prefill pods only; no Ray port falls among them.
+
+def _assert_the_ray_worker_policies(
+    docs: list[dict], values: dict, cluster_name: str, peers: dict
+) -> None:
+    """Decode: the KV ports from prefill pods only, no Ray port among them; every group: its Ray
+    ports from the coordinator and Ray pods, the predict port from nobody."""
+    np, ray_ports = values["networkPolicy"], values["ray"]["ports"]
     spec = policy(docs, "ray-decode")
     kv = range(np["kvPorts"]["start"], np["kvPorts"]["end"] + 1)
     for port in (kv.start, kv.stop - 1, 49152, 60999):
-        assert admitted(spec, port) == [prefill], port
+        assert admitted(spec, port) == [peers["prefill"]], port
     assert all(port < kv.start for port in ray_ports.values())
     groups = [g["groupName"] for g in one(docs, "RayCluster")["spec"]["workerGroupSpecs"]]
     for role in groups:
@@ -537,8 +542,26 @@ def test_network_policies(name: str) -> None:
             "ray.io/group": role,
         }
         for port in (ray_ports["objectManager"], ray_ports["minWorker"], ray_ports["maxWorker"]):
-            assert admitted(spec, port) == [coordinator, ray_pods], (role, port)
-        assert admitted(spec, http["predict_port"]) == []
+            assert admitted(spec, port) == [peers["coordinator"], peers["ray_pods"]], (role, port)
+        predict_port = values["msCoordinator"]["http_config"]["predict_port"]
+        assert admitted(spec, predict_port) == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_network_policies(name: str) -> None:
+    docs, values = render(name), values_of(name)
+    np = values["networkPolicy"]
+    if not np["enabled"]:
+        assert not objects(docs, "NetworkPolicy")
+        return
+    cluster_name = one(docs, "RayCluster")["metadata"]["name"]
+    peers = _policy_peers(docs, cluster_name)
+    assert len(objects(docs, "NetworkPolicy")) == 4
+    for doc in objects(docs, "NetworkPolicy"):
+        assert doc["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    _assert_the_coordinator_policy(docs, values, peers)
+    _assert_the_ray_head_policy(docs, cluster_name, peers)
+    _assert_the_ray_worker_policies(docs, values, cluster_name, peers)
 
 
 def test_network_policy_sources_follow_values() -> None:
@@ -724,11 +747,11 @@ def test_pods_run_locked_down(name: str) -> None:
             assert f"cp -a /opt/pdserve/cache/. {IMAGE_HOME}/.cache/;" in seed["command"][-1]
 
 
-def test_api_keys_come_from_a_secret(tmp_path: Path) -> None:
-    """The keys never land in the ConfigMap: the coordinator merges them from the Secret into a
-    private copy of its config at start, with the chart's own script."""
-    values = values_of("tls-on")
-    docs = render("tls-on")
+def _assert_the_deployment_mounts_the_keys_and_composes_its_config(
+    docs: list[dict], values: dict
+) -> None:
+    """The keys are not in the ConfigMap; the Secret and the compose script are mounted, and the
+    container's script composes a private config before it starts pdserve on it."""
     assert "api_keys" not in ms_coordinator(docs)["http_config"]
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -749,7 +772,10 @@ def test_api_keys_come_from_a_secret(tmp_path: Path) -> None:
     assert script.index(command) < script.index('exec pdserve --config "$CONFIG"')
     assert "CONFIG=/tmp/pdserve/ms_coordinator.json" in script
 
-    # Run the script the ConfigMap carries on the rendered config and a keys file.
+
+def _assert_the_compose_script_merges_the_keys(docs: list[dict], tmp_path: Path) -> None:
+    """The script the ConfigMap carries, run on the rendered config and a keys file, writes a
+    private config with the keys; an empty keys file fails it."""
     (config_map,) = [d for d in objects(docs, "ConfigMap") if "compose_config.py" in d["data"]]
     compose = tmp_path / "compose_config.py"
     compose.write_text(config_map["data"]["compose_config.py"])
@@ -764,21 +790,35 @@ def test_api_keys_come_from_a_secret(tmp_path: Path) -> None:
     empty = subprocess.run([*run, "--api-keys", keys], capture_output=True, timeout=30)
     assert empty.returncode != 0 and b"no API key" in empty.stderr
 
+
+def test_api_keys_come_from_a_secret(tmp_path: Path) -> None:
+    """The keys never land in the ConfigMap: the coordinator merges them from the Secret into a
+    private copy of its config at start, with the chart's own script."""
+    values = values_of("tls-on")
+    docs = render("tls-on")
+    _assert_the_deployment_mounts_the_keys_and_composes_its_config(docs, values)
+
+    # Run the script the ConfigMap carries on the rendered config and a keys file.
+    _assert_the_compose_script_merges_the_keys(docs, tmp_path)
+
     # Without a Secret the config is used as rendered.
     defaults = one(render("defaults"), "Deployment")["spec"]["template"]["spec"]
     assert not {"api-keys", "manage-api-keys"} & {v["name"] for v in defaults["volumes"]}
     assert "compose_config.py" not in defaults["containers"][0]["args"][0]
 
 
-def test_management_api_stays_on_loopback_unless_exposed_with_keys(tmp_path: Path) -> None:
-    # Defaults: loopback, not on the Service.
+def _assert_the_default_management_api_is_on_loopback(tmp_path: Path) -> None:
+    """Defaults: the management API on loopback, not on the Service; the config passes the check."""
     docs = render("defaults")
     assert ms_coordinator(docs)["http_config"]["manage_ip"] == "127.0.0.1"
     assert "manage" not in {p["name"] for p in one(docs, "Service")["spec"]["ports"]}
     config_file = tmp_path / "defaults.json"
     config_file.write_text(json.dumps(ms_coordinator(docs)))
     check_manage_listener(load_config(config_file))
-    # Exposed: off loopback, with the keys of their own Secret merged in at start.
+
+
+def _assert_an_exposed_management_api_gets_its_own_keys(tmp_path: Path) -> None:
+    """Exposed: off loopback, with the keys of their own Secret merged in at start."""
     values = values_of("network")
     docs = render("network")
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
@@ -800,7 +840,10 @@ def test_management_api_stays_on_loopback_unless_exposed_with_keys(tmp_path: Pat
     composed = json.loads(target.read_text())["http_config"]
     assert (composed["manage_ip"], composed["manage_api_keys"]) == ("0.0.0.0", ["m-1"])
     check_manage_listener(load_config(target))
-    # Exposing it without keys, or on loopback, fails the rendering.
+
+
+def _assert_exposing_it_without_keys_or_on_loopback_fails(tmp_path: Path) -> None:
+    """Exposing the management API without keys, or on loopback, fails the rendering."""
     for extra, message in (
         ({"coordinator": {"service": {"exposeManagePort": True}}}, "manage_ip off loopback"),
         (
@@ -815,6 +858,12 @@ def test_management_api_stays_on_loopback_unless_exposed_with_keys(tmp_path: Pat
         bad.write_text(yaml.safe_dump(extra))
         result = run_helm("template", RELEASE, CHART, "-f", bad)
         assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_management_api_stays_on_loopback_unless_exposed_with_keys(tmp_path: Path) -> None:
+    _assert_the_default_management_api_is_on_loopback(tmp_path)
+    _assert_an_exposed_management_api_gets_its_own_keys(tmp_path)
+    _assert_exposing_it_without_keys_or_on_loopback_fails(tmp_path)
 
 
 def test_inline_api_keys_are_refused(tmp_path: Path) -> None:

@@ -79,9 +79,8 @@ def test_ray_job_submit_runs_the_coordinator(ray_head, tmp_path, tiny_model_dir)
     wait_for(lambda: httpx.get(job).json()["status"] == "STOPPED", 60, "the job's stop")
 
 
-def test_serve_run_deploys_the_ingress(ray_head, tmp_path, tiny_model_dir):
-    port = free_port()
-    config = _config(tmp_path, tiny_model_dir, {})
+def _serve_config(tmp_path: Path, config: Path, port: int) -> Path:
+    """A Serve config deploying pdserve's ingress on 127.0.0.1:``port``, /metrics on."""
     serve_config = tmp_path / "serve.yaml"
     serve_config.write_text(
         yaml.safe_dump(
@@ -99,6 +98,40 @@ def test_serve_run_deploys_the_ingress(ray_head, tmp_path, tiny_model_dir):
             }
         )
     )
+    return serve_config
+
+
+def _assert_streams(url: str) -> None:
+    """A streamed /infer sends the three tokens asked for, the last event with the text."""
+    parameters = {"max_new_tokens": 3, "ignore_eos": True}
+    with httpx.stream(
+        "POST",
+        f"{url}/infer",
+        json={"inputs": "hi", "stream": True, "parameters": parameters},
+        timeout=60,
+    ) as stream:
+        events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    assert len(events) == 3 and json.loads(events[-1][6:])["generated_text"] is not None
+
+
+def _assert_chats(url: str) -> None:
+    """/v1/chat/completions answers with the two tokens asked for."""
+    chat = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "ignore_eos": True,
+        },
+        timeout=60,
+    )
+    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 2
+
+
+def test_serve_run_deploys_the_ingress(ray_head, tmp_path, tiny_model_dir):
+    port = free_port()
+    config = _config(tmp_path, tiny_model_dir, {})
+    serve_config = _serve_config(tmp_path, config, port)
     deployed = ray_head.cli("serve", "run", "--non-blocking", str(serve_config))
     assert deployed.returncode == 0, deployed.stderr
     url = f"http://127.0.0.1:{port}"
@@ -107,25 +140,8 @@ def test_serve_run_deploys_the_ingress(ray_head, tmp_path, tiny_model_dir):
             lambda: httpx.get(f"{url}/v1/readiness", timeout=2).status_code == 200, 240, "Serve"
         )
         _assert_infers(url)
-        parameters = {"max_new_tokens": 3, "ignore_eos": True}
-        with httpx.stream(
-            "POST",
-            f"{url}/infer",
-            json={"inputs": "hi", "stream": True, "parameters": parameters},
-            timeout=60,
-        ) as stream:
-            events = [line for line in stream.iter_lines() if line.startswith("data: ")]
-        assert len(events) == 3 and json.loads(events[-1][6:])["generated_text"] is not None
-        chat = httpx.post(
-            f"{url}/v1/chat/completions",
-            json={
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 2,
-                "ignore_eos": True,
-            },
-            timeout=60,
-        )
-        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 2
+        _assert_streams(url)
+        _assert_chats(url)
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         successes = re.findall(r"^request_success_total\{.*\} (\S+)$", metrics, re.M)
         assert [float(v) for v in successes] == [3.0]  # /infer, the stream, the chat

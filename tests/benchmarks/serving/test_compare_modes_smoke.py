@@ -13,16 +13,18 @@ from benchmarks.serving import compare_modes
 pytestmark = pytest.mark.ray
 
 
-def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
-    tmp_path, tiny_model_dir
-):
-    out = tmp_path / "modes.json"
+def _run_the_sweep(out, tiny_model_dir) -> dict:
+    """Run compare_modes on the adaptive mode, two draws and the closed loop; its JSON report."""
     args = ["--model", str(tiny_model_dir), "--modes", "pd_adaptive", "--single-node-budgets", ""]
     args += ["--draw-set", "tuning", "--draws", "2"]
     args += ["--request-rates", "4,inf", "--num-requests", "3", "--mix", "chat=1"]
     args += ["--closed-loop", "2", "--plots"]
     assert compare_modes.main([*args, "--out", str(out)]) == 0
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def _assert_the_report_header(report: dict) -> None:
+    """The draw set, seeds, machine, commit and offered load the report records."""
     assert report["draw_set"] == "tuning" and report["seeds"] == [0, 1]
     assert report["cpu"] and report["commit"] and "compare_modes" in report["command"]
     assert report["_meta"]["complete"] and report["_meta"]["commit"] == report["commit"]
@@ -32,7 +34,10 @@ def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
         "4": {"prompt_tokens_per_s": 4 * 64.0, "output_tokens_per_s": 4 * 64.0},
         "inf": {"prompt_tokens_per_s": None, "output_tokens_per_s": None},
     }
-    result = report["results"]["pd_adaptive"]
+
+
+def _assert_every_rate_served_every_request(result: dict) -> None:
+    """Each rate's run served all 6 requests, each prompt timed by the engine computing it."""
     assert [run["request_rate"] for run in result["runs"]] == [4.0, float("inf")]
     assert result["given"]["backend_config"]["local_prefill_tokens"] == 96
     for run in result["runs"]:
@@ -46,6 +51,10 @@ def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
             "prefill",
             "decode",
         }
+
+
+def _assert_the_workloads_and_closed_loop(result: dict) -> None:
+    """The two draws' workloads, the ITL-SLO runs and the closed loop of each draw."""
     assert result["max_rate_own"] == float("inf")
     workloads = result["workload"]
     assert [w["seed"] for w in workloads] == [0, 1]
@@ -56,8 +65,24 @@ def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
     loops = result["closed_loop_by_draw"]
     assert len(loops) == 2 and all(d["2"]["num_failed"] == 0 for d in loops)
     assert all(d["2"]["num_requests"] == 4 and d["2"]["output_token_throughput"] > 0 for d in loops)
+
+
+def _assert_the_markdown_and_plots(out) -> None:
+    """The Markdown report's spread, phase and closed-loop rows, and the goodput plot."""
     markdown = out.with_suffix(".md").read_text()
     assert "| pd_adaptive | 6/6 (61%-100%) | 6/6 (61%-100%) |" in markdown  # the spread
     assert "| prompts @ 1 req/s, by the engine computing them |" in markdown
     assert "| closed loop | N = 2: tok/s;" in markdown
     assert out.with_suffix(".goodput.png").stat().st_size > 0
+
+
+def test_the_adaptive_mode_serves_the_sweep_on_two_draws_and_the_closed_loop(
+    tmp_path, tiny_model_dir
+):
+    out = tmp_path / "modes.json"
+    report = _run_the_sweep(out, tiny_model_dir)
+    _assert_the_report_header(report)
+    result = report["results"]["pd_adaptive"]
+    _assert_every_rate_served_every_request(result)
+    _assert_the_workloads_and_closed_loop(result)
+    _assert_the_markdown_and_plots(out)

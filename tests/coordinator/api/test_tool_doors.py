@@ -239,9 +239,8 @@ def test_a_tool_result_round_trip_answers(client):
     assert reply.usage.prompt_tokens > 50  # the tools, the call and its result were all read
 
 
-def test_azure_sdk_required_named_and_a_round_trip(azure):
-    weather = FunctionDefinition(name="get_weather", description="Weather", parameters=WEATHER)
-    tools = [ChatCompletionsToolDefinition(function=weather)]
+def _assert_required_choice_calls_the_tool(azure, tools) -> None:
+    """``tool_choice`` required (one call at a time): the reply calls ``get_weather``."""
     reply = azure.complete(
         messages=[UserMessage("Weather in Oslo?")],
         tools=tools,
@@ -254,6 +253,10 @@ def test_azure_sdk_required_named_and_a_round_trip(azure):
     calls = choice.message.tool_calls
     assert calls and all(c.function.name == "get_weather" for c in calls)
     _check_call(calls[0].function.name, calls[0].function.arguments)
+
+
+def _streamed_named_call_arguments(azure, tools) -> str:
+    """The arguments a streamed reply with ``get_weather`` named as the tool choice calls with."""
     named = ChatCompletionsNamedToolChoice(
         function=ChatCompletionsNamedToolChoiceFunction(name="get_weather")
     )
@@ -273,6 +276,11 @@ def test_azure_sdk_required_named_and_a_round_trip(azure):
         for d in u.choices[0].delta.tool_calls or []
     )
     _check_call("get_weather", arguments)
+    return arguments
+
+
+def _assert_the_tool_result_round_trips(azure, tools, arguments: str) -> None:
+    """A history with the call and its tool message in it is answered."""
     previous = ChatCompletionsToolCall(
         id="call_1", function=FunctionCall(name="get_weather", arguments=arguments)
     )
@@ -283,6 +291,14 @@ def test_azure_sdk_required_named_and_a_round_trip(azure):
     ]
     answer = azure.complete(messages=history, tools=tools, max_tokens=3, seed=2)
     assert answer.choices[0].finish_reason is not None
+
+
+def test_azure_sdk_required_named_and_a_round_trip(azure):
+    weather = FunctionDefinition(name="get_weather", description="Weather", parameters=WEATHER)
+    tools = [ChatCompletionsToolDefinition(function=weather)]
+    _assert_required_choice_calls_the_tool(azure, tools)
+    arguments = _streamed_named_call_arguments(azure, tools)
+    _assert_the_tool_result_round_trips(azure, tools, arguments)
 
 
 # ---- hostile input ----
