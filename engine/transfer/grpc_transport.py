@@ -257,9 +257,6 @@ class GrpcKVSender(BaseKVSender):
         options = [*_OPTIONS, ("grpc.ssl_target_name_override", KV_TLS_NAME)]
         return grpc.secure_channel(endpoint, tls, options=options)
 
-    def num_connections(self) -> int:
-        return len(self._channels)
-
     def send(self, endpoint: str, payload: KVPayload, timeout: float) -> str:
         deadline = time.monotonic() + timeout
         with self._channels.lease(endpoint) as link:
