@@ -22,7 +22,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -218,6 +218,13 @@ class EventStream(StreamingResponse):
             log.debug("the client went away while its stream was sent")
         finally:
             await self.body_iterator.aclose()
+
+
+async def chained(first: TokenEvent, rest: Events) -> AsyncIterator[TokenEvent]:
+    """A stream's events from its first one (already taken) on."""
+    yield first
+    async for event in rest:
+        yield event
 
 
 async def open_stream(
