@@ -191,10 +191,8 @@ class _PushState:
     def report_cut(self, receiver: GrpcKVReceiver) -> None:
         """Once per push: a cut stream ends its reservation, if the handshake accepted it (only
         a sender the reservation accepted may end it)."""
-        if self.cut:
-            return
-        self.cut = True
-        if self.accepted:
+        already, self.cut = self.cut, True
+        if self.accepted and not already:
             receiver.report_broken(self.request_id, "the stream was cut")
 
 
