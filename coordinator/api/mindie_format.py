@@ -49,11 +49,8 @@ ERROR_TYPES = {
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One event, exactly ``data: <json>\\n\\n`` (compact JSON, UTF-8 kept as is)."""
-    return (
-        b"data: "
-        + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-        + b"\n\n"
-    )
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + text.encode() + b"\n\n"
 
 
 CONTENT_FILTER = "content_filter"
