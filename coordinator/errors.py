@@ -32,3 +32,12 @@ class GenerationFailed(ServiceError):
     """The cluster could not finish the request (after retries)."""
 
     status = 500
+
+
+def check_room(draining: bool, count: int, max_requests: int, what: str) -> None:
+    """Raise why one more request cannot be taken: the coordinator drains (NoWorkerError), or
+    ``count`` requests ``what`` (in flight, open) reached ``max_requests`` (TooManyRequests)."""
+    if draining:
+        raise NoWorkerError("the coordinator is shutting down")
+    if count >= max_requests:
+        raise TooManyRequests(f"{count} requests {what} (max_requests {max_requests})")

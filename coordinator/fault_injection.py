@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 
+from coordinator.api.common import read_body
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 
 log = logging.getLogger(__name__)
@@ -35,16 +36,8 @@ def add_fault_route(app: FastAPI, inject: Callable[[Request], Awaitable[Any]]) -
 
 async def read_fault_body(request: Request) -> Any:
     """The JSON body of a fault request; 413 past :data:`FAULT_BODY_LIMIT` bytes."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > FAULT_BODY_LIMIT:
-        raise _too_large()
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > FAULT_BODY_LIMIT:
-            raise _too_large()
-    return json.loads(body)
+    return json.loads(await read_body(request, FAULT_BODY_LIMIT, _too_large))
 
 
-def _too_large() -> HTTPException:
+def _too_large(_size: str) -> HTTPException:
     return HTTPException(413, f"a fault request is at most {FAULT_BODY_LIMIT} bytes")

@@ -34,15 +34,16 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import NoReturn
+from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from coordinator.errors import (
     GenerationFailed,
     NoWorkerError,
     RequestTimeout,
-    TooManyRequests,
+    ServiceError,
+    check_room,
 )
 from coordinator.metrics import Metrics
 from coordinator.request_run import Outcome, RequestRun
@@ -85,26 +86,18 @@ class Timeouts:
         return (first, first_message), (total, total_message)
 
 
+@dataclass(eq=False)
 class InferenceService:
-    def __init__(
-        self,
-        cluster,
-        router: Router,
-        max_requests: int,
-        max_retry: int,
-        timeouts: Timeouts,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.cluster = cluster
-        self.metrics = metrics
-        self.router = router
-        self.max_requests = max_requests
-        self.max_retry = max_retry
-        self.timeouts = timeouts
-        self.in_flight = 0  # generations and embeddings (coordinator.api.admission)
-        self.draining = False
-        self.runs: dict[str, RequestRun] = {}  # the live generations by request id
-        self._ids = itertools.count()
+    cluster: Any  # coordinator.cluster.Cluster
+    router: Router
+    max_requests: int
+    max_retry: int
+    timeouts: Timeouts
+    metrics: Metrics | None = None
+    in_flight: int = field(default=0, init=False)  # generations and embeddings (api.admission)
+    draining: bool = field(default=False, init=False)
+    runs: dict[str, RequestRun] = field(default_factory=dict, init=False)  # live ones, by id
+    _ids: Iterator[int] = field(default_factory=itertools.count, init=False)
 
     def new_request_id(self) -> str:
         """Unique and unguessable: a counter and 64 random bits."""
@@ -141,8 +134,12 @@ class InferenceService:
             constraint = run.request.params.constraint
             if constraint is not None:
                 self.metrics.constrained.labels(self.metrics.model_name, constraint.kind).inc()
-        if self.draining or self.in_flight >= self.max_requests:
-            self._refuse(run)
+        try:
+            check_room(self.draining, self.in_flight, self.max_requests, "in flight")
+        except ServiceError:
+            run.end(Outcome.UNAVAILABLE if self.draining else Outcome.TOO_MANY_REQUESTS)
+            self._failed(run.outcome)
+            raise
         self.in_flight += 1
         self.runs[run.request_id] = run
         self._gauge(run, +1)
@@ -153,15 +150,6 @@ class InferenceService:
         if self.metrics:
             self.metrics.received.labels(self.metrics.model_name).inc()
         self._failed(Outcome.UNAVAILABLE if self.draining else Outcome.TOO_MANY_REQUESTS)
-
-    def _refuse(self, run: RequestRun) -> NoReturn:
-        run.end(Outcome.UNAVAILABLE if self.draining else Outcome.TOO_MANY_REQUESTS)
-        self._failed(run.outcome)
-        if self.draining:
-            raise NoWorkerError("the coordinator is shutting down")
-        raise TooManyRequests(
-            f"{self.in_flight} requests in flight (max_requests {self.max_requests})"
-        )
 
     def _relay(self, run: RequestRun, event: TokenEvent) -> None:
         """``event`` goes to the client now: the run's next token (its first moves it from the

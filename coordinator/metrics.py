@@ -77,6 +77,10 @@ class Metrics:
     def _gauge(self, name: str, documentation: str, *labels: str) -> Gauge:
         return Gauge(name, documentation, ["model_name", *labels], registry=self.registry)
 
+    def _polled(self, name: str, documentation: str) -> PolledCounter:
+        """A counter of each worker's, fed with the figure the worker counts itself."""
+        return PolledCounter(self._counter(name, documentation, *WORKER))
+
     def _histogram(
         self,
         name: str,
@@ -116,19 +120,12 @@ class Metrics:
         self.cached_blocks = self._gauge(
             "worker_num_cached_blocks", "KV blocks of a worker holding reusable prefix KV", *WORKER
         )
-        self.prefix_cache_queries = PolledCounter(
-            self._counter(
-                "prefix_cache_queries",
-                "Prompt tokens a worker looked up in its prefix cache",
-                *WORKER,
-            )
+        self.prefix_cache_queries = self._polled(
+            "prefix_cache_queries", "Prompt tokens a worker looked up in its prefix cache"
         )
-        self.prefix_cache_hits = PolledCounter(
-            self._counter(
-                "prefix_cache_hits",
-                "Prompt tokens found in the prefix cache (KV not computed; on decode: not sent)",
-                *WORKER,
-            )
+        self.prefix_cache_hits = self._polled(
+            "prefix_cache_hits",
+            "Prompt tokens found in the prefix cache (KV not computed; on decode: not sent)",
         )
 
     def _declare_transfers(self) -> None:
@@ -186,13 +183,11 @@ class Metrics:
         self.grammar_cache_size = self._gauge(
             "worker_grammar_cache_size", "Compiled constraints a worker keeps", *WORKER
         )
-        self.grammar_masked_rows = PolledCounter(
-            self._counter("grammar_masked_rows", "Constrained rows a worker masked", *WORKER)
+        self.grammar_masked_rows = self._polled(
+            "grammar_masked_rows", "Constrained rows a worker masked"
         )
-        self.grammar_mask_seconds = PolledCounter(
-            self._counter(
-                "grammar_mask_seconds", "Seconds a worker spent masking constrained rows", *WORKER
-            )
+        self.grammar_mask_seconds = self._polled(
+            "grammar_mask_seconds", "Seconds a worker spent masking constrained rows"
         )
 
     def record_grammars(self, door: GrammarCache | None) -> None:
@@ -259,12 +254,9 @@ class Metrics:
             "kv_index_resyncs",
             "Snapshots of a worker's prefix cache loaded after a gap in its events or a restart",
         )
-        self.leases_expired = PolledCounter(
-            self._counter(
-                "worker_leases_expired",
-                "Coordinators whose lease on a worker lapsed (their requests there aborted)",
-                *WORKER,
-            )
+        self.leases_expired = self._polled(
+            "worker_leases_expired",
+            "Coordinators whose lease on a worker lapsed (their requests there aborted)",
         )
         self.worker_coordinators = self._gauge(
             "worker_num_coordinators",

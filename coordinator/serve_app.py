@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.routing import APIRoute
 from ray import serve
 
 from coordinator.api.app import missing_api_key
@@ -74,14 +73,11 @@ def ingress_app(coordinator: Coordinator, metrics: bool) -> FastAPI:
     app.include_router(coordinator.status_app().router)
     if metrics:
         keys = set(coordinator.config["http_config"]["api_keys"])
-        routes = coordinator.external_app().routes
-        (route,) = [r for r in routes if isinstance(r, APIRoute) and r.path == "/metrics"]
-        exposition = route.endpoint
 
         @app.get("/metrics")
         async def gated_metrics(request: Request) -> Response:
             refused = missing_api_key(request, keys)
-            return refused if refused is not None else await exposition()
+            return refused if refused is not None else await coordinator.exposition()
 
     app.mount("/", coordinator.predict_app())
     return app

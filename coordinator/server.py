@@ -107,23 +107,22 @@ class Coordinator:
 
     def external_app(self) -> FastAPI:
         app = FastAPI(docs_url=None, redoc_url=None)
-
-        @app.get("/metrics")
-        async def metrics() -> Response:
-            self.metrics.record_loads(self.router.view.latest_loads)
-            router = self.router
-            self.metrics.record_replicas(
-                self.fleet.coordinator_id,
-                router.view.latest_reports,
-                router.cache.num_events,
-                router.cache.num_resyncs,
-            )
-            self.metrics.record_grammars(self.model.grammars if self.model else None)
-            return Response(
-                self.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8"
-            )
-
+        app.add_api_route("/metrics", self.exposition, methods=["GET"], name="metrics")
         return app
+
+    async def exposition(self) -> Response:
+        router = self.router
+        self.metrics.record_loads(router.view.latest_loads)
+        self.metrics.record_replicas(
+            self.fleet.coordinator_id,
+            router.view.latest_reports,
+            router.cache.num_events,
+            router.cache.num_resyncs,
+        )
+        self.metrics.record_grammars(self.model.grammars if self.model else None)
+        return Response(
+            self.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     def manage_app(self) -> FastAPI:
         """The management API; with ``http_config.manage_api_keys`` every route needs one of them

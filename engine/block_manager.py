@@ -61,10 +61,6 @@ class BlockManager:
         return len(self._empty) + len(self._evictable)
 
     @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
-
-    @property
     def num_cached_blocks(self) -> int:
         return len(self._cached)
 

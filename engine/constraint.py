@@ -10,7 +10,6 @@ so the grammar's state is a pure function of (spec, accepted tokens) wherever th
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +37,6 @@ class Constraint:
             raise ConfigError(
                 f"constraint spec must be a string of at most {MAX_SPEC_CHARS} chars, got {size}"
             )
-
-    @classmethod
-    def json_schema(cls, schema: dict[str, Any]) -> Constraint:
-        """A schema as its canonical JSON text (so equal schemas share one compiled grammar)."""
-        return cls("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
 
     @property
     def key(self) -> str:

@@ -38,7 +38,9 @@ if TYPE_CHECKING:
 CACHE_SIZE = 256  # compiled grammars kept per engine (each a few hundred KB at most)
 # the parser's bounds: at ~50k fuel/ms a compile's lexer work stays under ~20 ms, a mask's
 # under ~15 ms; a grammar past 100k symbols is refused
-LIMITS = {"initial_lexer_fuel": 1_000_000, "step_lexer_fuel": 200_000, "max_grammar_size": 100_000}
+LIMITS = llguidance.LLParserLimits(
+    initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=100_000
+)
 # JSON as ``json.dumps`` writes it: one space after ``,`` and ``:``, no other whitespace (a
 # schema's own ``x-guidance`` options override these)
 JSON_OPTIONS: JsonCompileOptions = {
@@ -114,14 +116,7 @@ class GrammarCache:
                 return self._compiled[key]
         start = time.perf_counter()
         matcher = llguidance.LLMatcher(
-            self.tokenizer,
-            grammar_of(constraint),
-            log_level=0,
-            limits=llguidance.LLParserLimits(
-                initial_lexer_fuel=LIMITS["initial_lexer_fuel"],
-                step_lexer_fuel=LIMITS["step_lexer_fuel"],
-                max_grammar_size=LIMITS["max_grammar_size"],
-            ),
+            self.tokenizer, grammar_of(constraint), log_level=0, limits=LIMITS
         )
         if matcher.is_error():
             raise GrammarError(f"the {constraint.kind} does not compile: {_error_text(matcher)}")

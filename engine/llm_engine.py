@@ -196,10 +196,8 @@ class LLMEngine:
             self.cache_computed(request)
         if samplers:
             now = time.monotonic()
-            for request, token_id in zip(
-                samplers, sample(logits, samplers, self.grammars), strict=True
-            ):
-                events.append(self._append_token(request, token_id, now))
+            tokens = zip(samplers, sample(logits, samplers, self.grammars), strict=True)
+            events += [self._append_token(request, token_id, now) for request, token_id in tokens]
         num_prompt_tokens = sum(n for _, n in scheduled.prefills)
         seconds = time.monotonic() - start  # sampling waited for the device
         self.scheduler.step_budget.observe(len(scheduled.decodes), num_prompt_tokens, seconds)
@@ -260,9 +258,8 @@ class LLMEngine:
             return FinishReason.STOP
         if request.prefill_only:
             return None
-        if request.num_output_tokens >= request.max_output_tokens:
-            return FinishReason.LENGTH
-        if request.num_tokens >= self.config.scheduler.max_seq_len:
+        at_limit = request.num_output_tokens >= request.max_output_tokens
+        if at_limit or request.num_tokens >= self.config.scheduler.max_seq_len:
             return FinishReason.LENGTH
         return None
 

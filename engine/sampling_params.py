@@ -51,15 +51,8 @@ class SamplingParams:
                 self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
             )
         _require(all(s for s in self.stop), "stop", "non-empty strings", self.stop)
-        _require(
-            -2 <= self.presence_penalty <= 2, "presence_penalty", "[-2, 2]", self.presence_penalty
-        )
-        _require(
-            -2 <= self.frequency_penalty <= 2,
-            "frequency_penalty",
-            "[-2, 2]",
-            self.frequency_penalty,
-        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            _require(-2 <= getattr(self, name) <= 2, name, "[-2, 2]", getattr(self, name))
         bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
         object.__setattr__(self, "logit_bias", bias)
         _require(

@@ -23,7 +23,7 @@ from typing import Protocol
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator.errors import NoWorkerError, ServiceError, TooManyRequests
+from coordinator.errors import ServiceError, check_room
 
 DoorRefusal = Callable[[str, ServiceError], Response]  # (path, why) -> the door's answer
 
@@ -47,12 +47,7 @@ async def admitted(service: Admission | None) -> AsyncIterator[None]:
     if service is None:
         yield
         return
-    if service.draining:
-        raise NoWorkerError("the coordinator is shutting down")
-    if service.in_flight >= service.max_requests:
-        raise TooManyRequests(
-            f"{service.in_flight} requests in flight (max_requests {service.max_requests})"
-        )
+    check_room(service.draining, service.in_flight, service.max_requests, "in flight")
     service.in_flight += 1
     try:
         yield
@@ -81,7 +76,7 @@ class DoorGate:
             await self.app(scope, receive, send)
             return
         try:
-            self.check(self.service)
+            check_room(self.service.draining, self.count.open, self.service.max_requests, "open")
         except ServiceError as exc:
             self.service.count_door_refusal()
             await self.refusal(scope["path"], exc)(scope, receive, send)
@@ -91,11 +86,3 @@ class DoorGate:
             await self.app(scope, receive, send)
         finally:
             self.count.open -= 1
-
-    def check(self, service: Admission) -> None:
-        if service.draining:
-            raise NoWorkerError("the coordinator is shutting down")
-        if self.count.open >= service.max_requests:
-            raise TooManyRequests(
-                f"{self.count.open} requests open (max_requests {service.max_requests})"
-            )

@@ -27,7 +27,7 @@ from coordinator.api import azure, mindie, mlflow, openai, tgi
 from coordinator.api.admission import DoorCount, DoorGate
 from coordinator.api.azure import create_azure_router, create_info_router
 from coordinator.api.common import internal_error_message, new_error_id
-from coordinator.api.embeddings import Embed, create_embeddings_router
+from coordinator.api.embeddings import Embed, EmbeddingRoutes, create_embeddings_router
 from coordinator.api.errors import APIError
 from coordinator.api.limits import default_body_limit_mb
 from coordinator.api.middleware import DisconnectGuard, RequestGate
@@ -95,11 +95,10 @@ def create_routers(
     else:
         routers = [create_models_router(served.name), create_info_router(served.name, "embeddings")]
     if served.embedding_path is not None:
-        routers.append(
-            create_embeddings_router(
-                embed, served.embedding_name, served.embedding_dimensions, body_limit_mb, service
-            )
+        routes = EmbeddingRoutes(
+            embed, served.embedding_name, served.embedding_dimensions, body_limit_mb, service
         )
+        routers.append(create_embeddings_router(routes))
     config = served.mlflow.model_config if served.mlflow else {}
     scorer = MlflowScorer(served.task, config, service, model, embed)
     routers.append(create_mlflow_router(scorer, served.mlflow, body_limit_mb))

@@ -22,9 +22,10 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
@@ -99,18 +100,17 @@ def create_router(*routes: Route, prefixes: tuple[str, ...] = ("",)) -> APIRoute
     return router
 
 
-async def read_body(request: Request, body_limit_mb: int) -> bytes:
-    """The body, refused with 413 as soon as ``Content-Length`` or the bytes read so far are over
-    ``body_limit_mb`` (the rest is never read)."""
-    limit = body_limit_mb * 1024 * 1024
+async def read_body(request: Request, limit: int, too_large: Callable[[str], Exception]) -> bytes:
+    """The body, refused with ``too_large(its size)`` as soon as ``Content-Length`` or the bytes
+    read so far are over ``limit`` bytes (the rest is never read)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise body_too_large(f"{declared} bytes", body_limit_mb)
+        raise too_large(f"{declared} bytes")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise body_too_large(f"more than {limit} bytes", body_limit_mb)
+            raise too_large(f"more than {limit} bytes")
     return bytes(body)
 
 
@@ -122,7 +122,8 @@ async def read_json(request: Request, body_limit_mb: int) -> Any:
     """The decoded body: 413 over ``body_limit_mb``; 400 when it is not JSON (or not UTF-8/16/32,
     nested too deep, a number of too many digits); 422 when a string holds a lone surrogate
     (valid JSON, but no tokenizer or answer can take it)."""
-    body = await read_body(request, body_limit_mb)
+    too_large = partial(body_too_large, body_limit_mb=body_limit_mb)
+    body = await read_body(request, body_limit_mb * 1024 * 1024, too_large)
     try:
         if len(body) > LARGE_JSON_BYTES:
             loop = asyncio.get_running_loop()
@@ -218,6 +219,13 @@ class EventStream(StreamingResponse):
             log.debug("the client went away while its stream was sent")
         finally:
             await self.body_iterator.aclose()
+
+
+async def chained(first: TokenEvent, rest: Events) -> AsyncIterator[TokenEvent]:
+    """A stream's events from its first one (already taken) on."""
+    yield first
+    async for event in rest:
+        yield event
 
 
 async def open_stream(

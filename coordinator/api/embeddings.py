@@ -14,6 +14,7 @@ import base64
 import json
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -75,20 +76,16 @@ async def embedded(
     return data, {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
+@dataclass(eq=False)
 class EmbeddingRoutes:
-    """The two embeddings handlers over the embedding worker."""
+    """The two embeddings handlers over the embedding worker; ``service`` (its ``in_flight``,
+    ``max_requests`` and ``draining``) admits them like generations."""
 
-    def __init__(
-        self,
-        embed: Embed,
-        model_name: str,
-        dimensions: int,
-        body_limit_mb: int,
-        service: Admission | None = None,
-    ) -> None:
-        self.embed, self.model_name = embed, model_name
-        self.dimensions, self.body_limit_mb = dimensions, body_limit_mb
-        self.service = service
+    embed: Embed
+    model_name: str
+    dimensions: int
+    body_limit_mb: int
+    service: Admission | None = None
 
     async def openai_embeddings(self, request: Request) -> Response:
         try:
@@ -140,16 +137,7 @@ class EmbeddingRoutes:
         return encoding
 
 
-def create_embeddings_router(
-    embed: Embed,
-    model_name: str,
-    dimensions: int,
-    body_limit_mb: int,
-    service: Admission | None = None,
-) -> APIRouter:
-    """The embeddings routes; ``service`` (its ``in_flight``, ``max_requests`` and ``draining``)
-    admits them like generations."""
-    routes = EmbeddingRoutes(embed, model_name, dimensions, body_limit_mb, service)
+def create_embeddings_router(routes: EmbeddingRoutes) -> APIRouter:
     azure_routes = (
         ("POST", f"{prefix}/embeddings", routes.azure_embeddings) for prefix in PREFIXES
     )

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.api.common import Events
+from coordinator.api.common import Events, chained
 from coordinator.api.errors import APIError
 from coordinator.content_safety import ContentFilter
 from coordinator.errors import ServiceError
@@ -49,11 +49,8 @@ ERROR_TYPES = {
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One event, exactly ``data: <json>\\n\\n`` (compact JSON, UTF-8 kept as is)."""
-    return (
-        b"data: "
-        + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-        + b"\n\n"
-    )
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + text.encode() + b"\n\n"
 
 
 CONTENT_FILTER = "content_filter"
@@ -169,7 +166,7 @@ class InferAnswer:
     async def stream(self, first: TokenEvent, events: Events) -> AsyncGenerator[bytes, None]:
         """SSE events; a failure after the headers went out becomes a final error event."""
         try:
-            async for event in _chain(first, events):
+            async for event in chained(first, events):
                 payload = self.payload(event, time.monotonic())
                 if payload is not None:
                     yield sse(payload)
@@ -179,9 +176,3 @@ class InferAnswer:
             yield sse(self.failure_payload(service_error(APIError.from_service(exc))))
         finally:
             await events.aclose()
-
-
-async def _chain(first: TokenEvent, rest: Events) -> AsyncIterator[TokenEvent]:
-    yield first
-    async for event in rest:
-        yield event

@@ -82,11 +82,9 @@ class InferRequest:
 
     @property
     def media(self) -> list[dict[str, Any]]:
-        return (
-            []
-            if isinstance(self.inputs, str)
-            else [item for item in self.inputs if item["type"] != "text"]
-        )
+        if isinstance(self.inputs, str):
+            return []
+        return [item for item in self.inputs if item["type"] != "text"]
 
 
 def _bad(name: str, valid: str, value: Any) -> InputValidationError:
@@ -127,6 +125,7 @@ _NUMBERS = {
     "priority": ("an integer in [1, 5]", lambda v: 1 <= v <= 5, True),
     "timeout": ("an integer in (0, 3600]", lambda v: 0 < v <= 3600, True),
 }
+_BOOLS = ("do_sample", "details", "watermark", "ignore_eos")
 
 
 def parse_parameters(raw: Any) -> InferParameters:
@@ -134,16 +133,9 @@ def parse_parameters(raw: Any) -> InferParameters:
         return InferParameters()
     if not isinstance(raw, dict):
         raise _bad("parameters", "a JSON object", raw)
-    values: dict[str, Any] = {}
-    for name, (valid, ok, integer) in _NUMBERS.items():
-        value = _number(raw, name, valid, ok, integer)
-        if value is not None:
-            values[name] = value
-    for name in ("do_sample", "details", "watermark", "ignore_eos"):
-        value = _bool(raw, name)
-        if value is not None:
-            values[name] = value
-    return InferParameters(**values)
+    values = {name: _number(raw, name, *rule) for name, rule in _NUMBERS.items()}
+    values |= {name: _bool(raw, name) for name in _BOOLS}
+    return InferParameters(**{name: v for name, v in values.items() if v is not None})
 
 
 def parse_inputs(raw: Any, max_chars: int = MAX_INPUT_CHARS) -> str | list[dict[str, Any]]:

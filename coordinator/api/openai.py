@@ -20,7 +20,6 @@ from coordinator.api.errors import APIError, OpenAIError
 from coordinator.api.openai_fields import check_fields
 from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import (
-    Prompt,
     input_blocked,
     openai_constraint,
     openai_sampling,
@@ -76,7 +75,9 @@ class OpenAIRoutes(Door):
             check_fields(body, kind)
             tools = read_tools(body) if kind == "chat" else None
             prompt = await read_prompt(body, kind, self.model, tools)
-            self._check_input(prompt, kind)
+            if input_blocked(self.model, prompt):
+                field = prompt_field(kind)
+                raise OpenAIError(400, "The response was filtered", field, code="content_filter")
             params = openai_sampling(body, self.model.vocab_size, DEFAULT_MAX_TOKENS[kind])
             params = replace(params, constraint=await openai_constraint(body, self.model))
             params = await with_tool_constraint(self.model, tools, params)  # tools' wins
@@ -89,12 +90,6 @@ class OpenAIRoutes(Door):
         )
         events = self.generation(request, prompt.ids, params)
         return await respond(events, answer, bool(body.get("stream")), service_error_response)
-
-    def _check_input(self, prompt: Prompt, kind: str) -> None:
-        if input_blocked(self.model, prompt):
-            raise OpenAIError(
-                400, "The response was filtered", prompt_field(kind), code="content_filter"
-            )
 
 
 def create_openai_router(

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from coordinator.api.common import Events
+from coordinator.api.common import Events, chained
 from coordinator.content_safety import ContentFilter
 from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent
@@ -148,8 +148,7 @@ class Completion:
         try:
             if self.kind == "chat":
                 yield self.chunk(None, None, role=True)
-            event = first
-            while True:
+            async for event in chained(first, events):
                 self.add(event)
                 ending = event.finished or self.blocked
                 for chunk in self.piece_chunks(self.pending(), ending):
@@ -158,7 +157,6 @@ class Completion:
                     last = None if self.kind == "chat" else ""
                     yield self.chunk(last, self.final_finish(), usage=True)
                     break
-                event = await events.__anext__()
             yield DONE
         except ServiceError as exc:
             yield _stream_error(exc)

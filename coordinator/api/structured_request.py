@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -35,9 +36,7 @@ from engine.errors import ConfigError
 from engine.grammars import GrammarError
 
 FORMAT_TYPES = ("text", "json_object", "json_schema")
-NAME = re.compile(
-    r"[A-Za-z0-9_-]{1,64}"
-)  # a schema's name, and a tool's (coordinator.api.tools.request)
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a schema's name, and a tool's
 GUIDED = {  # vLLM's guided_* field -> its structured_outputs key
     "guided_json": "json",
     "guided_regex": "regex",
@@ -106,19 +105,21 @@ def _json_schema_format(spec: Any) -> Constraint:
     param = "response_format.json_schema"
     if not isinstance(spec, dict):
         raise FormatError(param, f"'{param}' must be an object, got {shown(spec)}", spec)
-    name = spec.get("name")
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise FormatError(
-            f"{param}.name",
-            f"'{param}.name' must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -, "
-            f"got {shown(name)}",
-            name,
-        )
+    checked_name(f"{param}.name", spec.get("name"), FormatError)
     strict = spec.get("strict") or False
     if not isinstance(strict, bool):
         raise FormatError(f"{param}.strict", f"'{param}.strict' must be true or false", strict)
     schema = spec.get("schema", {})
     return schema_constraint(f"{param}.schema", schema, strict)
+
+
+def checked_name(param: str, name: Any, error: Callable[[str, str, Any], Exception]) -> str:
+    """``name`` when it is a :data:`NAME` (a schema's, a tool's), else ``error(param, message,
+    name)`` raised."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        valid = "1 to 64 characters of a-z, A-Z, 0-9, _ and -"
+        raise error(param, f"'{param}' must be {valid}, got {shown(name)}", name)
+    return name
 
 
 def schema_constraint(param: str, schema: Any, strict: bool) -> Constraint:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.common import Door, Events, create_router, read_json, respond
+from coordinator.api.common import Door, Events, chained, create_router, read_json, respond
 from coordinator.api.errors import APIError, FormatError, InputValidationError
 from coordinator.api.limits import prompt_char_limit
 from coordinator.api.mindie_format import FINISH_REASONS
@@ -59,26 +59,22 @@ def stream_error(exc: ServiceError) -> bytes:
     return b"data:" + json.dumps(error, ensure_ascii=False).encode() + b"\n\n"
 
 
+@dataclass(eq=False)
 class TgiAnswer:
     """Accumulates events into TGI's shapes: the answer with its ``details`` (in a one-element
     list for the compat route), or the stream's token events. An output the content filter
     matches is cut before the match and ends there as ``stop_sequence`` (the one finish TGI's
     clients know for an answer cut short on its text)."""
 
-    def __init__(
-        self,
-        seed: int,
-        special_ids: set[int],
-        listed: bool,
-        content_filter: ContentFilter | None = None,
-    ) -> None:
-        self.seed, self.special_ids, self.listed = seed, special_ids, listed
-        self.content_filter = content_filter
-        self.text = ""
-        self.prefix = ""  # return_full_text: the prompt, before generated_text
-        self.finish: FinishReason | None = None
-        self.tokens: list[dict[str, Any]] = []
-        self.blocked = False
+    seed: int
+    special_ids: set[int]
+    listed: bool
+    content_filter: ContentFilter | None = None
+    text: str = ""
+    prefix: str = ""  # return_full_text: the prompt, before generated_text
+    finish: FinishReason | None = None
+    tokens: list[dict[str, Any]] = field(default_factory=list)
+    blocked: bool = False
 
     def add(self, event: TokenEvent) -> bool:
         self.text += event.text
@@ -131,14 +127,12 @@ class TgiAnswer:
 
     async def stream(self, first: TokenEvent, events: Events) -> AsyncGenerator[bytes, None]:
         try:
-            event = first
-            while True:
+            async for event in chained(first, events):
                 self.add(event)
                 if event.token_id is not None or (self.blocked and self.tokens):
                     yield self.chunk(event)
                 if event.finished or self.blocked:
                     break
-                event = await events.__anext__()
         except ServiceError as exc:
             yield stream_error(exc)
         finally:

@@ -123,9 +123,8 @@ class Fleet:
         if not cfg.pin_cpus or not cfg.generation or len(ray.nodes()) != 1:
             return None
         if cfg.deploy_mode == "pd_separate":
-            wanted = [cfg.prefill_resources.num_threads] * cfg.num_prefill + [
-                cfg.decode_resources.num_threads
-            ] * cfg.num_decode
+            prefill, decode = cfg.prefill_resources.num_threads, cfg.decode_resources.num_threads
+            wanted = [prefill] * cfg.num_prefill + [decode] * cfg.num_decode
         else:
             wanted = [cfg.colocated_resources.num_threads] * cfg.num_colocated
         cores = sorted(os.sched_getaffinity(0))
@@ -214,9 +213,7 @@ class Fleet:
     def others(self) -> set[str]:
         """The other coordinators holding a live lease on any worker (asked all at once)."""
         calls = [actor.live_coordinators.remote() for actor in self.actors]
-        owners: set[str] = set()
-        for answer in ray.get(calls, timeout=LOAD_TIMEOUT_S * 5):
-            owners.update(answer)
+        owners: set[str] = set().union(*ray.get(calls, timeout=LOAD_TIMEOUT_S * 5))
         return owners - {self.coordinator_id}
 
     async def embed(self, texts: list[str]) -> dict[str, Any]:

@@ -119,10 +119,6 @@ class BaseKVSender(ABC):
         (``PATHS``); raise :class:`KVTransferError` unless the receiver installed it
         (:class:`KVRefusedError` when the receiver refused it)."""
 
-    def num_connections(self) -> int:
-        """Endpoints this sender holds a socket or channel for."""
-        return 0
-
     def close(self) -> None:  # noqa: B027 - optional
         """Release sockets and channels."""
 

@@ -19,6 +19,8 @@ from engine.transfer.proto import kv_transfer_pb2 as pb
 
 PROTOCOL_VERSION = 1
 _DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16)}
+# the fields a state message carries as they are; ``params`` travels as ``params_json``
+_STATE_FIELDS = tuple(f.name for f in fields(HandoffState) if f.name != "params")
 
 
 def encode_header(payload: KVPayload) -> pb.KVHeaderMsg:
@@ -27,15 +29,8 @@ def encode_header(payload: KVPayload) -> pb.KVHeaderMsg:
         protocol_version=PROTOCOL_VERSION,
         layout=pb.KVLayoutMsg(**payload.layout.to_dict()),
         state=pb.RequestStateMsg(
-            request_id=state.request_id,
-            token_ids=state.token_ids,
-            num_prompt_tokens=state.num_prompt_tokens,
-            num_computed_tokens=state.num_computed_tokens,
+            **{name: getattr(state, name) for name in _STATE_FIELDS},
             params_json=json.dumps(state.params.to_dict()),
-            priority=state.priority,
-            max_output_tokens=state.max_output_tokens,
-            first_block=state.first_block,
-            num_cached_tokens=state.num_cached_tokens,
         ),
         shape=list(payload.blocks.shape),
         num_bytes=payload.num_bytes,
@@ -72,16 +67,10 @@ def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:
         raise ValueError(f"unknown KV dtype {layout.dtype!r}")
     s = header.state
     state = HandoffState(
-        request_id=s.request_id,
-        token_ids=list(s.token_ids),
-        num_prompt_tokens=s.num_prompt_tokens,
-        num_computed_tokens=s.num_computed_tokens,
+        **{name: getattr(s, name) for name in _STATE_FIELDS},
         params=SamplingParams.from_dict(json.loads(s.params_json)),
-        priority=s.priority,
-        max_output_tokens=s.max_output_tokens,
-        first_block=s.first_block,
-        num_cached_tokens=s.num_cached_tokens,
     )
+    state.token_ids = list(s.token_ids)  # the message's repeated field, as a list
     blocks = data[: header.num_bytes].view(_DTYPES[layout.dtype]).view(*header.shape)
     return KVPayload(layout, state, blocks, header.reservation_token)
 

@@ -191,10 +191,8 @@ class _PushState:
     def report_cut(self, receiver: GrpcKVReceiver) -> None:
         """Once per push: a cut stream ends its reservation, if the handshake accepted it (only
         a sender the reservation accepted may end it)."""
-        if self.cut:
-            return
-        self.cut = True
-        if self.accepted:
+        already, self.cut = self.cut, True
+        if self.accepted and not already:
             receiver.report_broken(self.request_id, "the stream was cut")
 
 
@@ -256,9 +254,6 @@ class GrpcKVSender(BaseKVSender):
         )
         options = [*_OPTIONS, ("grpc.ssl_target_name_override", KV_TLS_NAME)]
         return grpc.secure_channel(endpoint, tls, options=options)
-
-    def num_connections(self) -> int:
-        return len(self._channels)
 
     def send(self, endpoint: str, payload: KVPayload, timeout: float) -> str:
         deadline = time.monotonic() + timeout

@@ -254,9 +254,6 @@ class ZmqKVSender(BaseKVSender):
             self._connect, _Connection.close
         )
 
-    def num_connections(self) -> int:
-        return len(self._connections)
-
     def _connect(self, endpoint: str) -> _Connection:
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)

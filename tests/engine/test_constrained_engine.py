@@ -21,6 +21,7 @@ from engine.llm_engine import LLMEngine
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.support.constraints import json_schema
 from tests.support.kv_import import import_kv
 
 SCHEMA = {
@@ -59,7 +60,7 @@ def _text(engine: LLMEngine, events) -> str:
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
 def test_a_json_schema_output_validates_and_finishes_stop(tiny_engine, sampled):
-    events = _run(tiny_engine, _params(Constraint.json_schema(SCHEMA), sampled))
+    events = _run(tiny_engine, _params(json_schema(SCHEMA), sampled))
     jsonschema.validate(json.loads(_text(tiny_engine, events)), SCHEMA)
     assert events[-1].finish_reason in (FinishReason.STOP, FinishReason.EOS)
     assert tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
@@ -81,7 +82,7 @@ def test_a_lark_grammar_constrains_the_output(tiny_engine):
 
 
 def test_max_tokens_mid_grammar_finishes_length(tiny_engine):
-    events = _run(tiny_engine, _params(Constraint.json_schema(SCHEMA), max_new_tokens=3))
+    events = _run(tiny_engine, _params(json_schema(SCHEMA), max_new_tokens=3))
     assert len(events) == 3 and events[-1].finish_reason == FinishReason.LENGTH
     assert _text(tiny_engine, events).startswith("{")
 
@@ -91,7 +92,7 @@ def test_the_mask_equals_llguidances_own(tiny_engine, monkeypatch, few_words):
     """After every token of a constrained run, the tokens the engine left finite are exactly
     those llguidance's reference matcher allows next (both ways of masking a row)."""
     monkeypatch.setattr("engine.grammars.FEW_WORDS", few_words)
-    constraint = Constraint.json_schema(SCHEMA)
+    constraint = json_schema(SCHEMA)
     tokens = [e.token_id for e in _run(tiny_engine, _params(constraint, True))]
     grammars: GrammarCache = tiny_engine.grammars
     reference = llguidance.LLMatcher(
@@ -119,7 +120,7 @@ def test_a_mixed_batch_leaves_unconstrained_rows_token_identical(tiny_loaded):
     free = [_params(None, sampled, max_new_tokens=24, ignore_eos=True) for sampled in (False, True)]
     alone = make_engine(tiny_loaded).generate([[5, 6, 7, 8]] * 2, free)
     constrained = [
-        _params(Constraint.json_schema(SCHEMA)),
+        _params(json_schema(SCHEMA)),
         _params(Constraint("regex", REGEX), True),
     ]
     mixed = make_engine(tiny_loaded).generate([[5, 6, 7, 8]] * 4, [*free, *constrained])
@@ -127,7 +128,7 @@ def test_a_mixed_batch_leaves_unconstrained_rows_token_identical(tiny_loaded):
 
 
 def test_seeded_constrained_sampling_is_reproducible(tiny_loaded):
-    params = _params(Constraint.json_schema(SCHEMA), True)
+    params = _params(json_schema(SCHEMA), True)
     first = [e.token_id for e in _run(make_engine(tiny_loaded), params)]
     second = [e.token_id for e in _run(make_engine(tiny_loaded), params)]
     assert first == second
@@ -137,7 +138,7 @@ def test_seeded_constrained_sampling_is_reproducible(tiny_loaded):
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_a_continued_constrained_request_matches_an_undisturbed_run(tiny_engine, sampled, k):
     """A migration: the new engine's matcher replays the k outputs before its first token."""
-    params = _params(Constraint.json_schema(SCHEMA), sampled)
+    params = _params(json_schema(SCHEMA), sampled)
     full = _run(tiny_engine, params, "full")
     tokens = [e.token_id for e in full]
     rest = _run(tiny_engine, params, "rest", outputs=tokens[:k])
@@ -149,7 +150,7 @@ def test_a_continued_constrained_request_matches_an_undisturbed_run(tiny_engine,
 def test_a_constrained_handoff_matches_one_engine(tiny_loaded, sampled):
     """Prefill samples the first token under the grammar; decode rebuilds the matcher from the
     spec in the pages' state, replays that token and goes on: one engine's output exactly."""
-    params = _params(Constraint.json_schema(SCHEMA), sampled)
+    params = _params(json_schema(SCHEMA), sampled)
     full = [e.token_id for e in _run(make_engine(tiny_loaded), params)]
     prefill, decode = make_engine(tiny_loaded), make_engine(tiny_loaded)
     prefill.add_request(
@@ -202,7 +203,7 @@ def test_equal_specs_compile_once(tiny_engine):
     grammars = tiny_engine.grammars
     before = grammars.stats.compiles
     for _ in range(3):
-        grammars.compile(Constraint.json_schema(dict(SCHEMA)))
+        grammars.compile(json_schema(dict(SCHEMA)))
     assert grammars.stats.compiles == before + 1 and grammars.stats.hits >= 2
 
 
@@ -215,7 +216,7 @@ def test_the_cache_keeps_its_capacity(tiny_loaded):
 
 
 def test_constraints_survive_the_wire_dict():
-    params = _params(Constraint.json_schema(SCHEMA), True)
+    params = _params(json_schema(SCHEMA), True)
     again = SamplingParams.from_dict(json.loads(json.dumps(params.to_dict())))
     assert again == params and again.constraint == params.constraint
     assert SamplingParams.from_dict(_params(None).to_dict()).constraint is None

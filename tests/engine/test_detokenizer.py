@@ -5,6 +5,7 @@ from __future__ import annotations
 from engine.detokenizer import IncrementalDetokenizer
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
+from tests.support.block_checks import num_used
 
 
 def _stream(tokenizer, prompt_ids, output_ids, stop=()):
@@ -54,4 +55,4 @@ def test_engine_reports_stop_finish_reason(tiny_engine):
     assert events[-1].finish_reason == FinishReason.STOP
     streamed = "".join(e.text for e in events)
     assert streamed == text[: text.index(stop)]
-    assert tiny_engine.blocks.num_used_blocks == 0
+    assert num_used(tiny_engine.blocks) == 0

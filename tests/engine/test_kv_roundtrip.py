@@ -12,6 +12,7 @@ from engine.errors import KVImportError
 from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.support.block_checks import num_used
 from tests.support.kv_import import import_kv
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 45)), [3]]
@@ -56,9 +57,9 @@ def test_prefill_in_a_decode_in_b_equals_one_engine(tiny_loaded, case):
     )
     import_kv(decode, payload, max_output_tokens=params.max_new_tokens)
     prefill.release("req")
-    assert prefill.blocks.num_used_blocks == 0
+    assert num_used(prefill.blocks) == 0
     assert [first, *_decode(decode, "req")] == expected
-    assert decode.blocks.num_used_blocks == 0
+    assert num_used(decode.blocks) == 0
 
 
 def test_an_imported_request_counts_its_time_per_token_from_when_its_pages_arrived(tiny_loaded):
@@ -105,7 +106,7 @@ def test_handshake_mismatch_is_refused_and_frees_the_reservation(tiny_loaded, fi
     decode.importer.reserve_import(decode.request("req", PROMPTS[0], PARAMS[0], disaggregated=True))
     with pytest.raises(KVImportError, match=field):
         import_kv(decode, payload, max_output_tokens=4)
-    assert decode.blocks.num_used_blocks == 0 and "req" not in decode.requests
+    assert num_used(decode.blocks) == 0 and "req" not in decode.requests
 
 
 def test_reserve_refuses_when_the_cache_is_full(tiny_loaded):
@@ -120,7 +121,7 @@ def test_reserve_refuses_when_the_cache_is_full(tiny_loaded):
         is None
     )
     decode.abort("a")
-    assert decode.blocks.num_used_blocks == 0
+    assert num_used(decode.blocks) == 0
 
 
 # ---- a reservation is a request (RESERVED, then RECEIVING) -------------------------------------
@@ -138,11 +139,11 @@ def test_a_reservation_is_a_request_that_aborts_like_one(tiny_loaded):
         decode.request("req", PROMPTS[0], PARAMS[0], disaggregated=True), timeout_s=30
     )
     assert reserved is decode.requests["req"] and reserved.status == RequestStatus.RESERVED
-    assert decode.stats().num_reserved == 1 and decode.blocks.num_used_blocks == 2
+    assert decode.stats().num_reserved == 1 and num_used(decode.blocks) == 2
     assert decode.abort("req")
     [event] = decode.step()
     assert (event.request_id, event.finish_reason) == ("req", FinishReason.ABORT)
-    assert decode.blocks.num_used_blocks == 0 and not decode.requests
+    assert num_used(decode.blocks) == 0 and not decode.requests
 
 
 def test_a_reservation_past_its_deadline_ends_with_an_error(tiny_loaded):
@@ -159,7 +160,7 @@ def test_a_reservation_past_its_deadline_ends_with_an_error(tiny_loaded):
     [event] = decode.step()
     assert event.finish_reason == FinishReason.ERROR
     assert event.error == "KV pages did not arrive within 2 s"
-    assert list(decode.requests) == ["no-deadline"] and decode.blocks.num_used_blocks == 1
+    assert list(decode.requests) == ["no-deadline"] and num_used(decode.blocks) == 1
 
 
 def test_pages_arriving_after_the_deadline_are_refused(tiny_loaded):
@@ -185,10 +186,10 @@ def test_abort_while_the_pages_are_written_frees_the_blocks_after_the_write(tiny
         decode.importer.take_reservation(payload)  # taken once only
     decode.importer.expire_reservations(now=request.arrival_time + 60)  # no expiry while receiving
     assert decode.abort("req")  # the engine thread, meanwhile
-    assert decode.blocks.num_used_blocks == 2  # still being written to
+    assert num_used(decode.blocks) == 2  # still being written to
     assert decode.importer.write_pages(request, payload) is None
     decode.importer.finish_receive(request, payload.state)
-    assert decode.blocks.num_used_blocks == 0 and not decode.requests
+    assert num_used(decode.blocks) == 0 and not decode.requests
     assert [e.finish_reason for e in decode.step()] == [FinishReason.ABORT]
 
 
@@ -200,7 +201,7 @@ def test_a_failed_write_ends_the_request_with_its_error(tiny_loaded):
     decode.importer.finish_receive(request, payload.state, error="KV install failed: out of memory")
     [event] = decode.step()
     assert event.error == "KV install failed: out of memory"
-    assert decode.blocks.num_used_blocks == 0 and not decode.requests
+    assert num_used(decode.blocks) == 0 and not decode.requests
 
 
 def test_status_order_puts_the_reservation_first_and_finished_last():

@@ -10,6 +10,7 @@ import pytest
 from engine.request import NewRequest, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.token_accounting import output_limit
+from tests.support.block_checks import num_used
 
 
 def test_the_output_limit_colocated_and_disaggregated():
@@ -48,4 +49,4 @@ def test_a_reservation_is_made_whole_with_its_state(tiny_engine):
     assert reserved.deadline == new.arrival_time + 3.0 and reserved.max_output_tokens == 4
     assert tiny_engine.abort("d")
     tiny_engine.step()
-    assert tiny_engine.blocks.num_used_blocks == 0
+    assert num_used(tiny_engine.blocks) == 0

@@ -13,7 +13,7 @@ from engine.block_manager import BlockManager
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.conftest import make_engine
-from tests.support.block_checks import check_consistent, ref_count
+from tests.support.block_checks import check_consistent, num_used, ref_count
 
 GREEDY = SamplingParams(max_new_tokens=6, ignore_eos=True)
 SEEDED = SamplingParams(max_new_tokens=6, do_sample=True, temperature=1.2, seed=3, ignore_eos=True)
@@ -161,7 +161,7 @@ def test_preempted_requests_recompute_from_their_cached_blocks(tiny_loaded):
     assert _outputs(engine, prompts, params) == expected
     assert engine.scheduler.num_preemptions > 0 and engine.blocks.num_hit_tokens > 0
     _check(engine)
-    assert engine.blocks.num_used_blocks == 0
+    assert num_used(engine.blocks) == 0
 
 
 def test_a_priority_request_takes_the_cache_too(tiny_loaded):
@@ -203,7 +203,7 @@ def test_random_operations_keep_reference_counts_and_free_lists_consistent(tiny_
     while engine.has_work():
         engine.step()
     _check(engine)
-    assert engine.blocks.num_used_blocks == 0
+    assert num_used(engine.blocks) == 0
     assert engine.blocks.num_hit_tokens > 0 and engine.scheduler.num_preemptions > 0
 
 

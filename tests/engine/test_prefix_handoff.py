@@ -17,7 +17,7 @@ from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
-from tests.support.block_checks import check_consistent, ref_count
+from tests.support.block_checks import check_consistent, num_used, ref_count
 from tests.support.inprocess_workers import _assert_freed
 from tests.support.kv_import import import_kv
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
@@ -174,7 +174,7 @@ def test_ending_a_reservation_that_shares_blocks_keeps_the_counts(tiny_loaded):
         assert f"r{i}" not in decode.requests, name
         assert all(ref_count(decode.blocks, b) == 0 for b in shared), name
         _consistent(decode)
-    assert decode.blocks.num_used_blocks == 0 and decode.blocks.num_cached_blocks >= 7
+    assert num_used(decode.blocks) == 0 and decode.blocks.num_cached_blocks >= 7
 
 
 def _abort_while_receiving(prefill, decode, reserved) -> None:

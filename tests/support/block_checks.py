@@ -21,3 +21,8 @@ def check_consistent(blocks: BlockManager) -> None:
 def ref_count(blocks: BlockManager, block_id: int) -> int:
     """How many requests hold ``block_id``."""
     return blocks._refs[block_id]
+
+
+def num_used(blocks: BlockManager) -> int:
+    """Blocks some request holds (neither empty nor cached and free)."""
+    return blocks.num_blocks - blocks.num_free_blocks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.transfer import create_receiver, create_sender
+from engine.transfer import BaseKVSender, create_receiver, create_sender
 from engine.transfer.payload import KVLayout, KVPayload, TransferHeader
 
 # a hand-off's settings (transport, shared_memory), and the path its pages must take
@@ -50,3 +50,11 @@ class Recorder:
 def _pages(payload: KVPayload, num_blocks: int) -> KVPayload:
     """``payload`` with random pages of ``num_blocks`` blocks of 128 KiB (64 Ki float32)."""
     return KVPayload(payload.layout, payload.state, torch.randn(2, 2, num_blocks, 64, 4, 32))
+
+
+def num_connections(sender: BaseKVSender) -> int:
+    """Endpoints ``sender`` holds a socket (zmq) or a channel (grpc) for."""
+    for name in ("_connections", "_channels"):
+        if hasattr(sender, name):
+            return len(getattr(sender, name))
+    return 0

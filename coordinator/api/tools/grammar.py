@@ -62,13 +62,9 @@ def _schema(tool: Tool) -> dict[str, Any]:
     return {**tool.parameters, "x-guidance": {**layout, **(guidance or {})}}
 
 
-async def check_constraint(
-    model: ModelInfo, constraint: Constraint | None, tools: ToolRequest
-) -> None:
+async def check_constraint(model: ModelInfo, constraint: Constraint, tools: ToolRequest) -> None:
     """Compile ``constraint`` (the grammar of ``tools``) off the loop; a :class:`ToolError`
     naming the tool whose parameters schema does not compile (``tools`` when it is not known)."""
-    if constraint is None:
-        return
     try:
         await run_in_threadpool(model.grammar_cache().compile, constraint)
     except (GrammarError, ConfigError) as exc:

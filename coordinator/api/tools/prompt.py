@@ -143,7 +143,7 @@ def _message(index: int, message: dict, text: str, native: bool) -> dict[str, An
         return {"role": role, "content": text}
     if native:
         return {"role": role, "content": text, "tool_calls": calls}
-    blocks = [json.dumps(_call_body(call), ensure_ascii=False) for call in calls]
+    blocks = [json.dumps(call["function"], ensure_ascii=False) for call in calls]
     written = "\n".join(f"<tool_call>{block}</tool_call>" for block in blocks)
     return {"role": role, "content": f"{text}\n{written}" if text else written}
 
@@ -178,8 +178,3 @@ def _arguments(arguments: str | dict) -> Any:
         return json.loads(arguments)
     except (ValueError, RecursionError):
         return arguments
-
-
-def _call_body(call: dict[str, Any]) -> dict[str, Any]:
-    function = call["function"]
-    return {"name": function["name"], "arguments": function["arguments"]}

@@ -26,7 +26,7 @@ from typing import Any
 
 from coordinator.api.chat_prompt import shown
 from coordinator.api.errors import OpenAIError
-from coordinator.api.structured_request import NAME as TOOL_NAME
+from coordinator.api.structured_request import checked_name
 from engine.constraint import MAX_SPEC_CHARS
 
 MAX_TOOLS = 128  # tools of one request
@@ -142,16 +142,8 @@ def _tool(index: int, entry: Any) -> Tool:
             f'"parameters", "strict"}}, got {shown(function)}',
             function,
         )
-    name = function.get("name")
-    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        raise ToolError(
-            f"{param}.function.name",
-            f"'{param}.function.name' must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -, "
-            f"got {shown(name)}",
-            name,
-        )
     return Tool(
-        name,
+        checked_name(f"{param}.function.name", function.get("name"), ToolError),
         _string(f"{param}.function.description", function.get("description")),
         _parameters(f"{param}.function.parameters", function.get("parameters")),
         _strict(f"{param}.function.strict", function.get("strict")),

@@ -29,6 +29,7 @@ from engine.config import CacheConfig, EngineConfig
 from engine.constraint import Constraint
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from tests.support.constraints import json_schema
 from tests.support.coordinator_servers import API_KEY
 
 pytestmark = pytest.mark.ray
@@ -86,7 +87,7 @@ def test_a_json_schema_answer_through_a_handoff_validates_and_equals_one_engine(
     jsonschema.validate(json.loads(choice.message.content), DIGIT)
     assert choice.finish_reason == "stop"
     # the door's spec is the non-strict schema: lenient about keywords it does not implement
-    lenient = Constraint.json_schema({**DIGIT, "x-guidance": {"lenient": True}})
+    lenient = json_schema({**DIGIT, "x-guidance": {"lenient": True}})
     params = SamplingParams(max_new_tokens=9, constraint=lenient)
     assert choice.message.content == _reference(
         tiny_model_dir, _chat_ids(tiny_model_dir, MESSAGES), params

@@ -26,6 +26,7 @@ from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferH
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
 from prefill_worker.worker import PrefillWorker
+from tests.support.transport_recorder import num_connections
 from tests.support.worker_streams import collect as _collect
 from tests.support.worker_streams import wait_until as _wait_until
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
@@ -117,7 +118,7 @@ def test_a_transport_broken_mid_transfer_fails_the_handoff_and_frees_both_sides(
     assert items[-1].ok
     events = _collect(decode.stream("next"))
     assert events[-1].finish_reason == FinishReason.LENGTH
-    assert prefill.sender.num_connections() == 1
+    assert num_connections(prefill.sender) == 1
     assert _used(decode) == 0 and decode.load().num_open_streams == 0
 
 
@@ -148,7 +149,7 @@ def test_senders_to_dead_receivers_fail_in_time_and_keep_nothing_open(handoff):
             with pytest.raises(KVTransferError):
                 sender.send(receiver.endpoint, _payload(), timeout=0.5)
             assert time.monotonic() - start < 0.5 + 0.5
-            assert sender.num_connections() == 0
+            assert num_connections(sender) == 0
     finally:
         sender.close()
 
