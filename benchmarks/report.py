@@ -222,6 +222,25 @@ def render_decode_step(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_avx2_paths(data: dict[str, Any]) -> str:
+    cases = [key for key in data if isinstance(data[key], dict) and "legacy_speedup" in data[key]]
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"µs per product on AVX2, {data['threads']} thread; legacy's speed-up = the simd path's "
+        f"time / the legacy path's, median [95 % interval] over rounds, goal {data['goal']}:",
+        "",
+        "| kind, [N x k], rows | legacy µs | simd µs | legacy's speed-up | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for name in cases:
+        case = data[name]
+        legacy, simd = case["legacy_us"]["median"], case["simd_us"]["median"]
+        speedup = _ratio_cell(case["legacy_speedup"])
+        lines.append(f"| {name} | {legacy:.1f} | {simd:.1f} | {speedup} | {case['verdict']} |")
+    return "\n".join(lines)
+
+
 def render_http_edge(data: dict[str, Any]) -> str:
     cost, ratio, attacks = (
         data["server_cpu_us_per_event"],
@@ -457,6 +476,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "engine": render_engine,
     "compare_modes": render_compare_modes,
     "decode_step": render_decode_step,
+    "avx2_paths": render_avx2_paths,
     "http_edge": render_http_edge,
     "structured": render_structured,
     "memory": render_memory,

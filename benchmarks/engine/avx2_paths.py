@@ -1,0 +1,126 @@
+"""Whether ``quantized_avx2_legacy.h`` earns its lines: the AVX2 kernels of Q8_0 and Q4_1 as
+shipped (that header's path) against the same kinds through ``quantized_simd.h`` on 8 lanes (the
+path every other kind takes on AVX2), in one run.
+
+    python -m benchmarks.engine.avx2_paths      # -> benchmarks/results/avx2_paths.json
+    python -m benchmarks.engine.avx2_paths --scratch --rounds 2 --repeats 20   # quick
+
+The second side is the shipped kernel sources with the one line that sends Q8_0 and Q4_1 to the
+legacy path taken out (``LEGACY_DISPATCH``), built beside the shipped module; both run on AVX2
+(``set_isa("avx2")``) with one thread, as a worker of a 2-core machine does. Each round times,
+for every kind, shape and row count, ``--repeats`` products on each side, the sides back to back
+and the first alternating (``benchmarks.harness.rounds``); a round's figure is legacy's speed-up,
+the simd path's time over the legacy path's. The header earns its lines on a kind where the
+speed-up's interval clears ``GOAL`` at one row (a decode step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, order_of
+from benchmarks.harness.stats import Goal, judge, spread
+from engine.kernels import build_extension
+from engine.kernels.quantized import SOURCE, quantize, quantized_kernels
+
+LEGACY_DISPATCH = "  if (K == Kind::q8_0 || K == Kind::q4_1) return KernelPath::legacy_avx2;\n"
+KINDS = ("q8_0", "q4_1")
+# [N, k] of the bundled model's projections (576 wide, MLP 1536) and of a 1B model's (2048, 8192)
+SHAPES = ((1536, 576), (576, 1536), (2048, 2048), (8192, 2048))
+ROWS = (1, 8)
+GOAL = Goal(1.03)  # a few percent: below that the header costs more than it gives
+
+
+def simd_only_module() -> ModuleType:
+    """The shipped kernel sources built with Q8_0 and Q4_1 on the simd path."""
+    folder = Path(tempfile.mkdtemp(prefix="pdserve-avx2-paths-"))
+    for path in [SOURCE, *SOURCE.parent.glob("*.h")]:
+        shutil.copy(path, folder / path.name)
+    dispatch = folder / "quantized_linear.h"
+    text = dispatch.read_text()
+    if LEGACY_DISPATCH not in text:
+        raise SystemExit("quantized_linear.h no longer has the legacy dispatch line")
+    dispatch.write_text(text.replace(LEGACY_DISPATCH, ""))
+    return build_extension(folder / SOURCE.name)
+
+
+def time_product(module: ModuleType, x: torch.Tensor, blocks: torch.Tensor, kind: str, n: int):
+    """Microseconds per product, over ``n`` of them."""
+    module.quantized_linear(x, blocks, kind)
+    start = time.perf_counter()
+    for _ in range(n):
+        module.quantized_linear(x, blocks, kind)
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def cases() -> list[tuple[str, str, int, torch.Tensor, torch.Tensor]]:
+    """(name, kind, rows, x, weight blocks) of every case, drawn once."""
+    torch.manual_seed(0)
+    found = []
+    for kind in KINDS:
+        for n, k in SHAPES:
+            blocks = quantize(torch.randn(n, k), kind).blocks
+            for rows in ROWS:
+                found.append((f"{kind} {n}x{k} M={rows}", kind, rows, torch.randn(rows, k), blocks))
+    return found
+
+
+def measure(modules: dict[str, ModuleType], args: argparse.Namespace) -> dict[str, dict]:
+    """Each case's microseconds per product on each side, every kept round."""
+    drawn = cases()
+    kept: dict[str, dict[str, list[float]]] = {c[0]: {s: [] for s in modules} for c in drawn}
+    for index in range(DEFAULT_WARMUP + args.rounds):
+        for name, kind, rows, x, blocks in drawn:
+            repeats = args.repeats if rows == 1 else max(1, args.repeats // 4)
+            for side in order_of(list(modules), index):
+                micros = time_product(modules[side], x, blocks, kind, repeats)
+                if index >= DEFAULT_WARMUP:
+                    kept[name][side].append(micros)
+        print(f"round {index + 1 - DEFAULT_WARMUP} done", flush=True)
+    return kept
+
+
+def report(kept: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> dict[str, Any]:
+    """Per case each side's spread and legacy's speed-up with its verdict against ``GOAL``."""
+    result: dict[str, Any] = {"goal": str(GOAL), "threads": 1, "repeats": args.repeats}
+    for name, sides in kept.items():
+        speedups = [s / legacy for s, legacy in zip(sides["simd"], sides["legacy"], strict=True)]
+        verdict = judge(speedups, GOAL)
+        result[name] = {
+            "legacy_us": spread(sides["legacy"], 1),
+            "simd_us": spread(sides["simd"], 1),
+            "legacy_speedup": spread(speedups, 3),
+            "verdict": verdict.verdict,
+        }
+        print(f"{name}: legacy speed-up {result[name]['legacy_speedup']['median']}x, {verdict}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_output_arguments(parser, "avx2_paths")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
+    parser.add_argument("--repeats", type=int, default=400, help="products per one-row case")
+    args = parser.parse_args(argv)
+    result_file = ResultFile.start(args, argv)
+    torch.set_num_threads(1)
+    shipped = quantized_kernels()
+    if shipped is None or not shipped.avx2_supported():
+        raise SystemExit("needs the native kernels on a CPU with AVX2, FMA and F16C")
+    modules = {"legacy": shipped, "simd": simd_only_module()}
+    for module in modules.values():
+        module.set_isa("avx2")
+    result_file.write(report(measure(modules, args), args))
+
+
+if __name__ == "__main__":
+    main()
