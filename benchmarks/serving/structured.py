@@ -232,7 +232,7 @@ async def _median_tpot(
 
 
 def compiling(args: argparse.Namespace) -> dict[str, Any]:
-    from engine.constraint import Constraint
+    from coordinator.api.structured_request import schema_constraint
     from engine.grammars import GrammarCache
     from engine.model.loader import load_model
 
@@ -241,7 +241,9 @@ def compiling(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     _ = cache.tokenizer
     view_s = time.perf_counter() - start
-    constraints = [Constraint.json_schema(twenty_properties(d)) for d in range(args.compile_draws)]
+    # as the doors make them: a strict schema in canonical JSON
+    schemas = [twenty_properties(d) for d in range(args.compile_draws)]
+    constraints = [schema_constraint("json_schema", schema, strict=True) for schema in schemas]
     cold, cached = [], []
     for constraint in constraints:
         start = time.perf_counter()
