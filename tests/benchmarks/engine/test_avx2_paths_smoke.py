@@ -22,16 +22,19 @@ def modules():
     return {"legacy": shipped, "simd": avx2_paths.simd_only_module()}
 
 
+@pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("kind", avx2_paths.KINDS)
-def test_both_paths_compute_the_same_products(modules, kind):
+def test_the_simd_build_runs_a_vector_path_with_the_same_products(modules, kind, rows):
     torch.manual_seed(1)
-    blocks, x = quantize(torch.randn(64, 96), kind).blocks, torch.randn(3, 96)
+    blocks, x = quantize(torch.randn(64, 96), kind).blocks, torch.randn(rows, 96)
     out = {}
     for side, module in modules.items():
         module.set_isa("avx2")
         out[side] = module.quantized_linear(x, blocks, kind)
     assert modules["simd"].__name__ != modules["legacy"].__name__
     torch.testing.assert_close(out["simd"], out["legacy"], rtol=1e-5, atol=1e-4)
+    modules["simd"].set_isa("scalar")  # the scalar code sums in another order: not what ran
+    assert not torch.equal(modules["simd"].quantized_linear(x, blocks, kind), out["simd"])
 
 
 def test_a_toy_run_writes_every_case_with_its_verdict(modules, tmp_path, monkeypatch):
