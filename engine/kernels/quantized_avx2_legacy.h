@@ -1,7 +1,8 @@
-// The AVX2 + FMA + F16C path for Q8_0 and Q4_1 blocks: each block becomes floats in registers,
-// with no stop in memory (the other kinds, and AVX-512, run quantized_simd.h).
+// The AVX2 + FMA + F16C path for Q4_1 blocks: each block becomes floats in registers, with no
+// stop in memory (the other kinds, and AVX-512, run quantized_simd.h, which is as fast for Q8_0
+// and 1.2-1.5x slower for Q4_1 here: python -m benchmarks.engine.avx2_paths).
 //
-//   - one row of x (a decode step): per block d * dot(x_b, q), plus for Q4_1 m * sum(x_b), with
+//   - one row of x (a decode step): per block d * dot(x_b, q) + m * sum(x_b), with
 //     the block sums of x computed once per call and shared by all outputs;
 //   - several rows: each block is turned into its float weights once, in registers, bit for bit
 //     as ggml dequantizes them (d * q is exact in float32, so fma(d, q, m) == d * q + m), and
@@ -27,26 +28,17 @@ PDSERVE_AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-PDSERVE_AVX2 inline __m256 bytes_to_float_signed(const uint8_t* p) {
-  const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
-}
-
 // The integer values q of a block, in weight order, as floats (not yet scaled).
 template <Kind K>
 PDSERVE_AVX2 inline void block_values(const uint8_t* block, __m256 q[4]) {
-  if constexpr (K == Kind::q8_0) {
-    for (int i = 0; i < 4; ++i) q[i] = bytes_to_float_signed(block + 2 + 8 * i);
-  } else {
-    // Each of bytes 0..7 widened to 32 bits holds weight j in its low nibble and weight j + 16
-    // in its high nibble; likewise bytes 8..15 for weights 8..15 and 24..31.
-    const __m256i low_nibble = _mm256_set1_epi32(0x0F);
-    for (int half = 0; half < 2; ++half) {
-      const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 4 + 8 * half));
-      const __m256i bytes = _mm256_cvtepu8_epi32(eight);
-      q[half] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low_nibble));
-      q[half + 2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
-    }
+  // Each of bytes 0..7 widened to 32 bits holds weight j in its low nibble and weight j + 16 in
+  // its high nibble; likewise bytes 8..15 for weights 8..15 and 24..31.
+  const __m256i low_nibble = _mm256_set1_epi32(0x0F);
+  for (int half = 0; half < 2; ++half) {
+    const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 4 + 8 * half));
+    const __m256i bytes = _mm256_cvtepu8_epi32(eight);
+    q[half] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low_nibble));
+    q[half + 2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
   }
 }
 
@@ -56,12 +48,8 @@ template <Kind K>
 PDSERVE_AVX2 inline void block_weights(const uint8_t* block, __m256 w[4]) {
   block_values<K>(block, w);
   const __m256 d = _mm256_set1_ps(half_to_float_f16c(block));
-  if constexpr (K == Kind::q8_0) {
-    for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(d, w[i]);
-  } else {
-    const __m256 m = _mm256_set1_ps(half_to_float_f16c(block + 2));
-    for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(d, w[i], m);
-  }
+  const __m256 m = _mm256_set1_ps(half_to_float_f16c(block + 2));
+  for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(d, w[i], m);
 }
 
 // dot(x, q) over one block, in two independent chains.
@@ -73,37 +61,30 @@ PDSERVE_AVX2 inline __m256 block_dot(const __m256 q[4], const float* x) {
   return _mm256_add_ps(even, odd);
 }
 
-// acc += d * dot(x_b, q) for one block; for Q4_1 also min_terms[1] += m * sum(x_b), where
-// sum_pair points at {0, sum(x_b)}: d and m, adjacent in the block, are converted together.
+// acc += d * dot(x_b, q) for one block and min_terms[1] += m * sum(x_b), where sum_pair points
+// at {0, sum(x_b)}: d and m, adjacent in the block, are converted together.
 template <Kind K>
 PDSERVE_AVX2 inline void add_block_dot(const uint8_t* block, const float* x,
                                        const float* sum_pair, __m256& acc, __m128& min_terms) {
   __m256 q[4];
   block_values<K>(block, q);
-  if constexpr (K == Kind::q4_1) {
-    uint32_t scale_and_min;
-    std::memcpy(&scale_and_min, block, sizeof(scale_and_min));
-    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(scale_and_min)));
-    acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), block_dot(q, x), acc);
-    const __m128 sums = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sum_pair)));
-    min_terms = _mm_fmadd_ps(dm, sums, min_terms);
-  } else {
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float_f16c(block)), block_dot(q, x), acc);
-  }
+  uint32_t scale_and_min;
+  std::memcpy(&scale_and_min, block, sizeof(scale_and_min));
+  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(scale_and_min)));
+  acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), block_dot(q, x), acc);
+  const __m128 sums = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sum_pair)));
+  min_terms = _mm_fmadd_ps(dm, sums, min_terms);
 }
 
-// One row of x against one weight row over blocks [b0, b1): the sum of d * dot(x_b, q)
-// (+ m * sum(x_b) for Q4_1, with the block sums of x, as {0, sum} pairs, computed once per
-// call). Even and odd blocks go to separate accumulators, so consecutive blocks do not wait on
+// One row of x against one weight row over blocks [b0, b1): the sum of d * dot(x_b, q) +
+// m * sum(x_b), with the block sums of x, as {0, sum} pairs, computed once per call. Even and odd blocks go to separate accumulators, so consecutive blocks do not wait on
 // each other.
 template <Kind K>
 PDSERVE_AVX2 float row_dot_avx2(const uint8_t* row, int64_t b0, int64_t b1, const float* x,
                                 const float* x_sum_pairs) {
   __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
   __m128 even_min_terms = _mm_setzero_ps(), odd_min_terms = _mm_setzero_ps();
-  const auto sum_pair = [x_sum_pairs](int64_t b) {
-    return K == Kind::q4_1 ? x_sum_pairs + 2 * b : nullptr;
-  };
+  const auto sum_pair = [x_sum_pairs](int64_t b) { return x_sum_pairs + 2 * b; };
   int64_t b = b0;
   for (; b + 1 < b1; b += 2) {
     add_block_dot<K>(row + b * block_bytes(K), x + b * 32, sum_pair(b), even, even_min_terms);
@@ -199,11 +180,11 @@ PDSERVE_AVX2 void linear_rows_avx2(int64_t begin, int64_t end, const uint8_t* we
 }
 
 // A tile of a single row (M = 1, or the last of M = 8t + 1) takes the single-row path, which
-// for Q4_1 needs that row's block sums as {0, sum} pairs; pairs is left empty otherwise.
+// needs that row's block sums as {0, sum} pairs; pairs is left empty otherwise.
 template <Kind K>
 void prepare_x_sum_pairs(const float* x, int64_t M, int64_t blocks, std::vector<float>& pairs) {
   pairs.clear();
-  if (K != Kind::q4_1 || M % kRowTile != 1) return;
+  if (M % kRowTile != 1) return;
   const float* last = x + (M - 1) * blocks * 32;
   pairs.assign(2 * blocks, 0.f);
   for (int64_t b = 0; b < blocks; ++b) {

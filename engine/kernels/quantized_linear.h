@@ -6,8 +6,8 @@
 // at::parallel_for, on torch's threads.
 //
 // Three paths, chosen at run time: AVX-512 (F, BW, VL; quantized_simd.h on 16 lanes), AVX2 +
-// FMA + F16C (quantized_avx2_legacy.h for Q8_0 and Q4_1, quantized_simd.h on 8 lanes for the
-// rest) and portable scalar code (quantized_scalar.h). The SIMD path unpacks the 32-weight kinds
+// FMA + F16C (quantized_avx2_legacy.h for Q4_1, quantized_simd.h on 8 lanes for the rest) and
+// portable scalar code (quantized_scalar.h). The SIMD path unpacks the 32-weight kinds
 // in registers (quantized_unpack_avx2.h): one row of a [3072, 576] matrix on one Zen 4 thread,
 // AVX-512 / AVX2, in ms: q5_0 0.10 / 0.18, q5_1 0.11 / 0.18, q4_0 0.09 / 0.14, q8_0 0.06 / 0.08
 // (0.21 / 0.32, 1.1 / 1.4 and 1.3 / 1.3 for q5_0, q5_1 and q4_0 with the unpacking loop; q4_1
@@ -106,7 +106,7 @@ KernelPath kernel_path(Isa isa) {
 #if PDSERVE_HAS_X86
   if (isa == Isa::avx512) return KernelPath::simd_avx512;
   if (isa == Isa::scalar) return KernelPath::scalar;
-  if (K == Kind::q8_0 || K == Kind::q4_1) return KernelPath::legacy_avx2;
+  if (K == Kind::q4_1) return KernelPath::legacy_avx2;
   if (isa == Isa::avx2) return KernelPath::simd_avx2;
 #endif
   return KernelPath::scalar;
@@ -122,11 +122,11 @@ void linear(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, in
     case KernelPath::simd_avx512:
       return simd_avx512::linear<K>(weight, N, blocks, x, M, out, grain);
     case KernelPath::legacy_avx2:
-      if constexpr (K == Kind::q8_0 || K == Kind::q4_1)
+      if constexpr (K == Kind::q4_1)
         return linear_avx2<K>(weight, N, blocks, x, M, out, grain);
       break;
     case KernelPath::simd_avx2:
-      if constexpr (K != Kind::q8_0 && K != Kind::q4_1)
+      if constexpr (K != Kind::q4_1)
         return simd_avx2::linear<K>(weight, N, blocks, x, M, out, grain);
       break;
 #endif
@@ -141,7 +141,7 @@ void dequantize(const uint8_t* weight, int64_t N, int64_t blocks, float* out) {
 #if PDSERVE_HAS_X86
   const Isa isa = current_isa();
   if (isa == Isa::avx512) return simd_avx512::dequantize<K>(weight, N, blocks, out);
-  if constexpr (K == Kind::q8_0 || K == Kind::q4_1) {
+  if constexpr (K == Kind::q4_1) {
     if (isa == Isa::avx2) return dequantize_avx2<K>(weight, N, blocks, out);
   } else {
     if (isa == Isa::avx2) return simd_avx2::dequantize<K>(weight, N, blocks, out);
@@ -199,11 +199,11 @@ void linear_rows_any(int64_t begin, int64_t end, const uint8_t* weight, int64_t 
     case KernelPath::simd_avx512:
       return simd_avx512::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, x_sums, out);
     case KernelPath::legacy_avx2:
-      if constexpr (K == Kind::q8_0 || K == Kind::q4_1)
+      if constexpr (K == Kind::q4_1)
         return linear_rows_avx2<K>(begin, end, weight, ldo, blocks, x, M, x_sums, out);
       break;
     case KernelPath::simd_avx2:
-      if constexpr (K != Kind::q8_0 && K != Kind::q4_1)
+      if constexpr (K != Kind::q4_1)
         return simd_avx2::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, x_sums, out);
       break;
 #endif

@@ -18,8 +18,8 @@ constexpr int64_t kMaxUnsegmentedWeights = 768;
 
 // Kinds whose values are read vector by vector from the block's own bytes, with only the scales
 // unpacked: no stop in memory. On 8 lanes (AVX2), one row of a [2048, 2048] Q4_0 matrix on one
-// Zen 3 thread takes 0.33 ms so, 0.55 through the int8 copy. (Q8_0 and Q4_1 take
-// quantized_avx2_legacy.h there, 4-10 % faster than this path even so.)
+// Zen 3 thread takes 0.33 ms so, 0.55 through the int8 copy. (Q4_1 takes
+// quantized_avx2_legacy.h there: python -m benchmarks.engine.avx2_paths.)
 constexpr bool values_from_block(Kind kind) { return V::L == 8 && kind == Kind::q4_0; }
 
 template <Kind K>
