@@ -19,6 +19,7 @@ FILES = (
     "engine",
     "compare_modes",
     "decode_step",
+    "avx2_paths",
     "replicas",
     "http_edge",
     "structured",
