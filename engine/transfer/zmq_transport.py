@@ -71,6 +71,7 @@ from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.security import KVCredentials
 from engine.transfer.shared_memory import SharedPageBuffer, SharedPageReader
+from engine.transfer.zmq_security import admit_only, secure_client, secure_server
 
 log = logging.getLogger(__name__)
 _POLL_MS = 100
@@ -95,15 +96,10 @@ class ZmqKVReceiver(BaseKVReceiver):
         self._authenticator: ThreadAuthenticator | None = None
         if credentials is not None:
             self._context = zmq.Context()
-            self._authenticator = _admit_only(self._context, credentials)
+            self._authenticator = admit_only(self._context, credentials)
         self._socket: zmq.Socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        if credentials is not None and credentials.encrypts:
-            self._socket.curve_secretkey = credentials.curve_secret
-            self._socket.curve_publickey = credentials.curve_public
-            self._socket.curve_server = True
-        elif credentials is not None:  # plain text, but only the cluster's senders get in
-            self._socket.plain_server = True
+        secure_server(self._socket, credentials)  # plain text: still only the cluster's senders
         # A larger frame never reaches us: ZMQ drops its sender's connection. Under CURVE the
         # limit applies to the encrypted message, a page frame plus its box's framing.
         max_frame = max(min(PAGE_FRAME_BYTES, self.max_payload_bytes), self.max_header_bytes)
@@ -200,31 +196,6 @@ class ZmqKVReceiver(BaseKVReceiver):
             self._context.term()
 
 
-class _AdmittedKeys:
-    """ZAP credentials provider: the CURVE public keys a receiver admits."""
-
-    def __init__(self, keys: set[bytes]) -> None:
-        self._keys = keys
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self._keys
-
-
-PLAIN_USER = "pdserve-kv"
-
-
-def _admit_only(context: zmq.Context, credentials: KVCredentials) -> ThreadAuthenticator:
-    """Start ``context``'s ZAP handler, admitting only the cluster's senders: CURVE clients with
-    their public key, or (a plaintext plane) PLAIN clients with the cluster's password."""
-    authenticator = ThreadAuthenticator(context, log=log)
-    authenticator.start()
-    if credentials.encrypts:
-        authenticator.configure_curve_callback("*", _AdmittedKeys({credentials.curve_peer_public}))
-    else:
-        authenticator.configure_plain("*", {PLAIN_USER: credentials.plain_password.decode()})
-    return authenticator
-
-
 @dataclass(eq=False)
 class _Connection:
     """A sender's state for one endpoint: its socket and, same host, its shared file."""
@@ -257,14 +228,7 @@ class ZmqKVSender(BaseKVSender):
     def _connect(self, endpoint: str) -> _Connection:
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
-        credentials = self._credentials
-        if credentials is not None and credentials.encrypts:
-            socket.curve_secretkey = credentials.curve_secret
-            socket.curve_publickey = credentials.curve_public
-            socket.curve_serverkey = credentials.curve_peer_public
-        elif credentials is not None:
-            socket.plain_username = PLAIN_USER.encode()
-            socket.plain_password = credentials.plain_password
+        secure_client(socket, self._credentials)
         socket.connect(endpoint)
         return _Connection(socket)
 

@@ -1,0 +1,81 @@
+"""One request's events on the coordinator, between a token channel's receiving task (which
+pushes, never waiting) and the request's reader (which iterates).
+
+Life cycle: ``TokenStreams.open`` makes it; the receiving task ``push``es the request's events
+in order; it is ``ended`` once it holds its final event (a finished one, or a failure that
+``end`` put); the reader's iteration stops after taking that event, and the stream tells its
+owner (``on_done``) that it is done. ``stop`` (the owner's ``close``) ends the iteration after
+what it holds, without a final event. A push past ``max_queued`` unread events overflows it:
+what it holds is dropped and it ends with a ``stream_overflow`` failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from engine.outputs import TokenEvent
+
+WorkerKey = tuple[str, int]  # (role, instance), as the fleet names a worker
+
+
+class TokenStream:
+    def __init__(
+        self,
+        request_id: str,
+        worker: WorkerKey,
+        max_queued: int,
+        on_done: Callable[[TokenStream], None],
+    ) -> None:
+        self.request_id = request_id
+        self.worker = worker  # where it runs: that worker's loss ends it
+        self.max_queued = max_queued
+        self.overflowed = False
+        self.ended = False  # its final event is queued (or was read)
+        self._stopped = False
+        self._events: deque[TokenEvent] = deque()
+        self._ready = asyncio.Event()
+        self._on_done = on_done
+
+    def push(self, event: TokenEvent) -> bool:
+        """Queue ``event``; False if that overflowed the stream (it ended with a failure)."""
+        if len(self._events) >= self.max_queued:
+            self.overflowed = True
+            self._events.clear()
+            error = f"more than {self.max_queued} token events unread"
+            self.end(TokenEvent.failure(self.request_id, error, "stream_overflow"))
+            return False
+        self._events.append(event)
+        self.ended = event.finished
+        self._ready.set()
+        return True
+
+    def end(self, event: TokenEvent) -> None:
+        """Queue the final ``event`` (past the bound: it is the last one)."""
+        self._events.append(event)
+        self.ended = True
+        self._ready.set()
+
+    def stop(self) -> None:
+        """End the iteration after what is queued, without a final event."""
+        self._stopped = True
+        self._ready.set()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __aiter__(self) -> TokenStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        while not self._events:
+            if self._stopped:
+                raise StopAsyncIteration
+            self._ready.clear()
+            await self._ready.wait()
+        event = self._events.popleft()
+        if event.finished:
+            self._stopped = True
+            self._on_done(self)
+        return event

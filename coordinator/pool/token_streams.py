@@ -1,0 +1,253 @@
+"""The coordinator's end of the workers' token channels (``workers/token_channel.py``).
+
+Life cycle: the coordinator builds one :class:`TokenStreams` (its ``coordinator_id`` is the
+routing id of all its sockets) and, for each worker, awaits :meth:`TokenStreams.connect` with
+the endpoint the worker announced: a DEALER connects, says hello, and ``connect`` returns once
+the worker welcomed it. A request's events are read from :meth:`TokenStreams.open`, called before
+the request is sent to its worker (an event for a request not open is counted and dropped):
+an async iterator that ends after the request's final event; :meth:`TokenStreams.move` follows
+a request to another worker (a hand-off), :meth:`TokenStreams.close` forgets it early. A
+worker's receiving task decodes each step message and hands every event to its request's queue
+without ever waiting. :meth:`TokenStreams.aclose` at the coordinator's end closes everything.
+
+Bounds and failures (each ends the request's stream with a failure event its caller acts on):
+
+- a request whose queue holds ``max_queued_events`` unread events is overflowed: its queue is
+  emptied and ends with a ``stream_overflow`` failure, so one slow reader never holds back the
+  others' events (the caller aborts it on its worker);
+- a worker that goes away (its socket closed or silent past the heartbeat: the socket monitor
+  says disconnected; or the caller's :meth:`TokenStreams.worker_lost`, from its load poll) ends
+  every request on it with a ``worker_lost`` failure, after the events already queued;
+- events the worker dropped (its queue to us was full) end their requests with an
+  ``events_lost`` failure, and a gap in a worker's message numbers (a message lost on the
+  way) ends every request on that worker the same way.
+
+Security is the KV plane's (``engine/transfer/zmq_security.py``): the DEALER is a client with
+the share of the pool's credentials that is the counterpart of the worker's
+(:func:`counterpart`), a plaintext gate, or None (loopback without credentials).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from coordinator.pool.token_stream import TokenStream, WorkerKey
+from engine.outputs import TokenEvent
+from engine.transfer.security import ClusterCredentials, KVCredentials
+from engine.transfer.zmq_security import secure_client
+from workers.token_wire import PROTOCOL_VERSION, HelloMsg, StepMsg, WelcomeMsg, decode, encode
+
+log = logging.getLogger(__name__)
+MAX_QUEUED_EVENTS = 4096  # unread events of one request before it is overflowed
+MAX_STEP_BYTES = 64 << 20  # a longer frame from a worker drops its connection
+HEARTBEAT_MS = 1000  # a worker silent for HEARTBEAT_TIMEOUT_MS is disconnected (lost)
+HEARTBEAT_TIMEOUT_MS = 5000
+CONNECT_TIMEOUT_S = 10.0
+_MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+
+class TokenChannelError(ConnectionError):
+    """A worker's token channel did not come up."""
+
+
+def counterpart(
+    keys: ClusterCredentials, worker_share: KVCredentials | None
+) -> KVCredentials | None:
+    """The share a coordinator connects with to a worker holding ``worker_share`` (what
+    ``transfer_credentials`` gave it): the other role's, or its gate when the worker's is a
+    plaintext gate."""
+    if worker_share is None:
+        return None
+    receiver = worker_share.curve_public == keys.receiver.curve_public
+    other = keys.sender if receiver else keys.receiver
+    return other if worker_share.encrypts else other.plaintext_gate()
+
+
+class _Channel:
+    """One worker's DEALER, its monitor, its receiving tasks and where its messages are."""
+
+    def __init__(self, worker: WorkerKey, socket: zmq.asyncio.Socket) -> None:
+        self.worker = worker
+        self.socket = socket
+        self.monitor: zmq.asyncio.Socket = socket.get_monitor_socket(_MONITORED)
+        self.welcomed = asyncio.Event()
+        self.next_seq = 0
+        self.tasks: list[asyncio.Task] = []
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.disable_monitor()
+        self.monitor.close(0)
+        self.socket.close(0)
+
+
+class TokenStreams:
+    def __init__(self, coordinator_id: str, max_queued_events: int = MAX_QUEUED_EVENTS) -> None:
+        self.coordinator_id = coordinator_id
+        self.max_queued_events = max_queued_events
+        self._context = zmq.asyncio.Context()
+        self._channels: dict[WorkerKey, _Channel] = {}
+        self._streams: dict[str, TokenStream] = {}
+        self.num_unrouted = 0  # events for requests not open here
+        self.num_overflowed = 0  # requests ended for a full queue
+        self.num_gaps = 0  # step messages lost on the way (by their numbers)
+        self.num_malformed = 0  # frames that were no channel message
+
+    # ---- channels ------------------------------------------------------------------------------
+
+    async def connect(
+        self,
+        worker: WorkerKey,
+        endpoint: str,
+        credentials: KVCredentials | None = None,
+        timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        """Connect to ``worker``'s channel at ``endpoint`` (replacing one it had: its requests
+        end as lost) and wait until it welcomed us (TokenChannelError past ``timeout_s``)."""
+        self.disconnect(worker)
+        channel = _Channel(worker, self._dealer(credentials))
+        self._channels[worker] = channel
+        channel.tasks = [
+            asyncio.create_task(self._receive(channel), name=f"token-channel-{worker}"),
+            asyncio.create_task(self._watch(channel), name=f"token-monitor-{worker}"),
+        ]
+        channel.socket.connect(endpoint)  # the watcher says hello once the handshake is done
+        try:
+            await asyncio.wait_for(channel.welcomed.wait(), timeout_s)
+        except TimeoutError:
+            self.disconnect(worker)
+            message = f"no welcome from {worker} at {endpoint} in {timeout_s} s"
+            raise TokenChannelError(message) from None
+
+    def _dealer(self, credentials: KVCredentials | None) -> zmq.asyncio.Socket:
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.ROUTING_ID, self.coordinator_id.encode())
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_STEP_BYTES)
+        socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        secure_client(socket, credentials)
+        return socket
+
+    def disconnect(self, worker: WorkerKey) -> None:
+        """Close ``worker``'s channel, if any; its open requests end as lost."""
+        channel = self._channels.pop(worker, None)
+        if channel is not None:
+            channel.close()
+            self.worker_lost(worker, "the token channel was closed")
+
+    def connected(self, worker: WorkerKey) -> bool:
+        """Whether ``worker``'s channel is up (welcomed and not disconnected since)."""
+        channel = self._channels.get(worker)
+        return channel is not None and channel.welcomed.is_set()
+
+    async def _receive(self, channel: _Channel) -> None:
+        while True:
+            frame = await channel.socket.recv()
+            try:
+                msg = decode(frame)
+            except ValueError as exc:
+                self.num_malformed += 1
+                log.warning("token channel of %s: malformed frame (%s)", channel.worker, exc)
+                continue
+            if isinstance(msg, StepMsg):
+                self._deliver(channel, msg)
+            elif isinstance(msg, WelcomeMsg):
+                self._welcome(channel, msg)
+
+    def _welcome(self, channel: _Channel, msg: WelcomeMsg) -> None:
+        if msg.version != PROTOCOL_VERSION:
+            log.error(
+                "worker %s speaks token channel %d, not %d",
+                channel.worker,
+                msg.version,
+                PROTOCOL_VERSION,
+            )
+            return
+        channel.next_seq = msg.next_seq
+        channel.welcomed.set()
+
+    def _deliver(self, channel: _Channel, msg: StepMsg) -> None:
+        if msg.seq != channel.next_seq:
+            self.num_gaps += 1
+            self._end_all(channel.worker, "token events were lost on the way", "events_lost")
+        channel.next_seq = msg.seq + 1
+        for request_id in msg.lost:
+            self._end(request_id, "the worker dropped token events", "events_lost")
+        for event in msg.events:
+            stream = self._streams.get(event.request_id)
+            if stream is None or stream.ended:
+                self.num_unrouted += 1
+            elif not stream.push(event):
+                self.num_overflowed += 1
+
+    async def _watch(self, channel: _Channel) -> None:
+        """Follow the socket's connection: hello after each handshake (the first one, and
+        after a reconnect), and its requests lost when it drops."""
+        while True:
+            event = parse_monitor_message(await channel.monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_DISCONNECTED and channel.welcomed.is_set():
+                channel.welcomed.clear()
+                self.worker_lost(channel.worker, "the worker's token channel disconnected")
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                await channel.socket.send(encode(HelloMsg(self.coordinator_id)))
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def open(self, request_id: str, worker: WorkerKey) -> TokenStream:
+        """The events of ``request_id``, which runs on ``worker``, up to its final one."""
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already open")
+        stream = TokenStream(request_id, worker, self.max_queued_events, self._forget)
+        self._streams[request_id] = stream
+        return stream
+
+    def move(self, request_id: str, worker: WorkerKey) -> None:
+        """``request_id`` runs on ``worker`` from now on (the one whose loss ends it)."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.worker = worker
+
+    def close(self, request_id: str) -> None:
+        """Forget ``request_id``: its iterator ends after what it holds; later events drop."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.stop()
+
+    def _forget(self, stream: TokenStream) -> None:
+        """``stream``'s reader took its final event: it is done."""
+        if self._streams.get(stream.request_id) is stream:
+            del self._streams[stream.request_id]
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def worker_lost(self, worker: WorkerKey, error: str = "the worker was lost") -> int:
+        """End every open request on ``worker`` with a ``worker_lost`` failure; how many."""
+        return self._end_all(worker, error, "worker_lost")
+
+    def _end_all(self, worker: WorkerKey, error: str, cause: str) -> int:
+        ended = [s for s in self._streams.values() if s.worker == worker and not s.ended]
+        for stream in ended:
+            stream.end(TokenEvent.failure(stream.request_id, error, cause))
+        return len(ended)
+
+    def _end(self, request_id: str, error: str, cause: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None and not stream.ended:
+            stream.end(TokenEvent.failure(request_id, error, cause))
+
+    async def aclose(self) -> None:
+        """Close every channel (their open requests end as lost) and the context."""
+        for worker in list(self._channels):
+            self.disconnect(worker)
+        await asyncio.sleep(0)  # let the cancelled tasks finish
+        self._context.destroy(linger=0)
