@@ -49,7 +49,9 @@ MAX_STEP_BYTES = 64 << 20  # a longer frame from a worker drops its connection
 HEARTBEAT_MS = 1000  # a worker silent for HEARTBEAT_TIMEOUT_MS is disconnected (lost)
 HEARTBEAT_TIMEOUT_MS = 5000
 CONNECT_TIMEOUT_S = 10.0
+RECONNECT_MAX_MS = 5000  # a lost worker's address is retried at most this often
 _MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+_YIELD_EVERY = 256  # messages taken in a row before the readers get a turn
 
 
 class TokenChannelError(ConnectionError):
@@ -70,23 +72,32 @@ def counterpart(
 
 
 class _Channel:
-    """One worker's DEALER, its monitor, its receiving tasks and where its messages are."""
+    """One worker's DEALER, its monitor, its receiving task and where its messages are."""
 
     def __init__(self, worker: WorkerKey, socket: zmq.asyncio.Socket) -> None:
         self.worker = worker
         self.socket = socket
         self.monitor: zmq.asyncio.Socket = socket.get_monitor_socket(_MONITORED)
         self.welcomed = asyncio.Event()
+        self.refusal = ""  # why a welcome was refused (another protocol version)
         self.next_seq = 0
-        self.tasks: list[asyncio.Task] = []
+        self.task: asyncio.Task | None = None
 
     def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
+        if self.task is not None:
+            self.task.cancel()
         with contextlib.suppress(zmq.ZMQError):
             self.socket.disable_monitor()
         self.monitor.close(0)
         self.socket.close(0)
+
+
+async def _take(socket: zmq.asyncio.Socket) -> list[bytes] | None:
+    """The next message waiting on ``socket``, None if there is none."""
+    try:
+        return await socket.recv_multipart(zmq.NOBLOCK)
+    except zmq.Again:
+        return None
 
 
 class TokenStreams:
@@ -115,16 +126,13 @@ class TokenStreams:
         self.disconnect(worker)
         channel = _Channel(worker, self._dealer(credentials))
         self._channels[worker] = channel
-        channel.tasks = [
-            asyncio.create_task(self._receive(channel), name=f"token-channel-{worker}"),
-            asyncio.create_task(self._watch(channel), name=f"token-monitor-{worker}"),
-        ]
+        channel.task = asyncio.create_task(self._serve(channel), name=f"token-channel-{worker}")
         channel.socket.connect(endpoint)  # the watcher says hello once the handshake is done
         try:
             await asyncio.wait_for(channel.welcomed.wait(), timeout_s)
         except TimeoutError:
             self.disconnect(worker)
-            message = f"no welcome from {worker} at {endpoint} in {timeout_s} s"
+            message = f"no welcome from {worker} at {endpoint} in {timeout_s} s{channel.refusal}"
             raise TokenChannelError(message) from None
 
     def _dealer(self, credentials: KVCredentials | None) -> zmq.asyncio.Socket:
@@ -134,6 +142,7 @@ class TokenStreams:
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_STEP_BYTES)
         socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MAX_MS)
         secure_client(socket, credentials)
         return socket
 
@@ -149,28 +158,40 @@ class TokenStreams:
         channel = self._channels.get(worker)
         return channel is not None and channel.welcomed.is_set()
 
-    async def _receive(self, channel: _Channel) -> None:
+    async def _serve(self, channel: _Channel) -> None:
+        """The receiving task: whenever a message or a monitor event is waiting, take every
+        message first, so that what the worker sent before its connection dropped reaches its
+        requests before the drop ends them."""
+        poller = zmq.asyncio.Poller()
+        poller.register(channel.socket, zmq.POLLIN)
+        poller.register(channel.monitor, zmq.POLLIN)
         while True:
-            frame = await channel.socket.recv()
-            try:
-                msg = decode(frame)
-            except ValueError as exc:
-                self.num_malformed += 1
-                log.warning("token channel of %s: malformed frame (%s)", channel.worker, exc)
-                continue
-            if isinstance(msg, StepMsg):
-                self._deliver(channel, msg)
-            elif isinstance(msg, WelcomeMsg):
-                self._welcome(channel, msg)
+            await poller.poll()
+            taken = 0
+            while (frames := await _take(channel.socket)) is not None:
+                self._on_frame(channel, frames[-1])
+                taken += 1
+                if taken % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # let the readers run during a flood
+            while (frames := await _take(channel.monitor)) is not None:
+                await self._on_monitor(channel, parse_monitor_message(frames)["event"])
+
+    def _on_frame(self, channel: _Channel, frame: bytes) -> None:
+        try:
+            msg = decode(frame)
+        except ValueError as exc:
+            self.num_malformed += 1
+            log.warning("token channel of %s: malformed frame (%s)", channel.worker, exc)
+            return
+        if isinstance(msg, StepMsg):
+            self._deliver(channel, msg)
+        elif isinstance(msg, WelcomeMsg):
+            self._welcome(channel, msg)
 
     def _welcome(self, channel: _Channel, msg: WelcomeMsg) -> None:
         if msg.version != PROTOCOL_VERSION:
-            log.error(
-                "worker %s speaks token channel %d, not %d",
-                channel.worker,
-                msg.version,
-                PROTOCOL_VERSION,
-            )
+            channel.refusal = f": it speaks version {msg.version}, not {PROTOCOL_VERSION}"
+            log.error("token channel of %s refused%s", channel.worker, channel.refusal)
             return
         channel.next_seq = msg.next_seq
         channel.welcomed.set()
@@ -189,16 +210,15 @@ class TokenStreams:
             elif not stream.push(event):
                 self.num_overflowed += 1
 
-    async def _watch(self, channel: _Channel) -> None:
-        """Follow the socket's connection: hello after each handshake (the first one, and
-        after a reconnect), and its requests lost when it drops."""
-        while True:
-            event = parse_monitor_message(await channel.monitor.recv_multipart())["event"]
-            if event == zmq.EVENT_DISCONNECTED and channel.welcomed.is_set():
-                channel.welcomed.clear()
-                self.worker_lost(channel.worker, "the worker's token channel disconnected")
-            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                await channel.socket.send(encode(HelloMsg(self.coordinator_id)))
+    async def _on_monitor(self, channel: _Channel, event: int) -> None:
+        """Hello after each handshake (the first one, and after a reconnect); a drop of a
+        welcomed connection loses the worker's requests (their events may be gone with it)."""
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            with contextlib.suppress(zmq.Again):
+                await channel.socket.send(encode(HelloMsg(self.coordinator_id)), zmq.NOBLOCK)
+        elif event == zmq.EVENT_DISCONNECTED and channel.welcomed.is_set():
+            channel.welcomed.clear()
+            self.worker_lost(channel.worker, "the worker's token channel disconnected")
 
     # ---- requests ------------------------------------------------------------------------------
 

@@ -134,6 +134,25 @@ def test_a_worker_whose_socket_closes_ends_its_requests():
     run(main())
 
 
+def test_what_a_worker_sent_before_it_went_comes_first(sender):
+    async def main():
+        streams = TokenStreams("coord")
+        await streams.connect(WORKER, sender.endpoint)
+        done, cut = streams.open("done", WORKER), streams.open("cut", WORKER)
+        sender.send_step({"coord": [last("done", 3), token("cut", 3)]})
+        time.sleep(0.2)  # the loop is busy: the step waits in the socket...
+        sender.close()
+        time.sleep(0.2)  # ...and the drop behind it
+        assert [e.finish_reason for e in await read_all(done)] == [FinishReason.EOS]
+        assert [(e.token_id, e.cause) for e in await read_all(cut)] == [
+            (3, ""),
+            (None, "worker_lost"),
+        ]
+        await streams.aclose()
+
+    run(main())
+
+
 def test_the_caller_declares_a_worker_lost(sender):
     async def main():
         streams = TokenStreams("coord")
