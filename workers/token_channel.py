@@ -108,7 +108,7 @@ class TokenSender:
             del self._lost[owner]
 
     def _drop(self, owner: str, events: list[TokenEvent], exc: zmq.ZMQError) -> None:
-        if owner not in self._lagging:
+        if owner not in self._lost:  # once until a message to it gets through again
             log.warning("token channel to %s: step dropped (%s), its requests end", owner, exc)
         ids = {event.request_id for event in events}
         self._lost[owner] |= ids

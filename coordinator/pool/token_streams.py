@@ -127,7 +127,7 @@ class TokenStreams:
         channel = _Channel(worker, self._dealer(credentials))
         self._channels[worker] = channel
         channel.task = asyncio.create_task(self._serve(channel), name=f"token-channel-{worker}")
-        channel.socket.connect(endpoint)  # the watcher says hello once the handshake is done
+        channel.socket.connect(endpoint)  # _serve says hello once the handshake is done
         try:
             await asyncio.wait_for(channel.welcomed.wait(), timeout_s)
         except TimeoutError:
@@ -159,9 +159,18 @@ class TokenStreams:
         return channel is not None and channel.welcomed.is_set()
 
     async def _serve(self, channel: _Channel) -> None:
-        """The receiving task: whenever a message or a monitor event is waiting, take every
-        message first, so that what the worker sent before its connection dropped reaches its
-        requests before the drop ends them."""
+        """The receiving task (a failure in it loses the worker's requests, never hangs them)."""
+        try:
+            await self._receive(channel)
+        except Exception:
+            log.exception("token channel of %s failed", channel.worker)
+            channel.welcomed.clear()
+            self.worker_lost(channel.worker, "the token channel failed")
+
+    async def _receive(self, channel: _Channel) -> None:
+        """Whenever a message or a monitor event is waiting, take every message first, so that
+        what the worker sent before its connection dropped reaches its requests before the
+        drop ends them."""
         poller = zmq.asyncio.Poller()
         poller.register(channel.socket, zmq.POLLIN)
         poller.register(channel.monitor, zmq.POLLIN)
