@@ -19,7 +19,10 @@ so the coordinator ends them at once.
 Security is the KV plane's (``engine/transfer/zmq_security.py``), with the share of the pool's
 credentials this worker holds: encrypting credentials make the socket a CURVE server admitting
 only the other role's key; a plaintext gate admits only the cluster's password (PLAIN); None
-(no credentials, allowed on loopback only) admits anyone.
+(no credentials, allowed on loopback only) admits anyone. So a coordinator connects with the
+other role's share (``coordinator.pool.token_streams.counterpart``), which that role's workers
+hold too: the channel keeps out strangers, not the cluster's own members. With credentials, a
+coordinator that reconnects under its id takes over its old connection (ROUTER_HANDOVER).
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ class TokenSender:
         socket = self._context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable owner is an error, not silence
-        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a coordinator that reconnects takes over
+        if credentials is not None:  # a coordinator that reconnects takes over (only members
+            socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # can claim an id: never a stranger)
         socket.setsockopt(zmq.SNDHWM, max_queued_steps)
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_HELLO_BYTES)
         socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
