@@ -24,21 +24,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
 from coordinator.config.cluster import ClusterConfig
 from coordinator.pool.fleet import Fleet
+from coordinator.pool.token_stream import StreamItem, TokenStream, WorkerKey
+from coordinator.pool.token_streams import TokenChannelError, TokenStreams
 from coordinator.request_run import RequestRun, RunPhase
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import output_limit
-from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget, Reservation
+from workers.contracts import (
+    GenerationRequest,
+    HandoffResult,
+    HandoffTarget,
+    Reservation,
+    Submitted,
+)
 
 log = logging.getLogger(__name__)
+A = TypeVar("A", Submitted, Reservation)
 _UNCLEAN = (FinishReason.ERROR, FinishReason.ABORT)
 RELEASE_WAIT_S = 2.0  # how long a finished stream waits for its workers to drop the request
 
@@ -79,8 +88,9 @@ class Cluster:
         if run.attempt.owner != self.fleet.coordinator_id:  # each attempt names this coordinator
             run.attempt = replace(run.attempt, owner=self.fleet.coordinator_id)
         try:
-            events, role = self._attempt(run)
-            async for event in events:
+            items, role = self._attempt(run)
+            async for event in items:
+                assert isinstance(event, TokenEvent)  # a hand-off's result never leaves here
                 if event.queued_s is not None and self.on_prefilled is not None:
                     self.on_prefilled(role, event.queued_s, event.prefill_s or 0.0)
                 if event.finish_reason == FinishReason.ERROR and run.aborted:
@@ -94,7 +104,7 @@ class Cluster:
             else:
                 await self._release(run)
 
-    def _attempt(self, run: RequestRun) -> tuple[AsyncIterator[TokenEvent], str]:
+    def _attempt(self, run: RequestRun) -> tuple[AsyncIterator[StreamItem], str]:
         """The events of ``run``'s attempt, and the role of the worker computing its prompt."""
         if run.route is None:
             raise ValueError(f"request {run.request_id} streams before it was routed")
@@ -102,16 +112,12 @@ class Cluster:
         if run.aborted:  # between two attempts
             return _aborted(run), "none"
         if self.config.deploy_mode == "single_node":
-            colocated = self.fleet.colocated
-            worker = colocated[decode % len(colocated)]
-            return self._generate_alone(run, worker), "colocated"
+            colocated = ("colocated", decode % len(self.fleet.colocated))
+            return self._generate_alone(run, colocated), "colocated"
         if prefill is None:
-            return self._generate_alone(
-                run, self.fleet.decodes[decode], self._max_output_tokens(run)
-            ), "decode"
-        return self._generate_pd(
-            run, self.fleet.prefills[prefill], self.fleet.decodes[decode]
-        ), "prefill"
+            limit = self._max_output_tokens(run)
+            return self._generate_alone(run, ("decode", decode), limit), "decode"
+        return self._generate_pd(run, ("prefill", prefill), ("decode", decode)), "prefill"
 
     def _max_output_tokens(self, run: RequestRun) -> int:
         """A disaggregated request's output limit, whichever path it takes (token-accounting)."""
@@ -121,40 +127,53 @@ class Cluster:
         )
 
     async def _generate_pd(
-        self, run: RequestRun, p_worker: Any, d_worker: Any
-    ) -> AsyncIterator[TokenEvent]:
+        self, run: RequestRun, p_key: WorkerKey, d_key: WorkerKey
+    ) -> AsyncIterator[StreamItem]:
         request, max_output_tokens = run.attempt, self._max_output_tokens(run)
-        run.workers = [p_worker, d_worker]
-        # the first token is the last: it ends on the prefill worker, no pages move
-        target = HandoffTarget.nowhere(max_output_tokens)
-        if max_output_tokens > len(request.output_token_ids) + 1:
-            reservation = await self._reserve(d_worker, request, max_output_tokens)
-            if not reservation.granted:
-                refusal = f"decode worker refused: {reservation.reason}"
-                yield TokenEvent.failure(request.request_id, refusal, "reservation_refused")
+        run.workers = [self.fleet.worker(*p_key), self.fleet.worker(*d_key)]
+        streams = self.fleet.streams
+        # the decode worker's items may come as soon as it holds the reservation
+        with (
+            _opened(streams, run.attempt_id, p_key) as first,
+            _opened(streams, run.attempt_id, d_key) as rest,
+        ):
+            # the first token is the last: it ends on the prefill worker, no pages move
+            target = HandoffTarget.nowhere(max_output_tokens)
+            if max_output_tokens > len(request.output_token_ids) + 1:
+                reservation = await self._reserve(d_key, request, max_output_tokens)
+                if not reservation.granted:
+                    refusal = f"decode worker refused: {reservation.reason}"
+                    yield TokenEvent.failure(run.attempt_id, refusal, "reservation_refused")
+                    return
+                target = HandoffTarget.from_reservation(reservation, max_output_tokens)
+            if run.aborted:  # aborted while its blocks were being reserved
+                yield TokenEvent.aborted(run.attempt_id)
                 return
-            target = HandoffTarget.from_reservation(reservation, max_output_tokens)
-        if run.aborted:  # aborted while its blocks were being reserved
-            yield TokenEvent.aborted(request.request_id)
-            return
+            async for item in self._prefill_then_decode(run, first, rest, target):
+                yield item
+
+    async def _prefill_then_decode(
+        self, run: RequestRun, first: TokenStream, rest: TokenStream, target: HandoffTarget
+    ) -> AsyncIterator[StreamItem]:
         run.advance(RunPhase.PREFILLING)
         handoff: HandoffResult | None = None
-        async for item in self._prefilled(run, p_worker, target):
+        async for item in self._prefilled(run, first, target):
             if isinstance(item, HandoffResult):
                 handoff = item
                 break
             yield item
         if handoff is not None:
-            async for event in self._handed_off(run, d_worker, handoff):
+            async for event in self._handed_off(run, rest, handoff):
                 yield event
 
     async def _prefilled(
-        self, run: RequestRun, p_worker: Any, target: HandoffTarget
-    ) -> AsyncIterator[Any]:
-        """The prefill worker's stream: the first token, then the hand-off's result (none when
+        self, run: RequestRun, stream: TokenStream, target: HandoffTarget
+    ) -> AsyncIterator[StreamItem]:
+        """The prefill worker's items: the first token, then the hand-off's result (none when
         the request ended on that token, or failed)."""
-        stream = p_worker.prefill.options(num_returns="streaming").remote(run.attempt, target)
-        async for item in self._stream(run.attempt_id, stream):
+        p_worker = self.fleet.worker(*stream.worker)
+        await self._submit(stream, lambda: p_worker.prefill.remote(run.attempt, target))
+        async for item in stream:
             if isinstance(item, TokenEvent) and not item.finished:
                 run.advance(RunPhase.HANDING_OFF)  # the first token: the pages go now
             elif isinstance(item, TokenEvent) and target.hands_off:
@@ -162,51 +181,72 @@ class Cluster:
             yield item
 
     async def _handed_off(
-        self, run: RequestRun, d_worker: Any, handoff: HandoffResult
-    ) -> AsyncIterator[TokenEvent]:
-        """After the hand-off: its failure, or the decode worker's stream."""
+        self, run: RequestRun, stream: TokenStream, handoff: HandoffResult
+    ) -> AsyncIterator[StreamItem]:
+        """After the hand-off: its failure, or the decode worker's events."""
         if not handoff.ok:
             error = handoff.error or "KV hand-off failed"
             yield TokenEvent.failure(run.attempt_id, error, "handoff_failed")
             return
         if self.on_handoff is not None:
             self.on_handoff(handoff.num_bytes, handoff.transfer_seconds, handoff.path)
-        run.workers = [d_worker]
+        run.workers = [self.fleet.worker(*stream.worker)]
         run.advance(RunPhase.DECODING)
-        stream = d_worker.stream.options(num_returns="streaming").remote(run.attempt_id)
-        async for event in self._stream(run.attempt_id, stream):
+        async for event in stream:
             yield event
 
-    async def _generate_alone(self, run: RequestRun, worker: Any, *args: Any) -> AsyncIterator[Any]:
+    async def _generate_alone(
+        self, run: RequestRun, key: WorkerKey, *args: Any
+    ) -> AsyncIterator[StreamItem]:
         """One worker computes the prompt and decodes: the colocated one, or a decode worker
         prefilling itself (``args``: its output limit)."""
+        worker = self.fleet.worker(*key)
         run.workers = [worker]
         run.advance(RunPhase.PREFILLING)
-        stream = worker.generate.options(num_returns="streaming").remote(run.attempt, *args)
-        async for event in self._stream(run.attempt_id, stream):
-            if event.token_id is not None:
-                run.advance(RunPhase.DECODING)
-            yield event
+        with _opened(self.fleet.streams, run.attempt_id, key) as stream:
+            await self._submit(stream, lambda: worker.generate.remote(run.attempt, *args))
+            async for event in stream:
+                if isinstance(event, TokenEvent) and event.token_id is not None:
+                    run.advance(RunPhase.DECODING)
+                yield event
+
+    async def _submit(self, stream: TokenStream, call: Callable[[], Awaitable[Submitted]]) -> None:
+        """Send a request to ``stream``'s worker with ``call`` (attaching to its token channel
+        first when it asks); a refusal or a lost worker ends ``stream`` with the failure."""
+        try:
+            submitted = await self._attached(stream.worker, call)
+        except (ray.exceptions.RayError, TokenChannelError) as exc:
+            error = f"worker failed: {type(exc).__name__}: {exc}"[:500]
+            stream.end(TokenEvent.failure(stream.request_id, error, "worker_lost"))
+            return
+        if not submitted.accepted:
+            stream.end(TokenEvent.failure(stream.request_id, submitted.error or "not accepted"))
+
+    async def _attached(self, key: WorkerKey, call: Callable[[], Awaitable[A]]) -> A:
+        """``call``'s answer, attached to worker ``key``'s token channel first; if the worker
+        says this coordinator is not attached there (it restarted elsewhere), attach where it
+        says and call once more."""
+        if not self.fleet.streams.connected(key):
+            await self.fleet.attach(key)
+        answer = await call()
+        if answer.channel and not _accepted(answer):
+            await self.fleet.attach(key, answer.channel)
+            answer = await call()
+        return answer
 
     async def _reserve(
-        self, d_worker: Any, request: GenerationRequest, max_output_tokens: int
+        self, d_key: WorkerKey, request: GenerationRequest, max_output_tokens: int
     ) -> Reservation:
-        """Blocks on ``d_worker`` for a request decoding up to ``max_output_tokens``, waiting for
-        room no longer than the request may take."""
+        """Blocks on the decode worker ``d_key`` for a request decoding up to
+        ``max_output_tokens``, waiting for room no longer than the request may take."""
         wait_s = min(x for x in (self.config.reservation_wait_s, request.timeout_s) if x)
+        d_worker = self.fleet.worker(*d_key)
         try:
-            return await d_worker.reserve.remote(request, wait_s, max_output_tokens)
-        except ray.exceptions.RayError as exc:
+            return await self._attached(
+                d_key, lambda: d_worker.reserve.remote(request, wait_s, max_output_tokens)
+            )
+        except (ray.exceptions.RayError, TokenChannelError) as exc:
             return Reservation.refused(type(exc).__name__)
-
-    async def _stream(self, request_id: str, stream: Any) -> AsyncIterator[Any]:
-        """Items of a worker stream; a broken stream (the worker died) ends with an error."""
-        try:
-            async for ref in stream:
-                yield await ref
-        except ray.exceptions.RayError as exc:
-            error = f"worker failed: {type(exc).__name__}: {exc}"[:500]
-            yield TokenEvent.failure(request_id, error, "worker_lost")
 
     async def _release(self, run: RequestRun) -> None:
         """Tell every worker that may hold ``run``'s attempt to drop it (from now on it is held
@@ -229,6 +269,20 @@ class Cluster:
 
 async def _aborted(run: RequestRun) -> AsyncIterator[TokenEvent]:
     yield TokenEvent.aborted(run.attempt_id)
+
+
+@contextlib.contextmanager
+def _opened(streams: TokenStreams, request_id: str, key: WorkerKey) -> Iterator[TokenStream]:
+    """``request_id``'s stream from worker ``key``, closed however the caller leaves."""
+    stream = streams.open(request_id, key)
+    try:
+        yield stream
+    finally:
+        streams.close(stream)
+
+
+def _accepted(answer: Submitted | Reservation) -> bool:
+    return answer.accepted if isinstance(answer, Submitted) else answer.granted
 
 
 async def _abort_on(workers: list[Any], request_id: str) -> None:

@@ -235,6 +235,7 @@ class Coordinator:
         if starting is not None and not starting.done():
             starting.cancel()
         await self.router.view.stop()
+        await self.fleet.aclose()
         if ray.is_initialized():
             self.fleet.shutdown()
             if self.started_ray:

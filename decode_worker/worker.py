@@ -1,7 +1,8 @@
 """The decode worker: receives a request's KV pages and decodes it in continuous batches.
 
 Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
-1. ``reserve`` takes the :class:`GenerationRequest` and opens its event stream. On the engine
+1. ``reserve`` takes the :class:`GenerationRequest` (its coordinator attached to this worker's
+   token channel: else it is refused with the channel's endpoint). On the engine
    thread the request becomes RESERVED: blocks for its prompt set aside, with a deadline
    ``reservation_timeout_s`` away. On a full cache it waits among other hand-offs, served by
    (priority, arrival) (``reservations.py``), else it is refused with the reason, worked out on
@@ -22,14 +23,13 @@ Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
    cost each hand-off a whole decode step.) A transfer that breaks after its header passed the
    handshake ends the reservation at once, with the error.
 3. Between two steps the engine thread starts the request decoding (RUNNING) with everything else
-   running; each token is streamed by ``stream``.
+   running; each step's events go on the token channel.
 4. It ends on EOS, a stop string or its output limit (``docs/token-accounting.md``), or on
    ``abort``, and its blocks are freed. A reservation ends the same way, through the engine's
    finish path: on ``abort``, or when its deadline passes with no pages (the error "KV pages did
    not arrive within N s"). One that ends while its pages are being written keeps its blocks
    until the write is over.
-The request's event queue goes with the stream that reads it, or with ``abort``, or, ended and
-never streamed, after ``reservation_timeout_s`` more (``workers/runtime.py``).
+The request's record goes with its final event (``workers/runtime.py``), or with ``abort``.
 
 Chaos tests break transfers on purpose with ``inject_fault`` (``docs/kv-handoff.md``).
 """
@@ -39,10 +39,10 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
 
 from decode_worker.reservations import ReservationQueue
+from engine.config import kv_bind_address
 from engine.errors import KVImportError
 from engine.grammars import GrammarError
 from engine.llm_engine import LLMEngine
@@ -51,7 +51,7 @@ from engine.request import NewRequest, Request, RequestStatus
 from engine.transfer import create_receiver
 from engine.transfer.base import ReceiverLimits, header_limit
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
-from workers.contracts import GenerationRequest, Reservation
+from workers.contracts import GenerationRequest, Reservation, Submitted
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.handoff_worker import HandoffWorker
 
@@ -59,22 +59,11 @@ FAULTS = ("break_transport",)
 SETTLE_S = 0.1  # kept of reserve's wait_s for the engine thread to say why it refuses
 
 
-def kv_bind_address(host: str) -> str:
-    """The address the KV endpoint binds to and advertises: ``auto`` is this node's IP (pods of
-    a Kubernetes RayCluster), anything else is taken as given."""
-    if host != "auto":
-        return host
-    import ray
-
-    return ray.util.get_node_ip_address()
-
-
 class DecodeWorker(HandoffWorker):
     role = "decode"
 
     def open_kv_plane(self) -> None:
         transfer = self.transfer
-        self.unclaimed_grace_s = transfer.reservation_timeout_s
         self._waiting = ReservationQueue(transfer.reservation_timeout_s)
         self.receiver = create_receiver(
             transfer.transport,
@@ -92,12 +81,17 @@ class DecodeWorker(HandoffWorker):
     def reserve(
         self, request: GenerationRequest, wait_s: float = 5.0, max_output_tokens: int = 0
     ) -> Reservation:
-        """Set blocks aside for an incoming hand-off and open its stream. Waits for room, among
+        """Set blocks aside for an incoming hand-off (its events go on the token channel).
+        Waits for room, among
         waiting hand-offs served by priority then arrival; returns within ``wait_s``.
         ``max_output_tokens``: the request's output limit, first token included (0: the
         disaggregated limit of its ``max_new_tokens``); kept with the reservation, never taken
         from the pages' message."""
         request_id = request.request_id
+        if not self.channel.is_attached(request.owner):
+            return Reservation.unattached(self.channel.endpoint)
+        if request_id in self.requests:
+            return Reservation.refused(f"request id {request_id!r} is already in use")
         token = secrets.token_hex(16)  # only pages carrying it are accepted
         new = self.engine_request(request, max_output_tokens, disaggregated=True)
         try:  # a constraint compiles here, not on the engine thread (workers/runtime.py)
@@ -105,7 +99,7 @@ class DecodeWorker(HandoffWorker):
         except GrammarError as exc:
             return Reservation.refused(str(exc))
         self.leases.renew(request.owner)
-        self.requests.open(request_id, owner=request.owner)
+        self.requests.open(request_id, request.owner)
         try:
             answer = self._wait_for_blocks(new, token, max(wait_s, 0.0))
         except BaseException:
@@ -132,37 +126,24 @@ class DecodeWorker(HandoffWorker):
             return f"decode worker busy: no answer within {wait_s:.1f} s"
         return answer.result()  # being answered this instant
 
-    def generate(
-        self, request: GenerationRequest, max_output_tokens: int = 0
-    ) -> Iterator[TokenEvent]:
-        """Prefill ``request`` here, in this worker's batches (no hand-off: a short prompt, or no
-        prefill worker to take it), and stream it to its finish; ``max_output_tokens``: its
-        output limit, first token included (docs/token-accounting.md)."""
-        yield from self._run(request, max_output_tokens=max_output_tokens or None)
+    def generate(self, request: GenerationRequest, max_output_tokens: int = 0) -> Submitted:
+        """Queue ``request`` to prefill here, in this worker's batches (no hand-off: a short
+        prompt, or no prefill worker to take it), and decode it to its finish;
+        ``max_output_tokens``: its output limit, first token included
+        (docs/token-accounting.md)."""
+        return self._submit(request, max_output_tokens=max_output_tokens or None)
 
     def on_events(self, events: list[TokenEvent]) -> None:
         super().on_events(events)
         if self._waiting and any(event.finished for event in events):
             self._waiting.grant(self.engine)  # blocks were freed: serve waiting hand-offs
 
-    def stream(self, request_id: str) -> Iterator[TokenEvent]:
-        """Token events of a reserved request, up to its finish."""
-        streamed = self.requests.claim(request_id)
-        if streamed is None:
-            unknown = (
-                f"request {request_id!r} is unknown to decode worker {self.instance} "
-                "(ended and dropped, or streamed already)"
-            )
-            yield TokenEvent.failure(request_id, unknown)
-            return
-        yield from self.requests.drain(streamed)
-
     def abort(self, request_id: str) -> bool:
         def abort(engine: LLMEngine) -> bool:
             return self._waiting.cancel(request_id) or engine.abort(request_id)
 
         aborted = self.loop.call(abort).result()
-        self.requests.close(request_id)  # a stream in progress ends on the abort's event instead
+        self.requests.close(request_id)
         return aborted
 
     def inject_fault(self, kind: str, count: int = 1) -> int:

@@ -69,6 +69,16 @@ def is_loopback(host: str) -> bool:
         return False  # a name, or "auto"
 
 
+def kv_bind_address(host: str) -> str:
+    """The address the KV endpoint binds to and advertises: ``auto`` is this node's IP (pods of
+    a Kubernetes RayCluster), anything else is taken as given."""
+    if host != "auto":
+        return host
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
 def needs_encryption(mode: str, host: str) -> bool:
     """Whether the KV plane is encrypted: ``on``; ``off``; ``auto``: unless the decode
     workers' endpoints are on loopback (``host`` ``auto`` is the node's IP: encrypted)."""

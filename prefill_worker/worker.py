@@ -1,12 +1,12 @@
 """The prefill worker: computes prompts and first tokens, then pushes the KV to a decode worker.
 
 Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
-1. ``prefill`` (a streaming call) takes the :class:`GenerationRequest` and, when the decode side
+1. ``prefill`` takes the :class:`GenerationRequest` and, when the decode side
    has room for it, a :class:`HandoffTarget` (the decode worker's endpoint, output limit and the
    reservation's secret, sent with the pages); it
    queues the prompt as a prefill-only request, which the engine batches with other prompts
    (chunked by ``maxPrefillTokens``).
-2. Its first token is streamed back at once. A request that ends on that token (EOS, a stop
+2. Its first token goes on the token channel at once. A request that ends on that token (EOS, a stop
    string, a limit of one token) ends here: no hand-off.
 3. Otherwise the engine holds its blocks; the pages are exported on the engine thread and sent by
    a transfer thread to the decode worker's endpoint: only those from the target's
@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from engine.outputs import TokenEvent
 from engine.request import RequestStatus
 from engine.transfer import KVTransferError, create_sender
 from engine.transfer.payload import KVPayload
-from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
+from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget, Submitted
 from workers.handoff_worker import HandoffWorker
 
 log = logging.getLogger(__name__)
@@ -46,10 +45,9 @@ class PrefillWorker(HandoffWorker):
         self.transfer_timeout_s = transfer.transfer_timeout_s
         self._senders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-send")
 
-    def prefill(
-        self, request: GenerationRequest, target: HandoffTarget | None = None
-    ) -> Iterator[TokenEvent | HandoffResult]:
-        """Stream the first token, then (with a target) the hand-off's result. A target whose
+    def prefill(self, request: GenerationRequest, target: HandoffTarget | None = None) -> Submitted:
+        """Queue ``request``: its first token goes on the token channel, then (with a target)
+        the hand-off's result. A target whose
         limit this first token reaches (a migrated request one token short of it) is not
         handed off: the request finishes here, at the limit."""
         max_output_tokens = target.max_output_tokens if target is not None else None
@@ -57,7 +55,7 @@ class PrefillWorker(HandoffWorker):
             max_output_tokens <= len(request.output_token_ids) + 1
         )
         handoff = target if target is not None and target.hands_off and not ends_here else None
-        yield from self._run(
+        return self._submit(
             request, handoff, prefill_only=handoff is not None, max_output_tokens=max_output_tokens
         )
 
@@ -66,29 +64,35 @@ class PrefillWorker(HandoffWorker):
         return self.sender.payloads_by_path.as_dict()
 
     def on_events(self, events: list[TokenEvent]) -> None:
-        """On the engine thread: stream events; start the hand-off of requests now held."""
+        """On the engine thread: send the step's events; start the hand-off of requests now
+        held."""
+        super().on_events(events)
         for event in events:
-            self.requests.put(event.request_id, event)
-            target = self.requests.take_handoff(event.request_id)
-            if target is None:
-                continue
-            request = self.engine.requests.get(event.request_id)
-            if event.finished or request is None or request.status != RequestStatus.HELD:
-                self.requests.put(
-                    event.request_id,
-                    HandoffResult(event.request_id, ok=False, error="ended before the hand-off"),
-                )
-                continue
-            try:
-                payload = self.engine.export_kv(
-                    event.request_id, target.max_output_tokens, target.first_block
-                )
-                payload.token = target.token
-                deadline = time.monotonic() + self.transfer_timeout_s
-                self._senders.submit(self._send, target.endpoint, payload, deadline)
-            except Exception as exc:
-                self.requests.put(event.request_id, _failed(event.request_id, target.endpoint, exc))
-                self.engine.release(event.request_id)
+            target = None if event.finished else self.requests.take_handoff(event.request_id)
+            if target is not None:
+                self._hand_off(event.request_id, target)
+
+    def _hand_off(self, request_id: str, target: HandoffTarget) -> None:
+        """Export the pages of ``request_id`` and queue their push to ``target``."""
+        request = self.engine.requests.get(request_id)
+        if request is None or request.status != RequestStatus.HELD:
+            self._post(HandoffResult(request_id, ok=False, error="ended before the hand-off"))
+            return
+        try:
+            limit, first_block = target.max_output_tokens, target.first_block
+            payload = self.engine.export_kv(request_id, limit, first_block)
+            payload.token = target.token
+            deadline = time.monotonic() + self.transfer_timeout_s
+            self._senders.submit(self._send, target.endpoint, payload, deadline)
+        except Exception as exc:
+            self._post(_failed(request_id, target.endpoint, exc))
+            self.engine.release(request_id)
+
+    def _post(self, result: HandoffResult) -> None:
+        """Send ``result`` to its request's coordinator: the request ends here."""
+        owner = self.requests.close(result.request_id)
+        if owner is not None:
+            self.channel.send_handoff(owner, result)
 
     def _send(self, endpoint: str, payload: KVPayload, deadline: float) -> None:
         """Sender thread: push the pages by ``deadline`` (``transfer_timeout_s`` after the
@@ -106,7 +110,7 @@ class PrefillWorker(HandoffWorker):
             result = _failed(request_id, endpoint, exc)
         # The result first: the caller switches to the decode worker's stream at once, instead
         # of waiting for the engine thread to finish its current (maybe long) prefill step.
-        self.requests.put(request_id, result)
+        self._post(result)
         self.loop.call(lambda e: e.release(request_id))
 
 

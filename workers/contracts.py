@@ -4,9 +4,14 @@ Every type here is a frozen dataclass that Ray pickles as itself: callers read a
 string keys, and a field added on one side is seen by the other.
 
     coordinator ──GenerationRequest──► DecodeWorker.reserve ──► Reservation
-    coordinator ──GenerationRequest + HandoffTarget──► PrefillWorker.prefill
-                                       ──► TokenEvent ..., HandoffResult
-    coordinator ──GenerationRequest──► ColocatedWorker.generate ──► TokenEvent ...
+    coordinator ──GenerationRequest + HandoffTarget──► PrefillWorker.prefill ──► Submitted
+    coordinator ──GenerationRequest──► ColocatedWorker.generate ──► Submitted
+
+A request's events do not come back over Ray: each worker sends every engine step's events to
+the coordinators on its token channel (``workers/token_channel.py``), a prefill's
+:class:`HandoffResult` after its first token. A call whose coordinator is not attached to that
+channel is refused with the channel's endpoint (``Submitted.unattached``, a reservation with
+``channel`` set): the coordinator connects and calls again.
     coordinator ──► WorkerRuntime.ready ──► WorkerIdentity (at start, and after a restart)
     coordinator ──► WorkerRuntime.load ──► WorkerLoad
     coordinator ──owner, KV event cursor──► WorkerRuntime.report ──► WorkerReport
@@ -105,10 +110,30 @@ class Reservation:
     token: str = field(default="", repr=False)
     # leading blocks of the request the decode worker's prefix cache holds: only the rest is sent
     num_cached_blocks: int = 0
+    channel: str = ""  # refused because its coordinator is not attached to this token channel
 
     @classmethod
     def refused(cls, reason: str) -> Reservation:
         return cls(False, reason=reason)
+
+    @classmethod
+    def unattached(cls, channel: str) -> Reservation:
+        return cls(False, reason=f"not attached to the token channel at {channel}", channel=channel)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A worker's answer to a request sent to it (``generate``, ``prefill``): queued (its
+    events follow on the token channel), refused with the ``error`` its stream ends with, or
+    not taken because its coordinator is not attached to the token channel at ``channel``."""
+
+    accepted: bool
+    error: str = ""
+    channel: str = ""
+
+    @classmethod
+    def unattached(cls, channel: str) -> Submitted:
+        return cls(False, channel=channel)
 
 
 @dataclass(frozen=True)
@@ -143,6 +168,7 @@ class WorkerIdentity:
     # kernels run ("avx512", "avx2", "scalar"; "" without them)
     weight_formats: dict[str, str] = field(default_factory=dict)
     kernel_isa: str = ""
+    token_channel: str = ""  # the endpoint of its token channel (workers/token_channel.py)
 
     def describe(self) -> dict[str, Any]:
         """What ``pdserve workers`` prints of it: role, instance, pid, cores, model, KV layout."""
@@ -174,6 +200,7 @@ class WorkerLoad:
     num_open_streams: int = 0  # per-request event queues the worker holds (0 once idle)
     num_leases_expired: int = 0  # coordinators whose requests this worker aborted (lease lapsed)
     requests_by_owner: dict[str, int] = field(default_factory=dict)  # coordinator id -> held
+    num_dropped_events: int = 0  # events its token channel could not send (a coordinator lagging)
 
     def to_dict(self, identity: WorkerIdentity) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
@@ -193,6 +220,7 @@ class WorkerLoad:
             "kernel_isa": identity.kernel_isa,
             "num_leases_expired": self.num_leases_expired,
             "requests_by_owner": dict(self.requests_by_owner),
+            "num_dropped_events": self.num_dropped_events,
         }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.config import EngineConfig, KVTransferConfig
+from engine.config import EngineConfig, KVTransferConfig, kv_bind_address
 from engine.transfer import KVCredentials
 from engine.transfer.security import transfer_credentials
 from workers.runtime import WorkerRuntime
@@ -24,7 +24,9 @@ class HandoffWorker(WorkerRuntime):
         """``credentials``: this side's share, required when ``transfer`` is encrypted;
         ``runtime``: :class:`WorkerRuntime`'s ``instance`` and ``cpu_ids``."""
         self.credentials = transfer_credentials(transfer, credentials)
-        super().__init__(config, **runtime)
+        # the token channel binds beside the KV plane, admitting the same peers
+        host = kv_bind_address(transfer.host) if self.credentials else "127.0.0.1"
+        super().__init__(config, channel_host=host, channel_credentials=self.credentials, **runtime)
         self.transfer = transfer
         self.open_kv_plane()
 

@@ -1,12 +1,14 @@
-"""What every worker actor shares: an engine on its own thread, its requests' event streams
-(``workers/worker_request.py``), and the stream / abort / load methods the cluster client calls.
+"""What every worker actor shares: an engine on its own thread, the requests it holds
+(``workers/worker_request.py``), its token channel, and the abort / load methods the cluster
+client calls.
 
-Worker actors are threaded Ray actors: ``stream`` is a Ray streaming generator that blocks on a
-``queue.Queue`` the engine thread fills, so token events reach the client as they are made. A
-request's record lives from its arrival (``generate``, ``prefill``, or a decode worker's
-``reserve``) until its stream reads the final item, it is aborted unread, or it ended unread
-``unclaimed_grace_s`` ago (the engine thread checks in its housekeeping). So an idle worker
-holds no request: ``load().num_open_streams`` is 0.
+Worker actors are threaded Ray actors. A request sent here (``generate``, ``prefill``, or a
+decode worker's ``reserve``) is queued on the engine and the call returns; from then on the
+engine thread sends each step's events, one message per coordinator, on the worker's token
+channel (``workers/token_channel.py``), never blocking: no Ray call per token and no thread per
+stream. A request's record lives until its final event went out, or it is aborted. So an idle
+worker holds no request: ``load().num_open_streams`` is 0. A coordinator whose messages had to
+be dropped (gone, or not reading) has those requests aborted here.
 
 Every request names the coordinator that sent it; a coordinator renews its lease with each
 ``report`` (its load poll), and one whose lease lapsed has all its requests here aborted
@@ -21,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections import defaultdict
 from typing import Any
 
 from engine.config import EngineConfig
@@ -32,18 +34,20 @@ from engine.kv_events import KvEventBatch, KvSnapshot
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenEvent
 from engine.request import NewRequest
+from engine.transfer.security import KVCredentials
 from workers.contracts import (
     GenerationRequest,
     HandoffTarget,
+    Submitted,
     WorkerIdentity,
     WorkerLoad,
     WorkerReport,
 )
 from workers.leases import Leases
+from workers.token_channel import TokenSender
 from workers.worker_request import WorkerRequests
 
 log = logging.getLogger(__name__)
-UNCLAIMED_GRACE_S = 30.0
 LOAD_WAIT_S = 0.5
 KV_EVENTS_MAX_WAIT_S = 5.0  # the longest a router's long poll for prefix-cache events waits
 
@@ -56,8 +60,12 @@ class WorkerRuntime:
         config: EngineConfig,
         instance: int = 0,
         cpu_ids: tuple[int, ...] | None = None,
+        channel_host: str = "127.0.0.1",
+        channel_credentials: KVCredentials | None = None,
     ) -> None:
-        """``cpu_ids``: the cores to pin the process to (None: the OS schedules)."""
+        """``cpu_ids``: the cores to pin the process to (None: the OS schedules);
+        ``channel_host``, ``channel_credentials``: where the token channel binds and whom it
+        admits (without credentials: loopback only)."""
         logging.basicConfig(
             level=logging.INFO,
             format=f"%(asctime)s %(levelname)s {self.role}[{instance}] %(message)s",
@@ -66,22 +74,27 @@ class WorkerRuntime:
             _pin_process(cpu_ids)
         self.instance = instance
         self.engine = LLMEngine(config)
-        self.unclaimed_grace_s = UNCLAIMED_GRACE_S
         self.requests = WorkerRequests(self.role)  # every request here (workers/worker_request.py)
         self.leases = Leases()  # the coordinators sending requests here (workers/leases.py)
+        self.channel = TokenSender(channel_host, channel_credentials)
         self.loop = EngineLoop(self.engine, self)
 
     # ---- engine hooks (engine/engine_loop.py), on the engine thread -----------------------------
 
     def on_housekeeping(self) -> None:
-        """Forget requests ended and unread for their grace; abort those of coordinators whose
-        lease lapsed (on a thread of their own: an abort waits for this engine thread)."""
-        self.requests.drop_unclaimed(self.unclaimed_grace_s)
+        """Abort the requests of coordinators whose lease lapsed, and those whose events the
+        token channel had to drop (on a thread of their own: an abort waits for this engine
+        thread)."""
+        doomed = []
         for owner in self.leases.take_expired():
             owned = self.requests.owned_by(owner)
             log.warning("coordinator %s's lease lapsed: %d requests aborted", owner, len(owned))
-            if owned:
-                threading.Thread(target=self._abort_all, args=(owned,), daemon=True).start()
+            doomed.extend(owned)
+        for owner, lagging in self.channel.take_lagging().items():
+            log.warning("coordinator %s is not reading: %d requests aborted", owner, len(lagging))
+            doomed.extend(lagging)
+        if doomed:
+            threading.Thread(target=self._abort_all, args=(doomed,), daemon=True).start()
 
     def _abort_all(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -91,8 +104,17 @@ class WorkerRuntime:
                 log.exception("abort of %s failed", request_id)
 
     def on_events(self, events: list[TokenEvent]) -> None:
-        for event in events:
-            self.requests.put(event.request_id, event)
+        """Send the step's events, one message to each coordinator."""
+        self.channel.send_step(self._by_owner(events))
+
+    def _by_owner(self, events: list[TokenEvent]) -> dict[str, list[TokenEvent]]:
+        """``events`` grouped by their requests' coordinators (those of requests no longer
+        held here dropped); a request whose final event this is is no longer held."""
+        by_owner: dict[str, list[TokenEvent]] = defaultdict(list)
+        for event, owner in zip(events, self.requests.route(events), strict=True):
+            if owner is not None:
+                by_owner[owner].append(event)
+        return by_owner
 
     def engine_request(
         self,
@@ -117,25 +139,26 @@ class WorkerRuntime:
             **fields,
         )
 
-    def _run(
+    def _submit(
         self,
         request: GenerationRequest,
         handoff: HandoffTarget | None = None,
         prefill_only: bool = False,
         max_output_tokens: int | None = None,
-    ) -> Iterator[Any]:
-        """Queue ``request`` on the engine and yield its stream up to the final item; a request
-        the engine refuses ends with an error event. ``handoff``: where a prefill worker sends
-        its KV once held; ``prefill_only``, ``max_output_tokens``: see :class:`NewRequest`
-        (by default the colocated limit)."""
+    ) -> Submitted:
+        """Queue ``request`` on the engine (its events go on the token channel), or say why
+        not. ``handoff``: where a prefill worker sends its KV once held; ``prefill_only``,
+        ``max_output_tokens``: see :class:`NewRequest` (by default the colocated limit)."""
+        if not self.channel.is_attached(request.owner):
+            return Submitted.unattached(self.channel.endpoint)
+        if request.request_id in self.requests:
+            return Submitted(False, f"request id {request.request_id!r} is already in use")
         self.leases.renew(request.owner)
-        streamed = self.requests.open(
-            request.request_id, streaming=True, handoff=handoff, owner=request.owner
-        )
         # its wait for the engine thread counts as queueing too
         new = self.engine_request(
             request, max_output_tokens, arrival_time=time.monotonic(), prefill_only=prefill_only
         )
+        self.requests.open(request.request_id, request.owner, handoff)
 
         def queue_it(engine: LLMEngine) -> None:
             engine.add_request(new)
@@ -145,8 +168,9 @@ class WorkerRuntime:
             self.engine.grammars.compile(request.params.constraint)
             self.loop.call(queue_it).result()
         except Exception as exc:
-            self.requests.put(request.request_id, TokenEvent.failure(request.request_id, str(exc)))
-        yield from self.requests.drain(streamed)
+            self.requests.close(request.request_id)
+            return Submitted(False, str(exc))
+        return Submitted(True, channel=self.channel.endpoint)
 
     # ---- methods the client calls --------------------------------------------------------------
 
@@ -164,6 +188,7 @@ class WorkerRuntime:
             kernel_origins(),
             self.engine.model.weight_formats(),
             quantized.isa() if quantized is not None else "",  # its instruction set
+            self.channel.endpoint,
         )
 
     def abort(self, request_id: str) -> bool:
@@ -211,7 +236,14 @@ class WorkerRuntime:
             len(self.requests),
             self.leases.num_expired,
             self.requests.count_by_owner(),
+            self.channel.num_dropped_events,
         )
+
+    def close(self) -> None:
+        """Stop the engine thread and close the token channel (tests; an actor's process
+        ends with it)."""
+        self.loop.stop()
+        self.channel.close()
 
 
 def _ray_node_ip() -> str:

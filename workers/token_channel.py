@@ -21,8 +21,9 @@ credentials this worker holds: encrypting credentials make the socket a CURVE se
 only the other role's key; a plaintext gate admits only the cluster's password (PLAIN); None
 (no credentials, allowed on loopback only) admits anyone. So a coordinator connects with the
 other role's share (``coordinator.pool.token_streams.counterpart``), which that role's workers
-hold too: the channel keeps out strangers, not the cluster's own members. With credentials, a
-coordinator that reconnects under its id takes over its old connection (ROUTER_HANDOVER).
+hold too: the channel keeps out strangers, not the cluster's own members. A coordinator that
+reconnects under its id takes over its old connection (ROUTER_HANDOVER): with credentials only
+the cluster's members can claim an id at all.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from engine.errors import ConfigError
 from engine.outputs import TokenEvent
 from engine.transfer.security import KVCredentials
 from engine.transfer.zmq_security import admit_only, secure_server
+from workers.contracts import HandoffResult
 from workers.token_wire import HelloMsg, StepMsg, WelcomeMsg, decode, encode
 
 log = logging.getLogger(__name__)
@@ -81,8 +83,7 @@ class TokenSender:
         socket = self._context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable owner is an error, not silence
-        if credentials is not None:  # a coordinator that reconnects takes over (only members
-            socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # can claim an id: never a stranger)
+        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a coordinator that reconnects takes over
         socket.setsockopt(zmq.SNDHWM, max_queued_steps)
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_HELLO_BYTES)
         socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
@@ -99,26 +100,42 @@ class TokenSender:
                     self._send(owner, events)
             self._answer_hellos()
 
-    def _send(self, owner: str, events: list[TokenEvent]) -> None:
+    def send_handoff(self, owner: str, result: HandoffResult) -> None:
+        """A prefill's hand-off result, from its sender thread (after the request's first
+        token: on the same sequence, so in order); never blocks."""
+        with self._lock:
+            self._send(owner, [], (result,))
+
+    def is_attached(self, owner: str) -> bool:
+        """Whether ``owner`` said hello here (its events can go)."""
+        with self._lock:
+            self._answer_hellos()
+            return owner in self.attached
+
+    def _send(
+        self, owner: str, events: list[TokenEvent], handoffs: tuple[HandoffResult, ...] = ()
+    ) -> None:
         lost = self._lost.get(owner)
-        msg = StepMsg(self._seq[owner], events, tuple(lost) if lost else ())
+        msg = StepMsg(self._seq[owner], events, tuple(lost) if lost else (), handoffs)
         try:
             self._socket.send_multipart([owner.encode(), encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # Again: its queue is full; EHOSTUNREACH: not connected
-            self._drop(owner, events, exc)
+            ids = [e.request_id for e in events] + [r.request_id for r in handoffs]
+            self._drop(owner, ids, exc)
             return
         self._seq[owner] += 1  # numbers only what went: a gap is a message lost on the way
         if lost:
             del self._lost[owner]
 
-    def _drop(self, owner: str, events: list[TokenEvent], exc: zmq.ZMQError) -> None:
+    def _drop(self, owner: str, request_ids: list[str], exc: zmq.ZMQError) -> None:
         if owner not in self._lost:  # once until a message to it gets through again
             log.warning("token channel to %s: step dropped (%s), its requests end", owner, exc)
-        ids = {event.request_id for event in events}
-        self._lost[owner] |= ids
-        self._lagging[owner] |= ids
+        if exc.errno == zmq.EHOSTUNREACH:  # not connected: it says hello again when it is
+            self.attached.pop(owner, None)
+        self._lost[owner] |= set(request_ids)
+        self._lagging[owner] |= set(request_ids)
         self.num_dropped_messages += 1
-        self.num_dropped_events += len(events)
+        self.num_dropped_events += len(request_ids)
 
     def take_lagging(self) -> dict[str, set[str]]:
         """The requests of each owner whose events were dropped since the last call (the caller

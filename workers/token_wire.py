@@ -3,11 +3,14 @@
 
     coordinator ──HelloMsg──► worker        once connected (and again after a reconnect)
     coordinator ◄──WelcomeMsg── worker      the answer: the channel is up
-    coordinator ◄──StepMsg── worker         one per engine step with events of its requests
+    coordinator ◄──StepMsg── worker         one per engine step with events of its requests,
+                                            or with a prefill's hand-off results
 
 A :class:`StepMsg` carries its number in the worker's sequence for that coordinator (a gap: a
 message lost on the way), the events, and the requests whose events the worker had to drop since
-the last message that got through (the coordinator ends them). A :class:`TokenEvent` travels as a
+the last message that got through (the coordinator ends them), and the hand-off results a
+prefill worker's sender threads posted (each after its request's first token, on the same
+numbered sequence, so in order). A :class:`TokenEvent` or a :class:`HandoffResult` travels as a
 flat array of its fields in declaration order, the finish reason as its enum value: the round trip
 is exact for every field, None included. Strings pass ``surrogatepass``, so even a string that is
 not valid Unicode comes back as it went.
@@ -16,17 +19,19 @@ not valid Unicode comes back as it went.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 import msgpack
 
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
+from workers.contracts import HandoffResult
 
 PROTOCOL_VERSION = 1
 _FIELDS = tuple(f.name for f in fields(TokenEvent))  # a field added fails the round-trip test
 _REASON_FIELD = 6  # of _FIELDS, which event_fields and event_of write out
+_HANDOFF_FIELDS = tuple(f.name for f in fields(HandoffResult))
 _REASONS = {reason.value: reason for reason in FinishReason}
 _ERRORS = "surrogatepass"
 
@@ -60,6 +65,7 @@ class StepMsg:
     seq: int
     events: list[TokenEvent]
     lost: tuple[str, ...] = ()  # requests whose events were dropped since the last message
+    handoffs: tuple[HandoffResult, ...] = ()  # a prefill's last word on requests it handed off
 
 
 ChannelMsg = HelloMsg | WelcomeMsg | StepMsg
@@ -100,7 +106,8 @@ def event_of(values: tuple[Any, ...] | list[Any]) -> TokenEvent:
 def encode(msg: ChannelMsg) -> bytes:
     """``msg`` as one frame."""
     if isinstance(msg, StepMsg):
-        body: list[Any] = [MsgKind.STEP, msg.seq, list(msg.lost)]
+        handoffs = [astuple(result) for result in msg.handoffs]
+        body: list[Any] = [MsgKind.STEP, msg.seq, list(msg.lost), handoffs]
         body.extend(event_fields(event) for event in msg.events)
     elif isinstance(msg, HelloMsg):
         body = [MsgKind.HELLO, msg.version, msg.coordinator_id]
@@ -126,9 +133,17 @@ def decode(frame: bytes) -> ChannelMsg:
 def _message(body: tuple[Any, ...]) -> ChannelMsg:
     kind = body[0]
     if kind == MsgKind.STEP:
-        return StepMsg(int(body[1]), [event_of(values) for values in body[3:]], tuple(body[2]))
+        events = [event_of(values) for values in body[4:]]
+        handoffs = tuple(_handoff_of(values) for values in body[3])
+        return StepMsg(int(body[1]), events, tuple(body[2]), handoffs)
     if kind == MsgKind.HELLO:
         return HelloMsg(str(body[2]), int(body[1]))
     if kind == MsgKind.WELCOME:
         return WelcomeMsg(int(body[2]), int(body[1]))
     raise ValueError(f"unknown message kind {kind!r}")
+
+
+def _handoff_of(values: tuple[Any, ...]) -> HandoffResult:
+    if len(values) != len(_HANDOFF_FIELDS):
+        raise ValueError(f"a hand-off result has {len(_HANDOFF_FIELDS)} fields, got {len(values)}")
+    return HandoffResult(*values)

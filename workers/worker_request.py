@@ -1,56 +1,29 @@
-"""One request on a worker, the single record of it outside the engine: its event queue, whether
-a stream reads it, when it ended unread, and (prefill) where its KV goes.
+"""The requests a worker holds, the single record of each outside the engine: the coordinator
+that sent it (its events go to that coordinator's token channel) and, on a prefill worker, where
+its KV goes.
 
-Life of a :class:`WorkerRequest` (``WorkerRequests`` holds every live one, under one lock):
-
-    ===============  ===========================================  ===============
-    phase            event                                        next
-    ===============  ===========================================  ===============
-    (none)           ``open`` (generate, prefill, reserve)        OPEN, STREAMING
-    OPEN             ``claim`` (a decode worker's ``stream``)     STREAMING
-    OPEN             final item put (finished event, hand-off)    ENDED_UNREAD
-    ENDED_UNREAD     ``claim``                                    STREAMING
-    STREAMING        the stream reads the final item, or stops    gone
-    OPEN, ENDED_…    ``close`` (abort, refused reservation)       gone
-    ENDED_UNREAD     ``drop_unclaimed`` after its grace           gone
-    ===============  ===========================================  ===============
-
-A decode request may legitimately finish before its ``stream`` call (it ended on its first
-decode step), but a coordinator that is gone never calls, so an unread one does not outlive
-its grace. So an idle worker holds no request: ``len(requests)`` is 0.
+A record lives from the request's arrival (``generate``, ``prefill``, or a decode worker's
+``reserve``) until its final item goes out on the channel (a finished event, or a prefill's
+hand-off result), or it is aborted, or its reservation is refused. So an idle worker holds no
+request: ``len(requests)`` is 0.
 """
 
 from __future__ import annotations
 
-import enum
-import logging
-import queue
 import threading
-import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from workers.contracts import HandoffResult, HandoffTarget
-
-log = logging.getLogger(__name__)
-
-
-class Phase(enum.IntEnum):
-    OPEN = 0
-    STREAMING = 1
-    ENDED_UNREAD = 2
+from engine.outputs import TokenEvent
+from workers.contracts import HandoffTarget
 
 
 @dataclass
 class WorkerRequest:
     request_id: str
-    phase: Phase = Phase.OPEN
-    events: queue.Queue = field(default_factory=queue.Queue, repr=False)
-    ended_at: float | None = None  # ENDED_UNREAD: when its final item came
+    owner: str  # the coordinator that sent it (workers/leases.py), whose channel gets its events
     handoff: HandoffTarget | None = None  # prefill: where its KV goes once the engine holds it
-    owner: str = ""  # the coordinator that sent it (workers/leases.py)
+    handing_off: bool = False  # prefill: its pages are on their way; the result ends it
 
 
 class WorkerRequests:
@@ -63,20 +36,21 @@ class WorkerRequests:
         with self._lock:
             return len(self._requests)
 
-    def open(
-        self,
-        request_id: str,
-        streaming: bool = False,
-        handoff: HandoffTarget | None = None,
-        owner: str = "",
-    ) -> WorkerRequest:
+    def __contains__(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._requests
+
+    def open(self, request_id: str, owner: str, handoff: HandoffTarget | None = None) -> None:
         with self._lock:
             if request_id in self._requests:
                 raise ValueError(f"request id {request_id!r} is already in use on {self.role}")
-            phase = Phase.STREAMING if streaming else Phase.OPEN
-            request = WorkerRequest(request_id, phase, handoff=handoff, owner=owner)
-            self._requests[request_id] = request
-            return request
+            self._requests[request_id] = WorkerRequest(request_id, owner, handoff)
+
+    def owner_of(self, request_id: str) -> str | None:
+        """The coordinator of ``request_id``; None if it is not held here."""
+        with self._lock:
+            request = self._requests.get(request_id)
+            return None if request is None else request.owner
 
     def owned_by(self, owner: str) -> list[str]:
         """The ids of ``owner``'s requests here."""
@@ -89,62 +63,30 @@ class WorkerRequests:
         with self._lock:
             return dict(Counter(r.owner for r in self._requests.values()))
 
-    def claim(self, request_id: str) -> WorkerRequest | None:
-        """``request_id`` for one stream to read; None if unknown, or a stream reads it."""
-        with self._lock:
-            request = self._requests.get(request_id)
-            if request is None or request.phase == Phase.STREAMING:
-                return None
-            request.phase, request.ended_at = Phase.STREAMING, None
-            return request
-
-    def put(self, request_id: str, item: Any) -> None:
-        with self._lock:
-            request = self._requests.get(request_id)
-            if request is None:
-                return
-            if is_final(item) and request.phase == Phase.OPEN:
-                request.phase, request.ended_at = Phase.ENDED_UNREAD, time.monotonic()
-            request.events.put(item)
-
     def take_handoff(self, request_id: str) -> HandoffTarget | None:
-        """The hand-off target of ``request_id``, once: the engine holds its KV now."""
+        """The hand-off target of ``request_id``, once: the engine holds its KV now (from
+        then on the request ends with its hand-off's result, not its first token)."""
         with self._lock:
             request = self._requests.get(request_id)
-            if request is None:
+            if request is None or request.handoff is None:
                 return None
-            target, request.handoff = request.handoff, None
+            target, request.handoff, request.handing_off = request.handoff, None, True
             return target
 
-    def close(self, request_id: str) -> None:
-        """Forget ``request_id``, unless a stream reads it (that stream forgets it itself)."""
+    def route(self, events: list[TokenEvent]) -> list[str | None]:
+        """The owner each event goes to (None: its request is not held here), under one lock; a
+        finished event ends its record, unless its hand-off's result is still to come."""
+        owners: list[str | None] = []
         with self._lock:
-            request = self._requests.get(request_id)
-            if request is not None and request.phase != Phase.STREAMING:
-                del self._requests[request_id]
+            for event in events:
+                request = self._requests.get(event.request_id)
+                if request is not None and event.finished and not request.handing_off:
+                    del self._requests[event.request_id]
+                owners.append(None if request is None else request.owner)
+        return owners
 
-    def drop_unclaimed(self, grace_s: float) -> None:
-        """Forget requests ended and unread for ``grace_s``."""
-        horizon = time.monotonic() - grace_s
+    def close(self, request_id: str) -> str | None:
+        """Forget ``request_id`` (aborted, refused, or its hand-off's result went); its owner."""
         with self._lock:
-            for request in list(self._requests.values()):
-                if request.ended_at is not None and request.ended_at <= horizon:
-                    del self._requests[request.request_id]
-                    log.info("dropped the events of %s: nobody streamed them", request.request_id)
-
-    def drain(self, request: WorkerRequest) -> Iterator[Any]:
-        """Items of ``request`` (opened streaming, or claimed) up to the final one."""
-        try:
-            while True:
-                item = request.events.get()
-                yield item
-                if is_final(item):
-                    return
-        finally:
-            with self._lock:
-                self._requests.pop(request.request_id, None)
-
-
-def is_final(item: Any) -> bool:
-    """A finished event or a hand-off's result: nothing follows it."""
-    return isinstance(item, HandoffResult) or bool(item.finished)
+            request = self._requests.pop(request_id, None)
+            return None if request is None else request.owner

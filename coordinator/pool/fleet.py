@@ -7,12 +7,23 @@ actors in the namespace ``pdserve-<cluster_name>`` that several coordinators use
 Each actor owns the cores Ray gave it, pinned on a one-node Ray when they add up; the embedding
 worker starts with the first embeddings request unless it is the model served. Every load poll
 (``reports``) renews this coordinator's lease (``coordinator_id``) on every worker and collects
-the workers' prefix-cache events. How one request runs on these actors: ``coordinator/cluster.py``.
+the workers' prefix-cache events.
+
+Each generating worker sends its requests' events on a token channel of its own
+(``workers/token_channel.py``); the fleet's :class:`TokenStreams` is this coordinator's end of
+them all. A channel is attached (connected, welcomed) by each poll for the workers that answered
+and are not attached yet, again when a worker comes back under another pid (its actor restarted:
+a new endpoint), and whenever a worker refuses a request for not being attached
+(:meth:`Fleet.attach`). It admits only the pool's members: the coordinator holds the share of the
+pool's credentials that is the counterpart of the worker's.
+How one request runs on these actors: ``coordinator/cluster.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import logging
 import os
 import socket
 import uuid
@@ -23,9 +34,12 @@ import ray
 
 from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.pool.shared import actor_options, drop_credentials, pool_credentials, stop_pool
+from coordinator.pool.token_stream import WorkerKey
+from coordinator.pool.token_streams import TokenChannelError, TokenStreams, counterpart
 from decode_worker.worker import DecodeWorker
-from engine.config import CacheConfig
+from engine.config import CacheConfig, kv_bind_address
 from engine.kv_events import KvEventBatch, KvSnapshot
+from engine.transfer.security import ClusterCredentials, KVCredentials, transfer_credentials
 from prefill_worker.worker import PrefillWorker
 from workers.colocated import ColocatedWorker
 from workers.contracts import EmbedderIdentity, WorkerIdentity, WorkerLoad, WorkerReport
@@ -33,6 +47,7 @@ from workers.embedding import EmbeddingWorker
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.runtime import WorkerRuntime
 
+log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 2.0  # a worker that does not report its load within this is left out (stale)
 
 
@@ -50,29 +65,23 @@ class Fleet:
         self.coordinator_id = f"{socket.gethostname()}-{os.getpid()}-{self._id[:6]}"
         self.embedders: list[Any] = []  # started by the first embed() unless it is the model
         self._embedder_start = asyncio.Lock()
+        self._streams: TokenStreams | None = None  # made on the event loop that reads them
+        self._channel_keys: dict[str, KVCredentials | None] = {}  # role -> what we connect with
+        self._attaching: dict[WorkerKey, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
 
     def start(self, timeout_s: float = 300.0) -> None:
         """Create the actors and wait until every one has loaded its model."""
         cfg = self.config
         self._cores = self._core_plan()
+        # fresh per start, to the actors only (restarted ones get the same); a plaintext plane
+        # still admits only the cluster's members with them (security.py)
+        keys = pool_credentials(cfg.namespace) if cfg.kv.transport != "inprocess" else None
         if not cfg.generation:
             pass  # embeddings only
         elif cfg.deploy_mode == "pd_separate":
-            prefill, decode = cfg.prefill_resources, cfg.decode_resources
-            transfer = cfg.kv
-            # fresh per start, to the actors only (restarted ones get the same); a plaintext
-            # plane still admits only the cluster's senders with them (security.py)
-            keys = pool_credentials(cfg.namespace) if transfer.transport != "inprocess" else None
-            self.prefills = self._actors(
-                PrefillWorker, prefill, cfg.num_prefill, transfer, keys and keys.sender
-            )
-            self.decodes = self._actors(
-                DecodeWorker, decode, cfg.num_decode, transfer, keys and keys.receiver
-            )
+            self._start_pd(keys)
         else:
-            self.colocated = self._actors(
-                ColocatedWorker, cfg.colocated_resources, cfg.num_colocated
-            )
+            self._start_colocated(keys)
         if cfg.embedding_model_path is not None and not cfg.generation:
             self.embedders = [self._embedder()]  # the model served: up before the service
         self.ready_info = ray.get(
@@ -80,6 +89,31 @@ class Fleet:
         )
         workers = [i for i in self.ready_info if isinstance(i, WorkerIdentity)]
         self.identities = {(i.role, i.instance): i for i in workers}
+
+    def _start_pd(self, keys: ClusterCredentials | None) -> None:
+        cfg, transfer = self.config, self.config.kv
+        sender, receiver = (keys.sender, keys.receiver) if keys else (None, None)
+        self.prefills = self._actors(
+            PrefillWorker, cfg.prefill_resources, cfg.num_prefill, transfer, sender
+        )
+        self.decodes = self._actors(
+            DecodeWorker, cfg.decode_resources, cfg.num_decode, transfer, receiver
+        )
+        self._channel_keys = {
+            "prefill": _counterpart(keys, transfer_credentials(transfer, sender)),
+            "decode": _counterpart(keys, transfer_credentials(transfer, receiver)),
+        }
+
+    def _start_colocated(self, keys: ClusterCredentials | None) -> None:
+        """Colocated workers, their token channels secured as a decode worker's KV plane is."""
+        cfg = self.config
+        share = transfer_credentials(cfg.kv, keys.receiver if keys else None)
+        host = kv_bind_address(cfg.kv.host) if share else "127.0.0.1"
+        channel = {"channel_host": host, "channel_credentials": share}
+        self.colocated = self._actors(
+            ColocatedWorker, cfg.colocated_resources, cfg.num_colocated, **channel
+        )
+        self._channel_keys = {"colocated": _counterpart(keys, share)}
 
     def describe(self) -> list[dict[str, Any]]:
         """Each worker's ``ready`` answer (role, instance, pid, cores, model) as of ``start``."""
@@ -137,10 +171,16 @@ class Fleet:
         return tuple(taken)
 
     def _actors(
-        self, cls: type[WorkerRuntime], resources: ActorResources, count: int, *args: Any
+        self,
+        cls: type[WorkerRuntime],
+        resources: ActorResources,
+        count: int,
+        *args: Any,
+        **kwargs: Any,
     ) -> list[Any]:
+        cores = resources.num_threads
         return [
-            self._actor(cls, resources, i, *args, cpu_ids=self._take_cores(resources.num_threads))
+            self._actor(cls, resources, i, *args, cpu_ids=self._take_cores(cores), **kwargs)
             for i in range(count)
         ]
 
@@ -151,9 +191,11 @@ class Fleet:
         instance: int,
         *args: Any,
         cpu_ids: tuple[int, ...] | None = None,
+        **kwargs: Any,
     ) -> Any:
         """Worker ``instance`` of ``cls``, built from the engine config (with ``resources``'
-        threads and device) and ``args``, pinned to ``cpu_ids`` (None: not pinned)."""
+        threads and device), ``args`` and ``kwargs``, pinned to ``cpu_ids`` (None: not
+        pinned)."""
         engine = replace(
             self.config.engine,
             num_threads=resources.num_threads,
@@ -177,7 +219,7 @@ class Fleet:
                 runtime_env={"env_vars": env},
                 **actor_options(self.config.namespace, f"{cls.role}-{instance}"),
             )
-            .remote(engine, *args, instance=instance, cpu_ids=cpu_ids)
+            .remote(engine, *args, instance=instance, cpu_ids=cpu_ids, **kwargs)
         )
 
     def _cache_of(self, cls: type) -> CacheConfig:
@@ -209,6 +251,9 @@ class Fleet:
             if self.config.namespace is not None:
                 drop_credentials(self.config.namespace)
         self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
+        if self._streams is not None:  # without its loop, which may be gone
+            self._streams.abandon()
+            self._streams = None
 
     def others(self) -> set[str]:
         """The other coordinators holding a live lease on any worker (asked all at once)."""
@@ -248,6 +293,7 @@ class Fleet:
         ]
         reports = [report for report in await asyncio.gather(*calls) if report is not None]
         await self._identify([report.load for report in reports])
+        await self._attach_all([(r.load.role, r.load.instance) for r in reports])
         return reports
 
     async def _identify(self, loads: list[WorkerLoad]) -> None:
@@ -256,6 +302,47 @@ class Fleet:
         moved = [self.worker(w.role, w.instance) for w in loads if self.identity(w).pid != w.pid]
         asked = await asyncio.gather(*(_answer(actor.ready) for actor in moved))
         self.identities.update({(i.role, i.instance): i for i in asked if i is not None})
+
+    # ---- token channels ------------------------------------------------------------------------
+
+    @property
+    def streams(self) -> TokenStreams:
+        """This coordinator's end of the workers' token channels, made on first use on the
+        running event loop (and made again on another loop: the old one's tasks are gone)."""
+        loop = asyncio.get_running_loop()
+        if self._streams is None or self._streams.loop is not loop:
+            if self._streams is not None:
+                self._streams.abandon()
+            self._streams = TokenStreams(self.coordinator_id)
+            self._attaching.clear()
+        return self._streams
+
+    async def attach(self, key: WorkerKey, endpoint: str = "") -> None:
+        """Attach to worker ``key``'s token channel at ``endpoint`` (by default the one its
+        identity names), unless attached there already; TokenChannelError if it does not
+        come up."""
+        endpoint = endpoint or self.identities[key].token_channel
+        async with self._attaching[key]:
+            if self.streams.connected(key) and self.streams.endpoint_of(key) == endpoint:
+                return
+            await self.streams.connect(key, endpoint, self._channel_keys.get(key[0]))
+
+    async def _attach_all(self, keys: list[WorkerKey]) -> None:
+        """Attach to the channels of the workers of ``keys`` not attached (each failure logged:
+        the next poll tries again)."""
+        missing = [k for k in keys if k in self.identities and not self.streams.connected(k)]
+        outcomes = await asyncio.gather(*map(self.attach, missing), return_exceptions=True)
+        for key, outcome in zip(missing, outcomes, strict=True):
+            if isinstance(outcome, TokenChannelError):
+                log.warning("token channel of %s: %s", key, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
+    async def aclose(self) -> None:
+        """Close the token channels (their open requests end as lost)."""
+        if self._streams is not None:
+            await self._streams.aclose()
+            self._streams = None
 
     async def kv_events(
         self, role: str, instance: int, epoch: str, seq: int, wait_s: float
@@ -280,3 +367,9 @@ async def _answer(method: Any, *args: Any) -> Any:
         return await asyncio.wait_for(method.remote(*args), LOAD_TIMEOUT_S)
     except (TimeoutError, ray.exceptions.RayError):
         return None
+
+
+def _counterpart(
+    keys: ClusterCredentials | None, share: KVCredentials | None
+) -> KVCredentials | None:
+    return None if keys is None else counterpart(keys, share)

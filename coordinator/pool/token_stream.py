@@ -1,12 +1,13 @@
-"""One request's events on the coordinator, between a token channel's receiving task (which
-pushes, never waiting) and the request's reader (which iterates).
+"""One request's items from one worker, on the coordinator: between a token channel's
+receiving task (which pushes, never waiting) and the request's reader (which iterates).
 
-Life cycle: ``TokenStreams.open`` makes it; the receiving task ``push``es the request's events
-in order; it is ``ended`` once it holds its final event (a finished one, or a failure that
-``end`` put); the reader's iteration stops after taking that event, and the stream tells its
-owner (``on_done``) that it is done. ``stop`` (the owner's ``close``) ends the iteration after
-what it holds, without a final event. A push past ``max_queued`` unread events overflows it:
-what it holds is dropped and it ends with a ``stream_overflow`` failure.
+Life cycle: ``TokenStreams.open`` makes it; the receiving task ``push``es the request's items
+in order; it is ``ended`` once it holds its final item (a finished event, a prefill's
+:class:`HandoffResult`, or a failure that ``end`` put); the reader's iteration stops after
+taking that item, and the stream tells its owner (``on_done``) that it is done. ``stop`` (the
+owner's ``close``) ends the iteration after what it holds, without a final item. A push past
+``max_queued`` unread events overflows it: what it holds is dropped and it ends with a
+``stream_overflow`` failure.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.outputs import TokenEvent
+from workers.contracts import HandoffResult
 
+StreamItem = TokenEvent | HandoffResult
 WorkerKey = tuple[str, int]  # (role, instance), as the fleet names a worker
 
 
@@ -29,16 +32,16 @@ class TokenStream:
         on_done: Callable[[TokenStream], None],
     ) -> None:
         self.request_id = request_id
-        self.worker = worker  # where it runs: that worker's loss ends it
+        self.worker = worker  # where its items come from: that worker's loss ends it
         self.max_queued = max_queued
         self.overflowed = False
         self.ended = False  # its final event is queued (or was read)
         self._stopped = False
-        self._events: deque[TokenEvent] = deque()
+        self._events: deque[StreamItem] = deque()
         self._ready = asyncio.Event()
         self._on_done = on_done
 
-    def push(self, event: TokenEvent) -> bool:
+    def push(self, event: StreamItem) -> bool:
         """Queue ``event``; False if that overflowed the stream (it ended with a failure)."""
         if len(self._events) >= self.max_queued:
             self.overflowed = True
@@ -47,7 +50,7 @@ class TokenStream:
             self.end(TokenEvent.failure(self.request_id, error, "stream_overflow"))
             return False
         self._events.append(event)
-        self.ended = event.finished
+        self.ended = is_final(event)
         self._ready.set()
         return True
 
@@ -68,14 +71,19 @@ class TokenStream:
     def __aiter__(self) -> TokenStream:
         return self
 
-    async def __anext__(self) -> TokenEvent:
+    async def __anext__(self) -> StreamItem:
         while not self._events:
             if self._stopped:
                 raise StopAsyncIteration
             self._ready.clear()
             await self._ready.wait()
         event = self._events.popleft()
-        if event.finished:
+        if is_final(event):
             self._stopped = True
             self._on_done(self)
         return event
+
+
+def is_final(item: StreamItem) -> bool:
+    """A finished event or a hand-off's result: nothing follows it from that worker."""
+    return isinstance(item, HandoffResult) or item.finished

@@ -3,10 +3,11 @@
 Life cycle: the coordinator builds one :class:`TokenStreams` (its ``coordinator_id`` is the
 routing id of all its sockets) and, for each worker, awaits :meth:`TokenStreams.connect` with
 the endpoint the worker announced: a DEALER connects, says hello, and ``connect`` returns once
-the worker welcomed it. A request's events are read from :meth:`TokenStreams.open`, called before
-the request is sent to its worker (an event for a request not open is counted and dropped):
-an async iterator that ends after the request's final event; :meth:`TokenStreams.move` follows
-a request to another worker (a hand-off), :meth:`TokenStreams.close` forgets it early. A
+the worker welcomed it. A request's items from one worker are read from
+:meth:`TokenStreams.open` (request id, worker), called before the request is sent there (an
+item for a request not open is counted and dropped): an async iterator that ends after its final
+item (a prefill's first token and hand-off result come on the prefill worker's stream, the rest
+on the decode worker's, so each is in order); :meth:`TokenStreams.close` forgets it early. A
 worker's receiving task decodes each step message and hands every event to its request's queue
 without ever waiting. :meth:`TokenStreams.aclose` at the coordinator's end closes everything.
 
@@ -37,7 +38,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from coordinator.pool.token_stream import TokenStream, WorkerKey
+from coordinator.pool.token_stream import StreamItem, TokenStream, WorkerKey
 from engine.outputs import TokenEvent
 from engine.transfer.security import ClusterCredentials, KVCredentials
 from engine.transfer.zmq_security import secure_client
@@ -74,10 +75,12 @@ def counterpart(
 class _Channel:
     """One worker's DEALER, its monitor, its receiving task and where its messages are."""
 
-    def __init__(self, worker: WorkerKey, socket: zmq.asyncio.Socket) -> None:
+    def __init__(self, worker: WorkerKey, socket: zmq.asyncio.Socket, endpoint: str) -> None:
         self.worker = worker
+        self.endpoint = endpoint
         self.socket = socket
         self.monitor: zmq.asyncio.Socket = socket.get_monitor_socket(_MONITORED)
+        self.monitor.setsockopt(zmq.LINGER, 0)  # a context's end never waits for its events
         self.welcomed = asyncio.Event()
         self.refusal = ""  # why a welcome was refused (another protocol version)
         self.next_seq = 0
@@ -85,7 +88,8 @@ class _Channel:
 
     def close(self) -> None:
         if self.task is not None:
-            self.task.cancel()
+            with contextlib.suppress(RuntimeError):  # its loop is gone (abandon)
+                self.task.cancel()
         with contextlib.suppress(zmq.ZMQError):
             self.socket.disable_monitor()
         self.monitor.close(0)
@@ -104,9 +108,10 @@ class TokenStreams:
     def __init__(self, coordinator_id: str, max_queued_events: int = MAX_QUEUED_EVENTS) -> None:
         self.coordinator_id = coordinator_id
         self.max_queued_events = max_queued_events
+        self.loop = asyncio.get_running_loop()  # its sockets' and tasks' loop
         self._context = zmq.asyncio.Context()
         self._channels: dict[WorkerKey, _Channel] = {}
-        self._streams: dict[str, TokenStream] = {}
+        self._streams: dict[tuple[str, WorkerKey], TokenStream] = {}
         self.num_unrouted = 0  # events for requests not open here
         self.num_overflowed = 0  # requests ended for a full queue
         self.num_gaps = 0  # step messages lost on the way (by their numbers)
@@ -124,7 +129,7 @@ class TokenStreams:
         """Connect to ``worker``'s channel at ``endpoint`` (replacing one it had: its requests
         end as lost) and wait until it welcomed us (TokenChannelError past ``timeout_s``)."""
         self.disconnect(worker)
-        channel = _Channel(worker, self._dealer(credentials))
+        channel = _Channel(worker, self._dealer(credentials), endpoint)
         self._channels[worker] = channel
         channel.task = asyncio.create_task(self._serve(channel), name=f"token-channel-{worker}")
         channel.socket.connect(endpoint)  # _serve says hello once the handshake is done
@@ -152,6 +157,11 @@ class TokenStreams:
         if channel is not None:
             channel.close()
             self.worker_lost(worker, "the token channel was closed")
+
+    def endpoint_of(self, worker: WorkerKey) -> str:
+        """The endpoint ``worker``'s channel connects to ("" without one)."""
+        channel = self._channels.get(worker)
+        return "" if channel is None else channel.endpoint
 
     def connected(self, worker: WorkerKey) -> bool:
         """Whether ``worker``'s channel is up (welcomed and not disconnected since)."""
@@ -210,13 +220,15 @@ class TokenStreams:
             self.num_gaps += 1
             self._end_all(channel.worker, "token events were lost on the way", "events_lost")
         channel.next_seq = msg.seq + 1
+        worker = channel.worker
         for request_id in msg.lost:
-            self._end(request_id, "the worker dropped token events", "events_lost")
-        for event in msg.events:
-            stream = self._streams.get(event.request_id)
+            self._end((request_id, worker), "the worker dropped token events", "events_lost")
+        items: list[StreamItem] = [*msg.events, *msg.handoffs]
+        for item in items:
+            stream = self._streams.get((item.request_id, worker))
             if stream is None or stream.ended:
                 self.num_unrouted += 1
-            elif not stream.push(event):
+            elif not stream.push(item):
                 self.num_overflowed += 1
 
     async def _on_monitor(self, channel: _Channel, event: int) -> None:
@@ -232,29 +244,25 @@ class TokenStreams:
     # ---- requests ------------------------------------------------------------------------------
 
     def open(self, request_id: str, worker: WorkerKey) -> TokenStream:
-        """The events of ``request_id``, which runs on ``worker``, up to its final one."""
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already open")
+        """The items of ``request_id`` from ``worker``, up to its final one."""
+        key = (request_id, worker)
+        if key in self._streams:
+            raise ValueError(f"request id {request_id!r} is already open on {worker}")
         stream = TokenStream(request_id, worker, self.max_queued_events, self._forget)
-        self._streams[request_id] = stream
+        self._streams[key] = stream
         return stream
 
-    def move(self, request_id: str, worker: WorkerKey) -> None:
-        """``request_id`` runs on ``worker`` from now on (the one whose loss ends it)."""
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.worker = worker
-
-    def close(self, request_id: str) -> None:
-        """Forget ``request_id``: its iterator ends after what it holds; later events drop."""
-        stream = self._streams.pop(request_id, None)
-        if stream is not None:
-            stream.stop()
+    def close(self, stream: TokenStream) -> None:
+        """Forget ``stream``: its iterator ends after what it holds; later items drop."""
+        if self._streams.get((stream.request_id, stream.worker)) is stream:
+            del self._streams[(stream.request_id, stream.worker)]
+        stream.stop()
 
     def _forget(self, stream: TokenStream) -> None:
-        """``stream``'s reader took its final event: it is done."""
-        if self._streams.get(stream.request_id) is stream:
-            del self._streams[stream.request_id]
+        """``stream``'s reader took its final item: it is done."""
+        key = (stream.request_id, stream.worker)
+        if self._streams.get(key) is stream:
+            del self._streams[key]
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -269,10 +277,17 @@ class TokenStreams:
             stream.end(TokenEvent.failure(stream.request_id, error, cause))
         return len(ended)
 
-    def _end(self, request_id: str, error: str, cause: str) -> None:
-        stream = self._streams.get(request_id)
+    def _end(self, key: tuple[str, WorkerKey], error: str, cause: str) -> None:
+        stream = self._streams.get(key)
         if stream is not None and not stream.ended:
-            stream.end(TokenEvent.failure(request_id, error, cause))
+            stream.end(TokenEvent.failure(stream.request_id, error, cause))
+
+    def abandon(self) -> None:
+        """Close every socket without its loop (which ended: its tasks are gone)."""
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._context.destroy(linger=0)
 
     async def aclose(self) -> None:
         """Close every channel (their open requests end as lost) and the context."""

@@ -157,12 +157,14 @@ def test_the_caller_declares_a_worker_lost(sender):
     async def main():
         streams = TokenStreams("coord")
         await streams.connect(WORKER, sender.endpoint)
-        moved, stays = streams.open("moved", ("prefill", 0)), streams.open("stays", WORKER)
-        streams.move("moved", WORKER)
+        here, there = streams.open("r", WORKER), streams.open("r", ("prefill", 0))
+        stays = streams.open("stays", WORKER)
         assert streams.worker_lost(WORKER, "pid changed") == 2
-        for stream in (moved, stays):
+        for stream in (here, stays):
             [event] = await read_all(stream)
             assert (event.cause, event.error) == ("worker_lost", "pid changed")
+        assert len(streams) == 1 and not there.ended  # the same request on another worker
+        streams.close(there)
         assert len(streams) == 0
         await streams.aclose()
 
