@@ -25,11 +25,12 @@ Each round measures every side once, the order rotating from round to round
 A stream sends ~100-token prompts of random words (none from a prefix cache) for
 ``--new-tokens`` greedy tokens (``ignore_eos``; TGI's API has none, so its answers may end
 early: ``tokens_per_request`` says), its first answer shortened so that the streams are spread
-over an answer's length rather than in step. After ``--lead-s`` the streamed tokens, and the CPU
-of every process under the server (``benchmarks.harness.processes``: coordinator, each worker
-actor, Ray's daemons), are counted for ``--window-s``; then the requests in flight are
-abandoned. Figures: output tokens/s in the window, TTFT and TPOT p50 of the full-length answers,
-CPU ms per streamed token by process role.
+over an answer's length rather than in step. Once the streams' first prompts are prefilled
+(``WARM_TOKENS`` tokens a stream arrived: ``warm_s``) and ``--lead-s`` more, the streamed
+tokens, and the CPU of every process under the server (``benchmarks.harness.processes``:
+coordinator, each worker actor, Ray's daemons), are counted for ``--window-s``; then the
+requests in flight are abandoned. Figures: output tokens/s in the window, TTFT and TPOT p50 of
+the full-length answers that ended, CPU ms per streamed token by process role.
 
 Goals (``served_stream_report.GOALS``), judged on per-round ratios by
 ``benchmarks.harness.stats.judge``: served TPOT p50 at N = 1 over the engine's step at one
@@ -70,6 +71,7 @@ DOORS = {"openai": "completions", "infer": "infer", "tgi": "tgi", "azure": "azur
 LLAMA_SERVER = "llama_server"
 PROMPT_TOKENS = 100
 DECODING_ACTOR = {"single_node": "ray::ColocatedWorker", "pd_separate": "ray::DecodeWorker"}
+WARM_TOKENS, WARM_TIMEOUT_S = 2, 120.0  # tokens a stream before the lead: prompts prefilled
 SETTLE_S = 1.0  # after abandoning a measurement's requests, for the server to drop them
 LLAMA_CONTEXT_PER_SLOT = 512  # a prompt and its answer, with room
 
@@ -119,6 +121,14 @@ class TokenClock:
 
     def within(self, start: float, end: float) -> int:
         return sum(start <= at < end for at in self.arrivals)
+
+    def wait_for(self, tokens: int, timeout_s: float) -> float:
+        """Until ``tokens`` tokens have arrived (at most ``timeout_s``); the seconds since the
+        start."""
+        deadline = time.perf_counter() + timeout_s
+        while len(self.arrivals) < tokens and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        return self.now()
 
 
 def own_cpu_ms() -> float:
@@ -170,6 +180,7 @@ def measure_streams(
         return source.item(settings.new_tokens if turn else first)
 
     loop = ClosedLoop(target, streams, make_item, on_event=clock.on_event)
+    warm_s = clock.wait_for(WARM_TOKENS * streams, WARM_TIMEOUT_S)  # past the first prefills
     time.sleep(settings.lead_s)
     start, before, client = clock.now(), tree_cpu(root, root_role), own_cpu_ms()
     time.sleep(settings.window_s)
@@ -179,6 +190,7 @@ def measure_streams(
     tokens = clock.within(start, end)
     figures = stream_figures(records, settings.new_tokens, tokens / (end - start))
     costs = cpu_per_token(before, after, tokens) | {"client": client / max(tokens, 1)}
+    figures["warm_s"] = warm_s
     return figures | {f"cpu_ms_per_token:{role}": ms for role, ms in costs.items()}
 
 
@@ -292,8 +304,10 @@ def interleaved_rounds(
     for index in range(warmup + rounds):
         values = {}
         for name in order_of(names, index):
+            began = time.monotonic()
             values[name] = sides[name]()
-            print(f"round {index - warmup} {name}: {brief(values[name])}", flush=True)
+            took = f"({time.monotonic() - began:.0f} s)"
+            print(f"round {index - warmup} {name} {took}: {brief(values[name])}", flush=True)
         if index >= warmup:
             for name in names:
                 kept[name].append(values[name])
