@@ -89,10 +89,13 @@ async def send(
     messages: list[dict] | None = None,
     on_event: Callable[[dict], None] | None = None,
     extra_body: dict | None = None,
+    record: RequestRecord | None = None,
 ) -> RequestRecord:
-    """One streamed request, timed token by token; ``extra_body``: more fields of its body. A
+    """One streamed request, timed token by token; ``extra_body``: more fields of its body;
+    ``record``: the caller's to fill in (what arrived is there if the request is cancelled). A
     failure ends it with ``record.error`` set (what came before it is kept)."""
-    record = RequestRecord(item.prompt_tokens, item.output_tokens)
+    if record is None:
+        record = RequestRecord(item.prompt_tokens, item.output_tokens)
     path, body = target.request(item, messages)
     body = {**body, **(extra_body or {})}
     start = time.perf_counter()

@@ -26,11 +26,12 @@ A stream sends ~100-token prompts of random words (none from a prefix cache) for
 ``--new-tokens`` greedy tokens (``ignore_eos``; TGI's API has none, so its answers may end
 early: ``tokens_per_request`` says), its first answer shortened so that the streams are spread
 over an answer's length rather than in step. Once the streams' first prompts are prefilled
-(``WARM_TOKENS`` tokens a stream arrived: ``warm_s``) and ``--lead-s`` more, the streamed
+(every stream has had a token: ``warm_s``) and ``--lead-s`` more, the streamed
 tokens, and the CPU of every process under the server (``benchmarks.harness.processes``:
 coordinator, each worker actor, Ray's daemons), are counted for ``--window-s``; then the
-requests in flight are abandoned. Figures: output tokens/s in the window, TTFT and TPOT p50 of
-the full-length answers that ended, CPU ms per streamed token by process role.
+requests in flight are abandoned. Figures: output tokens/s in the window; TTFT and TPOT p50 of
+the requests sent after the first prefills (TPOT: a request's mean gap between tokens, so far
+for one abandoned); CPU ms per streamed token by process role.
 
 Goals (``served_stream_report.GOALS``), judged on per-round ratios by
 ``benchmarks.harness.stats.judge``: served TPOT p50 at N = 1 over the engine's step at one
@@ -59,7 +60,7 @@ from typing import Any
 from benchmarks.engine.step_probe import StepProbe
 from benchmarks.harness.client import Target, carries_token
 from benchmarks.harness.launch import SETTINGS, free_port, start_pdserve, stop_pdserve
-from benchmarks.harness.load import ClosedLoop
+from benchmarks.harness.load import ABANDONED, ClosedLoop
 from benchmarks.harness.processes import actor_pid, cpu_per_token, tree_cpu
 from benchmarks.harness.record import RequestRecord, percentile
 from benchmarks.harness.results import ResultFile, add_output_arguments
@@ -71,8 +72,8 @@ DOORS = {"openai": "completions", "infer": "infer", "tgi": "tgi", "azure": "azur
 LLAMA_SERVER = "llama_server"
 PROMPT_TOKENS = 100
 DECODING_ACTOR = {"single_node": "ray::ColocatedWorker", "pd_separate": "ray::DecodeWorker"}
-WARM_TOKENS, WARM_TIMEOUT_S = 2, 120.0  # tokens a stream before the lead: prompts prefilled
-SETTLE_S = 1.0  # after abandoning a measurement's requests, for the server to drop them
+WARM_TIMEOUT_S = 180.0  # for every stream's first token
+SETTLE_S = 0.5  # after abandoning a measurement's requests, for the server to drop them
 LLAMA_CONTEXT_PER_SLOT = 512  # a prompt and its answer, with room
 
 
@@ -106,15 +107,18 @@ def first_answer_tokens(stream: int, streams: int, new_tokens: int) -> int:
 
 @dataclass
 class TokenClock:
-    """The arrival times of the streamed tokens of one target's events (``on_event``)."""
+    """The arrival times of the streamed tokens of one target's events (``on_event``), and the
+    streams that have had a token."""
 
     api: str
     started: float = field(default_factory=time.perf_counter)
     arrivals: list[float] = field(default_factory=list)
+    streams: set[int] = field(default_factory=set)
 
-    def on_event(self, event: dict) -> None:
+    def on_event(self, stream: int, event: dict) -> None:
         if carries_token(event, self.api):
             self.arrivals.append(time.perf_counter() - self.started)
+            self.streams.add(stream)
 
     def now(self) -> float:
         return time.perf_counter() - self.started
@@ -122,11 +126,11 @@ class TokenClock:
     def within(self, start: float, end: float) -> int:
         return sum(start <= at < end for at in self.arrivals)
 
-    def wait_for(self, tokens: int, timeout_s: float) -> float:
-        """Until ``tokens`` tokens have arrived (at most ``timeout_s``); the seconds since the
-        start."""
+    def wait_for(self, streams: int, timeout_s: float) -> float:
+        """Until ``streams`` streams have had a token (their first prompts prefilled; at most
+        ``timeout_s``); the seconds since the start."""
         deadline = time.perf_counter() + timeout_s
-        while len(self.arrivals) < tokens and time.perf_counter() < deadline:
+        while len(self.streams) < streams and time.perf_counter() < deadline:
             time.sleep(0.05)
         return self.now()
 
@@ -180,7 +184,7 @@ def measure_streams(
         return source.item(settings.new_tokens if turn else first)
 
     loop = ClosedLoop(target, streams, make_item, on_event=clock.on_event)
-    warm_s = clock.wait_for(WARM_TOKENS * streams, WARM_TIMEOUT_S)  # past the first prefills
+    warm_s = clock.wait_for(streams, WARM_TIMEOUT_S)  # every stream past its first prefill
     time.sleep(settings.lead_s)
     start, before, client = clock.now(), tree_cpu(root, root_role), own_cpu_ms()
     time.sleep(settings.window_s)
@@ -188,26 +192,29 @@ def measure_streams(
     records = loop.stop(cancel=True)
     time.sleep(SETTLE_S)
     tokens = clock.within(start, end)
-    figures = stream_figures(records, settings.new_tokens, tokens / (end - start))
+    figures = stream_figures(records, settings.new_tokens, tokens / (end - start), warm_s)
     costs = cpu_per_token(before, after, tokens) | {"client": client / max(tokens, 1)}
     figures["warm_s"] = warm_s
     return figures | {f"cpu_ms_per_token:{role}": ms for role, ms in costs.items()}
 
 
 def stream_figures(
-    records: list[RequestRecord], new_tokens: int, tokens_per_s: float
+    records: list[RequestRecord], new_tokens: int, tokens_per_s: float, since: float = 0.0
 ) -> dict[str, float]:
-    """The latencies of the full-length answers that ended, and the window's rate."""
-    full = [r for r in records if r.ok and r.target_output_tokens == new_tokens]
-    ttft = [r.ttft_s * 1e3 for r in full if r.ttft_s is not None]
-    tpot = [r.tpot_s * 1e3 for r in full if r.tpot_s is not None]
+    """The window's rate; TTFT and TPOT p50 of the requests sent from ``since`` on (those still
+    in flight at the stop too: TPOT as their mean gap so far); tokens an answer of the
+    full-length answers that ended (fewer: ended at the end of sequence)."""
+    steady = [r for r in records if r.sent_at >= since and r.ttft_s is not None]
+    ttft = [r.ttft_s * 1e3 for r in steady if r.ttft_s is not None]
+    tpot = [sum(r.gaps_s) / len(r.gaps_s) * 1e3 for r in steady if r.gaps_s]
+    ended = [r for r in records if r.ok and r.target_output_tokens == new_tokens]
     return {
         "tokens_per_s": tokens_per_s,
         "ttft_p50_ms": percentile(ttft, 50) or 0.0,
         "tpot_p50_ms": percentile(tpot, 50) or 0.0,
-        "tokens_per_request": sum(r.output_tokens for r in full) / max(len(full), 1),
-        "answers": float(len(full)),
-        "failed": float(sum(not r.ok for r in records)),
+        "tokens_per_request": sum(r.output_tokens for r in ended) / max(len(ended), 1),
+        "latency_requests": float(len(steady)),
+        "failed": float(sum(not r.ok and r.error != ABANDONED for r in records)),
     }
 
 
@@ -333,8 +340,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="dropped rounds")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens an answer")
     parser.add_argument("--probe-tokens", type=int, default=32, help="decode steps a probe")
-    parser.add_argument("--lead-s", type=float, default=2.0, help="load before the window")
-    parser.add_argument("--window-s", type=float, default=6.0, help="the counted window")
+    parser.add_argument("--lead-s", type=float, default=1.0, help="load before the window")
+    parser.add_argument("--window-s", type=float, default=4.0, help="the counted window")
     parser.add_argument("--no-llama-server", dest="llama_server", action="store_false")
     parser.add_argument("--llama-threads", type=int, default=2)
     parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")

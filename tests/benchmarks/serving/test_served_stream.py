@@ -12,6 +12,7 @@ import httpx
 
 from benchmarks import report
 from benchmarks.harness.client import Target, send
+from benchmarks.harness.load import ABANDONED
 from benchmarks.harness.record import RequestRecord
 from benchmarks.serving.served_stream import (
     TokenClock,
@@ -53,18 +54,22 @@ def test_the_window_counts_the_token_events_that_arrived_in_it():
     clock = TokenClock("completions")
     clock.arrivals = [0.5, 1.0, 1.5, 2.5]
     assert clock.within(1.0, 2.0) == 2
-    clock.on_event({"choices": [{"text": "a", "finish_reason": None}]})
-    clock.on_event({"choices": [], "usage": {"completion_tokens": 3}})  # no token
-    assert len(clock.arrivals) == 5
+    clock.on_event(3, {"choices": [{"text": "a", "finish_reason": None}]})
+    clock.on_event(4, {"choices": [], "usage": {"completion_tokens": 3}})  # no token
+    assert len(clock.arrivals) == 5 and clock.streams == {3}
+    assert clock.wait_for(1, timeout_s=5) < 5
 
 
-def test_latencies_come_from_full_length_answers_that_ended():
-    full = RequestRecord(100, 8, ttft_s=0.2, e2e_s=0.9, output_tokens=8, finish_reason="length")
-    short = RequestRecord(100, 4, ttft_s=0.1, e2e_s=0.2, output_tokens=4, finish_reason="length")
-    failed = RequestRecord(100, 8, error="HTTP 500")
-    figures = stream_figures([full, short, failed], 8, tokens_per_s=40.0)
-    assert figures["ttft_p50_ms"] == 200.0 and round(figures["tpot_p50_ms"], 3) == 100.0
-    assert figures["answers"] == 1 and figures["failed"] == 1 and figures["tokens_per_s"] == 40
+def test_latencies_come_from_requests_sent_after_the_first_prefills():
+    full = RequestRecord(100, 8, 2.0, 0.2, 0.9, 8, [0.1] * 7, finish_reason="length")
+    early = RequestRecord(100, 4, 0.0, 3.0, 3.3, 4, [0.1] * 3, finish_reason="length")
+    cut = RequestRecord(100, 8, 2.5, 0.4, None, 3, [0.2, 0.2], error=ABANDONED)
+    failed = RequestRecord(100, 8, 3.0, error="HTTP 500")
+    figures = stream_figures([full, early, cut, failed], 8, tokens_per_s=40.0, since=1.0)
+    assert figures["ttft_p50_ms"] == 300.0  # of full and cut: early came before the window
+    assert round(figures["tpot_p50_ms"], 3) == 150.0  # their mean gaps: 100 and 200 ms
+    assert figures["latency_requests"] == 2 and figures["tokens_per_request"] == 8
+    assert figures["failed"] == 1 and figures["tokens_per_s"] == 40  # the abandoned one is not
 
 
 def kept_rounds(rounds: int = 5) -> dict[str, list[dict[str, float]]]:
