@@ -345,6 +345,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-llama-server", dest="llama_server", action="store_false")
     parser.add_argument("--llama-threads", type=int, default=2)
     parser.add_argument("--llama-cpp-dir", type=Path, help="a folder holding llama-server")
+    parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
     add_output_arguments(parser, "served_stream")
     return parser
 
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     head = _head(args, settings)
     with (
         tempfile.TemporaryDirectory(prefix="pdserve-served-stream-") as tmp,
-        deployed(args, Path(tmp)) as deployments,
+        deployed(args, args.logs or Path(tmp)) as deployments,
     ):
         head["given"] = deployments.given
 
