@@ -4,13 +4,14 @@ raylet), each process's user + system time, and what a measurement cost each rol
 
     before = tree_cpu(coordinator_pid)
     ...                                   # the measurement
-    costs = cpu_per_token(before, tree_cpu(coordinator_pid), root=coordinator_pid, tokens=n)
+    costs = cpu_per_token(before, tree_cpu(coordinator_pid), tokens=n)
 
 Roles: ``coordinator`` (the root itself), a Ray actor by its class (``ray::DecodeWorker``; its
-process title), ``ray_daemons`` (raylet, gcs_server, the dashboard and its agents, idle Ray
-workers, Ray's Python helpers) and
-``other`` (any other process under the root). A process that ended between the readings counts
-nothing; one that started counts from zero.
+process title), one of Ray's own processes by its program (``ray_daemon:raylet``,
+``ray_daemon:gcs_server``, ``ray_daemon:dashboard``, ``ray_daemon:DashboardAgent``,
+``ray_daemon:IDLE`` ...; all of them together ``ray_daemons``) and ``other`` (any other
+process under the root). A process that ended between the readings counts nothing; one that
+started counts from zero.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ PROC = Path("/proc")
 RAY_ACTOR = "ray::"
 # Ray's own processes under the raylet that carry an actor-like title
 RAY_OWN = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+RAY_DAEMON = "ray_daemon:"  # the role of one of Ray's own processes: ray_daemon:raylet
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,21 @@ def role_of(pid: int, root: int, cmdline: str, root_role: str = "coordinator") -
     """The role a process of the tree plays (module docstring)."""
     if pid == root:
         return root_role
-    if cmdline.startswith(RAY_ACTOR) and not cmdline.startswith(RAY_OWN):
-        return cmdline.split()[0].split(".")[0]  # ray::DecodeWorker.method -> the class
-    if cmdline.startswith(RAY_ACTOR) or "ray" in cmdline.split(" ")[0] or "/ray/" in cmdline:
-        return "ray_daemons"
+    title = cmdline.split(" ")[0]
+    if title.startswith(RAY_ACTOR) and not title.startswith(RAY_OWN):
+        return title.split(".")[0]  # ray::DecodeWorker.method -> the class
+    if title.startswith(RAY_ACTOR):
+        return RAY_DAEMON + title.removeprefix(RAY_ACTOR)
+    if "ray" in title or "/ray/" in cmdline:
+        return RAY_DAEMON + program(cmdline)
     return "other"
+
+
+def program(cmdline: str) -> str:
+    """What a command runs: its Python script's name, else its executable's."""
+    words = cmdline.split(" ")
+    script = next((w for w in words[1:] if w.endswith(".py")), None)
+    return (script or words[0]).rsplit("/", 1)[-1].removesuffix(".py")
 
 
 def cmdline_of(pid: int) -> str:
@@ -101,14 +113,15 @@ def tree_cpu(root: int, root_role: str = "coordinator") -> dict[int, ProcessCpu]
 def cpu_per_token(
     before: dict[int, ProcessCpu], after: dict[int, ProcessCpu], tokens: int
 ) -> dict[str, float]:
-    """Milliseconds of CPU per token by role between two readings, ``all`` of them and
-    ``workers`` (every Ray actor's)."""
+    """Milliseconds of CPU per token by role between two readings, ``all`` of them,
+    ``workers`` (every Ray actor's) and ``ray_daemons`` (every one of Ray's own processes')."""
     spent: dict[str, float] = defaultdict(float)
     for pid, now in after.items():
         then = before.get(pid)
         spent[now.role] += now.cpu_ms - (then.cpu_ms if then is not None else 0.0)
     spent["all"] = sum(spent.values())
     spent["workers"] = sum(ms for role, ms in spent.items() if role.startswith(RAY_ACTOR))
+    spent["ray_daemons"] = sum(ms for role, ms in spent.items() if role.startswith(RAY_DAEMON))
     return {role: ms / max(tokens, 1) for role, ms in sorted(spent.items())}
 
 

@@ -322,12 +322,16 @@ def interleaved_rounds(
     return kept
 
 
+BRIEF_CPU = ("coordinator", LLAMA_SERVER, "workers", "ray_daemons", "client")
+
+
 def brief(figures: dict[str, float]) -> str:
+    """A side's main figures on one progress line."""
     shown = ("step_ms", "tokens_per_s", "ttft_p50_ms", "tpot_p50_ms", "failed")
-    cpu = {k.split(":", 1)[1]: v for k, v in figures.items() if k.startswith("cpu_ms_per_token")}
     text = " ".join(f"{key}={figures[key]:.2f}" for key in shown if key in figures)
-    return text + ("" if not cpu else " cpu_ms/token " + json.dumps(
-        {role: round(ms, 3) for role, ms in cpu.items()}))  # fmt: skip
+    cpu = {role: figures.get(f"cpu_ms_per_token:{role}") for role in BRIEF_CPU}
+    cells = [f"{role}={ms:.3f}" for role, ms in cpu.items() if ms is not None]
+    return text + (f" cpu_ms/token {' '.join(cells)}" if cells else "")
 
 
 def _parser() -> argparse.ArgumentParser:
