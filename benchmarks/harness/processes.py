@@ -113,15 +113,17 @@ def tree_cpu(root: int, root_role: str = "coordinator") -> dict[int, ProcessCpu]
 def cpu_per_token(
     before: dict[int, ProcessCpu], after: dict[int, ProcessCpu], tokens: int
 ) -> dict[str, float]:
-    """Milliseconds of CPU per token by role between two readings, ``all`` of them,
-    ``workers`` (every Ray actor's) and ``ray_daemons`` (every one of Ray's own processes')."""
+    """Milliseconds of CPU per token by role between two readings, ``all`` of them, and where
+    there are any, ``workers`` (every Ray actor's) and ``ray_daemons`` (Ray's own processes')."""
     spent: dict[str, float] = defaultdict(float)
     for pid, now in after.items():
         then = before.get(pid)
         spent[now.role] += now.cpu_ms - (then.cpu_ms if then is not None else 0.0)
     spent["all"] = sum(spent.values())
-    spent["workers"] = sum(ms for role, ms in spent.items() if role.startswith(RAY_ACTOR))
-    spent["ray_daemons"] = sum(ms for role, ms in spent.items() if role.startswith(RAY_DAEMON))
+    for total, prefix in (("workers", RAY_ACTOR), ("ray_daemons", RAY_DAEMON)):
+        parts = [ms for role, ms in spent.items() if role.startswith(prefix)]
+        if parts:
+            spent[total] = sum(parts)
     return {role: ms / max(tokens, 1) for role, ms in sorted(spent.items())}
 
 

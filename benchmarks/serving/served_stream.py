@@ -4,7 +4,11 @@ llama-server on the same GGUF and threads, side by side in one run.
 
     python -m benchmarks.serving.served_stream       # -> benchmarks/results/served_stream.json
     python -m benchmarks.serving.served_stream --scratch --rounds 1 --new-tokens 16 \\
-        --concurrency 1,2 --doors openai,infer        # a trial run, outside them
+        --concurrency 1,2 --doors openai,infer        # a trial run, outside them (~3 min)
+
+The default run (both modes, four doors, N = 1, 8, 32, 128 tokens an answer, 5 kept rounds
+after one dropped) takes about 25 minutes on two cores: a round about 4 (its N = 32 sides the
+most, each waiting for its streams' first prefills), the start-ups about 1.
 
 Started once for the whole run, each idle while another is measured: pdserve in every mode of
 ``--modes`` (``single_node``: one engine on both cores; ``pd_separate``: the fixed split, 1
@@ -191,6 +195,9 @@ def measure_streams(
     end, after, client = clock.now(), tree_cpu(root, root_role), own_cpu_ms() - client
     records = loop.stop(cancel=True)
     time.sleep(SETTLE_S)
+    errors = {r.error for r in records if r.error is not None and r.error != ABANDONED}
+    for error in sorted(errors):
+        print(f"  failed ({target.url}, {target.api}): {error}", flush=True)
     tokens = clock.within(start, end)
     figures = stream_figures(records, settings.new_tokens, tokens / (end - start), warm_s)
     costs = cpu_per_token(before, after, tokens) | {"client": client / max(tokens, 1)}
@@ -275,7 +282,9 @@ class Deployments:
             probe, sequences = self.probes[rest[0]], int(rest[1])
             return lambda: engine_figures(probe.step_ms(sequences), sequences)
         if kind == LLAMA_SERVER:
-            target = Target(self.llama.url, api="completions")
+            # a connection a time: llama-server closes kept-alive ones as a request reuses them
+            # (httpx: "Server disconnected without sending a response")
+            target = Target(self.llama.url, api="completions", headers=(("Connection", "close"),))
             pid = self.llama.pid
             return lambda: measure_streams(target, int(rest[0]), settings, pid, LLAMA_SERVER)
         mode, door, streams = rest
