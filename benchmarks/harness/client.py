@@ -94,16 +94,13 @@ async def send(
     """One streamed request, timed token by token; ``extra_body``: more fields of its body;
     ``record``: the caller's to fill in (what arrived is there if the request is cancelled). A
     failure ends it with ``record.error`` set (what came before it is kept)."""
-    if record is None:
-        record = RequestRecord(item.prompt_tokens, item.output_tokens)
+    record = record or RequestRecord(item.prompt_tokens, item.output_tokens)
     path, body = target.request(item, messages)
-    body = {**body, **(extra_body or {})}
+    body, headers = {**body, **(extra_body or {})}, target.request_headers()
     start = time.perf_counter()
     timing = _Timing(start, start)
     try:
-        async with client.stream(
-            "POST", target.url + path, json=body, headers=target.request_headers()
-        ) as response:
+        async with client.stream("POST", target.url + path, json=body, headers=headers) as response:
             if response.status_code != 200:
                 await response.aread()
                 record.error = f"HTTP {response.status_code}: {response.text[:200]}"
