@@ -75,7 +75,11 @@ from benchmarks.serving.workload import WORDS, WorkItem, decode_prefix
 DOORS = {"openai": "completions", "infer": "infer", "tgi": "tgi", "azure": "azure"}
 LLAMA_SERVER = "llama_server"
 PROMPT_TOKENS = 100
-DECODING_ACTOR = {"single_node": "ray::ColocatedWorker", "pd_separate": "ray::DecodeWorker"}
+DECODING_ACTOR = {
+    "single_node": "ray::ColocatedWorker",
+    "pd_separate": "ray::DecodeWorker",
+    "pd_adaptive": "ray::DecodeWorker",
+}
 WARM_TIMEOUT_S = 180.0  # for every stream's first token
 SETTLE_S = 0.5  # after abandoning a measurement's requests, for the server to drop them
 LLAMA_CONTEXT_PER_SLOT = 512  # a prompt and its answer, with room
