@@ -25,6 +25,7 @@ from benchmarks import caveats
 from benchmarks.harness.stats import Goal, bootstrap_interval, judge
 from benchmarks.serving.memory_report import render as render_memory_tables
 from benchmarks.serving.modes_report import render as render_modes_tables
+from benchmarks.serving.served_stream_report import render as render_served_stream_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -408,6 +409,11 @@ def render_memory(data: dict[str, Any]) -> str:
     return render_memory_tables(data, provenance(data["_meta"]))
 
 
+def render_served_stream(data: dict[str, Any]) -> str:
+    """The served stream against the engine's step and llama-server (``served_stream.py``)."""
+    return render_served_stream_tables(data, provenance(data["_meta"]))
+
+
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -481,6 +487,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "structured": render_structured,
     "memory": render_memory,
     "replicas": render_replicas,
+    "served_stream": render_served_stream,
 }
 
 

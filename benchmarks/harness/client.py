@@ -1,9 +1,13 @@
 """Streaming clients and the load generator of the serving benchmark.
 
-Targets: pdserve's ``POST /infer`` (SSE, one event per token), or any OpenAI-compatible
-``/v1/completions`` or ``/v1/chat/completions`` (``stream: true``; the output token count comes
-from the final ``usage`` when the server sends one, else from the content chunks). Requests ask
-for exactly ``output_tokens`` tokens (``ignore_eos``, which pdserve, vLLM and llama.cpp honour).
+Targets: pdserve's ``POST /infer`` (SSE, one event per token), TGI's ``POST /generate_stream``
+(the same token events, ``data:`` without a space), any OpenAI-compatible ``/v1/completions`` or
+``/v1/chat/completions``, or Azure AI Model Inference's ``/chat/completions`` (``stream: true``;
+the output token count comes from the final ``usage`` when the server sends one, else from the
+content chunks). Requests ask for exactly ``output_tokens`` tokens (``ignore_eos``, which
+pdserve, vLLM and llama.cpp honour; Azure's passed through with ``extra-parameters:
+pass-through``); TGI's API has no such parameter, so its answers may end at the end-of-sequence
+token (the tokens counted are those streamed).
 A chat request sends the item's prompt as one user message, or a whole conversation
 (``messages``); ``on_event`` sees every parsed event (answer text, usage).
 
@@ -25,7 +29,10 @@ from benchmarks.harness.record import RequestRecord
 from benchmarks.harness.sse import sse_lines
 from benchmarks.serving.workload import WorkItem
 
-APIS = ("infer", "completions", "chat")
+APIS = ("infer", "completions", "chat", "tgi", "azure")
+AZURE_API_VERSION = "2024-05-01-preview"
+TOKEN_EVENTS = ("infer", "tgi")  # one event per token, the last with ``generated_text``
+CHAT_CHUNKS = ("chat", "azure")
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,18 @@ class Target:
     ignore_eos: bool = True
     headers: tuple[tuple[str, str], ...] = ()
 
+    def request_headers(self) -> dict[str, str]:
+        """The target's own headers; Azure's ``extra-parameters`` lets ``ignore_eos`` through."""
+        extra = {"extra-parameters": "pass-through"} if self.api == "azure" else {}
+        return {**extra, **dict(self.headers)}
+
     def request(self, item: WorkItem, messages: list[dict] | None = None) -> tuple[str, dict]:
         if self.api == "infer":
             parameters = {"max_new_tokens": item.output_tokens, "ignore_eos": self.ignore_eos}
             return "/infer", {"inputs": item.prompt, "stream": True, "parameters": parameters}
+        if self.api == "tgi":  # greedy by default; no ignore_eos in TGI's parameters
+            parameters = {"max_new_tokens": item.output_tokens}
+            return "/generate_stream", {"inputs": item.prompt, "parameters": parameters}
         body = {
             "model": self.model,
             "max_tokens": item.output_tokens,
@@ -49,8 +64,10 @@ class Target:
         }
         if self.ignore_eos:
             body["ignore_eos"] = True
-        if self.api == "chat":
+        if self.api in CHAT_CHUNKS:
             body["messages"] = messages or [{"role": "user", "content": item.prompt}]
+            if self.api == "azure":
+                return f"/chat/completions?api-version={AZURE_API_VERSION}", body
             return "/v1/chat/completions", body
         return "/v1/completions", {**body, "prompt": item.prompt}
 
@@ -72,16 +89,18 @@ async def send(
     messages: list[dict] | None = None,
     on_event: Callable[[dict], None] | None = None,
     extra_body: dict | None = None,
+    record: RequestRecord | None = None,
 ) -> RequestRecord:
-    """One streamed request, timed token by token; ``extra_body``: more fields of its body. A
+    """One streamed request, timed token by token; ``extra_body``: more fields of its body;
+    ``record``: the caller's to fill in (what arrived is there if the request is cancelled). A
     failure ends it with ``record.error`` set (what came before it is kept)."""
-    record = RequestRecord(item.prompt_tokens, item.output_tokens)
+    record = record or RequestRecord(item.prompt_tokens, item.output_tokens)
     path, body = target.request(item, messages)
-    body = {**body, **(extra_body or {})}
+    body, headers = {**body, **(extra_body or {})}, target.request_headers()
     start = time.perf_counter()
     timing = _Timing(start, start)
     try:
-        async with client.stream("POST", target.url + path, json=body) as response:
+        async with client.stream("POST", target.url + path, json=body, headers=headers) as response:
             if response.status_code != 200:
                 await response.aread()
                 record.error = f"HTTP {response.status_code}: {response.text[:200]}"
@@ -112,9 +131,9 @@ async def _read_events(
 ) -> None:
     """The stream's events onto ``record``, each token timed as it arrives, up to an error."""
     async for line in sse_lines(response):
-        if not line.startswith("data: ") or line == "data: [DONE]":
+        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
             continue
-        event = json.loads(line[6:])
+        event = json.loads(line[5:])
         if on_event is not None:
             on_event(event)
         if "error" in event:
@@ -122,7 +141,7 @@ async def _read_events(
             break
         timing.usage_tokens = _read_usage(event, record, timing.usage_tokens)
         record.finish_reason = _finish_reason(event, api) or record.finish_reason
-        if not _carries_token(event, api):
+        if not carries_token(event, api):
             if record.finish_reason and record.ttft_s is None:  # tokens with no text
                 timing.finished_at = time.perf_counter() - timing.start
             continue
@@ -154,7 +173,7 @@ def _read_usage(event: dict, record: RequestRecord, tokens: int | None) -> int |
 def _finish_reason(event: dict, api: str) -> str | None:
     """How the answer ended, from its last event: MindIE's carries ``generated_text`` (and its
     details a finish reason); an OpenAI chunk a choice's ``finish_reason``."""
-    if api == "infer":
+    if api in TOKEN_EVENTS:
         if event.get("generated_text") is None:
             return None
         return (event.get("details") or {}).get("finish_reason") or "final event"
@@ -162,13 +181,14 @@ def _finish_reason(event: dict, api: str) -> str | None:
     return choices[0].get("finish_reason") if choices else None
 
 
-def _carries_token(event: dict, api: str) -> bool:
-    if api == "infer":
+def carries_token(event: dict, api: str) -> bool:
+    """Whether a parsed event of ``api`` brings a token of the answer."""
+    if api in TOKEN_EVENTS:
         return "token" in event
     choices = event.get("choices") or []
     if not choices:
         return False
-    if api == "chat":  # the first chunk may carry the role alone
+    if api in CHAT_CHUNKS:  # the first chunk may carry the role alone
         return bool((choices[0].get("delta") or {}).get("content"))
     # a token's chunk may have empty text (a byte of a character not yet complete); the closing
     # chunk has empty text and the finish reason

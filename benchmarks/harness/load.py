@@ -6,6 +6,7 @@ raises is kept as that request's error: no request is ever dropped from the reco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import threading
@@ -19,6 +20,7 @@ from benchmarks.harness.client import Target, send
 from benchmarks.harness.record import RequestRecord
 from benchmarks.serving.workload import WorkItem
 
+ABANDONED = "abandoned in flight when the closed loop stopped"
 LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
 
 
@@ -95,15 +97,19 @@ def round_robin(
 @dataclass
 class ClosedLoop:
     """``streams`` closed-loop requests against ``target`` in a thread until ``stop``: each
-    stream sends ``make_item(stream, turn)`` when its last request ended."""
+    stream sends ``make_item(stream, turn)`` when its last request ended; ``on_event(stream,
+    event)`` sees every event of every stream as it arrives (in that thread)."""
 
     target: Target
     streams: int
     make_item: Callable[[int, int], WorkItem]
     records: list[RequestRecord] = field(default_factory=list)
+    on_event: Callable[[int, dict], None] | None = None
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running: asyncio.Future | None = None
         self._started = time.perf_counter()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self._thread.start()
@@ -113,18 +119,34 @@ class ClosedLoop:
 
             async def stream(index: int) -> None:
                 turn = 0
+                on_event = self.on_event
+                seen = None if on_event is None else lambda event: on_event(index, event)
                 while not self._stop.is_set():
                     sent_at = time.perf_counter() - self._started
-                    record = await send(client, self.target, self.make_item(index, turn))
-                    record.sent_at = sent_at
-                    self.records.append(record)
+                    item = self.make_item(index, turn)
+                    record = RequestRecord(item.prompt_tokens, item.output_tokens, sent_at)
+                    try:
+                        await send(client, self.target, item, on_event=seen, record=record)
+                    except asyncio.CancelledError:
+                        record.error = ABANDONED
+                        raise
+                    finally:
+                        self.records.append(record)
                     turn += 1
                     if not record.ok:
                         await asyncio.sleep(0.05)  # a server that is gone: do not spin
 
-            await asyncio.gather(*(stream(i) for i in range(self.streams)))
+            self._loop = asyncio.get_running_loop()
+            self._running = asyncio.gather(*(stream(i) for i in range(self.streams)))
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._running
 
-    def stop(self, timeout_s: float = 120) -> list[RequestRecord]:
+    def stop(self, timeout_s: float = 120, cancel: bool = False) -> list[RequestRecord]:
+        """Every request's record; ``cancel``: the requests in flight are abandoned (their
+        connections closed, their records with what arrived and the error ``ABANDONED``) instead
+        of awaited."""
         self._stop.set()
+        if cancel and self._loop is not None and self._running is not None:
+            self._loop.call_soon_threadsafe(self._running.cancel)
         self._thread.join(timeout_s)
         return self.records
