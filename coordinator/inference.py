@@ -46,6 +46,7 @@ from coordinator.errors import (
     check_room,
 )
 from coordinator.metrics import Metrics
+from coordinator.pool.token_stream import SLOW_CLIENT
 from coordinator.request_run import Outcome, RequestRun
 from coordinator.router import Router
 from coordinator.routing.choice import Route
@@ -191,9 +192,9 @@ class InferenceService:
         try:
             while True:
                 limit, message = total if run.first_token_at is not None else first
-                remaining = limit - (time.monotonic() - run.created_at)
-                try:
-                    event = await asyncio.wait_for(events.__anext__(), max(remaining, 0.001))
+                try:  # a timer, not a task, per wait: only the waits are timed
+                    async with asyncio.timeout_at(_deadline(run.created_at, limit)):
+                        event = await events.__anext__()
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
@@ -211,6 +212,8 @@ class InferenceService:
             failure = None
             async with contextlib.aclosing(self.cluster.stream(run)) as events:
                 async for event in events:  # a failed attempt is released at once
+                    if event.cause == SLOW_CLIENT:
+                        self._slow_client(run, event)
                     if event.finish_reason == FinishReason.ERROR:
                         failure = event
                         break
@@ -219,6 +222,13 @@ class InferenceService:
                     if event.finished:
                         return
             self._migrate(run, *_failure(failure))
+
+    def _slow_client(self, run: RequestRun, event: TokenEvent) -> None:
+        """``run``'s client left too many events unread: it ends (aborted on its workers as a
+        failed attempt is), never migrates."""
+        if self.metrics:
+            self.metrics.slow_clients.labels(self.metrics.model_name).inc()
+        raise GenerationFailed(f"request {run.request_id}: {event.error}")
 
     def _migrate(self, run: RequestRun, cause: str, error: str) -> None:
         """Send ``run`` back for another pair, or raise GenerationFailed if it may not."""
@@ -267,6 +277,15 @@ class InferenceService:
                 if run.aborted:
                     return failed
                 await asyncio.sleep(REPICK_INTERVAL_S)
+
+
+def _deadline(created_at: float, limit_s: float) -> float | None:
+    """The event loop's time at which a wait of a request made at ``created_at`` (monotonic)
+    ends for a limit of ``limit_s`` (at least a millisecond from now; None: no limit)."""
+    if limit_s == float("inf"):
+        return None
+    loop_now, now = asyncio.get_running_loop().time(), time.monotonic()
+    return loop_now + max(created_at + limit_s - now, 0.001)
 
 
 def _record_finished(metrics: Metrics, run: RequestRun, num_output_tokens: int) -> None:

@@ -106,6 +106,10 @@ class Metrics:
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens")
         self.generation_tokens = self._counter("generation_tokens", "Generated tokens")
         self.running = self._gauge("num_requests_running", "Requests streaming tokens")
+        self.slow_clients = self._counter(
+            "slow_client_aborts",
+            "Requests aborted because their client left too many token events unread",
+        )
         self.waiting = self._gauge("num_requests_waiting", "Requests before their first token")
 
     def _declare_workers(self) -> None:
@@ -122,6 +126,11 @@ class Metrics:
         )
         self.prefix_cache_queries = self._polled(
             "prefix_cache_queries", "Prompt tokens a worker looked up in its prefix cache"
+        )
+        self.token_events_dropped = self._polled(
+            "token_events_dropped",
+            "Token events a worker's channel could not send to a coordinator (gone, or not "
+            "reading): their requests were aborted",
         )
         self.prefix_cache_hits = self._polled(
             "prefix_cache_hits",
@@ -235,6 +244,7 @@ class Metrics:
             self.cached_blocks.labels(*labels).set(load.stats.num_cached_blocks)
             self.prefix_cache_queries.observe(labels, load.pid, load.stats.prefix_cache_queries)
             self.prefix_cache_hits.observe(labels, load.pid, load.stats.prefix_cache_hits)
+            self.token_events_dropped.observe(labels, load.pid, load.num_dropped_events)
             stats = load.stats
             self.grammar_cache_size.labels(*labels).set(stats.grammar_cache_size)
             self.grammar_masked_rows.observe(labels, load.pid, stats.grammar_masked_rows)

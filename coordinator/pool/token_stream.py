@@ -20,6 +20,7 @@ from engine.outputs import TokenEvent
 from workers.contracts import HandoffResult
 
 StreamItem = TokenEvent | HandoffResult
+SLOW_CLIENT = "stream_overflow"  # the cause of the failure that ends an overflowed stream
 WorkerKey = tuple[str, int]  # (role, instance), as the fleet names a worker
 
 
@@ -47,7 +48,7 @@ class TokenStream:
             self.overflowed = True
             self._events.clear()
             error = f"more than {self.max_queued} token events unread"
-            self.end(TokenEvent.failure(self.request_id, error, "stream_overflow"))
+            self.end(TokenEvent.failure(self.request_id, error, SLOW_CLIENT))
             return False
         self._events.append(event)
         self.ended = is_final(event)

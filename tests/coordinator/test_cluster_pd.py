@@ -369,12 +369,20 @@ def test_full_decode_worker_refuses_with_a_reason(ray_session, tiny_model_dir):
     cluster.fleet.start()
     try:
         params = SamplingParams(max_new_tokens=8, ignore_eos=True)
-        hog_request = GenerationRequest("hog", range(3, 15), params)
-        hog = ray_session.get(cluster.fleet.decodes[0].reserve.remote(hog_request, 0.1))
+        decode, owner = cluster.fleet.decodes[0], cluster.fleet.coordinator_id
+        stranger = ray_session.get(decode.reserve.remote(GenerationRequest("s", [5], params)))
+        channel = cluster.fleet.identities[("decode", 0)].token_channel
+        assert stranger == Reservation.unattached(channel)  # its events would reach no one
+
+        async def reserve(request_id: str, prompt) -> Reservation:
+            await cluster.fleet.attach(("decode", 0))
+            request = GenerationRequest(request_id, prompt, params, owner=owner)
+            return await decode.reserve.remote(request, 0.1)
+
+        hog = asyncio.run(reserve("hog", range(3, 15)))
         assert hog.granted  # 13 tokens = all 4 blocks of the decode worker
         assert isinstance(hog, Reservation) and hog.endpoint.startswith("tcp://")
-        other = GenerationRequest("other", [5, 6, 7], params)
-        refused = ray_session.get(cluster.fleet.decodes[0].reserve.remote(other, 0.1))
+        refused = asyncio.run(reserve("other", [5, 6, 7]))
         assert refused == Reservation.refused("decode cache full: 0 of 4 blocks free, 1 needed")
         events = asyncio.run(_collect(cluster, "refused", list(range(3, 12)), params))
         assert events[-1].finish_reason == FinishReason.ERROR
