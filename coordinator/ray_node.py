@@ -4,8 +4,8 @@ A driver joining a cluster (``ray.init(address="HOST:PORT")``) attaches to a ray
 listing this machine's processes, and prefers the head's when it sees more than one. Where hosts
 share a process table but not a network (containers with a shared PID namespace, network
 namespaces, several nodes on one machine), that can be another host's raylet: the driver then
-advertises that node's address, and everything a worker sends back to it unasked (the items of a
-streaming call: every token) goes to an address where nothing listens. So when this machine
+advertises that node's address, and everything a worker sends back to it unasked (the results of
+its calls) goes to an address where nothing listens. So when this machine
 shows several raylets, and one of them has the address this host reaches the cluster's GCS
 from, that one is named to ``ray.init``. Otherwise Ray chooses as it always has.
 """
