@@ -223,11 +223,12 @@ class Cluster:
             stream.end(TokenEvent.failure(stream.request_id, submitted.error or "not accepted"))
 
     async def _attached(self, key: WorkerKey, call: Callable[[], Awaitable[A]]) -> A:
-        """``call``'s answer, attached to worker ``key``'s token channel first; if the worker
-        says this coordinator is not attached there (it restarted elsewhere), attach where it
-        says and call once more."""
-        if not self.fleet.streams.connected(key):
-            await self.fleet.attach(key)
+        """``call``'s answer, attached first to worker ``key``'s token channel where its
+        identity says when this event loop never was; if the worker says this coordinator is
+        not attached there (it restarted elsewhere), attach where it says and call once more."""
+        if not self.fleet.streams.endpoint_of(key):
+            with contextlib.suppress(TokenChannelError):  # a stale identity: the answer says
+                await self.fleet.attach(key)
         answer = await call()
         if answer.channel and not _accepted(answer):
             await self.fleet.attach(key, answer.channel)

@@ -49,7 +49,7 @@ MAX_QUEUED_EVENTS = 4096  # unread events of one request before it is overflowed
 MAX_STEP_BYTES = 64 << 20  # a longer frame from a worker drops its connection
 HEARTBEAT_MS = 1000  # a worker silent for HEARTBEAT_TIMEOUT_MS is disconnected (lost)
 HEARTBEAT_TIMEOUT_MS = 5000
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 3.0  # a welcome takes milliseconds; a worker that died meanwhile never sends it
 RECONNECT_MAX_MS = 5000  # a lost worker's address is retried at most this often
 _MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 _YIELD_EVERY = 256  # messages taken in a row before the readers get a turn
@@ -126,8 +126,8 @@ class TokenStreams:
         credentials: KVCredentials | None = None,
         timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
-        """Connect to ``worker``'s channel at ``endpoint`` (replacing one it had: its requests
-        end as lost) and wait until it welcomed us (TokenChannelError past ``timeout_s``)."""
+        """Connect to ``worker``'s channel at ``endpoint`` (replacing one it had: see
+        :meth:`disconnect`) and wait until it welcomed us (TokenChannelError past ``timeout_s``)."""
         self.disconnect(worker)
         channel = _Channel(worker, self._dealer(credentials), endpoint)
         self._channels[worker] = channel
@@ -152,11 +152,13 @@ class TokenStreams:
         return socket
 
     def disconnect(self, worker: WorkerKey) -> None:
-        """Close ``worker``'s channel, if any; its open requests end as lost."""
+        """Close ``worker``'s channel, if any; if it was up, its open requests end as lost (one
+        already down ended them when it went: those opened since wait for a new one)."""
         channel = self._channels.pop(worker, None)
         if channel is not None:
             channel.close()
-            self.worker_lost(worker, "the token channel was closed")
+            if channel.welcomed.is_set():
+                self.worker_lost(worker, "worker failed: its token channel was closed")
 
     def endpoint_of(self, worker: WorkerKey) -> str:
         """The endpoint ``worker``'s channel connects to ("" without one)."""
@@ -239,7 +241,7 @@ class TokenStreams:
                 await channel.socket.send(encode(HelloMsg(self.coordinator_id)), zmq.NOBLOCK)
         elif event == zmq.EVENT_DISCONNECTED and channel.welcomed.is_set():
             channel.welcomed.clear()
-            self.worker_lost(channel.worker, "the worker's token channel disconnected")
+            self.worker_lost(channel.worker, "worker failed: its token channel disconnected")
 
     # ---- requests ------------------------------------------------------------------------------
 
