@@ -148,7 +148,8 @@ class ChannelReader:
             self._next_seq[id(worker)] = expected + 1
             self.messages[id(worker)].append(msg)
             self._lost[id(worker)] |= set(msg.lost)
-            for item in [*msg.events, *msg.handoffs]:
+            items: list[Item] = [*msg.events, *msg.handoffs]
+            for item in items:
                 self._items[(id(worker), item.request_id)].append(item)
 
     # ---- the end --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import zmq
 
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig
+from engine.outputs import TokenEvent
 from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.transfer.codec import encode_header
@@ -66,7 +67,9 @@ class Pair:
         items = self.reader.items(self.prefill, request_id)
         assert isinstance(items[-1], HandoffResult) and items[-1].ok, items[-1]
         events = self.reader.items(self.decode, request_id)
-        assert len(events) == 5 and events[-1].finish_reason == FinishReason.LENGTH
+        last = events[-1]
+        assert len(events) == 5 and isinstance(last, TokenEvent)
+        assert last.finish_reason == FinishReason.LENGTH
 
     def status(self, request_id: str) -> RequestStatus | None:
         request = self.decode.engine.requests.get(request_id)

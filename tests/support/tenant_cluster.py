@@ -91,6 +91,7 @@ class InProcessCluster:
         return await asyncio.to_thread(worker.kv_events, epoch, seq, wait_s)
 
     async def stream(self, run: RequestRun) -> AsyncGenerator[TokenEvent, None]:
+        assert run.route is not None
         worker = self.colocated[run.route[1]]
         request = self.reader.request(run.attempt)
         submitted = await asyncio.to_thread(worker.generate, request)
@@ -98,12 +99,13 @@ class InProcessCluster:
             yield TokenEvent.failure(request.request_id, submitted.error or "not attached")
             return
         while True:
-            events = await asyncio.to_thread(self.reader.take, worker, request.request_id, 30.0)
-            assert events, f"no event of {request.request_id} within 30 s"
-            for event in events:
-                yield event
-            if events[-1].finished:
-                return
+            items = await asyncio.to_thread(self.reader.take, worker, request.request_id, 30.0)
+            assert items, f"no event of {request.request_id} within 30 s"
+            for item in items:
+                assert isinstance(item, TokenEvent), item  # a colocated worker hands nothing off
+                yield item
+                if item.finished:
+                    return
 
     async def abort(self, run: RequestRun) -> None:
         if run.route is not None:
