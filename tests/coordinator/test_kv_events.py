@@ -17,6 +17,7 @@ from engine.block_manager import BlockManager
 from engine.kv_events import REMOVED, STORED, KvEventBatch, KvEventLog
 from engine.prefix_hash import block_hashes
 from engine.sampling_params import SamplingParams
+from tests.support.channel_reader import ChannelReader
 from tests.support.router_polls import num_confirmed
 from tests.support.tenant_cluster import InProcessCluster, _config
 from workers.colocated import ColocatedWorker
@@ -125,7 +126,23 @@ def test_the_index_resyncs_after_a_gap_a_restart_or_an_overflow_never_guessing()
 
 def _request(request_id: str, prompt: list[int]) -> GenerationRequest:
     params = SamplingParams(max_new_tokens=2, ignore_eos=True)
-    return GenerationRequest(request_id, prompt, params, owner="coordinator-a")
+    return GenerationRequest(request_id, prompt, params, owner=COORDINATOR_A)
+
+
+COORDINATOR_A = "coordinator-a"  # sends requests to the workers the routers never saw
+
+
+def _generate(reader: ChannelReader, worker: ColocatedWorker, request: GenerationRequest) -> list:
+    """Run ``request`` on ``worker`` to its end, as ``reader``'s coordinator: its events."""
+    assert worker.generate(request).accepted
+    return reader.items(worker, request.request_id)
+
+
+def _stop(cluster: InProcessCluster, reader: ChannelReader) -> None:
+    reader.close()
+    cluster.reader.close()
+    for worker in cluster.colocated:
+        worker.close()
 
 
 def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model_dir):
@@ -134,6 +151,7 @@ def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model
     workers = [ColocatedWorker(_config(tiny_model_dir), i) for i in range(2)]
     routing = RoutingConfig(block_size=4, local_prefill_tokens=0, local_prefill_queue_tokens=0)
     cluster = InProcessCluster(workers)
+    reader = ChannelReader(*workers, owner=COORDINATOR_A)
     try:
         first, second = Router(cluster, routing=routing), Router(cluster, routing=routing)
         prompt = list(range(20, 60))
@@ -141,21 +159,20 @@ def test_two_routers_send_a_shared_prefix_to_the_worker_that_holds_it(tiny_model
         asyncio.run(second.view.refresh())
         chosen = 1  # where the first router would not send it (both idle: the first one)
         assert first.choose(prompt) == (0, 0)
-        list(workers[chosen].generate(_request("turn-1", prompt)))
+        _generate(reader, workers[chosen], _request("turn-1", prompt))
         asyncio.run(second.view.refresh())
         assert num_confirmed(second.cache, ("colocated", chosen)) >= 9
         assert num_confirmed(second.cache, ("colocated", 1 - chosen)) == 0
         follow_up = [*prompt, 7, 8, 9, 10]
         assert second.choose(follow_up) == (0, chosen)
-        events = list(workers[chosen].generate(_request("turn-2", follow_up)))
+        events = _generate(reader, workers[chosen], _request("turn-2", follow_up))
         assert max(e.num_cached_tokens for e in events) == 40
     finally:
-        for worker in workers:
-            worker.loop.stop()
+        _stop(cluster, reader)
 
 
 async def _seconds_until_a_shared_router_learns_the_prefix(
-    cluster, workers, routing, prompt
+    cluster, workers, routing, prompt, reader
 ) -> float:
     """With another coordinator sharing the workers, a router's long polls bring worker 1's stored
     prompt and the router sends its next turn there; how long after generating it learned."""
@@ -166,7 +183,7 @@ async def _seconds_until_a_shared_router_learns_the_prefix(
     router.view.start()
     try:
         await asyncio.sleep(0.1)
-        await asyncio.to_thread(lambda: list(workers[1].generate(_request("t", prompt))))
+        await asyncio.to_thread(_generate, reader, workers[1], _request("t", prompt))
         generated = time.monotonic()
         while num_confirmed(router.cache, ("colocated", 1)) < 9:
             assert time.monotonic() - generated < 2.0, "the long poll brought nothing"
@@ -178,7 +195,7 @@ async def _seconds_until_a_shared_router_learns_the_prefix(
 
 
 async def _blocks_a_lone_router_confirms_without_a_load_poll(
-    cluster, workers, routing, prompt
+    cluster, workers, routing, prompt, reader
 ) -> int:
     """A router alone in front of the workers (not shared): the blocks of worker 0 it confirms
     half a second after worker 0 stored a longer prompt, its load poll 30 s away."""
@@ -188,7 +205,7 @@ async def _blocks_a_lone_router_confirms_without_a_load_poll(
     try:
         assert not router.view.shared()
         more = [*prompt, *range(100, 140)]
-        await asyncio.to_thread(lambda: list(workers[0].generate(_request("u", more))))
+        await asyncio.to_thread(_generate, reader, workers[0], _request("u", more))
         await asyncio.sleep(0.5)
         return num_confirmed(router.cache, ("colocated", 0))
     finally:
@@ -203,7 +220,8 @@ def test_a_router_learns_of_another_routers_prefix_at_once_from_its_long_poll(ti
     routing = RoutingConfig(block_size=4, local_prefill_tokens=0, local_prefill_queue_tokens=0)
     cluster = InProcessCluster(workers)
     prompt = list(range(20, 60))
-    scenario = (cluster, workers, routing, prompt)
+    reader = ChannelReader(*workers, owner=COORDINATOR_A)
+    scenario = (cluster, workers, routing, prompt, reader)
     try:
         learned_s = asyncio.run(_seconds_until_a_shared_router_learns_the_prefix(*scenario))
         assert learned_s < 0.5 + FOLLOW_BATCH_S  # not at the next load poll, 30 s away
@@ -212,5 +230,4 @@ def test_a_router_learns_of_another_routers_prefix_at_once_from_its_long_poll(ti
         # not followed: its next load poll brings them
         assert asyncio.run(_blocks_a_lone_router_confirms_without_a_load_poll(*scenario)) == 0
     finally:
-        for worker in workers:
-            worker.loop.stop()
+        _stop(cluster, reader)

@@ -17,7 +17,9 @@ from engine.outputs import TokenEvent
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
 from tests.support.block_checks import check_consistent
+from tests.support.channel_reader import ChannelReader
 from tests.support.coordinator_configs import config_with
+from tests.support.inprocess_workers import _stop
 from tests.support.router_polls import PROMPT_A, _poll, _queued, _router, _running
 from tests.support.tenant_cluster import (
     DOORS,
@@ -64,35 +66,35 @@ def test_a_decode_reservation_shares_only_its_own_tenants_blocks(tiny_model_dir)
     transfer = KVTransferConfig("inprocess", transfer_timeout_s=5.0)
     prefill = PrefillWorker(_config(tiny_model_dir), transfer)
     decode = DecodeWorker(_config(tiny_model_dir), transfer)
+    reader = ChannelReader(prefill, decode)
     try:
 
         def handoff(request_id: str, tenant: str) -> tuple[int, int]:
             request = GenerationRequest(request_id, [*SYSTEM, 1, 2], PARAMS, tenant=tenant)
+            request = reader.request(request)
             reservation = decode.reserve(request)
             assert reservation.granted, reservation.reason
             target = HandoffTarget.from_reservation(reservation, PARAMS.max_new_tokens)
-            items = list(prefill.prefill(request, target))
+            assert prefill.prefill(request, target).accepted
+            items = reader.items(prefill, request_id)
             assert isinstance(items[-1], HandoffResult) and items[-1].ok, items[-1]
-            events = [i for i in items if isinstance(i, TokenEvent)] + list(
-                decode.stream(request_id)
-            )
+            events = [i for i in items if isinstance(i, TokenEvent)]
+            events += reader.items(decode, request_id)
             return reservation.num_cached_blocks, max(e.num_cached_tokens for e in events)
 
         assert handoff("a1", "tenant-a") == (0, 0)
         assert handoff("b1", "tenant-b") == (0, 0)  # neither side lends B what A sent
         assert handoff("a2", "tenant-a") == (6, 24)  # A's own: held on both sides
         # a migrated request keeps its tenant, and with it its own prefix
-        continued = GenerationRequest("b", SYSTEM, PARAMS, tenant="tenant-b").continued(
-            "b2", [1, 2]
+        continued = reader.request(
+            GenerationRequest("b", SYSTEM, PARAMS, tenant="tenant-b").continued("b2", [1, 2])
         )
         assert continued.tenant == "tenant-b"
         assert decode.reserve(continued).num_cached_blocks == 6
         decode.abort("b2")
     finally:
-        for worker in (prefill, decode):
-            worker.loop.stop()
-        decode.receiver.close()
-        prefill.sender.close()
+        reader.close()
+        _stop(prefill, decode)
 
 
 def test_the_router_is_not_drawn_by_another_tenants_prefix():

@@ -18,7 +18,8 @@ from engine.sampling_params import SamplingParams
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
 from tests.support.block_checks import check_consistent, num_used, ref_count
-from tests.support.inprocess_workers import _assert_freed
+from tests.support.channel_reader import ChannelReader
+from tests.support.inprocess_workers import _assert_freed, _stop
 from tests.support.kv_import import import_kv
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
 
@@ -34,16 +35,16 @@ def _config(model_dir, prefix_caching: bool = True) -> EngineConfig:
 
 @contextlib.contextmanager
 def _workers(model_dir, transfer: KVTransferConfig, prefix_caching: bool = True):
-    """A prefill and a decode worker over ``transfer``, stopped on the way out."""
+    """A prefill and a decode worker over ``transfer`` and a coordinator's reader of both,
+    stopped on the way out."""
     prefill = PrefillWorker(_config(model_dir, prefix_caching), transfer)
     decode = DecodeWorker(_config(model_dir, prefix_caching), transfer)
+    reader = ChannelReader(prefill, decode)
     try:
-        yield prefill, decode
+        yield prefill, decode, reader
     finally:
-        for worker in (prefill, decode):
-            worker.loop.stop()
-        decode.receiver.close()
-        prefill.sender.close()
+        reader.close()
+        _stop(prefill, decode)
 
 
 @pytest.fixture(params=list(TRANSPORTS))
@@ -54,27 +55,29 @@ def pair(request, tiny_model_dir):
         yield workers
 
 
-def _handoff(prefill, decode, request_id: str, prompt: list[int]):
+def _handoff(pair, request_id: str, prompt: list[int]):
     """Run one request through the pair: (reservation, hand-off result, all token events)."""
-    request = GenerationRequest(request_id, prompt, PARAMS)
+    prefill, decode, reader = pair
+    request = reader.request(GenerationRequest(request_id, prompt, PARAMS))
     reservation = decode.reserve(request)
     assert reservation.granted, reservation.reason
-    items = list(prefill.prefill(request, HandoffTarget.from_reservation(reservation, 6)))
+    assert prefill.prefill(request, HandoffTarget.from_reservation(reservation, 6)).accepted
+    items = reader.items(prefill, request_id)
     result = items[-1]
     assert isinstance(result, HandoffResult) and result.ok, result
-    events = [i for i in items if isinstance(i, TokenEvent)] + list(decode.stream(request_id))
+    events = [i for i in items if isinstance(i, TokenEvent)] + reader.items(decode, request_id)
     assert events[-1].finish_reason == FinishReason.LENGTH
     return reservation, result, events
 
 
 def test_a_shared_prefix_moves_only_the_new_blocks(pair, tiny_loaded):
-    prefill, decode = pair
+    prefill, decode, _ = pair
     block_bytes = bytes_per_block(prefill.engine.shape, 4, torch.float32)
     first_prompt, second_prompt = [*SYSTEM, 1, 2], [*SYSTEM, 1, 2, 3, 4, 5]
-    first, first_result, _ = _handoff(prefill, decode, "first", first_prompt)
+    first, first_result, _ = _handoff(pair, "first", first_prompt)
     assert first.num_cached_blocks == 0
     assert first_result.num_bytes == 7 * block_bytes  # 28 prompt tokens: all seven blocks
-    second, second_result, events = _handoff(prefill, decode, "second", second_prompt)
+    second, second_result, events = _handoff(pair, "second", second_prompt)
     # the decode worker holds the first prompt's seven blocks; only the eighth moves
     assert second.num_cached_blocks == 7
     assert second_result.num_bytes == 1 * block_bytes
@@ -88,10 +91,10 @@ def test_a_shared_prefix_moves_only_the_new_blocks(pair, tiny_loaded):
 
 def test_without_caching_every_block_moves(tiny_model_dir):
     transfer = KVTransferConfig("zmq", shared_memory=False)
-    with _workers(tiny_model_dir, transfer, prefix_caching=False) as (prefill, decode):
-        block_bytes = bytes_per_block(prefill.engine.shape, 4, torch.float32)
-        _handoff(prefill, decode, "first", [*SYSTEM, 1, 2])
-        second, result, events = _handoff(prefill, decode, "second", [*SYSTEM, 1, 2, 3, 4, 5])
+    with _workers(tiny_model_dir, transfer, prefix_caching=False) as pair:
+        block_bytes = bytes_per_block(pair[0].engine.shape, 4, torch.float32)
+        _handoff(pair, "first", [*SYSTEM, 1, 2])
+        second, result, events = _handoff(pair, "second", [*SYSTEM, 1, 2, 3, 4, 5])
         assert second.num_cached_blocks == 0 and result.num_bytes == 8 * block_bytes
         assert {e.num_cached_tokens for e in events} == {0}
 
@@ -100,13 +103,15 @@ def test_pages_that_start_at_the_wrong_block_are_refused(tiny_model_dir):
     """A sender that ignores the reservation's cached blocks (or forges a start) is refused,
     and both sides free everything."""
     transfer = KVTransferConfig("zmq", shared_memory=False, transfer_timeout_s=5.0)
-    with _workers(tiny_model_dir, transfer) as (prefill, decode):
-        _handoff(prefill, decode, "first", [*SYSTEM, 1, 2])
-        request = GenerationRequest("second", [*SYSTEM, 1, 2, 3], PARAMS)
+    with _workers(tiny_model_dir, transfer) as pair:
+        prefill, decode, reader = pair
+        _handoff(pair, "first", [*SYSTEM, 1, 2])
+        request = reader.request(GenerationRequest("second", [*SYSTEM, 1, 2, 3], PARAMS))
         reservation = decode.reserve(request)
         assert reservation.num_cached_blocks == 7
         target = HandoffTarget(reservation.endpoint, 6, reservation.token, first_block=0)
-        result = list(prefill.prefill(request, target))[-1]
+        assert prefill.prefill(request, target).accepted
+        result = reader.items(prefill, "second")[-1]
         assert isinstance(result, HandoffResult) and not result.ok
         assert "leading blocks" in result.error or "blocks arrived" in result.error
         assert decode.abort("second")  # as the coordinator does after a failed hand-off

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig
 from engine.sampling_params import SamplingParams
+from prefill_worker.worker import PrefillWorker
+from tests.support.channel_reader import OWNER
 from workers.contracts import GenerationRequest
 
 
@@ -28,9 +31,14 @@ def _decode_worker(model_dir, num_blocks: int = 4) -> DecodeWorker:
     return DecodeWorker(_config(model_dir, num_blocks), KVTransferConfig("inprocess"))
 
 
-def _stop(worker: DecodeWorker) -> None:
-    worker.loop.stop()
-    worker.receiver.close()
+def _stop(*workers: Any) -> None:
+    """Stop each worker's engine thread and close its token channel and KV plane's end."""
+    for worker in workers:
+        worker.close()
+        if isinstance(worker, DecodeWorker):
+            worker.receiver.close()
+        elif isinstance(worker, PrefillWorker):
+            worker.sender.close()
 
 
 def _used(worker) -> int:
@@ -47,5 +55,7 @@ def _assert_freed(worker, deadline_s: float = 5.0) -> None:
 
 
 def _request(request_id: str, num_prompt_tokens: int = 5, priority: int = 5) -> GenerationRequest:
+    """A request of the coordinator a ``ChannelReader`` attaches as by default."""
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    return GenerationRequest(request_id, range(5, 5 + num_prompt_tokens), params, priority)
+    prompt = range(5, 5 + num_prompt_tokens)
+    return GenerationRequest(request_id, prompt, params, priority, owner=OWNER)

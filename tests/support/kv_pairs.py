@@ -12,6 +12,7 @@ import zmq
 
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig
+from engine.outputs import TokenEvent
 from engine.request import FinishReason, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.transfer.codec import encode_header
@@ -19,7 +20,7 @@ from engine.transfer.payload import KVPayload
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from prefill_worker.worker import PrefillWorker
 from tests.conftest import make_engine
-from tests.support.worker_streams import collect as _collect
+from tests.support.channel_reader import OWNER, ChannelReader
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget, Reservation
 
 PROMPT = list(range(5, 10))
@@ -34,11 +35,14 @@ def _config(model_dir: Any) -> EngineConfig:
 
 
 def _request(request_id: str) -> GenerationRequest:
-    return GenerationRequest(request_id, PROMPT, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    """A request of the coordinator a ``ChannelReader`` attaches as by default."""
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    return GenerationRequest(request_id, PROMPT, params, owner=OWNER)
 
 
 class Pair:
-    """A prefill and a decode worker over one transport, and hostile access to the receiver."""
+    """A prefill and a decode worker over one transport, a coordinator's reader attached to both
+    (``reader``), and hostile access to the receiver."""
 
     def __init__(self, model_dir: Any, transport: str, shared_memory: bool) -> None:
         transfer = KVTransferConfig(
@@ -48,6 +52,7 @@ class Pair:
         self.transport = transport
         self.prefill = PrefillWorker(_config(model_dir), transfer)
         self.decode = DecodeWorker(_config(model_dir), transfer)
+        self.reader = ChannelReader(self.prefill, self.decode)
 
     @property
     def endpoint(self) -> str:
@@ -58,18 +63,22 @@ class Pair:
         reservation = reservation or self.decode.reserve(_request(request_id))
         assert reservation.granted
         target = HandoffTarget.from_reservation(reservation, 6)
-        items = _collect(self.prefill.prefill(_request(request_id), target))
+        assert self.prefill.prefill(_request(request_id), target).accepted
+        items = self.reader.items(self.prefill, request_id)
         assert isinstance(items[-1], HandoffResult) and items[-1].ok, items[-1]
-        events = _collect(self.decode.stream(request_id))
-        assert len(events) == 5 and events[-1].finish_reason == FinishReason.LENGTH
+        events = self.reader.items(self.decode, request_id)
+        last = events[-1]
+        assert len(events) == 5 and isinstance(last, TokenEvent)
+        assert last.finish_reason == FinishReason.LENGTH
 
     def status(self, request_id: str) -> RequestStatus | None:
         request = self.decode.engine.requests.get(request_id)
         return None if request is None else request.status
 
     def close(self) -> None:
+        self.reader.close()
         for worker in (self.prefill, self.decode):
-            worker.loop.stop()
+            worker.close()
         self.decode.receiver.close()
         self.prefill.sender.close()
 

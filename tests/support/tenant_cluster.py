@@ -21,6 +21,7 @@ from coordinator.served_model import ServedModels
 from engine.config import CacheConfig, EngineConfig
 from engine.outputs import TokenEvent
 from engine.sampling_params import SamplingParams
+from tests.support.channel_reader import ChannelReader
 from tests.support.door_fakes import AZURE_CHAT, CharTokenizer, serving
 from workers.colocated import ColocatedWorker
 
@@ -59,13 +60,15 @@ class _Mode:
 
 class InProcessCluster:
     """``single_node`` with real colocated workers in this process (no Ray): what the router
-    and the service ask of a cluster."""
+    and the service ask of a cluster. It is one coordinator, attached to every worker's token
+    channel (``reader``), and reads each request's events there."""
 
     def __init__(self, workers: list[ColocatedWorker]) -> None:
         self.config = _Mode()
         self.prefills: list = []
         self.decodes: list = []
         self.colocated = workers
+        self.reader = ChannelReader(*workers)
 
     async def loads(self):
         return [await asyncio.to_thread(w.load) for w in self.colocated]
@@ -73,7 +76,9 @@ class InProcessCluster:
     async def reports(self, cursors):
         """``Cluster.reports``: the workers' real load polls, prefix-cache events included."""
         return [
-            await asyncio.to_thread(w.report, "tests", *cursors.get(("colocated", i), ("", -1)))
+            await asyncio.to_thread(
+                w.report, self.reader.owner, *cursors.get(("colocated", i), ("", -1))
+            )
             for i, w in enumerate(self.colocated)
         ]
 
@@ -86,10 +91,21 @@ class InProcessCluster:
         return await asyncio.to_thread(worker.kv_events, epoch, seq, wait_s)
 
     async def stream(self, run: RequestRun) -> AsyncGenerator[TokenEvent, None]:
+        assert run.route is not None
         worker = self.colocated[run.route[1]]
-        events = worker.generate(run.attempt)
-        while (event := await asyncio.to_thread(next, events, None)) is not None:
-            yield event
+        request = self.reader.request(run.attempt)
+        submitted = await asyncio.to_thread(worker.generate, request)
+        if not submitted.accepted:
+            yield TokenEvent.failure(request.request_id, submitted.error or "not attached")
+            return
+        while True:
+            items = await asyncio.to_thread(self.reader.take, worker, request.request_id, 30.0)
+            assert items, f"no event of {request.request_id} within 30 s"
+            for item in items:
+                assert isinstance(item, TokenEvent), item  # a colocated worker hands nothing off
+                yield item
+                if item.finished:
+                    return
 
     async def abort(self, run: RequestRun) -> None:
         if run.route is not None:
@@ -127,8 +143,9 @@ def served(
         with serving(app) as url:
             yield url, workers
     finally:
+        cluster.reader.close()
         for worker in workers:
-            worker.loop.stop()
+            worker.close()
 
 
 def _openai_cached(url: str, key: str) -> int:

@@ -1,23 +1,10 @@
-"""Reading in-process worker streams in tests: on a thread, failing instead of hanging."""
+"""Waiting on in-process workers in tests: failing instead of hanging. Their events come on
+their token channels: read them with ``tests/support/channel_reader.py``."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
-
-from workers.worker_request import Phase, WorkerRequests
-
-
-def collect(items: Iterator[Any], timeout_s: float = 10.0) -> list[Any]:
-    """Every item of a worker stream, read on a thread; fails instead of hanging."""
-    got: list[Any] = []
-    reader = threading.Thread(target=lambda: got.extend(items), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    assert not reader.is_alive(), f"stream still open after {timeout_s} s: {got}"
-    return got
+from collections.abc import Callable
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
@@ -28,10 +15,3 @@ def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
             return False
         time.sleep(0.02)
     return True
-
-
-def phase_of(requests: WorkerRequests, request_id: str) -> Phase | None:
-    """The phase of ``request_id`` on a worker (None: it holds no such request)."""
-    with requests._lock:
-        request = requests._requests.get(request_id)
-        return request.phase if request is not None else None

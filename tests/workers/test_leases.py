@@ -1,6 +1,7 @@
 """Coordinators' leases on a worker (``workers/leases.py``): when one coordinator stops renewing,
-the worker aborts its requests (reservations and streams), freeing every block, and leaves the
-other coordinators' requests alone."""
+the worker aborts its requests (reservations and generations), freeing every block, and leaves
+the other coordinators' requests alone. Each coordinator attaches to the worker's real token
+channel (a worker takes requests of attached coordinators only)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import time
 
 from decode_worker.worker import DecodeWorker
 from engine.config import KVTransferConfig
+from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
+from tests.support.channel_reader import ChannelReader
+from tests.support.inprocess_workers import _stop
 from tests.support.tenant_cluster import _config
+from tests.support.worker_streams import wait_until as _wait_until
 from workers.colocated import ColocatedWorker
 from workers.contracts import GenerationRequest
 from workers.leases import Leases
@@ -48,6 +53,7 @@ def _renew_until(worker, owner: str, stop: threading.Event) -> threading.Thread:
 def test_a_lapsed_coordinators_reservations_are_freed_and_the_others_kept(tiny_model_dir):
     decode = DecodeWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
     decode.leases.lease_s = LEASE_S
+    readers = [ChannelReader(decode, owner=owner) for owner in ("gone", "kept")]
     stop = threading.Event()
     try:
         free_before = decode.load().stats.num_free_blocks
@@ -68,11 +74,26 @@ def test_a_lapsed_coordinators_reservations_are_freed_and_the_others_kept(tiny_m
         assert decode.load().stats.num_free_blocks == free_before
     finally:
         stop.set()
-        decode.loop.stop()
-        decode.receiver.close()
+        for reader in readers:
+            reader.close()
+        _stop(decode)
 
 
-def test_a_lapsed_coordinators_stream_ends_as_aborted_mid_generation(tiny_model_dir, monkeypatch):
+def _read_until_quiet(reader, worker, request_id: str, quiet_s: float = 1.0) -> list:
+    """The events of ``request_id`` until its final one, or until none came for ``quiet_s``."""
+    events: list = []
+    while not events or not events[-1].finished:
+        got = reader.take(worker, request_id, quiet_s)
+        if not got:
+            break
+        events += got
+    return events
+
+
+def test_a_lapsed_coordinators_generation_is_aborted_mid_way(tiny_model_dir, monkeypatch):
+    """Its lease lapsed (though it is attached and reading), so it is aborted: its events stop
+    well short of its 200 tokens, its blocks are freed, and another coordinator's request still
+    runs to its end."""
     worker = ColocatedWorker(_config(tiny_model_dir))
     worker.leases.lease_s = LEASE_S
     step = worker.engine.step
@@ -82,19 +103,27 @@ def test_a_lapsed_coordinators_stream_ends_as_aborted_mid_generation(tiny_model_
         return step()
 
     monkeypatch.setattr(worker.engine, "step", slow_step)
+    gone, kept = ChannelReader(worker, owner="gone"), ChannelReader(worker, owner="kept")
     stop = threading.Event()
     try:
         renewing = _renew_until(worker, "kept", stop)
-        events = list(worker.generate(_request("gone-1", "gone", max_new_tokens=200)))
-        assert events[-1].finish_reason.value == "abort", events[-1]
-        assert len(events) < 200
-        kept = list(worker.generate(_request("kept-1", "kept")))
-        assert kept[-1].finish_reason.value == "length"
+        assert worker.generate(_request("gone-1", "gone", max_new_tokens=200)).accepted
+        assert _wait_until(lambda: not worker.requests.owned_by("gone"), 20 * LEASE_S)
+        # its record went with the abort: no event of it follows, bar (maybe) the abort's own
+        events = _read_until_quiet(gone, worker, "gone-1")
+        assert 0 < len(events) < 200
+        assert not any(e.finished for e in events[:-1])
+        assert events[-1].finish_reason in (None, FinishReason.ABORT), events[-1]
+        assert worker.generate(_request("kept-1", "kept")).accepted
+        assert kept.items(worker, "kept-1")[-1].finish_reason == FinishReason.LENGTH
         stop.set()
         renewing.join()
         stats = worker.load().stats
         assert stats.num_running == 0 and stats.num_used_blocks == 0
         assert worker.requests.owned_by("gone") == []
+        assert worker.load().num_leases_expired == 1
     finally:
         stop.set()
-        worker.loop.stop()
+        gone.close()
+        kept.close()
+        _stop(worker)

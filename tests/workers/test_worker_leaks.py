@@ -1,6 +1,8 @@
-"""What a worker holds for a request goes when the request does: event queues (however a
-reservation ends), shared-memory mappings, blocks after any sender error; and no call blocks a
-Ray thread past its bound (``reserve`` within ``wait_s``). Workers run in-process (no Ray)."""
+"""What a worker holds for a request goes when the request does: its record (however a
+reservation ends, read or not; a coordinator that is gone has its requests aborted),
+shared-memory mappings, blocks after any sender error; and no call blocks a Ray thread past its
+bound (``reserve`` within ``wait_s``). Workers run in-process (no Ray), their events read on
+their real token channels."""
 
 from __future__ import annotations
 
@@ -22,11 +24,11 @@ from engine.transfer import create_receiver, create_sender
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 from engine.transfer.shared_memory import SharedPageBuffer
 from prefill_worker.worker import PrefillWorker
-from tests.support.worker_streams import collect as _collect
-from tests.support.worker_streams import phase_of
+from tests.support.channel_reader import OWNER, ChannelReader
+from tests.support.inprocess_workers import _stop
 from tests.support.worker_streams import wait_until as _wait_until
-from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
-from workers.worker_request import Phase
+from workers.colocated import ColocatedWorker
+from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget, Submitted
 
 
 def _config(model_dir, num_blocks: int = 64) -> EngineConfig:
@@ -36,22 +38,14 @@ def _config(model_dir, num_blocks: int = 64) -> EngineConfig:
 
 def _request(request_id: str, num_prompt_tokens: int = 5, max_new_tokens: int = 6):
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-    return GenerationRequest(request_id, range(5, 5 + num_prompt_tokens), params)
-
-
-def _stop(*workers: Any) -> None:
-    for worker in workers:
-        worker.loop.stop()
-        if isinstance(worker, DecodeWorker):
-            worker.receiver.close()
-        else:
-            worker.sender.close()
+    prompt = range(5, 5 + num_prompt_tokens)
+    return GenerationRequest(request_id, prompt, params, owner=OWNER)
 
 
 def _open_streams(worker: Any) -> int:
-    """The event queues ``worker`` holds, as its load reports them (and really)."""
+    """The requests ``worker`` holds, as its load reports them (and really)."""
     reported = worker.load().num_open_streams
-    assert reported == len(worker.requests._requests)
+    assert reported == len(worker.requests)
     return reported
 
 
@@ -59,67 +53,98 @@ def _used(worker: Any) -> int:
     return worker.load().stats.num_used_blocks
 
 
-# ---- event queues ------------------------------------------------------------------------------
+# ---- request records ---------------------------------------------------------------------------
 
 
-def test_reserve_then_abort_a_thousand_times_leaves_no_queue(tiny_model_dir):
+def test_reserve_then_abort_a_thousand_times_leaves_no_record(tiny_model_dir):
     decode = DecodeWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
+    reader = ChannelReader(decode)
     try:
         for i in range(1000):  # e.g. requests that end on their first token
             assert decode.reserve(_request(f"r{i}")).granted
             assert decode.abort(f"r{i}")
         assert _open_streams(decode) == 0 and _used(decode) == 0
+        assert decode.load().requests_by_owner == {}
     finally:
+        reader.close()
         _stop(decode)
 
 
-def test_an_expired_reservation_leaves_no_queue_after_the_grace_period(tiny_model_dir):
+def test_an_expired_reservation_leaves_no_record_once_its_error_went_unread(tiny_model_dir):
     transfer = KVTransferConfig("inprocess", reservation_timeout_s=0.5)
     decode = DecodeWorker(_config(tiny_model_dir), transfer)
+    reader = ChannelReader(decode)
     try:
-        assert decode.reserve(_request("lost")).granted  # its pages never come, nor a stream
+        assert decode.reserve(_request("lost")).granted  # its pages never come; nobody reads
         assert _wait_until(lambda: _used(decode) == 0, 3)  # expired
-        assert _open_streams(decode) == 1  # its error may still be streamed a while
-        assert _wait_until(lambda: _open_streams(decode) == 0, 0.5 + 1.0)
+        # the record goes with the final event's send, read or not: no grace to wait out
+        assert _wait_until(lambda: _open_streams(decode) == 0, 1.0)
+        [event] = reader.items(decode, "lost")  # the coordinator still gets it, from its socket
+        assert event.finish_reason == FinishReason.ERROR and "did not arrive" in event.error
+        assert decode.channel.num_dropped_events == 0
     finally:
+        reader.close()
         _stop(decode)
 
 
-def test_a_request_that_finished_before_its_stream_call_is_still_streamed(tiny_model_dir):
+def test_a_request_that_finished_before_its_coordinator_read_is_still_delivered(tiny_model_dir):
     transfer = KVTransferConfig("inprocess", reservation_timeout_s=1.0)
     prefill = PrefillWorker(_config(tiny_model_dir), transfer)
     decode = DecodeWorker(_config(tiny_model_dir), transfer)
+    reader = ChannelReader(prefill, decode)
     try:
         reservation = decode.reserve(_request("r", max_new_tokens=2))
         assert reservation.granted
         target = HandoffTarget.from_reservation(reservation, 2)
-        items = _collect(prefill.prefill(_request("r", max_new_tokens=2), target))
+        assert prefill.prefill(_request("r", max_new_tokens=2), target).accepted
+        items = reader.items(prefill, "r")
         assert isinstance(items[-1], HandoffResult) and items[-1].ok
         assert _wait_until(lambda: "r" not in decode.engine.requests, 3)  # done on its 1st step
-        time.sleep(0.5)  # the coordinator is slow to call stream
-        events = _collect(decode.stream("r"))
+        assert _open_streams(decode) == 0 and _used(decode) == 0  # held by nobody but the socket
+        time.sleep(0.5)  # the coordinator is slow to read
+        events = reader.items(decode, "r")
         assert [e.finish_reason for e in events] == [FinishReason.LENGTH]
-        assert _open_streams(decode) == 0 and _used(decode) == 0
         assert _open_streams(prefill) == 0
     finally:
+        reader.close()
         _stop(prefill, decode)
 
 
-def test_a_second_stream_of_one_request_is_refused(tiny_model_dir):
-    decode = DecodeWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
+def test_a_gone_coordinators_requests_are_aborted_and_it_is_told_on_return(
+    tiny_model_dir, monkeypatch
+):
+    """A coordinator that disconnects mid-generation: the worker's next sends to it fail (counted
+    drops, never a blocked engine thread), housekeeping aborts its requests (``take_lagging``),
+    freeing their blocks; when it attaches again, its next message names the lost request."""
+    worker = ColocatedWorker(_config(tiny_model_dir))
+    step = worker.engine.step
+
+    def slow_step():  # 200 tokens take 2 s: it is still generating when its coordinator goes
+        time.sleep(0.01)
+        return step()
+
+    monkeypatch.setattr(worker.engine, "step", slow_step)
+    reader = ChannelReader(worker)
     try:
-        assert decode.reserve(_request("r")).granted
-        first = decode.stream("r")
-        reader = threading.Thread(target=lambda: list(first), daemon=True)
-        reader.start()
-        assert _wait_until(lambda: phase_of(decode.requests, "r") == Phase.STREAMING, 3)
-        [second] = _collect(decode.stream("r"))
-        assert second.finish_reason == FinishReason.ERROR and "streamed already" in second.error
-        decode.abort("r")  # the first stream ends on the abort's event and drops the queue
-        reader.join(5)
-        assert not reader.is_alive() and _open_streams(decode) == 0
+        assert worker.generate(_request("r", max_new_tokens=200)).accepted
+        assert reader.take(worker, "r", 5)  # it is generating
+        reader.detach(worker)
+        assert _wait_until(lambda: _open_streams(worker) == 0, 3)  # aborted
+        assert _wait_until(lambda: _used(worker) == 0, 1)
+        assert "r" not in worker.engine.requests
+        dropped = worker.channel.num_dropped_events
+        assert 0 < dropped < 200 and worker.load().num_dropped_events == dropped
+        assert OWNER not in worker.channel.attached  # unreachable: it must say hello again
+        assert worker.generate(_request("r2", max_new_tokens=2)) == Submitted.unattached(
+            worker.channel.endpoint
+        )
+        reader.attach(worker)
+        assert worker.generate(_request("r2", max_new_tokens=2)).accepted
+        assert reader.items(worker, "r2")[-1].finish_reason == FinishReason.LENGTH
+        assert reader.lost(worker) == {"r"}  # its coordinator ends it at once
     finally:
-        _stop(decode)
+        reader.close()
+        _stop(worker)
 
 
 # ---- reserve returns within wait_s -------------------------------------------------------------
@@ -148,6 +173,7 @@ def _timed_reserve(worker: DecodeWorker, request: GenerationRequest, wait_s: flo
 
 def test_reserve_returns_within_wait_s_while_the_engine_thread_is_busy(tiny_model_dir):
     decode = DecodeWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
+    reader = ChannelReader(decode)
     release = _block_engine_thread(decode)
     try:
         thread, outcome = _timed_reserve(decode, _request("r"), wait_s=0.3)
@@ -160,11 +186,13 @@ def test_reserve_returns_within_wait_s_while_the_engine_thread_is_busy(tiny_mode
         release.set()
     assert _wait_until(lambda: _used(decode) == 0 and _open_streams(decode) == 0, 3)
     assert "r" not in decode.engine.requests  # the late "add" never reserved anything
+    reader.close()
     _stop(decode)
 
 
 def test_a_waiter_given_up_on_is_never_granted_later(tiny_model_dir):
     decode = DecodeWorker(_config(tiny_model_dir, num_blocks=4), KVTransferConfig("inprocess"))
+    reader = ChannelReader(decode)
     try:
         assert decode.reserve(_request("hog", 12)).granted  # every block
         thread, outcome = _timed_reserve(decode, _request("late"), wait_s=0.5)
@@ -182,6 +210,7 @@ def test_a_waiter_given_up_on_is_never_granted_later(tiny_model_dir):
         assert "late" not in decode.engine.requests
         assert _used(decode) == 0 and _open_streams(decode) == 0
     finally:
+        reader.close()
         _stop(decode)
 
 
@@ -201,15 +230,18 @@ def test_a_sender_raising_anything_fails_the_handoff_and_frees_the_blocks(tiny_m
         raise _Boom("socket in a bad state")
 
     prefill.sender.send = send  # type: ignore[method-assign]
+    reader = ChannelReader(prefill, decode)
     try:
         assert decode.reserve(_request("r")).granted
-        items = _collect(prefill.prefill(_request("r"), HandoffTarget(decode.receiver.endpoint, 6)))
+        assert prefill.prefill(_request("r"), HandoffTarget(decode.receiver.endpoint, 6)).accepted
+        items = reader.items(prefill, "r")
         assert isinstance(items[-1], HandoffResult) and not items[-1].ok
         assert items[-1].error == "KV hand-off failed: _Boom: socket in a bad state"
         assert _wait_until(lambda: _used(prefill) == 0, 3)
         assert _open_streams(prefill) == 0
         decode.abort("r")
     finally:
+        reader.close()
         _stop(prefill, decode)
 
 
@@ -322,10 +354,12 @@ def test_an_event_hook_error_does_not_stop_the_engine_thread(tiny_model_dir):
         raise RuntimeError("hook bug")
 
     decode.on_events = failing  # type: ignore[method-assign]
+    reader = ChannelReader(decode)
     try:
         assert decode.reserve(_request("r")).granted
         decode.abort("r")
         assert _wait_until(lambda: bool(calls), 3)
         assert decode.loop.call(lambda e: "alive").result(timeout=3) == "alive"
     finally:
+        reader.close()
         _stop(decode)

@@ -1,5 +1,7 @@
-"""Worker classes driven in-process (no Ray): hand-off over the real transports, and the
-failure paths that must free blocks on both sides."""
+"""Worker classes driven in-process (no Ray), their events read on their real token channels:
+hand-off over the real transports, and the failure paths that must free blocks on both sides; a
+request of a coordinator not attached to a worker's channel is not taken, nor is a request id
+already in use."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from engine.config import KVTransferConfig, SchedulerConfig
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason, RequestStatus
 from prefill_worker.worker import PrefillWorker
+from tests.support.channel_reader import ChannelReader
 from tests.support.inprocess_workers import (
     HANDOFFS,
     _assert_freed,
@@ -23,7 +26,8 @@ from tests.support.inprocess_workers import (
     _stop,
     _used,
 )
-from workers.contracts import HandoffResult, HandoffTarget, WorkerIdentity
+from workers.colocated import ColocatedWorker
+from workers.contracts import HandoffResult, HandoffTarget, Reservation, Submitted, WorkerIdentity
 
 
 @pytest.fixture(params=list(HANDOFFS))
@@ -39,33 +43,37 @@ def pair(handoff, tiny_model_dir):
     )
     prefill = PrefillWorker(_config(tiny_model_dir), transfer)
     decode = DecodeWorker(_config(tiny_model_dir), transfer)
-    yield prefill, decode
-    for worker in (prefill, decode):
-        worker.loop.stop()
-    decode.receiver.close()
-    prefill.sender.close()
+    reader = ChannelReader(prefill, decode)
+    yield prefill, decode, reader
+    reader.close()
+    _stop(prefill, decode)
 
 
 def test_handoff_then_decode(pair, handoff):
-    prefill, decode = pair
+    prefill, decode, reader = pair
     reservation = decode.reserve(_request("r"))
     assert reservation.granted
-    items = list(prefill.prefill(_request("r"), HandoffTarget.from_reservation(reservation, 6)))
+    target = HandoffTarget.from_reservation(reservation, 6)
+    assert prefill.prefill(_request("r"), target) == Submitted(
+        True, channel=prefill.channel.endpoint
+    )
+    items = reader.items(prefill, "r")
     assert isinstance(items[0], TokenEvent) and items[0].token_id is not None
     assert isinstance(items[-1], HandoffResult) and items[-1].ok and items[-1].num_bytes > 0
     assert prefill.num_handoffs_by_path() == {HANDOFFS[handoff][1]: 1}
-    events = list(decode.stream("r"))
+    events = reader.items(decode, "r")
     assert len(events) == 5 and events[-1].finish_reason == FinishReason.LENGTH
     _assert_freed(prefill)
     assert _used(decode) == 0
 
 
 def test_transfer_to_a_dead_endpoint_frees_the_prefill_blocks(pair, handoff):
-    prefill, _ = pair
+    prefill, _, reader = pair
     dead = {"zmq": "tcp://127.0.0.1:9", "grpc": "127.0.0.1:9", "inprocess": "inprocess://gone"}
     endpoint = dead[HANDOFFS[handoff][0][0]]
     start = time.monotonic()
-    items = list(prefill.prefill(_request("r"), HandoffTarget(endpoint, 6)))
+    assert prefill.prefill(_request("r"), HandoffTarget(endpoint, 6)).accepted
+    items = reader.items(prefill, "r")
     assert isinstance(items[-1], HandoffResult) and not items[-1].ok
     assert "KV hand-off failed" in items[-1].error
     assert time.monotonic() - start < 5
@@ -73,21 +81,26 @@ def test_transfer_to_a_dead_endpoint_frees_the_prefill_blocks(pair, handoff):
 
 
 def test_pages_that_never_arrive_free_the_reservation(pair):
-    _, decode = pair
+    _, decode, reader = pair
     assert decode.reserve(_request("lost", 20)).granted
     assert _used(decode) > 0
-    events = list(decode.stream("lost"))  # ends when the reservation expires (1 s here)
+    events = reader.items(decode, "lost")  # ends when the reservation expires (1 s here)
     assert events[-1].finish_reason == FinishReason.ERROR
     assert "did not arrive" in events[-1].error
     assert _used(decode) == 0
 
 
 def test_abort_before_the_pages_arrive_refuses_them(pair):
-    prefill, decode = pair
+    prefill, decode, reader = pair
     reservation = decode.reserve(_request("r"))
     assert reservation.granted
     decode.abort("r")
-    items = list(prefill.prefill(_request("r"), HandoffTarget.from_reservation(reservation, 6)))
+    assert len(decode.requests) == 0  # an aborted request's record is gone
+    # its abort event may have gone out before the record went; nothing else does
+    assert all(e.finish_reason == FinishReason.ABORT for e in reader.pending(decode))
+    target = HandoffTarget.from_reservation(reservation, 6)
+    assert prefill.prefill(_request("r"), target).accepted
+    items = reader.items(prefill, "r")
     assert isinstance(items[-1], HandoffResult) and not items[-1].ok
     assert "no reservation" in items[-1].error
     _assert_freed(prefill)
@@ -96,6 +109,7 @@ def test_abort_before_the_pages_arrive_refuses_them(pair):
 
 def test_full_decode_worker_grants_waiting_handoffs_by_priority(tiny_model_dir):
     decode = _decode_worker(tiny_model_dir)
+    reader = ChannelReader(decode)
     try:
         assert decode.reserve(_request("hog", 12)).granted  # every block
         granted: list[str] = []
@@ -114,6 +128,7 @@ def test_full_decode_worker_grants_waiting_handoffs_by_priority(tiny_model_dir):
             thread.join(timeout=10)
         assert sorted(granted) == ["p1-late", "p5-first"]  # the later priority-5 one waits
     finally:
+        reader.close()
         _stop(decode)
 
 
@@ -127,6 +142,7 @@ def test_refusal_reason_is_worked_out_on_the_engine_thread(tiny_model_dir):
         return reason(num_prompt_tokens)
 
     decode.engine.importer.reservation_refusal = recording
+    reader = ChannelReader(decode)
     try:
         assert decode.reserve(_request("hog", 12)).granted
         refused = decode.reserve(_request("late", 5), wait_s=0.2)
@@ -136,34 +152,39 @@ def test_refusal_reason_is_worked_out_on_the_engine_thread(tiny_model_dir):
         assert decode.abort("hog") and not decode.abort("late")
         assert _used(decode) == 0 and decode.load().num_open_streams == 0
     finally:
+        reader.close()
         _stop(decode)
 
 
 def test_pages_are_acknowledged_while_the_engine_thread_is_busy(tiny_model_dir):
     prefill = PrefillWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
     decode = _decode_worker(tiny_model_dir, num_blocks=64)
+    reader = ChannelReader(prefill, decode)
+    go_on = threading.Event()
     try:
         reservation = decode.reserve(_request("r"))
         assert reservation.granted
-        busy, go_on = threading.Event(), threading.Event()
+        busy = threading.Event()
         decode.loop.call(lambda engine: busy.set() or go_on.wait(10))  # a long "decode step"
         assert busy.wait(5)
-        items = list(prefill.prefill(_request("r"), HandoffTarget.from_reservation(reservation, 6)))
+        target = HandoffTarget.from_reservation(reservation, 6)
+        assert prefill.prefill(_request("r"), target).accepted
+        items = reader.items(prefill, "r")
         assert items[-1].ok  # acknowledged: the pages are in the reserved blocks already
         assert decode.engine.requests["r"].status == RequestStatus.RECEIVING
         go_on.set()
-        events = list(decode.stream("r"))
+        events = reader.items(decode, "r")
         assert len(events) == 5 and events[-1].finish_reason == FinishReason.LENGTH
         assert _used(decode) == 0
     finally:
         go_on.set()
-        _stop(decode)
-        prefill.loop.stop()
-        prefill.sender.close()
+        reader.close()
+        _stop(decode, prefill)
 
 
 def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir):
     decode = _decode_worker(tiny_model_dir)
+    reader = ChannelReader(decode)
     try:
         assert decode.reserve(_request("r")).granted
         load, identity = decode.load(), decode.ready()
@@ -197,10 +218,15 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "kernel_isa",
             "num_leases_expired",
             "requests_by_owner",
+            "num_dropped_events",
         ]
         assert instance["role"] == "decode" and instance["num_free_blocks"] == 2
+        assert instance["requests_by_owner"] == {reader.owner: 1}
+        assert instance["num_open_streams"] == 1 and instance["num_dropped_events"] == 0
+        assert identity.token_channel == decode.channel.endpoint
         decode.abort("r")
     finally:
+        reader.close()
         _stop(decode)
 
 
@@ -228,13 +254,82 @@ def test_migrated_request_one_token_short_of_its_limit_ends_on_prefill(tiny_mode
     the limit is past the engine's own (a disaggregated ``maxIterTimes + 1``)."""
     config = replace(_config(tiny_model_dir), scheduler=SchedulerConfig(max_iter_times=8))
     prefill = PrefillWorker(config, KVTransferConfig("inprocess"))
+    reader = ChannelReader(prefill)
     try:
         request = _request("r").continued("r-m1", range(20, 20 + limit - 1))
-        items = list(prefill.prefill(request, HandoffTarget.nowhere(limit)))
+        assert prefill.prefill(request, HandoffTarget.nowhere(limit)).accepted
+        items = reader.items(prefill, "r-m1")
         assert len(items) == 1 and isinstance(items[0], TokenEvent)
         assert items[0].finish_reason == FinishReason.LENGTH
         assert items[0].num_output_tokens == limit
         _assert_freed(prefill)
+        assert len(prefill.requests) == 0  # its record went with its final event
     finally:
-        prefill.loop.stop()
-        prefill.sender.close()
+        reader.close()
+        _stop(prefill)
+
+
+# ---- who may send requests ---------------------------------------------------------------------
+
+
+def test_a_coordinator_not_attached_is_told_the_channel_and_nothing_is_queued(tiny_model_dir):
+    """``generate``/``prefill`` answer ``Submitted.unattached``, ``reserve`` a reservation naming
+    the channel: nothing is held, no block used; once attached, the same call is taken."""
+    prefill = PrefillWorker(_config(tiny_model_dir), KVTransferConfig("inprocess"))
+    decode = _decode_worker(tiny_model_dir)
+    colocated = ColocatedWorker(_config(tiny_model_dir))
+    reader = ChannelReader()
+    try:
+        request = _request("r")
+        for worker, answer in [
+            (prefill, prefill.prefill(request)),
+            (decode, decode.generate(request)),
+            (colocated, colocated.generate(request)),
+        ]:
+            assert answer == Submitted.unattached(worker.channel.endpoint)
+            assert not answer.accepted and answer.channel == worker.channel.endpoint
+        refused = decode.reserve(request)
+        assert refused == Reservation.unattached(decode.channel.endpoint)
+        assert not refused.granted and refused.endpoint == "" and refused.token == ""
+        for worker in (prefill, decode, colocated):
+            assert len(worker.requests) == 0 and _used(worker) == 0
+            assert worker.live_coordinators() == []  # an unattached call renews no lease
+
+        stranger = ChannelReader(colocated, owner="another-coordinator")  # attached, not as us
+        assert colocated.generate(request) == Submitted.unattached(colocated.channel.endpoint)
+        reader.attach(colocated)
+        assert colocated.generate(request).accepted
+        events = reader.items(colocated, "r")
+        assert events[-1].finish_reason == FinishReason.LENGTH
+        assert stranger.pending(colocated) == []  # another coordinator's events never go there
+        stranger.close()
+    finally:
+        reader.close()
+        _stop(prefill, decode, colocated)
+
+
+def test_a_request_id_in_use_is_refused_and_the_first_goes_on(tiny_model_dir):
+    decode = _decode_worker(tiny_model_dir, num_blocks=64)
+    colocated = ColocatedWorker(_config(tiny_model_dir))
+    reader = ChannelReader(decode, colocated)
+    try:
+        assert decode.reserve(_request("r")).granted
+        again = decode.reserve(_request("r"))
+        assert not again.granted and again.reason == "request id 'r' is already in use"
+        assert decode.generate(_request("r")) == Submitted(
+            False, "request id 'r' is already in use"
+        )
+        assert decode.load().requests_by_owner == {reader.owner: 1}
+        assert decode.abort("r") and len(decode.requests) == 0
+
+        assert colocated.generate(_request("c")).accepted
+        assert colocated.generate(_request("c")) == Submitted(
+            False, "request id 'c' is already in use"
+        )
+        events = reader.items(colocated, "c")  # the first one's stream, whole and alone
+        assert len(events) == 6 and events[-1].finish_reason == FinishReason.LENGTH
+        assert reader.pending(colocated) == []
+        assert len(colocated.requests) == 0 and len(decode.requests) == 0
+    finally:
+        reader.close()
+        _stop(decode, colocated)

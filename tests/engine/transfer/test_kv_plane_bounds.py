@@ -26,7 +26,6 @@ from engine.transfer.codec import encode_header
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.security import transfer_credentials
 from tests.support.kv_pairs import PROMPT, Pair, _exported, _raw_send, _refused, _request
-from tests.support.worker_streams import collect
 
 OFF_LOOPBACK = {"kv_encryption": "off", "kv_host": "10.0.0.7"}
 
@@ -157,7 +156,7 @@ def test_the_output_limit_and_cached_tokens_are_the_reservations(pair, tiny_load
         sender.send(pair.endpoint, payload, timeout=5.0)
     finally:
         sender.close()
-    events = collect(pair.decode.stream("r"))
+    events = pair.reader.items(pair.decode, "r")
     assert len(events) == 5  # 6 outputs, the first made on the prefill side
     assert {e.num_cached_tokens for e in events} <= set(range(len(PROMPT) + 1))
 

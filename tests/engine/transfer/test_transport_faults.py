@@ -26,8 +26,9 @@ from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferH
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
 from prefill_worker.worker import PrefillWorker
+from tests.support.channel_reader import OWNER, ChannelReader
+from tests.support.inprocess_workers import _stop
 from tests.support.transport_recorder import num_connections
-from tests.support.worker_streams import collect as _collect
 from tests.support.worker_streams import wait_until as _wait_until
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget
 from workers.faults import FAULT_INJECTION_ENV
@@ -44,7 +45,7 @@ def _config(model_dir) -> EngineConfig:
 
 def _request(request_id: str) -> GenerationRequest:
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    return GenerationRequest(request_id, range(5, 10), params)
+    return GenerationRequest(request_id, range(5, 10), params, owner=OWNER)
 
 
 @pytest.fixture(params=list(SOCKETS))
@@ -59,11 +60,10 @@ def pair(request, tiny_model_dir, monkeypatch):
     )
     prefill = PrefillWorker(_config(tiny_model_dir), transfer)
     decode = DecodeWorker(_config(tiny_model_dir), transfer)
-    yield prefill, decode
-    for worker in (prefill, decode):
-        worker.loop.stop()
-    decode.receiver.close()
-    prefill.sender.close()
+    reader = ChannelReader(prefill, decode)
+    yield prefill, decode, reader
+    reader.close()
+    _stop(prefill, decode)
 
 
 def _used(worker: Any) -> int:
@@ -85,19 +85,18 @@ def test_fault_injection_needs_its_environment_switch(tiny_model_dir, monkeypatc
         assert decode.inject_fault("break_transport", 2) == 2
         assert decode.inject_fault("break_transport") == 3
     finally:
-        decode.loop.stop()
-        decode.receiver.close()
+        _stop(decode)
 
 
 def test_a_transport_broken_mid_transfer_fails_the_handoff_and_frees_both_sides(pair):
-    prefill, decode = pair
+    prefill, decode, reader = pair
     reservation = decode.reserve(_request("broken"))
     assert reservation.granted
     assert decode.inject_fault("break_transport", 1) == 1
     start = time.monotonic()
-    items = _collect(
-        prefill.prefill(_request("broken"), HandoffTarget.from_reservation(reservation, 6))
-    )
+    target = HandoffTarget.from_reservation(reservation, 6)
+    assert prefill.prefill(_request("broken"), target).accepted
+    items = reader.items(prefill, "broken")
     seconds = time.monotonic() - start
     result = items[-1]
     assert isinstance(result, HandoffResult) and not result.ok
@@ -105,18 +104,17 @@ def test_a_transport_broken_mid_transfer_fails_the_handoff_and_frees_both_sides(
     assert seconds < TRANSFER_TIMEOUT_S + 1.0
     assert _wait_until(lambda: _used(prefill) == 0, 3)
     assert _wait_until(lambda: _used(decode) == 0, 3)  # not left to the 60 s expiry
-    [event] = _collect(decode.stream("broken"))
+    [event] = reader.items(decode, "broken")
     assert event.finish_reason == FinishReason.ERROR and "KV transfer broke" in event.error
     assert decode.load().num_open_streams == 0
 
     # the transport recovers: the next hand-off goes through
     reservation = decode.reserve(_request("next"))
     assert reservation.granted
-    items = _collect(
-        prefill.prefill(_request("next"), HandoffTarget.from_reservation(reservation, 6))
-    )
-    assert items[-1].ok
-    events = _collect(decode.stream("next"))
+    target = HandoffTarget.from_reservation(reservation, 6)
+    assert prefill.prefill(_request("next"), target).accepted
+    assert reader.items(prefill, "next")[-1].ok
+    events = reader.items(decode, "next")
     assert events[-1].finish_reason == FinishReason.LENGTH
     assert num_connections(prefill.sender) == 1
     assert _used(decode) == 0 and decode.load().num_open_streams == 0
