@@ -231,7 +231,7 @@ class Cluster:
                 await self.fleet.attach(key)
         answer = await call()
         if answer.channel and not _accepted(answer):
-            await self.fleet.attach(key, answer.channel)
+            await self.fleet.attach(key, answer.channel, refused=True)
             answer = await call()
         return answer
 

@@ -139,12 +139,17 @@ class DecodeWorker(HandoffWorker):
             self._waiting.grant(self.engine)  # blocks were freed: serve waiting hand-offs
 
     def abort(self, request_id: str) -> bool:
-        def abort(engine: LLMEngine) -> bool:
-            return self._waiting.cancel(request_id) or engine.abort(request_id)
+        """As a worker's, a reservation still waiting for blocks included (no event: its
+        ``reserve`` answers the refusal)."""
 
-        aborted = self.loop.call(abort).result()
-        self.requests.close(request_id)
-        return aborted
+        def abort(engine: LLMEngine) -> bool:
+            if engine.abort(request_id):
+                return True
+            cancelled = self._waiting.cancel(request_id)
+            self.requests.close(request_id)
+            return cancelled
+
+        return self.loop.call(abort).result()
 
     def inject_fault(self, kind: str, count: int = 1) -> int:
         """Chaos tests only, with ``PDSERVE_FAULT_INJECTION=1`` in this worker's environment:

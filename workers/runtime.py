@@ -87,6 +87,7 @@ class WorkerRuntime:
         thread)."""
         doomed = []
         for owner in self.leases.take_expired():
+            self.channel.forget(owner)
             owned = self.requests.owned_by(owner)
             log.warning("coordinator %s's lease lapsed: %d requests aborted", owner, len(owned))
             doomed.extend(owned)
@@ -192,9 +193,17 @@ class WorkerRuntime:
         )
 
     def abort(self, request_id: str) -> bool:
-        aborted = self.loop.call(lambda e: e.abort(request_id)).result()
-        self.requests.close(request_id)
-        return aborted
+        """End ``request_id`` here: its abort event, sent at the next step, ends its record
+        (and its coordinator's stream); one the engine no longer holds is forgotten at once.
+        Both on the engine thread, so no step sends between them."""
+
+        def abort(engine: LLMEngine) -> bool:
+            if engine.abort(request_id):
+                return True
+            self.requests.close(request_id)
+            return False
+
+        return self.loop.call(abort).result()
 
     def report(self, owner: str, kv_epoch: str = "", kv_seq: int = -1) -> WorkerReport:
         """The load poll of coordinator ``owner``: renews its lease, and returns this worker's

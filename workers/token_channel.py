@@ -137,6 +137,12 @@ class TokenSender:
         self.num_dropped_messages += 1
         self.num_dropped_events += len(request_ids)
 
+    def forget(self, owner: str) -> None:
+        """Drop what is kept for ``owner`` (its lease lapsed: it is gone for good)."""
+        with self._lock:
+            for table in (self._lost, self._lagging):
+                table.pop(owner, None)
+
     def take_lagging(self) -> dict[str, set[str]]:
         """The requests of each owner whose events were dropped since the last call (the caller
         aborts them)."""

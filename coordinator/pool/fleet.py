@@ -317,13 +317,16 @@ class Fleet:
             self._attaching.clear()
         return self._streams
 
-    async def attach(self, key: WorkerKey, endpoint: str = "") -> None:
+    async def attach(self, key: WorkerKey, endpoint: str = "", refused: bool = False) -> None:
         """Attach to worker ``key``'s token channel at ``endpoint`` (by default the one its
-        identity names), unless attached there already; TokenChannelError if it does not
-        come up."""
+        identity names), unless attached there already; ``refused``: the worker said we are
+        not (say hello again on a channel up there). TokenChannelError if it does not come
+        up."""
         endpoint = endpoint or self.identities[key].token_channel
         async with self._attaching[key]:
             if self.streams.connected(key) and self.streams.endpoint_of(key) == endpoint:
+                if refused:
+                    await self.streams.hello(key)
                 return
             await self.streams.connect(key, endpoint, self._channel_keys.get(key[0]))
 

@@ -160,6 +160,18 @@ class TokenStreams:
             if channel.welcomed.is_set():
                 self.worker_lost(worker, "worker failed: its token channel was closed")
 
+    async def hello(self, worker: WorkerKey, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Say hello again on ``worker``'s channel (the worker no longer counts us attached)
+        and wait for its welcome (TokenChannelError past ``timeout_s``)."""
+        channel = self._channels[worker]
+        channel.welcomed.clear()
+        await channel.socket.send(encode(HelloMsg(self.coordinator_id)))
+        try:
+            await asyncio.wait_for(channel.welcomed.wait(), timeout_s)
+        except TimeoutError:
+            message = f"no welcome from {worker} in {timeout_s} s{channel.refusal}"
+            raise TokenChannelError(message) from None
+
     def endpoint_of(self, worker: WorkerKey) -> str:
         """The endpoint ``worker``'s channel connects to ("" without one)."""
         channel = self._channels.get(worker)
