@@ -56,7 +56,10 @@ class TokenStream:
         return True
 
     def end(self, event: TokenEvent) -> None:
-        """Queue the final ``event`` (past the bound: it is the last one)."""
+        """Queue the final ``event`` (past the bound: it is the last one), unless the stream
+        has its final item already (then ``event`` is dropped: a stream ends once)."""
+        if self.ended:
+            return
         self._events.append(event)
         self.ended = True
         self._ready.set()

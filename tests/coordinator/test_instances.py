@@ -5,17 +5,24 @@ actor). A real Coordinator (fleet, router, manage app) over in-process fake acto
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+
+import pytest
 
 from coordinator.server import Coordinator
 from tests.support.coordinator_configs import config_with, get
-from tests.support.fake_actors import FakeWorker
+from tests.support.fake_actors import FakeWorker, close_fleet, install
 
 
-def _coordinator() -> tuple[Coordinator, list[FakeWorker]]:
+@pytest.fixture
+def coordinator() -> Iterator[tuple[Coordinator, list[FakeWorker]]]:
+    """A coordinator whose fleet is a prefill and a decode fake, each asked ``ready`` once (as
+    at start); their token channels closed after the test."""
     coordinator = Coordinator(config_with())
     workers = [FakeWorker("prefill", 0), FakeWorker("decode", 0)]
-    coordinator.fleet.prefills, coordinator.fleet.decodes = [workers[0]], [workers[1]]
-    return coordinator, workers
+    install(coordinator.fleet, prefills=[workers[0]], decodes=[workers[1]])
+    yield coordinator, workers
+    close_fleet(coordinator.fleet)
 
 
 def _polled_instances(coordinator: Coordinator, polls: int = 1) -> list[dict]:
@@ -24,8 +31,8 @@ def _polled_instances(coordinator: Coordinator, polls: int = 1) -> list[dict]:
     return get(coordinator.manage_app(), "/v1/instances").json()["instances"]
 
 
-def test_instances_carry_each_workers_identity_asked_once():
-    coordinator, workers = _coordinator()
+def test_instances_carry_each_workers_identity_asked_once(coordinator):
+    coordinator, workers = coordinator
     instances = _polled_instances(coordinator, polls=3)
     assert [(i["role"], i["pid"], i["node_ip"]) for i in instances] == [
         ("prefill", 1, "10.0.0.1"),
@@ -35,8 +42,8 @@ def test_instances_carry_each_workers_identity_asked_once():
     assert [worker.num_ready for worker in workers] == [1, 1]  # not once per poll
 
 
-def test_instances_after_a_worker_restart_carry_the_new_process():
-    coordinator, (prefill, decode) = _coordinator()
+def test_instances_after_a_worker_restart_carry_the_new_process(coordinator):
+    coordinator, (prefill, decode) = coordinator
     before = _polled_instances(coordinator)
     decode.restart()
     after = _polled_instances(coordinator, polls=2)
@@ -47,3 +54,5 @@ def test_instances_after_a_worker_restart_carry_the_new_process():
     }
     assert (prefill.num_ready, decode.num_ready) == (1, 2)
     assert coordinator.fleet.identity(coordinator.router.view.latest_loads[1]).pid == 2
+    streams = coordinator.fleet._streams  # the last poll's loop's: attached to the new channel
+    assert streams is not None and streams.endpoint_of(("decode", 0)) == decode.sender.endpoint

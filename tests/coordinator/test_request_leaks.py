@@ -30,7 +30,7 @@ from coordinator.routing.config import RoutingConfig
 from coordinator.routing.worker_state import STALE_GRACE_S
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from tests.support.fake_actors import MAX_NEW, FakeWorker
+from tests.support.fake_actors import MAX_NEW, FakeWorker, close_fleet, install
 from workers.contracts import GenerationRequest
 
 REQUEST_ID = "req-leak-7f3a"
@@ -89,12 +89,11 @@ def _fields(value: Any) -> dict[str, Any]:
 def _service(mode: str, behaviour: str | None, **options: Any) -> InferenceService:
     deploy_mode, routing = MODES[mode]
     cluster = Cluster(ClusterConfig(deploy_mode=deploy_mode))
-    workers = [FakeWorker("decode", i, behaviour) for i in range(2)]
     if deploy_mode == "single_node":
-        cluster.fleet.colocated = [FakeWorker("colocated", i, behaviour) for i in range(2)]
+        install(cluster.fleet, colocated=[FakeWorker("colocated", i, behaviour) for i in range(2)])
     else:
-        fleet = cluster.fleet
-        fleet.prefills, fleet.decodes = [FakeWorker("prefill", i) for i in range(2)], workers
+        prefills = [FakeWorker("prefill", i) for i in range(2)]
+        install(cluster.fleet, prefills, [FakeWorker("decode", i, behaviour) for i in range(2)])
     router = Router(cluster.fleet, routing=routing)
     return InferenceService(cluster, router, 10, 2, Timeouts(**options), Metrics("m"))
 
@@ -112,12 +111,20 @@ async def _first_token(service: InferenceService) -> None:
     """Wait until the request streamed a token and stalls, decoding on the worker it names;
     meanwhile the search finds its run (in the registry)."""
     deadline = time.monotonic() + 10
-    while not (REQUEST_ID in service.runs and service.runs[REQUEST_ID].output_token_ids):
-        assert time.monotonic() < deadline, "no first token within 10 s"
+    while not _decoding(service):
+        assert time.monotonic() < deadline, "not decoding after a first token within 10 s"
         await asyncio.sleep(0.001)
     run = service.runs[REQUEST_ID]
     assert run.phase == RunPhase.DECODING and [w.role for w in run.workers] in DECODE_SIDE
     assert any(".runs[" in path for path in references(service, REQUEST_ID))
+
+
+def _decoding(service: InferenceService) -> bool:
+    """Whether the request streamed a token and went on to decode (in ``pd_separate`` the
+    prefill worker's hand-off result comes on its channel after that token: until it has been
+    read the run is still handing off)."""
+    run = service.runs.get(REQUEST_ID)
+    return run is not None and bool(run.output_token_ids) and run.phase == RunPhase.DECODING
 
 
 async def _finish(service: InferenceService) -> None:
@@ -186,15 +193,17 @@ def _sample(metrics: Metrics, name: str, **labels: str) -> float:
 def test_an_ended_request_is_named_nowhere(end, mode):
     drive, behaviour, timeouts, reason = ENDS[end]
 
-    async def scenario() -> InferenceService:
-        service = _service(mode, behaviour, **timeouts)
+    async def scenario(service: InferenceService) -> None:
         await service.router.view.refresh()
         await drive(service)
         assert await _settled(service) == []
-        return service
 
-    service = asyncio.run(scenario())
+    service = _service(mode, behaviour, **timeouts)
     fleet = service.cluster.fleet
+    try:
+        asyncio.run(scenario(service))
+    finally:
+        close_fleet(fleet)
     assert all(not w.held for w in [*fleet.prefills, *fleet.decodes, *fleet.colocated])
     assert service.in_flight == 0 and not service.runs
     metrics = service.metrics
@@ -212,8 +221,9 @@ def test_the_search_sees_through_containers_objects_and_tasks():
     async def working_for(request_id: str) -> None:
         await asyncio.sleep(1)
 
+    service = _service("handoff", None)
+
     async def search() -> list[str]:
-        service = _service("handoff", None)
         service.cluster._releases.add(asyncio.ensure_future(working_for(REQUEST_ID)))
         await asyncio.sleep(0)  # the task is under way
         service.router.cache.extra = [{"k": (f"{REQUEST_ID}-m1",)}, Holder()]  # type: ignore
@@ -222,7 +232,11 @@ def test_the_search_sees_through_containers_objects_and_tasks():
             task.cancel()
         return found
 
-    assert asyncio.run(search()) == [
+    try:
+        found = asyncio.run(search())
+    finally:
+        close_fleet(service.cluster.fleet)
+    assert found == [
         "InferenceService.cluster._releases[0]<task locals>['request_id']",
         "InferenceService.router.cache.extra[0]['k'][0]",
         "InferenceService.router.cache.extra[1]",

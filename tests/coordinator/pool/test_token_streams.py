@@ -187,6 +187,21 @@ async def fake_worker(context, steps):
     return router, f"tcp://127.0.0.1:{port}", serve
 
 
+def test_a_stream_ends_once():
+    """A second failure (the caller's, after the channel's) never follows the final item."""
+
+    async def main():
+        streams = TokenStreams("coord")
+        stream = streams.open("r", WORKER)
+        assert streams.worker_lost(WORKER, "the token channel was closed") == 1
+        stream.end(TokenEvent.failure("r", "worker failed", "worker_lost"))
+        events = await read_all(stream)
+        assert [e.error for e in events] == ["the token channel was closed"]
+        await streams.aclose()
+
+    run(main())
+
+
 def test_dropped_events_and_gaps_end_their_requests():
     async def main():
         context = zmq.asyncio.Context()
