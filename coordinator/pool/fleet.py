@@ -323,6 +323,8 @@ class Fleet:
         not (say hello again on a channel up there). TokenChannelError if it does not come
         up."""
         endpoint = endpoint or self.identities[key].token_channel
+        if not endpoint:
+            raise TokenChannelError(f"worker {key} names no token channel")
         async with self._attaching[key]:
             if self.streams.connected(key) and self.streams.endpoint_of(key) == endpoint:
                 if refused:
