@@ -26,6 +26,7 @@ from benchmarks.harness.stats import Goal, bootstrap_interval, judge
 from benchmarks.serving.memory_report import render as render_memory_tables
 from benchmarks.serving.modes_report import render as render_modes_tables
 from benchmarks.serving.served_stream_report import render as render_served_stream_tables
+from benchmarks.serving.served_stream_report import render_headline as render_stream_goals
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -414,6 +415,11 @@ def render_served_stream(data: dict[str, Any]) -> str:
     return render_served_stream_tables(data, provenance(data["_meta"]))
 
 
+def render_served_stream_headline(data: dict[str, Any]) -> str:
+    """The served stream's goals and their verdicts (``served_stream.py``)."""
+    return render_stream_goals(data, provenance(data["_meta"]))
+
+
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -488,6 +494,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "memory": render_memory,
     "replicas": render_replicas,
     "served_stream": render_served_stream,
+    "served_stream:headline": render_served_stream_headline,
 }
 
 

@@ -30,13 +30,23 @@ class StepProbe:
     """A running child engine (module docstring); ``stop`` ends it."""
 
     def __init__(
-        self, model: str, cores: set[int], prompt_tokens: int, new_tokens: int, log: Path
+        self,
+        model: str,
+        cores: set[int],
+        prompt_tokens: int,
+        new_tokens: int,
+        log: Path,
+        spin_count: int = -1,
     ) -> None:
+        """``spin_count``: the OpenMP spin count the worker has (``omp_spin_count``; -1: the
+        runtime's own)."""
         threads = len(cores)
         command = [sys.executable, "-m", "benchmarks.engine.step_probe", "--model", model]
         command += ["--threads", str(threads), "--prompt-tokens", str(prompt_tokens)]
         command += ["--new-tokens", str(new_tokens)]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        if spin_count >= 0:
+            env["GOMP_SPINCOUNT"] = str(spin_count)
         self.cores, self.threads = sorted(cores), threads
         self._log = log.open("w")
         self._process = subprocess.Popen(

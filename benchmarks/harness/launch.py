@@ -41,6 +41,8 @@ FIXED = {
 SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "pd_separate": ("pd_separate", FIXED),
     "single_node": ("single_node", {"stepTargetMs": 0}),
+    # the same with the engine's OpenMP threads spinning 10000 turns, not 300000, once idle
+    "single_node_spin10k": ("single_node", {"stepTargetMs": 0, "omp_spin_count": 10000}),
     "pd_adaptive": ("pd_separate", ADAPTIVE),
 }
 READY_S = 600

@@ -77,6 +77,7 @@ LLAMA_SERVER = "llama_server"
 PROMPT_TOKENS = 100
 DECODING_ACTOR = {
     "single_node": "ray::ColocatedWorker",
+    "single_node_spin10k": "ray::ColocatedWorker",
     "pd_separate": "ray::DecodeWorker",
     "pd_adaptive": "ray::DecodeWorker",
 }
@@ -248,7 +249,8 @@ class Deployments:
             self.pdserve[mode] = (process, ports)
             cores = self._actor_cores(mode, process.pid)
             log = self.workdir / f"probe-{mode}.log"
-            self.probes[mode] = StepProbe(args.model, cores, prompt, args.probe_tokens, log)
+            spin = keys.get("omp_spin_count", -1)
+            self.probes[mode] = StepProbe(args.model, cores, prompt, args.probe_tokens, log, spin)
             given = {"deploy_mode": deploy_mode, "backend_config": keys}
             probe = {"cores": sorted(cores), "threads": len(cores), "prompt_tokens": prompt}
             self.given[mode] = given | {"engine_probe": probe | {"new_tokens": args.probe_tokens}}

@@ -176,6 +176,11 @@ def goal_table(goals: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def render_headline(data: dict[str, Any], header: str = "") -> str:
+    """The goals' verdicts only (the README's front page)."""
+    return "\n".join([*([header, ""] if header else []), *goal_table(data.get("goals", []))])
+
+
 def render(data: dict[str, Any], header: str = "") -> str:
     """The result file as Markdown: ``header`` (the run's provenance), the sides' table and the
     goals' verdicts."""

@@ -79,6 +79,9 @@ class ClusterConfig:
     colocated_resources: ActorResources = field(default_factory=lambda: ActorResources(2.0))
     reservation_wait_s: float = 5.0  # how long a hand-off waits for room on a full decode worker
     pin_cpus: bool = True  # local Ray: give each actor its own cores when they add up
+    # how many busy-wait turns an engine's idle OpenMP threads take before they sleep (GNU
+    # OpenMP's GOMP_SPINCOUNT, set in each worker's environment; 300000 is the runtime's own)
+    omp_spin_count: int = bounded(300_000, 0, 1 << 30, "omp_spin_count")
     generation: bool = True  # False: an embeddings-only cluster (no prefill/decode actors)
     embedding_model_path: str | None = "bundled"  # None: no embedding worker
     embedding_resources: ActorResources = field(default_factory=lambda: ActorResources(0.0))

@@ -241,6 +241,11 @@ SCHEMA["backend_config"] = section(
         "KV cache size of each prefill engine, which holds a prompt only until its pages are "
         "handed off (and its prefix cache), at least the KV of one `maxSeqLen` request; `0`: "
         "`kvCacheMemoryMB`", unit="MiB"),
+    fed("omp_spin_count", "int", cluster("omp_spin_count"), "busy-wait turns an engine's idle "
+        "OpenMP threads take before they sleep (GNU OpenMP's `GOMP_SPINCOUNT`, set in every "
+        "worker's environment): a low count frees the cores between two steps for the "
+        "coordinator and Ray on a small machine, at some cost to waking the threads (the "
+        "default is the runtime's own)"),
     fed("enablePrefixCaching", "bool", engine("cache.enable_prefix_caching"), "engines keep "
         "full KV blocks after their request and reuse them for later prompts with the same "
         "prefix; `false` also turns `digs_scheduler_config.prefix_routing` off"),

@@ -207,6 +207,7 @@ class Fleet:
         env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         if fault_injection_enabled():
             env[FAULT_INJECTION_ENV] = "1"
+        env["GOMP_SPINCOUNT"] = str(self.config.omp_spin_count)
         return (
             ray.remote(cls)
             .options(
