@@ -223,10 +223,11 @@ class Cluster:
             stream.end(TokenEvent.failure(stream.request_id, submitted.error or "not accepted"))
 
     async def _attached(self, key: WorkerKey, call: Callable[[], Awaitable[A]]) -> A:
-        """``call``'s answer, attached first to worker ``key``'s token channel where its
-        identity says when this event loop never was; if the worker says this coordinator is
-        not attached there (it restarted elsewhere), attach where it says and call once more."""
-        if not self.fleet.streams.endpoint_of(key):
+        """``call``'s answer, attached first to worker ``key``'s token channel (where its
+        identity says, unless up already: an attach under way is waited for); if the worker
+        says this coordinator is not attached there (it restarted elsewhere), attach where it
+        says and call once more."""
+        if not self.fleet.streams.connected(key):
             with contextlib.suppress(TokenChannelError):  # a stale identity: the answer says
                 await self.fleet.attach(key)
         answer = await call()

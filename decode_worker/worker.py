@@ -115,7 +115,14 @@ class DecodeWorker(HandoffWorker):
         within ``wait_s`` (the last ``SETTLE_S`` of it for the engine thread to say why)."""
         deadline = time.monotonic() + wait_s
         answer: Future[int | str] = Future()
-        added = self.loop.call(lambda e: self._waiting.add(e, new, token, answer))
+
+        def add(engine: LLMEngine) -> None:
+            if new.request_id in self.requests:  # else aborted before this thread got to it
+                self._waiting.add(engine, new, token, answer)
+            elif not answer.done():
+                answer.set_result("aborted before its blocks were reserved")
+
+        added = self.loop.call(add)
         with contextlib.suppress(TimeoutError):
             return answer.result(timeout=_left(deadline - min(SETTLE_S, wait_s / 2)))
         self.loop.call(lambda e: self._waiting.withdraw(e, new.request_id))
@@ -145,9 +152,7 @@ class DecodeWorker(HandoffWorker):
         def abort(engine: LLMEngine) -> bool:
             if engine.abort(request_id):
                 return True
-            cancelled = self._waiting.cancel(request_id)
-            self.requests.close(request_id)
-            return cancelled
+            return self._waiting.cancel(request_id) | self._forget(request_id)
 
         return self.loop.call(abort).result()
 

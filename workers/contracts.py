@@ -204,7 +204,8 @@ class WorkerLoad:
 
     def to_dict(self, identity: WorkerIdentity) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
-        and from ``identity`` node address, weights, kernels, their formats and instruction set;
+        and from ``identity`` node address, weights, kernels, their formats and instruction set,
+        its token channel's endpoint;
         lapsed leases and the requests held per coordinator."""
         return {
             "role": self.role,
@@ -218,6 +219,7 @@ class WorkerLoad:
             "kernels": dict(identity.kernels),
             "weight_formats": dict(identity.weight_formats),
             "kernel_isa": identity.kernel_isa,
+            "token_channel": identity.token_channel,
             "num_leases_expired": self.num_leases_expired,
             "requests_by_owner": dict(self.requests_by_owner),
             "num_dropped_events": self.num_dropped_events,

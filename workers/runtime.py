@@ -162,7 +162,10 @@ class WorkerRuntime:
         self.requests.open(request.request_id, request.owner, handoff)
 
         def queue_it(engine: LLMEngine) -> None:
-            engine.add_request(new)
+            # an abort that ran first on this thread closed the record: nothing to queue (a
+            # prefill would be held for a hand-off no one takes)
+            if request.request_id in self.requests:
+                engine.add_request(new)
 
         try:
             # a constraint compiles here, on the caller's thread: the engine thread finds it cached
@@ -194,16 +197,22 @@ class WorkerRuntime:
 
     def abort(self, request_id: str) -> bool:
         """End ``request_id`` here: its abort event, sent at the next step, ends its record
-        (and its coordinator's stream); one the engine no longer holds is forgotten at once.
-        Both on the engine thread, so no step sends between them."""
+        (and its coordinator's stream); one the engine does not hold (finished, or sent but
+        not queued yet: it never will be) is forgotten at once, an abort event sent for it if
+        it was still held here. On the engine thread, so no step sends in between."""
 
         def abort(engine: LLMEngine) -> bool:
-            if engine.abort(request_id):
-                return True
-            self.requests.close(request_id)
-            return False
+            return engine.abort(request_id) or self._forget(request_id)
 
         return self.loop.call(abort).result()
+
+    def _forget(self, request_id: str) -> bool:
+        """Drop the record of ``request_id`` that the engine does not hold, telling its
+        coordinator that it ended (aborted); whether there was one."""
+        owner = self.requests.close(request_id)
+        if owner is not None:
+            self.channel.send_step({owner: [TokenEvent.aborted(request_id)]})
+        return owner is not None
 
     def report(self, owner: str, kv_epoch: str = "", kv_seq: int = -1) -> WorkerReport:
         """The load poll of coordinator ``owner``: renews its lease, and returns this worker's

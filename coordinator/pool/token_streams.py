@@ -81,7 +81,8 @@ class _Channel:
         self.socket = socket
         self.monitor: zmq.asyncio.Socket = socket.get_monitor_socket(_MONITORED)
         self.monitor.setsockopt(zmq.LINGER, 0)  # a context's end never waits for its events
-        self.welcomed = asyncio.Event()
+        self.welcomed = asyncio.Event()  # up: welcomed, and not disconnected since
+        self.welcome_came = asyncio.Event()  # set by every welcome (a hello said again)
         self.refusal = ""  # why a welcome was refused (another protocol version)
         self.next_seq = 0
         self.task: asyncio.Task | None = None
@@ -164,10 +165,10 @@ class TokenStreams:
         """Say hello again on ``worker``'s channel (the worker no longer counts us attached)
         and wait for its welcome (TokenChannelError past ``timeout_s``)."""
         channel = self._channels[worker]
-        channel.welcomed.clear()
+        channel.welcome_came.clear()
         await channel.socket.send(encode(HelloMsg(self.coordinator_id)))
         try:
-            await asyncio.wait_for(channel.welcomed.wait(), timeout_s)
+            await asyncio.wait_for(channel.welcome_came.wait(), timeout_s)
         except TimeoutError:
             message = f"no welcome from {worker} in {timeout_s} s{channel.refusal}"
             raise TokenChannelError(message) from None
@@ -228,9 +229,11 @@ class TokenStreams:
             return
         channel.next_seq = msg.next_seq
         channel.welcomed.set()
+        channel.welcome_came.set()
 
     def _deliver(self, channel: _Channel, msg: StepMsg) -> None:
-        if msg.seq != channel.next_seq:
+        # before the welcome (a handed-over connection) the numbers are not ours to check yet
+        if msg.seq != channel.next_seq and channel.welcomed.is_set():
             self.num_gaps += 1
             self._end_all(channel.worker, "token events were lost on the way", "events_lost")
         channel.next_seq = msg.seq + 1

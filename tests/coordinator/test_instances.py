@@ -49,9 +49,11 @@ def test_instances_after_a_worker_restart_carry_the_new_process(coordinator):
     after = _polled_instances(coordinator, polls=2)
     assert after[0] == before[0]
     assert after[1]["pid"] == 2 and after[1]["kernels"] == {"attention_cpu": "cached"}
-    assert {k: v for k, v in after[1].items() if k not in ("pid", "kernels")} == {
-        k: v for k, v in before[1].items() if k not in ("pid", "kernels")
+    process = ("pid", "kernels", "token_channel")  # what a new process has of its own
+    assert {k: v for k, v in after[1].items() if k not in process} == {
+        k: v for k, v in before[1].items() if k not in process
     }
+    assert after[1]["token_channel"] == decode.sender.endpoint != before[1]["token_channel"]
     assert (prefill.num_ready, decode.num_ready) == (1, 2)
     assert coordinator.fleet.identity(coordinator.router.view.latest_loads[1]).pid == 2
     streams = coordinator.fleet._streams  # the last poll's loop's: attached to the new channel

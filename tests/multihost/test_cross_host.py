@@ -89,25 +89,30 @@ def test_greedy_answers_cross_the_bridge(coordinator, ray_hosts, transport, peak
     assert moved > 0 and decode.rx_bytes() - rx_before >= moved  # the pages came in on eth0
 
 
-def _kv_port(ray_hosts: RayOnHosts, coordinator: HostedCoordinator) -> int:
-    """The decode actor's KV endpoint port, read from the sockets it listens on."""
+def _ports(ray_hosts: RayOnHosts, coordinator: HostedCoordinator) -> tuple[int, int]:
+    """The decode actor's KV endpoint port and its token channel's, read from the sockets it
+    listens on on its host's address (nothing else listens there)."""
     (decode,) = [i for i in coordinator.instances() if i["role"] == "decode"]
     host = ray_hosts.bed["decode"]
     listening = host.run(["ss", "-Hltnp"]).stdout
-    ports = [
+    ports = {
         int(m.group(1))
         for line in listening.splitlines()
         if f"pid={decode['pid']}," in line
         and (m := re.search(rf"{re.escape(host.address)}\]?:(\d+)\s", line))
-    ]
-    assert len(ports) == 1, listening
-    return ports[0]
+    }
+    channel = int(decode["token_channel"].rsplit(":", 1)[1])
+    assert decode["token_channel"].startswith(f"tcp://{host.address}:") and channel in ports
+    (kv,) = ports - {channel}
+    return kv, channel
 
 
 def test_the_kv_endpoint_answers_only_the_cluster(coordinator, ray_hosts, transport):
-    """A process on the prefill host without the cluster's credentials gets no answer."""
-    port = _kv_port(ray_hosts, coordinator)
+    """A process on the prefill host without the cluster's credentials gets no answer, from
+    the KV endpoint or from the token channel."""
+    port, channel = _ports(ray_hosts, coordinator)
     address = ray_hosts.bed["decode"].address
+    assert ray_hosts.bed["prefill"].call(lambda: _plain_zmq_answered(address, channel)) is False
     if transport == "zmq":
         assert ray_hosts.bed["prefill"].call(lambda: _plain_zmq_answered(address, port)) is False
     else:

@@ -216,6 +216,7 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "kernels",
             "weight_formats",
             "kernel_isa",
+            "token_channel",
             "num_leases_expired",
             "requests_by_owner",
             "num_dropped_events",
