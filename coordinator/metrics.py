@@ -110,6 +110,7 @@ class Metrics:
             "slow_client_aborts",
             "Requests aborted because their client left too many token events unread",
         )
+        self.slow_clients.labels(self.model_name)  # exported at 0 before the first one
         self.waiting = self._gauge("num_requests_waiting", "Requests before their first token")
 
     def _declare_workers(self) -> None:
