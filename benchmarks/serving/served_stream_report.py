@@ -176,9 +176,37 @@ def goal_table(goals: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+HEADLINE_NAMES = {
+    "tpot_over_engine_step": "served TPOT p50 / the engine's step",
+    "coordinator_cpu_ms_per_token": "coordinator CPU ms per token",
+    "rate_over_engine": "served tokens/s / the engine's rate",
+    "openai_over_llama_server": "tokens/s / llama-server's",
+    "ttft_over_llama_server": "TTFT p50 / llama-server's",
+}
+
+
 def render_headline(data: dict[str, Any], header: str = "") -> str:
-    """The goals' verdicts only (the README's front page)."""
-    return "\n".join([*([header, ""] if header else []), *goal_table(data.get("goals", []))])
+    """The OpenAI door's verdicts, a row per goal and a column per mode (the README's front
+    page; every door's are in the full table)."""
+    goals = [one for one in data.get("goals", []) if one["door"] == "openai"]
+    modes = list(dict.fromkeys(one["mode"] for one in goals))
+    rows: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for one in goals:
+        rows.setdefault((one["goal"], one["n"]), {})[one["mode"]] = one
+    lines = [
+        f"| goal, `/v1/completions` | N | bound | {' | '.join(f'`{m}`' for m in modes)} |",
+        "|---|---|---|" + "---|" * len(modes),
+    ]
+    for (goal, n), by_mode in rows.items():
+        bound = next(iter(by_mode.values()))["bound"]
+        cells = [_verdict_cell(by_mode[m]) if m in by_mode else "-" for m in modes]
+        lines.append(f"| {HEADLINE_NAMES.get(goal, goal)} | {n} | {bound} | {' | '.join(cells)} |")
+    return "\n".join([*([header, ""] if header else []), *lines])
+
+
+def _verdict_cell(goal: dict[str, Any]) -> str:
+    """``1.44 [1.36-1.55] missed``: the median, its interval and the verdict's first word."""
+    return f"{_interval(goal['figure'])} {goal['verdict'].split(' ', 1)[0]}"
 
 
 def render(data: dict[str, Any], header: str = "") -> str:

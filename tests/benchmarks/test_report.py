@@ -24,8 +24,13 @@ FILES = (
     "http_edge",
     "structured",
     "memory",
+    "served_stream",
 )
-BLOCKS = {*FILES, "vs_llamacpp:headline"}  # the headline view in the README, the rest in docs/
+BLOCKS = {
+    *FILES,
+    "vs_llamacpp:headline",
+    "served_stream:headline",
+}  # the headline view in the README, the rest in docs/
 PROVENANCE = ("cpu", "isa_executes", "cpuid_flags", "commit", "date", "command")
 
 
