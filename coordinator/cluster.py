@@ -6,8 +6,9 @@ the prompt and first token, streams that token, and pushes the KV pages to the d
 endpoint; the decode worker's events follow. ``single_node``: one colocated worker does it all.
 
 Failures end the stream with an ``error`` event (``FinishReason.ERROR``) whose ``cause`` names
-the kind: ``reservation_refused``, ``handoff_failed``, ``worker_lost`` (the actor died; Ray
-restarts it and later requests use the new one) or ``engine_error``. Whatever ends a stream
+the kind: ``reservation_refused`` (``pool_full`` when for want of room), ``handoff_failed``,
+``worker_lost`` (the actor died; Ray restarts it and later requests use the new one) or
+``engine_error``. Whatever ends a stream
 early, ``abort`` reaches every worker that may still hold the request, in the background if the
 caller is cancelled, and without waiting past ``RELEASE_WAIT_S`` for a worker that does not
 answer (a stopped process gets the call when it resumes). Every request sent names this
@@ -49,6 +50,7 @@ from workers.contracts import (
 log = logging.getLogger(__name__)
 A = TypeVar("A", Submitted, Reservation)
 _UNCLEAN = (FinishReason.ERROR, FinishReason.ABORT)
+POOL_FULL = "pool_full"  # a decode worker had no room for the request for as long as it may wait
 RELEASE_WAIT_S = 2.0  # how long a finished stream waits for its workers to drop the request
 
 
@@ -143,7 +145,8 @@ class Cluster:
                 reservation = await self._reserve(d_key, request, max_output_tokens)
                 if not reservation.granted:
                     refusal = f"decode worker refused: {reservation.reason}"
-                    yield TokenEvent.failure(run.attempt_id, refusal, "reservation_refused")
+                    cause = POOL_FULL if reservation.full else "reservation_refused"
+                    yield TokenEvent.failure(run.attempt_id, refusal, cause)
                     return
                 target = HandoffTarget.from_reservation(reservation, max_output_tokens)
             if run.aborted:  # aborted while its blocks were being reserved

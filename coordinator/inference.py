@@ -10,7 +10,10 @@ them and continues after them, and the same stream goes on. No token is repeated
 token accounting is the same, greedy output is token-identical to an uninterrupted run, and a
 seeded request draws the same tokens (each token's seed comes from the request's seed and its
 position: ``engine.sampler``). A request migrates at most ``max_retry`` times; each migration is
-logged with its cause and counted in ``request_migrations_total{reason}``.
+logged with its cause and counted in ``request_migrations_total{reason}``. A decode worker that
+had no room for it (every block taken for as long as it could wait, or as many hand-offs waiting
+there as it lets wait) is no fault: the request is refused at once (:class:`TooManyRequests`,
+429), as the pool is full, rather than queued until it times out.
 
 A request that cannot be completed is never reported as finished: the stream raises a
 :class:`ServiceError` (:class:`GenerationFailed` once the migrations are used up, its message
@@ -38,11 +41,13 @@ from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.cluster import POOL_FULL
 from coordinator.errors import (
     GenerationFailed,
     NoWorkerError,
     RequestTimeout,
     ServiceError,
+    TooManyRequests,
     check_room,
 )
 from coordinator.metrics import Metrics
@@ -60,6 +65,7 @@ _RAISED = (  # the errors a request's stream raises, and the outcome each one co
     (RequestTimeout, Outcome.TIMEOUT),
     (NoWorkerError, Outcome.UNAVAILABLE),
     (GenerationFailed, Outcome.ERROR),
+    (TooManyRequests, Outcome.TOO_MANY_REQUESTS),
 )
 
 
@@ -112,7 +118,7 @@ class InferenceService:
             async for event in self._with_timeouts(run):
                 self._relay(run, event)
                 yield event
-        except (RequestTimeout, NoWorkerError, GenerationFailed) as exc:
+        except (RequestTimeout, NoWorkerError, GenerationFailed, TooManyRequests) as exc:
             run.end(next(outcome for kind, outcome in _RAISED if isinstance(exc, kind)))
             raise
         finally:
@@ -214,6 +220,8 @@ class InferenceService:
                 async for event in events:  # a failed attempt is released at once
                     if event.cause == SLOW_CLIENT:
                         self._slow_client(run, event)
+                    if event.cause == POOL_FULL:
+                        raise TooManyRequests("no room for the request in the pool now")
                     if event.finish_reason == FinishReason.ERROR:
                         failure = event
                         break

@@ -6,11 +6,11 @@ with ``ca_cert``), manage (instance list; ``POST /v1/faults`` too when
 never off loopback without them),
 status (probes: 503 until every actor is up, then 200; served by a thread of their own, on its
 own event loop, so nothing on the predict port's loop delays them), external (``/metrics``).
-Every listener runs behind the edge's limits (:mod:`coordinator.http_edge`: header size, header and
-body deadlines, ``limit_concurrency``). The cluster starts in the background so the probes answer
-from the first second. SIGTERM stops taking new
-requests, lets in-flight ones finish (bounded by ``drain_timeout_s``), then shuts the actors
-down and stops a Ray it started itself.
+Every listener runs behind the edge's limits (:mod:`coordinator.http_edge`: header size, header
+and body deadlines, connection caps, none on the status listener). The cluster starts in the
+background so the probes answer from the first second. SIGTERM stops taking new requests, lets
+in-flight ones finish (bounded by ``drain_timeout_s``), then shuts the actors down and stops a
+Ray it started itself.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
 from coordinator.cluster import Cluster
 from coordinator.config.loader import CoordinatorConfig, check_manage_listener
+from coordinator.connection_caps import ConnectionCaps
 from coordinator.fault_injection import add_fault_route, read_fault_body
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts
@@ -44,6 +45,8 @@ from coordinator.threaded_server import ThreadedServer
 from workers.faults import fault_injection_enabled
 
 log = logging.getLogger(__name__)
+CONNECTION_HEADROOM = 64  # predict connections beyond max_requests (a client between requests)
+SIDE_CAPS = ConnectionCaps(max_connections=64)  # the manage and metrics listeners
 PROBES = ("/v1/startup", "/v1/health", "/v1/readiness", "/v2/health/live", "/v2/health/ready")
 
 
@@ -184,21 +187,25 @@ class Coordinator:
         http = self.config["http_config"]
         tls_args = tls_options(self.config["tls_config"])
         edge = EdgeLimits(**self.config.fed(EdgeLimits))
+        limit = self.config["request_limit"]
+        predict_caps = ConnectionCaps(
+            limit["max_connections"] or limit["max_requests"] + CONNECTION_HEADROOM,
+            limit["max_connections_per_client"],
+        )
         common: dict[str, Any] = {
             "log_level": "warning",
             "lifespan": "off",
             "timeout_graceful_shutdown": 5,
-            **uvicorn_limits(edge, self.config["request_limit"]["max_requests"]),
         }
-        listeners = [  # (app, address, port, TLS)
-            (self.predict_app(), http["predict_ip"], http["predict_port"], tls_args),
-            (self.manage_app(), http["manage_ip"], http["manage_port"], {}),
-            (self.status_app(), http["predict_ip"], http["status_port"], {}),
-            (self.external_app(), http["predict_ip"], http["external_port"], {}),
+        listeners = [  # (app, address, port, TLS, connection caps)
+            (self.predict_app(), http["predict_ip"], http["predict_port"], tls_args, predict_caps),
+            (self.manage_app(), http["manage_ip"], http["manage_port"], {}, SIDE_CAPS),
+            (self.status_app(), http["predict_ip"], http["status_port"], {}, ConnectionCaps()),
+            (self.external_app(), http["predict_ip"], http["external_port"], {}, SIDE_CAPS),
         ]
         return [
-            uvicorn.Config(app, host=host, port=port, **tls, **common)
-            for app, host, port, tls in listeners
+            uvicorn.Config(app, host=host, port=port, **tls, **common, **uvicorn_limits(edge, caps))
+            for app, host, port, tls, caps in listeners
         ]
 
     async def serve(self) -> None:

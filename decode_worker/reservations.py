@@ -5,11 +5,12 @@ callback, so it needs no lock. ``grant`` runs when a hand-off arrives and whenev
 been freed: it reserves blocks for waiters in order and stops at the first that does not fit, so
 a priority-1 hand-off is never overtaken by a later or lower-priority one.
 
-Each waiter's answer is a future its ``reserve`` call waits on: once granted, the number of
-leading blocks it shares from the prefix cache (an int, pages not to send), else the reason it
-was refused (a str). The caller may give up first (``answer.cancel()``, when the engine thread
-did not answer in time); the future's own protocol (``set_running_or_notify_cancel``) decides
-who was first, and a waiter given up on is dropped, its blocks freed if they were just reserved.
+Each waiter's answer is a future its ``reserve`` call waits on: once granted, the number of leading
+blocks it shares from the prefix cache (an int, pages not to send), else the reason it was refused
+(a str; a :class:`NoRoom` when it waited as long as it could for blocks). The caller may give up
+first (``answer.cancel()``, when the engine thread did not answer in time); the future's own
+protocol (``set_running_or_notify_cancel``) decides who was first, and a waiter given up on is
+dropped, its blocks freed if they were just reserved.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from dataclasses import dataclass, field, replace
 from engine.errors import RequestRejectedError
 from engine.llm_engine import LLMEngine
 from engine.request import NewRequest
+
+
+class NoRoom(str):
+    """A refusal for want of room (the pool is full now), not for anything the request is."""
 
 
 @dataclass(order=True)
@@ -77,7 +82,8 @@ class ReservationQueue:
         """A waiter waited long enough: refuse it, saying why (unless answered meanwhile)."""
         waiter = self._remove(request_id)
         if waiter is not None:
-            _answer(waiter, engine.importer.reservation_refusal(len(waiter.request.token_ids)))
+            refusal = engine.importer.reservation_refusal(len(waiter.request.token_ids))
+            _answer(waiter, NoRoom(refusal))
 
     def cancel(self, request_id: str) -> bool:
         """Abort a waiting hand-off: refused at once."""

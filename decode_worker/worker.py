@@ -1,16 +1,17 @@
 """The decode worker: receives a request's KV pages and decodes it in continuous batches.
 
 Life of a request here (the whole hand-off: ``docs/kv-handoff.md``):
-1. ``reserve`` takes the :class:`GenerationRequest` (its coordinator attached to this worker's
-   token channel: else it is refused with the channel's endpoint). On the engine
-   thread the request becomes RESERVED: blocks for its prompt set aside, with a deadline
-   ``reservation_timeout_s`` away. On a full cache it waits among other hand-offs, served by
-   (priority, arrival) (``reservations.py``), else it is refused with the reason, worked out on
-   the engine thread; ``reserve`` returns within its ``wait_s`` whatever the engine thread is
-   doing. The request's output limit is kept with the reservation (the coordinator's, never
-   the one the pages' message carries). The :class:`Reservation` names this worker's KV
-   endpoint for the prefill worker and carries the reservation's secret (128 random bits):
-   only pages carrying it are taken.
+1. ``reserve`` takes the :class:`GenerationRequest` (its coordinator attached to this worker's token
+   channel: else it is refused with the channel's endpoint). On the engine thread the request
+   becomes RESERVED: blocks for its prompt set aside, with a deadline ``reservation_timeout_s``
+   away. On a full cache it waits among other hand-offs, served by (priority, arrival)
+   (``reservations.py``), else it is refused with the reason, worked out on the engine thread (as no
+   room, ``Reservation.full``, when it waited as long as it could, or when
+   ``MAX_WAITING_RESERVATIONS`` calls wait already: then at once, holding no thread); ``reserve``
+   returns within its ``wait_s`` whatever the engine thread is doing. The request's output limit is
+   kept with the reservation (the coordinator's, never the one the pages' message carries). The
+   :class:`Reservation` names this worker's KV endpoint for the prefill worker and carries the
+   reservation's secret (128 random bits): only pages carrying it are taken.
    Leading blocks of the request already in this worker's prefix cache (an earlier turn of the
    same chat, a shared system prompt) are shared instead of reserved, and the reservation says
    how many: the prefill worker sends only the pages after them.
@@ -38,10 +39,12 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 
-from decode_worker.reservations import ReservationQueue
+from decode_worker.reservations import NoRoom, ReservationQueue
 from engine.config import kv_bind_address
 from engine.errors import KVImportError
 from engine.grammars import GrammarError
@@ -54,8 +57,12 @@ from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from workers.contracts import GenerationRequest, Reservation, Submitted
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.handoff_worker import HandoffWorker
+from workers.runtime import CONCURRENCY_GROUPS, CONTROL, HANDOFFS, in_group
 
 FAULTS = ("break_transport",)
+# reserve calls let wait at once, under the thread group they run on (workers/runtime.py); one
+# more is refused at once as the pool being full, never queued behind Ray's threads
+MAX_WAITING_RESERVATIONS = CONCURRENCY_GROUPS[HANDOFFS] - 16
 SETTLE_S = 0.1  # kept of reserve's wait_s for the engine thread to say why it refuses
 
 
@@ -65,6 +72,10 @@ class DecodeWorker(HandoffWorker):
     def open_kv_plane(self) -> None:
         transfer = self.transfer
         self._waiting = ReservationQueue(transfer.reservation_timeout_s)
+        self._num_reserving = (
+            0  # reserve calls waiting here (each holds one of its group's threads)
+        )
+        self._slots_lock = threading.Lock()
         self.receiver = create_receiver(
             transfer.transport,
             self._on_transfer,
@@ -78,6 +89,7 @@ class DecodeWorker(HandoffWorker):
             credentials=self.credentials,
         )
 
+    @in_group(HANDOFFS)
     def reserve(
         self, request: GenerationRequest, wait_s: float = 5.0, max_output_tokens: int = 0
     ) -> Reservation:
@@ -99,16 +111,36 @@ class DecodeWorker(HandoffWorker):
         except GrammarError as exc:
             return Reservation.refused(str(exc))
         self.leases.renew(request.owner)
-        self.requests.open(request_id, request.owner)
-        try:
-            answer = self._wait_for_blocks(new, token, max(wait_s, 0.0))
-        except BaseException:
-            self.requests.close(request_id)
-            raise
+        with self._waiting_slot() as admitted:
+            if not admitted:
+                limit = MAX_WAITING_RESERVATIONS
+                return Reservation.no_room(f"{limit} hand-offs already wait for KV blocks here")
+            self.requests.open(request_id, request.owner)
+            try:
+                answer = self._wait_for_blocks(new, token, max(wait_s, 0.0))
+            except BaseException:
+                self.requests.close(request_id)
+                raise
         if isinstance(answer, str):
             self.requests.close(request_id)
+            if isinstance(answer, NoRoom):
+                return Reservation.no_room(answer)
             return Reservation.refused(answer)
         return Reservation(True, self.receiver.endpoint, token=token, num_cached_blocks=answer)
+
+    @contextlib.contextmanager
+    def _waiting_slot(self) -> Iterator[bool]:
+        """One of the ``MAX_WAITING_RESERVATIONS`` places of a ``reserve`` call waiting here
+        (False: none free), held while the call waits."""
+        with self._slots_lock:
+            admitted = self._num_reserving < MAX_WAITING_RESERVATIONS
+            self._num_reserving += admitted
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._slots_lock:
+                    self._num_reserving -= 1
 
     def _wait_for_blocks(self, new: NewRequest, token: str, wait_s: float) -> int | str:
         """Once blocks are reserved, how many leading ones the prefix cache gave; else why not,
@@ -130,7 +162,7 @@ class DecodeWorker(HandoffWorker):
             return answer.result(timeout=_left(deadline))
         if answer.cancel():  # the engine thread is busy: it drops the waiter when it gets to it
             added.cancel()  # or never even queues it
-            return f"decode worker busy: no answer within {wait_s:.1f} s"
+            return NoRoom(f"decode worker busy: no answer within {wait_s:.1f} s")
         return answer.result()  # being answered this instant
 
     def generate(self, request: GenerationRequest, max_output_tokens: int = 0) -> Submitted:
@@ -145,6 +177,7 @@ class DecodeWorker(HandoffWorker):
         if self._waiting and any(event.finished for event in events):
             self._waiting.grant(self.engine)  # blocks were freed: serve waiting hand-offs
 
+    @in_group(CONTROL)
     def abort(self, request_id: str) -> bool:
         """As a worker's, a reservation still waiting for blocks included (no event: its
         ``reserve`` answers the refusal)."""
@@ -156,6 +189,7 @@ class DecodeWorker(HandoffWorker):
 
         return self.loop.call(abort).result()
 
+    @in_group(CONTROL)
     def inject_fault(self, kind: str, count: int = 1) -> int:
         """Chaos tests only, with ``PDSERVE_FAULT_INJECTION=1`` in this worker's environment:
         ``break_transport`` breaks the next ``count`` incoming transfers mid-stream (see

@@ -111,10 +111,17 @@ class Reservation:
     # leading blocks of the request the decode worker's prefix cache holds: only the rest is sent
     num_cached_blocks: int = 0
     channel: str = ""  # refused because its coordinator is not attached to this token channel
+    # refused for want of room: every block taken for as long as it could wait, or as many
+    # hand-offs already waiting as the worker lets wait (the pool is full now; not a fault)
+    full: bool = False
 
     @classmethod
     def refused(cls, reason: str) -> Reservation:
         return cls(False, reason=reason)
+
+    @classmethod
+    def no_room(cls, reason: str) -> Reservation:
+        return cls(False, reason=reason, full=True)
 
     @classmethod
     def unattached(cls, channel: str) -> Reservation:

@@ -24,7 +24,10 @@ import os
 import threading
 import time
 from collections import defaultdict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import ray
 
 from engine.config import EngineConfig
 from engine.engine_loop import EngineLoop
@@ -48,7 +51,23 @@ from workers.token_channel import TokenSender
 from workers.worker_request import WorkerRequests
 
 log = logging.getLogger(__name__)
+# A worker actor's threads, by Ray concurrency group: the control plane (load polls and lease
+# renewals, aborts, identity) never queues behind calls that wait, the long polls of routers
+# have their own, and hand-offs waiting for KV room (a decode worker's reserve) are capped well
+# under theirs (decode_worker/worker.py MAX_WAITING_RESERVATIONS); requests sent (generate,
+# prefill) return at once on the default group.
+CONTROL, LONG_POLLS, HANDOFFS = "control", "long_polls", "handoffs"
+CONCURRENCY_GROUPS = {CONTROL: 16, LONG_POLLS: 16, HANDOFFS: 64}
 LOAD_WAIT_S = 0.5
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def in_group(group: str) -> Callable[[F], F]:
+    """Run a worker actor's method on Ray concurrency group ``group`` (``ray.method``, which
+    returns the method itself, marked)."""
+    return cast(Callable[[F], F], ray.method(concurrency_group=group))
+
+
 KV_EVENTS_MAX_WAIT_S = 5.0  # the longest a router's long poll for prefix-cache events waits
 
 
@@ -178,6 +197,7 @@ class WorkerRuntime:
 
     # ---- methods the client calls --------------------------------------------------------------
 
+    @in_group(CONTROL)
     def ready(self) -> WorkerIdentity:
         quantized = quantized_kernels()  # loaded first, so that kernel_origins() lists it
         return WorkerIdentity(
@@ -195,6 +215,7 @@ class WorkerRuntime:
             self.channel.endpoint,
         )
 
+    @in_group(CONTROL)
     def abort(self, request_id: str) -> bool:
         """End ``request_id`` here: its abort event, sent at the next step, ends its record
         (and its coordinator's stream); one the engine does not hold (finished, or sent but
@@ -214,6 +235,7 @@ class WorkerRuntime:
             self.channel.send_step({owner: [TokenEvent.aborted(request_id)]})
         return owner is not None
 
+    @in_group(CONTROL)
     def report(self, owner: str, kv_epoch: str = "", kv_seq: int = -1) -> WorkerReport:
         """The load poll of coordinator ``owner``: renews its lease, and returns this worker's
         load with the prefix cache's events after ``kv_seq`` of ``kv_epoch`` (a gap, when they
@@ -222,21 +244,25 @@ class WorkerRuntime:
         events: KvEventBatch = self.engine.blocks.events.since(kv_epoch, kv_seq)
         return WorkerReport(self.load(), events, len(self.leases.live()))
 
+    @in_group(LONG_POLLS)
     def kv_events(self, kv_epoch: str, kv_seq: int, wait_s: float) -> KvEventBatch:
         """The prefix cache's events after ``kv_seq`` of ``kv_epoch`` once there is one, waiting
         up to ``wait_s`` (at most ``KV_EVENTS_MAX_WAIT_S``) for it: a router's long poll."""
         wait_s = min(max(0.0, float(wait_s)), KV_EVENTS_MAX_WAIT_S)
         return self.engine.blocks.events.wait_since(kv_epoch, kv_seq, wait_s)
 
+    @in_group(CONTROL)
     def kv_snapshot(self) -> KvSnapshot:
         """Every hash in the prefix cache, taken on the engine thread (so exactly as of the
         latest event)."""
         return self.loop.call(lambda e: e.blocks.kv_snapshot()).result()
 
+    @in_group(CONTROL)
     def live_coordinators(self) -> list[str]:
         """The coordinators whose lease here has not lapsed."""
         return self.leases.live()
 
+    @in_group(CONTROL)
     def load(self) -> WorkerLoad:
         """The engine's figures now, or, when the engine thread is in a step longer than
         ``LOAD_WAIT_S``, as of its last step: a load poll never waits for a long prefill."""
@@ -266,8 +292,6 @@ class WorkerRuntime:
 
 def _ray_node_ip() -> str:
     """The address of the Ray node this worker runs on; "" when it runs outside Ray."""
-    import ray
-
     return ray.util.get_node_ip_address() if ray.is_initialized() else ""
 
 

@@ -53,23 +53,27 @@ def serve(protocol: str, port: int, tokens: int) -> None:
     from fastapi import FastAPI
     from fastapi.responses import Response
 
+    from coordinator.connection_caps import ConnectionCaps
     from coordinator.http_edge import EdgeLimits, uvicorn_limits
     from coordinator.threaded_server import ThreadedServer
     from tests.support.door_fakes import ScriptedService, predict_app
 
     os.sched_setaffinity(0, {0})
     options: dict[str, Any] = {"http": protocol}
+    probe_options = options
     if protocol == "guarded":
-        options = uvicorn_limits(EdgeLimits(header_timeout_s=HEADER_TIMEOUT_S), 10000)
+        limits = EdgeLimits(header_timeout_s=HEADER_TIMEOUT_S)
+        options = uvicorn_limits(limits, ConnectionCaps(10000 + 64))
+        probe_options = uvicorn_limits(limits)
     elif protocol == "h11":
         options["h11_max_incomplete_event_size"] = 64 * 1024
     service = ScriptedService(tokens)
     service.max_requests = 10000
     probes = FastAPI()
     probes.add_api_route("/v1/health", lambda: Response(), methods=["GET"])
-    common: dict[str, Any] = {"host": "127.0.0.1", "log_level": "error", **options}
-    predict = uvicorn.Server(uvicorn.Config(predict_app(service), port=port, **common))
-    probe = uvicorn.Server(uvicorn.Config(probes, port=port + 1, **common))
+    common: dict[str, Any] = {"host": "127.0.0.1", "log_level": "error"}
+    predict = uvicorn.Server(uvicorn.Config(predict_app(service), port=port, **common, **options))
+    probe = uvicorn.Server(uvicorn.Config(probes, port=port + 1, **common, **probe_options))
     if protocol == "guarded":
         ThreadedServer(probe, "probes").start()
         predict.run()

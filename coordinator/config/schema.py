@@ -94,6 +94,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         Key("body_limit", "int", 0, "a larger request body is answered 413; 0: what the largest "
             "legal prompt needs, however JSON escapes it, plus 1 MB (2 MB at the default "
             "`maxInputTokenLen`; [api.md](api.md#limits))", 0, 1024, unit="MB"),
+        Key("max_connections", "int", 0, "connections the predict listener holds at once (0: "
+            "`max_requests` + 64); at the cap the connection idle longest is closed, and with "
+            "none idle a new one is answered 503; the manage and metrics listeners hold 64 each, "
+            "the status listener has no cap", 0, 1_000_000),
+        Key("max_connections_per_client", "int", 0, "connections one client address may hold "
+            "on the predict listener (0: no cap, e.g. behind a load balancer); over it that "
+            "address's connection idle longest is closed, else the new one is answered 429",
+            0, 1_000_000),
         fed("max_header_bytes", "int", Feed(EdgeLimits, "max_header_bytes"), "a request line "
             "plus headers over this is answered 431 and its connection closed", low=1024,
             high=16 * 1024 * 1024, unit="bytes"),

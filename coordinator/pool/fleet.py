@@ -45,7 +45,7 @@ from workers.colocated import ColocatedWorker
 from workers.contracts import EmbedderIdentity, WorkerIdentity, WorkerLoad, WorkerReport
 from workers.embedding import EmbeddingWorker
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
-from workers.runtime import WorkerRuntime
+from workers.runtime import CONCURRENCY_GROUPS, WorkerRuntime
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 2.0  # a worker that does not report its load within this is left out (stale)
@@ -209,7 +209,7 @@ class Fleet:
             env[FAULT_INJECTION_ENV] = "1"
         env["GOMP_SPINCOUNT"] = str(self.config.omp_spin_count)
         return (
-            ray.remote(cls)
+            ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(cls)  # type: ignore[call-overload]
             .options(
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,

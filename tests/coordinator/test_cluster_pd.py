@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from coordinator.cluster import Cluster
+from coordinator.cluster import POOL_FULL, Cluster
 from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.request_run import RequestRun
 from coordinator.router import Router
@@ -383,9 +383,10 @@ def test_full_decode_worker_refuses_with_a_reason(ray_session, tiny_model_dir):
         assert hog.granted  # 13 tokens = all 4 blocks of the decode worker
         assert isinstance(hog, Reservation) and hog.endpoint.startswith("tcp://")
         refused = asyncio.run(reserve("other", [5, 6, 7]))
-        assert refused == Reservation.refused("decode cache full: 0 of 4 blocks free, 1 needed")
+        assert refused == Reservation.no_room("decode cache full: 0 of 4 blocks free, 1 needed")
         events = asyncio.run(_collect(cluster, "refused", list(range(3, 12)), params))
         assert events[-1].finish_reason == FinishReason.ERROR
+        assert events[-1].cause == POOL_FULL  # the service answers 429: the pool is full
         assert "decode cache full: 0 of 4 blocks free, 3 needed" in events[-1].error
         ray_session.get(cluster.fleet.decodes[0].abort.remote("hog"))
         _assert_idle(cluster)

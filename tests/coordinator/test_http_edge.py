@@ -9,13 +9,11 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -25,38 +23,22 @@ from fastapi.responses import Response
 
 from coordinator.api import common
 from coordinator.api.limits import default_body_limit_mb
+from coordinator.connection_caps import ConnectionCaps
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from coordinator.threaded_server import ThreadedServer
 from tests.support.door_fakes import ScriptedService, predict_app, serving
 from tests.support.endless_service import EndlessService
+from tests.support.raw_http import answer, connect, status_of
 
 LIMITS = EdgeLimits(max_header_bytes=64 * 1024, header_timeout_s=1.0, body_timeout_s=1.0)
 MIB = 1024 * 1024
+CAPS = ConnectionCaps(max_connections=164)
 
 
 @contextlib.contextmanager
-def guarded(app: Any, limits: EdgeLimits = LIMITS, max_requests: int = 100) -> Iterator[str]:
-    with serving(app, **uvicorn_limits(limits, max_requests)) as url:
+def guarded(app: Any, limits: EdgeLimits = LIMITS, caps: ConnectionCaps = CAPS) -> Iterator[str]:
+    with serving(app, **uvicorn_limits(limits, caps)) as url:
         yield url
-
-
-def connect(url: str) -> socket.socket:
-    parts = urlsplit(url)
-    sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
-    return sock
-
-
-def answer(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    received = b""
-    with contextlib.suppress(ConnectionResetError):
-        while chunk := sock.recv(65536):
-            received += chunk
-    return received
-
-
-def status_of(response: bytes) -> int:
-    return int(response.split(b" ", 2)[1]) if response else 0
 
 
 def test_a_trickled_32_mib_header_is_431_once_the_cap_is_passed():

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coordinator.connection_caps import ConnectionCaps
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from tests.support.door_fakes import ScriptedService, predict_app, serving
 
@@ -42,7 +43,7 @@ BODY = b'{"inputs": "hi", "prompt": "hi", "messages": [{"role": "user", "content
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     service = ScriptedService(2)
-    with serving(predict_app(service), **uvicorn_limits(LIMITS, 100)) as base:
+    with serving(predict_app(service), **uvicorn_limits(LIMITS, ConnectionCaps(164))) as base:
         yield base
 
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from coordinator.cluster import POOL_FULL
 from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, TooManyRequests
 from coordinator.inference import Timeouts
 from coordinator.metrics import Metrics
@@ -166,3 +167,18 @@ def test_admission_and_draining():
     service.draining = True
     with pytest.raises(NoWorkerError):
         asyncio.run(_collect(service))
+
+
+def test_a_pool_with_no_room_is_429_at_once_never_migrated():
+    """A decode worker with no room (every block taken as long as the request could wait, or its
+    waiting hand-offs at their cap) is the pool being full: 429 now, not a retry elsewhere."""
+    metrics = Metrics("m")
+    cluster = FakeCluster(fail_after={(p, d): 0 for p in (0, 1) for d in (0, 1)}, cause=POOL_FULL)
+    with pytest.raises(TooManyRequests, match="no room for the request in the pool now"):
+        asyncio.run(_collect(_service(cluster, metrics=metrics)))
+    assert len(cluster.calls) == 1
+    assert not _migrations(metrics, POOL_FULL)
+    refused = metrics.registry.get_sample_value(
+        "request_failed_total", {"model_name": "m", "reason": "too_many_requests"}
+    )
+    assert refused == 1

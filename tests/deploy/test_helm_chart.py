@@ -62,6 +62,7 @@ from tests.support.helm_chart import (
     render,
     run_helm,
     server_probe_paths,
+    service,
     structural,
     values_of,
 )
@@ -243,14 +244,18 @@ def test_kubernetes_validate_strict_catches_unknown_fields() -> None:
 
 @pytest.mark.parametrize(("name", "monitoring"), CASES, ids=CASE_IDS)
 def test_service_monitor_only_with_the_operator_api(name: str, monitoring: bool) -> None:
-    monitors = objects(render(name, monitoring), "ServiceMonitor")
+    docs = render(name, monitoring)
+    monitors = objects(docs, "ServiceMonitor")
     enabled = values_of(name)["monitoring"]["serviceMonitor"]["enabled"]
     assert len(monitors) == (1 if enabled and monitoring else 0)
     if monitors:
-        service = one(render(name, monitoring), "Service")
+        scraped = service(render(name, monitoring), "coordinator-metrics")
         spec = monitors[0]["spec"]
-        assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-        assert spec["selector"]["matchLabels"] == service["spec"]["selector"]
+        assert spec["selector"]["matchLabels"].items() <= scraped["metadata"]["labels"].items()
+        assert (
+            not spec["selector"]["matchLabels"].items()
+            <= service(docs)["metadata"]["labels"].items()
+        )
         (endpoint,) = spec["endpoints"]
         assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
         assert monitors[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
@@ -295,14 +300,21 @@ def test_coordinator_agrees_with_its_config(name: str) -> None:
     http = ms_coordinator(docs)["http_config"]
     ports = {"predict": "predict_port", "manage": "manage_port", "status": "status_port"}
     ports["metrics"] = "external_port"
-    # The management port is on the Service only when asked for.
-    on_service = dict(ports)
-    if not values["coordinator"]["service"]["exposeManagePort"]:
-        del on_service["manage"]
-    service = one(docs, "Service")
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+    # The clients' ports alone are on the Service, the management port only when asked for;
+    # the probes reach the pod, Prometheus the headless metrics Service.
+    on_service = {"predict": "predict_port"}
+    if values["coordinator"]["service"]["exposeManagePort"]:
+        on_service["manage"] = "manage_port"
+    clients = service(docs)
+    assert {p["name"]: p["port"] for p in clients["spec"]["ports"]} == {
         name: http[key] for name, key in on_service.items()
     }
+    scraped = service(docs, "coordinator-metrics")
+    assert scraped["spec"]["clusterIP"] == "None"
+    assert scraped["spec"]["selector"] == clients["spec"]["selector"]
+    assert [(p["name"], p["port"]) for p in scraped["spec"]["ports"]] == [
+        ("metrics", http["external_port"])
+    ]
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
@@ -478,7 +490,7 @@ def _policy_peers(docs: list[dict], cluster_name: str) -> dict[str, dict]:
     """The NetworkPolicy peers the policies admit: the coordinator, the Ray workers, the prefill
     pods and every Ray pod, by their pod selectors."""
     return {
-        "coordinator": {"podSelector": {"matchLabels": one(docs, "Service")["spec"]["selector"]}},
+        "coordinator": {"podSelector": {"matchLabels": service(docs)["spec"]["selector"]}},
         "workers": {
             "podSelector": {
                 "matchLabels": {"ray.io/cluster": cluster_name, "ray.io/node-type": "worker"}
@@ -571,7 +583,7 @@ def test_network_policy_sources_follow_values() -> None:
     http = values["msCoordinator"]["http_config"]
     assert admitted(spec, http["predict_port"])[1] == {"ipBlock": {"cidr": "10.20.0.0/16"}}
     assert admitted(spec, http["manage_port"]) == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
-    assert "manage" in {p["name"] for p in one(docs, "Service")["spec"]["ports"]}
+    assert "manage" in {p["name"] for p in service(docs)["spec"]["ports"]}
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if values_of(n)["networkPolicy"]["enabled"]])
@@ -583,7 +595,7 @@ def test_egress_policies(name: str) -> None:
     np, ray_ports = values["networkPolicy"], values["ray"]["ports"]
     egress = np["egress"]
     cluster_name = one(docs, "RayCluster")["metadata"]["name"]
-    coordinator = {"podSelector": {"matchLabels": one(docs, "Service")["spec"]["selector"]}}
+    coordinator = {"podSelector": {"matchLabels": service(docs)["spec"]["selector"]}}
     ray_pods = {"podSelector": {"matchLabels": {"ray.io/cluster": cluster_name}}}
     head = {
         "podSelector": {"matchLabels": {"ray.io/cluster": cluster_name, "ray.io/node-type": "head"}}
@@ -676,10 +688,8 @@ def test_outside_exposure_without_credentials_fails(
 )
 def test_outside_exposure_with_credentials_renders(extra: dict) -> None:
     docs = render("defaults", extra=yaml.safe_dump(extra))
-    service = one(docs, "Service")["spec"]
-    assert service["type"] == extra.get("coordinator", {}).get("service", {}).get(
-        "type", "ClusterIP"
-    )
+    spec = service(docs)["spec"]
+    assert spec["type"] == extra.get("coordinator", {}).get("service", {}).get("type", "ClusterIP")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -811,7 +821,7 @@ def _assert_the_default_management_api_is_on_loopback(tmp_path: Path) -> None:
     """Defaults: the management API on loopback, not on the Service; the config passes the check."""
     docs = render("defaults")
     assert ms_coordinator(docs)["http_config"]["manage_ip"] == "127.0.0.1"
-    assert "manage" not in {p["name"] for p in one(docs, "Service")["spec"]["ports"]}
+    assert "manage" not in {p["name"] for p in service(docs)["spec"]["ports"]}
     config_file = tmp_path / "defaults.json"
     config_file.write_text(json.dumps(ms_coordinator(docs)))
     check_manage_listener(load_config(config_file))
@@ -875,13 +885,13 @@ def test_inline_api_keys_are_refused(tmp_path: Path) -> None:
 
 def test_certificate_from_cert_manager_when_its_api_is_there() -> None:
     docs = render("defaults", cert_manager=True)
-    service = one(docs, "Service")["metadata"]["name"]
+    service_name = service(docs)["metadata"]["name"]
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     secret_name = {v["name"]: v for v in pod["volumes"]}["tls"]["secret"]["secretName"]
     certificate = one(docs, "Certificate")["spec"]
     issuer = one(docs, "Issuer")
     assert certificate["secretName"] == secret_name
-    assert f"{service}.{NAMESPACE}.svc" in certificate["dnsNames"]
+    assert f"{service_name}.{NAMESPACE}.svc" in certificate["dnsNames"]
     assert certificate["issuerRef"] == {
         "name": issuer["metadata"]["name"],
         "kind": "Issuer",

@@ -160,6 +160,18 @@ def one(docs: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def service(docs: tuple[dict[str, Any], ...], component: str = "coordinator") -> dict[str, Any]:
+    """The one Service of ``component`` (``coordinator``: the clients'; ``coordinator-metrics``:
+    the headless one Prometheus scrapes)."""
+    found = [
+        d
+        for d in objects(docs, "Service")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == component
+    ]
+    assert len(found) == 1, f"expected one {component} Service, got {len(found)}"
+    return found[0]
+
+
 def ms_coordinator(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     (config_map,) = [d for d in objects(docs, "ConfigMap") if "ms_coordinator.json" in d["data"]]
     return json.loads(config_map["data"]["ms_coordinator.json"])

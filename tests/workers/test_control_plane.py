@@ -1,0 +1,120 @@
+"""A worker's control plane never starves behind calls that wait: a full decode worker lets at
+most ``MAX_WAITING_RESERVATIONS`` hand-offs wait for blocks and refuses one more at once as no
+room (``Reservation.full``: the coordinator answers 429), and on a real Ray actor, with more
+waiting hand-offs sent than a worker has threads, its load polls (lease renewals) and aborts
+still answer at once, no lease lapses, and every block and record is free after."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from coordinator.cluster import Cluster
+from coordinator.config.cluster import ActorResources, ClusterConfig
+from decode_worker.worker import MAX_WAITING_RESERVATIONS, DecodeWorker
+from engine.config import KVTransferConfig
+from tests.support.channel_reader import ChannelReader
+from tests.support.inprocess_workers import _config, _request, _stop, _used
+from workers.contracts import GenerationRequest
+from workers.runtime import CONCURRENCY_GROUPS
+
+BLOCKS = 16  # of 4 tokens: a 50-token prompt takes 13, leaving no room for a 20-token one
+HOLD_S = 120.0  # the filling reservation's pages never come: it holds its blocks this long
+
+
+def _filled_decode_worker(model_dir) -> tuple[DecodeWorker, ChannelReader]:
+    transfer = KVTransferConfig("inprocess", reservation_timeout_s=HOLD_S)
+    decode = DecodeWorker(_config(model_dir, BLOCKS), transfer)
+    reader = ChannelReader(decode)
+    assert decode.reserve(_request("fill", num_prompt_tokens=50)).granted
+    return decode, reader
+
+
+def test_one_hand_off_past_the_waiting_cap_is_refused_at_once_as_no_room(tiny_model_dir):
+    decode, reader = _filled_decode_worker(tiny_model_dir)
+    extra = 8
+    try:
+        with ThreadPoolExecutor(MAX_WAITING_RESERVATIONS + extra) as pool:
+            calls = [
+                pool.submit(decode.reserve, _request(f"r{i}", num_prompt_tokens=20), 2.0)
+                for i in range(MAX_WAITING_RESERVATIONS + extra)
+            ]
+            time.sleep(1.0)
+            answered_at_once = [call.result() for call in calls if call.done()]
+            answers = [call.result() for call in calls]
+        capped = [a for a in answered_at_once if "hand-offs already wait" in a.reason]
+        waited = [a for a in answers if "decode cache full" in a.reason]
+        assert len(capped) == extra
+        assert len(waited) == MAX_WAITING_RESERVATIONS
+        assert all(not a.granted and a.full for a in answers)
+        assert decode.abort("fill")
+        assert _used(decode) == 0 and len(decode.requests) == 0
+    finally:
+        reader.close()
+        _stop(decode)
+
+
+def test_a_refusal_for_what_the_request_is_is_not_no_room(tiny_model_dir):
+    decode, reader = _filled_decode_worker(tiny_model_dir)
+    try:
+        taken = decode.reserve(_request("fill", num_prompt_tokens=5))
+        assert not taken.granted and not taken.full and "already in use" in taken.reason
+    finally:
+        reader.close()
+        _stop(decode)
+
+
+def test_the_waiting_cap_leaves_threads_of_the_hand_off_group_spare():
+    assert 0 < MAX_WAITING_RESERVATIONS < CONCURRENCY_GROUPS["handoffs"]
+
+
+@pytest.mark.ray
+def test_more_waiting_hand_offs_than_threads_leave_polls_and_aborts_answering(
+    ray_session, tiny_model_dir
+):
+    one_cpu = ActorResources(num_cpus=1)
+    config = ClusterConfig(
+        engine=_config(tiny_model_dir, BLOCKS),
+        prefill_resources=one_cpu,
+        decode_resources=one_cpu,
+        kv=KVTransferConfig(reservation_timeout_s=HOLD_S),
+    )
+    cluster = Cluster(config)
+    cluster.fleet.start()
+    try:
+        asyncio.run(_flood_and_poll(cluster))
+    finally:
+        cluster.fleet.shutdown()
+
+
+async def _flood_and_poll(cluster: Cluster) -> None:
+    fleet, key = cluster.fleet, ("decode", 0)
+    await fleet.attach(key)
+    decode, owner = fleet.worker(*key), fleet.coordinator_id
+
+    def request(request_id: str, num_prompt_tokens: int) -> GenerationRequest:
+        base = _request(request_id, num_prompt_tokens)
+        return GenerationRequest(request_id, base.prompt_token_ids, base.params, owner=owner)
+
+    assert (await decode.reserve.remote(request("fill", 50), 5.0, 8)).granted
+    flood = [decode.reserve.remote(request(f"r{i}", 20), 4.0, 8) for i in range(300)]
+    latencies = []
+    for _ in range(12):
+        start = time.monotonic()
+        report = await decode.report.remote(owner)
+        latencies.append(time.monotonic() - start)
+        await asyncio.sleep(0.25)
+    answers = await asyncio.gather(*flood)
+    assert max(latencies) < 0.5, latencies
+    assert report.load.num_leases_expired == 0
+    assert all(not a.granted and a.full for a in answers)
+    capped = sum("hand-offs already wait" in a.reason for a in answers)
+    assert capped >= 300 - MAX_WAITING_RESERVATIONS
+    assert await decode.abort.remote("fill")
+    load = await decode.load.remote()
+    assert load.stats.num_used_blocks == 0 and load.num_open_streams == 0
+    assert owner in await decode.live_coordinators.remote()
+    await fleet.aclose()
