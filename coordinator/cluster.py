@@ -5,14 +5,14 @@ worker first reserves blocks for the prompt (or refuses, saying why); the prefil
 the prompt and first token, streams that token, and pushes the KV pages to the decode worker's
 endpoint; the decode worker's events follow. ``single_node``: one colocated worker does it all.
 
-Failures end the stream with an ``error`` event (``FinishReason.ERROR``) whose ``cause`` names
-the kind: ``reservation_refused`` (``pool_full`` when for want of room), ``handoff_failed``,
-``worker_lost`` (the actor died; Ray restarts it and later requests use the new one) or
-``engine_error``. Whatever ends a stream
-early, ``abort`` reaches every worker that may still hold the request, in the background if the
-caller is cancelled, and without waiting past ``RELEASE_WAIT_S`` for a worker that does not
-answer (a stopped process gets the call when it resumes). Every request sent names this
-coordinator (the fleet's ``coordinator_id``) as its owner.
+Failures end the stream with an ``error`` event (``FinishReason.ERROR``) whose ``cause`` names the
+kind: ``reservation_refused`` (``pool_full`` when for want of room), ``handoff_failed``,
+``worker_lost`` (the actor died; Ray restarts it and later requests use the new one),
+``worker_restarting`` (a call reached an actor Ray is restarting) or ``engine_error``. Whatever ends
+a stream early, ``abort`` reaches every worker that may still hold the request, in the background if
+the caller is cancelled, and without waiting past ``RELEASE_WAIT_S`` for a worker that does not
+answer (a stopped process gets the call when it resumes). Every request sent names this coordinator
+(the fleet's ``coordinator_id``) as its owner.
 
 A request's state is its :class:`~coordinator.request_run.RequestRun`, which the caller hands to
 ``stream``: the cluster sets its phase as the attempt goes (prefilling, handing off, decoding)
@@ -50,6 +50,7 @@ from workers.contracts import (
 log = logging.getLogger(__name__)
 A = TypeVar("A", Submitted, Reservation)
 _UNCLEAN = (FinishReason.ERROR, FinishReason.ABORT)
+WORKER_RESTARTING = "worker_restarting"  # Ray is restarting the actor: no fault of the request
 POOL_FULL = "pool_full"  # a decode worker had no room for the request for as long as it may wait
 RELEASE_WAIT_S = 2.0  # how long a finished stream waits for its workers to drop the request
 
@@ -146,6 +147,7 @@ class Cluster:
                 if not reservation.granted:
                     refusal = f"decode worker refused: {reservation.reason}"
                     cause = POOL_FULL if reservation.full else "reservation_refused"
+                    cause = WORKER_RESTARTING if reservation.restarting else cause
                     yield TokenEvent.failure(run.attempt_id, refusal, cause)
                     return
                 target = HandoffTarget.from_reservation(reservation, max_output_tokens)
@@ -220,7 +222,7 @@ class Cluster:
             submitted = await self._attached(stream.worker, call)
         except (ray.exceptions.RayError, TokenChannelError) as exc:
             error = f"worker failed: {type(exc).__name__}: {exc}"[:500]
-            stream.end(TokenEvent.failure(stream.request_id, error, "worker_lost"))
+            stream.end(TokenEvent.failure(stream.request_id, error, _lost_cause(exc)))
             return
         if not submitted.accepted:
             stream.end(TokenEvent.failure(stream.request_id, submitted.error or "not accepted"))
@@ -251,6 +253,8 @@ class Cluster:
                 d_key, lambda: d_worker.reserve.remote(request, wait_s, max_output_tokens)
             )
         except (ray.exceptions.RayError, TokenChannelError) as exc:
+            if isinstance(exc, ray.exceptions.ActorUnavailableError):
+                return Reservation(False, reason=type(exc).__name__, restarting=True)
             return Reservation.refused(type(exc).__name__)
 
     async def _release(self, run: RequestRun) -> None:
@@ -284,6 +288,13 @@ def _opened(streams: TokenStreams, request_id: str, key: WorkerKey) -> Iterator[
         yield stream
     finally:
         streams.close(stream)
+
+
+def _lost_cause(exc: Exception) -> str:
+    """A call that found its actor restarting (back once Ray has started it again) or gone."""
+    if isinstance(exc, ray.exceptions.ActorUnavailableError):
+        return WORKER_RESTARTING
+    return "worker_lost"
 
 
 def _accepted(answer: Submitted | Reservation) -> bool:

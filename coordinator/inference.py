@@ -41,7 +41,7 @@ from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.cluster import POOL_FULL
+from coordinator.cluster import POOL_FULL, WORKER_RESTARTING
 from coordinator.errors import (
     GenerationFailed,
     NoWorkerError,
@@ -239,8 +239,13 @@ class InferenceService:
         raise GenerationFailed(f"request {run.request_id}: {event.error}")
 
     def _migrate(self, run: RequestRun, cause: str, error: str) -> None:
-        """Send ``run`` back for another pair, or raise GenerationFailed if it may not."""
-        if run.num_migrations == self.max_retry:
+        """Send ``run`` back for another pair, or raise GenerationFailed if it may not. An
+        attempt that found its worker restarting spends no retry: the next pick waits for a
+        pair that answers (the request's timeouts bound it)."""
+        if cause == WORKER_RESTARTING:
+            run.migrate(cause, spent=False)
+            return
+        if run.num_spent == self.max_retry:
             # the detail (a worker's error, Ray's text, a node's address) is logged, not sent
             log.error(
                 "request %s failed after %d migrations: %s: %s",
@@ -271,6 +276,8 @@ class InferenceService:
         bound the wait; an abort ends it: the failed pair is taken back, and its stream ends at
         once as aborted)."""
         token_ids, failed, tenant = run.all_token_ids, run.failed_route, run.request.tenant
+        if run.migrations and not run.migrations[-1].spent:
+            await asyncio.sleep(REPICK_INTERVAL_S)  # its worker is restarting: give it a moment
         while True:
             try:
                 return self.router.choose(

@@ -75,10 +75,12 @@ _ENDED_AS = {Outcome.OK: RunPhase.FINISHED, Outcome.ABORTED: RunPhase.ABORTED}
 
 @dataclass(frozen=True)
 class Migration:
-    """An attempt that failed: on which pair, and why (the failure's ``cause``)."""
+    """An attempt that failed: on which pair, and why (the failure's ``cause``); ``spent``:
+    counted against ``max_retry`` (not so an attempt that found its worker restarting)."""
 
     route: Route
     cause: str
+    spent: bool = True
 
 
 @dataclass(eq=False)
@@ -118,6 +120,11 @@ class RequestRun:
         return len(self.migrations)
 
     @property
+    def num_spent(self) -> int:
+        """Migrations counted against ``max_retry``."""
+        return sum(migration.spent for migration in self.migrations)
+
+    @property
     def failed_route(self) -> Route | None:
         """The pair the last failed attempt ran on (None: no attempt failed)."""
         return self.migrations[-1].route if self.migrations else None
@@ -148,10 +155,10 @@ class RequestRun:
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
 
-    def migrate(self, cause: str) -> None:
+    def migrate(self, cause: str, spent: bool = True) -> None:
         """The current attempt failed with ``cause``: back to ``QUEUED`` for another pair."""
         assert self.route is not None, "only a routed run migrates"
-        self.migrations.append(Migration(self.route, cause))
+        self.migrations.append(Migration(self.route, cause, spent))
         self.route, self.phase = None, RunPhase.QUEUED
 
     def abort(self) -> None:

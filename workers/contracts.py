@@ -114,6 +114,7 @@ class Reservation:
     # refused for want of room: every block taken for as long as it could wait, or as many
     # hand-offs already waiting as the worker lets wait (the pool is full now; not a fault)
     full: bool = False
+    restarting: bool = False  # never reached the worker: Ray is restarting its actor
 
     @classmethod
     def refused(cls, reason: str) -> Reservation:

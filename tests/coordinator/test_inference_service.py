@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from coordinator.cluster import POOL_FULL
+from coordinator.cluster import POOL_FULL, WORKER_RESTARTING
 from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, TooManyRequests
 from coordinator.inference import Timeouts
 from coordinator.metrics import Metrics
@@ -182,3 +182,18 @@ def test_a_pool_with_no_room_is_429_at_once_never_migrated():
         "request_failed_total", {"model_name": "m", "reason": "too_many_requests"}
     )
     assert refused == 1
+
+
+def test_an_attempt_that_found_its_worker_restarting_spends_no_retry():
+    """With ``max_retry`` 0, a call that reached an actor Ray is restarting is tried again (after
+    a pause) instead of failing the request."""
+    metrics = Metrics("m")
+    cluster = FakeCluster(
+        fail_after={(p, d): 0 for p in (0, 1) for d in (0, 1)},
+        cause=WORKER_RESTARTING,
+        fail_once=True,
+    )
+    events = asyncio.run(_collect(_service(cluster, max_retry=0, metrics=metrics)))
+    assert [e.token_id for e in events] == [100 + n for n in range(MAX_NEW)]
+    assert len(cluster.calls) == 3  # the first pair, another that was restarting too, a third
+    assert not _migrations(metrics, WORKER_RESTARTING)
