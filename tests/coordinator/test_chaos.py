@@ -15,7 +15,9 @@ when its pair fails, at most ``max_retry`` times. Killing the prefill actor fail
 holds, which then go to the decode worker to prefill (``local_prefill_fallback``); stopping the
 decode actor past the transfer timeout fails the hand-offs under way, which then wait for it to
 resume. Either way the pair a migrated request goes to works: no request may fail, and the
-migrations may not outnumber the requests in flight between the fault and the recovery.
+migrations may not outnumber the requests in flight between the fault and the recovery. In every
+phase, a client sees an error only for a request that spent all its migrations (an attempt that
+found its actor restarting spends none), and no request fails any other way.
 """
 
 from __future__ import annotations
@@ -138,10 +140,15 @@ HARMLESS = ("kill prefill", "stop decode")
 
 def _counters(server: CoordinatorProcess) -> dict[str, float]:
     prefills = cluster.prefills_by_role(server)
+    failed = cluster.failed_by_reason(server)
     return {
         "migrations": cluster.migrations(server),
         "handed_off": prefills["prefill"],
         "prefilled_locally": prefills["decode"],
+        "spent": failed.get("error", 0.0),  # failed with every migration spent
+        "failed_otherwise": sum(
+            n for reason, n in failed.items() if reason not in ("error", "aborted")
+        ),
     }
 
 
@@ -217,6 +224,10 @@ def test_every_request_completes_or_fails_honestly(
         assert kernels and set(kernels.values()) == {"cached"}, report
     if fault in ("kill decode", "break transport"):
         assert report["migrations"] > 0, report  # requests really were in the way of the fault
+    # a client error only where the request spent every migration (none on a restarting actor),
+    # and no request failed any other way (timeout, no pair, pool full)
+    assert report.get("error", 0) <= report["spent"], report
+    assert report["failed_otherwise"] == 0, report
     if fault == "stop decode":  # requests waited through the stop (those mid-transfer migrate)
         assert report["slowest_s"] > TRANSFER_TIMEOUT_S, report
     if fault in HARMLESS:

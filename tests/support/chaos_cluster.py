@@ -37,6 +37,18 @@ def migrations(server: CoordinatorProcess) -> float:
     return counter(server, "request_migrations_total")
 
 
+def failed_by_reason(server: CoordinatorProcess) -> dict[str, float]:
+    """Requests failed so far, by ``request_failed_total``'s reason (``error``: every migration
+    spent)."""
+    text = httpx.get(server.url("external_port", "/metrics"), timeout=10).text
+    failed: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("request_failed_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            failed[reason] = failed.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+    return failed
+
+
 def prefills_by_role(server: CoordinatorProcess) -> dict[str, float]:
     """Prompts computed so far by the prefill worker (handed off) and by the decode worker
     itself (prefilled locally)."""
