@@ -2,8 +2,9 @@
 
 Listeners: predict (``/infer`` and friends; HTTPS with ``tls_config``, client certificates required
 with ``ca_cert``), manage (instance list; ``POST /v1/faults`` too when
-``PDSERVE_FAULT_INJECTION=1``: chaos testing; behind ``manage_api_keys`` when they are set, and
-never off loopback without them),
+``PDSERVE_FAULT_INJECTION=1``: chaos testing, always behind a key, see
+:mod:`coordinator.fault_injection`; behind ``manage_api_keys`` when they are set, and never off
+loopback without them),
 status (probes: 503 until every actor is up, then 200; served by a thread of their own, on its
 own event loop, so nothing on the predict port's loop delays them), external (``/metrics``).
 Every listener runs behind the edge's limits (:mod:`coordinator.http_edge`: header size, header
@@ -34,7 +35,7 @@ from coordinator.api.app import create_predict_app
 from coordinator.cluster import Cluster
 from coordinator.config.loader import CoordinatorConfig, check_manage_listener
 from coordinator.connection_caps import ConnectionCaps
-from coordinator.fault_injection import add_fault_route, read_fault_body
+from coordinator.fault_injection import add_fault_route, fault_route_keys, read_fault_body
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
@@ -60,6 +61,8 @@ class SignalFreeServer(uvicorn.Server):
 
 class Coordinator:
     def __init__(self, config: CoordinatorConfig, drain_timeout_s: float = 30.0) -> None:
+        manage_keys = config["http_config"]["manage_api_keys"]
+        self.fault_keys = fault_route_keys(manage_keys) if fault_injection_enabled() else ()
         self.config = config
         self.drain_timeout_s = drain_timeout_s
         self.served = served_models(config)
@@ -133,7 +136,7 @@ class Coordinator:
         app = FastAPI(docs_url=None, redoc_url=None)
         api_assembly.require_api_keys(app, self.config["http_config"]["manage_api_keys"])
         if fault_injection_enabled():
-            add_fault_route(app, self._inject_fault)
+            add_fault_route(app, self._inject_fault, self.fault_keys)
 
         @app.get("/v1/instances")
         async def instances() -> JSONResponse:

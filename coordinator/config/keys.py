@@ -3,7 +3,8 @@
 
 A key parses a JSON value (the file, the command line) or a text (the environment) by its kind,
 and refuses a wrong one with a :class:`ConfigError` naming ``section.key``, the valid range and
-the value received. A key that feeds a field of ``ClusterConfig`` (or ``RoutingConfig``,
+the value received (for a ``secret`` key, such as an API key list, only the received value's type
+and length, never the value). A key that feeds a field of ``ClusterConfig`` (or ``RoutingConfig``,
 ``Timeouts``, ``ModelInfo``) takes its default, and its range where the field is ``bounded``,
 from that field (:func:`fed`), so each default is written once; :func:`build` makes the
 dataclass from the fed values.
@@ -85,7 +86,7 @@ class Key:
     """One key: its ``kind`` (``int``, ``port``, ``float``, ``bool``, ``str``, ``ip``, ``list``,
     ``dict``), default, range or choices, ``unit`` and one line of ``doc``; ``feeds``: the field
     it sets; ``default_by``: (``section.key``, {its value: default}) when the file leaves it
-    out (``default`` is then None)."""
+    out (``default`` is then None); ``secret``: its value is never written into an error."""
 
     name: str
     kind: str
@@ -97,6 +98,7 @@ class Key:
     unit: str = ""
     feeds: Feed | None = None
     default_by: tuple[str, Mapping[str, Any]] | None = None
+    secret: bool = False
     section: str = ""  # set by coordinator.config.schema.section()
 
     @property
@@ -128,12 +130,38 @@ class Key:
             or (self.choices and parsed not in self.choices)
             or (self.low is not None and not self.low <= parsed <= self.high)
         ):
-            raise ConfigError(f"{name} must be {self.describe()}, got {json.dumps(value)}")
+            received = value_shape(value) if self.secret else json.dumps(value)
+            raise ConfigError(f"{name} must be {self.describe()}, got {received}")
         return parsed
 
     def parse_text(self, name: str, text: str) -> Any:
         """``text`` (an environment variable) read by this key's kind, then :meth:`parse`."""
         return self.parse(name, _from_text(self.kind, text))
+
+
+def value_shape(value: Any) -> str:
+    """What ``value`` is, without what it holds: its JSON type, its length, and for a list the
+    types of its items (``a list of length 2 holding number, string``)."""
+    shape = _json_type(value)
+    if isinstance(value, str | list | dict):
+        shape += f" of length {len(value)}"
+    if isinstance(value, list) and value:
+        shape += " holding " + ", ".join(sorted({_json_type(item) for item in value}))
+    return f"a {shape}" if shape[0] not in "aeiou" else f"an {shape}"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    return "object" if isinstance(value, dict) else type(value).__name__
 
 
 def _convert(kind: str, value: Any) -> Any:

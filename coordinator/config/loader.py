@@ -2,7 +2,8 @@
 
 Every key is declared once, in ``coordinator/config/schema.py``, with its type and valid range; a
 wrong type or an out-of-range value is a :class:`ConfigError` naming ``section.key``, the valid
-range and the value received. Unknown keys are ignored with a warning.
+range and the value received (of a secret such as ``api_keys``, or of a section that is not an
+object, only the value's type and length). Unknown keys are ignored with a warning.
 
 Precedence, lowest first: the defaults, the file, the environment, the command line. The
 environment variable of a key is ``PDSERVE_<SECTION>__<KEY>``, both names upper case (e.g.
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.config.cluster import ClusterConfig
-from coordinator.config.keys import Key, build
+from coordinator.config.keys import Key, build, value_shape
 from coordinator.config.schema import KEYS, SCHEMA
 from coordinator.content_safety import ContentFilter
 from engine.errors import ConfigError
@@ -125,7 +126,7 @@ def _merge_file(values: Values, raw: dict[str, Any]) -> None:
             log.warning("config: unknown section %r ignored", section)
             continue
         if not isinstance(keys, dict):
-            raise ConfigError(f"{section} must be a JSON object, got {json.dumps(keys)}")
+            raise ConfigError(f"{section} must be a JSON object, got {value_shape(keys)}")
         for name, value in keys.items():
             if name not in SCHEMA[section]:
                 log.warning("config: unknown key %s.%s ignored", section, name)

@@ -79,9 +79,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         Key("allow_all_zero_ip_listening", "bool", False, "`0.0.0.0` or `::` as `predict_ip` / "
             "`manage_ip` is refused unless this is true"),
         Key("api_keys", "list", (), "when non-empty, every route of the predict port needs "
-            "`api-key: K` or `Authorization: Bearer K`, else 401; probes and metrics stay open"),
+            "`api-key: K` or `Authorization: Bearer K`, else 401; probes and metrics stay open",
+            secret=True),
         Key("manage_api_keys", "list", (), "the same for the management port, with keys of its "
-            "own (the predict port's do not open it); required off loopback"),
+            "own (the predict port's do not open it); required off loopback", secret=True),
         Key("tenant_isolation", "bool", True, "with `api_keys` set, each key is a tenant whose "
             "prompts share prefix-cache blocks (and routing by prefix) with no other key's, so "
             "`cached_tokens` never tells one client what another sent; `false`: every key shares "

@@ -6,9 +6,13 @@ the CPU it is compiled for (``-march=native`` targets this CPU's model and featu
 made on an AVX-512 machine must not be imported on an AVX2-only one sharing the cache), and its
 build folder is that name. A build that completed leaves a ``ready`` file naming the library;
 when it is there the module is imported straight from it: no lock, no compiler, whatever checkout
-or path the source comes from. Only a build takes a lock, ``<name>.lock`` beside the folder: an
-advisory ``flock`` that the kernel releases when its holder dies, so a start killed mid-build (a
-chaos test, an OOM kill) never leaves a lock that a later start waits on. Whoever holds it clears
+or path the source comes from, provided no other user could have put or changed the library
+(``engine.kernels.build_trust``: folder and library owned by this user and writable by no one
+else, the library directly in the folder); otherwise it is built again, with a warning (a build
+leaves its folder and library writable by their owner only, whatever the umask). Only a build
+takes a lock, ``<name>.lock`` beside the folder: an advisory ``flock`` that the kernel releases
+when its holder dies, so a start killed mid-build (a chaos test, an OOM kill) never leaves a lock
+that a later start waits on. Whoever holds it clears
 torch's own ``lock`` file in the build folder, which a killed build leaves behind and torch would
 wait on forever. A wait for a live builder is bounded (``BUILD_WAIT_S``) and names the file.
 
@@ -38,6 +42,8 @@ import sysconfig
 import time
 from pathlib import Path
 from types import ModuleType
+
+from engine.kernels.build_trust import make_private, untrusted_reason
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +141,17 @@ def kernel_origins() -> dict[str, str]:
 
 
 def _import_ready(folder: Path) -> ModuleType | None:
-    """The module of the finished build in ``folder``, or None when there is none that loads."""
+    """The module of the finished build in ``folder``, or None when there is none that loads or
+    none that may be trusted (``engine.kernels.build_trust``)."""
     try:
-        library = folder / (folder / READY_FILE).read_text().strip()
+        library_name = (folder / READY_FILE).read_text().strip()
     except OSError:
         return None
+    refused = untrusted_reason(folder, library_name)
+    if refused is not None:
+        log.warning("cached kernel build %s not imported: %s; building it again", folder, refused)
+        return None
+    library = folder / library_name
     try:
         return _import_extension(library.name.removesuffix(".so"), library)
     except ImportError as exc:
@@ -152,6 +164,12 @@ def _compile(name: str, source: Path, folder: Path) -> ModuleType:
     from torch.utils.cpp_extension import load
 
     folder.mkdir(parents=True, exist_ok=True)
+    if folder.stat().st_uid != os.geteuid():
+        raise KernelBuildError(
+            f"the kernel build folder {folder} belongs to another user; set TORCH_EXTENSIONS_DIR "
+            "to a folder of this user's"
+        )
+    make_private(folder)
     (folder / READY_FILE).unlink(missing_ok=True)
     (folder / "lock").unlink(missing_ok=True)  # torch's, left by a build killed mid-way
     module = load(
@@ -164,6 +182,7 @@ def _compile(name: str, source: Path, folder: Path) -> ModuleType:
     )
     library = Path(module.__file__ or "")
     if library.parent == folder:
+        make_private(library)
         (folder / READY_FILE).write_text(library.name)
     _origins[source.stem] = "built"
     return module

@@ -44,6 +44,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.chaos]
 TRANSFER_TIMEOUT_S = 2
 LOAD_BOUND_S = 120  # every request of a phase ends within this once the load stops
 MAX_RETRY = 5  # the coordinator's default
+FAULT_KEY = "chaos-fault-key"  # opens POST /v1/faults
 # server id: (KV transport, fixed split); the shipping defaults run on ZMQ only (CI time)
 SERVERS = {"zmq": ("zmq", True), "grpc": ("grpc", True), "zmq-defaults": ("zmq", False)}
 NUM_LONG_PROMPTS = 400  # candidates; those left after screening outlast the module's phases
@@ -85,7 +86,7 @@ def chaos_server(variant, tmp_path_factory, peaked_model_dir):
     server = start_coordinator(
         tmp_path_factory.mktemp(f"chaos-{variant}"),
         config,
-        env={"PDSERVE_FAULT_INJECTION": "1"},
+        env={"PDSERVE_FAULT_INJECTION": "1", "PDSERVE_FAULT_INJECTION_KEY": FAULT_KEY},
     )
     try:
         server.wait_ready()
@@ -124,7 +125,12 @@ def _stop_decode_past_transfer_timeout(server: CoordinatorProcess) -> None:
 
 def _break_transport(server: CoordinatorProcess) -> None:
     fault = {"role": "decode", "instance": 0, "fault": "break_transport", "count": 4}
-    response = httpx.post(server.url("manage_port", "/v1/faults"), json=fault, timeout=30)
+    response = httpx.post(
+        server.url("manage_port", "/v1/faults"),
+        json=fault,
+        headers={"Authorization": f"Bearer {FAULT_KEY}"},
+        timeout=30,
+    )
     assert response.status_code == 200, response.text
 
 

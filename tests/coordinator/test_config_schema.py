@@ -186,3 +186,46 @@ def test_a_key_takes_its_fields_choices_and_may_only_narrow_them():
 def test_the_kv_settings_refuse_what_their_fields_do_not_allow(field, value, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         KVTransferConfig(**{field: value})
+
+
+SECRET = "sk-live-0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("value", "received"),
+    [
+        (SECRET, "a string of length 24"),
+        ([SECRET, 7], "a list of length 2 holding number, string"),
+        ({"key": SECRET}, "an object of length 1"),
+    ],
+)
+@pytest.mark.parametrize("key", ["api_keys", "manage_api_keys"])
+def test_a_mistyped_key_list_is_named_by_its_type_never_its_value(tmp_path, key, value, received):
+    with pytest.raises(ConfigError) as error:
+        load_config(_write(tmp_path, {"http_config": {key: value}}))
+    assert str(error.value) == f"http_config.{key} must be a list of strings, got {received}"
+    assert "sk-live" not in str(error.value)
+
+
+def test_a_key_list_from_the_environment_is_not_echoed_either():
+    variable = "PDSERVE_HTTP_CONFIG__API_KEYS"
+    with pytest.raises(ConfigError) as error:
+        load_config(environ={variable: f'["{SECRET}"'})  # a JSON list cut short
+    assert str(error.value) == (
+        "http_config.api_keys must be a list of strings, got a string of length 27"
+    )
+
+
+def test_a_section_that_is_not_an_object_is_named_by_its_type(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config(_write(tmp_path, {"http_config": [SECRET]}))
+    assert (
+        str(error.value)
+        == "http_config must be a JSON object, got a list of length 1 holding string"
+    )
+
+
+def test_other_keys_still_show_the_value_received(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config(_write(tmp_path, {"http_config": {"predict_ip": "nowhere"}}))
+    assert str(error.value).endswith('got "nowhere"')

@@ -1,7 +1,8 @@
 """The small holes of the predict and management edges: an empty API key opens nothing (refused at
 load, never matched), keys are compared in constant time against every configured key; a failed
 request tells its client no node address, KV port or Ray text; Azure's 422 echoes a bounded value;
-fault injection warns at start and reads a bounded body. No Ray; real uvicorn sockets where the
+fault injection needs a key always (the management keys, else its own, else no start), warns at
+start and reads a bounded body. No Ray; real uvicorn sockets where the
 finding is about what a client sends."""
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ import pytest
 import coordinator.api.app as app_module
 from coordinator.api.app import create_predict_app
 from coordinator.api.azure import ECHOED_CHARS
+from coordinator.cli import main as cli_main
 from coordinator.config.loader import load_config
 from coordinator.errors import GenerationFailed
-from coordinator.fault_injection import FAULT_BODY_LIMIT
+from coordinator.fault_injection import FAULT_BODY_LIMIT, FAULT_KEY_ENV
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
 from coordinator.server import Coordinator
 from engine.errors import ConfigError
 from engine.outputs import TokenEvent
-from tests.support.coordinator_configs import config_with
+from tests.support.coordinator_configs import config_with, get
 from tests.support.door_fakes import AZURE_CHAT, MESSAGES, CharTokenizer, ScriptedService, serving
 from tests.support.fake_cluster import FakeCluster, _service
 
@@ -180,10 +182,15 @@ def test_azure_422_still_echoes_a_short_value_as_it_is():
 
 # ---- fault injection ----
 
+FAULT_KEY = "chaos-key-1"
+FAULT_HEADERS = {"api-key": FAULT_KEY}
+UNKNOWN_ROLE = {"role": "nobody", "instance": 0, "fault": "x"}
+
 
 @pytest.fixture
 def fault_app(monkeypatch, caplog):
     monkeypatch.setenv("PDSERVE_FAULT_INJECTION", "1")
+    monkeypatch.setenv(FAULT_KEY_ENV, FAULT_KEY)
     with caplog.at_level(logging.WARNING, logger="coordinator.fault_injection"):
         app = Coordinator(config_with()).manage_app()
     return app
@@ -194,10 +201,58 @@ def test_fault_injection_warns_loudly_at_start(fault_app, caplog):
     assert any("FAULT INJECTION IS ON" in r.getMessage() for r in warnings)
 
 
+@pytest.mark.parametrize("key", [None, "", "   "])
+def test_fault_injection_without_any_key_refuses_to_start(monkeypatch, key):
+    monkeypatch.setenv("PDSERVE_FAULT_INJECTION", "1")
+    monkeypatch.delenv(FAULT_KEY_ENV, raising=False)
+    if key is not None:
+        monkeypatch.setenv(FAULT_KEY_ENV, key)
+    with pytest.raises(ConfigError) as error:
+        Coordinator(config_with())
+    assert str(error.value) == (
+        "PDSERVE_FAULT_INJECTION=1 needs a key for POST /v1/faults: set "
+        "http_config.manage_api_keys, or PDSERVE_FAULT_INJECTION_KEY to a non-blank key"
+    )
+
+
+def test_the_command_line_stops_with_exit_code_2_naming_the_variable(monkeypatch, capsys):
+    monkeypatch.setenv("PDSERVE_FAULT_INJECTION", "1")
+    monkeypatch.delenv(FAULT_KEY_ENV, raising=False)
+    assert cli_main([]) == 2
+    assert "PDSERVE_FAULT_INJECTION_KEY" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "headers", [{}, {"api-key": "wrong"}, {"Authorization": "Bearer wrong"}, {"api-key": ""}]
+)
+def test_a_fault_request_without_its_key_is_401_even_on_loopback(fault_app, headers):
+    response = _post(fault_app, "/v1/faults", UNKNOWN_ROLE, headers=headers)
+    assert response.status_code == 401, response.text
+    assert get(fault_app, "/v1/instances").status_code == 200  # only the fault route is keyed
+
+
+@pytest.mark.parametrize("headers", [FAULT_HEADERS, {"Authorization": f"Bearer {FAULT_KEY}"}])
+def test_a_fault_request_with_its_key_reaches_the_cluster(fault_app, headers):
+    response = _post(fault_app, "/v1/faults", UNKNOWN_ROLE, headers=headers)
+    assert response.status_code == 400  # read and parsed: the role is refused by the cluster
+    assert "role must be one of" in response.json()["error"]
+
+
+def test_with_management_keys_the_fault_route_is_behind_them(monkeypatch):
+    monkeypatch.setenv("PDSERVE_FAULT_INJECTION", "1")
+    monkeypatch.setenv(FAULT_KEY_ENV, FAULT_KEY)
+    app = Coordinator(config_with(manage_api_keys=["m-1"])).manage_app()
+    assert _post(app, "/v1/faults", UNKNOWN_ROLE, headers=FAULT_HEADERS).status_code == 401
+    opened = _post(app, "/v1/faults", UNKNOWN_ROLE, headers={"api-key": "m-1"})
+    assert opened.status_code == 400, opened.text
+    monkeypatch.delenv(FAULT_KEY_ENV)  # the management keys are enough to start
+    Coordinator(config_with(manage_api_keys=["m-1"])).manage_app()
+
+
 def test_a_fault_body_past_the_bound_is_413(fault_app):
     padding = "x" * FAULT_BODY_LIMIT
     body = {"role": "decode", "instance": 0, "fault": "break_transport", "pad": padding}
-    declared = _post(fault_app, "/v1/faults", body)
+    declared = _post(fault_app, "/v1/faults", body, headers=FAULT_HEADERS)
     assert declared.status_code == 413, declared.text
 
     async def chunks():  # no Content-Length: refused as the bytes come in
@@ -205,11 +260,11 @@ def test_a_fault_body_past_the_bound_is_413(fault_app):
         for _ in range(64):
             yield b"x" * 1024
 
-    chunked = _post(fault_app, "/v1/faults", None, content=chunks())
+    chunked = _post(fault_app, "/v1/faults", None, content=chunks(), headers=FAULT_HEADERS)
     assert chunked.status_code == 413, chunked.text
 
 
 def test_a_fault_body_within_the_bound_is_read(fault_app):
-    response = _post(fault_app, "/v1/faults", {"role": "nobody", "instance": 0, "fault": "x"})
+    response = _post(fault_app, "/v1/faults", UNKNOWN_ROLE, headers=FAULT_HEADERS)
     assert response.status_code == 400  # read and parsed: the role is refused by the cluster
     assert "role must be one of" in response.json()["error"]

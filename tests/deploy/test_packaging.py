@@ -1,6 +1,7 @@
 """What ``pip install pdserve`` gets: the wheel built from this tree holds every package, the
-native kernel source, the generated protobuf modules and the licence; and the generated modules
-are what ``protos/README.md``'s command makes of ``protos/*.proto`` today.
+native kernel sources and headers (enough to compile the kernels once installed), the generated
+protobuf modules and the licence; and the generated modules are what ``protos/README.md``'s
+command makes of ``protos/*.proto`` today.
 
 The wheel is built offline (``pip wheel --no-build-isolation`` with the environment's setuptools)
 from a copy of the tree, so the build leaves nothing behind in the repository: a few seconds.
@@ -9,6 +10,8 @@ from a copy of the tree, so the build leaves nothing behind in the repository: a
 from __future__ import annotations
 
 import glob
+import json
+import os
 import re
 import shlex
 import shutil
@@ -29,7 +32,7 @@ PACKAGE_ROOTS = [
 ]
 PROTO_DIR = "engine/transfer/proto"
 VERSION_STAMP = re.compile(r"# Protobuf Python Version: .*|GRPC_GENERATED_VERSION = '.*'|\s+\d+,")
-SHIPPED_SUFFIXES = (".py", ".pyi", ".cpp")
+SHIPPED_SUFFIXES = (".py", ".pyi", ".cpp", ".h")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
 
 
@@ -56,7 +59,8 @@ def wheel(tmp_path_factory) -> Iterator[zipfile.ZipFile]:
 
 @cache
 def source_files() -> list[str]:
-    """Every source file (Python, stubs, the C++ kernel) of the packages in the tree."""
+    """Every source file (Python, stubs, the C++ kernels and their headers) of the packages in the
+    tree."""
     return sorted(
         path.relative_to(ROOT).as_posix()
         for package in PACKAGE_ROOTS
@@ -78,6 +82,71 @@ def test_the_native_kernel_source_ships(wheel):
     assert "engine/kernels/paged_attention_cpu.cpp" in wheel.namelist()
     shipped = wheel.read("engine/kernels/paged_attention_cpu.cpp")
     assert shipped == (ROOT / "engine/kernels/paged_attention_cpu.cpp").read_bytes()
+
+
+# Run from outside the checkout with only the installed package on the path: compiles the kernel
+# whose translation unit includes every header, then lists (``-M``, a preprocessor run with the
+# build's include path and flags) the files every kernel source includes.
+INSTALLED_KERNEL_CHECK = r"""
+import json, subprocess
+from pathlib import Path
+import engine.kernels as kernels
+from torch.utils.cpp_extension import include_paths
+import sysconfig
+
+here = Path(kernels.__file__).parent
+module = kernels.build_extension(here / "decode_layers_cpu.cpp")
+flags = [f"-I{p}" for p in [str(here), *include_paths(), sysconfig.get_paths()["include"]]]
+includes = {}
+for source in sorted(here.glob("*.cpp")):
+    listed = subprocess.run(
+        ["c++", "-std=c++17", *kernels._CFLAGS, *flags, "-M", str(source)],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    includes[source.name] = [word for word in listed.split()[1:] if word != "\\"]
+print(json.dumps({"package": str(here), "library": module.__file__, "includes": includes}))
+"""
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_compiles_its_kernels(wheel, tmp_path):
+    """``pip install`` of the wheel (not editable) is enough to build the native kernels: run with
+    the installed package alone on the path (cwd outside the checkout), the kernel that includes
+    every header compiles and imports, and every kernel source's own includes resolve to files
+    of the installed package. Compiling all three would take minutes on a small machine; the one
+    compile proves the toolchain path, the preprocessor runs prove no header is missing."""
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet"]
+        + ["--target", str(target), str(wheel.filename)],
+        check=True,
+        timeout=300,
+    )
+    env = {**os.environ, "PYTHONPATH": str(target), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    env.pop("PDSERVE_NATIVE_KERNELS", None)
+    result = subprocess.run(
+        [sys.executable, "-c", INSTALLED_KERNEL_CHECK],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    package = target / "engine" / "kernels"
+    assert Path(report["package"]) == package
+    assert Path(report["library"]).is_relative_to(tmp_path / "ext")
+    assert sorted(report["includes"]) == sorted(p.name for p in package.glob("*.cpp"))
+    for source, included in report["includes"].items():
+        local = [Path(p).resolve() for p in included if Path(p).name in _kernel_files()]
+        assert local, f"{source} includes no kernel header"
+        assert all(p.is_relative_to(package) for p in local), (source, local)
+
+
+@cache
+def _kernel_files() -> set[str]:
+    return {p.name for p in (ROOT / "engine" / "kernels").iterdir() if p.suffix in (".h", ".cpp")}
 
 
 def test_the_generated_protobuf_modules_ship(wheel):

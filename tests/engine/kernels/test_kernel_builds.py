@@ -116,6 +116,21 @@ def test_a_build_is_reused_from_another_checkout(toolchain, tiny_source, tmp_pat
     assert "'tiny_module': 'cached'" in done.stdout
 
 
+def test_a_build_others_could_have_changed_is_built_again(toolchain, tiny_source, caplog):
+    """A cached library made group-writable is not imported but rebuilt, with a warning saying
+    why; the rebuilt one is its owner's alone again."""
+    kernels.build_extension(tiny_source)
+    folder = kernels.kernel_build_root() / kernels.module_name(tiny_source)
+    library = folder / (folder / kernels.READY_FILE).read_text()
+    library.chmod(0o775)
+    kernels._loaded.clear()
+    kernels.build_extension(tiny_source)
+    assert kernels.kernel_origins() == {"tiny_module": "built"}
+    assert f"the library {library} is writable by its group or by everyone" in caplog.text
+    assert library.stat().st_mode & 0o022 == 0
+    assert folder.stat().st_mode & 0o022 == 0
+
+
 def _holding(lock: Path, meanwhile: str = "") -> subprocess.Popen:
     """A process holding the build lock ``lock`` (having run ``meanwhile`` under it), once it
     says so."""
