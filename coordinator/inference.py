@@ -271,23 +271,23 @@ class InferenceService:
 
     async def _pair(self, run: RequestRun) -> Route:
         """A pair for ``run`` (to compute its prompt and outputs so far), new (NoWorkerError if
-        none) or migrating off its failed pair: another pair if there is one, else the same pair
-        (its actor restarted), waiting for one to come back if need be (the request's timeouts
-        bound the wait; an abort ends it: the failed pair is taken back, and its stream ends at
-        once as aborted)."""
+        none, TooManyRequests if every worker holds all the requests it may) or migrating off
+        its failed pair: another pair if there is one, else the same pair (its actor restarted),
+        waiting for one to come back if need be (the request's timeouts bound the wait; an abort
+        ends it: the failed pair is taken back, and its stream ends at once as aborted)."""
         token_ids, failed, tenant = run.all_token_ids, run.failed_route, run.request.tenant
         if run.migrations and not run.migrations[-1].spent:
             await asyncio.sleep(REPICK_INTERVAL_S)  # its worker is restarting: give it a moment
         while True:
             try:
-                return self.router.choose(
-                    token_ids, {failed} if failed is not None else frozenset(), tenant
-                )
+                if failed is None:
+                    return self.router.choose(token_ids, tenant=tenant)
+                return self.router.choose(token_ids, {failed}, tenant, capped=False)
             except NoWorkerError:
                 if failed is None:
                     raise
             try:
-                return self.router.choose(token_ids, tenant=tenant)
+                return self.router.choose(token_ids, tenant=tenant, capped=False)
             except NoWorkerError:
                 if run.aborted:
                     return failed

@@ -17,6 +17,10 @@ A worker that did not answer the last poll (busy, stopped, restarting) is *stale
 workers are chosen first, a stale worker only when no fresh pair is left, and a worker silent for
 ``STALE_GRACE_S`` is not chosen at all (NoWorkerError when nothing else is left). So a machine
 too busy to answer a poll in time slows requests down instead of failing them.
+
+No worker is sent more than ``max_requests_per_worker`` requests at once (running, waiting or
+reserved, as polled plus dispatched since): a burst beyond what the pool can queue is refused at
+once (429) instead of waiting out its timeout.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from coordinator.errors import NoWorkerError
+from coordinator.errors import NoWorkerError, TooManyRequests
 from coordinator.routing.cache_view import CacheView
 from coordinator.routing.choice import Route, candidate_pairs, choose_pair
 from coordinator.routing.config import RoutingConfig
@@ -51,6 +55,7 @@ class Router:
         token_ids: Sequence[int],
         exclude: AbstractSet[Route] = frozenset(),
         tenant: str = "",
+        capped: bool = True,
     ) -> Route:
         """The cheapest pair not in ``exclude`` for a request that computes ``token_ids``
         (prompt and outputs so far), fresh if possible (module docstring); NoWorkerError if none
@@ -59,13 +64,22 @@ class Router:
 
         In ``pd_separate`` the prefill side is None when the decode worker is to prefill the
         request itself (``local_prefill_*``; or no prefill worker answers and
-        ``local_prefill_fallback`` is on); in ``single_node`` it is always 0."""
+        ``local_prefill_fallback`` is on); in ``single_node`` it is always 0.
+
+        ``capped``: pairs whose decode worker holds ``max_requests_per_worker`` requests are
+        left out, and TooManyRequests is raised when that leaves none (a migrating request, which
+        holds its place already, is routed uncapped)."""
         now, routing, view = time.monotonic(), self.routing, self.view
         pairs = candidate_pairs(
             view.prefills, view.decodes, exclude, now, routing.local_prefill_fallback
         )
         if not pairs:
             raise NoWorkerError("no prefill/decode worker pair is available")
+        cap = routing.max_requests_per_worker
+        if capped and cap:
+            pairs = [(p, d) for p, d in pairs if d.num_requests_held < cap]
+            if not pairs:
+                raise TooManyRequests("every worker holds as many requests as it may queue")
         hashes = (
             block_hashes(token_ids, routing.block_size, tenant_root(b"", tenant))
             if routing.prefix_routing

@@ -21,13 +21,14 @@ from coordinator.config.loader import CoordinatorConfig
 from coordinator.content_safety import ContentFilter
 from coordinator.model_info import ModelInfo
 from coordinator.routing.config import RoutingConfig
-from engine.config import CacheConfig
+from engine.config import EngineConfig
 from engine.embedding_model import embedding_model_dirs
 from engine.model.loader import load_hf_config, load_tokenizer, model_name, resolve_model_dir
 from engine.model.loader import tokenizer_dir as model_tokenizer_dir
 from engine.model.mlflow_model import MlflowModel, is_mlflow_dir, read_mlflow_model
 
 log = logging.getLogger(__name__)
+QUEUED_BATCHES = 4  # max_requests_per_worker 0: this many engine batches (maxBatchSize) a worker
 NO_TIMEOUT_RESERVATION_WAIT_S = 3600.0  # schedule_timeout 0 (off): a hand-off waits an hour
 
 
@@ -108,8 +109,10 @@ def cluster_config(config: CoordinatorConfig, served: ServedModels) -> ClusterCo
     )
 
 
-def routing_config(config: CoordinatorConfig, cache: CacheConfig) -> RoutingConfig:
+def routing_config(config: CoordinatorConfig, engine: EngineConfig) -> RoutingConfig:
     """The router's settings; without prefix caching in the engines, pairs by load only."""
-    routing = config.fed(RoutingConfig)
+    routing, cache = config.fed(RoutingConfig), engine.cache
     prefix_routing = routing.pop("prefix_routing") and cache.enable_prefix_caching
+    if not routing["max_requests_per_worker"]:
+        routing["max_requests_per_worker"] = QUEUED_BATCHES * engine.scheduler.max_batch_size
     return RoutingConfig(prefix_routing=prefix_routing, block_size=cache.block_size, **routing)

@@ -72,9 +72,7 @@ class Coordinator:
         self.cluster.on_handoff = self.metrics.record_handoff
         self.cluster.on_prefilled = self.metrics.record_prefill
         self.fleet = self.cluster.fleet
-        self.router = Router(
-            self.fleet, routing=routing_config(config, self.cluster.config.engine.cache)
-        )
+        self.router = Router(self.fleet, routing=routing_config(config, self.cluster.config.engine))
         self.service = InferenceService(
             self.cluster,
             self.router,

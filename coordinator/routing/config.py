@@ -24,6 +24,9 @@ class RoutingConfig:
     local_prefill_tokens: int = 96
     local_prefill_queue_tokens: int = 1024
     local_prefill_fallback: bool = True  # no prefill worker answers: decode workers prefill
+    # requests one decode (or colocated) worker may hold, running, waiting or reserved; a new
+    # request finding every worker at it is refused (429) instead of queued (0: no cap)
+    max_requests_per_worker: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_size", "prefix_ttl_s"):
@@ -34,6 +37,7 @@ class RoutingConfig:
             "max_decode_imbalance",
             "local_prefill_tokens",
             "local_prefill_queue_tokens",
+            "max_requests_per_worker",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be at least 0, got {getattr(self, name)}")

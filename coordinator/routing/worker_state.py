@@ -35,6 +35,12 @@ class WorkerState:
         return self.stats.num_prompt_tokens_to_compute + self.pending_tokens
 
     @property
+    def num_requests_held(self) -> int:
+        """Requests here: running, waiting, reserved (as of the last poll) and sent since."""
+        stats = self.stats
+        return stats.num_running + stats.num_waiting + stats.num_reserved + self.pending_requests
+
+    @property
     def decode_load(self) -> int:
         stats = self.stats
         return stats.num_running + stats.num_reserved + self.pending_requests

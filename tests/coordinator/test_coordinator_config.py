@@ -41,7 +41,7 @@ def test_the_default_pd_separate_is_the_adaptive_one_measured_and_single_node_fi
 
     config = resolve_config(parse_args([]))
     cluster = cluster_config(config, ServedModels(None, None))
-    routing = routing_config(config, cluster.engine.cache)
+    routing = routing_config(config, cluster.engine)
     assert (routing.local_prefill_tokens, routing.local_prefill_queue_tokens) == (96, 1024)
     assert cluster.engine.scheduler.step_target_ms == 100
     single = {"digs_scheduler_config": {"deploy_mode": "single_node"}}

@@ -14,7 +14,7 @@ from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, 
 from coordinator.inference import Timeouts
 from coordinator.metrics import Metrics
 from coordinator.routing.config import RoutingConfig
-from engine.outputs import TokenEvent
+from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from tests.support.fake_cluster import (
     MAX_NEW,
@@ -197,3 +197,20 @@ def test_an_attempt_that_found_its_worker_restarting_spends_no_retry():
     assert [e.token_id for e in events] == [100 + n for n in range(MAX_NEW)]
     assert len(cluster.calls) == 3  # the first pair, another that was restarting too, a third
     assert not _migrations(metrics, WORKER_RESTARTING)
+
+
+def test_a_new_request_finding_every_worker_at_its_cap_is_429_a_migrating_one_is_not():
+    service = _service(FakeCluster(), routing=RoutingConfig(max_requests_per_worker=3))
+    router = service.router
+    for worker in router.view.decodes:
+        worker.stats = EngineStats(num_running=2, num_waiting=1)
+    with pytest.raises(TooManyRequests, match="every worker holds as many requests"):
+        router.choose([1, 2, 3])
+    assert router.choose([1, 2, 3], {(0, 0)}, capped=False) != (0, 0)
+    router.view.decodes[1].stats = EngineStats(num_running=1)
+    assert router.choose([1, 2, 3])[1] == 1
+    router.view.decodes[1].pending_requests += 1  # what was just sent there counts too
+    with pytest.raises(TooManyRequests):
+        router.choose([1, 2, 3])
+    with pytest.raises(TooManyRequests):
+        asyncio.run(_collect(service))
