@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from coordinator.api.common import collect, create_router, read_json
 from coordinator.api.embeddings import embedded
-from coordinator.api.errors import APIError, MlflowError, OpenAIError
+from coordinator.api.errors import APIError, MlflowError, OpenAIError, retry_headers
 from coordinator.api.limits import MAX_INVOCATION_ROWS, over_limit
 from coordinator.api.mlflow_inputs import (
     Scoring,
@@ -50,15 +50,16 @@ ERROR_CODES = {  # MLflow's names for service failures, by status; any other is 
 
 
 def error_response(error: APIError) -> JSONResponse:
+    headers = retry_headers(error)
     if not isinstance(error, MlflowError):
         error = MlflowError(error.message, status=error.status)
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def service_error_response(exc: ServiceError) -> JSONResponse:
     error = APIError.from_service(exc)
     code = ERROR_CODES.get(error.status, "INTERNAL_ERROR")
-    return error_response(MlflowError(error.message, code, error.status))
+    return error_response(MlflowError(error.message, code, error.status, error.retry_after_s))
 
 
 class MlflowScorer:
