@@ -26,7 +26,9 @@ from fastapi.responses import JSONResponse, Response
 from coordinator.api import azure, mindie, mlflow, openai, tgi
 from coordinator.api.admission import DoorCount, DoorGate
 from coordinator.api.azure import create_azure_router, create_info_router
+from coordinator.api.body_budget import MIB, BodyBudget
 from coordinator.api.common import internal_error_message, new_error_id
+from coordinator.api.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.api.embeddings import Embed, EmbeddingRoutes, create_embeddings_router
 from coordinator.api.errors import APIError
 from coordinator.api.limits import default_body_limit_mb
@@ -60,11 +62,13 @@ def create_predict_app(
     is_ready: Callable[[], bool],
     max_input_tokens: int = SchedulerConfig.max_input_token_len,
     tenant_isolation: bool = True,
+    door_limits: DoorLimits = DEFAULT_DOOR_LIMITS,
 ) -> FastAPI:
     """The app on the predict port; ``is_ready`` says whether the cluster is up;
     ``body_limit_mb`` 0: what the longest legal prompt needs (the served model's prompt limit,
     else ``max_input_tokens``); ``tenant_isolation``: each of ``api_keys`` a tenant with a
-    prefix cache of its own."""
+    prefix cache of its own; ``door_limits``: the budget of buffered bodies and the tenants'
+    limits."""
     if not body_limit_mb:
         model = served.generation
         body_limit_mb = default_body_limit_mb(model.max_input_tokens if model else max_input_tokens)
@@ -75,7 +79,14 @@ def create_predict_app(
     keys = set(api_keys)
     app.add_middleware(DisconnectGuard)
     app.state.door = DoorCount()
-    app.add_middleware(DoorGate, service=service, count=app.state.door, refusal=door_refusal)
+    app.state.body_budget = BodyBudget(door_limits.max_buffered_body_mb * MIB)
+    app.add_middleware(
+        DoorGate,
+        service=service,
+        count=app.state.door,
+        refusal=door_refusal,
+        budget=app.state.body_budget,
+    )
     app.add_middleware(
         RequestGate, refuse=partial(record_tenant, tenants=Tenants(keys, tenant_isolation))
     )

@@ -45,9 +45,10 @@ from workers.contracts import GenerationRequest
 log = logging.getLogger(__name__)
 Events = AsyncGenerator[TokenEvent, None]
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape in JSON text
-# a body over this is decoded on LARGE_JSON's thread, off the event loop, one at a time (so one
-# large body's objects at most are being built at once, whatever arrives)
-LARGE_JSON_BYTES = 1024 * 1024
+# a body over this is decoded on LARGE_JSON's thread, off the event loop (a 64 KiB body takes
+# about half a millisecond to decode), one at a time (so one large body's objects at most are
+# being built at once, whatever arrives)
+LARGE_JSON_BYTES = 64 * 1024
 LARGE_JSON = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-json")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from coordinator.api.door_limits import DEFAULT_BUFFERED_BODY_MB
 from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.config.keys import Convert, Feed, Key, fed
 from coordinator.http_edge import EdgeLimits
@@ -94,6 +95,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         Key("body_limit", "int", 0, "a larger request body is answered 413; 0: what the largest "
             "legal prompt needs, however JSON escapes it, plus 1 MB (2 MB at the default "
             "`maxInputTokenLen`; [api.md](api.md#limits))", 0, 1024, unit="MB"),
+        Key("max_buffered_body_mb", "int", DEFAULT_BUFFERED_BODY_MB, "request bodies held at "
+            "once, all requests together, counted as their bytes arrive and given back as each "
+            "request ends; a body that would pass it is answered 429 (`Retry-After`) and not read "
+            "further", 1, 1024 * 1024, unit="MB"),
         Key("max_connections", "int", 0, "connections the predict listener holds at once (0: "
             "`max_requests` + 64); at the cap the connection idle longest is closed, and with "
             "none idle a new one is answered 503; the manage and metrics listeners hold 64 each, "

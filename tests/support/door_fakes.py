@@ -14,6 +14,7 @@ import httpx
 import uvicorn
 
 from coordinator.api.app import create_predict_app
+from coordinator.api.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.errors import ServiceError
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
@@ -71,11 +72,26 @@ class ScriptedService:
             raise self.error
 
 
-def predict_app(service: Any, body_limit_mb: int = 1):
+async def no_embeddings(texts: list[str]) -> dict[str, Any]:
+    raise AssertionError("this predict app serves no embedding model")
+
+
+def predict_app(
+    service: Any,
+    body_limit_mb: int = 1,
+    door_limits: DoorLimits = DEFAULT_DOOR_LIMITS,
+    api_keys: tuple[str, ...] = (),
+):
     model = ModelInfo("fake", CharTokenizer(), 1024, 1000, 100)
     served = ServedModels(generation=model, embedding_path=None)
     return create_predict_app(
-        service, served, None, body_limit_mb=body_limit_mb, api_keys=(), is_ready=lambda: True
+        service,
+        served,
+        no_embeddings,
+        body_limit_mb=body_limit_mb,
+        api_keys=api_keys,
+        is_ready=lambda: True,
+        door_limits=door_limits,
     )
 
 
