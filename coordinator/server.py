@@ -98,7 +98,7 @@ class Coordinator:
             api_keys=self.config["http_config"]["api_keys"],
             tenant_isolation=self.config["http_config"]["tenant_isolation"],
             is_ready=lambda: self.ready,
-            door_limits=door_limits(self.config["request_limit"]),
+            door_limits=door_limits(self.config),
         )
 
     def status_app(self) -> FastAPI:

@@ -5,6 +5,7 @@
   ``request_limit.max_requests`` of them open one more is refused at once. So the CPU that JSON
   and tokenizers cost is bounded by ``max_requests`` requests, and the memory of their bodies by
   the budget of buffered bodies (:mod:`~coordinator.api.body_budget`), taken as chunks arrive.
+  Each client's own requests open are counted there too (:mod:`~coordinator.api.clients`).
 - **In flight** (:func:`admitted`, and the generation service's own admission): generations and
   embeddings share ``in_flight``, so ``max_requests`` bounds them all (an ``/invocations`` request
   is one at the door and one in flight per row) and a draining coordinator waits for them too.
@@ -25,6 +26,7 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.api.body_budget import BodyBudget, BodyBudgetSpent, BudgetedBody, declared_length
+from coordinator.api.clients import UNLIMITED
 from coordinator.errors import ServiceError, TooManyRequests, check_room
 
 DoorRefusal = Callable[[str, ServiceError], Response]  # (path, why) -> the door's answer
@@ -87,10 +89,12 @@ class DoorGate:
         if scope["type"] != "http" or scope["method"] != "POST" or self.service is None:
             await self.app(scope, receive, send)
             return
+        client = scope.get("state", {}).get("client", UNLIMITED)
         try:
             check_room(self.service.draining, self.count.open, self.service.max_requests, "open")
             if not self.budget.fits(declared_length(scope["headers"])):
                 raise TooManyRequests(BODY_TOO_BIG_NOW)
+            client.limits.enter(client.key)
         except ServiceError as exc:
             await self.refuse(exc, scope, receive, send)
             return
@@ -106,6 +110,7 @@ class DoorGate:
         finally:
             body.release()
             self.count.open -= 1
+            client.limits.leave(client.key)
 
     async def refuse(self, exc: ServiceError, scope: Scope, receive: Receive, send: Send) -> None:
         if self.service is not None:

@@ -3,7 +3,8 @@ disconnect guard, and the answers to an unknown route or an unexpected failure (
 body for both).
 
 A request passes, in order: the not-ready gate (503), the API-key gate (401), the tenant gate
-(:mod:`~coordinator.api.tenants`: the key's tenant, whose prefix cache is its own), the door gate
+(:mod:`~coordinator.api.tenants`: the key's tenant, whose prefix cache is its own), the client
+gate (:mod:`~coordinator.api.clients`: whose limits the request counts against), the door gate
 (:mod:`~coordinator.api.admission`: 429 / 503 before the body is read), the disconnect guard
 (:mod:`~coordinator.api.middleware`: a client that goes away cancels its handler, on every route),
 then its door's handler.
@@ -27,6 +28,7 @@ from coordinator.api import azure, mindie, mlflow, openai, tgi
 from coordinator.api.admission import DoorCount, DoorGate
 from coordinator.api.azure import create_azure_router, create_info_router
 from coordinator.api.body_budget import MIB, BodyBudget
+from coordinator.api.clients import ClientLimits, Clients, record_client
 from coordinator.api.common import internal_error_message, new_error_id
 from coordinator.api.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.api.embeddings import Embed, EmbeddingRoutes, create_embeddings_router
@@ -87,6 +89,10 @@ def create_predict_app(
         refusal=door_refusal,
         budget=app.state.body_budget,
     )
+    limits = ClientLimits(door_limits.max_requests_per_key, door_limits.tokens_per_minute_per_key)
+    clients = Clients(keys, limits, door_limits.priority_by_key)
+    app.state.client_limits = limits
+    app.add_middleware(RequestGate, refuse=partial(record_client, clients=clients))
     app.add_middleware(
         RequestGate, refuse=partial(record_tenant, tenants=Tenants(keys, tenant_isolation))
     )

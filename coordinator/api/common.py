@@ -32,6 +32,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from coordinator.api.clients import client_of
 from coordinator.api.errors import APIError
 from coordinator.api.tenants import tenant_of
 from coordinator.errors import GenerationFailed, ServiceError
@@ -85,11 +86,15 @@ class Door:
         self, request: Request, ids: list[int], params: SamplingParams, **fields: Any
     ) -> Events:
         """The service's events for ``ids`` under a new request id, as the tenant of the HTTP
-        ``request``; ``fields``: the rest of the :class:`GenerationRequest` (priority, timeout)."""
+        ``request``, metered against its client's token rate; ``fields``: the rest of the
+        :class:`GenerationRequest` (priority, clamped to what the client's key may ask; timeout)."""
+        client = client_of(request)
+        if "priority" in fields:
+            fields["priority"] = client.priority(fields["priority"])
         new = GenerationRequest(
             self.service.new_request_id(), ids, params, tenant=tenant_of(request), **fields
         )
-        return self.service.generate(new)
+        return client.metered(self.service.generate(new), params.max_new_tokens)
 
 
 def create_router(*routes: Route, prefixes: tuple[str, ...] = ("",)) -> APIRouter:

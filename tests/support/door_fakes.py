@@ -53,6 +53,7 @@ class ScriptedService:
     ) -> None:
         self.tokens, self.error, self.finish = tokens, error, finish
         self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission's state
+        self.requests: list[Any] = []  # every GenerationRequest it was given
 
     def count_door_refusal(self) -> None:
         """Admission's hook for a request refused at the door (nothing counts it here)."""
@@ -61,6 +62,7 @@ class ScriptedService:
         return "req-1"
 
     async def generate(self, request: Any):
+        self.requests.append(request)
         for i in range(self.tokens):
             last = self.error is None and i == self.tokens - 1
             finish = self.finish if last else None
