@@ -66,8 +66,9 @@ class ClientLimits:
 
 @dataclass(frozen=True)
 class Client:
-    """Who sent a request, as its limits know it: ``key`` an id of its API key (never the key)
-    or its address; ``best_priority`` the best it may ask for."""
+    """Who sent a request, as its limits and the engines' waiting queues know it: ``key`` a
+    keyed hash of its API key, or of its address (never either itself: it travels to the
+    workers); ``best_priority`` the best it may ask for."""
 
     key: str
     limits: ClientLimits
@@ -111,9 +112,11 @@ class Clients:
     ) -> None:
         secret = secret or secrets.token_bytes(32)
         unlisted = WORST_PRIORITY if priority_by_key else BEST_PRIORITY
-        self.limits = limits
+        self.limits, self._secret = limits, secret
         self._clients = {
-            key: Client(_key_id(secret, key), limits, priority_by_key.get(key, unlisted))
+            key: Client(
+                "key:" + _keyed_hash(secret, key), limits, priority_by_key.get(key, unlisted)
+            )
             for key in keys
             if key
         }
@@ -125,11 +128,12 @@ class Clients:
             if client is not None:
                 return client
         address = request.client.host if request.client else ""
-        return Client(f"address:{address}", self.limits, self._anonymous_priority)
+        key = "address:" + _keyed_hash(self._secret, address)
+        return Client(key, self.limits, self._anonymous_priority)
 
 
-def _key_id(secret: bytes, key: str) -> str:
-    return "key:" + hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:32]
+def _keyed_hash(secret: bytes, text: str) -> str:
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def record_client(request: Request, clients: Clients) -> Response | None:

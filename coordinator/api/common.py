@@ -92,7 +92,12 @@ class Door:
         if "priority" in fields:
             fields["priority"] = client.priority(fields["priority"])
         new = GenerationRequest(
-            self.service.new_request_id(), ids, params, tenant=tenant_of(request), **fields
+            self.service.new_request_id(),
+            ids,
+            params,
+            tenant=tenant_of(request),
+            client=client.key,
+            **fields,
         )
         return client.metered(self.service.generate(new), params.max_new_tokens)
 

@@ -115,7 +115,9 @@ class MlflowScorer:
         if input_blocked(model, prompt):
             raise MlflowError(INPUT_FILTERED)
         answer = Completion(kind, model.name, len(prompt.ids), model.content_filter)
-        request = GenerationRequest(service.new_request_id(), prompt.ids, params, tenant=tenant)
+        request = GenerationRequest(
+            service.new_request_id(), prompt.ids, params, tenant=tenant, client=client.key
+        )
         await collect(client.metered(service.generate(request), params.max_new_tokens), answer)
         return answer.body()
 

@@ -131,3 +131,17 @@ def test_without_api_keys_the_client_is_its_address():
     assert refused.json()["error"]["message"] == (
         "this key may have at most 1 requests open at once"
     )
+
+
+def test_each_generation_names_its_client_by_a_keyed_hash_for_the_engines_queue():
+    service = ScriptedService(1)
+    app = predict_app(service, api_keys=(KEY_A, KEY_B))
+    for name in (KEY_A, KEY_A, KEY_B):
+        assert post(app, "/v1/completions", {"prompt": "hi"}, headers=key(name)).is_success
+    a1, a2, b = (request.client for request in service.requests)
+    assert a1 == a2 != b and a1.startswith("key:")
+    assert KEY_A not in a1 and KEY_B not in b
+    anonymous = ScriptedService(1)
+    assert post(predict_app(anonymous), "/infer", {"inputs": "hi"}).is_success
+    (request,) = anonymous.requests
+    assert request.client.startswith("address:") and "127.0.0.1" not in request.client
