@@ -40,7 +40,7 @@ from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
 from coordinator.api.tenants import Tenants, record_tenant
 from coordinator.api.tgi import create_tgi_router
-from coordinator.errors import ServiceError
+from coordinator.errors import RETRY_DRAINING_S, ServiceError
 from coordinator.inference import InferenceService
 from coordinator.served_model import ServedModels
 from engine.config import SchedulerConfig
@@ -174,7 +174,8 @@ def missing_api_key(request: Request, keys: set[str]) -> Response | None:
 def not_ready(request: Request, is_ready: Callable[[], bool]) -> Response | None:
     """503 (MindIE's error body) while the cluster is starting."""
     if not is_ready():
-        return mindie.error_response(APIError(503, "Service Unavailable: the cluster is starting"))
+        starting = "Service Unavailable: the cluster is starting"
+        return mindie.error_response(APIError(503, starting, retry_after_s=RETRY_DRAINING_S))
     return None
 
 

@@ -102,7 +102,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         Key("max_buffered_body_mb", "int", DEFAULT_BUFFERED_BODY_MB, "request bodies held at "
             "once, all requests together, counted as their bytes arrive and given back as each "
             "request ends; a body that would pass it is answered 429 (`Retry-After`) and not read "
-            "further", 1, 1024 * 1024, unit="MB"),
+            "further; at start it must be at most a quarter of the pod's memory limit", 1,
+            1024 * 1024, unit="MB"),
         Key("max_requests_per_key", "int", 0, "requests one client (its API key, else its "
             "address) may have open at once; one more is answered 429 (`Retry-After`) (0: no "
             "cap)", 0, 1_000_000),

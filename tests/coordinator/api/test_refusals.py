@@ -1,6 +1,6 @@
-"""What a refused client is told: 429 and the draining 503 carry ``Retry-After`` in every door,
-from the door gate and from the service alike, and no body or header tells a client how busy the
-pool is or what its limits are."""
+"""What a refused client is told: 429, the draining 503 and the starting one carry
+``Retry-After`` in every door, from the door gate and from the service alike, and no body or
+header tells a client how busy the pool is or what its limits are."""
 
 from __future__ import annotations
 
@@ -8,8 +8,17 @@ import re
 
 import pytest
 
+from coordinator.api.app import create_predict_app
 from coordinator.errors import TooManyRequests
-from tests.support.door_fakes import AZURE_CHAT, MESSAGES, ScriptedService, post, predict_app
+from coordinator.served_model import ServedModels
+from tests.support.door_fakes import (
+    AZURE_CHAT,
+    MESSAGES,
+    ScriptedService,
+    no_embeddings,
+    post,
+    predict_app,
+)
 
 DOORS = [
     ("mindie", "/infer", {"inputs": "hi"}),
@@ -72,3 +81,17 @@ def test_a_served_request_has_no_retry_after():
     response = post(predict_app(ScriptedService(1)), "/infer", {"inputs": "hi"})
     assert response.status_code == 200
     assert "retry-after" not in response.headers
+
+
+def test_the_starting_503_has_retry_after():
+    app = create_predict_app(
+        ScriptedService(1),
+        ServedModels(generation=None, embedding_path=None),
+        no_embeddings,
+        body_limit_mb=1,
+        api_keys=(),
+        is_ready=lambda: False,
+    )
+    response = post(app, "/infer", {"inputs": "hi"})
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "5"
