@@ -9,7 +9,7 @@ traffic)."""
 from __future__ import annotations
 
 RETRY_BUSY_S = 1  # Retry-After of a refusal at a full pool
-RETRY_DRAINING_S = 5  # Retry-After of a refusal by a draining coordinator (its successor's start)
+RETRY_UNAVAILABLE_S = 5  # Retry-After of a 503 while the coordinator starts or drains
 
 
 class ServiceError(RuntimeError):
@@ -54,6 +54,6 @@ def check_room(draining: bool, count: int, max_requests: int, what: str) -> None
     ``count`` requests ``what`` (in flight, open) reached ``max_requests`` (TooManyRequests, whose
     message names neither: the pool's load is no client's business)."""
     if draining:
-        raise NoWorkerError("the coordinator is shutting down", RETRY_DRAINING_S)
+        raise NoWorkerError("the coordinator is shutting down", RETRY_UNAVAILABLE_S)
     if count >= max_requests:
         raise TooManyRequests("the server is busy; retry later")

@@ -100,11 +100,11 @@ class DoorGate:
             return
         self.count.open += 1
         body = BudgetedBody(receive, self.budget)
-        answer = Answer(send)
+        response = ResponseWatch(send)
         try:
-            await self.app(scope, body.receive, answer.send)
+            await self.app(scope, body.receive, response.send)
         except BodyBudgetSpent:
-            if answer.started:  # too late for a status: the connection ends unfinished
+            if response.started:  # too late for a status: the connection ends unfinished
                 raise
             await self.refuse(TooManyRequests(BODY_TOO_BIG_NOW), scope, receive, send)
         finally:
@@ -118,7 +118,7 @@ class DoorGate:
         await self.refusal(scope["path"], exc)(scope, receive, send)
 
 
-class Answer:
+class ResponseWatch:
     """A request's ``send``, noting whether its answer has begun."""
 
     def __init__(self, send: Send) -> None:

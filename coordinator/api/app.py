@@ -40,7 +40,7 @@ from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
 from coordinator.api.tenants import Tenants, record_tenant
 from coordinator.api.tgi import create_tgi_router
-from coordinator.errors import RETRY_DRAINING_S, ServiceError
+from coordinator.errors import RETRY_UNAVAILABLE_S, ServiceError
 from coordinator.inference import InferenceService
 from coordinator.served_model import ServedModels
 from engine.config import SchedulerConfig
@@ -69,8 +69,8 @@ def create_predict_app(
     """The app on the predict port; ``is_ready`` says whether the cluster is up;
     ``body_limit_mb`` 0: what the longest legal prompt needs (the served model's prompt limit,
     else ``max_input_tokens``); ``tenant_isolation``: each of ``api_keys`` a tenant with a
-    prefix cache of its own; ``door_limits``: the budget of buffered bodies and the tenants'
-    limits."""
+    prefix cache of its own; ``door_limits``: the budget of buffered bodies and each client's
+    own limits."""
     if not body_limit_mb:
         model = served.generation
         body_limit_mb = default_body_limit_mb(model.max_input_tokens if model else max_input_tokens)
@@ -175,7 +175,7 @@ def not_ready(request: Request, is_ready: Callable[[], bool]) -> Response | None
     """503 (MindIE's error body) while the cluster is starting."""
     if not is_ready():
         starting = "Service Unavailable: the cluster is starting"
-        return mindie.error_response(APIError(503, starting, retry_after_s=RETRY_DRAINING_S))
+        return mindie.error_response(APIError(503, starting, retry_after_s=RETRY_UNAVAILABLE_S))
     return None
 
 
