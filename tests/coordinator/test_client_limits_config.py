@@ -10,7 +10,9 @@ import pytest
 
 from coordinator.api.door_limits import door_limits
 from coordinator.config.loader import load_config
+from coordinator.server import Coordinator
 from engine.errors import ConfigError
+from tests.support.coordinator_configs import config_with
 
 
 def config_file(tmp_path, **http: object) -> str:
@@ -43,3 +45,17 @@ def test_the_door_limits_come_from_the_configuration(tmp_path):
     assert (door.max_buffered_body_mb, door.max_requests_per_key) == (64, 3)
     assert door.tokens_per_minute_per_key == 9
     assert door.priority_by_key == {"k1": 2}
+
+
+def test_the_coordinators_predict_app_takes_its_limits_from_the_configuration():
+    config = config_with(api_keys=["k1"], api_key_priority={"k1": 2}).with_overrides(
+        {
+            "request_limit.max_buffered_body_mb": 32,
+            "request_limit.max_requests_per_key": 4,
+            "request_limit.tokens_per_minute_per_key": 600,
+        }
+    )
+    app = Coordinator(config).predict_app()
+    assert app.state.body_budget.limit_bytes == 32 * 1024 * 1024
+    assert app.state.client_limits.max_requests_per_key == 4
+    assert app.state.client_limits.tokens.capacity == 600
