@@ -26,6 +26,7 @@ from coordinator.config.loader import (
     check_manage_listener,
     load_config,
 )
+from coordinator.memory_check import check_body_budget, memory_limit_bytes
 from engine.errors import ConfigError, EngineError
 
 OVERRIDES = {  # CLI option -> config key
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = resolve_config(args)
         check_manage_listener(config)
+        check_body_budget(config, memory_limit_bytes())
     except ConfigError as exc:
         print(f"pdserve: configuration error: {exc}", file=sys.stderr)
         return 2

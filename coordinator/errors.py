@@ -1,19 +1,34 @@
 """Why the service could not serve a request. Each error carries its HTTP status; every front door
-answers with that status and shapes the body in its own protocol's format."""
+answers with that status and shapes the body in its own protocol's format.
+
+An error the client may simply retry carries ``retry_after_s`` (whole seconds), which every door
+sends as ``Retry-After``. A refusal's message speaks of the client's own request or key only: it
+never tells one client how busy the pool is or what its limits are (that is other tenants'
+traffic)."""
 
 from __future__ import annotations
 
+RETRY_BUSY_S = 1  # Retry-After of a refusal at a full pool
+RETRY_UNAVAILABLE_S = 5  # Retry-After of a 503 while the coordinator starts or drains
+
 
 class ServiceError(RuntimeError):
-    """A request the cluster could not serve."""
+    """A request the cluster could not serve; ``retry_after_s``: when a retry may succeed."""
 
     status = 500
+    retry_after_s: int | None = None
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
 
 
 class TooManyRequests(ServiceError):
-    """``max_requests`` are in flight."""
+    """No room for the request now (the pool's, or its key's own limit)."""
 
     status = 429
+    retry_after_s: int | None = RETRY_BUSY_S
 
 
 class RequestTimeout(ServiceError):
@@ -36,8 +51,9 @@ class GenerationFailed(ServiceError):
 
 def check_room(draining: bool, count: int, max_requests: int, what: str) -> None:
     """Raise why one more request cannot be taken: the coordinator drains (NoWorkerError), or
-    ``count`` requests ``what`` (in flight, open) reached ``max_requests`` (TooManyRequests)."""
+    ``count`` requests ``what`` (in flight, open) reached ``max_requests`` (TooManyRequests, whose
+    message names neither: the pool's load is no client's business)."""
     if draining:
-        raise NoWorkerError("the coordinator is shutting down")
+        raise NoWorkerError("the coordinator is shutting down", RETRY_UNAVAILABLE_S)
     if count >= max_requests:
-        raise TooManyRequests(f"{count} requests {what} (max_requests {max_requests})")
+        raise TooManyRequests("the server is busy; retry later")

@@ -36,6 +36,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from coordinator.connection_caps import ConnectionCaps, ListenerConnections
+from coordinator.errors import RETRY_BUSY_S
 
 log = logging.getLogger(__name__)
 SLICE_BYTES = 16 * 1024  # the most of a next request fed uncounted when it begins mid-chunk
@@ -54,10 +55,12 @@ class EdgeLimits:
 
 
 def error_bytes(status: int, reason: str, message: str) -> bytes:
-    """A whole HTTP/1.1 response, the coordinator's JSON error body, ``connection: close``."""
+    """A whole HTTP/1.1 response, the coordinator's JSON error body, ``connection: close``; a
+    429 or 503 (a connection cap) with ``Retry-After``."""
     body = json.dumps({"error": message, "error_type": reason}).encode()
+    retry = f"retry-after: {RETRY_BUSY_S}\r\n" if status in (429, 503) else ""
     head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n{retry}"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body

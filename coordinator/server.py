@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
+from coordinator.api.door_limits import door_limits
 from coordinator.cluster import Cluster
 from coordinator.config.loader import CoordinatorConfig, check_manage_listener
 from coordinator.connection_caps import ConnectionCaps
@@ -98,6 +99,7 @@ class Coordinator:
             api_keys=self.config["http_config"]["api_keys"],
             tenant_isolation=self.config["http_config"]["tenant_isolation"],
             is_ready=lambda: self.ready,
+            door_limits=door_limits(self.config),
         )
 
     def status_app(self) -> FastAPI:

@@ -154,6 +154,7 @@ class LLMEngine:
             arrival_seq=next(self._arrivals),
             prefill_only=new.prefill_only,
             tenant=new.tenant,
+            client=new.client,
             arrival_time=new.arrival_time,
             generator=torch.Generator(device=self.device),
             grammar=self.grammars.state(params.constraint),

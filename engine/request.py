@@ -43,6 +43,7 @@ class NewRequest:
     # whose prompt it is: the prefix cache roots its block hashes here (engine.prefix_hash), so
     # it shares blocks with its own tenant's requests only; "": no tenant
     tenant: str = ""
+    client: str = ""  # whose request it is: the waiting queue takes clients in turn
     arrival_time: float = field(default_factory=time.monotonic)  # its queueing counts from then
     prefill_only: bool = False  # stop after the first token and hold the KV for export
 
@@ -85,6 +86,9 @@ class Request:
     # whose prompt it is: the prefix cache roots its block hashes here (engine.prefix_hash), so
     # it shares blocks with its own tenant's requests only; "": no tenant
     tenant: str = field(default="", repr=False)
+    # whose request it is, for fair queuing within a priority (engine.fair_queue); "": one line
+    client: str = field(default="", repr=False)
+    queue_round: int | None = field(default=None, repr=False)  # its turn there, kept if preempted
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0

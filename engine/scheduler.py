@@ -7,10 +7,11 @@ decode, with ``stepTargetMs``: ``engine/step_budget.py``). When a step reaches t
 end of a request's tokens, the request samples its next token. A preempted request simply drops
 its blocks and computed count and goes back to the waiting queue, where it is recomputed.
 
-Order: the running batch and the waiting queue are both ordered by (priority, arrival): priority
-1 first, FCFS within a priority. Admission needs blocks for the whole uncomputed sequence, so an
-admitted prompt never stalls halfway; a running request that cannot grow preempts the
-lowest-ordered running request (possibly itself).
+Order: the running batch is ordered by (priority, arrival): priority 1 first, FCFS within a
+priority; the waiting queue by priority, then round-robin across clients within a priority
+(``engine/fair_queue.py``), FCFS within a client. Admission needs blocks for the whole
+uncomputed sequence, so an admitted prompt never stalls halfway; a running request that cannot
+grow preempts the lowest-ordered running request (possibly itself).
 
 Prefix caching: an admitted request first takes the longest cached prefix of its tokens
 (always leaving its last token to compute) and needs new blocks only for the rest; cached blocks
@@ -21,11 +22,11 @@ filled stay cached, so its recompute mostly finds them again.
 from __future__ import annotations
 
 import bisect
-import heapq
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
+from engine.fair_queue import FairQueue
 from engine.request import Request, RequestStatus
 from engine.step_budget import StepBudget
 
@@ -47,17 +48,17 @@ class Scheduler:
         self.config = config
         self.blocks = blocks
         self.running: list[Request] = []  # sorted by sort_key
-        self._waiting: list[tuple[tuple[int, int], Request]] = []  # heap; finished ones skipped
+        self._waiting = FairQueue()  # finished ones skipped
         self.num_preemptions = 0
         self.step_budget = StepBudget(config.step_target_ms, config.max_prefill_tokens)
 
     @property
     def waiting(self) -> list[Request]:
-        return [r for _, r in self._waiting if r.status == RequestStatus.WAITING]
+        return [r for r in self._waiting if r.status == RequestStatus.WAITING]
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
-        heapq.heappush(self._waiting, (request.sort_key, request))
+        self._waiting.push(request)
 
     def insert_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
@@ -116,9 +117,9 @@ class Scheduler:
     def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
         cfg = self.config
         while self._waiting and budget > 0 and len(self.running) < cfg.max_batch_size:
-            request = self._waiting[0][1]
+            request = self._waiting.head()
             if request.status != RequestStatus.WAITING:
-                heapq.heappop(self._waiting)
+                self._waiting.pop()
                 continue
             if len(out.prefills) >= cfg.max_prefill_batch_size:
                 return
@@ -126,7 +127,7 @@ class Scheduler:
             needed = self.blocks.blocks_for(request.num_tokens) - len(cached)
             if not self.blocks.can_take(cached, needed):
                 return  # the head of the queue waits for blocks; nothing jumps ahead of it
-            heapq.heappop(self._waiting)
+            self._waiting.pop()
             self.blocks.count_lookup(request.num_tokens, len(cached))
             request.block_ids = self.blocks.take(cached) + self.blocks.allocate(needed)
             request.num_registered_blocks = len(cached)

@@ -44,6 +44,9 @@ class GenerationRequest:
     # the key): every worker roots its prefix-cache hashes in it, and so does the router, so one
     # tenant's requests never hit another's cached blocks. "": no tenant (one shared cache).
     tenant: str = ""
+    # Whose request it is (coordinator.api.clients: a keyed hash of its API key, or of its
+    # address): each engine's waiting queue takes clients in turn within a priority.
+    client: str = ""
     # The coordinator that sent it: if that coordinator's lease on a worker lapses, the worker
     # aborts it (workers/leases.py). "": no coordinator (never aborted for a lease).
     owner: str = ""

@@ -156,6 +156,7 @@ class WorkerRuntime:
             output_token_ids=request.output_token_ids,
             priority=request.priority,
             tenant=request.tenant,
+            client=request.client,
             **fields,
         )
 

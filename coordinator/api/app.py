@@ -3,7 +3,8 @@ disconnect guard, and the answers to an unknown route or an unexpected failure (
 body for both).
 
 A request passes, in order: the not-ready gate (503), the API-key gate (401), the tenant gate
-(:mod:`~coordinator.api.tenants`: the key's tenant, whose prefix cache is its own), the door gate
+(:mod:`~coordinator.api.tenants`: the key's tenant, whose prefix cache is its own), the client
+gate (:mod:`~coordinator.api.clients`: whose limits the request counts against), the door gate
 (:mod:`~coordinator.api.admission`: 429 / 503 before the body is read), the disconnect guard
 (:mod:`~coordinator.api.middleware`: a client that goes away cancels its handler, on every route),
 then its door's handler.
@@ -26,7 +27,10 @@ from fastapi.responses import JSONResponse, Response
 from coordinator.api import azure, mindie, mlflow, openai, tgi
 from coordinator.api.admission import DoorCount, DoorGate
 from coordinator.api.azure import create_azure_router, create_info_router
+from coordinator.api.body_budget import MIB, BodyBudget
+from coordinator.api.clients import ClientLimits, Clients, record_client
 from coordinator.api.common import internal_error_message, new_error_id
+from coordinator.api.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.api.embeddings import Embed, EmbeddingRoutes, create_embeddings_router
 from coordinator.api.errors import APIError
 from coordinator.api.limits import default_body_limit_mb
@@ -36,7 +40,7 @@ from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
 from coordinator.api.tenants import Tenants, record_tenant
 from coordinator.api.tgi import create_tgi_router
-from coordinator.errors import ServiceError
+from coordinator.errors import RETRY_UNAVAILABLE_S, ServiceError
 from coordinator.inference import InferenceService
 from coordinator.served_model import ServedModels
 from engine.config import SchedulerConfig
@@ -60,11 +64,13 @@ def create_predict_app(
     is_ready: Callable[[], bool],
     max_input_tokens: int = SchedulerConfig.max_input_token_len,
     tenant_isolation: bool = True,
+    door_limits: DoorLimits = DEFAULT_DOOR_LIMITS,
 ) -> FastAPI:
     """The app on the predict port; ``is_ready`` says whether the cluster is up;
     ``body_limit_mb`` 0: what the longest legal prompt needs (the served model's prompt limit,
     else ``max_input_tokens``); ``tenant_isolation``: each of ``api_keys`` a tenant with a
-    prefix cache of its own."""
+    prefix cache of its own; ``door_limits``: the budget of buffered bodies and each client's
+    own limits."""
     if not body_limit_mb:
         model = served.generation
         body_limit_mb = default_body_limit_mb(model.max_input_tokens if model else max_input_tokens)
@@ -75,7 +81,18 @@ def create_predict_app(
     keys = set(api_keys)
     app.add_middleware(DisconnectGuard)
     app.state.door = DoorCount()
-    app.add_middleware(DoorGate, service=service, count=app.state.door, refusal=door_refusal)
+    app.state.body_budget = BodyBudget(door_limits.max_buffered_body_mb * MIB)
+    app.add_middleware(
+        DoorGate,
+        service=service,
+        count=app.state.door,
+        refusal=door_refusal,
+        budget=app.state.body_budget,
+    )
+    limits = ClientLimits(door_limits.max_requests_per_key, door_limits.tokens_per_minute_per_key)
+    clients = Clients(keys, limits, door_limits.priority_by_key)
+    app.state.client_limits = limits
+    app.add_middleware(RequestGate, refuse=partial(record_client, clients=clients))
     app.add_middleware(
         RequestGate, refuse=partial(record_tenant, tenants=Tenants(keys, tenant_isolation))
     )
@@ -157,7 +174,8 @@ def missing_api_key(request: Request, keys: set[str]) -> Response | None:
 def not_ready(request: Request, is_ready: Callable[[], bool]) -> Response | None:
     """503 (MindIE's error body) while the cluster is starting."""
     if not is_ready():
-        return mindie.error_response(APIError(503, "Service Unavailable: the cluster is starting"))
+        starting = "Service Unavailable: the cluster is starting"
+        return mindie.error_response(APIError(503, starting, retry_after_s=RETRY_UNAVAILABLE_S))
     return None
 
 

@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from coordinator.api.common import Door, create_router, read_object, respond
-from coordinator.api.errors import APIError, AzureError, FormatError
+from coordinator.api.errors import APIError, AzureError, FormatError, retry_headers
 from coordinator.api.openai_request import input_blocked, openai_sampling, read_prompt
 from coordinator.api.structured_request import (
     check_compiles,
@@ -75,9 +75,11 @@ def _bad_request(message: str) -> AzureError:
 def error_response(error: APIError) -> JSONResponse:
     """Azure's body for any error: its own, or ``{"error": {"code", "message"}}`` where the code
     is the error's name (``BadRequest`` when it has none)."""
+    headers = retry_headers(error)
     if not isinstance(error, AzureError):
         error = _error(error.status, error.code or "BadRequest", error.message)
-    return JSONResponse(error.body, status_code=error.status, headers=error.headers)
+    headers.update(error.headers)
+    return JSONResponse(error.body, status_code=error.status, headers=headers)
 
 
 def _echoed(value: Any) -> Any:

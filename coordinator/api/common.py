@@ -32,6 +32,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from coordinator.api.clients import client_of
 from coordinator.api.errors import APIError
 from coordinator.api.tenants import tenant_of
 from coordinator.errors import GenerationFailed, ServiceError
@@ -45,9 +46,10 @@ from workers.contracts import GenerationRequest
 log = logging.getLogger(__name__)
 Events = AsyncGenerator[TokenEvent, None]
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape in JSON text
-# a body over this is decoded on LARGE_JSON's thread, off the event loop, one at a time (so one
-# large body's objects at most are being built at once, whatever arrives)
-LARGE_JSON_BYTES = 1024 * 1024
+# a body over this is decoded on LARGE_JSON's thread, off the event loop (a 64 KiB body takes
+# about half a millisecond to decode), one at a time (so one large body's objects at most are
+# being built at once, whatever arrives)
+LARGE_JSON_BYTES = 64 * 1024
 LARGE_JSON = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-json")
 
 
@@ -84,11 +86,20 @@ class Door:
         self, request: Request, ids: list[int], params: SamplingParams, **fields: Any
     ) -> Events:
         """The service's events for ``ids`` under a new request id, as the tenant of the HTTP
-        ``request``; ``fields``: the rest of the :class:`GenerationRequest` (priority, timeout)."""
+        ``request``, metered against its client's token rate; ``fields``: the rest of the
+        :class:`GenerationRequest` (priority, clamped to what the client's key may ask; timeout)."""
+        client = client_of(request)
+        if "priority" in fields:
+            fields["priority"] = client.priority(fields["priority"])
         new = GenerationRequest(
-            self.service.new_request_id(), ids, params, tenant=tenant_of(request), **fields
+            self.service.new_request_id(),
+            ids,
+            params,
+            tenant=tenant_of(request),
+            client=client.key,
+            **fields,
         )
-        return self.service.generate(new)
+        return client.metered(self.service.generate(new), params.max_new_tokens)
 
 
 def create_router(*routes: Route, prefixes: tuple[str, ...] = ("",)) -> APIRouter:

@@ -13,16 +13,25 @@ from coordinator.errors import ServiceError
 
 class APIError(Exception):
     """A request answered with an error status before its answer began. ``code`` names the
-    failure where it has a name of its own (a service error's class, ``content_filter``)."""
+    failure where it has a name of its own (a service error's class, ``content_filter``);
+    ``retry_after_s``: sent as ``Retry-After``."""
 
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, code: str | None = None, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+        self.retry_after_s = retry_after_s
 
     @classmethod
     def from_service(cls, exc: ServiceError) -> APIError:
-        """A service error, answered with the HTTP status it carries."""
-        return cls(exc.status, str(exc), type(exc).__name__)
+        """A service error, answered with the HTTP status (and ``Retry-After``) it carries."""
+        return cls(exc.status, str(exc), type(exc).__name__, exc.retry_after_s)
+
+
+def retry_headers(error: APIError) -> dict[str, str]:
+    """``Retry-After`` (whole seconds) when ``error`` may be retried, else nothing."""
+    return {} if error.retry_after_s is None else {"Retry-After": str(error.retry_after_s)}
 
 
 class BadRequestError(APIError):
@@ -57,13 +66,14 @@ class OpenAIError(APIError):
         param: str | None = None,
         kind: str = "invalid_request_error",
         code: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
-        super().__init__(status, message, code)
+        super().__init__(status, message, code, retry_after_s)
         self.param, self.kind = param, kind
 
     def response(self) -> JSONResponse:
         body = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        return JSONResponse({"error": body}, status_code=self.status)
+        return JSONResponse({"error": body}, status_code=self.status, headers=retry_headers(self))
 
 
 class AzureError(APIError):
@@ -77,8 +87,14 @@ class AzureError(APIError):
 class MlflowError(APIError):
     """Answered 400 (or ``status``) with MLflow's body ``{"error_code", "message"}``."""
 
-    def __init__(self, message: str, code: str = "BAD_REQUEST", status: int = 400) -> None:
-        super().__init__(status, message, code)
+    def __init__(
+        self,
+        message: str,
+        code: str = "BAD_REQUEST",
+        status: int = 400,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(status, message, code, retry_after_s)
 
     def body(self) -> dict[str, str]:
         return {"error_code": str(self.code), "message": self.message}

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.common import Door, create_router, read_json, respond
-from coordinator.api.errors import APIError, InputValidationError
+from coordinator.api.errors import APIError, InputValidationError, retry_headers
 from coordinator.api.limits import MAX_INPUT_TOKENS, prompt_char_limit
 from coordinator.api.media import check_media
 from coordinator.api.mindie_format import (
@@ -41,7 +41,7 @@ from coordinator.model_info import ModelInfo
 
 def error_response(error: APIError) -> JSONResponse:
     """MindIE's error body ``{"error", "error_type"}`` with the error's status."""
-    return JSONResponse(error_body(error), status_code=error.status)
+    return JSONResponse(error_body(error), status_code=error.status, headers=retry_headers(error))
 
 
 def service_error_response(error: APIError) -> JSONResponse:

@@ -72,8 +72,9 @@ def service_error(error: APIError) -> APIError:
     if error.status == 408:
         return error
     if error.status == 429:
-        return APIError(429, error_type(429))
-    return APIError(error.status, f"{error_type(error.status)}: {error.message}")
+        return APIError(429, error_type(429), error.code, error.retry_after_s)
+    message = f"{error_type(error.status)}: {error.message}"
+    return APIError(error.status, message, error.code, error.retry_after_s)
 
 
 @dataclass

@@ -21,9 +21,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from coordinator.api.clients import UNLIMITED, Client, client_of
 from coordinator.api.common import collect, create_router, read_json
 from coordinator.api.embeddings import embedded
-from coordinator.api.errors import APIError, MlflowError, OpenAIError
+from coordinator.api.errors import APIError, MlflowError, OpenAIError, retry_headers
 from coordinator.api.limits import MAX_INVOCATION_ROWS, over_limit
 from coordinator.api.mlflow_inputs import (
     Scoring,
@@ -50,15 +51,16 @@ ERROR_CODES = {  # MLflow's names for service failures, by status; any other is 
 
 
 def error_response(error: APIError) -> JSONResponse:
+    headers = retry_headers(error)
     if not isinstance(error, MlflowError):
         error = MlflowError(error.message, status=error.status)
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def service_error_response(exc: ServiceError) -> JSONResponse:
     error = APIError.from_service(exc)
     code = ERROR_CODES.get(error.status, "INTERNAL_ERROR")
-    return error_response(MlflowError(error.message, code, error.status))
+    return error_response(MlflowError(error.message, code, error.status, error.retry_after_s))
 
 
 class MlflowScorer:
@@ -79,8 +81,9 @@ class MlflowScorer:
         in_flight_limit = service.max_requests if service is not None else MAX_INVOCATION_ROWS
         self.max_rows = min(MAX_INVOCATION_ROWS, in_flight_limit)
 
-    async def predict(self, scoring: Scoring, tenant: str = "") -> Any:
-        """The scoring request's answer; ``tenant``: whose rows they are (api.tenants)."""
+    async def predict(self, scoring: Scoring, tenant: str = "", client: Client = UNLIMITED) -> Any:
+        """The scoring request's answer; ``tenant``: whose rows they are (api.tenants);
+        ``client``: whose token rate each row's generation is metered against (api.clients)."""
         if len(scoring.inputs) > self.max_rows:
             message = over_limit("the input", "rows", self.max_rows, len(scoring.inputs))
             raise MlflowError(message, "INVALID_PARAMETER_VALUE", 422)
@@ -92,13 +95,16 @@ class MlflowScorer:
         try:
             async with asyncio.TaskGroup() as rows:
                 answers = [
-                    rows.create_task(self._generate(i, params, tenant)) for i in scoring.inputs
+                    rows.create_task(self._generate(i, params, tenant, client))
+                    for i in scoring.inputs
                 ]
         except BaseExceptionGroup as failed:  # the other rows were cancelled
             raise failed.exceptions[0] from None
         return [answer.result() for answer in answers]
 
-    async def _generate(self, value: Any, params: Any, tenant: str) -> dict[str, Any]:
+    async def _generate(
+        self, value: Any, params: Any, tenant: str, client: Client
+    ) -> dict[str, Any]:
         service, model = self._generation()
         kind = "chat" if self.task == "llm/v1/chat" else "text"
         body = {"messages": value} if kind == "chat" else {"prompt": value}
@@ -109,8 +115,10 @@ class MlflowScorer:
         if input_blocked(model, prompt):
             raise MlflowError(INPUT_FILTERED)
         answer = Completion(kind, model.name, len(prompt.ids), model.content_filter)
-        request = GenerationRequest(service.new_request_id(), prompt.ids, params, tenant=tenant)
-        await collect(service.generate(request), answer)
+        request = GenerationRequest(
+            service.new_request_id(), prompt.ids, params, tenant=tenant, client=client.key
+        )
+        await collect(client.metered(service.generate(request), params.max_new_tokens), answer)
         return answer.body()
 
     def _generation(self) -> tuple[InferenceService, ModelInfo]:
@@ -153,7 +161,7 @@ class MlflowRoutes:
         try:
             _check_content_type(request)
             scoring = parse_scoring(await read_json(request, self.body_limit_mb), self.scorer.task)
-            prediction = await self.scorer.predict(scoring, tenant_of(request))
+            prediction = await self.scorer.predict(scoring, tenant_of(request), client_of(request))
         except APIError as exc:
             return error_response(exc)
         except ServiceError as exc:

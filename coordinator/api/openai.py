@@ -37,12 +37,15 @@ DEFAULT_MAX_TOKENS = {"text": 16, "chat": 512}
 def error_response(error: APIError) -> JSONResponse:
     """OpenAI's error body for a refused request."""
     if not isinstance(error, OpenAIError):
-        error = OpenAIError(error.status, error.message)
+        error = OpenAIError(error.status, error.message, retry_after_s=error.retry_after_s)
     return error.response()
 
 
 def service_error_response(error: APIError) -> JSONResponse:
-    return OpenAIError(error.status, error.message, kind="server_error").response()
+    kind = "server_error"
+    return OpenAIError(
+        error.status, error.message, kind=kind, retry_after_s=error.retry_after_s
+    ).response()
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,18 @@ class Tenants:
     def of(self, request: Request) -> str:
         """The tenant of the key ``request`` presents (``api-key: K`` first, then
         ``Authorization: Bearer K``); "" for none of the keys."""
-        bearer = request.headers.get("authorization", "")
-        token = bearer[7:] if bearer.lower().startswith("bearer ") else ""
-        for key in (request.headers.get("api-key", ""), token):
+        for key in presented_keys(request):
             tenant = self._ids.get(key)
             if tenant is not None:
                 return tenant
         return ""
+
+
+def presented_keys(request: Request) -> tuple[str, str]:
+    """The keys ``request`` presents: ``api-key: K``, then ``Authorization: Bearer K``."""
+    bearer = request.headers.get("authorization", "")
+    token = bearer[7:] if bearer.lower().startswith("bearer ") else ""
+    return request.headers.get("api-key", ""), token
 
 
 def _tenant_id(secret: bytes, key: str) -> str:

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.common import Door, Events, chained, create_router, read_json, respond
-from coordinator.api.errors import APIError, FormatError, InputValidationError
+from coordinator.api.errors import APIError, FormatError, InputValidationError, retry_headers
 from coordinator.api.limits import prompt_char_limit
 from coordinator.api.mindie_format import FINISH_REASONS
 from coordinator.api.structured_request import check_compiles, tgi_constraint
@@ -41,8 +41,10 @@ from engine.request import FinishReason
 OVERLOADED = (429, 503)  # the statuses TGI calls "overloaded"; other failures are "generation"
 
 
-def tgi_error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": message, "error_type": kind}, status_code=status)
+def tgi_error(
+    status: int, message: str, kind: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": kind}, status_code=status, headers=headers)
 
 
 def service_error_kind(status: int) -> str:
@@ -50,7 +52,8 @@ def service_error_kind(status: int) -> str:
 
 
 def service_error_response(error: APIError) -> JSONResponse:
-    return tgi_error(error.status, error.message, service_error_kind(error.status))
+    kind = service_error_kind(error.status)
+    return tgi_error(error.status, error.message, kind, retry_headers(error))
 
 
 def stream_error(exc: ServiceError) -> bytes:

@@ -160,6 +160,7 @@ def _checked(config: CoordinatorConfig) -> CoordinatorConfig:
                 )
     for key in ("api_keys", "manage_api_keys"):
         _check_keys(f"http_config.{key}", http[key])
+    _check_priorities(http["api_key_priority"], http["api_keys"])
     build(ClusterConfig, config.fed(ClusterConfig))  # and the cluster's own checks (KV plane)
     tls = config["tls_config"]
     if tls["request_server_tls_enable"] and not (tls["tls_cert"] and tls["tls_key"]):
@@ -167,6 +168,17 @@ def _checked(config: CoordinatorConfig) -> CoordinatorConfig:
             "tls_config.request_server_tls_enable needs tls_config.tls_cert and tls_config.tls_key"
         )
     return config
+
+
+def _check_priorities(priorities: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """Each entry of ``http_config.api_key_priority`` names one of ``api_keys`` (a key is never
+    echoed: it is a secret) and an integer priority in [1, 5]."""
+    for index, (key, priority) in enumerate(priorities.items()):
+        name = f"http_config.api_key_priority (entry {index + 1})"
+        if key not in keys:
+            raise ConfigError(f"{name} names a key that is not in http_config.api_keys")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 5:
+            raise ConfigError(f"{name} must be an integer in [1, 5], got {json.dumps(priority)}")
 
 
 def _check_keys(name: str, keys: tuple[str, ...]) -> None:

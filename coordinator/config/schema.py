@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from coordinator.api.door_limits import DEFAULT_BUFFERED_BODY_MB
 from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.config.keys import Convert, Feed, Key, fed
 from coordinator.http_edge import EdgeLimits
@@ -87,6 +88,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "prompts share prefix-cache blocks (and routing by prefix) with no other key's, so "
             "`cached_tokens` never tells one client what another sent; `false`: every key shares "
             "one cache (more hits across keys, each key's prompts visible to the others)"),
+        Key("api_key_priority", "dict", {}, "`{key: best priority}`: the best `priority` (1 is "
+            "served first, 5 last) a request with that key may ask for; one asking better is "
+            "served at its key's; once any key is listed, other keys (and clients without one) "
+            "get 5; `{}`: any priority"),
     ),
     "request_limit": section(
         "request_limit",
@@ -95,6 +100,18 @@ SCHEMA: dict[str, dict[str, Key]] = {
         Key("body_limit", "int", 0, "a larger request body is answered 413; 0: what the largest "
             "legal prompt needs, however JSON escapes it, plus 1 MB (2 MB at the default "
             "`maxInputTokenLen`; [api.md](api.md#limits))", 0, 1024, unit="MB"),
+        Key("max_buffered_body_mb", "int", DEFAULT_BUFFERED_BODY_MB, "request bodies held at "
+            "once, all requests together, counted as their bytes arrive and given back as each "
+            "request ends; a body that would pass it is answered 429 (`Retry-After`) and not read "
+            "further; at start it must be at most a quarter of the pod's memory limit", 1,
+            1024 * 1024, unit="MB"),
+        Key("max_requests_per_key", "int", 0, "requests one client (its API key, else its "
+            "address) may have open at once; one more is answered 429 (`Retry-After`) (0: no "
+            "cap)", 0, 1_000_000),
+        Key("tokens_per_minute_per_key", "int", 0, "tokens one client may generate a minute: "
+            "each generation takes its `max_tokens` from the client's bucket as it starts and "
+            "gets back what it did not generate; an empty bucket is answered 429 with "
+            "`Retry-After` until it holds the request (0: off)", 0, 1_000_000_000),
         Key("max_connections", "int", 0, "connections the predict listener holds at once (0: "
             "`max_requests` + 64); at the cap the connection idle longest is closed, and with "
             "none idle a new one is answered 503; the manage and metrics listeners hold 64 each, "

@@ -109,6 +109,7 @@ def test_a_new_connection_is_503_when_every_held_one_is_busy():
         assert status_of(refused) == 503, refused
         body = json.loads(refused.split(b"\r\n\r\n", 1)[1])
         assert body["error_type"] == "Service Unavailable"
+        assert b"\r\nretry-after: 1\r\n" in refused
         busy[0].sendall(b"\r\n")
         assert status_of(read_one_answer(busy[0])) == 200
 
@@ -119,5 +120,6 @@ def test_one_address_over_its_cap_is_429_while_its_connections_are_busy():
         refused = connect(url).recv(65536)
         assert status_of(refused) == 429, refused
         assert b"3 open connections" in refused
+        assert b"\r\nretry-after: 1\r\n" in refused
         for sock in busy:
             sock.close()

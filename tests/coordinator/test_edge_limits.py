@@ -119,7 +119,7 @@ def test_too_many_embedding_inputs_are_422(path):
     [
         (
             "/v1/embeddings",
-            {"message": "1 requests in flight (max_requests 1)", "type": "server_error"},
+            {"message": "the server is busy; retry later", "type": "server_error"},
             {"type": "server_error"},
         ),
         (AZURE_EMBED, {"code": "TooManyRequests"}, {"code": "NoWorkerError"}),
@@ -134,10 +134,12 @@ def test_embeddings_are_admitted_like_generations(path, busy, draining):
     full = post(app, path, {"input": "x"})
     assert full.status_code == 429
     assert busy.items() <= full.json()["error"].items()
+    assert full.headers["retry-after"] == "1"
     service.in_flight, service.draining = 0, True
     drained = post(app, path, {"input": "x"})
     assert drained.status_code == 503
     assert "shutting down" in message_of(drained)
+    assert drained.headers["retry-after"] == "5"
     assert draining.items() <= drained.json()["error"].items()
 
 

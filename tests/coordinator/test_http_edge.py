@@ -158,6 +158,7 @@ def test_a_request_is_refused_429_before_its_body_is_read_at_max_requests():
         served = httpx.post(f"{url}/v1/tokenizer", json={"inputs": "hello"})
     assert refused.status_code == 429, refused.text
     assert refused.json() == {"error": "Too many requests", "error_type": "Too many requests"}
+    assert refused.headers["retry-after"] == "1"
     assert refused_in < 1
     assert served.status_code == 200
 

@@ -14,6 +14,7 @@ import httpx
 import uvicorn
 
 from coordinator.api.app import create_predict_app
+from coordinator.api.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.errors import ServiceError
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
@@ -52,6 +53,7 @@ class ScriptedService:
     ) -> None:
         self.tokens, self.error, self.finish = tokens, error, finish
         self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission's state
+        self.requests: list[Any] = []  # every GenerationRequest it was given
 
     def count_door_refusal(self) -> None:
         """Admission's hook for a request refused at the door (nothing counts it here)."""
@@ -60,6 +62,7 @@ class ScriptedService:
         return "req-1"
 
     async def generate(self, request: Any):
+        self.requests.append(request)
         for i in range(self.tokens):
             last = self.error is None and i == self.tokens - 1
             finish = self.finish if last else None
@@ -71,11 +74,26 @@ class ScriptedService:
             raise self.error
 
 
-def predict_app(service: Any, body_limit_mb: int = 1):
+async def no_embeddings(texts: list[str]) -> dict[str, Any]:
+    raise AssertionError("this predict app serves no embedding model")
+
+
+def predict_app(
+    service: Any,
+    body_limit_mb: int = 1,
+    door_limits: DoorLimits = DEFAULT_DOOR_LIMITS,
+    api_keys: tuple[str, ...] = (),
+):
     model = ModelInfo("fake", CharTokenizer(), 1024, 1000, 100)
     served = ServedModels(generation=model, embedding_path=None)
     return create_predict_app(
-        service, served, None, body_limit_mb=body_limit_mb, api_keys=(), is_ready=lambda: True
+        service,
+        served,
+        no_embeddings,
+        body_limit_mb=body_limit_mb,
+        api_keys=api_keys,
+        is_ready=lambda: True,
+        door_limits=door_limits,
     )
 
 

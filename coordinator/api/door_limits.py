@@ -1,0 +1,37 @@
+"""What the predict app's door admits, as configured (``request_limit.*``,
+``http_config.api_key_priority``): the budget of buffered request bodies, and each client's own
+limits (:mod:`~coordinator.api.clients`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_BUFFERED_BODY_MB = 256
+
+
+@dataclass(frozen=True)
+class DoorLimits:
+    """``max_buffered_body_mb``: the request bodies held at once
+    (:mod:`~coordinator.api.body_budget`); the rest: each client's limits (0: none) and its
+    key's best priority (:mod:`~coordinator.api.clients`)."""
+
+    max_buffered_body_mb: int = DEFAULT_BUFFERED_BODY_MB
+    max_requests_per_key: int = 0
+    tokens_per_minute_per_key: int = 0
+    priority_by_key: Mapping[str, int] = field(default_factory=dict)
+
+
+DEFAULT_DOOR_LIMITS = DoorLimits()
+
+
+def door_limits(config: Any) -> DoorLimits:
+    """The door's limits from the configuration (``CoordinatorConfig``)."""
+    limit = config["request_limit"]
+    return DoorLimits(
+        max_buffered_body_mb=limit["max_buffered_body_mb"],
+        max_requests_per_key=limit["max_requests_per_key"],
+        tokens_per_minute_per_key=limit["tokens_per_minute_per_key"],
+        priority_by_key=config["http_config"]["api_key_priority"],
+    )
