@@ -132,17 +132,17 @@ class GrammarCache:
         """Set to -inf, in place, every token ``states[i]`` does not allow next in row
         ``rows[i]`` of ``logits`` (``[batch, vocab]``). A row allowing few tokens (a JSON
         structure's) keeps just those; a row allowing many (a string's content) adds a 0 / -inf
-        bias looked up a byte of the bitmask at a time (:data:`BYTE_BIASES`)."""
+        bias looked up a byte of the bitmask at a time (:data:`BYTE_BIASES`). A row whose
+        matcher failed is left as it is, its state's ``error`` set: whatever it samples is
+        refused, and the request fails rather than finishing on a mask of EOS alone."""
         start = time.perf_counter()
         bitmask = torch.zeros((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32)
         for index, state in enumerate(states):
             words = bitmask[index]
             state.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
-        dense = [
-            i
-            for i, words in enumerate(bitmask.numpy().view(np.uint32))
-            if not _keep_few(logits, rows[i], words)
-        ]
+        words_of_rows = bitmask.numpy().view(np.uint32)
+        masked = [i for i, state in enumerate(states) if state.check_mask(words_of_rows[i])]
+        dense = [i for i in masked if not _keep_few(logits, rows[i], words_of_rows[i])]
         if dense:
             _add_biases(logits, [rows[i] for i in dense], bitmask[dense])
         self.stats.masked_rows += len(rows)
@@ -219,15 +219,28 @@ class GrammarState:
     error: str | None = None
 
     def catch_up(self, output_token_ids: Sequence[int]) -> bool:
-        """Consume the outputs not seen yet; False (and ``error`` set) when one is refused."""
+        """Consume the outputs not seen yet; False (and ``error`` set) when one is refused or
+        the matcher fails."""
         if self.error is not None:
             return False
         for token_id in output_token_ids[self.num_consumed :]:
-            if not self.matcher.consume_token(token_id):
-                self.error = f"token {token_id} does not match the request's constraint"
+            if not self.matcher.consume_token(token_id) or self.matcher.is_error():
+                self.error = f"token {token_id} does not match the request's constraint" + (
+                    f" ({_error_text(self.matcher)})" if self.matcher.is_error() else ""
+                )
                 return False
             self.num_consumed += 1
         return True
+
+    def check_mask(self, words: np.ndarray) -> bool:
+        """True when ``words``, the mask just computed, is one to sample under; else ``error``
+        says why not: the matcher failed computing it (llguidance then allows EOS alone), or it
+        allows no token at all."""
+        if self.matcher.is_error():
+            self.error = f"the constraint's matcher failed: {_error_text(self.matcher)}"
+        elif not words.any():
+            self.error = "the constraint allows no next token"
+        return self.error is None
 
     @property
     def completed(self) -> bool:

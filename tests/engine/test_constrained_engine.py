@@ -36,6 +36,7 @@ SCHEMA = {
 }
 REGEX = "[0-9]{3}-[a-z]{2,5}"
 PROMPT_TEXT = "The quick brown fox"
+AMBIGUOUS = "start: e\ne: e e | e e e | e e e e | /[a-z]/"  # its parse items grow every token
 
 
 def _params(constraint: Constraint | None, sampled: bool = False, **options) -> SamplingParams:
@@ -174,6 +175,19 @@ def test_outputs_the_grammar_refuses_end_the_request_with_an_error(tiny_engine):
     events = _run(tiny_engine, _params(Constraint("regex", REGEX)), outputs=bad)
     assert events[-1].finish_reason == FinishReason.ERROR and "constraint" in events[-1].error
     assert events[-1].cause == "constraint_violated"
+    assert tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
+
+
+def test_a_matcher_that_fails_mid_generation_fails_the_request(tiny_engine, monkeypatch):
+    """An ambiguous grammar's parser outgrows its item limit a few tokens in: llguidance errors
+    and its mask allows EOS alone. The request fails (never a normal finish on that EOS) and
+    every block is freed."""
+    monkeypatch.setattr("engine.grammars.LIMITS", llguidance.LLParserLimits(step_max_items=2_000))
+    events = _run(tiny_engine, _params(Constraint("lark", AMBIGUOUS), max_new_tokens=200))
+    assert events[-1].finish_reason == FinishReason.ERROR
+    assert events[-1].cause == "constraint_violated"
+    assert "Too many items" in events[-1].error
+    assert all(e.finish_reason is None for e in events[:-1])
     assert tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
 
 
