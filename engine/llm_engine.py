@@ -42,7 +42,7 @@ from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
-from engine.outputs import EngineStats, TokenEvent
+from engine.outputs import CONSTRAINT_VIOLATED, EngineStats, TokenEvent
 from engine.request import FinishReason, NewRequest, Request, RequestStatus, replay_outputs
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
@@ -275,7 +275,7 @@ class LLMEngine:
             now,
             FinishReason.ERROR,
             error,
-            cause="constraint_violated",
+            cause=CONSTRAINT_VIOLATED,
             num_cached_tokens=request.num_cached_tokens,
         )
 

@@ -10,11 +10,17 @@ import time
 import pytest
 
 from coordinator.cluster import POOL_FULL
-from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, TooManyRequests
+from coordinator.errors import (
+    ConstraintViolated,
+    GenerationFailed,
+    NoWorkerError,
+    RequestTimeout,
+    TooManyRequests,
+)
 from coordinator.inference import Timeouts
 from coordinator.metrics import Metrics
 from coordinator.routing.config import RoutingConfig
-from engine.outputs import TokenEvent
+from engine.outputs import CONSTRAINT_VIOLATED, TokenEvent
 from engine.request import FinishReason
 from tests.support.fake_cluster import (
     MAX_NEW,
@@ -182,3 +188,24 @@ def test_a_pool_with_no_room_is_429_at_once_never_migrated():
         "request_failed_total", {"model_name": "m", "reason": "too_many_requests"}
     )
     assert refused == 1
+
+
+def test_a_constraint_violation_fails_at_once_never_migrated():
+    """A grammar the output cannot follow fails the same on any pair: the failure is raised
+    after the tokens so far (no finish), naming the cause, counted once, with no migration."""
+    metrics = Metrics("m")
+    cluster = FakeCluster(
+        fail_after={(p, d): 2 for p in (0, 1) for d in (0, 1)}, cause=CONSTRAINT_VIOLATED
+    )
+    events: list[TokenEvent] = []
+    with pytest.raises(ConstraintViolated, match="r failed: constraint_violated: worker died"):
+        asyncio.run(_collect(_service(cluster, max_retry=3, metrics=metrics), into=events))
+    assert len(cluster.calls) == 1 and cluster.closed == ["r"]
+    assert [e.token_id for e in events] == [100, 101]
+    assert all(not e.finished for e in events)
+    assert not _migrations(metrics, CONSTRAINT_VIOLATED)
+    failed = metrics.registry.get_sample_value(
+        "request_failed_total", {"model_name": "m", "reason": "error"}
+    )
+    assert failed == 1
+    assert ConstraintViolated.status == 422 and issubclass(ConstraintViolated, GenerationFailed)
