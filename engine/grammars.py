@@ -35,7 +35,9 @@ from engine.errors import RequestRejectedError
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
-CACHE_SIZE = 256  # compiled grammars kept per engine (each a few hundred KB at most)
+CACHE_SIZE = 256  # compiled grammars kept per engine, at most
+CACHE_BYTES = 64 * 1024 * 1024  # and at most this much of them, by :func:`estimated_bytes`
+REFUSED_SIZE = 1024  # refused specs remembered per engine (their digest and the reason)
 # the parser's bounds: at ~50k fuel/ms a compile's lexer work stays under ~20 ms, a mask's
 # under ~15 ms; a grammar past 100k symbols is refused
 LIMITS = llguidance.LLParserLimits(
@@ -54,13 +56,23 @@ class GrammarError(RequestRejectedError):
     """A constraint that does not compile (its message says why)."""
 
 
+def estimated_bytes(grammar: str) -> int:
+    """What a compiled matcher of ``grammar`` (llguidance's text of it) holds, erring high:
+    64 KiB, and 128 bytes per character (measured on a 49k vocabulary: 6-200 KB for grammars
+    of 0.8-3 KB; llguidance does not report its own)."""
+    return 64 * 1024 + 128 * len(grammar)
+
+
 @dataclass
 class CompileStats:
     """Counters for metrics: compiles, cache hits, the seconds each compile took (until taken),
-    and the rows masked and the seconds masking took, over every step so far."""
+    compiles that failed and specs refused again without compiling, and the rows masked and the
+    seconds masking took, over every step so far."""
 
     compiles: int = 0
     hits: int = 0
+    failed_compiles: int = 0
+    refusals: int = 0
     seconds: list[float] = field(default_factory=list)
     masked_rows: int = 0
     mask_seconds: float = 0.0
@@ -71,7 +83,10 @@ class CompileStats:
 
 
 class GrammarCache:
-    """Compiled matchers for one tokenizer (thread-safe: workers compile on their own threads)."""
+    """Compiled matchers for one tokenizer (thread-safe: workers compile on their own threads),
+    at most ``capacity`` of them and ``capacity_bytes`` by :func:`estimated_bytes`, the least
+    recently used evicted first; and the specs refused, so a spec refused once is refused again
+    at once, with the same message, without compiling (a spec's refusal is deterministic)."""
 
     def __init__(
         self,
@@ -79,13 +94,17 @@ class GrammarCache:
         vocab_size: int,
         eos_token_ids: Iterable[int] = (),
         capacity: int = CACHE_SIZE,
+        capacity_bytes: int = CACHE_BYTES,
     ) -> None:
         self._hf_tokenizer = tokenizer
         self.vocab_size = max(vocab_size, len(tokenizer))
         self._eos = sorted(eos_token_ids)
         self.capacity = capacity
+        self.capacity_bytes = capacity_bytes
         self._tokenizer: llguidance.LLTokenizer | None = None
-        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._compiled: OrderedDict[str, tuple[llguidance.LLMatcher, int]] = OrderedDict()
+        self._refused: OrderedDict[str, str] = OrderedDict()
+        self.num_bytes = 0  # the compiled matchers' estimated size
         self._lock = threading.Lock()
         self.stats = CompileStats()
 
@@ -113,20 +132,45 @@ class GrammarCache:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
                 self.stats.hits += 1
-                return self._compiled[key]
+                return self._compiled[key][0]
+            if key in self._refused:
+                self._refused.move_to_end(key)
+                self.stats.refusals += 1
+                raise GrammarError(self._refused[key])
         start = time.perf_counter()
-        matcher = llguidance.LLMatcher(
-            self.tokenizer, grammar_of(constraint), log_level=0, limits=LIMITS
-        )
-        if matcher.is_error():
-            raise GrammarError(f"the {constraint.kind} does not compile: {_error_text(matcher)}")
+        try:
+            grammar = grammar_of(constraint)
+            matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=LIMITS)
+            if matcher.is_error():
+                message = f"the {constraint.kind} does not compile: {_error_text(matcher)}"
+                raise GrammarError(message)
+        except GrammarError as exc:
+            self._refuse(key, str(exc))
+            raise
         with self._lock:
             self.stats.compiles += 1
             self.stats.seconds.append(time.perf_counter() - start)
-            self._compiled[key] = matcher
-            while len(self._compiled) > self.capacity:
-                self._compiled.popitem(last=False)
+            self._keep(key, matcher, estimated_bytes(grammar))
         return matcher
+
+    def _keep(self, key: str, matcher: llguidance.LLMatcher, num_bytes: int) -> None:
+        """Cache ``matcher``, evicting the least recently used past either bound (the newest
+        stays even alone past the byte bound: its requests are about to use it)."""
+        if key in self._compiled:
+            self.num_bytes -= self._compiled.pop(key)[1]
+        self._compiled[key] = (matcher, num_bytes)
+        self.num_bytes += num_bytes
+        while len(self._compiled) > 1 and (
+            len(self._compiled) > self.capacity or self.num_bytes > self.capacity_bytes
+        ):
+            self.num_bytes -= self._compiled.popitem(last=False)[1][1]
+
+    def _refuse(self, key: str, message: str) -> None:
+        with self._lock:
+            self.stats.failed_compiles += 1
+            self._refused[key] = message
+            while len(self._refused) > REFUSED_SIZE:
+                self._refused.popitem(last=False)
 
     def mask(self, logits: torch.Tensor, rows: list[int], states: list[GrammarState]) -> None:
         """Set to -inf, in place, every token ``states[i]`` does not allow next in row

@@ -16,7 +16,7 @@ import torch
 
 from engine.constraint import MAX_SPEC_CHARS, Constraint
 from engine.errors import ConfigError
-from engine.grammars import GrammarCache, GrammarError
+from engine.grammars import GrammarCache, GrammarError, estimated_bytes, grammar_of
 from engine.llm_engine import LLMEngine
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
@@ -227,6 +227,49 @@ def test_the_cache_keeps_its_capacity(tiny_loaded):
     for n in range(10):
         grammars.compile(Constraint("regex", f"a{{{n + 1}}}"))
     assert len(grammars) == 4
+
+
+def test_a_refused_spec_is_refused_again_without_compiling(tiny_loaded):
+    grammars = make_engine(tiny_loaded).grammars
+    bad = Constraint("lark", "start: undefined_rule")
+    messages = []
+    for _ in range(3):
+        with pytest.raises(GrammarError) as refused:
+            grammars.compile(Constraint("lark", bad.spec))
+        messages.append(str(refused.value))
+    assert grammars.stats.failed_compiles == 1 and grammars.stats.refusals == 2
+    assert len(set(messages)) == 1 and "undefined_rule" in messages[0]
+    assert len(grammars) == 0
+
+
+def test_refused_specs_are_remembered_up_to_their_bound(tiny_loaded, monkeypatch):
+    monkeypatch.setattr("engine.grammars.REFUSED_SIZE", 2)
+    grammars = make_engine(tiny_loaded).grammars
+    specs = [Constraint("regex", f"(a{n}") for n in range(3)]
+    for constraint in [*specs, specs[0]]:
+        with pytest.raises(GrammarError, match="unclosed group"):
+            grammars.compile(constraint)
+    assert grammars.stats.failed_compiles == 4  # the first was forgotten: compiled again
+
+
+def test_the_cache_keeps_its_byte_budget_evicting_the_least_recently_used(tiny_loaded):
+    grammars = make_engine(tiny_loaded).grammars
+    specs = [Constraint("regex", f"a{{{n + 1}}}") for n in range(6)]
+    sizes = [estimated_bytes(grammar_of(c)) for c in specs]
+    grammars.capacity_bytes = sum(sizes[:3])
+    for constraint in specs[:3]:
+        grammars.compile(constraint)
+    grammars.compile(specs[0])  # used again: the most recently used
+    grammars.compile(specs[3])
+    assert len(grammars) == 3 and grammars.num_bytes <= grammars.capacity_bytes
+    before = grammars.stats.compiles
+    grammars.compile(specs[0])
+    assert grammars.stats.compiles == before  # kept
+    grammars.compile(specs[1])
+    assert grammars.stats.compiles == before + 1  # evicted by bytes, compiled again
+    grammars.capacity_bytes = 1
+    grammars.compile(specs[5])
+    assert len(grammars) == 1 and grammars.num_bytes == sizes[5]  # the newest stays
 
 
 def test_constraints_survive_the_wire_dict():
