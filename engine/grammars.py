@@ -31,6 +31,7 @@ import torch
 
 from engine.constraint import Constraint
 from engine.errors import RequestRejectedError
+from engine.mask_pool import MaskPool
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -39,9 +40,14 @@ CACHE_SIZE = 256  # compiled grammars kept per engine, at most
 CACHE_BYTES = 64 * 1024 * 1024  # and at most this much of them, by :func:`estimated_bytes`
 REFUSED_SIZE = 1024  # refused specs remembered per engine (their digest and the reason)
 # the parser's bounds: at ~50k fuel/ms a compile's lexer work stays under ~20 ms, a mask's
-# under ~15 ms; a grammar past 100k symbols is refused
+# under ~1 ms; a mask's parse items under 2k (a few ms: an ambiguous grammar's items grow every
+# token, and past that it fails, where unbounded one mask cost ~1 s on a 49k vocabulary); a
+# grammar past 100k symbols is refused
 LIMITS = llguidance.LLParserLimits(
-    initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=100_000
+    initial_lexer_fuel=1_000_000,
+    step_lexer_fuel=50_000,
+    step_max_items=2_000,
+    max_grammar_size=100_000,
 )
 # JSON as ``json.dumps`` writes it: one space after ``,`` and ``:``, no other whitespace (a
 # schema's own ``x-guidance`` options override these)
@@ -106,6 +112,7 @@ class GrammarCache:
         self._refused: OrderedDict[str, str] = OrderedDict()
         self.num_bytes = 0  # the compiled matchers' estimated size
         self._lock = threading.Lock()
+        self._masks = MaskPool()
         self.stats = CompileStats()
 
     def __len__(self) -> int:
@@ -176,16 +183,20 @@ class GrammarCache:
         """Set to -inf, in place, every token ``states[i]`` does not allow next in row
         ``rows[i]`` of ``logits`` (``[batch, vocab]``). A row allowing few tokens (a JSON
         structure's) keeps just those; a row allowing many (a string's content) adds a 0 / -inf
-        bias looked up a byte of the bitmask at a time (:data:`BYTE_BIASES`). A row whose
-        matcher failed is left as it is, its state's ``error`` set: whatever it samples is
-        refused, and the request fails rather than finishing on a mask of EOS alone."""
+        bias looked up a byte of the bitmask at a time (:data:`BYTE_BIASES`). The masks are
+        computed in parallel within a wall budget (``engine.mask_pool``). A row whose matcher
+        failed or ran past the budget is left as it is, its state's ``error`` set: whatever it
+        samples is refused, and the request fails rather than finishing on a mask of EOS
+        alone; the other rows go on."""
         start = time.perf_counter()
         bitmask = torch.zeros((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32)
-        for index, state in enumerate(states):
-            words = bitmask[index]
-            state.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+        failures = self._masks.compute(bitmask, [state.matcher for state in states])
         words_of_rows = bitmask.numpy().view(np.uint32)
-        masked = [i for i, state in enumerate(states) if state.check_mask(words_of_rows[i])]
+        masked = [
+            i
+            for i, (state, failure) in enumerate(zip(states, failures, strict=True))
+            if state.check_mask(words_of_rows[i], failure)
+        ]
         dense = [i for i in masked if not _keep_few(logits, rows[i], words_of_rows[i])]
         if dense:
             _add_biases(logits, [rows[i] for i in dense], bitmask[dense])
@@ -276,11 +287,14 @@ class GrammarState:
             self.num_consumed += 1
         return True
 
-    def check_mask(self, words: np.ndarray) -> bool:
+    def check_mask(self, words: np.ndarray, failure: str | None = None) -> bool:
         """True when ``words``, the mask just computed, is one to sample under; else ``error``
-        says why not: the matcher failed computing it (llguidance then allows EOS alone), or it
+        says why not: computing it failed or took too long (``failure``: the matcher is then
+        left alone), the matcher failed computing it (llguidance then allows EOS alone), or it
         allows no token at all."""
-        if self.matcher.is_error():
+        if failure is not None:
+            self.error = failure
+        elif self.matcher.is_error():
             self.error = f"the constraint's matcher failed: {_error_text(self.matcher)}"
         elif not words.any():
             self.error = "the constraint allows no next token"

@@ -94,7 +94,9 @@ def test_the_mask_equals_llguidances_own(tiny_engine, monkeypatch, few_words):
     those llguidance's reference matcher allows next (both ways of masking a row)."""
     monkeypatch.setattr("engine.grammars.FEW_WORDS", few_words)
     constraint = json_schema(SCHEMA)
-    tokens = [e.token_id for e in _run(tiny_engine, _params(constraint, True))]
+    events = _run(tiny_engine, _params(constraint, True))
+    assert events[-1].error is None, events[-1].error
+    tokens = [e.token_id for e in events]
     grammars: GrammarCache = tiny_engine.grammars
     reference = llguidance.LLMatcher(
         grammars.tokenizer,
@@ -178,17 +180,40 @@ def test_outputs_the_grammar_refuses_end_the_request_with_an_error(tiny_engine):
     assert tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
 
 
-def test_a_matcher_that_fails_mid_generation_fails_the_request(tiny_engine, monkeypatch):
+def test_a_matcher_that_fails_mid_generation_fails_the_request(tiny_engine):
     """An ambiguous grammar's parser outgrows its item limit a few tokens in: llguidance errors
     and its mask allows EOS alone. The request fails (never a normal finish on that EOS) and
     every block is freed."""
-    monkeypatch.setattr("engine.grammars.LIMITS", llguidance.LLParserLimits(step_max_items=2_000))
     events = _run(tiny_engine, _params(Constraint("lark", AMBIGUOUS), max_new_tokens=200))
     assert events[-1].finish_reason == FinishReason.ERROR
     assert events[-1].cause == "constraint_violated"
     assert "Too many items" in events[-1].error
     assert all(e.finish_reason is None for e in events[:-1])
     assert tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
+
+
+def test_a_mask_past_its_budget_fails_its_request_and_the_batch_goes_on(tiny_loaded, monkeypatch):
+    """Under the parser's default limits an ambiguous grammar's mask grows by the token, past
+    any budget; the step gives up on its row alone: it fails with constraint_violated, and the
+    unconstrained request sharing its steps gets every token it would get alone."""
+    monkeypatch.setattr("engine.grammars.LIMITS", llguidance.LLParserLimits())
+    monkeypatch.setattr("engine.mask_pool.MASK_BUDGET_S", 0.002)
+    free = _params(None, max_new_tokens=60, ignore_eos=True)
+    alone = make_engine(tiny_loaded).generate([[5, 6, 7, 8]], [free])[0]
+    engine = make_engine(tiny_loaded)
+    engine.add_request(engine.request("free", [5, 6, 7, 8], free))
+    slow = _params(Constraint("lark", AMBIGUOUS), max_new_tokens=200)
+    engine.add_request(engine.request("slow", [5, 6, 7, 8], slow))
+    events: dict[str, list] = {"free": [], "slow": []}
+    while engine.requests:
+        for event in engine.step():
+            events[event.request_id].append(event)
+    failed = events["slow"][-1]
+    assert failed.cause == "constraint_violated" and "took over 2 ms" in failed.error
+    assert all(e.finish_reason is None for e in events["slow"][:-1])
+    assert [e.token_id for e in events["free"]] == alone
+    assert len(events["slow"]) < len(events["free"])  # it failed while the other went on
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
 @pytest.mark.parametrize(
