@@ -31,7 +31,7 @@ import torch
 
 from engine.constraint import Constraint
 from engine.errors import RequestRejectedError
-from engine.mask_pool import MaskPool
+from engine.mask_pool import MaskJob, MaskPool
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -73,7 +73,8 @@ def estimated_bytes(grammar: str) -> int:
 class CompileStats:
     """Counters for metrics: compiles, cache hits, the seconds each compile took (until taken),
     compiles that failed and specs refused again without compiling, and the rows masked and the
-    seconds masking took, over every step so far."""
+    seconds the engine thread spent on masks (waiting for them past the forward, applying
+    them), over every step so far."""
 
     compiles: int = 0
     hits: int = 0
@@ -181,16 +182,27 @@ class GrammarCache:
 
     def mask(self, logits: torch.Tensor, rows: list[int], states: list[GrammarState]) -> None:
         """Set to -inf, in place, every token ``states[i]`` does not allow next in row
-        ``rows[i]`` of ``logits`` (``[batch, vocab]``). A row allowing few tokens (a JSON
-        structure's) keeps just those; a row allowing many (a string's content) adds a 0 / -inf
-        bias looked up a byte of the bitmask at a time (:data:`BYTE_BIASES`). The masks are
-        computed in parallel within a wall budget (``engine.mask_pool``). A row whose matcher
-        failed or ran past the budget is left as it is, its state's ``error`` set: whatever it
-        samples is refused, and the request fails rather than finishing on a mask of EOS
-        alone; the other rows go on."""
-        start = time.perf_counter()
+        ``rows[i]`` of ``logits`` (``[batch, vocab]``): :meth:`start_masks` then
+        :meth:`apply_masks`."""
+        self.apply_masks(logits, self.start_masks(rows, states))
+
+    def start_masks(self, rows: list[int], states: list[GrammarState]) -> PendingMasks:
+        """Start computing the masks of ``states`` (rows ``rows`` of the logits to come), on
+        threads of their own (``engine.mask_pool``): they may run during the model's forward."""
         bitmask = torch.zeros((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32)
-        failures = self._masks.compute(bitmask, [state.matcher for state in states])
+        job = self._masks.start(bitmask, [state.matcher for state in states])
+        return PendingMasks(rows, states, job)
+
+    def apply_masks(self, logits: torch.Tensor, masks: PendingMasks) -> None:
+        """Wait for ``masks`` (each row within its wall budget) and apply them, in place. A row
+        allowing few tokens (a JSON structure's) keeps just those; a row allowing many (a
+        string's content) adds a 0 / -inf bias looked up a byte of the bitmask at a time
+        (:data:`BYTE_BIASES`). A row whose matcher failed or ran past the budget is left as it
+        is, its state's ``error`` set: whatever it samples is refused, and the request fails
+        rather than finishing on a mask of EOS alone; the other rows go on."""
+        start = time.perf_counter()
+        rows, states, bitmask = masks.rows, masks.states, masks.job.bitmask
+        failures = masks.job.finish()
         words_of_rows = bitmask.numpy().view(np.uint32)
         masked = [
             i
@@ -207,6 +219,15 @@ class GrammarCache:
         """A fresh matcher state for one request (None for no constraint)."""
         pristine = self.compile(constraint)
         return None if pristine is None else GrammarState(pristine.deep_copy())
+
+
+@dataclass
+class PendingMasks:
+    """A step's masks being computed: for logits rows ``rows``, of ``states``."""
+
+    rows: list[int]
+    states: list[GrammarState]
+    job: MaskJob
 
 
 def grammar_of(constraint: Constraint) -> str:

@@ -36,28 +36,17 @@ class MaskPool:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
+    def start(self, bitmask: torch.Tensor, matchers: Sequence[Matcher]) -> MaskJob:
+        """Start filling ``bitmask[i]`` with the mask of ``matchers[i]``, each on a thread."""
+        pool = self._started()
+        rows = [_Row(matcher, bitmask, index) for index, matcher in enumerate(matchers)]
+        return MaskJob(bitmask, [(pool.submit(row.compute), row) for row in rows])
+
     def compute(
         self, bitmask: torch.Tensor, matchers: Sequence[Matcher], budget_s: float | None = None
     ) -> list[str | None]:
-        """Fill ``bitmask[i]`` with the mask of ``matchers[i]``; per row, None when it was
-        computed within ``budget_s`` (default :data:`MASK_BUDGET_S`) of its start, else why not
-        (a row's words are then not to be read, nor its matcher used again)."""
-        budget_s = MASK_BUDGET_S if budget_s is None else budget_s
-        pool = self._started()
-        rows = [_Row(matcher, bitmask, index) for index, matcher in enumerate(matchers)]
-        futures = {pool.submit(row.compute): row for row in rows}
-        pending = set(futures)
-        while pending:
-            now = time.monotonic()
-            for future in [f for f in pending if futures[f].overdue(now, budget_s)]:
-                pending.discard(future)
-            if pending:
-                starts = [futures[f].started_at or now for f in pending]
-                timeout = max(min(starts) + budget_s - now, 0.0) + 1e-4
-                pending = concurrent.futures.wait(
-                    pending, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
-                ).not_done
-        return [_why_not(future, budget_s) for future in futures]
+        """:meth:`start` then :meth:`MaskJob.finish`."""
+        return self.start(bitmask, matchers).finish(budget_s)
 
     def _started(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -66,6 +55,34 @@ class MaskPool:
                     self._threads, thread_name_prefix="grammar-mask"
                 )
             return self._pool
+
+
+class MaskJob:
+    """The masks of one step, being computed into ``bitmask``."""
+
+    def __init__(
+        self, bitmask: torch.Tensor, rows: list[tuple[concurrent.futures.Future[None], _Row]]
+    ) -> None:
+        self.bitmask = bitmask
+        self._rows = rows
+
+    def finish(self, budget_s: float | None = None) -> list[str | None]:
+        """Wait for the masks; per row, None when it was computed within ``budget_s`` (default
+        :data:`MASK_BUDGET_S`) of its start, else why not (a row's words are then not to be
+        read, nor its matcher used again)."""
+        budget_s = MASK_BUDGET_S if budget_s is None else budget_s
+        started = dict(self._rows)
+        pending = set(started)
+        while pending:
+            now = time.monotonic()
+            pending = {f for f in pending if not started[f].overdue(now, budget_s)}
+            if pending:
+                starts = [started[f].started_at or now for f in pending]
+                timeout = max(min(starts) + budget_s - now, 0.0) + 1e-4
+                pending = concurrent.futures.wait(
+                    pending, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
+                ).not_done
+        return [_why_not(future, budget_s) for future, _ in self._rows]
 
 
 class _Row:
