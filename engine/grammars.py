@@ -3,10 +3,14 @@ constrained request's matcher state.
 
 :class:`GrammarCache` compiles a :class:`~engine.constraint.Constraint` against the engine's
 tokenizer into a pristine ``LLMatcher`` kept in an LRU (keyed by the spec's digest; one cache per
-tokenizer); a request gets a copy (``deep_copy``: microseconds). Compiling takes milliseconds and
-drops the GIL; a worker compiles a request's constraint on its own thread before the request
-reaches the engine thread (:meth:`GrammarCache.compile`), so a step never waits for one. The
-parser's resource limits (:data:`LIMITS`) and the spec's size bound every compile and every mask.
+tokenizer, bounded in entries and in estimated bytes); a request gets a copy (``deep_copy``:
+microseconds). A spec that does not compile is remembered and refused at once the next time.
+Compiling takes milliseconds and drops the GIL; a worker compiles a request's constraint on its
+own thread before the request reaches the engine thread (:meth:`GrammarCache.compile`), so a step
+never waits for one. The parser's resource limits (:data:`LIMITS`) and the spec's size bound
+every compile and every mask; a step's masks are computed on threads of their own during the
+model's forward, each within a wall budget (``engine.mask_pool``), and a request whose mask
+fails or runs past it fails (``constraint_violated``) without holding up the rest of the batch.
 
 :class:`GrammarState` is a request's matcher and how many of its output tokens it has consumed:
 :meth:`GrammarState.catch_up` replays the outputs it has not seen. A request handed off or
