@@ -249,8 +249,10 @@ def grammar_of(constraint: Constraint) -> str:
 
 
 def _error_text(matcher: llguidance.LLMatcher) -> str:
-    """The matcher's error on one line, up to the source excerpt it appends, at most 300 chars."""
-    lines = [line.strip() for line in matcher.get_error().strip().splitlines()]
+    """The matcher's error on one line, up to the source excerpt or the parser state it appends,
+    at most 300 chars."""
+    text = matcher.get_error().split("<state>")[0]
+    lines = [line.strip() for line in text.strip().splitlines()]
     kept = [line for line in lines if line and not line[0].isdigit() and line != "^"]
     return " ".join(kept)[:300]
 
