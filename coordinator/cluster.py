@@ -225,7 +225,8 @@ class Cluster:
             stream.end(TokenEvent.failure(stream.request_id, error, _lost_cause(exc)))
             return
         if not submitted.accepted:
-            stream.end(TokenEvent.failure(stream.request_id, submitted.error or "not accepted"))
+            error = submitted.error or "not accepted"
+            stream.end(TokenEvent.failure(stream.request_id, error, submitted.cause))
 
     async def _attached(self, key: WorkerKey, call: Callable[[], Awaitable[A]]) -> A:
         """``call``'s answer, attached first to worker ``key``'s token channel (where its

@@ -49,6 +49,13 @@ class GenerationFailed(ServiceError):
     status = 500
 
 
+class ConstraintViolated(GenerationFailed):
+    """The request's output cannot follow its constraint: its grammar outgrew the parser's limits
+    or its mask budget, or a token it was given does not match. Deterministic: never retried."""
+
+    status = 422
+
+
 def check_room(draining: bool, count: int, max_requests: int, what: str) -> None:
     """Raise why one more request cannot be taken: the coordinator drains (NoWorkerError), or
     ``count`` requests ``what`` (in flight, open) reached ``max_requests`` (TooManyRequests, whose

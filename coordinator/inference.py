@@ -13,7 +13,9 @@ position: ``engine.sampler``). A request migrates at most ``max_retry`` times; e
 logged with its cause and counted in ``request_migrations_total{reason}``. A decode worker that
 had no room for it (every block taken for as long as it could wait, or as many hand-offs waiting
 there as it lets wait) is no fault: the request is refused at once (:class:`TooManyRequests`,
-429), as the pool is full, rather than queued until it times out.
+429), as the pool is full, rather than queued until it times out. A request whose output cannot
+follow its constraint (cause ``constraint_violated``: the same on any pair) fails at once with
+:class:`ConstraintViolated` (422), never migrated.
 
 A request that cannot be completed is never reported as finished: the stream raises a
 :class:`ServiceError` (:class:`GenerationFailed` once the migrations are used up, its message
@@ -43,6 +45,7 @@ from typing import Any
 
 from coordinator.cluster import POOL_FULL, WORKER_RESTARTING
 from coordinator.errors import (
+    ConstraintViolated,
     GenerationFailed,
     NoWorkerError,
     RequestTimeout,
@@ -55,7 +58,7 @@ from coordinator.pool.token_stream import SLOW_CLIENT
 from coordinator.request_run import Outcome, RequestRun
 from coordinator.router import Router
 from coordinator.routing.choice import Route
-from engine.outputs import TokenEvent
+from engine.outputs import CONSTRAINT_VIOLATED, TokenEvent
 from engine.request import FinishReason
 from workers.contracts import GenerationRequest
 
@@ -222,6 +225,8 @@ class InferenceService:
                         self._slow_client(run, event)
                     if event.cause == POOL_FULL:
                         raise TooManyRequests("no room for the request in the pool now")
+                    if event.cause == CONSTRAINT_VIOLATED:
+                        _constraint_violated(run, event)
                     if event.finish_reason == FinishReason.ERROR:
                         failure = event
                         break
@@ -292,6 +297,16 @@ class InferenceService:
                 if run.aborted:
                     return failed
                 await asyncio.sleep(REPICK_INTERVAL_S)
+
+
+def _constraint_violated(run: RequestRun, event: TokenEvent) -> None:
+    """``run``'s output cannot follow its constraint: the same on any pair, so it ends now
+    (aborted on its workers as a failed attempt is), never migrates."""
+    log.warning("request %s: %s: %s", run.request_id, CONSTRAINT_VIOLATED, event.error)
+    raise ConstraintViolated(
+        f"request {run.request_id} failed: {CONSTRAINT_VIOLATED}: "
+        f"{event.error or 'the output does not match its constraint'}"
+    )
 
 
 def _deadline(created_at: float, limit_s: float) -> float | None:

@@ -42,9 +42,9 @@ from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
-from engine.outputs import EngineStats, TokenEvent
+from engine.outputs import CONSTRAINT_VIOLATED, EngineStats, TokenEvent
 from engine.request import FinishReason, NewRequest, Request, RequestStatus, replay_outputs
-from engine.sampler import sample
+from engine.sampler import sample, start_masks
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.token_accounting import output_limit
@@ -187,7 +187,9 @@ class LLMEngine:
         if scheduled.is_empty:
             return events
         start = time.monotonic()
-        logits, samplers = self.runner.run(scheduled)
+        batch, samplers = self.runner.prepare(scheduled)
+        masks = start_masks(samplers, self.grammars)  # computed while the forward runs
+        logits = self.runner.forward(batch)
         # a one-token prompt is computed as a decode
         computed = [*((r, 1) for r in scheduled.decodes), *scheduled.prefills]
         for request, num_tokens in computed:
@@ -197,7 +199,7 @@ class LLMEngine:
             self.cache_computed(request)
         if samplers:
             now = time.monotonic()
-            tokens = zip(samplers, sample(logits, samplers, self.grammars), strict=True)
+            tokens = zip(samplers, sample(logits, samplers, self.grammars, masks), strict=True)
             events += [self._append_token(request, token_id, now) for request, token_id in tokens]
         num_prompt_tokens = sum(n for _, n in scheduled.prefills)
         seconds = time.monotonic() - start  # sampling waited for the device
@@ -276,7 +278,7 @@ class LLMEngine:
             now,
             FinishReason.ERROR,
             error,
-            cause="constraint_violated",
+            cause=CONSTRAINT_VIOLATED,
             num_cached_tokens=request.num_cached_tokens,
         )
 

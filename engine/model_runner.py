@@ -26,7 +26,11 @@ class ModelRunner:
     def run(self, scheduled: SchedulerOutput) -> tuple[torch.Tensor, list[Request]]:
         """Compute the step; return logits for the requests that reach their last token."""
         batch, samplers = self.prepare(scheduled)
-        return self.model.forward(batch, self.kv_layers), samplers
+        return self.forward(batch), samplers
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The logits of ``batch``'s sampling rows."""
+        return self.model.forward(batch, self.kv_layers)
 
     def prepare(self, scheduled: SchedulerOutput) -> tuple[ForwardBatch, list[Request]]:
         bs = self.block_size

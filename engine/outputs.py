@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from engine.request import FinishReason
 
+# the cause of a request whose output cannot follow its constraint (engine/grammars.py): the
+# same on any engine, so a failure with it is final, never migrated
+CONSTRAINT_VIOLATED = "constraint_violated"
+
 
 @dataclass
 class TokenEvent:

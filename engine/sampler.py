@@ -11,9 +11,11 @@ request handed from prefill to decode, or migrated to another worker pair with i
 draws its next token exactly as one engine running it from the start would.
 
 A constrained row (``Request.grammar``) first has every token its grammar does not allow next
-set to -inf (``GrammarCache.mask``): its matcher replays the outputs it has not consumed yet, so
-a request that arrived with outputs made elsewhere is masked from where it stands. Unconstrained
-rows are untouched, so a batch mixing both samples them exactly as a batch without constraints.
+set to -inf (``GrammarCache.apply_masks``): its matcher replays the outputs it has not consumed
+yet, so a request that arrived with outputs made elsewhere is masked from where it stands. The
+engine starts the masks (:func:`start_masks`) before the model's forward, which they overlap.
+Unconstrained rows are untouched, so a batch mixing both samples them exactly as a batch without
+constraints.
 
 No row sorts the whole vocabulary unless typical sampling asks for it: top-k takes the k best
 scores; top-p alone takes the best few (growing ×4 from ``NUCLEUS_START``) until they hold the
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.grammars import GrammarCache
+from engine.grammars import GrammarCache, PendingMasks
 from engine.logits_processors import apply_repetition_penalty, apply_typical_p
 from engine.request import Request
 
@@ -43,18 +45,18 @@ def position_seed(seed: int, position: int) -> int:
 
 
 def sample(
-    logits: torch.Tensor, requests: list[Request], grammars: GrammarCache | None = None
+    logits: torch.Tensor,
+    requests: list[Request],
+    grammars: GrammarCache | None = None,
+    masks: PendingMasks | None = None,
 ) -> list[int]:
     """``logits[i]`` belongs to ``requests[i]``; returns the chosen token ids. ``grammars``
-    masks the constrained rows (needed when any request has a constraint)."""
-    rows, states = [], []
-    for row, request in enumerate(requests):
-        state = request.grammar
-        if state is not None and state.catch_up(request.output_token_ids):
-            rows.append(row)
-            states.append(state)
-    if rows and grammars is not None:
-        grammars.mask(logits, rows, states)
+    masks the constrained rows (needed when any request has a constraint): ``masks``, started
+    by :func:`start_masks` before the logits were computed, else computed now."""
+    if grammars is not None:
+        masks = masks or start_masks(requests, grammars)
+        if masks is not None:
+            grammars.apply_masks(logits, masks)
     for row, request in enumerate(requests):
         if request.params.penalizes:
             logits[row] = apply_openai_adjustments(logits[row], request)
@@ -69,6 +71,19 @@ def sample(
         if request.params.do_sample:
             chosen[row] = _sample_row(logits[row : row + 1], request)
     return chosen
+
+
+def start_masks(requests: list[Request], grammars: GrammarCache) -> PendingMasks | None:
+    """Start computing the masks of the constrained ``requests`` (the rows of the logits to
+    come), each having consumed its outputs so far (None: no row to mask). A request whose
+    outputs its grammar refuses is not masked: its next token fails it."""
+    rows, states = [], []
+    for row, request in enumerate(requests):
+        state = request.grammar
+        if state is not None and state.catch_up(request.output_token_ids):
+            rows.append(row)
+            states.append(state)
+    return grammars.start_masks(rows, states) if rows else None
 
 
 def apply_openai_adjustments(scores: torch.Tensor, request: Request) -> torch.Tensor:

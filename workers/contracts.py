@@ -135,12 +135,14 @@ class Reservation:
 @dataclass(frozen=True)
 class Submitted:
     """A worker's answer to a request sent to it (``generate``, ``prefill``): queued (its
-    events follow on the token channel), refused with the ``error`` its stream ends with, or
-    not taken because its coordinator is not attached to the token channel at ``channel``."""
+    events follow on the token channel), refused with the ``error`` its stream ends with (and
+    that failure's ``cause``), or not taken because its coordinator is not attached to the token
+    channel at ``channel``."""
 
     accepted: bool
     error: str = ""
     channel: str = ""
+    cause: str = "engine_error"
 
     @classmethod
     def unattached(cls, channel: str) -> Submitted:

@@ -31,11 +31,12 @@ import ray
 
 from engine.config import EngineConfig
 from engine.engine_loop import EngineLoop
+from engine.grammars import GrammarError
 from engine.kernels import kernel_origins
 from engine.kernels.quantized import quantized_kernels
 from engine.kv_events import KvEventBatch, KvSnapshot
 from engine.llm_engine import LLMEngine
-from engine.outputs import TokenEvent
+from engine.outputs import CONSTRAINT_VIOLATED, TokenEvent
 from engine.request import NewRequest
 from engine.transfer.security import KVCredentials
 from workers.contracts import (
@@ -193,7 +194,8 @@ class WorkerRuntime:
             self.loop.call(queue_it).result()
         except Exception as exc:
             self.requests.close(request.request_id)
-            return Submitted(False, str(exc))
+            cause = CONSTRAINT_VIOLATED if isinstance(exc, GrammarError) else "engine_error"
+            return Submitted(False, str(exc), cause=cause)
         return Submitted(True, channel=self.channel.endpoint)
 
     # ---- methods the client calls --------------------------------------------------------------

@@ -13,6 +13,8 @@ import pytest
 
 from coordinator.cluster import Cluster
 from coordinator.config.cluster import ClusterConfig
+from engine.outputs import CONSTRAINT_VIOLATED
+from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from tests.support.fake_actors import MAX_NEW, FakeWorker, close_fleet, install
 from workers.contracts import GenerationRequest
@@ -45,3 +47,23 @@ def test_a_request_after_a_restart_runs_on_the_new_channel(identity):
     finally:
         close_fleet(cluster.fleet)
     assert [(e.token_id, e.error) for e in events] == [(100 + n, None) for n in range(MAX_NEW)]
+
+
+def test_a_refusal_keeps_the_workers_cause():
+    """A worker refusing a constraint it cannot compile: the attempt fails with that cause
+    (constraint_violated, which the coordinator never migrates), not a generic engine error."""
+    cluster = Cluster(ClusterConfig(deploy_mode="single_node"))
+    install(cluster.fleet, colocated=[FakeWorker(*KEY, behaviour="refuse_constraint")])
+
+    async def scenario() -> list:
+        await cluster.fleet.reports({})
+        request = GenerationRequest("r1", [1, 2], SamplingParams(max_new_tokens=MAX_NEW))
+        return [event async for event in cluster.generate(request, None, 0)]
+
+    try:
+        events = asyncio.run(asyncio.wait_for(scenario(), 10))
+    finally:
+        close_fleet(cluster.fleet)
+    (failure,) = events
+    assert failure.finish_reason == FinishReason.ERROR and failure.cause == CONSTRAINT_VIOLATED
+    assert failure.error == "the lark does not compile"

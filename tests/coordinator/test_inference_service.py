@@ -10,11 +10,17 @@ import time
 import pytest
 
 from coordinator.cluster import POOL_FULL, WORKER_RESTARTING
-from coordinator.errors import GenerationFailed, NoWorkerError, RequestTimeout, TooManyRequests
+from coordinator.errors import (
+    ConstraintViolated,
+    GenerationFailed,
+    NoWorkerError,
+    RequestTimeout,
+    TooManyRequests,
+)
 from coordinator.inference import Timeouts
 from coordinator.metrics import Metrics
 from coordinator.routing.config import RoutingConfig
-from engine.outputs import EngineStats, TokenEvent
+from engine.outputs import CONSTRAINT_VIOLATED, EngineStats, TokenEvent
 from engine.request import FinishReason
 from tests.support.fake_cluster import (
     MAX_NEW,
@@ -214,3 +220,24 @@ def test_a_new_request_finding_every_worker_at_its_cap_is_429_a_migrating_one_is
         router.choose([1, 2, 3])
     with pytest.raises(TooManyRequests):
         asyncio.run(_collect(service))
+
+
+def test_a_constraint_violation_fails_at_once_never_migrated():
+    """A grammar the output cannot follow fails the same on any pair: the failure is raised
+    after the tokens so far (no finish), naming the cause, counted once, with no migration."""
+    metrics = Metrics("m")
+    cluster = FakeCluster(
+        fail_after={(p, d): 2 for p in (0, 1) for d in (0, 1)}, cause=CONSTRAINT_VIOLATED
+    )
+    events: list[TokenEvent] = []
+    with pytest.raises(ConstraintViolated, match="r failed: constraint_violated: worker died"):
+        asyncio.run(_collect(_service(cluster, max_retry=3, metrics=metrics), into=events))
+    assert len(cluster.calls) == 1 and cluster.closed == ["r"]
+    assert [e.token_id for e in events] == [100, 101]
+    assert all(not e.finished for e in events)
+    assert not _migrations(metrics, CONSTRAINT_VIOLATED)
+    failed = metrics.registry.get_sample_value(
+        "request_failed_total", {"model_name": "m", "reason": "error"}
+    )
+    assert failed == 1
+    assert ConstraintViolated.status == 422 and issubclass(ConstraintViolated, GenerationFailed)

@@ -16,7 +16,7 @@ import torch
 
 from engine.constraint import MAX_SPEC_CHARS, Constraint
 from engine.errors import ConfigError
-from engine.grammars import GrammarCache, GrammarError
+from engine.grammars import GrammarCache, GrammarError, estimated_bytes, grammar_of
 from engine.llm_engine import LLMEngine
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
@@ -36,6 +36,7 @@ SCHEMA = {
 }
 REGEX = "[0-9]{3}-[a-z]{2,5}"
 PROMPT_TEXT = "The quick brown fox"
+AMBIGUOUS = "start: e\ne: e e | e e e | e e e e | /[a-z]/"  # its parse items grow every token
 
 
 def _params(constraint: Constraint | None, sampled: bool = False, **options) -> SamplingParams:
@@ -93,7 +94,9 @@ def test_the_mask_equals_llguidances_own(tiny_engine, monkeypatch, few_words):
     those llguidance's reference matcher allows next (both ways of masking a row)."""
     monkeypatch.setattr("engine.grammars.FEW_WORDS", few_words)
     constraint = json_schema(SCHEMA)
-    tokens = [e.token_id for e in _run(tiny_engine, _params(constraint, True))]
+    events = _run(tiny_engine, _params(constraint, True))
+    assert events[-1].error is None, events[-1].error
+    tokens = [e.token_id for e in events]
     grammars: GrammarCache = tiny_engine.grammars
     reference = llguidance.LLMatcher(
         grammars.tokenizer,
@@ -177,6 +180,42 @@ def test_outputs_the_grammar_refuses_end_the_request_with_an_error(tiny_engine):
     assert tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
 
 
+def test_a_matcher_that_fails_mid_generation_fails_the_request(tiny_engine):
+    """An ambiguous grammar's parser outgrows its item limit a few tokens in: llguidance errors
+    and its mask allows EOS alone. The request fails (never a normal finish on that EOS) and
+    every block is freed."""
+    events = _run(tiny_engine, _params(Constraint("lark", AMBIGUOUS), max_new_tokens=200))
+    assert events[-1].finish_reason == FinishReason.ERROR
+    assert events[-1].cause == "constraint_violated"
+    assert "Too many items" in events[-1].error
+    assert all(e.finish_reason is None for e in events[:-1])
+    assert tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
+
+
+def test_a_mask_past_its_budget_fails_its_request_and_the_batch_goes_on(tiny_loaded, monkeypatch):
+    """Under the parser's default limits an ambiguous grammar's mask grows by the token, past
+    any budget; the step gives up on its row alone: it fails with constraint_violated, and the
+    unconstrained request sharing its steps gets every token it would get alone."""
+    monkeypatch.setattr("engine.grammars.LIMITS", llguidance.LLParserLimits())
+    monkeypatch.setattr("engine.mask_pool.MASK_BUDGET_S", 0.002)
+    free = _params(None, max_new_tokens=60, ignore_eos=True)
+    alone = make_engine(tiny_loaded).generate([[5, 6, 7, 8]], [free])[0]
+    engine = make_engine(tiny_loaded)
+    engine.add_request(engine.request("free", [5, 6, 7, 8], free))
+    slow = _params(Constraint("lark", AMBIGUOUS), max_new_tokens=200)
+    engine.add_request(engine.request("slow", [5, 6, 7, 8], slow))
+    events: dict[str, list] = {"free": [], "slow": []}
+    while engine.requests:
+        for event in engine.step():
+            events[event.request_id].append(event)
+    failed = events["slow"][-1]
+    assert failed.cause == "constraint_violated" and "took over 2 ms" in failed.error
+    assert all(e.finish_reason is None for e in events["slow"][:-1])
+    assert [e.token_id for e in events["free"]] == alone
+    assert len(events["slow"]) < len(events["free"])  # it failed while the other went on
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
 @pytest.mark.parametrize(
     "constraint, reason",
     [
@@ -213,6 +252,49 @@ def test_the_cache_keeps_its_capacity(tiny_loaded):
     for n in range(10):
         grammars.compile(Constraint("regex", f"a{{{n + 1}}}"))
     assert len(grammars) == 4
+
+
+def test_a_refused_spec_is_refused_again_without_compiling(tiny_loaded):
+    grammars = make_engine(tiny_loaded).grammars
+    bad = Constraint("lark", "start: undefined_rule")
+    messages = []
+    for _ in range(3):
+        with pytest.raises(GrammarError) as refused:
+            grammars.compile(Constraint("lark", bad.spec))
+        messages.append(str(refused.value))
+    assert grammars.stats.failed_compiles == 1 and grammars.stats.refusals == 2
+    assert len(set(messages)) == 1 and "undefined_rule" in messages[0]
+    assert len(grammars) == 0
+
+
+def test_refused_specs_are_remembered_up_to_their_bound(tiny_loaded, monkeypatch):
+    monkeypatch.setattr("engine.grammars.REFUSED_SIZE", 2)
+    grammars = make_engine(tiny_loaded).grammars
+    specs = [Constraint("regex", f"(a{n}") for n in range(3)]
+    for constraint in [*specs, specs[0]]:
+        with pytest.raises(GrammarError, match="unclosed group"):
+            grammars.compile(constraint)
+    assert grammars.stats.failed_compiles == 4  # the first was forgotten: compiled again
+
+
+def test_the_cache_keeps_its_byte_budget_evicting_the_least_recently_used(tiny_loaded):
+    grammars = make_engine(tiny_loaded).grammars
+    specs = [Constraint("regex", f"a{{{n + 1}}}") for n in range(6)]
+    sizes = [estimated_bytes(grammar_of(c)) for c in specs]
+    grammars.capacity_bytes = sum(sizes[:3])
+    for constraint in specs[:3]:
+        grammars.compile(constraint)
+    grammars.compile(specs[0])  # used again: the most recently used
+    grammars.compile(specs[3])
+    assert len(grammars) == 3 and grammars.num_bytes <= grammars.capacity_bytes
+    before = grammars.stats.compiles
+    grammars.compile(specs[0])
+    assert grammars.stats.compiles == before  # kept
+    grammars.compile(specs[1])
+    assert grammars.stats.compiles == before + 1  # evicted by bytes, compiled again
+    grammars.capacity_bytes = 1
+    grammars.compile(specs[5])
+    assert len(grammars) == 1 and grammars.num_bytes == sizes[5]  # the newest stays
 
 
 def test_constraints_survive_the_wire_dict():

@@ -13,9 +13,11 @@ A worker's model emits output token n as 100 + n, up to ``MAX_NEW`` tokens. Its 
 ``None`` finishes; ``"stall"`` waits after the attempt's first token until it is aborted, then
 ends with an ``abort`` event (as an engine does); ``"fail"`` ends with a ``worker_lost`` error
 after the attempt's first token and keeps the request until it is aborted (as a broken worker
-would). ``held`` names the requests a worker still holds: empty once everything was dropped.
-``restart`` gives it another process (pid, token channel), as Ray's restart of an actor does: its
-``ready`` answers with the new pid, channel and kernels from the cached build.
+would); ``"refuse_constraint"`` refuses every request sent to it as a worker refuses a
+constraint it cannot compile. ``held`` names the requests a worker still holds: empty once
+everything was dropped. ``restart`` gives it another process (pid, token channel), as Ray's
+restart of an actor does: its ``ready`` answers with the new pid, channel and kernels from the
+cached build.
 
 ``install`` puts fakes into a real ``Fleet`` as ``Fleet.start`` would (each asked ``ready``
 once: the fleet's identities name their channels); ``close_fleet`` closes the fleet's end and
@@ -34,7 +36,7 @@ from typing import Any
 
 from coordinator.pool.fleet import Fleet
 from engine.kv_events import KvEventBatch
-from engine.outputs import EngineStats, TokenEvent
+from engine.outputs import CONSTRAINT_VIOLATED, EngineStats, TokenEvent
 from engine.request import FinishReason
 from workers.contracts import (
     GenerationRequest,
@@ -163,6 +165,8 @@ class FakeWorker:
     async def _generate(self, request: GenerationRequest, *_limit: int) -> Submitted:
         if not self._attached(request):
             return Submitted.unattached(self.sender.endpoint)
+        if self.behaviour == "refuse_constraint":
+            return Submitted(False, "the lark does not compile", cause=CONSTRAINT_VIOLATED)
         self.held[request.request_id] = asyncio.Event()
         self._send(request.owner, self._tokens(request, len(request.output_token_ids)))
         return Submitted(True)

@@ -13,7 +13,8 @@ import pytest
 
 from decode_worker.worker import DecodeWorker
 from engine.config import KVTransferConfig, SchedulerConfig
-from engine.outputs import EngineStats, TokenEvent
+from engine.constraint import Constraint
+from engine.outputs import CONSTRAINT_VIOLATED, EngineStats, TokenEvent
 from engine.request import FinishReason, RequestStatus
 from prefill_worker.worker import PrefillWorker
 from tests.support.channel_reader import ChannelReader
@@ -334,3 +335,21 @@ def test_a_request_id_in_use_is_refused_and_the_first_goes_on(tiny_model_dir):
     finally:
         reader.close()
         _stop(decode, colocated)
+
+
+def test_a_constraint_the_worker_cannot_compile_is_refused_as_constraint_violated(tiny_model_dir):
+    """Refused the same on every worker: the cause tells the coordinator not to migrate it."""
+    colocated = ColocatedWorker(_config(tiny_model_dir))
+    reader = ChannelReader(colocated)
+    try:
+        request = _request("g")
+        params = replace(request.params, constraint=Constraint("lark", "start: undefined_rule"))
+        answer = colocated.generate(replace(request, params=params))
+        assert not answer.accepted and answer.cause == CONSTRAINT_VIOLATED
+        assert "undefined_rule" in answer.error
+        assert len(colocated.requests) == 0
+        assert colocated.generate(_request("c")).accepted  # the worker goes on
+        assert reader.items(colocated, "c")[-1].finish_reason == FinishReason.LENGTH
+    finally:
+        reader.close()
+        _stop(colocated)

@@ -19,7 +19,7 @@ from azure.ai.inference.models import UserMessage
 from azure.core.credentials import AzureKeyCredential
 from azure.core.exceptions import HttpResponseError
 
-from coordinator.errors import GenerationFailed, NoWorkerError
+from coordinator.errors import ConstraintViolated, GenerationFailed, NoWorkerError
 from engine.request import FinishReason
 from tests.support.door_fakes import (
     AZURE_CHAT,
@@ -99,6 +99,16 @@ def test_whole_answer_that_fails_midway_is_an_error_not_partial_text(door, path,
     response = post(predict_app(ScriptedService(3, GenerationFailed("worker lost"))), path, body)
     assert response.status_code == 500
     assert response.json() == WORKER_LOST[door]
+
+
+@pytest.mark.parametrize(("door", "path", "body"), STREAMED + WHOLE)
+def test_a_constraint_violation_is_422_in_each_doors_shape(door, path, body):
+    """The output cannot follow the request's grammar: the client's spec, not a server fault."""
+    message = "request r failed: constraint_violated: Too many items"
+    response = post(predict_app(ScriptedService(0, ConstraintViolated(message))), path, body)
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/json"
+    assert message in response.text and "worker lost" not in response.text
 
 
 def _mindie_failure(error: str, error_type: str, tokens: int) -> dict:

@@ -253,3 +253,24 @@ def test_a_hostile_spec_is_a_fast_400_and_the_server_still_serves(servers, body)
             json={"messages": MESSAGES, "max_tokens": 4, "response_format": DIGIT_FORMAT},
         )
         assert again.status_code == 200, again.text
+
+
+def test_a_grammar_the_parser_gives_up_on_is_a_422_never_a_finish(servers):
+    """A cyclic, ambiguous grammar outgrows the parser's item limit two tokens in, after the
+    hand-off: the answer is the door's 422 naming the cause, not text ending ``stop``; the
+    server still serves."""
+    server = servers["zmq"]
+    cyclic = "start: e\ne: e e | e e e | e e e e | /[a-z ]/ | f\nf: f f | /[a-z]/ | e"
+    with server.client() as client:
+        response = client.post(
+            server.url("predict_port", "/v1/completions"),
+            json={"prompt": "Give me a digit", "max_tokens": 8, "guided_grammar": cyclic},
+        )
+        assert response.status_code == 422, response.text
+        assert "constraint_violated" in response.json()["error"]["message"]
+        assert "Too many items" in response.json()["error"]["message"]
+        again = client.post(
+            server.url("predict_port", "/v1/chat/completions"),
+            json={"messages": MESSAGES, "max_tokens": 4, "response_format": DIGIT_FORMAT},
+        )
+        assert again.status_code == 200, again.text

@@ -1,0 +1,107 @@
+"""Computes a step's grammar masks on threads of their own, each row within a wall budget.
+
+llguidance computes a mask without the GIL, so the constrained rows of a batch run in parallel
+on :data:`MASK_THREADS` threads while the engine thread waits for them. A row whose computation
+has run :data:`MASK_BUDGET_S` without finishing is given up: its request fails
+(``constraint_violated``) and the rest of the batch samples on time. The budget counts from the
+moment a row's computation starts on its thread, so a row queued behind others is not charged
+for their time. A computation given up cannot be interrupted; it finishes on its thread into a
+bitmask no one reads (the parser's limits, ``engine.grammars.LIMITS``, bound how long that
+takes), and its matcher is never touched again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+MASK_THREADS = 4  # masks computed at once per engine
+MASK_BUDGET_S = 0.020  # the longest one row's mask may take
+
+
+class Matcher(Protocol):
+    def unsafe_compute_mask_ptr(self, trg_ptr: int, trg_bytes: int) -> None: ...
+
+
+class MaskPool:
+    """The threads one engine's masks are computed on (started at the first mask)."""
+
+    def __init__(self, threads: int = MASK_THREADS) -> None:
+        self._threads = threads
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def start(self, bitmask: torch.Tensor, matchers: Sequence[Matcher]) -> MaskJob:
+        """Start filling ``bitmask[i]`` with the mask of ``matchers[i]``, each on a thread."""
+        pool = self._started()
+        rows = [_Row(matcher, bitmask, index) for index, matcher in enumerate(matchers)]
+        return MaskJob(bitmask, [(pool.submit(row.compute), row) for row in rows])
+
+    def compute(
+        self, bitmask: torch.Tensor, matchers: Sequence[Matcher], budget_s: float | None = None
+    ) -> list[str | None]:
+        """:meth:`start` then :meth:`MaskJob.finish`."""
+        return self.start(bitmask, matchers).finish(budget_s)
+
+    def _started(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self._threads, thread_name_prefix="grammar-mask"
+                )
+            return self._pool
+
+
+class MaskJob:
+    """The masks of one step, being computed into ``bitmask``."""
+
+    def __init__(
+        self, bitmask: torch.Tensor, rows: list[tuple[concurrent.futures.Future[None], _Row]]
+    ) -> None:
+        self.bitmask = bitmask
+        self._rows = rows
+
+    def finish(self, budget_s: float | None = None) -> list[str | None]:
+        """Wait for the masks; per row, None when it was computed within ``budget_s`` (default
+        :data:`MASK_BUDGET_S`) of its start, else why not (a row's words are then not to be
+        read, nor its matcher used again)."""
+        budget_s = MASK_BUDGET_S if budget_s is None else budget_s
+        started = dict(self._rows)
+        pending = set(started)
+        while pending:
+            now = time.monotonic()
+            pending = {f for f in pending if not started[f].overdue(now, budget_s)}
+            if pending:
+                starts = [started[f].started_at or now for f in pending]
+                timeout = max(min(starts) + budget_s - now, 0.0) + 1e-4
+                pending = concurrent.futures.wait(
+                    pending, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
+                ).not_done
+        return [_why_not(future, budget_s) for future, _ in self._rows]
+
+
+class _Row:
+    """One row's computation and when it started on its thread (None: still queued)."""
+
+    def __init__(self, matcher: Matcher, bitmask: torch.Tensor, index: int) -> None:
+        self.matcher, self.words = matcher, bitmask[index]
+        self.started_at: float | None = None
+
+    def compute(self) -> None:
+        self.started_at = time.monotonic()
+        self.matcher.unsafe_compute_mask_ptr(self.words.data_ptr(), self.words.numel() * 4)
+
+    def overdue(self, now: float, budget_s: float) -> bool:
+        return self.started_at is not None and now - self.started_at >= budget_s
+
+
+def _why_not(future: concurrent.futures.Future[None], budget_s: float) -> str | None:
+    if not future.done():
+        return f"computing the constraint's mask took over {budget_s * 1000:.0f} ms"
+    error = future.exception()
+    return None if error is None else f"computing the constraint's mask failed: {error}"
