@@ -35,7 +35,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import RequestRejectedError
-from engine.grammars import GrammarCache
+from engine.grammars import GrammarCache, PendingMasks
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
 from engine.model.gguf_weights import read_quantized
@@ -187,9 +187,12 @@ class LLMEngine:
         if scheduled.is_empty:
             return events
         start = time.monotonic()
-        batch, samplers = self.runner.prepare(scheduled)
-        masks = start_masks(samplers, self.grammars)  # computed while the forward runs
-        logits = self.runner.forward(batch)
+        masks: list[PendingMasks | None] = []
+
+        def start_masking(samplers: list[Request]) -> None:  # computed while the forward runs
+            masks.append(start_masks(samplers, self.grammars))
+
+        logits, samplers = self.runner.run(scheduled, start_masking)
         # a one-token prompt is computed as a decode
         computed = [*((r, 1) for r in scheduled.decodes), *scheduled.prefills]
         for request, num_tokens in computed:
@@ -199,7 +202,8 @@ class LLMEngine:
             self.cache_computed(request)
         if samplers:
             now = time.monotonic()
-            tokens = zip(samplers, sample(logits, samplers, self.grammars, masks), strict=True)
+            started = masks[0] if masks else None
+            tokens = zip(samplers, sample(logits, samplers, self.grammars, started), strict=True)
             events += [self._append_token(request, token_id, now) for request, token_id in tokens]
         num_prompt_tokens = sum(n for _, n in scheduled.prefills)
         seconds = time.monotonic() - start  # sampling waited for the device

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.model.forward_batch import ForwardBatch, PrefillSeq
@@ -23,9 +25,17 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
 
-    def run(self, scheduled: SchedulerOutput) -> tuple[torch.Tensor, list[Request]]:
-        """Compute the step; return logits for the requests that reach their last token."""
+    def run(
+        self,
+        scheduled: SchedulerOutput,
+        before_forward: Callable[[list[Request]], None] | None = None,
+    ) -> tuple[torch.Tensor, list[Request]]:
+        """Compute the step; return logits for the requests that reach their last token.
+        ``before_forward`` gets those requests once the batch is laid out, before the forward
+        runs (what overlaps it: their grammars' masks)."""
         batch, samplers = self.prepare(scheduled)
+        if before_forward is not None:
+            before_forward(samplers)
         return self.forward(batch), samplers
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

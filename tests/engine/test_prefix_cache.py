@@ -25,8 +25,8 @@ def _first_logits(engine: LLMEngine, request_id: str, prompt: list[int]) -> torc
     captured: dict[str, torch.Tensor] = {}
     run = engine.runner.run
 
-    def recording(scheduled):
-        logits, samplers = run(scheduled)
+    def recording(scheduled, *hooks):
+        logits, samplers = run(scheduled, *hooks)
         for row, request in enumerate(samplers):
             captured.setdefault(request.request_id, logits[row].clone())
         return logits, samplers

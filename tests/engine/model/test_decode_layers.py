@@ -48,8 +48,8 @@ def _run(engine: LLMEngine) -> tuple[list[torch.Tensor], list[list[int]], int]:
     fused = 0
     run, fusable = engine.runner.run, engine.model._fusable
 
-    def recording_run(scheduled):
-        logits, samplers = run(scheduled)
+    def recording_run(scheduled, *hooks):
+        logits, samplers = run(scheduled, *hooks)
         steps.append(logits.clone())
         return logits, samplers
 

@@ -24,8 +24,8 @@ def _capture_logits(engine) -> list[tuple[list[int], torch.Tensor]]:
     seen: list[tuple[list[int], torch.Tensor]] = []
     run = engine.runner.run
 
-    def recording_run(scheduled):
-        logits, samplers = run(scheduled)
+    def recording_run(scheduled, *hooks):
+        logits, samplers = run(scheduled, *hooks)
         seen.extend((list(r.token_ids), logits[i].clone()) for i, r in enumerate(samplers))
         return logits, samplers
 

@@ -44,8 +44,8 @@ def next_token_logits(engine: LLMEngine, prefixes: list[list[int]]) -> torch.Ten
     seen: dict[str, torch.Tensor] = {}
     run = engine.runner.run
 
-    def recording_run(scheduled):
-        logits, samplers = run(scheduled)
+    def recording_run(scheduled, *hooks):
+        logits, samplers = run(scheduled, *hooks)
         seen.update((r.request_id, logits[i].clone()) for i, r in enumerate(samplers))
         return logits, samplers
 
