@@ -247,10 +247,8 @@ class InferenceService:
         """Send ``run`` back for another pair, or raise GenerationFailed if it may not. An
         attempt that found its worker restarting spends no retry: the next pick waits for a
         pair that answers (the request's timeouts bound it)."""
-        if cause == WORKER_RESTARTING:
-            run.migrate(cause, spent=False)
-            return
-        if run.num_spent == self.max_retry:
+        spent = cause != WORKER_RESTARTING
+        if spent and run.num_spent == self.max_retry:
             # the detail (a worker's error, Ray's text, a node's address) is logged, not sent
             log.error(
                 "request %s failed after %d migrations: %s: %s",
@@ -270,9 +268,10 @@ class InferenceService:
             cause,
             error,
         )
-        if self.metrics:
+        retrying = bool(run.migrations) and not run.migrations[-1].spent
+        if self.metrics and (spent or not retrying):  # a run of restarting attempts counts once
             self.metrics.migrations.labels(self.metrics.model_name, cause).inc()
-        run.migrate(cause)
+        run.migrate(cause, spent)
 
     async def _pair(self, run: RequestRun) -> Route:
         """A pair for ``run`` (to compute its prompt and outputs so far), new (NoWorkerError if

@@ -32,10 +32,10 @@ from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
-from coordinator.api.door_limits import door_limits
 from coordinator.cluster import Cluster
 from coordinator.config.loader import CoordinatorConfig, check_manage_listener
 from coordinator.connection_caps import ConnectionCaps
+from coordinator.door_limits import door_limits
 from coordinator.fault_injection import add_fault_route, fault_route_keys, read_fault_body
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts

@@ -30,7 +30,6 @@ from coordinator.api.azure import create_azure_router, create_info_router
 from coordinator.api.body_budget import MIB, BodyBudget
 from coordinator.api.clients import ClientLimits, Clients, record_client
 from coordinator.api.common import internal_error_message, new_error_id
-from coordinator.api.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.api.embeddings import Embed, EmbeddingRoutes, create_embeddings_router
 from coordinator.api.errors import APIError
 from coordinator.api.limits import default_body_limit_mb
@@ -40,6 +39,7 @@ from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
 from coordinator.api.tenants import Tenants, record_tenant
 from coordinator.api.tgi import create_tgi_router
+from coordinator.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.errors import RETRY_UNAVAILABLE_S, ServiceError
 from coordinator.inference import InferenceService
 from coordinator.served_model import ServedModels

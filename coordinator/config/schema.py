@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from coordinator.api.door_limits import DEFAULT_BUFFERED_BODY_MB
 from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.config.keys import Convert, Feed, Key, fed
+from coordinator.door_limits import DEFAULT_BUFFERED_BODY_MB
 from coordinator.http_edge import EdgeLimits
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from coordinator.api.door_limits import door_limits
 from coordinator.config.loader import load_config
+from coordinator.door_limits import door_limits
 from coordinator.server import Coordinator
 from engine.errors import ConfigError
 from tests.support.coordinator_configs import config_with

@@ -14,7 +14,7 @@ import httpx
 import uvicorn
 
 from coordinator.api.app import create_predict_app
-from coordinator.api.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
+from coordinator.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.errors import ServiceError
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels

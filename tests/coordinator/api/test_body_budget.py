@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from coordinator.api.body_budget import MIB, BodyBudget
-from coordinator.api.door_limits import DoorLimits
 from coordinator.connection_caps import ConnectionCaps
+from coordinator.door_limits import DoorLimits
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from tests.support.door_fakes import ScriptedService, predict_app, serving
 from tests.support.raw_http import answer, connect, read_one_answer, status_of

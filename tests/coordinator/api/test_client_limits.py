@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.api.door_limits import DoorLimits
 from coordinator.connection_caps import ConnectionCaps
+from coordinator.door_limits import DoorLimits
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from tests.support.door_fakes import (
     AZURE_CHAT,

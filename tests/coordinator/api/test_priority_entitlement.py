@@ -5,7 +5,7 @@ is served as asked. MindIE's is the door that takes a priority (``parameters.pri
 
 from __future__ import annotations
 
-from coordinator.api.door_limits import DoorLimits
+from coordinator.door_limits import DoorLimits
 from tests.support.door_fakes import ScriptedService, post, predict_app
 
 KEY_A, KEY_B = "key-a-secret", "key-b-secret"
