@@ -268,8 +268,7 @@ class InferenceService:
             cause,
             error,
         )
-        retrying = bool(run.migrations) and not run.migrations[-1].spent
-        if self.metrics and (spent or not retrying):  # a run of restarting attempts counts once
+        if self.metrics and (spent or not run.migrations):  # restarting: counted as a first only
             self.metrics.migrations.labels(self.metrics.model_name, cause).inc()
         run.migrate(cause, spent)
 

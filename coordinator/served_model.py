@@ -28,7 +28,6 @@ from engine.model.loader import tokenizer_dir as model_tokenizer_dir
 from engine.model.mlflow_model import MlflowModel, is_mlflow_dir, read_mlflow_model
 
 log = logging.getLogger(__name__)
-QUEUED_BATCHES = 4  # max_requests_per_worker 0: this many engine batches (maxBatchSize) a worker
 NO_TIMEOUT_RESERVATION_WAIT_S = 3600.0  # schedule_timeout 0 (off): a hand-off waits an hour
 
 
@@ -113,6 +112,4 @@ def routing_config(config: CoordinatorConfig, engine: EngineConfig) -> RoutingCo
     """The router's settings; without prefix caching in the engines, pairs by load only."""
     routing, cache = config.fed(RoutingConfig), engine.cache
     prefix_routing = routing.pop("prefix_routing") and cache.enable_prefix_caching
-    if not routing["max_requests_per_worker"]:
-        routing["max_requests_per_worker"] = QUEUED_BATCHES * engine.scheduler.max_batch_size
     return RoutingConfig(prefix_routing=prefix_routing, block_size=cache.block_size, **routing)

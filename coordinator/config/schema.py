@@ -164,8 +164,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         fed("max_requests_per_worker", "int", routing("max_requests_per_worker"), "requests "
             "one decode (or colocated) worker may hold, running, waiting or reserved, as the "
             "router counts them; a new request finding every worker at it is answered 429 at "
-            "once instead of queued to its timeout (a migrating one is not refused); 0: four "
-            "times `maxBatchSize`", low=0, high=1_000_000, unit="requests"),
+            "once instead of queued to its timeout (a migrating one is not refused); 0: no cap",
+            low=0, high=1_000_000, unit="requests"),
     ),
     "tls_config": section(
         "tls_config",

@@ -157,7 +157,7 @@ def test_the_files_defaults_are_the_dataclasses_own():
         reservation_wait_s=float(config["exception_config"]["schedule_timeout"]),
         generation=False,
     )
-    assert routing_config(config, cluster.engine) == RoutingConfig(max_requests_per_worker=800)
+    assert routing_config(config, cluster.engine) == RoutingConfig()
     assert Timeouts(**config.fed(Timeouts)) == Timeouts()
 
 

@@ -16,6 +16,7 @@ from engine.config import KVTransferConfig, SchedulerConfig
 from engine.constraint import Constraint
 from engine.outputs import CONSTRAINT_VIOLATED, EngineStats, TokenEvent
 from engine.request import FinishReason, RequestStatus
+from engine.sampling_params import SamplingParams
 from prefill_worker.worker import PrefillWorker
 from tests.support.channel_reader import ChannelReader
 from tests.support.inprocess_workers import (
@@ -324,12 +325,13 @@ def test_a_request_id_in_use_is_refused_and_the_first_goes_on(tiny_model_dir):
         assert decode.load().requests_by_owner == {reader.owner: 1}
         assert decode.abort("r") and len(decode.requests) == 0
 
-        assert colocated.generate(_request("c")).accepted
+        long = replace(_request("c"), params=SamplingParams(max_new_tokens=64, ignore_eos=True))
+        assert colocated.generate(long).accepted  # still running when the second one comes
         assert colocated.generate(_request("c")) == Submitted(
             False, "request id 'c' is already in use"
         )
         events = reader.items(colocated, "c")  # the first one's stream, whole and alone
-        assert len(events) == 6 and events[-1].finish_reason == FinishReason.LENGTH
+        assert len(events) == 64 and events[-1].finish_reason == FinishReason.LENGTH
         assert reader.pending(colocated) == []
         assert len(colocated.requests) == 0 and len(decode.requests) == 0
     finally:
