@@ -138,3 +138,15 @@ def events(response: httpx.Response) -> list[bytes]:
     """The SSE events of a stream, each with its ``data:`` prefix."""
     assert response.content.endswith(b"\n\n"), response.content
     return response.content[:-2].split(b"\n\n")
+
+
+# (door, path, a body it takes): one generation route of each door and kind (stream or not)
+DOORS = [
+    ("mindie", "/infer", {"inputs": "hi"}),
+    ("openai", "/v1/chat/completions", {"messages": MESSAGES}),
+    ("openai", "/v1/completions", {"prompt": "hi", "stream": True}),
+    ("azure", AZURE_CHAT, {"messages": MESSAGES}),
+    ("tgi", "/generate", {"inputs": "hi"}),
+    ("tgi", "/generate_stream", {"inputs": "hi"}),
+    ("mlflow", "/invocations", {"messages": MESSAGES}),
+]

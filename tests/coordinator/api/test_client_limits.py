@@ -15,8 +15,7 @@ from coordinator.connection_caps import ConnectionCaps
 from coordinator.door_limits import DoorLimits
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from tests.support.door_fakes import (
-    AZURE_CHAT,
-    MESSAGES,
+    DOORS,
     ScriptedService,
     post,
     predict_app,
@@ -25,15 +24,6 @@ from tests.support.door_fakes import (
 from tests.support.raw_http import connect
 
 KEY_A, KEY_B = "key-a-secret", "key-b-secret"
-DOORS = [
-    ("mindie", "/infer", {"inputs": "hi"}),
-    ("openai", "/v1/chat/completions", {"messages": MESSAGES}),
-    ("openai", "/v1/completions", {"prompt": "hi", "stream": True}),
-    ("azure", AZURE_CHAT, {"messages": MESSAGES}),
-    ("tgi", "/generate", {"inputs": "hi"}),
-    ("tgi", "/generate_stream", {"inputs": "hi"}),
-    ("mlflow", "/invocations", {"messages": MESSAGES}),
-]
 
 
 def message_of(door: str, response: httpx.Response) -> str:

@@ -12,23 +12,13 @@ from coordinator.api.app import create_predict_app
 from coordinator.errors import TooManyRequests
 from coordinator.served_model import ServedModels
 from tests.support.door_fakes import (
-    AZURE_CHAT,
-    MESSAGES,
+    DOORS,
     ScriptedService,
     no_embeddings,
     post,
     predict_app,
 )
 
-DOORS = [
-    ("mindie", "/infer", {"inputs": "hi"}),
-    ("openai", "/v1/chat/completions", {"messages": MESSAGES}),
-    ("openai", "/v1/completions", {"prompt": "hi", "stream": True}),
-    ("azure", AZURE_CHAT, {"messages": MESSAGES}),
-    ("tgi", "/generate", {"inputs": "hi"}),
-    ("tgi", "/generate_stream", {"inputs": "hi"}),
-    ("mlflow", "/invocations", {"messages": MESSAGES}),
-]
 BUSY_BODIES = {
     "mindie": {"error": "Too many requests", "error_type": "Too many requests"},
     "openai": {
