@@ -43,6 +43,14 @@ def early_answered(url: str, path: str) -> socket.socket:
     return sock
 
 
+def assert_408_at_the_header_deadline(sock: socket.socket) -> None:
+    """The next thing ``sock`` gets, within the header deadline and a margin, is a 408."""
+    start = time.monotonic()
+    received = sock.recv(65536)
+    assert status_of(received) == 408, received
+    assert time.monotonic() - start < 3 * DEADLINE_S
+
+
 def endless_header_bytes(sock: socket.socket) -> tuple[int, bytes]:
     """Send a request whose one header never ends, until the server stops taking it."""
     sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\nx-big: ")
@@ -72,10 +80,7 @@ def test_after_an_early_answer_and_its_body_the_next_header_is_capped(urls, list
 def test_after_an_early_answer_a_half_sent_next_request_is_408(urls, listener):
     sock = early_answered(urls[listener], LISTENERS[listener][1])
     sock.sendall(b"x" * 100 + b"GET / HTTP/1.1\r\nhost: x\r\n")
-    start = time.monotonic()
-    received = sock.recv(65536)
-    assert status_of(received) == 408, received
-    assert time.monotonic() - start < 3 * DEADLINE_S
+    assert_408_at_the_header_deadline(sock)
 
 
 @pytest.mark.parametrize("listener", LISTENERS)
@@ -105,10 +110,7 @@ def test_one_idle_byte_after_an_answer_is_408_at_the_header_deadline(urls, liste
     sock.sendall(get(LISTENERS[listener][0]))
     assert status_of(read_one_answer(sock)) < 500
     sock.sendall(b"G")
-    start = time.monotonic()
-    received = sock.recv(65536)
-    assert status_of(received) == 408, received
-    assert time.monotonic() - start < 3 * DEADLINE_S
+    assert_408_at_the_header_deadline(sock)
 
 
 @pytest.mark.parametrize("listener", LISTENERS)
