@@ -16,7 +16,6 @@ spanning two tokens may have been sent)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 
 from coordinator.api.common import Events, chained
 from coordinator.api.errors import APIError
+from coordinator.api.sse import sse_event
 from coordinator.content_safety import ContentFilter
 from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent
@@ -49,8 +49,7 @@ ERROR_TYPES = {
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One event, exactly ``data: <json>\\n\\n`` (compact JSON, UTF-8 kept as is)."""
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return b"data: " + text.encode() + b"\n\n"
+    return sse_event(payload)
 
 
 CONTENT_FILTER = "content_filter"

@@ -16,13 +16,13 @@ request's new pair reports its own figure), never more than the prompt.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from coordinator.api.common import Events, chained
+from coordinator.api.sse import sse_event
 from coordinator.content_safety import ContentFilter
 from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent
@@ -39,7 +39,7 @@ DONE = b"data: [DONE]\n\n"
 def _stream_error(exc: ServiceError) -> bytes:
     """The chunk that ends a stream a service error broke."""
     error = {"message": str(exc), "type": "server_error", "param": None, "code": exc.status}
-    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+    return sse_event({"error": error})
 
 
 class Completion:
@@ -132,7 +132,7 @@ class Completion:
         payload = {**self._envelope(True), "choices": [choice]}
         if usage:
             payload["usage"] = self.usage
-        return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+        return sse_event(payload)
 
     def piece_chunks(self, piece: str, ending: bool) -> list[bytes]:
         """The chunks of text just taken (``ending``: the last of it); a tool-call answer

@@ -14,7 +14,6 @@ a finished token event; a whole answer is never sent with partial text.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -28,6 +27,7 @@ from coordinator.api.common import Door, Events, chained, create_router, read_js
 from coordinator.api.errors import APIError, FormatError, InputValidationError, retry_headers
 from coordinator.api.limits import prompt_char_limit
 from coordinator.api.mindie_format import FINISH_REASONS
+from coordinator.api.sse import DATA_NO_SPACE, sse_event
 from coordinator.api.structured_request import check_compiles, tgi_constraint
 from coordinator.api.tgi_request import parse_tgi_body
 from coordinator.content_safety import INPUT_FILTERED, ContentFilter, text_blocked
@@ -59,7 +59,7 @@ def service_error_response(error: APIError) -> JSONResponse:
 def stream_error(exc: ServiceError) -> bytes:
     """The event that ends a stream a failure broke."""
     error = {"error": str(exc), "error_type": service_error_kind(exc.status)}
-    return b"data:" + json.dumps(error, ensure_ascii=False).encode() + b"\n\n"
+    return sse_event(error, DATA_NO_SPACE)
 
 
 @dataclass(eq=False)
@@ -119,7 +119,7 @@ class TgiAnswer:
             "generated_text": self.prefix + self.text if done else None,
             "details": self._stream_details() if done else None,
         }
-        return b"data:" + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+        return sse_event(payload, DATA_NO_SPACE)
 
     def _stream_details(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,26 @@
+"""A streamed event's bytes: ``<prefix><compact JSON>\\n\\n``, the JSON encoded once, straight to
+UTF-8 bytes by orjson (every door's per-token framing goes through :func:`sse_event`).
+
+orjson writes what ``json.dumps(value, ensure_ascii=False, separators=(",", ":"))`` writes for
+the values a stream carries (strings, ints, floats, None, lists, dicts with string keys);
+``benchmarks/serving/door_framing.py`` measures each door's cost per event with it and with the
+standard library's encoder (``docs/performance/serving.md``: the figures)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+DATA = b"data: "  # MindIE, OpenAI, Azure
+DATA_NO_SPACE = b"data:"  # TGI writes its events with no space
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON, UTF-8 kept as is (no ``\\u`` escapes for non-ASCII text)."""
+    return orjson.dumps(value)
+
+
+def sse_event(payload: Any, prefix: bytes = DATA) -> bytes:
+    """One server-sent event carrying ``payload``."""
+    return prefix + dumps(payload) + b"\n\n"
