@@ -24,6 +24,7 @@ from typing import Any
 from benchmarks import caveats
 from benchmarks.harness.stats import Goal, bootstrap_interval, judge
 from benchmarks.serving.memory_report import render as render_memory_tables
+from benchmarks.serving.mode_pair_report import render_mode_pair
 from benchmarks.serving.modes_report import render as render_modes_tables
 from benchmarks.serving.served_stream_report import render as render_served_stream_tables
 from benchmarks.serving.served_stream_report import render_headline as render_stream_goals
@@ -420,6 +421,33 @@ def render_served_stream_headline(data: dict[str, Any]) -> str:
     return render_stream_goals(data, provenance(data["_meta"]))
 
 
+def render_event_loop(data: dict[str, Any]) -> str:
+    """The coordinator on uvloop against asyncio, in one served-stream run."""
+    return render_mode_pair(data, "single_node_uvloop", "single_node", provenance(data["_meta"]))
+
+
+def render_door_framing(data: dict[str, Any]) -> str:
+    """Each door's CPU per streamed event with orjson and the standard library's JSON."""
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"{data['settings']['tokens']}-token requests, the best of {data['settings']['repeat']} "
+        "a side and round; µs of CPU per event, median [min-max] over rounds.",
+        "",
+        "| door | orjson µs/event | stdlib µs/event | orjson / stdlib [95 % interval] | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for door, row in data["doors"].items():
+        a, b, ratio = row["orjson"], row["stdlib"], row["ratio"]
+        lines.append(
+            f"| {door} | {a['median']:.2f} [{a['min']:.2f}-{a['max']:.2f}] | {b['median']:.2f} "
+            f"[{b['min']:.2f}-{b['max']:.2f}] | **{ratio['median']:.2f}** "
+            f"[{ratio['low']:.2f}-{ratio['high']:.2f}] | {row['verdict']['verdict']} "
+            f"({row['verdict']['goal']}) |"
+        )
+    return "\n".join(lines)
+
+
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -495,6 +523,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "replicas": render_replicas,
     "served_stream": render_served_stream,
     "served_stream:headline": render_served_stream_headline,
+    "served_stream_event_loop": render_event_loop,
+    "door_framing": render_door_framing,
 }
 
 

@@ -197,6 +197,15 @@ def resolve_config(args: argparse.Namespace) -> CoordinatorConfig:
     return load_config(args.config).with_overrides(overrides)
 
 
+def event_loop_factory(config: CoordinatorConfig) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The coordinator's event loop, as ``http_config.event_loop`` names it."""
+    if config["http_config"]["event_loop"] == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["workers"]:  # the shared worker pool alone (docs/replicas.md)
@@ -222,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as exc:
         print(f"pdserve: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(coordinator.serve())
+    with asyncio.Runner(loop_factory=event_loop_factory(config)) as runner:
+        runner.run(coordinator.serve())
     return 0
 
 

@@ -216,6 +216,7 @@ class Coordinator:
         self._probes = ThreadedServer(self._servers.pop(2), "probes")
         self._probes.start()
         loop = asyncio.get_running_loop()
+        log.info("event loop: %s", type(loop).__module__.partition(".")[0])
         stop = asyncio.Event()
 
         def handle_signals() -> None:

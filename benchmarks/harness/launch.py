@@ -44,7 +44,11 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     # the same with the engine's OpenMP threads spinning 10000 turns, not 300000, once idle
     "single_node_spin10k": ("single_node", {"stepTargetMs": 0, "omp_spin_count": 10000}),
     "pd_adaptive": ("pd_separate", ADAPTIVE),
+    # single_node with the coordinator on uvloop (HTTP_SETTINGS)
+    "single_node_uvloop": ("single_node", {"stepTargetMs": 0}),
 }
+# mode -> http_config keys, for the modes that set any
+HTTP_SETTINGS: dict[str, dict[str, Any]] = {"single_node_uvloop": {"event_loop": "uvloop"}}
 READY_S = 600
 
 

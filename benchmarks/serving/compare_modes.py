@@ -63,7 +63,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.client import Target
-from benchmarks.harness.launch import MODES, SETTINGS, free_port, start_pdserve, stop_pdserve
+from benchmarks.harness.launch import (
+    HTTP_SETTINGS,
+    MODES,
+    SETTINGS,
+    free_port,
+    start_pdserve,
+    stop_pdserve,
+)
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.llamacpp.server import (
     LlamaServer,
@@ -148,10 +155,13 @@ class Deployment:
             return
         self.load_cpus = None
         deploy_mode, keys = settings(mode)
-        self.given = {"deploy_mode": deploy_mode, "backend_config": keys}
+        http = HTTP_SETTINGS.get(mode.partition("@")[0], {})
+        self.given = {"deploy_mode": deploy_mode, "backend_config": keys, "http_config": http}
         if ray is None:
             (workdir / mode).mkdir(parents=True, exist_ok=True)
-            self._process, ports = start_pdserve(deploy_mode, args.model, workdir / mode, keys)
+            self._process, ports = start_pdserve(
+                deploy_mode, args.model, workdir / mode, keys, http
+            )
             self.target = Target(f"http://127.0.0.1:{ports['predict_port']}")
             self.metrics_url = f"http://127.0.0.1:{ports['external_port']}/metrics"
             return

@@ -63,7 +63,13 @@ from typing import Any
 
 from benchmarks.engine.step_probe import StepProbe
 from benchmarks.harness.client import Target, carries_token
-from benchmarks.harness.launch import SETTINGS, free_port, start_pdserve, stop_pdserve
+from benchmarks.harness.launch import (
+    HTTP_SETTINGS,
+    SETTINGS,
+    free_port,
+    start_pdserve,
+    stop_pdserve,
+)
 from benchmarks.harness.load import ABANDONED, ClosedLoop
 from benchmarks.harness.processes import actor_pid, cpu_per_token, tree_cpu
 from benchmarks.harness.record import RequestRecord, percentile
@@ -78,6 +84,7 @@ PROMPT_TOKENS = 100
 DECODING_ACTOR = {
     "single_node": "ray::ColocatedWorker",
     "single_node_spin10k": "ray::ColocatedWorker",
+    "single_node_uvloop": "ray::ColocatedWorker",
     "pd_separate": "ray::DecodeWorker",
     "pd_adaptive": "ray::DecodeWorker",
 }
@@ -245,13 +252,15 @@ class Deployments:
         prompt = PROMPT_TOKENS + args.new_tokens // 2  # the answers' mean context
         for mode in args.modes:
             deploy_mode, keys = SETTINGS[mode]
-            process, ports = start_pdserve(deploy_mode, args.model, self.workdir / mode, keys)
+            http = HTTP_SETTINGS.get(mode, {})
+            workdir = self.workdir / mode
+            process, ports = start_pdserve(deploy_mode, args.model, workdir, keys, http)
             self.pdserve[mode] = (process, ports)
             cores = self._actor_cores(mode, process.pid)
             log = self.workdir / f"probe-{mode}.log"
             spin = keys.get("omp_spin_count", -1)
             self.probes[mode] = StepProbe(args.model, cores, prompt, args.probe_tokens, log, spin)
-            given = {"deploy_mode": deploy_mode, "backend_config": keys}
+            given = {"deploy_mode": deploy_mode, "backend_config": keys, "http_config": http}
             probe = {"cores": sorted(cores), "threads": len(cores), "prompt_tokens": prompt}
             self.given[mode] = given | {"engine_probe": probe | {"new_tokens": args.probe_tokens}}
             print(f"{mode}: pdserve pid {process.pid}, its decoding actor on {sorted(cores)}")

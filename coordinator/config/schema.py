@@ -28,6 +28,7 @@ TIMEOUT: dict[str, Any] = {"low": 0, "high": 86400, "unit": "s"}
 MAX_TOKENS = 1 << 22
 FILE_TRANSPORTS = ("zmq", "grpc")  # "inprocess" is for tests of engines in one process
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+EVENT_LOOPS = ("asyncio", "uvloop")
 # stepTargetMs when the file leaves it out: in pd_separate it sizes the chunks of the prompts a
 # decode worker computes itself, so its streams stay smooth; single_node fills each step up to
 # maxPrefillTokens (the engine's own default), which gives long prompts their first token soonest
@@ -92,6 +93,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "served first, 5 last) a request with that key may ask for; one asking better is "
             "served at its key's; once any key is listed, other keys (and clients without one) "
             "get 5; `{}`: any priority"),
+        Key("event_loop", "str", "asyncio", "the event loop the predict, manage and metrics "
+            "listeners (and the token channels' receivers) run on: Python's `asyncio` or "
+            "`uvloop` ([performance/serving.md](performance/serving.md#event-loop): the "
+            "measured difference)", choices=EVENT_LOOPS),
     ),
     "request_limit": section(
         "request_limit",

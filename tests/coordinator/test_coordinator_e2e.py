@@ -57,6 +57,12 @@ def test_probes_answer_200_once_ready(servers):
             assert response.status_code == 200 and response.content == b""
 
 
+def test_each_coordinator_runs_the_event_loop_its_config_names(servers):
+    logs = {name: server.log_path.read_text() for name, server in servers.items()}
+    assert "event loop: uvloop" in logs["grpc"]
+    assert "event loop: asyncio" in logs["zmq"] and "event loop: asyncio" in logs["single"]
+
+
 @pytest.mark.parametrize("name", ["zmq", "grpc"])
 def test_same_greedy_answer_as_the_engine_alone(servers, tiny_model_dir, name):
     text = "The quick brown fox"

@@ -95,10 +95,11 @@ def _zmq_config(model_dir) -> tuple[dict, tuple[str, ...]]:
 
 
 def _grpc_config(model_dir) -> tuple[dict, tuple[str, ...]]:
-    """``grpc``: pd_separate over gRPC with an API key and content safety on; config, arguments."""
+    """``grpc``: pd_separate over gRPC with an API key and content safety on, on uvloop; config,
+    arguments."""
     return (
         {
-            "http_config": {"api_keys": [API_KEY]},
+            "http_config": {"api_keys": [API_KEY], "event_loop": "uvloop"},
             "content_safety": {
                 "enabled": True,
                 "categories": {"test": {"terms": ["forbidden"], "patterns": [r"\bsecret-\d+\b"]}},

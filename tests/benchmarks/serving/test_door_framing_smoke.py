@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from benchmarks.report import render_door_framing
 from benchmarks.serving import door_framing
 from benchmarks.serving.door_framing import DOORS, ENCODERS, request_events
 from coordinator.api import sse
@@ -59,3 +60,5 @@ def test_door_framing_toy_run(tmp_path):
         assert door["verdict"]["verdict"] == "undecided"  # two rounds decide nothing
     assert sse.dumps is ENCODERS["orjson"]
     assert result["_meta"]["complete"]
+    table = render_door_framing(result)
+    assert all(f"| {door} |" in table for door in DOORS)
