@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import platform
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _MAIN = "int main(void) {{ {body} }}\n"
@@ -144,10 +146,12 @@ def consistent(found: Mapping[str, bool]) -> dict[str, bool]:
 @functools.cache
 def probe_isa(compiler: str = "cc") -> dict[str, bool]:
     """Every extension of ``GGML_OPTIONS``: True where this CPU executes it (and its
-    prerequisites)."""
+    prerequisites); the probes compile and run a core each at a time."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return dict.fromkeys(GGML_OPTIONS, False)
-    return consistent({extension: executes(extension, compiler) for extension in GGML_OPTIONS})
+    with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
+        runs = pool.map(lambda extension: executes(extension, compiler), GGML_OPTIONS)
+        return consistent(dict(zip(GGML_OPTIONS, runs, strict=True)))
 
 
 def ggml_cmake_flags(isa: Mapping[str, bool]) -> list[str]:
