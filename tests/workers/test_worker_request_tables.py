@@ -76,7 +76,7 @@ def _coordinator_gone(prefill, decode, reader, rid):
     reservation = decode.reserve(_request(rid))
     reader.detach(decode)  # its events cannot go: the worker aborts it
     _prefilled(prefill, reader, rid, HandoffTarget.from_reservation(reservation, 6))
-    assert wait_until(lambda: rid not in decode.requests, 3)
+    assert wait_until(lambda: rid not in decode.requests, 10)
     # the channel names it until a message to its coordinator gets through: it comes back
     reader.attach(decode)
     assert decode.generate(_request("next-one")).accepted
@@ -121,7 +121,7 @@ def test_no_table_names_a_request_once_it_ended(pair, ending):
     def forgotten() -> bool:  # prefill frees its blocks just after the hand-off's result
         return not paths_naming(prefill, rid) and not paths_naming(decode, rid)
 
-    assert wait_until(forgotten, 3.0), {
+    assert wait_until(forgotten, 10.0), {
         "prefill": paths_naming(prefill, rid),
         "decode": paths_naming(decode, rid),
     }
