@@ -1,13 +1,16 @@
-"""Computes a step's grammar masks on threads of their own, each row within a wall budget.
+"""Computes a step's grammar masks on threads of their own, each row within a CPU budget.
 
 llguidance computes a mask without the GIL, so the constrained rows of a batch run in parallel
 on :data:`MASK_THREADS` threads while the engine thread waits for them. A row whose computation
-has run :data:`MASK_BUDGET_S` without finishing is given up: its request fails
-(``constraint_violated``) and the rest of the batch samples on time. The budget counts from the
-moment a row's computation starts on its thread, so a row queued behind others is not charged
-for their time. A computation given up cannot be interrupted; it finishes on its thread into a
-bitmask no one reads (the parser's limits, ``engine.grammars.LIMITS``, bound how long that
-takes), and its matcher is never touched again.
+has used :data:`MASK_BUDGET_S` of its thread's CPU time without finishing is given up: its
+request fails (``constraint_violated``) and the rest of the batch samples on time. CPU time, not
+wall time: on a machine busy with other work (a worker restarting beside this one, a model
+load) a row that waits for a core is not the grammar's fault; a row is given up at
+:data:`MASK_WALL_FACTOR` times the budget of wall time all the same, so a step never waits longer
+than that. The budget counts from the moment a row's computation starts on its thread, so a row
+queued behind others is not charged for their time. A computation given up cannot be
+interrupted; it finishes on its thread into a bitmask no one reads (the parser's limits,
+``engine.grammars.LIMITS``, bound how long that takes), and its matcher is never touched again.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Protocol
 import torch
 
 MASK_THREADS = 4  # masks computed at once per engine
-MASK_BUDGET_S = 0.020  # the longest one row's mask may take
+MASK_BUDGET_S = 0.020  # the most CPU time one row's mask may take
+MASK_WALL_FACTOR = 10  # and the most wall time, in budgets
 
 
 class Matcher(Protocol):
@@ -78,7 +82,9 @@ class MaskJob:
             pending = {f for f in pending if not started[f].overdue(now, budget_s)}
             if pending:
                 starts = [started[f].started_at or now for f in pending]
-                timeout = max(min(starts) + budget_s - now, 0.0) + 1e-4
+                # to the first budget's end, then every quarter budget (a row past its wall
+                # budget but not its CPU budget is looked at again, not spun on)
+                timeout = max(min(starts) + budget_s - now, budget_s / 4) + 1e-4
                 pending = concurrent.futures.wait(
                     pending, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
                 ).not_done
@@ -93,11 +99,19 @@ class _Row:
         self.started_at: float | None = None
 
     def compute(self) -> None:
+        self.clock = time.pthread_getcpuclockid(threading.get_ident())
+        self.cpu_started_at = time.clock_gettime(self.clock)
         self.started_at = time.monotonic()
         self.matcher.unsafe_compute_mask_ptr(self.words.data_ptr(), self.words.numel() * 4)
 
     def overdue(self, now: float, budget_s: float) -> bool:
-        return self.started_at is not None and now - self.started_at >= budget_s
+        """Past its CPU budget, or past :data:`MASK_WALL_FACTOR` budgets of wall time."""
+        if self.started_at is None:
+            return False
+        if now - self.started_at >= MASK_WALL_FACTOR * budget_s:
+            return True
+        used = time.clock_gettime(self.clock) - self.cpu_started_at
+        return now - self.started_at >= budget_s and used >= budget_s
 
 
 def _why_not(future: concurrent.futures.Future[None], budget_s: float) -> str | None:

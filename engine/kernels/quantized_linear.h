@@ -143,6 +143,10 @@ void dequantize(const uint8_t* weight, int64_t N, int64_t blocks, float* out) {
   if (isa == Isa::avx512) return simd_avx512::dequantize<K>(weight, N, blocks, out);
   if constexpr (K == Kind::q4_1) {
     if (isa == Isa::avx2) return dequantize_avx2<K>(weight, N, blocks, out);
+  } else if constexpr (K == Kind::q6_k) {
+    // the 8-lane SIMD dequantization of q6_k left its output unwritten in a build for Zen 3
+    // (GCC 12, -O3 -march=native; tests/engine/kernels: dequantizes_as_gguf_does[avx2-q6_k]):
+    // the portable path, until that is understood
   } else {
     if (isa == Isa::avx2) return simd_avx2::dequantize<K>(weight, N, blocks, out);
   }

@@ -64,7 +64,7 @@ async def _requests_until_kill(cluster, worker, count: int):
     pid = (await worker.ready.remote()).pid
     os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    results = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
     return results, time.monotonic() - killed_at
 
 
@@ -128,13 +128,17 @@ def test_prefill_worker_killed_with_requests_in_flight(cluster):
         await asyncio.sleep(0.02)  # all six hand-offs are done within ~50 ms
         os.kill(pid, signal.SIGKILL)
         start = time.monotonic()
-        results = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
         return results, time.monotonic() - start
 
     results, elapsed = asyncio.run(scenario())
-    assert elapsed < 10
-    assert all(events[-1].finished for events in results)
-    assert any(events[-1].finish_reason == FinishReason.ERROR for events in results)
+    # a request the killed worker still held migrates once Ray has restarted it (a model load),
+    # or ends with an error: none hangs, and none ends normally short of its tokens
+    assert elapsed < 45
+    for events in results:
+        tokens = sum(e.token_id is not None for e in events)
+        assert events[-1].finished
+        assert events[-1].finish_reason == FinishReason.ERROR or tokens == LONG.max_new_tokens
     _recovered(cluster, cluster.fleet.prefills[0])
     _idle(cluster)
 
