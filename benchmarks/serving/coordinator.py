@@ -31,7 +31,6 @@ import json
 import random
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -45,7 +44,7 @@ from benchmarks.harness.sse import sse_lines
 from benchmarks.harness.stats import percentile
 from benchmarks.harness.stats import spread as _spread
 from coordinator.config.loader import load_config
-from coordinator.server import Coordinator
+from coordinator.server import Coordinator, SignalFreeServer
 from engine.sampling_params import SamplingParams
 from workers.contracts import GenerationRequest
 from workers.embedding import EmbeddingWorker
@@ -183,16 +182,18 @@ def _ms(spread: dict[str, float]) -> str:
     return f"{spread['median']:.2f} ms [{spread['min']:.2f}-{spread['max']:.2f}]"
 
 
-def start_server(coordinator: Coordinator) -> threading.Thread:
-    config = coordinator.uvicorn_configs()[0]
-    server = uvicorn.Server(config)
-
-    def run() -> None:
-        asyncio.run(server.serve())
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+async def start_server(coordinator: Coordinator) -> tuple[uvicorn.Server, asyncio.Task]:
+    """The predict listener, on this event loop: the loop the coordinator's token channels and
+    request queues live on, as in ``pdserve`` (a server on a loop of its own would wait on
+    another loop's events, and may wait forever)."""
+    server = SignalFreeServer(coordinator.uvicorn_configs()[0])
+    serving = asyncio.get_running_loop().create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            serving.result()  # raises what stopped it
+            raise RuntimeError("the predict listener stopped before it started")
+        await asyncio.sleep(0.05)
+    return server, serving
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -239,13 +240,15 @@ async def _run(
 ) -> dict:
     """The cluster and its HTTP server started, every measure run, the cluster shut down."""
     await coordinator.start()
-    start_server(coordinator)
+    server, serving = await start_server(coordinator)
     out = await _stream_figures(coordinator, port, args, result_file)
     cluster = coordinator.cluster.config
     if cluster.embedding_model_path:
         out["embeddings"] = await _embedding_figures(
             cluster.embedding_model_path, cluster.embedding_resources.num_threads, port, args
         )
+    server.should_exit = True
+    await serving
     await coordinator.shutdown()
     out["_meta"] = {
         "model": args.model,
