@@ -25,6 +25,7 @@ FILES = (
     "structured",
     "memory",
     "served_stream",
+    "door_framing",
 )
 BLOCKS = {
     *FILES,

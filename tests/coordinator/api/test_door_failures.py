@@ -178,7 +178,7 @@ def test_tgi_stream_ends_with_its_error_event(path):
     response = post(predict_app(ScriptedService(2, GenerationFailed("worker lost"))), path, body)
     assert response.status_code == 200
     sent = events(response)
-    assert sent[-1] == b'data:{"error": "worker lost", "error_type": "generation"}'
+    assert sent[-1] == b'data:{"error":"worker lost","error_type":"generation"}'
     tokens = [json.loads(event.removeprefix(b"data:")) for event in sent[:-1]]
     assert [t["token"]["text"] for t in tokens] == ["a", "b"]
     assert all(t["details"] is None and t["generated_text"] is None for t in tokens)
