@@ -110,8 +110,13 @@ class _Row:
             return False
         if now - self.started_at >= MASK_WALL_FACTOR * budget_s:
             return True
-        used = time.clock_gettime(self.clock) - self.cpu_started_at
-        return now - self.started_at >= budget_s and used >= budget_s
+        if now - self.started_at < budget_s:
+            return False
+        try:
+            used = time.clock_gettime(self.clock) - self.cpu_started_at
+        except OSError:  # its thread has ended: only the wall bound applies
+            return False
+        return used >= budget_s
 
 
 def _why_not(future: concurrent.futures.Future[None], budget_s: float) -> str | None:

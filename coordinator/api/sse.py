@@ -17,8 +17,18 @@ DATA_NO_SPACE = b"data:"  # TGI writes its events with no space
 
 
 def dumps(value: Any) -> bytes:
-    """Compact JSON, UTF-8 kept as is (no ``\\u`` escapes for non-ASCII text)."""
-    return orjson.dumps(value)
+    """Compact JSON, UTF-8 kept as is (no ``\\u`` escapes for non-ASCII text); numpy scalars and
+    subclasses of float (which ``json`` writes as numbers) are written as numbers too."""
+    return orjson.dumps(value, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _plain(value: Any) -> Any:
+    """What orjson does not write itself: a float subclass, or a numpy value, as a number."""
+    if isinstance(value, float):
+        return float(value)
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def sse_event(payload: Any, prefix: bytes = DATA) -> bytes:

@@ -4,6 +4,7 @@ encoding writes, for what a stream carries (a float in exponent form is spelled 
 
 import json
 
+import numpy as np
 import pytest
 
 from coordinator.api.sse import DATA_NO_SPACE, dumps, sse_event
@@ -28,6 +29,15 @@ def test_orjson_writes_what_the_standard_library_writes(payload):
 def test_a_float_in_exponent_form_reads_back_the_same():
     payload = {"small": 1.5e-07, "big": 1e21, "tiny": 5e-324}
     assert json.loads(dumps(payload)) == payload
+
+
+def test_numpy_scalars_and_float_subclasses_are_numbers_as_json_writes_them():
+    class Seconds(float):
+        pass
+
+    payload = {"f64": np.float64(1.5), "f32": np.float32(0.25), "i64": np.int64(3)}
+    payload["sub"] = Seconds(2.5)
+    assert json.loads(dumps(payload)) == {"f64": 1.5, "f32": 0.25, "i64": 3, "sub": 2.5}
 
 
 def test_an_event_is_one_data_line_and_a_blank_line():
