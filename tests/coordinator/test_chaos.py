@@ -155,6 +155,7 @@ def _counters(server: CoordinatorProcess) -> dict[str, float]:
         "failed_otherwise": sum(
             n for reason, n in failed.items() if reason not in ("error", "aborted")
         ),
+        "failed_by_reason": failed,
     }
 
 
@@ -178,7 +179,11 @@ async def _phase(
         "fault": fault,
         "requests": len(load.outcomes),
         **statuses,
-        **{name: after[name] - before[name] for name in after},
+        **{name: after[name] - before[name] for name in after if name != "failed_by_reason"},
+        "failed_by_reason": {
+            reason: n - before["failed_by_reason"].get(reason, 0.0)
+            for reason, n in after["failed_by_reason"].items()
+        },
         "in_flight": sum(o.in_flight_during(start, start + recovered_s) for o in load.outcomes),
         "recovered_s": round(recovered_s, 2),
         "slowest_s": round(max(o.seconds for o in load.outcomes), 2),
