@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
+from transformers.generation.streamers import BaseStreamer
 
 from benchmarks.engine.measures import (
     PREFILL_REPEATS,
@@ -56,15 +57,30 @@ from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model
 
 
+class _TokenClock(BaseStreamer):
+    """When ``generate`` hands over each new token (its first ``put`` is the prompt)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
 def hf_decode_rate(model, prompt: list[int], new_tokens: int) -> float:
-    ids = torch.tensor([prompt])
-
-    def timed(n: int) -> float:
-        start = time.perf_counter()
-        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        return time.perf_counter() - start
-
-    return (new_tokens - 1) / (timed(new_tokens) - timed(1))  # first token to last, as above
+    clock = _TokenClock()
+    model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        streamer=clock,
+    )
+    tokens = clock.times[1:]  # first token to last, as pdserve's side is timed
+    return (len(tokens) - 1) / (tokens[-1] - tokens[0])
 
 
 def hf_batch_rate(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
