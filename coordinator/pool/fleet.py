@@ -67,7 +67,9 @@ class Fleet:
         self._embedder_start = asyncio.Lock()
         self._streams: TokenStreams | None = None  # made on the event loop that reads them
         self._channel_keys: dict[str, KVCredentials | None] = {}  # role -> what we connect with
-        self._attaching: dict[WorkerKey, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        # attaches under way, by (worker, endpoint, refused): every caller shares one
+        self._attaching: dict[tuple[WorkerKey, str, bool], asyncio.Future[None]] = {}
+        self._attach_locks: dict[WorkerKey, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
 
     def start(self, timeout_s: float = 300.0) -> None:
         """Create the actors and wait until every one has loaded its model."""
@@ -316,17 +318,35 @@ class Fleet:
                 self._streams.abandon()
             self._streams = TokenStreams(self.coordinator_id)
             self._attaching.clear()
+            self._attach_locks.clear()
         return self._streams
 
     async def attach(self, key: WorkerKey, endpoint: str = "", refused: bool = False) -> None:
         """Attach to worker ``key``'s token channel at ``endpoint`` (by default the one its
         identity names), unless attached there already; ``refused``: the worker said we are
         not (say hello again on a channel up there). TokenChannelError if it does not come
-        up."""
+        up. Callers of the same attach share the one under way: while a worker restarts, every
+        request that finds its channel down waits for one try (``CONNECT_TIMEOUT_S``), not for
+        a queue of them, and so does the load poll."""
         endpoint = endpoint or self.identities[key].token_channel
         if not endpoint:
             raise TokenChannelError(f"worker {key} names no token channel")
-        async with self._attaching[key]:
+        flight = (key, endpoint, refused)
+        attempt = self._attaching.get(flight)
+        if attempt is None:
+            attempt = asyncio.ensure_future(self._attach(key, endpoint, refused))
+            self._attaching[flight] = attempt
+            attempt.add_done_callback(lambda done: self._landed(flight, done))
+        await asyncio.shield(attempt)  # a caller that leaves does not cancel the others' try
+
+    def _landed(self, flight: tuple[WorkerKey, str, bool], attempt: asyncio.Future[None]) -> None:
+        if self._attaching.get(flight) is attempt:
+            del self._attaching[flight]
+        if not attempt.cancelled():
+            attempt.exception()  # retrieved: every caller that waited has raised it already
+
+    async def _attach(self, key: WorkerKey, endpoint: str, refused: bool) -> None:
+        async with self._attach_locks[key]:  # one channel change at a time per worker
             if self.streams.connected(key) and self.streams.endpoint_of(key) == endpoint:
                 if refused:
                     await self.streams.hello(key)

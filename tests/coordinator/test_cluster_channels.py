@@ -13,6 +13,7 @@ import pytest
 
 from coordinator.cluster import Cluster
 from coordinator.config.cluster import ClusterConfig
+from coordinator.pool.token_streams import TokenChannelError
 from engine.outputs import CONSTRAINT_VIOLATED
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
@@ -67,3 +68,38 @@ def test_a_refusal_keeps_the_workers_cause():
     (failure,) = events
     assert failure.finish_reason == FinishReason.ERROR and failure.cause == CONSTRAINT_VIOLATED
     assert failure.error == "the lark does not compile"
+
+
+def test_requests_that_find_a_channel_down_share_one_attach():
+    """While a worker restarts, every request that finds its channel down tries to attach where
+    its stale identity says: they share one try (a welcome wait), never queue one each, which
+    held the load poll behind them for as long as the restart took."""
+    cluster = Cluster(ClusterConfig(deploy_mode="single_node"))
+    worker = FakeWorker(*KEY)
+    install(cluster.fleet, colocated=[worker])
+
+    async def scenario() -> tuple[list, int]:
+        fleet = cluster.fleet
+        await fleet.reports({})
+        worker.restart()  # the identity still names the old channel, which is gone
+        while fleet.streams.connected(KEY):
+            await asyncio.sleep(0.01)
+        streams, tries = fleet.streams, []
+        connect = streams.connect
+
+        async def counted(*args, **kwargs):
+            tries.append(args)
+            await connect(*args, **{**kwargs, "timeout_s": 0.5})
+
+        streams.connect = counted  # type: ignore[method-assign]
+        outcomes = await asyncio.gather(
+            *(fleet.attach(KEY) for _ in range(8)), return_exceptions=True
+        )
+        return outcomes, len(tries)
+
+    try:
+        outcomes, tries = asyncio.run(asyncio.wait_for(scenario(), 10))
+    finally:
+        close_fleet(cluster.fleet)
+    assert tries == 1
+    assert all(isinstance(o, TokenChannelError) for o in outcomes), outcomes
