@@ -143,6 +143,8 @@ class Cluster:
             # the first token is the last: it ends on the prefill worker, no pages move
             target = HandoffTarget.nowhere(max_output_tokens)
             if max_output_tokens > len(request.output_token_ids) + 1:
+                # the prefill worker's channel first: a reservation's clock runs from here
+                await self._channel_up(p_key)
                 reservation = await self._reserve(d_key, request, max_output_tokens)
                 if not reservation.granted:
                     refusal = f"decode worker refused: {reservation.reason}"
@@ -229,18 +231,27 @@ class Cluster:
             stream.end(TokenEvent.failure(stream.request_id, error, submitted.cause))
 
     async def _attached(self, key: WorkerKey, call: Callable[[], Awaitable[A]]) -> A:
-        """``call``'s answer, attached first to worker ``key``'s token channel (where its
-        identity says, unless up already: an attach under way is waited for); if the worker
-        says this coordinator is not attached there (it restarted elsewhere), attach where it
-        says and call once more."""
-        if not self.fleet.streams.connected(key):
-            with contextlib.suppress(TokenChannelError):  # a stale identity: the answer says
-                await self.fleet.attach(key)
+        """``call``'s answer, attached first to worker ``key``'s token channel (``_channel_up``);
+        if the worker says this coordinator is not attached there (it restarted elsewhere),
+        attach where it says and call once more."""
+        await self._channel_up(key)
         answer = await call()
         if answer.channel and not _accepted(answer):
             await self.fleet.attach(key, answer.channel, refused=True)
             answer = await call()
         return answer
+
+    async def _channel_up(self, key: WorkerKey) -> None:
+        """Attach to worker ``key``'s token channel where the fleet's identity says, unless it
+        is up (an attach under way is waited for). One that fails means the identity is stale
+        (the actor restarted): the worker is asked who it is now, so the next try goes where
+        its channel is."""
+        if self.fleet.streams.connected(key):
+            return
+        try:
+            await self.fleet.attach(key)
+        except TokenChannelError:
+            await self.fleet.identify(key)
 
     async def _reserve(
         self, d_key: WorkerKey, request: GenerationRequest, max_output_tokens: int

@@ -306,6 +306,13 @@ class Fleet:
         asked = await asyncio.gather(*(_answer(actor.ready) for actor in moved))
         self.identities.update({(i.role, i.instance): i for i in asked if i is not None})
 
+    async def identify(self, key: WorkerKey) -> None:
+        """Ask worker ``key`` who it is now (its token channel, after a restart); kept unless it
+        does not answer within ``LOAD_TIMEOUT_S``."""
+        identity = await _answer(self.worker(*key).ready)
+        if identity is not None:
+            self.identities[key] = identity
+
     # ---- token channels ------------------------------------------------------------------------
 
     @property

@@ -119,12 +119,6 @@ def test_decode_worker_killed_mid_decode(cluster):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(
-    reason="on an AMD Zen 3 host (2026-12-05) the requests took 18 s to end, and once the test "
-    "waited longer it hung past 6 minutes: under investigation (a request on a prefill worker "
-    "Ray is restarting: its migration or its cancellation)",
-    strict=False,
-)
 def test_prefill_worker_killed_with_requests_in_flight(cluster):
     async def scenario():
         pid = (await cluster.fleet.prefills[0].ready.remote()).pid
