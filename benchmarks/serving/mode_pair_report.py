@@ -27,7 +27,9 @@ def pair_ratios(data: dict[str, Any], ours: str, theirs: str) -> list[dict[str, 
             continue
         for title, key, higher_better in MEASURES:
             a, b = figures[key]["rounds"], other[key]["rounds"]
-            ratios = [x / y for x, y in zip(a, b, strict=True) if y]
+            ratios = [x / y for x, y in zip(a, b, strict=True) if x and y]
+            if not ratios:  # a figure the run did not take at this N (0: none)
+                continue
             low, high = bootstrap_interval(ratios)
             if low > 1 or high < 1:
                 ahead = ours if (low > 1) == higher_better else theirs

@@ -26,6 +26,7 @@ FILES = (
     "memory",
     "served_stream",
     "door_framing",
+    "served_stream_event_loop",
 )
 BLOCKS = {
     *FILES,

@@ -38,3 +38,14 @@ def test_the_table_has_a_row_per_measure():
     table = render_mode_pair(DATA, "single_node_uvloop", "single_node", "header")
     assert table.startswith("header\n")
     assert table.count("| openai | 32 |") == 3
+
+
+def test_a_figure_a_side_did_not_take_is_left_out():
+    """A one-stream run reads TPOT 0 where it took none: no round with a 0 on either side makes
+    a ratio (a 0 ratio would read as a side far ahead), and none left drops the row."""
+    sides = {
+        "served/single_node/infer/1": _side([10] * 5, [0, 30, 0, 0, 0], [1.0] * 5),
+        "served/single_node_uvloop/infer/1": _side([10] * 5, [0] * 5, [0.9] * 5),
+    }
+    rows = pair_ratios({"sides": sides}, "single_node_uvloop", "single_node")
+    assert [row["measure"] for row in rows] == ["tokens/s", "coordinator CPU ms/token"]
