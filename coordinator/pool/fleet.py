@@ -302,9 +302,8 @@ class Fleet:
     async def _identify(self, loads: list[WorkerLoad]) -> None:
         """Ask ``ready`` again of each worker whose pid is not its identity's (its actor
         restarted); one that does not answer is asked again at the next poll."""
-        moved = [self.worker(w.role, w.instance) for w in loads if self.identity(w).pid != w.pid]
-        asked = await asyncio.gather(*(_answer(actor.ready) for actor in moved))
-        self.identities.update({(i.role, i.instance): i for i in asked if i is not None})
+        moved = [(w.role, w.instance) for w in loads if self.identity(w).pid != w.pid]
+        await asyncio.gather(*map(self.identify, moved))
 
     async def identify(self, key: WorkerKey) -> None:
         """Ask worker ``key`` who it is now (its token channel, after a restart); kept unless it
