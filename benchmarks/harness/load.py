@@ -98,19 +98,21 @@ def round_robin(
 class ClosedLoop:
     """``streams`` closed-loop requests against ``target`` in a thread until ``stop``: each
     stream sends ``make_item(stream, turn)`` when its last request ended; ``on_event(stream,
-    event)`` sees every event of every stream as it arrives (in that thread)."""
+    event)`` sees every event of every stream as it arrives (in that thread). A record's
+    ``sent_at`` counts from ``started`` (``time.perf_counter``; by default, the loop's start)."""
 
     target: Target
     streams: int
     make_item: Callable[[int, int], WorkItem]
     records: list[RequestRecord] = field(default_factory=list)
     on_event: Callable[[int, dict], None] | None = None
+    started: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running: asyncio.Future | None = None
-        self._started = time.perf_counter()
+        self._in_flight: dict[int, RequestRecord] = {}
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self._thread.start()
 
@@ -122,15 +124,17 @@ class ClosedLoop:
                 on_event = self.on_event
                 seen = None if on_event is None else lambda event: on_event(index, event)
                 while not self._stop.is_set():
-                    sent_at = time.perf_counter() - self._started
+                    sent_at = time.perf_counter() - self.started
                     item = self.make_item(index, turn)
                     record = RequestRecord(item.prompt_tokens, item.output_tokens, sent_at)
+                    self._in_flight[index] = record
                     try:
                         await send(client, self.target, item, on_event=seen, record=record)
                     except asyncio.CancelledError:
                         record.error = ABANDONED
                         raise
                     finally:
+                        del self._in_flight[index]
                         self.records.append(record)
                     turn += 1
                     if not record.ok:
@@ -140,6 +144,12 @@ class ClosedLoop:
             self._running = asyncio.gather(*(stream(i) for i in range(self.streams)))
             with contextlib.suppress(asyncio.CancelledError):
                 await self._running
+
+    def first_tokens_since(self, since: float) -> int:
+        """How many requests sent from ``since`` on have had their first token, in flight or
+        ended (safe from another thread: it only reads)."""
+        seen = [*self.records, *list(self._in_flight.values())]
+        return sum(r.sent_at >= since and r.ttft_s is not None for r in seen)
 
     def stop(self, timeout_s: float = 120, cancel: bool = False) -> list[RequestRecord]:
         """Every request's record; ``cancel``: the requests in flight are abandoned (their

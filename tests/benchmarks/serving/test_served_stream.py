@@ -12,12 +12,13 @@ import httpx
 
 from benchmarks import report
 from benchmarks.harness.client import Target, send
-from benchmarks.harness.load import ABANDONED
+from benchmarks.harness.load import ABANDONED, ClosedLoop
 from benchmarks.harness.record import RequestRecord
 from benchmarks.serving.served_stream import (
     TokenClock,
     door_concurrency,
     first_answer_tokens,
+    gaps_within,
     side_names,
     stream_figures,
 )
@@ -60,16 +61,33 @@ def test_the_window_counts_the_token_events_that_arrived_in_it():
     assert clock.wait_for(1, timeout_s=5) < 5
 
 
-def test_latencies_come_from_requests_sent_after_the_first_prefills():
+def test_ttft_comes_from_requests_sent_after_the_first_prefills_tpot_from_the_window():
     full = RequestRecord(100, 8, 2.0, 0.2, 0.9, 8, [0.1] * 7, finish_reason="length")
-    early = RequestRecord(100, 4, 0.0, 3.0, 3.3, 4, [0.1] * 3, finish_reason="length")
+    early = RequestRecord(100, 4, 0.0, 1.0, 1.9, 4, [0.3] * 3, finish_reason="length")
     cut = RequestRecord(100, 8, 2.5, 0.4, None, 3, [0.2, 0.2], error=ABANDONED)
     failed = RequestRecord(100, 8, 3.0, error="HTTP 500")
-    figures = stream_figures([full, early, cut, failed], 8, tokens_per_s=40.0, since=1.0)
+    records = [full, early, cut, failed]
+    figures = stream_figures(records, 8, tokens_per_s=40.0, since=1.0, window=(1.5, 3.5))
     assert figures["ttft_p50_ms"] == 300.0  # of full and cut: early came before the window
-    assert round(figures["tpot_p50_ms"], 3) == 150.0  # their mean gaps: 100 and 200 ms
+    # the gaps ending in the window: early's last two (300 ms), full's 7 (100), cut's 2 (200)
+    assert round(figures["tpot_p50_ms"], 3) == 200.0 and figures["tpot_requests"] == 3
     assert figures["latency_requests"] == 2 and figures["tokens_per_request"] == 8
     assert figures["failed"] == 1 and figures["tokens_per_s"] == 40  # the abandoned one is not
+    late = stream_figures(records, 8, tokens_per_s=40.0, since=1.0, window=(2.85, 3.5))
+    assert round(late["tpot_p50_ms"], 3) == 150.0  # full's last gap ends at 2.9, cut's two
+
+
+def test_gaps_count_where_their_token_arrived():
+    record = RequestRecord(100, 8, 1.0, 0.5, None, 4, [0.1, 0.2, 0.3], error=ABANDONED)
+    assert gaps_within(record, 1.6, 1.9) == [0.1, 0.2]  # tokens at 1.5, 1.6, 1.8, 2.1
+    assert gaps_within(RequestRecord(100, 8, 1.0), 0, 9) == []  # no token yet
+
+
+def test_the_closed_loop_counts_first_tokens_of_requests_in_flight_and_ended():
+    loop = ClosedLoop.__new__(ClosedLoop)
+    loop.records = [RequestRecord(100, 8, 0.5, 0.1), RequestRecord(100, 8, 2.0, 0.1)]
+    loop._in_flight = {0: RequestRecord(100, 8, 3.0, 0.2), 1: RequestRecord(100, 8, 3.5)}
+    assert loop.first_tokens_since(1.0) == 2  # not the one sent before, nor the one waiting
 
 
 def kept_rounds(rounds: int = 5) -> dict[str, list[dict[str, float]]]:
