@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -18,7 +16,6 @@ from tests.support.coordinator_servers import servers  # noqa: F401 - a session 
 from tests.support.mlflow_models import mlflow_chat_dir, mlflow_embed_dir  # noqa: F401 - fixtures
 
 torch.set_num_threads(2)
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
 
 
 @pytest.fixture(scope="session")
