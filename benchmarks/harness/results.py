@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,16 @@ from benchmarks.harness.provenance import ROOT, head, run_meta, uncommitted
 
 RESULTS = ROOT / "benchmarks" / "results"
 SCRATCH = Path(tempfile.gettempdir()) / "pdserve-benchmarks"
+
+
+def exit_on_sigterm() -> None:
+    """A SIGTERM (``timeout``, a scheduler) exits the run through its ``finally`` blocks, which
+    stop the servers it started, instead of leaving them running (Python's default ends the
+    process at once). Only from the main thread, and only where nothing else handles it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 class DirtyTree(SystemExit):
@@ -71,6 +84,7 @@ class ResultFile:
         if args.scratch and in_results(path):
             raise SystemExit(f"--scratch writes outside benchmarks/results/, not to {path}")
         check_clean(path)
+        exit_on_sigterm()
         return cls(path, run_meta(argv))
 
     def write(self, data: dict[str, Any], complete: bool = True) -> Path:

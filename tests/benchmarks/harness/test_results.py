@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -78,3 +81,30 @@ def test_the_result_file_itself_does_not_make_the_tree_dirty(monkeypatch):
 def test_porcelain_paths_keep_their_first_letter():
     status = " M benchmarks/results/x.json\n?? new.py\nR  old.py -> moved.py\n"
     assert provenance.porcelain_paths(status) == ["benchmarks/results/x.json", "new.py", "moved.py"]
+
+
+SIGTERMED_RUN = """
+import sys, time
+from pathlib import Path
+from benchmarks.harness.results import exit_on_sigterm
+exit_on_sigterm()
+try:
+    print("started", flush=True)
+    time.sleep(60)
+finally:
+    Path(sys.argv[1]).write_text("servers stopped")
+"""
+
+
+def test_a_run_ended_by_sigterm_goes_through_its_finally_blocks(tmp_path):
+    marker = tmp_path / "stopped"
+    run = subprocess.Popen(
+        [sys.executable, "-c", SIGTERMED_RUN, str(marker)],
+        cwd=provenance.ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert run.stdout is not None and run.stdout.readline() == "started\n"
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=30) == 128 + signal.SIGTERM
+    assert marker.read_text() == "servers stopped"
