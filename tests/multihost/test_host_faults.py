@@ -3,7 +3,9 @@ pulled mid-stream until Ray declares the node dead, then the host rebooted; the 
 raylet killed, then the host rebooted. Clients on the head host send streaming and
 non-streaming requests without pause. Every request must complete with exactly the text of an
 undisturbed run (migrated once its pair came back) or end with an honest error, none past its
-timeout; new requests are served again once the host is back, the coordinator lists the
+timeout, and a client error only where the coordinator counted the request failed with every
+migration spent or with no pair to take it (``request_failed_total``: no timeout, nothing
+refused otherwise); new requests are served again once the host is back, the coordinator lists the
 restarted worker on its host, and once idle no worker holds anything.
 
 Migrations are bounded by what the fault does: each request migrates at most ``max_retry``
@@ -152,13 +154,17 @@ def until_idle(coordinator: HostedCoordinator, ray: RayOnHosts, timeout_s: float
         time.sleep(0.5)
 
 
-def migrations(coordinator: HostedCoordinator) -> float:
-    text = coordinator.request("GET", "external_port", "/metrics").text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("request_migrations_total{")
-    )
+def counters(coordinator: HostedCoordinator) -> Counter[str]:
+    """``request_migrations_total`` (``migrations``) and ``request_failed_total`` by reason
+    (``error``: every migration spent; ``unavailable``: no pair could take it) so far."""
+    counted: Counter[str] = Counter()
+    for line in coordinator.request("GET", "external_port", "/metrics").text.splitlines():
+        if line.startswith("request_migrations_total{"):
+            counted["migrations"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("request_failed_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            counted[reason] += float(line.rsplit(" ", 1)[1])
+    return counted
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
@@ -167,7 +173,7 @@ def test_requests_survive_a_host_failure_or_fail_honestly(coordinator, ray_hosts
     reference = reference_texts(coordinator, model)
     load = HostedLoad(ray_hosts.bed["head"], coordinator.url("predict_port", ""), model)
     time.sleep(2)  # requests in every stage
-    migrations_before = migrations(coordinator)
+    before = counters(coordinator)
     start = time.monotonic()
     FAULTS[fault](ray_hosts)
     recovered_s = served_again(coordinator, model, start)
@@ -177,11 +183,20 @@ def test_requests_survive_a_host_failure_or_fail_honestly(coordinator, ray_hosts
     until_idle(coordinator, ray_hosts)
     outcomes = load.load.outcomes
     statuses = Counter(o.status for o in outcomes)
+    counted = counters(coordinator)
+    counted.subtract(before)
     report = {
         "fault": fault,
         "requests": len(outcomes),
         **statuses,
-        "migrations": migrations(coordinator) - migrations_before,
+        "migrations": counted["migrations"],
+        "spent": counted["error"],
+        "unavailable": counted["unavailable"],
+        "failed_otherwise": sum(
+            n
+            for reason, n in counted.items()
+            if reason not in ("migrations", "error", "unavailable", "aborted")
+        ),
         "in_flight": sum(o.in_flight_during(start, recovered) for o in outcomes),
         "through_outage": len(finished_through_outage(outcomes, start)),
         "recovered_s": round(recovered_s, 2),
@@ -197,6 +212,10 @@ def test_requests_survive_a_host_failure_or_fail_honestly(coordinator, ray_hosts
     assert statuses["ok"] > 0
     assert max(o.seconds for o in outcomes) <= TIMEOUTS["infer_timeout"] + 10
     assert report["migrations"] <= TIMEOUTS["max_retry"] * report["in_flight"], report
+    # a client error only where the request spent every migration, or found no pair while its
+    # host was down; none timed out, was refused for a full pool or otherwise
+    assert statuses["error"] <= report["spent"] + report["unavailable"], report
+    assert report["failed_otherwise"] == 0, report
     if fault == "decode cable pulled":
         assert report["through_outage"] > 0, report  # the fault really hit requests
         assert report["migrations"] >= report["through_outage"], report
