@@ -20,6 +20,7 @@ class DoorLimits:
     max_buffered_body_mb: int = DEFAULT_BUFFERED_BODY_MB
     max_requests_per_key: int = 0
     tokens_per_minute_per_key: int = 0
+    grammar_compiles_per_minute_per_key: int = 0
     priority_by_key: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -33,5 +34,6 @@ def door_limits(config: Any) -> DoorLimits:
         max_buffered_body_mb=limit["max_buffered_body_mb"],
         max_requests_per_key=limit["max_requests_per_key"],
         tokens_per_minute_per_key=limit["tokens_per_minute_per_key"],
+        grammar_compiles_per_minute_per_key=limit["grammar_compiles_per_minute_per_key"],
         priority_by_key=config["http_config"]["api_key_priority"],
     )

@@ -134,6 +134,11 @@ class GrammarCache:
                 )
             return self._tokenizer
 
+    def known(self, constraint: Constraint) -> bool:
+        """Whether ``constraint`` is answered without compiling: compiled, or refused, before."""
+        with self._lock:
+            return constraint.key in self._compiled or constraint.key in self._refused
+
     def compile(self, constraint: Constraint | None) -> llguidance.LLMatcher | None:
         """The pristine matcher of ``constraint`` (compiled now unless cached); raises
         :class:`GrammarError` naming why it does not compile. None for no constraint."""

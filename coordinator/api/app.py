@@ -89,7 +89,11 @@ def create_predict_app(
         refusal=door_refusal,
         budget=app.state.body_budget,
     )
-    limits = ClientLimits(door_limits.max_requests_per_key, door_limits.tokens_per_minute_per_key)
+    limits = ClientLimits(
+        door_limits.max_requests_per_key,
+        door_limits.tokens_per_minute_per_key,
+        door_limits.grammar_compiles_per_minute_per_key,
+    )
     clients = Clients(keys, limits, door_limits.priority_by_key)
     app.state.client_limits = limits
     app.add_middleware(RequestGate, refuse=partial(record_client, clients=clients))

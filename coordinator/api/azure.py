@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from coordinator.api.clients import UNLIMITED, Client, client_of
 from coordinator.api.common import Door, create_router, read_object, respond
 from coordinator.api.errors import APIError, AzureError, FormatError, retry_headers
 from coordinator.api.openai_request import input_blocked, openai_sampling, read_prompt
@@ -157,12 +158,15 @@ def _extra_mode(request: Request) -> str:
     return mode
 
 
-async def azure_constraint(body: dict, model: ModelInfo) -> Constraint | None:
-    """``response_format``'s constraint, compiled once here (a ``type`` this server does not
-    know: 422 ``parameter_not_supported``; a malformed or uncompilable one: 400 naming it)."""
+async def azure_constraint(
+    body: dict, model: ModelInfo, client: Client = UNLIMITED
+) -> Constraint | None:
+    """``response_format``'s constraint, compiled once here, a new one charged to ``client`` (a
+    ``type`` this server does not know: 422 ``parameter_not_supported``; a malformed or
+    uncompilable one: 400 naming it)."""
     try:
         constraint = response_format_constraint(body.get("response_format"))
-        await check_compiles(model, constraint, constraint_param(body))
+        await check_compiles(model, constraint, constraint_param(body), client)
     except FormatError as exc:
         if exc.unsupported:
             raise not_supported("response_format", body["response_format"]) from exc
@@ -221,8 +225,10 @@ class AzureRoutes(Door):
                 raise content_filtered()
             known = {k: v for k, v in body.items() if k in CHAT_KEYS}
             params = openai_sampling({**known, **extras}, self.model.vocab_size, 512)
-            params = replace(params, constraint=await azure_constraint(body, self.model))
-            params = await with_tool_constraint(self.model, tools, params)  # tools' wins
+            client = client_of(request)
+            constraint = await azure_constraint(body, self.model, client)
+            params = replace(params, constraint=constraint)
+            params = await with_tool_constraint(self.model, tools, params, client)  # tools' wins
         except ToolError as exc:  # ``loc``: the body's field; the message names the part
             return error_response(invalid_parameter(exc.field, exc.message, exc.value))
         except APIError as exc:

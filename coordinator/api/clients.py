@@ -6,6 +6,9 @@
 - **Generated tokens a minute** (``request_limit.tokens_per_minute_per_key``, 0: off): a token
   bucket per client (:mod:`~coordinator.api.token_bucket`), charged each generation's
   ``max_tokens`` when it starts and refunded what it did not generate when it ends.
+- **Grammars compiled a minute** (``request_limit.grammar_compiles_per_minute_per_key``, 0: off):
+  a bucket per client of the structured-output specs (schemas, regexes, grammars) the door has
+  not compiled (or refused) before; one the door has is free.
 - **Priority** (``http_config.api_key_priority``, ``{key: best priority}``): a request's priority
   is an entitlement of its key. 1 is served first and 5 last; a request asking for a better
   (smaller) number than its key's is served at its key's. Once any key is listed, a key that is
@@ -43,11 +46,17 @@ class ClientLimits:
 
     max_requests_per_key: int = 0
     tokens_per_minute_per_key: int = 0
+    grammar_compiles_per_minute_per_key: int = 0
     open: dict[str, int] = field(default_factory=dict, init=False)
     tokens: TokenBuckets = field(init=False)
+    compiles: TokenBuckets = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokens = TokenBuckets(self.tokens_per_minute_per_key)
+        self.compiles = TokenBuckets(
+            self.grammar_compiles_per_minute_per_key,
+            limit="compile at most {} new structured-output specs a minute",
+        )
 
     def enter(self, key: str) -> None:
         """Count one more request open for ``key``, or raise :class:`TooManyRequests`."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from coordinator.api.clients import client_of
 from coordinator.api.common import Door, create_router, read_object, respond
 from coordinator.api.errors import APIError, OpenAIError
 from coordinator.api.openai_fields import check_fields
@@ -82,8 +83,10 @@ class OpenAIRoutes(Door):
                 field = prompt_field(kind)
                 raise OpenAIError(400, "The response was filtered", field, code="content_filter")
             params = openai_sampling(body, self.model.vocab_size, DEFAULT_MAX_TOKENS[kind])
-            params = replace(params, constraint=await openai_constraint(body, self.model))
-            params = await with_tool_constraint(self.model, tools, params)  # tools' wins
+            client = client_of(request)
+            constraint = await openai_constraint(body, self.model, client)
+            params = replace(params, constraint=constraint)
+            params = await with_tool_constraint(self.model, tools, params, client)  # tools' wins
         except APIError as exc:
             return error_response(exc)
         answer = (

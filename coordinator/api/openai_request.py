@@ -20,6 +20,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.chat_prompt import check_roles
+from coordinator.api.clients import UNLIMITED, Client
 from coordinator.api.errors import FormatError, OpenAIError
 from coordinator.api.limits import (
     MAX_MESSAGES,
@@ -125,13 +126,15 @@ def _logit_bias(value: Any, vocab_size: int) -> tuple[tuple[int, float], ...]:
     return tuple(pairs)
 
 
-async def openai_constraint(body: dict, model: ModelInfo) -> Constraint | None:
+async def openai_constraint(
+    body: dict, model: ModelInfo, client: Client = UNLIMITED
+) -> Constraint | None:
     """What the output must match (``response_format`` or vLLM's structured-output fields,
-    :mod:`~coordinator.api.structured_request`), compiled once here: 400 naming the field when
-    it is malformed or does not compile."""
+    :mod:`~coordinator.api.structured_request`), compiled once here (a new spec charged to
+    ``client``): 400 naming the field when it is malformed or does not compile."""
     try:
         constraint = request_constraint(body)
-        await check_compiles(model, constraint, constraint_param(body))
+        await check_compiles(model, constraint, constraint_param(body), client)
     except FormatError as exc:
         raise OpenAIError(400, exc.message, exc.param) from exc
     return constraint

@@ -15,6 +15,8 @@ Fields (``docs/api.md`` "Structured outputs"):
 - TGI's ``parameters.grammar``: ``{"type": "json", "value": <schema>}`` or ``{"type": "regex",
   "value": "<regex>"}`` (:func:`tgi_constraint`).
 
+A spec the door has not compiled before takes one from its client's compiles a minute
+(``request_limit.grammar_compiles_per_minute_per_key``; past it, 429 with ``Retry-After``).
 Every refusal is a :class:`FormatError` naming the field; each door answers it in its own shape
 (``unsupported``: a ``type`` this server does not know, Azure's 422 ``parameter_not_supported``).
 """
@@ -29,7 +31,9 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.chat_prompt import shown
-from coordinator.api.errors import FormatError
+from coordinator.api.clients import UNLIMITED, Client
+from coordinator.api.errors import APIError, FormatError
+from coordinator.errors import TooManyRequests
 from coordinator.model_info import ModelInfo
 from engine.constraint import MAX_SPEC_CHARS, Constraint
 from engine.errors import ConfigError
@@ -188,11 +192,26 @@ def tgi_constraint(grammar: Any) -> Constraint | None:
     return _extension("grammar.value", "regex", grammar.get("value"))
 
 
-async def check_compiles(model: ModelInfo, constraint: Constraint | None, param: str) -> None:
+def charge_compile(model: ModelInfo, constraint: Constraint, client: Client) -> None:
+    """Take one from ``client``'s bucket of compiles a minute when the door has not compiled
+    (or refused) ``constraint`` before; past it, a 429 :class:`APIError` with ``Retry-After``."""
+    if model.grammar_cache().known(constraint):
+        return
+    try:
+        client.limits.compiles.take(client.key, 1)
+    except TooManyRequests as exc:
+        raise APIError.from_service(exc) from exc
+
+
+async def check_compiles(
+    model: ModelInfo, constraint: Constraint | None, param: str, client: Client = UNLIMITED
+) -> None:
     """Compile ``constraint`` against the served tokenizer, off the loop (cached per spec: a
-    spec seen before costs a lookup); :class:`FormatError` naming ``param`` when it does not."""
+    spec seen before costs a lookup, a new one one of ``client``'s compiles a minute,
+    :func:`charge_compile`); :class:`FormatError` naming ``param`` when it does not."""
     if constraint is None:
         return
+    charge_compile(model, constraint, client)
     try:
         await run_in_threadpool(model.grammar_cache().compile, constraint)
     except (GrammarError, ConfigError) as exc:

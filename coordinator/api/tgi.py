@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from coordinator.api.clients import Client, client_of
 from coordinator.api.common import Door, Events, chained, create_router, read_json, respond
 from coordinator.api.errors import APIError, FormatError, InputValidationError, retry_headers
 from coordinator.api.limits import prompt_char_limit
@@ -164,9 +165,11 @@ class TgiRoutes(Door):
             body = await read_json(request, self.body_limit_mb)
             tgi = parse_tgi_body(body, prompt_char_limit(self.model.max_input_tokens))
             req = tgi.request
-            constraint = await self._constraint(body)
+            constraint = await self._constraint(body, client_of(request))
             ids = await self._prompt_ids(req.text)
         except APIError as exc:
+            if exc.status == 429:  # a client's own limit (compiles a minute)
+                return service_error_response(exc)
             return tgi_error(exc.status, exc.message, "validation")
         if text_blocked(self.model.content_filter, req.text):
             return tgi_error(400, INPUT_FILTERED, "content_filter")
@@ -184,11 +187,12 @@ class TgiRoutes(Door):
         streaming = body.get("stream", False) if stream is None else stream
         return await respond(events, answer, streaming, service_error_response)
 
-    async def _constraint(self, body: dict) -> Constraint | None:
-        """``parameters.grammar``'s constraint, compiled once here (422 when it does not)."""
+    async def _constraint(self, body: dict, client: Client) -> Constraint | None:
+        """``parameters.grammar``'s constraint, compiled once here, a new one charged to
+        ``client`` (422 when it does not compile)."""
         try:
             constraint = tgi_constraint((body.get("parameters") or {}).get("grammar"))
-            await check_compiles(self.model, constraint, "grammar")
+            await check_compiles(self.model, constraint, "grammar", client)
         except FormatError as exc:
             raise InputValidationError(exc.message) from exc
         return constraint

@@ -24,8 +24,13 @@ class Bucket:
 class TokenBuckets:
     """Every client key's bucket of ``tokens_per_minute`` (0: no bucket, nothing is metered)."""
 
-    def __init__(self, tokens_per_minute: int, clock: Callable[[], float] = time.monotonic):
-        self.capacity, self.clock = float(tokens_per_minute), clock
+    def __init__(
+        self,
+        tokens_per_minute: int,
+        clock: Callable[[], float] = time.monotonic,
+        limit: str = "generate at most {} tokens a minute",
+    ) -> None:
+        self.capacity, self.clock, self.limit = float(tokens_per_minute), clock, limit
         self.rate = tokens_per_minute / 60.0  # tokens a second
         self.buckets: dict[str, Bucket] = {}
         self.sweep_at = SWEEP_AT
@@ -40,7 +45,7 @@ class TokenBuckets:
         needed = min(float(tokens), self.capacity)
         if bucket.level < needed:
             wait_s = math.ceil((needed - bucket.level) / self.rate)
-            message = f"this key may generate at most {int(self.capacity)} tokens a minute"
+            message = "this key may " + self.limit.format(int(self.capacity))
             raise TooManyRequests(message, retry_after_s=max(1, wait_s))
         bucket.level -= tokens
 

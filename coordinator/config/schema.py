@@ -117,6 +117,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "each generation takes its `max_tokens` from the client's bucket as it starts and "
             "gets back what it did not generate; an empty bucket is answered 429 with "
             "`Retry-After` until it holds the request (0: off)", 0, 1_000_000_000),
+        Key("grammar_compiles_per_minute_per_key", "int", 0, "structured-output specs "
+            "(schemas, regexes, grammars) one client may have compiled a minute: each spec the "
+            "door has not compiled or refused before takes one from the client's bucket, a "
+            "known one is free; an empty bucket is answered 429 with `Retry-After` (0: off)",
+            0, 1_000_000),
         Key("max_connections", "int", 0, "connections the predict listener holds at once (0: "
             "`max_requests` + 64); at the cap the connection idle longest is closed, and with "
             "none idle a new one is answered 503; the manage and metrics listeners hold 64 each, "

@@ -39,11 +39,12 @@ def test_a_bad_priority_entry_stops_start_up(tmp_path, priorities, message):
 def test_the_door_limits_come_from_the_configuration(tmp_path):
     path = tmp_path / "c.json"
     limits = {"max_buffered_body_mb": 64, "max_requests_per_key": 3, "tokens_per_minute_per_key": 9}
+    limits["grammar_compiles_per_minute_per_key"] = 5
     http = {"api_keys": ["k1"], "api_key_priority": {"k1": 2}}
     path.write_text(json.dumps({"http_config": http, "request_limit": limits}))
     door = door_limits(load_config(str(path), environ={}))
     assert (door.max_buffered_body_mb, door.max_requests_per_key) == (64, 3)
-    assert door.tokens_per_minute_per_key == 9
+    assert door.tokens_per_minute_per_key == 9 and door.grammar_compiles_per_minute_per_key == 5
     assert door.priority_by_key == {"k1": 2}
 
 
@@ -53,9 +54,11 @@ def test_the_coordinators_predict_app_takes_its_limits_from_the_configuration():
             "request_limit.max_buffered_body_mb": 32,
             "request_limit.max_requests_per_key": 4,
             "request_limit.tokens_per_minute_per_key": 600,
+            "request_limit.grammar_compiles_per_minute_per_key": 30,
         }
     )
     app = Coordinator(config).predict_app()
     assert app.state.body_budget.limit_bytes == 32 * 1024 * 1024
     assert app.state.client_limits.max_requests_per_key == 4
     assert app.state.client_limits.tokens.capacity == 600
+    assert app.state.client_limits.compiles.capacity == 30

@@ -8,6 +8,7 @@ from typing import Any
 
 from coordinator.api.app import create_predict_app
 from coordinator.content_safety import ContentFilter
+from coordinator.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
 from engine.outputs import TokenEvent
@@ -59,7 +60,13 @@ class RecordingService:
             self.taken.append(taken)
 
 
-def app_for(service: Any, tokenizer: Any = TOKENIZER, content_filter: Any = None) -> Any:
+def app_for(
+    service: Any,
+    tokenizer: Any = TOKENIZER,
+    content_filter: Any = None,
+    door_limits: DoorLimits = DEFAULT_DOOR_LIMITS,
+    api_keys: tuple[str, ...] = (),
+) -> Any:
     model = ModelInfo("tiny", tokenizer, 1024, len(TOKENIZER), 1000)
     model.content_filter = content_filter
     return create_predict_app(
@@ -67,8 +74,9 @@ def app_for(service: Any, tokenizer: Any = TOKENIZER, content_filter: Any = None
         ServedModels(model, None),
         None,
         body_limit_mb=1,
-        api_keys=(),
+        api_keys=api_keys,
         is_ready=lambda: True,
+        door_limits=door_limits,
     )
 
 

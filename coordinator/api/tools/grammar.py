@@ -26,6 +26,8 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from coordinator.api.clients import UNLIMITED, Client
+from coordinator.api.structured_request import charge_compile
 from coordinator.api.tools.parsers import BaseToolParser
 from coordinator.api.tools.request import Tool, ToolError, ToolRequest
 from coordinator.model_info import ModelInfo
@@ -62,9 +64,14 @@ def _schema(tool: Tool) -> dict[str, Any]:
     return {**tool.parameters, "x-guidance": {**layout, **(guidance or {})}}
 
 
-async def check_constraint(model: ModelInfo, constraint: Constraint, tools: ToolRequest) -> None:
-    """Compile ``constraint`` (the grammar of ``tools``) off the loop; a :class:`ToolError`
-    naming the tool whose parameters schema does not compile (``tools`` when it is not known)."""
+async def check_constraint(
+    model: ModelInfo, constraint: Constraint, tools: ToolRequest, client: Client = UNLIMITED
+) -> None:
+    """Compile ``constraint`` (the grammar of ``tools``) off the loop, a new one charged to
+    ``client`` (:func:`~coordinator.api.structured_request.charge_compile`); a
+    :class:`ToolError` naming the tool whose parameters schema does not compile (``tools`` when
+    it is not known)."""
+    charge_compile(model, constraint, client)
     try:
         await run_in_threadpool(model.grammar_cache().compile, constraint)
     except (GrammarError, ConfigError) as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from coordinator.api.clients import UNLIMITED, Client
 from coordinator.api.openai_format import Completion
 from coordinator.api.tools.answer import ToolCompletion
 from coordinator.api.tools.grammar import check_constraint, tool_constraint
@@ -36,16 +37,17 @@ def tool_parser(model: ModelInfo, tools: ToolRequest) -> BaseToolParser:
 
 
 async def with_tool_constraint(
-    model: ModelInfo, tools: ToolRequest | None, params: SamplingParams
+    model: ModelInfo, tools: ToolRequest | None, params: SamplingParams, client: Client = UNLIMITED
 ) -> SamplingParams:
     """``params`` constrained to the calls ``tools`` forces (unchanged for ``auto``, ``none``
-    and no tools); 400 when the grammar does not compile."""
+    and no tools), a new grammar charged to ``client``'s compiles a minute; 400 when the
+    grammar does not compile."""
     if tools is None:
         return params
     constraint = tool_constraint(tools, type(tool_parser(model, tools)))
     if constraint is None:
         return params
-    await check_constraint(model, constraint, tools)
+    await check_constraint(model, constraint, tools, client)
     return dataclasses.replace(params, constraint=constraint)
 
 

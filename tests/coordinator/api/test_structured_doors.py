@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from coordinator.api.app import create_predict_app
+from coordinator.door_limits import DoorLimits
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
 from engine.constraint import MAX_SPEC_CHARS, Constraint
@@ -246,3 +247,38 @@ def test_a_regex_that_explodes_elsewhere_compiles_in_bounded_time():
     response, _ = _send("/v1/completions", body)
     assert response.status_code in (200, 400), response.text
     assert time.monotonic() - started < 5
+
+
+def _schema_of(field: str) -> dict:
+    return {"type": "object", "properties": {field: {"type": "integer"}}, "required": [field]}
+
+
+COMPILING_DOORS = {
+    "openai chat": ("/v1/chat/completions", lambda s: {"messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "schema": s}}}),
+    "openai completions": ("/v1/completions", lambda s: {
+        "prompt": "hi", "structured_outputs": {"json": s}}),
+    "azure": (AZURE_CHAT, lambda s: {"messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "schema": s}}}),
+    "tgi": ("/generate", lambda s: {
+        "inputs": "hi", "parameters": {"grammar": {"type": "json", "value": s}}}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("door", list(COMPILING_DOORS))
+def test_a_client_past_its_compiles_a_minute_is_429_and_a_spec_compiled_before_is_free(door):
+    path, body_of = COMPILING_DOORS[door]
+    limits = DoorLimits(grammar_compiles_per_minute_per_key=1)
+    service = ConstraintRecorder()
+    app = app_for(service, door_limits=limits, api_keys=("key-a", "key-b"))
+    key_a, key_b = ({"Authorization": f"Bearer {k}"} for k in ("key-a", "key-b"))
+    first, second = _schema_of("first"), _schema_of("second")
+    assert post(app, path, body_of(first), headers=key_a).status_code == 200
+    refused = post(app, path, body_of(second), headers=key_a)
+    assert refused.status_code == 429, refused.text
+    assert 55 <= int(refused.headers["retry-after"]) <= 60
+    assert "may compile at most 1 new structured-output specs a minute" in refused.text
+    assert len(service.constraints) == 1  # nothing generated for the refused one
+    assert post(app, path, body_of(first), headers=key_a).status_code == 200  # known: free
+    assert post(app, path, body_of(second), headers=key_b).status_code == 200  # its own bucket
+    assert post(app, path, body_of(second), headers=key_a).status_code == 200  # now known
