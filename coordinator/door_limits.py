@@ -21,6 +21,7 @@ class DoorLimits:
     max_requests_per_key: int = 0
     tokens_per_minute_per_key: int = 0
     grammar_compiles_per_minute_per_key: int = 0
+    max_constrained_requests_per_key: int = 0
     priority_by_key: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -35,5 +36,6 @@ def door_limits(config: Any) -> DoorLimits:
         max_requests_per_key=limit["max_requests_per_key"],
         tokens_per_minute_per_key=limit["tokens_per_minute_per_key"],
         grammar_compiles_per_minute_per_key=limit["grammar_compiles_per_minute_per_key"],
+        max_constrained_requests_per_key=limit["max_constrained_requests_per_key"],
         priority_by_key=config["http_config"]["api_key_priority"],
     )

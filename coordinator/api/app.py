@@ -93,6 +93,7 @@ def create_predict_app(
         door_limits.max_requests_per_key,
         door_limits.tokens_per_minute_per_key,
         door_limits.grammar_compiles_per_minute_per_key,
+        door_limits.max_constrained_requests_per_key,
     )
     clients = Clients(keys, limits, door_limits.priority_by_key)
     app.state.client_limits = limits

@@ -6,6 +6,9 @@
 - **Generated tokens a minute** (``request_limit.tokens_per_minute_per_key``, 0: off): a token
   bucket per client (:mod:`~coordinator.api.token_bucket`), charged each generation's
   ``max_tokens`` when it starts and refunded what it did not generate when it ends.
+- **Constrained requests open** (``request_limit.max_constrained_requests_per_key``, 0: no cap):
+  generations with a structured-output constraint or forced tool calls (whose masks cost the
+  workers' CPU every step), counted from their start to their end.
 - **Grammars compiled a minute** (``request_limit.grammar_compiles_per_minute_per_key``, 0: off):
   a bucket per client of the structured-output specs (schemas, regexes, grammars) the door has
   not compiled (or refused) before; one the door has is free.
@@ -47,7 +50,9 @@ class ClientLimits:
     max_requests_per_key: int = 0
     tokens_per_minute_per_key: int = 0
     grammar_compiles_per_minute_per_key: int = 0
+    max_constrained_requests_per_key: int = 0
     open: dict[str, int] = field(default_factory=dict, init=False)
+    constrained: dict[str, int] = field(default_factory=dict, init=False)
     tokens: TokenBuckets = field(init=False)
     compiles: TokenBuckets = field(init=False)
 
@@ -72,6 +77,22 @@ class ClientLimits:
         if held:
             self.open[key] = held
 
+    def enter_constrained(self, key: str) -> None:
+        """Count one more constrained generation running for ``key``, or raise
+        :class:`TooManyRequests`."""
+        held = self.constrained.get(key, 0)
+        cap = self.max_constrained_requests_per_key
+        if cap and held >= cap:
+            raise TooManyRequests(
+                f"this key may have at most {cap} constrained requests open at once"
+            )
+        self.constrained[key] = held + 1
+
+    def leave_constrained(self, key: str) -> None:
+        held = self.constrained.pop(key) - 1
+        if held:
+            self.constrained[key] = held
+
 
 @dataclass(frozen=True)
 class Client:
@@ -87,12 +108,21 @@ class Client:
         """The priority the request is served at: what it asked, or its key's best."""
         return max(asked, self.best_priority)
 
-    async def metered(self, events: Events, max_tokens: int) -> Events:
+    async def metered(self, events: Events, max_tokens: int, constrained: bool = False) -> Events:
         """``events``, with ``max_tokens`` taken from the client's token bucket before the first
-        (raising :class:`TooManyRequests` when they are not there), and what was not generated
-        given back at the end."""
+        and (``constrained``) one of its constrained requests open counted, raising
+        :class:`TooManyRequests` when either is not there; what was not generated given back,
+        and the count taken back, at the end."""
+        limits = self.limits
         try:
-            self.limits.tokens.take(self.key, max_tokens)
+            if constrained:
+                limits.enter_constrained(self.key)
+            try:
+                limits.tokens.take(self.key, max_tokens)
+            except TooManyRequests:
+                if constrained:
+                    limits.leave_constrained(self.key)
+                raise
         except TooManyRequests:
             await events.aclose()
             raise
@@ -103,7 +133,9 @@ class Client:
                 yield event
         finally:
             await events.aclose()
-            self.limits.tokens.give_back(self.key, max_tokens - generated)
+            limits.tokens.give_back(self.key, max_tokens - generated)
+            if constrained:
+                limits.leave_constrained(self.key)
 
 
 UNLIMITED = Client("", ClientLimits())

@@ -99,7 +99,8 @@ class Door:
             client=client.key,
             **fields,
         )
-        return client.metered(self.service.generate(new), params.max_new_tokens)
+        constrained = params.constraint is not None
+        return client.metered(self.service.generate(new), params.max_new_tokens, constrained)
 
 
 def create_router(*routes: Route, prefixes: tuple[str, ...] = ("",)) -> APIRouter:

@@ -118,7 +118,9 @@ class MlflowScorer:
         request = GenerationRequest(
             service.new_request_id(), prompt.ids, params, tenant=tenant, client=client.key
         )
-        await collect(client.metered(service.generate(request), params.max_new_tokens), answer)
+        constrained = params.constraint is not None
+        events = client.metered(service.generate(request), params.max_new_tokens, constrained)
+        await collect(events, answer)
         return answer.body()
 
     def _generation(self) -> tuple[InferenceService, ModelInfo]:

@@ -117,6 +117,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "each generation takes its `max_tokens` from the client's bucket as it starts and "
             "gets back what it did not generate; an empty bucket is answered 429 with "
             "`Retry-After` until it holds the request (0: off)", 0, 1_000_000_000),
+        Key("max_constrained_requests_per_key", "int", 0, "generations with a structured-"
+            "output constraint or forced tool calls one client may have running at once (their "
+            "masks cost the workers CPU every step); one more is answered 429 (`Retry-After`) "
+            "(0: no cap)", 0, 1_000_000),
         Key("grammar_compiles_per_minute_per_key", "int", 0, "structured-output specs "
             "(schemas, regexes, grammars) one client may have compiled a minute: each spec the "
             "door has not compiled or refused before takes one from the client's bucket, a "

@@ -5,15 +5,19 @@ request's priority is clamped to what its key is entitled to."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import httpx
 import pytest
 
+from coordinator.api.clients import Client, ClientLimits
 from coordinator.connection_caps import ConnectionCaps
 from coordinator.door_limits import DoorLimits
+from coordinator.errors import TooManyRequests
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
+from engine.outputs import TokenEvent
 from tests.support.door_fakes import (
     DOORS,
     ScriptedService,
@@ -135,3 +139,31 @@ def test_each_generation_names_its_client_by_a_keyed_hash_for_the_engines_queue(
     assert post(predict_app(anonymous), "/infer", {"inputs": "hi"}).is_success
     (request,) = anonymous.requests
     assert request.client.startswith("address:") and "127.0.0.1" not in request.client
+
+
+async def _two_tokens():
+    for count in (1, 2):
+        yield TokenEvent("r", 7, "a", 3, count, time.monotonic())
+
+
+def test_a_key_past_its_constrained_requests_open_is_refused_and_each_ended_one_gives_back():
+    limits = ClientLimits(max_constrained_requests_per_key=1, tokens_per_minute_per_key=2)
+    client = Client("key", limits)
+
+    async def run() -> None:
+        running = client.metered(_two_tokens(), 1, constrained=True)
+        await running.__anext__()
+        refused = client.metered(_two_tokens(), 1, constrained=True)
+        with pytest.raises(TooManyRequests, match="at most 1 constrained requests open at once"):
+            await refused.__anext__()
+        free = client.metered(_two_tokens(), 1)  # not constrained: not counted
+        assert [e.num_output_tokens async for e in free] == [1, 2]
+        await running.aclose()
+        assert limits.constrained == {}
+        # the bucket is empty now: the token refusal gives the constrained count back too
+        starved = client.metered(_two_tokens(), 1, constrained=True)
+        with pytest.raises(TooManyRequests, match="tokens a minute"):
+            await starved.__anext__()
+        assert limits.constrained == {}
+
+    asyncio.run(run())

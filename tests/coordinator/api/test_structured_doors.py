@@ -282,3 +282,30 @@ def test_a_client_past_its_compiles_a_minute_is_429_and_a_spec_compiled_before_i
     assert post(app, path, body_of(first), headers=key_a).status_code == 200  # known: free
     assert post(app, path, body_of(second), headers=key_b).status_code == 200  # its own bucket
     assert post(app, path, body_of(second), headers=key_a).status_code == 200  # now known
+
+
+class OpenCounter(ConstraintRecorder):
+    """Records the client's constrained requests open while each request generates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[dict[str, int]] = []
+        self.app: Any = None
+
+    async def generate(self, request: Any):
+        self.open.append(dict(self.app.state.client_limits.constrained))
+        async for event in super().generate(request):
+            yield event
+
+
+@pytest.mark.parametrize("door", list(COMPILING_DOORS))
+def test_a_constrained_generation_counts_as_open_while_it_runs_and_no_longer(door):
+    path, body_of = COMPILING_DOORS[door]
+    service = OpenCounter()
+    limits = DoorLimits(max_constrained_requests_per_key=1)
+    service.app = app = app_for(service, door_limits=limits, api_keys=("key-a",))
+    headers = {"Authorization": "Bearer key-a"}
+    for _ in range(2):
+        assert post(app, path, body_of(_schema_of("a")), headers=headers).status_code == 200
+    assert [list(held.values()) for held in service.open] == [[1], [1]]
+    assert app.state.client_limits.constrained == {}
