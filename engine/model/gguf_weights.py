@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 
+from engine.model.gguf_index import GGUFFormatError, read_index
+
 log = logging.getLogger(__name__)
 
 # the block formats the engine's kernels compute with
@@ -66,14 +68,14 @@ class GGUFMatrix:
 def read_quantized(path: Path, hf_config: Any) -> dict[str, GGUFMatrix]:
     """The file's matrices in a block format the engine computes with (others, such as norms
     stored in fp32, are left to the fp32 checkpoint), by Hugging Face weight name."""
-    reader = GGUFReader(str(path))
+    architecture, tensors = _tensors(path)
     heads: dict[str, int] = {}
-    if _architecture(reader) == "llama":  # only llama's converter interleaves the rotary halves
+    if architecture == "llama":  # only llama's converter interleaves the rotary halves
         heads["attn_q"] = hf_config.num_attention_heads
         heads["attn_k"] = getattr(hf_config, "num_key_value_heads", None) or heads["attn_q"]
     matrices = {}
     without_kernel: Counter[str] = Counter()
-    for tensor in reader.tensors:
+    for tensor in tensors:
         kind = KINDS.get(tensor.tensor_type)
         name, part = _hf_name(tensor.name)
         if name is None:
@@ -96,6 +98,18 @@ def read_quantized(path: Path, hf_config: Any) -> dict[str, GGUFMatrix]:
             type_name,
         )
     return matrices
+
+
+def _tensors(path: Path) -> tuple[str, list[Any]]:
+    """The file's architecture and tensors: from its header alone (``gguf_index``), or, for a
+    file that reader does not take (big-endian), from ``gguf.GGUFReader``."""
+    try:
+        index = read_index(path, ("general.architecture",))
+    except GGUFFormatError as exc:
+        log.info("%s: %s; read with gguf.GGUFReader", path.name, exc)
+        reader = GGUFReader(str(path))
+        return _architecture(reader), list(reader.tensors)
+    return index.strings.get("general.architecture", ""), list(index.tensors)
 
 
 def _architecture(reader: GGUFReader) -> str:
