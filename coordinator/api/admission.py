@@ -94,7 +94,7 @@ class DoorGate:
             check_room(self.service.draining, self.count.open, self.service.max_requests, "open")
             if not self.budget.fits(declared_length(scope["headers"])):
                 raise TooManyRequests(BODY_TOO_BIG_NOW)
-            client.limits.enter(client.key)
+            client.limits.open.enter(client.key)
         except ServiceError as exc:
             await self.refuse(exc, scope, receive, send)
             return
@@ -110,7 +110,7 @@ class DoorGate:
         finally:
             body.release()
             self.count.open -= 1
-            client.limits.leave(client.key)
+            client.limits.open.leave(client.key)
 
     async def refuse(self, exc: ServiceError, scope: Scope, receive: Receive, send: Send) -> None:
         if self.service is not None:

@@ -43,6 +43,26 @@ BEST_PRIORITY, WORST_PRIORITY = 1, 5
 Events = AsyncGenerator[TokenEvent, None]
 
 
+class HeldPerKey(dict[str, int]):
+    """How many of something each client key holds now, at most ``cap`` each (0: no cap)."""
+
+    def __init__(self, cap: int, what: str) -> None:
+        super().__init__()
+        self.cap, self.what = cap, what
+
+    def enter(self, key: str) -> None:
+        """Count one more for ``key``, or raise :class:`TooManyRequests`."""
+        held = self.get(key, 0)
+        if self.cap and held >= self.cap:
+            raise TooManyRequests(f"this key may have at most {self.cap} {self.what} at once")
+        self[key] = held + 1
+
+    def leave(self, key: str) -> None:
+        held = self.pop(key) - 1
+        if held:
+            self[key] = held
+
+
 @dataclass(eq=False)
 class ClientLimits:
     """The limits every client has, and what each one holds of them now."""
@@ -51,47 +71,21 @@ class ClientLimits:
     tokens_per_minute_per_key: int = 0
     grammar_compiles_per_minute_per_key: int = 0
     max_constrained_requests_per_key: int = 0
-    open: dict[str, int] = field(default_factory=dict, init=False)
-    constrained: dict[str, int] = field(default_factory=dict, init=False)
+    open: HeldPerKey = field(init=False)  # requests open, from the headers on
+    constrained: HeldPerKey = field(init=False)  # constrained generations running
     tokens: TokenBuckets = field(init=False)
     compiles: TokenBuckets = field(init=False)
 
     def __post_init__(self) -> None:
+        self.open = HeldPerKey(self.max_requests_per_key, "requests open")
+        self.constrained = HeldPerKey(
+            self.max_constrained_requests_per_key, "constrained requests open"
+        )
         self.tokens = TokenBuckets(self.tokens_per_minute_per_key)
         self.compiles = TokenBuckets(
             self.grammar_compiles_per_minute_per_key,
             limit="compile at most {} new structured-output specs a minute",
         )
-
-    def enter(self, key: str) -> None:
-        """Count one more request open for ``key``, or raise :class:`TooManyRequests`."""
-        held = self.open.get(key, 0)
-        if self.max_requests_per_key and held >= self.max_requests_per_key:
-            raise TooManyRequests(
-                f"this key may have at most {self.max_requests_per_key} requests open at once"
-            )
-        self.open[key] = held + 1
-
-    def leave(self, key: str) -> None:
-        held = self.open.pop(key) - 1
-        if held:
-            self.open[key] = held
-
-    def enter_constrained(self, key: str) -> None:
-        """Count one more constrained generation running for ``key``, or raise
-        :class:`TooManyRequests`."""
-        held = self.constrained.get(key, 0)
-        cap = self.max_constrained_requests_per_key
-        if cap and held >= cap:
-            raise TooManyRequests(
-                f"this key may have at most {cap} constrained requests open at once"
-            )
-        self.constrained[key] = held + 1
-
-    def leave_constrained(self, key: str) -> None:
-        held = self.constrained.pop(key) - 1
-        if held:
-            self.constrained[key] = held
 
 
 @dataclass(frozen=True)
@@ -116,12 +110,12 @@ class Client:
         limits = self.limits
         try:
             if constrained:
-                limits.enter_constrained(self.key)
+                limits.constrained.enter(self.key)
             try:
                 limits.tokens.take(self.key, max_tokens)
             except TooManyRequests:
                 if constrained:
-                    limits.leave_constrained(self.key)
+                    limits.constrained.leave(self.key)
                 raise
         except TooManyRequests:
             await events.aclose()
@@ -135,7 +129,7 @@ class Client:
             await events.aclose()
             limits.tokens.give_back(self.key, max_tokens - generated)
             if constrained:
-                limits.leave_constrained(self.key)
+                limits.constrained.leave(self.key)
 
 
 UNLIMITED = Client("", ClientLimits())
