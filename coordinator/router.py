@@ -1,9 +1,9 @@
 """Load- and cache-aware choice of the (prefill, decode) pair for each request.
 
-Worker loads are polled in the background (``routing/worker_view.py``); between polls the router
-counts what it dispatched itself, so a burst of requests spreads out instead of piling onto the
-worker that looked idle at the last poll. Prefill load: prompt tokens queued. Decode load:
-running requests.
+Worker loads are polled in the background (``routing/worker_view.py``, every
+``load_poll_interval_ms``); between polls the router counts what it dispatched itself, so a burst
+of requests spreads out instead of piling onto the worker that looked idle at the last poll.
+Prefill load: prompt tokens queued. Decode load: running requests.
 
 Engines keep the KV of full blocks for later prompts with the same prefix, so the router also
 weighs, per worker, the blocks its cache holds (``routing/cache_view.py``): as the worker's own
@@ -43,11 +43,15 @@ class Router:
     def __init__(
         self,
         fleet: Any,
-        poll_interval_s: float = 0.25,
+        poll_interval_s: float | None = None,
         routing: RoutingConfig | None = None,
     ) -> None:
+        """``poll_interval_s``: the load poll's pace (default: ``routing``'s
+        ``load_poll_interval_ms``)."""
         self.routing = routing or RoutingConfig()
         self.cache = CacheView(self.routing.prefix_ttl_s)
+        if poll_interval_s is None:
+            poll_interval_s = self.routing.load_poll_interval_ms / 1000
         self.view = WorkerView(fleet, self.cache, poll_interval_s)
 
     def choose(

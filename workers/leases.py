@@ -1,11 +1,12 @@
 """Coordinators' leases on a worker: a coordinator that stops renewing loses its requests here.
 
 Every request on a worker names the coordinator that sent it (``GenerationRequest.owner``). A
-coordinator renews its lease with each load poll (every quarter second or so); its first request
-takes one too. A lease not renewed for ``lease_s`` has lapsed: the worker aborts every request of
-that owner, freeing its blocks, reservation and queue (``WorkerRuntime.on_housekeeping``), and
-forgets the owner. The other coordinators' requests are untouched. The owner "" (a caller outside
-any coordinator, as in tests) holds no lease and never lapses.
+coordinator renews its lease with each load poll (every ``load_poll_interval_ms``, 1 s by
+default); its first request takes one too. A lease not renewed for ``lease_s`` has lapsed: the
+worker aborts every request of that owner, freeing its blocks, reservation and queue
+(``WorkerRuntime.on_housekeeping``), and forgets the owner. The other coordinators' requests
+are untouched. The owner "" (a caller outside any coordinator, as in tests) holds no lease and
+never lapses.
 """
 
 from __future__ import annotations

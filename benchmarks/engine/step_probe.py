@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 ANSWER = "STEP "
+LOOP, RATE = "LOOP ", "RATE "
 
 
 class StepProbe:
@@ -37,13 +38,15 @@ class StepProbe:
         new_tokens: int,
         log: Path,
         spin_count: int = -1,
+        loop: tuple[int, int] = (100, 128),
     ) -> None:
         """``spin_count``: the OpenMP spin count the worker has (``omp_spin_count``; -1: the
-        runtime's own)."""
+        runtime's own); ``loop``: the prompt and answer tokens of ``loop_rate``'s streams."""
         threads = len(cores)
         command = [sys.executable, "-m", "benchmarks.engine.step_probe", "--model", model]
         command += ["--threads", str(threads), "--prompt-tokens", str(prompt_tokens)]
         command += ["--new-tokens", str(new_tokens)]
+        command += ["--loop-prompt-tokens", str(loop[0]), "--loop-new-tokens", str(loop[1])]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         if spin_count >= 0:
             env["GOMP_SPINCOUNT"] = str(spin_count)
@@ -61,12 +64,19 @@ class StepProbe:
 
     def step_ms(self, sequences: int) -> float:
         """Milliseconds per decode step of ``sequences`` sequences."""
+        return self._ask(f"{sequences}", ANSWER)
+
+    def loop_rate(self, streams: int) -> float:
+        """Tokens/s of ``streams`` closed-loop streams in the engine itself."""
+        return self._ask(f"{LOOP}{streams}", RATE)
+
+    def _ask(self, question: str, answer: str) -> float:
         assert self._process.stdin is not None and self._process.stdout is not None
-        self._process.stdin.write(f"{sequences}\n")
+        self._process.stdin.write(f"{question}\n")
         self._process.stdin.flush()
         for line in self._process.stdout:
-            if line.startswith(ANSWER):
-                return float(line[len(ANSWER) :])
+            if line.startswith(answer):
+                return float(line[len(answer) :])
         raise RuntimeError(f"the step probe ended ({self._process.wait()}); see {self._log.name}")
 
     def stop(self) -> None:
@@ -80,8 +90,12 @@ class StepProbe:
         self._log.close()
 
 
-def serve(model: str, threads: int, prompt_tokens: int, new_tokens: int) -> None:
-    """The child's loop: a sequence count in, ``STEP <ms>`` out, until its input ends."""
+def serve(
+    model: str, threads: int, prompt_tokens: int, new_tokens: int, loop: tuple[int, int]
+) -> None:
+    """The child's loop: a sequence count in, ``STEP <ms>`` out (``LOOP <n>`` in, ``RATE
+    <tokens/s>`` out), until its input ends."""
+    from benchmarks.engine.closed_loop import closed_loop_rate
     from benchmarks.engine.decode_step import StepClock
     from benchmarks.engine.measures import PromptDraw
     from engine.config import EngineConfig
@@ -94,6 +108,10 @@ def serve(model: str, threads: int, prompt_tokens: int, new_tokens: int) -> None
     draw = PromptDraw(7, loaded.hf_config.vocab_size)
     clock.run(draw.prompts(1, prompt_tokens, prompt_tokens), 4)  # first-call costs, not timed
     for line in sys.stdin:
+        if line.startswith(LOOP):
+            rate = closed_loop_rate(engine, draw, int(line[len(LOOP) :]), *loop)
+            print(f"{RATE}{rate:.4f}", flush=True)
+            continue
         sequences = int(line)
         prompts = draw.prompts(sequences, prompt_tokens, prompt_tokens)
         print(f"{ANSWER}{clock.run(prompts, new_tokens)['step']:.4f}", flush=True)
@@ -105,8 +123,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prompt-tokens", type=int, default=164)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--loop-prompt-tokens", type=int, default=100)
+    parser.add_argument("--loop-new-tokens", type=int, default=128)
     args = parser.parse_args()
-    serve(args.model, args.threads, args.prompt_tokens, args.new_tokens)
+    loop = (args.loop_prompt_tokens, args.loop_new_tokens)
+    serve(args.model, args.threads, args.prompt_tokens, args.new_tokens, loop)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ Each round measures every side once, the order rotating from round to round
 (``benchmarks.harness.rounds.order_of``; ``--warmup`` rounds dropped first):
   engine/MODE/N        the probe's ms per decode step of N sequences (N = 1 and the highest
                        concurrency) at the served answers' mean context; tokens/s = N / step
+  engine_loop/MODE/N   the probe's tokens/s of N closed-loop streams of the served workload in
+                       the engine itself (prompts computed too: ``benchmarks.engine.closed_loop``),
+                       at the highest concurrency, in the modes whose decoding actor prefills
   served/MODE/DOOR/N   N closed-loop streams through DOOR (``openai`` ``/v1/completions``,
                        ``infer`` MindIE's ``/infer``, ``tgi`` ``/generate_stream``, ``azure``
                        Azure AI's ``/chat/completions``); the OpenAI door at every N of
@@ -44,7 +47,8 @@ Goals (``served_stream_report.GOALS``), judged on per-round ratios by
 ``benchmarks.harness.stats.judge``: served TPOT p50 at N = 1 over the engine's step at one
 sequence; the coordinator's CPU per token at the highest N; served tokens/s at the highest N
 over the engine's rate there; the OpenAI door against llama-server at each N (tokens/s) and at
-N = 1 (TTFT).
+N = 1 (TTFT). With no goal of its own, served tokens/s over ``engine_loop``'s: how much of the
+rate's shortfall is the prompts' compute, which no server can save, and how much the serving.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.engine.closed_loop import first_answer_tokens
 from benchmarks.engine.step_probe import StepProbe
 from benchmarks.harness.client import Target, carries_token
 from benchmarks.harness.launch import (
@@ -84,10 +89,11 @@ from benchmarks.serving.workload import WORDS, WorkItem, decode_prefix
 DOORS = {"openai": "completions", "infer": "infer", "tgi": "tgi", "azure": "azure"}
 LLAMA_SERVER = "llama_server"
 PROMPT_TOKENS = 100
+COLOCATED = "ray::ColocatedWorker"
 DECODING_ACTOR = {
-    "single_node": "ray::ColocatedWorker",
-    "single_node_spin10k": "ray::ColocatedWorker",
-    "single_node_uvloop": "ray::ColocatedWorker",
+    "single_node": COLOCATED,
+    "single_node_spin10k": COLOCATED,
+    "single_node_uvloop": COLOCATED,
     "pd_separate": "ray::DecodeWorker",
     "pd_adaptive": "ray::DecodeWorker",
 }
@@ -108,22 +114,19 @@ def door_concurrency(door: str, concurrency: list[int]) -> list[int]:
 def side_names(
     modes: list[str], doors: list[str], concurrency: list[int], llama: bool
 ) -> list[str]:
-    """Every side of a round: ``engine/MODE/N``, ``served/MODE/DOOR/N``, ``llama_server/N``."""
+    """Every side of a round: ``engine/MODE/N``, ``engine_loop/MODE/N`` (modes whose decoding
+    actor prefills too), ``served/MODE/DOOR/N``, ``llama_server/N``."""
     names = []
     for mode in modes:
         names += [f"engine/{mode}/{n}" for n in sorted({1, max(concurrency)})]
+        if DECODING_ACTOR[mode] == COLOCATED:
+            names.append(f"engine_loop/{mode}/{max(concurrency)}")
         names += [
             f"served/{mode}/{door}/{n}"
             for door in doors
             for n in door_concurrency(door, concurrency)
         ]
     return names + ([f"{LLAMA_SERVER}/{n}" for n in concurrency] if llama else [])
-
-
-def first_answer_tokens(stream: int, streams: int, new_tokens: int) -> int:
-    """Stream ``stream``'s first answer: ``(stream + 1) / streams`` of an answer's length, so
-    that the streams are spread over it from their second request on."""
-    return max(1, new_tokens * (stream + 1) // streams)
 
 
 @dataclass
@@ -290,7 +293,10 @@ class Deployments:
             cores = self._actor_cores(mode, process.pid)
             log = self.workdir / f"probe-{mode}.log"
             spin = keys.get("omp_spin_count", -1)
-            self.probes[mode] = StepProbe(args.model, cores, prompt, args.probe_tokens, log, spin)
+            loop = (PROMPT_TOKENS, args.new_tokens)
+            self.probes[mode] = StepProbe(
+                args.model, cores, prompt, args.probe_tokens, log, spin, loop
+            )
             given = {"deploy_mode": deploy_mode, "backend_config": keys, "http_config": http}
             probe = {"cores": sorted(cores), "threads": len(cores), "prompt_tokens": prompt}
             self.given[mode] = given | {"engine_probe": probe | {"new_tokens": args.probe_tokens}}
@@ -327,6 +333,9 @@ class Deployments:
         if kind == "engine":
             probe, sequences = self.probes[rest[0]], int(rest[1])
             return lambda: engine_figures(probe.step_ms(sequences), sequences)
+        if kind == "engine_loop":
+            probe, count = self.probes[rest[0]], int(rest[1])
+            return lambda: {"tokens_per_s": probe.loop_rate(count)}
         if kind == LLAMA_SERVER:
             # a connection a time: llama-server closes kept-alive ones as a request reuses them
             # (httpx: "Server disconnected without sending a response")

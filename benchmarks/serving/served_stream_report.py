@@ -2,6 +2,7 @@
 summarized, the goals' per-round ratios judged, and the Markdown the report renders from them.
 
 A side's name says what it measured: ``engine/MODE/N`` (the engine's decode step of N sequences),
+``engine_loop/MODE/N`` (N closed-loop streams of the served workload in the engine itself),
 ``served/MODE/DOOR/N`` (N closed-loop streams through a door of pdserve in MODE) or
 ``llama_server/N``. A goal's figure is taken within each round from two sides measured in it (or
 one absolute figure, the coordinator's CPU per token), and judged by
@@ -73,7 +74,8 @@ def row(
 
 def engine_rows(kept: Kept, mode: str, doors: list[str], top: int) -> list[dict | None]:
     """Per door: TPOT at N = 1 over the engine's step, the coordinator's CPU per token and the
-    rate over the engine's at the highest N."""
+    rate over the engine's at the highest N; with no goal, the rate over the engine's closed
+    loop of the same workload (where it was measured)."""
     rows: list[dict | None] = []
     for door in doors:
         one, many = f"served/{mode}/{door}/1", f"served/{mode}/{door}/{top}"
@@ -86,6 +88,8 @@ def engine_rows(kept: Kept, mode: str, doors: list[str], top: int) -> list[dict 
         rows.append(row("coordinator_cpu_ms_per_token", mode, door, top, cpu,
                         GOALS["coordinator_cpu_ms_per_token"]))  # fmt: skip
         rows.append(row("rate_over_engine", mode, door, top, rate, GOALS["rate_over_engine"]))
+        loop = ratio(kept, (many, "tokens_per_s"), (f"engine_loop/{mode}/{top}", "tokens_per_s"))
+        rows.append(row("rate_over_engine_loop", mode, door, top, loop, None))
     return rows
 
 
@@ -180,6 +184,7 @@ HEADLINE_NAMES = {
     "tpot_over_engine_step": "served TPOT p50 / the engine's step",
     "coordinator_cpu_ms_per_token": "coordinator CPU ms per token",
     "rate_over_engine": "served tokens/s / the engine's rate",
+    "rate_over_engine_loop": "served tokens/s / the engine's closed loop (no goal)",
     "openai_over_llama_server": "tokens/s / llama-server's",
     "ttft_over_llama_server": "TTFT p50 / llama-server's",
 }

@@ -180,6 +180,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "router counts them; a new request finding every worker at it is answered 429 at "
             "once instead of queued to its timeout (a migrating one is not refused); 0: no cap",
             low=0, high=1_000_000, unit="requests"),
+        fed("load_poll_interval_ms", "int", routing("load_poll_interval_ms"), "how often the "
+            "router asks every worker for its load (a Ray call to each, which also renews this "
+            "coordinator's lease there and brings the worker's prefix-cache events); between "
+            "polls it counts the requests it sent itself. Shorter: another coordinator's load "
+            "is seen sooner, at a few ms of the coordinator's CPU a worker a poll",
+            low=50, high=2000, unit="ms"),
     ),
     "tls_config": section(
         "tls_config",

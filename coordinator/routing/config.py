@@ -27,9 +27,12 @@ class RoutingConfig:
     # requests one decode (or colocated) worker may hold, running, waiting or reserved; a new
     # request finding every worker at it is refused (429) instead of queued (0: no cap)
     max_requests_per_worker: int = 0
+    # how often the workers' loads are polled (routing/worker_view.py): each poll is a Ray call
+    # to every worker, a few ms of the coordinator's CPU each; between polls it counts what it sent
+    load_poll_interval_ms: int = 1000
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "prefix_ttl_s"):
+        for name in ("block_size", "prefix_ttl_s", "load_poll_interval_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"routing {name} must be positive, got {getattr(self, name)}")
         for name in (

@@ -45,6 +45,12 @@ def test_the_openai_door_at_every_n_the_others_at_the_lowest_and_highest():
     assert "llama_server/1" not in side_names(["single_node"], ["openai"], [1], llama=False)
 
 
+def test_the_engines_closed_loop_is_measured_where_the_decoding_actor_prefills():
+    names = side_names(["single_node", "pd_separate"], ["openai"], [1, 32], llama=False)
+    assert "engine_loop/single_node/32" in names
+    assert not any(name.startswith("engine_loop/pd_separate") for name in names)
+
+
 def test_first_answers_spread_the_streams_over_an_answers_length():
     assert [first_answer_tokens(s, 4, 128) for s in range(4)] == [32, 64, 96, 128]
     assert first_answer_tokens(0, 1, 128) == 128
@@ -122,6 +128,15 @@ def test_goals_are_ratios_within_rounds_judged_by_their_interval():
     assert rows[("ttft_over_llama_server", 1)]["bound"] == "<= 1x"
     few = goal_rows(kept_rounds(2), ["single_node"], ["openai"], [1, 8])
     assert all(r["verdict"].startswith("undecided") for r in few)
+
+
+def test_the_rate_over_the_engines_closed_loop_is_a_figure_with_no_goal():
+    kept = kept_rounds() | {"engine_loop/single_node/8": [{"tokens_per_s": 70.0}] * 5}
+    rows = {
+        (r["goal"], r["n"]): r for r in goal_rows(kept, ["single_node"], ["openai"], [1, 8])
+    }
+    loop = rows[("rate_over_engine_loop", 8)]
+    assert loop["figure"]["median"] == 1.0 and loop["verdict"] == "-" and loop["bound"] == "-"
 
 
 def test_a_goal_whose_sides_were_not_measured_is_left_out():
