@@ -132,9 +132,7 @@ def test_goals_are_ratios_within_rounds_judged_by_their_interval():
 
 def test_the_rate_over_the_engines_closed_loop_is_a_figure_with_no_goal():
     kept = kept_rounds() | {"engine_loop/single_node/8": [{"tokens_per_s": 70.0}] * 5}
-    rows = {
-        (r["goal"], r["n"]): r for r in goal_rows(kept, ["single_node"], ["openai"], [1, 8])
-    }
+    rows = {(r["goal"], r["n"]): r for r in goal_rows(kept, ["single_node"], ["openai"], [1, 8])}
     loop = rows[("rate_over_engine_loop", 8)]
     assert loop["figure"]["median"] == 1.0 and loop["verdict"] == "-" and loop["bound"] == "-"
 
