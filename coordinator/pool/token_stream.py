@@ -1,7 +1,7 @@
 """One request's items from one worker, on the coordinator: between a token channel's
-receiving task (which pushes, never waiting) and the request's reader (which iterates).
+receiving callback (which pushes, never waiting) and the request's reader (which iterates).
 
-Life cycle: ``TokenStreams.open`` makes it; the receiving task ``push``es the request's items
+Life cycle: ``TokenStreams.open`` makes it; the receiving callback ``push``es the request's items
 in order; it is ``ended`` once it holds its final item (a finished event, a prefill's
 :class:`HandoffResult`, or a failure that ``end`` put); the reader's iteration stops after
 taking that item, and the stream tells its owner (``on_done``) that it is done. ``stop`` (the

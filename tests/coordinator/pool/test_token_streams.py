@@ -1,9 +1,10 @@
 """A coordinator's token streams against real workers' token channels on loopback: events
 reach their requests in order across steps; two coordinators on one worker each get only their
-own; a slow reader is overflowed without delaying anyone else; a worker whose socket closes (or
-that the caller declares lost) ends its open requests with a ``worker_lost`` failure; dropped
-events and a gap in a worker's message numbers end their requests with ``events_lost``; CURVE
-and the plaintext gate both work, and a coordinator without the credentials is never welcomed."""
+own; a slow reader is overflowed without delaying anyone else; a flood of messages arrives whole
+and in order; a worker whose socket closes (or that the caller declares lost) ends its open
+requests with a ``worker_lost`` failure; dropped events and a gap in a worker's message numbers
+end their requests with ``events_lost``; CURVE and the plaintext gate both work, and a
+coordinator without the credentials is never welcomed."""
 
 from __future__ import annotations
 
@@ -69,6 +70,22 @@ def test_events_reach_their_requests_in_order(sender):
         assert [e.token_id for e in got_a] == [e.token_id for e in got_b] == list(range(101))
         assert got_a[-1].finish_reason is FinishReason.EOS and got_a[5].text == "t5"
         assert len(streams) == 0 and streams.num_unrouted == 100  # "x" was never open
+        await streams.aclose()
+
+    run(main())
+
+
+def test_a_flood_of_messages_arrives_whole_and_in_order(sender):
+    async def main():
+        streams = TokenStreams("coord")
+        await streams.connect(WORKER, sender.endpoint)
+        flood, other = streams.open("flood", WORKER), streams.open("other", WORKER)
+        for step in range(1000):  # all queued before the loop reads any
+            sender.send_step({"coord": [token("flood", step)]})
+        sender.send_step({"coord": [last("flood", 1000), last("other", 0)]})
+        ids = [e.token_id for e in await read_all(flood)]
+        assert ids == list(range(1001))
+        assert [e.finish_reason for e in await read_all(other)] == [FinishReason.EOS]
         await streams.aclose()
 
     run(main())
