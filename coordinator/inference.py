@@ -55,6 +55,7 @@ from coordinator.errors import (
 )
 from coordinator.metrics import Metrics
 from coordinator.pool.token_stream import SLOW_CLIENT
+from coordinator.request_deadline import Deadline
 from coordinator.request_run import Outcome, RequestRun
 from coordinator.router import Router
 from coordinator.routing.choice import Route
@@ -196,22 +197,23 @@ class InferenceService:
             self.metrics.failed.labels(self.metrics.model_name, reason).inc()
 
     async def _with_timeouts(self, run: RequestRun) -> AsyncGenerator[TokenEvent, None]:
+        """The run's events, its waits for them timed to its limits (a timer per limit, only
+        the waits timed: ``coordinator/request_deadline.py``)."""
         first, total = self.timeouts.limits(run.request)
         events = self._with_migration(run)
+        deadline = Deadline(run.created_at)
         try:
             while True:
-                limit, message = total if run.first_token_at is not None else first
-                try:  # a timer, not a task, per wait: only the waits are timed
-                    async with asyncio.timeout_at(_deadline(run.created_at, limit)):
-                        event = await events.__anext__()
+                deadline.set(*(total if run.first_token_at is not None else first))
+                try:
+                    event = await deadline.wait(events)
                 except StopAsyncIteration:
                     return
-                except TimeoutError:
-                    raise RequestTimeout(message) from None
                 yield event
                 if event.finished:
                     return
         finally:
+            deadline.clear()
             await events.aclose()
 
     async def _with_migration(self, run: RequestRun) -> AsyncGenerator[TokenEvent, None]:
@@ -305,15 +307,6 @@ def _constraint_violated(run: RequestRun, event: TokenEvent) -> None:
         f"request {run.request_id} failed: {CONSTRAINT_VIOLATED}: "
         f"{event.error or 'the output does not match its constraint'}"
     )
-
-
-def _deadline(created_at: float, limit_s: float) -> float | None:
-    """The event loop's time at which a wait of a request made at ``created_at`` (monotonic)
-    ends for a limit of ``limit_s`` (at least a millisecond from now; None: no limit)."""
-    if limit_s == float("inf"):
-        return None
-    loop_now, now = asyncio.get_running_loop().time(), time.monotonic()
-    return loop_now + max(created_at + limit_s - now, 0.001)
 
 
 def _record_finished(metrics: Metrics, run: RequestRun, num_output_tokens: int) -> None:

@@ -4,10 +4,11 @@ last answer ended, as the served stream's clients do (``benchmarks.serving.serve
 
 A decode step of ``streams`` sequences (``step_probe``) is the rate of decoding alone; a served
 closed loop also computes a prompt for every answer, in the same steps. This is the rate the
-engine reaches on that mix, the ceiling of what any server in front of it can stream.
+engine reaches on that mix: what a server in front of it, on the same cores, streams at best.
 
-    rate = closed_loop_rate(engine, PromptDraw(7), streams=32, prompt_tokens=100,
-                            new_tokens=128)  # tokens/s
+    run = run_closed_loop(engine, PromptDraw(7), streams=32, prompt_tokens=100,
+                          new_tokens=128)
+    run.tokens_per_s
 """
 
 from __future__ import annotations
@@ -36,18 +37,6 @@ class LoopRun:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
-
-
-def closed_loop_rate(
-    engine: LLMEngine,
-    draw: PromptDraw,
-    streams: int,
-    prompt_tokens: int,
-    new_tokens: int,
-    steps: int | None = None,
-) -> float:
-    """Tokens/s of ``streams`` closed-loop streams (``run_closed_loop``)."""
-    return run_closed_loop(engine, draw, streams, prompt_tokens, new_tokens, steps).tokens_per_s
 
 
 def run_closed_loop(

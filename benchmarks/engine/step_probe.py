@@ -95,7 +95,7 @@ def serve(
 ) -> None:
     """The child's loop: a sequence count in, ``STEP <ms>`` out (``LOOP <n>`` in, ``RATE
     <tokens/s>`` out), until its input ends."""
-    from benchmarks.engine.closed_loop import closed_loop_rate
+    from benchmarks.engine.closed_loop import run_closed_loop
     from benchmarks.engine.decode_step import StepClock
     from benchmarks.engine.measures import PromptDraw
     from engine.config import EngineConfig
@@ -109,7 +109,7 @@ def serve(
     clock.run(draw.prompts(1, prompt_tokens, prompt_tokens), 4)  # first-call costs, not timed
     for line in sys.stdin:
         if line.startswith(LOOP):
-            rate = closed_loop_rate(engine, draw, int(line[len(LOOP) :]), *loop)
+            rate = run_closed_loop(engine, draw, int(line[len(LOOP) :]), *loop).tokens_per_s
             print(f"{RATE}{rate:.4f}", flush=True)
             continue
         sequences = int(line)
