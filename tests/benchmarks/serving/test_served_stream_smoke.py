@@ -1,5 +1,6 @@
 """``python -m benchmarks.serving.served_stream`` at toy size on the tiny model: single_node's
-engine probe and one OpenAI stream, one kept round, no llama-server."""
+engine probe (its step and its closed loop) and one OpenAI stream, one kept round, no
+llama-server."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ def test_served_stream_toy_run(tmp_path, tiny_model_dir):
     assert served["cpu_ms_per_token:coordinator"]["median"] > 0
     assert served["cpu_ms_per_token:ray::ColocatedWorker"]["median"] > 0
     assert result["sides"]["engine/single_node/1"]["step_ms"]["median"] > 0
+    assert result["sides"]["engine_loop/single_node/1"]["tokens_per_s"]["median"] > 0
     goals = {row["goal"] for row in result["goals"]}
-    assert goals == {"tpot_over_engine_step", "coordinator_cpu_ms_per_token", "rate_over_engine"}
+    assert goals == {
+        "tpot_over_engine_step",
+        "coordinator_cpu_ms_per_token",
+        "rate_over_engine",
+        "rate_over_engine_loop",  # a figure with no goal
+    }
     assert result["given"]["single_node"]["engine_probe"]["threads"] >= 1
