@@ -33,7 +33,7 @@ FOLLOW_BATCH_S = 0.1
 
 
 class WorkerView:
-    def __init__(self, fleet: Any, cache: CacheView, poll_interval_s: float = 0.25) -> None:
+    def __init__(self, fleet: Any, cache: CacheView, poll_interval_s: float) -> None:
         self.fleet = fleet  # the workers (coordinator.pool.fleet.Fleet)
         self.cache = cache
         self.poll_interval_s = poll_interval_s
