@@ -448,6 +448,30 @@ def render_door_framing(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_prompt_steps(data: dict[str, Any]) -> str:
+    """A burst of prompts in steps bounded by ``prompt_step_target_ms`` against one step."""
+    meta = data["_meta"]
+    lines = [
+        provenance(meta),
+        "",
+        f"{meta['prompts']} prompts of {meta['prompt_tokens']} tokens at once, one thread; "
+        "seconds, median [min-max] over rounds:",
+        "",
+        f"| | bounded steps (`prompt_step_target_ms` {meta['prompt_step_target_ms']}) | one "
+        "step (`0`) | bounded / one step [95 % interval] | goal | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    names = {"ttft_p50_s": "TTFT p50", "burst_s": "the burst's last first token"}
+    for figure, name in names.items():
+        a, b = data["sides"]["bounded"][figure], data["sides"]["one_step"][figure]
+        ratio = data["ratios"][figure]
+        lines.append(
+            f"| {name} | {_cell(a, 2)} | {_cell(b, 2)} | **{ratio['median']:.2f}** "
+            f"[{ratio['low']:.2f}-{ratio['high']:.2f}] | {ratio['goal']} | {ratio['judgement']} |"
+        )
+    return "\n".join(lines)
+
+
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -525,6 +549,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "served_stream:headline": render_served_stream_headline,
     "served_stream_event_loop": render_event_loop,
     "door_framing": render_door_framing,
+    "prompt_steps": render_prompt_steps,
 }
 
 

@@ -155,9 +155,10 @@ class InferenceService:
         self.runs[run.request_id] = run
         self._gauge(run, +1)
 
-    def count_door_refusal(self) -> None:
-        """A request the door gate refused before reading it (coordinator/api/admission.py):
-        received and failed, as one this service refuses."""
+    def count_refusal(self) -> None:
+        """A request refused before it reached this service (by the door gate before its body
+        was read, coordinator/api/admission.py, or by its client's limits,
+        coordinator/api/clients.py): received and failed, as one this service refuses."""
         if self.metrics:
             self.metrics.received.labels(self.metrics.model_name).inc()
         self._failed(Outcome.UNAVAILABLE if self.draining else Outcome.TOO_MANY_REQUESTS)

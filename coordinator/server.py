@@ -144,14 +144,25 @@ class Coordinator:
                 {
                     "ready": self.ready,
                     "deploy_mode": self.cluster.config.deploy_mode,
-                    "instances": [
-                        load.to_dict(self.fleet.identity(load))
-                        for load in self.router.view.latest_loads
-                    ],
+                    "instances": self._instances(),
                 }
             )
 
         return app
+
+    def _instances(self) -> list[dict[str, Any]]:
+        """Every worker, answering or not: its last reported load and identity (none before its
+        first answer), its ``status`` and the seconds since it last answered a poll."""
+        now = time.monotonic()
+        rows = []
+        for worker, load in self.router.view.workers():
+            row = {"role": worker.role, "instance": worker.instance}
+            if load is not None:
+                row = load.to_dict(self.fleet.identity(load))
+            row["status"] = "starting" if load is None and worker.fresh else worker.status(now)
+            row["seconds_since_report"] = None if load is None else round(now - worker.last_seen, 3)
+            rows.append(row)
+        return rows
 
     async def _inject_fault(self, request: Request) -> JSONResponse:
         """``{"role": "decode", "instance": 0, "fault": "break_transport", "count": 1}``: the

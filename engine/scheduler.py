@@ -3,7 +3,8 @@
 Every request has ``token_ids`` and ``num_computed_tokens``; a step computes some of its
 uncomputed tokens. A decoding request has exactly one (the token sampled last step); a prompt has
 many and is computed in chunks bounded by ``maxPrefillTokens`` per step (fewer while requests
-decode, with ``stepTargetMs``: ``engine/step_budget.py``). When a step reaches the
+decode, with ``stepTargetMs``, and in a step of prompts alone, with ``prompt_step_target_ms``:
+``engine/step_budget.py``). When a step reaches the
 end of a request's tokens, the request samples its next token. A preempted request simply drops
 its blocks and computed count and goes back to the waiting queue, where it is recomputed.
 
@@ -50,7 +51,9 @@ class Scheduler:
         self.running: list[Request] = []  # sorted by sort_key
         self._waiting = FairQueue()  # finished ones skipped
         self.num_preemptions = 0
-        self.step_budget = StepBudget(config.step_target_ms, config.max_prefill_tokens)
+        self.step_budget = StepBudget(
+            config.step_target_ms, config.max_prefill_tokens, config.prompt_step_target_ms
+        )
 
     @property
     def waiting(self) -> list[Request]:

@@ -3,8 +3,15 @@
 A step computes every running request's next token plus some prompt tokens (chunked prefill). A
 big chunk stalls every stream for its whole length: a 1,000-token prompt on one CPU core holds
 all running requests for seconds. With ``stepTargetMs`` set, a step that decodes running
-requests carries only as many prompt tokens as fit in that time; a step with nothing to decode
-may carry ``maxPrefillTokens``, as before.
+requests carries only as many prompt tokens as fit in that time.
+
+A step with nothing to decode (every step of a prefill worker; a burst of prompts reaching an
+idle worker) is bounded the same way by ``prompt_step_target_ms``: in one step of 32 prompts,
+every prompt has its first token when the last is computed, so a burst computed as one step gives
+all of them the burst's whole time; in steps of what fits the target, first come, the first
+prompts have theirs a step or two in, and a prompt arriving meanwhile waits for one step, not the
+burst. Such a step carries at least ``MIN_PROMPT_STEP_TOKENS`` (fewer rows leave the matrix
+units idle: the bound costs no throughput) and at most ``maxPrefillTokens``.
 
 The fit comes from the engine's own steps, one cost model per engine, updated after every step
 by exponential averaging: a step of ``d`` decode rows and ``p`` prompt tokens takes about
@@ -17,23 +24,31 @@ from __future__ import annotations
 
 SMOOTHING = 0.2  # weight of the newest step in the averages
 MIN_CHUNK_TOKENS = 16
+MIN_PROMPT_STEP_TOKENS = 512
 PRIOR_DECODE_S = 0.02  # before any step was seen: a decode step of a small model on a CPU core
 PRIOR_TOKEN_S = 0.003  # and a prompt token
 MIN_TOKEN_S = 1e-6  # a floor for the learnt cost of a prompt token
 
 
 class StepBudget:
-    def __init__(self, target_ms: int, max_tokens: int) -> None:
+    def __init__(self, target_ms: int, max_tokens: int, prompt_target_ms: int = 0) -> None:
         """``target_ms``: the target duration of a step that decodes (0: no target);
-        ``max_tokens``: ``maxPrefillTokens``."""
+        ``max_tokens``: ``maxPrefillTokens``; ``prompt_target_ms``: that of a step with nothing
+        to decode (0: no target)."""
         self.target_s = target_ms / 1000
+        self.prompt_target_s = prompt_target_ms / 1000
         self.max_tokens = max_tokens
         self.decode_s = PRIOR_DECODE_S
         self.token_s = PRIOR_TOKEN_S  # the learnt cost of a prompt token
 
     def tokens(self, num_decodes: int) -> int:
         """Prompt tokens the next step may carry beside ``num_decodes`` decode rows."""
-        if not (self.target_s and num_decodes):
+        if not num_decodes:
+            if not self.prompt_target_s:
+                return self.max_tokens
+            fit = int(self.prompt_target_s / self.token_s)
+            return min(max(MIN_PROMPT_STEP_TOKENS, fit), self.max_tokens)
+        if not self.target_s:
             return self.max_tokens
         fit = int((self.target_s - self.decode_s) / self.token_s)
         return max(MIN_CHUNK_TOKENS, min(fit, self.max_tokens))

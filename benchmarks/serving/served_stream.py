@@ -252,17 +252,20 @@ def stream_figures(
     window: tuple[float, float] = (0.0, float("inf")),
 ) -> dict[str, float]:
     """The window's rate; TTFT p50 of the requests sent from ``since`` on (the first prefills
-    are over); TPOT p50 of the requests' mean gaps between tokens within ``window`` (any
-    request's, those still in flight at the stop too); tokens an answer of the full-length
-    answers that ended (fewer: ended at the end of sequence)."""
+    are over), and of those sent before (``burst_ttft_p50_ms``: the streams' first requests,
+    sent at once, as a burst of new users would); TPOT p50 of the requests' mean gaps between
+    tokens within ``window`` (any request's, those still in flight at the stop too); tokens an
+    answer of the full-length answers that ended (fewer: ended at the end of sequence)."""
     steady = [r for r in records if r.sent_at >= since and r.ttft_s is not None]
     ttft = [r.ttft_s * 1e3 for r in steady if r.ttft_s is not None]
+    burst = [r.ttft_s * 1e3 for r in records if r.sent_at < since and r.ttft_s is not None]
     gaps = [gaps_within(r, *window) for r in records]
     tpot = [sum(inside) / len(inside) * 1e3 for inside in gaps if inside]
     ended = [r for r in records if r.ok and r.target_output_tokens == new_tokens]
     return {
         "tokens_per_s": tokens_per_s,
         "ttft_p50_ms": percentile(ttft, 50) or 0.0,
+        "burst_ttft_p50_ms": percentile(burst, 50) or 0.0,
         "tpot_p50_ms": percentile(tpot, 50) or 0.0,
         "tokens_per_request": sum(r.output_tokens for r in ended) / max(len(ended), 1),
         "latency_requests": float(len(steady)),

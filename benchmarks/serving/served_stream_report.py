@@ -139,6 +139,7 @@ def _interval(spread_: dict[str, Any], digits: int = 3) -> str:
 SIDE_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("tokens/s", "tokens_per_s", 1),
     ("TTFT p50 ms", "ttft_p50_ms", 0),
+    ("first requests' TTFT p50 ms", "burst_ttft_p50_ms", 0),
     ("TPOT p50 ms", "tpot_p50_ms", 1),
     ("tokens an answer", "tokens_per_request", 0),
     ("coordinator CPU ms/token", "cpu_ms_per_token:coordinator", 3),

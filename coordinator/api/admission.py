@@ -40,8 +40,9 @@ class Admission(Protocol):
     max_requests: int
     draining: bool
 
-    def count_door_refusal(self) -> None:
-        """One request refused at the door (``request_failed_total``, like its own refusals)."""
+    def count_refusal(self) -> None:
+        """One request refused before it reached the service: at the door, or by its client's
+        limits (``request_failed_total``, like the service's own refusals)."""
 
 
 @contextlib.asynccontextmanager
@@ -114,7 +115,7 @@ class DoorGate:
 
     async def refuse(self, exc: ServiceError, scope: Scope, receive: Receive, send: Send) -> None:
         if self.service is not None:
-            self.service.count_door_refusal()
+            self.service.count_refusal()
         await self.refusal(scope["path"], exc)(scope, receive, send)
 
 

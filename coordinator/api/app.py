@@ -95,6 +95,8 @@ def create_predict_app(
         door_limits.grammar_compiles_per_minute_per_key,
         door_limits.max_constrained_requests_per_key,
     )
+    if service is not None:
+        limits.on_refusal = service.count_refusal
     clients = Clients(keys, limits, door_limits.priority_by_key)
     app.state.client_limits = limits
     app.add_middleware(RequestGate, refuse=partial(record_client, clients=clients))

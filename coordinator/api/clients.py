@@ -19,8 +19,10 @@
   allowed.
 
 Over a limit the request is answered 429 with ``Retry-After``, in its door's shape; the message
-names the client's own limit, nothing of anyone else's traffic. The client gate records each
-request's :class:`Client` (``request.state.client``) for the door gate and the doors.
+names the client's own limit, nothing of anyone else's traffic. Every such refusal is counted
+where the door gate's are (``request_failed_total{reason="too_many_requests"}``): the requests
+open by the door gate, the rest through ``ClientLimits.on_refusal``. The client gate records
+each request's :class:`Client` (``request.state.client``) for the door gate and the doors.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -71,6 +73,8 @@ class ClientLimits:
     tokens_per_minute_per_key: int = 0
     grammar_compiles_per_minute_per_key: int = 0
     max_constrained_requests_per_key: int = 0
+    # counts a refusal of these limits (the service's request_failed_total; nothing by default)
+    on_refusal: Callable[[], None] = field(default=lambda: None, repr=False)
     open: HeldPerKey = field(init=False)  # requests open, from the headers on
     constrained: HeldPerKey = field(init=False)  # constrained generations running
     tokens: TokenBuckets = field(init=False)
@@ -118,6 +122,7 @@ class Client:
                     limits.constrained.leave(self.key)
                 raise
         except TooManyRequests:
+            limits.on_refusal()
             await events.aclose()
             raise
         generated = 0

@@ -200,6 +200,7 @@ def charge_compile(model: ModelInfo, constraint: Constraint, client: Client) -> 
     try:
         client.limits.compiles.take(client.key, 1)
     except TooManyRequests as exc:
+        client.limits.on_refusal()
         raise APIError.from_service(exc) from exc
 
 

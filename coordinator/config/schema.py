@@ -284,6 +284,10 @@ SCHEMA["backend_config"] = section(
         "requests carries only the prompt tokens that fit in this time (below); `0`: up to "
         "`maxPrefillTokens` always", unit="ms",
         default_by=("digs_scheduler_config.deploy_mode", STEP_TARGET_MS)),
+    fed("prompt_step_target_ms", "int", engine("scheduler.prompt_step_target_ms"), "a step "
+        "that computes prompts alone (every step of a prefill worker, a burst on an idle worker) "
+        "carries only the prompt tokens that fit in this time, at least 512 (below); `0`: up to "
+        "`maxPrefillTokens`", unit="ms"),
     fed("cacheBlockSize", "int", engine("cache.block_size"), "tokens per KV cache block "
         "(page)"),
     fed("kvCacheMemoryMB", "int", engine("cache.memory_mb"), "KV cache size of each engine",

@@ -30,6 +30,13 @@ class WorkerState:
     def reachable(self, now: float) -> bool:
         return self.fresh or now - self.last_seen < STALE_GRACE_S
 
+    def status(self, now: float) -> str:
+        """``answering`` (the last poll), ``stale`` (silent for less than ``STALE_GRACE_S``:
+        busy or restarting, still chosen) or ``lost`` (not chosen)."""
+        if self.fresh:
+            return "answering"
+        return "stale" if self.reachable(now) else "lost"
+
     @property
     def prefill_cost(self) -> float:
         return self.stats.num_prompt_tokens_to_compute + self.pending_tokens

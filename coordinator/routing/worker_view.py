@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from coordinator.routing.cache_view import CacheView
-from coordinator.routing.worker_state import WorkerState
+from coordinator.routing.worker_state import WorkerKey, WorkerState
 from engine.outputs import EngineStats
 from workers.contracts import WorkerLoad, WorkerReport
 
@@ -39,7 +39,8 @@ class WorkerView:
         self.poll_interval_s = poll_interval_s
         self.prefills: list[WorkerState] = []
         self.decodes: list[WorkerState] = []  # the colocated workers in single_node
-        self.latest_loads: list[WorkerLoad] = []
+        self.latest_loads: list[WorkerLoad] = []  # of the workers that answered the last poll
+        self.last_loads: dict[WorkerKey, WorkerLoad] = {}  # each worker's latest answer
         self.latest_reports: list[WorkerReport] = []
         self._tasks: list[asyncio.Task] = []
 
@@ -78,6 +79,7 @@ class WorkerView:
         loads = [report.load for report in reports]
         self.latest_loads, self.latest_reports = loads, reports
         seen = {(load.role, load.instance) for load in loads}
+        self.last_loads |= {(load.role, load.instance): load for load in loads}
         now = time.monotonic()
         for worker in [*self.prefills, *self.decodes]:
             worker.fresh = worker.key in seen
@@ -94,6 +96,12 @@ class WorkerView:
                 state.pid = load.pid
                 await self._follow_events(state, report)
         return loads
+
+    def workers(self) -> list[tuple[WorkerState, WorkerLoad | None]]:
+        """Every worker of the fleet, answering or not, with the load it last reported (None:
+        not heard from yet)."""
+        self.bind()
+        return [(w, self.last_loads.get(w.key)) for w in [*self.prefills, *self.decodes]]
 
     def state(self, role: str, instance: int) -> WorkerState | None:
         pool = self.prefills if role == "prefill" else self.decodes

@@ -47,7 +47,7 @@ class CachingService:
         self.cached, self.tokenless_end = cached, tokenless_end
         self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission
 
-    def count_door_refusal(self) -> None:
+    def count_refusal(self) -> None:
         """Admission's hook for a request refused at the door (nothing counts it here)."""
 
     def new_request_id(self) -> str:

@@ -50,7 +50,8 @@ def test_a_row_past_its_cpu_budget_is_given_up_and_the_others_kept():
 
 def test_a_row_past_the_wall_bound_is_given_up_however_little_cpu_it_used():
     started = time.monotonic()
-    why = _finish([Waiting(3 * MASK_WALL_FACTOR * BUDGET_S)])
+    why = _finish([Waiting(20 * MASK_WALL_FACTOR * BUDGET_S)])
     waited = time.monotonic() - started
     assert why[0] is not None
-    assert MASK_WALL_FACTOR * BUDGET_S <= waited < 2 * MASK_WALL_FACTOR * BUDGET_S
+    # given up at its wall bound, long before the mask would end (the margin: a loaded machine)
+    assert MASK_WALL_FACTOR * BUDGET_S <= waited < 10 * MASK_WALL_FACTOR * BUDGET_S

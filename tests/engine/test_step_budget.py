@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.step_budget import MIN_CHUNK_TOKENS, StepBudget
+from engine.step_budget import MIN_CHUNK_TOKENS, MIN_PROMPT_STEP_TOKENS, StepBudget
 
 
 def _learn(budget: StepBudget, decode_s: float, token_s: float, steps: int = 60) -> None:
@@ -15,9 +15,25 @@ def _learn(budget: StepBudget, decode_s: float, token_s: float, steps: int = 60)
         budget.observe(4, prompt, decode_s + prompt * token_s)
 
 
-def test_without_a_target_or_without_decodes_a_step_takes_the_whole_budget():
+def test_without_a_target_a_step_takes_the_whole_budget():
     assert StepBudget(0, 8192).tokens(num_decodes=10) == 8192
-    assert StepBudget(150, 8192).tokens(num_decodes=0) == 8192
+    assert StepBudget(150, 8192).tokens(num_decodes=0) == 8192  # no prompt-step target
+    assert StepBudget(0, 8192, prompt_target_ms=0).tokens(num_decodes=0) == 8192
+
+
+def test_a_prompt_only_step_fits_its_own_target_within_its_floor_and_the_budget():
+    budget = StepBudget(0, 8192, prompt_target_ms=4000)
+    for _ in range(60):
+        budget.observe(0, 500, 2.5)  # 5 ms a prompt token: 800 tokens fit in 4 s
+    assert budget.tokens(num_decodes=0) == pytest.approx(800, abs=2)
+    assert budget.tokens(num_decodes=3) == 8192  # a step that decodes: stepTargetMs's (none)
+    for _ in range(60):
+        budget.observe(0, 500, 10.0)  # a slower machine: 200 fit, fewer than the floor
+    assert budget.tokens(num_decodes=0) == MIN_PROMPT_STEP_TOKENS
+    for _ in range(60):
+        budget.observe(0, 500, 0.005)  # a GPU: the whole budget fits
+    assert budget.tokens(num_decodes=0) == 8192
+    assert StepBudget(0, 64, prompt_target_ms=2000).tokens(0) == 64  # never over the budget
 
 
 def test_the_chunk_fits_the_target_once_the_costs_are_learnt():
@@ -75,3 +91,29 @@ def test_an_engine_with_a_target_chunks_prompts_beside_decodes_and_answers_the_s
     assert beside_decodes and max(beside_decodes) == MIN_CHUNK_TOKENS  # a 1 ms target: the least
     assert outputs["long"] == expected[1]
     assert engine.scheduler.step_budget.token_s != pytest.approx(0.003)  # learnt from its steps
+
+
+def test_a_burst_on_an_idle_engine_has_its_first_tokens_step_by_step_in_order(tiny_loaded):
+    """A 1 ms prompt-step target: steps of the floor's 512 tokens, first come first served; the
+    answers are those of the burst computed as one step."""
+    from engine.sampling_params import SamplingParams
+    from tests.conftest import make_engine
+
+    params = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    prompts = [list(range(10 + i, 130 + i)) for i in range(10)]  # 1,200 prompt tokens
+    one_step = make_engine(
+        tiny_loaded, num_blocks=512, prefix_caching=False, prompt_step_target_ms=0
+    )
+    expected = one_step.generate(prompts, params)
+    engine = make_engine(tiny_loaded, num_blocks=512, prefix_caching=False, prompt_step_target_ms=1)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(engine.request(f"r{i}", prompt, params))
+    firsts: list[list[int]] = []  # the requests that had their first token, step by step
+    tokens: dict[int, list[int]] = {i: [] for i in range(10)}
+    while engine.has_work():
+        events = [e for e in engine.step() if e.token_id is not None]
+        firsts.append([int(e.request_id[1:]) for e in events])
+        for event in events:
+            tokens[int(event.request_id[1:])].append(event.token_id)
+    assert firsts == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # 512 prompt tokens a step, 176 last
+    assert [tokens[i] for i in range(10)] == expected

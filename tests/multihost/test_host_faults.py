@@ -140,13 +140,14 @@ def served_again(coordinator: HostedCoordinator, model: str, since: float) -> fl
 
 
 def until_idle(coordinator: HostedCoordinator, ray: RayOnHosts, timeout_s: float = 60) -> None:
-    """Both workers listed on their hosts, holding nothing."""
+    """Both workers answering on their hosts, holding nothing."""
     homes = {"prefill": ray.bed["prefill"].address, "decode": ray.bed["decode"].address}
     deadline = time.monotonic() + timeout_s
     while True:
         instances = coordinator.instances()
         busy = [i for i in instances if any(i.get(f, 1) != 0 for f in IDLE_FIELDS)]
         placed = {i["role"]: i["node_ip"] for i in instances} == homes
+        placed = placed and all(i.get("status") == "answering" for i in instances)
         if placed and not busy:
             return
         if time.monotonic() > deadline:

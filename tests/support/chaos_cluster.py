@@ -61,12 +61,13 @@ def model(server: CoordinatorProcess) -> str:
 
 
 async def until_idle(server: CoordinatorProcess, timeout_s: float = 30) -> list[dict]:
-    """Both workers listed, neither holding anything; AssertionError past ``timeout_s``."""
+    """Both workers answering, neither holding anything; AssertionError past ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         listed = await asyncio.to_thread(instances, server)
         busy = [i for i in listed if any(i.get(f, 1) != 0 for f in IDLE_FIELDS)]
-        if len(listed) == 2 and not busy:
+        answering = [i for i in listed if i.get("status") == "answering"]
+        if len(answering) == 2 and not busy:
             return listed
         if time.monotonic() > deadline:
             raise AssertionError(f"not idle {timeout_s} s after the load: {listed}")

@@ -54,9 +54,11 @@ class ScriptedService:
         self.tokens, self.error, self.finish = tokens, error, finish
         self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission's state
         self.requests: list[Any] = []  # every GenerationRequest it was given
+        self.refusals = 0  # requests refused at the door or by their client's limits
 
-    def count_door_refusal(self) -> None:
-        """Admission's hook for a request refused at the door (nothing counts it here)."""
+    def count_refusal(self) -> None:
+        """The hook for a request refused before it reached the service."""
+        self.refusals += 1
 
     def new_request_id(self) -> str:
         return "req-1"

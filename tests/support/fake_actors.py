@@ -97,6 +97,14 @@ class FakeWorker:
         self.prefill = _Method(self._prefill)
         self.generate = _Method(self._generate)
 
+    def stop_answering(self) -> None:
+        """Load polls time out from now on, as on a worker busy in a long step."""
+
+        async def silent(*_args: Any) -> WorkerReport:
+            raise TimeoutError
+
+        self.report = _Method(silent)
+
     def restart(self) -> None:
         """Another process: a new pid and a new token channel (the old one closes)."""
         self.close()

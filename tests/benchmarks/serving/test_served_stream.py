@@ -75,6 +75,7 @@ def test_ttft_comes_from_requests_sent_after_the_first_prefills_tpot_from_the_wi
     records = [full, early, cut, failed]
     figures = stream_figures(records, 8, tokens_per_s=40.0, since=1.0, window=(1.5, 3.5))
     assert figures["ttft_p50_ms"] == 300.0  # of full and cut: early came before the window
+    assert figures["burst_ttft_p50_ms"] == 1000.0  # early's: a stream's first request
     # the gaps ending in the window: early's last two (300 ms), full's 7 (100), cut's 2 (200)
     assert round(figures["tpot_p50_ms"], 3) == 200.0 and figures["tpot_requests"] == 3
     assert figures["latency_requests"] == 2 and figures["tokens_per_request"] == 8
@@ -155,7 +156,7 @@ def test_the_report_renders_the_sides_and_the_goals():
     text = report.RENDERERS["served_stream"](json.loads(json.dumps(data)))
     assert "*test CPU" in text
     assert "| served/single_node/openai/8 | 70.0 [70.0-70.0] |" in text
-    assert "| engine/single_node/1 | 100.0 [100.0-100.0] | - | 10.0 [10.0-10.0] |" in text
+    assert "| engine/single_node/1 | 100.0 [100.0-100.0] | - | - | 10.0 [10.0-10.0] |" in text
     assert "| tpot_over_engine_step | single_node | openai | 1 | **1.100 [1.100-1.100]** |" in text
     assert render(data).startswith("5 kept rounds")
 

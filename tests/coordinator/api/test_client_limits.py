@@ -48,11 +48,13 @@ def key(name: str) -> dict[str, str]:
 @pytest.mark.parametrize(("door", "path", "body"), DOORS)
 def test_a_key_past_its_token_rate_is_429_until_its_bucket_refills(door, path, body):
     limits = DoorLimits(tokens_per_minute_per_key=1)  # one generated token a minute
-    app = predict_app(ScriptedService(1), door_limits=limits, api_keys=(KEY_A, KEY_B))
+    service = ScriptedService(1)
+    app = predict_app(service, door_limits=limits, api_keys=(KEY_A, KEY_B))
     assert post(app, path, body, headers=key(KEY_A)).status_code == 200
     refused = post(app, path, body, headers=key(KEY_A))
     assert refused.status_code == 429
     assert 55 <= int(refused.headers["retry-after"]) <= 60
+    assert service.refusals == 1  # counted as the door gate's refusals are
     expected = (
         "Too many requests"
         if door == "mindie"
@@ -147,7 +149,12 @@ async def _two_tokens():
 
 
 def test_a_key_past_its_constrained_requests_open_is_refused_and_each_ended_one_gives_back():
-    limits = ClientLimits(max_constrained_requests_per_key=1, tokens_per_minute_per_key=2)
+    refusals: list[int] = []
+    limits = ClientLimits(
+        max_constrained_requests_per_key=1,
+        tokens_per_minute_per_key=2,
+        on_refusal=lambda: refusals.append(1),
+    )
     client = Client("key", limits)
 
     async def run() -> None:
@@ -165,5 +172,6 @@ def test_a_key_past_its_constrained_requests_open_is_refused_and_each_ended_one_
         with pytest.raises(TooManyRequests, match="tokens a minute"):
             await starved.__anext__()
         assert limits.constrained == {}
+        assert len(refusals) == 2  # each refusal counted once
 
     asyncio.run(run())

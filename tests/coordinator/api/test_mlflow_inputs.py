@@ -133,7 +133,7 @@ class _FakeService:
         self.params = []
         self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission
 
-    def count_door_refusal(self) -> None:
+    def count_refusal(self) -> None:
         """Admission's hook for a request refused at the door (nothing counts it here)."""
 
     def new_request_id(self) -> str:

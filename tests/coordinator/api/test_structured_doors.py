@@ -279,6 +279,7 @@ def test_a_client_past_its_compiles_a_minute_is_429_and_a_spec_compiled_before_i
     assert 55 <= int(refused.headers["retry-after"]) <= 60
     assert "may compile at most 1 new structured-output specs a minute" in refused.text
     assert len(service.constraints) == 1  # nothing generated for the refused one
+    assert service.refusals == 1  # counted as the door gate's refusals are
     assert post(app, path, body_of(first), headers=key_a).status_code == 200  # known: free
     assert post(app, path, body_of(second), headers=key_b).status_code == 200  # its own bucket
     assert post(app, path, body_of(second), headers=key_a).status_code == 200  # now known

@@ -76,6 +76,9 @@ class EngineService:
         self.ids = iter(range(10**9))
         self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission's state
 
+    def count_refusal(self) -> None:
+        """The hook for a request refused before it reached the service (none here)."""
+
     def new_request_id(self) -> str:
         return f"req-{next(self.ids)}"
 
