@@ -8,10 +8,11 @@ requests carries only as many prompt tokens as fit in that time.
 A step with nothing to decode (every step of a prefill worker; a burst of prompts reaching an
 idle worker) is bounded the same way by ``prompt_step_target_ms``: in one step of 32 prompts,
 every prompt has its first token when the last is computed, so a burst computed as one step gives
-all of them the burst's whole time; in steps of what fits the target, first come, the first
-prompts have theirs a step or two in, and a prompt arriving meanwhile waits for one step, not the
-burst. Such a step carries at least ``MIN_PROMPT_STEP_TOKENS`` (fewer rows leave the matrix
-units idle: the bound costs no throughput) and at most ``maxPrefillTokens``.
+all of them the burst's whole time; in steps of what fits the target, in the waiting queue's
+order, the first prompts have theirs a step or two in, and a prompt of a better priority or of
+another client (the queue's round-robin) arriving meanwhile waits for one step, not the rest of
+the burst. Such a step carries at least ``MIN_PROMPT_STEP_TOKENS`` (fewer rows leave the matrix
+units idle, which costs the burst time) and at most ``maxPrefillTokens``.
 
 The fit comes from the engine's own steps, one cost model per engine, updated after every step
 by exponential averaging: a step of ``d`` decode rows and ``p`` prompt tokens takes about
