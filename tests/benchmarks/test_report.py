@@ -27,6 +27,7 @@ FILES = (
     "served_stream",
     "door_framing",
     "served_stream_event_loop",
+    "prompt_steps",
 )
 BLOCKS = {
     *FILES,
