@@ -67,6 +67,8 @@ def own_cpu_ms() -> float:
 
 def gaps_ms(times: list[float]) -> float:
     """The median gap between consecutive tokens after the first, in ms."""
+    if len(times) < 3:
+        raise ValueError(f"{len(times)} tokens arrived apart: too few for a gap after the first")
     return statistics.median((b - a) * 1e3 for a, b in zip(times[1:], times[2:], strict=False))
 
 

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.ray
 
 def test_stream_path_toy_run(tmp_path, tiny_model_dir):
     argv = ["--model", str(tiny_model_dir), "--modes", "single_node", "--rounds", "1"]
-    argv += ["--new-tokens", "6"]
+    # enough tokens that several come as text of their own: the tiny model's random tokens are
+    # often bytes of a character, which the stream holds until the character is whole
+    argv += ["--new-tokens", "32"]
     result = run_benchmark("stream_path", tmp_path / "stream_path.json", *argv)
     mode = result["modes"]["single_node"]
     assert mode["cluster"]["engine_gap_ms"]["rounds"][0] > 0
