@@ -138,7 +138,7 @@ class SchedulerConfig:
     # (engine/step_budget.py); 0: up to max_prefill_tokens, always
     step_target_ms: int = bounded(0, 0, 60_000, "stepTargetMs")
     # a step with nothing to decode carries only the prompt tokens that fit in this time (at least
-    # 256; engine/step_budget.py); 0: up to max_prefill_tokens
+    # 512; engine/step_budget.py); 0: up to max_prefill_tokens
     prompt_step_target_ms: int = bounded(500, 0, 60_000, "prompt_step_target_ms")
 
     def __post_init__(self) -> None:

@@ -39,7 +39,6 @@ class WorkerView:
         self.poll_interval_s = poll_interval_s
         self.prefills: list[WorkerState] = []
         self.decodes: list[WorkerState] = []  # the colocated workers in single_node
-        self.latest_loads: list[WorkerLoad] = []  # of the workers that answered the last poll
         self.last_loads: dict[WorkerKey, WorkerLoad] = {}  # each worker's latest answer
         self.latest_reports: list[WorkerReport] = []
         self._tasks: list[asyncio.Task] = []
@@ -77,7 +76,7 @@ class WorkerView:
         self.bind()
         reports = await self.fleet.reports(self.cache.cursors())
         loads = [report.load for report in reports]
-        self.latest_loads, self.latest_reports = loads, reports
+        self.latest_reports = reports
         seen = {(load.role, load.instance) for load in loads}
         self.last_loads |= {(load.role, load.instance): load for load in loads}
         now = time.monotonic()
@@ -96,6 +95,11 @@ class WorkerView:
                 state.pid = load.pid
                 await self._follow_events(state, report)
         return loads
+
+    @property
+    def latest_loads(self) -> list[WorkerLoad]:
+        """The loads of the workers that answered the last poll."""
+        return [report.load for report in self.latest_reports]
 
     def workers(self) -> list[tuple[WorkerState, WorkerLoad | None]]:
         """Every worker of the fleet, answering or not, with the load it last reported (None:
