@@ -16,7 +16,10 @@ it did (answered before its body was read, pipelined behind a stream, refused):
 - **Body deadline**: the body must be complete ``body_timeout_s`` after its headers → 408 when
   no answer has started, else the connection is closed (the handler sees a disconnect, which
   aborts its request on the workers). A body still arriving after its answer is read and dropped
-  up to :data:`DRAIN_BYTES` (so a small one keeps the connection), then the connection is closed.
+  up to :data:`DRAIN_BYTES` (so a small one keeps the connection), then the connection is closed;
+  an answer that comes before the end of a body that may be longer (declared so, or chunked)
+  says ``connection: close``, so that no client sends its next request on a connection about to
+  close.
 - **Pipelining**: at most :data:`PIPELINE_DEPTH` requests wait behind the one being answered.
 - **Connections**: per-listener caps (:mod:`coordinator.connection_caps`), the oldest idle
   connection closed to make room.
@@ -80,6 +83,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.reading_headers, self.reading_body = True, False
         self.request_begun = False  # the parser has seen a byte of the request it waits for
         self.drained_bytes: int | None = None  # counted once an answer came before its body's end
+        self.keep_alive_once_read = False  # kept alive only if its long body is read first
         self.idle_since = self.loop.time()
         self.body_deadline: asyncio.TimerHandle | None = None
         self.header_deadline: asyncio.TimerHandle | None = None
@@ -132,12 +136,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.cancel(self.header_deadline)
         self.body_deadline = self.loop.call_later(self.limits.body_timeout_s, self.body_expired)
         super().on_headers_complete()
+        cycle, self.keep_alive_once_read = self.cycle, False
+        if cycle is not None and cycle.keep_alive and body_may_outgrow_the_drain(self.headers):
+            # Kept alive only if the body is read before the answer starts (on_message_complete).
+            self.keep_alive_once_read, cycle.keep_alive = True, False
         if len(self.pipeline) > PIPELINE_DEPTH:
             log.info("closed %s: over %d pipelined requests", self.client, PIPELINE_DEPTH)
             self.transport.close()
 
     def on_message_complete(self) -> None:
         self.cancel(self.body_deadline)
+        cycle = self.cycle
+        if self.keep_alive_once_read and cycle is not None and not cycle.response_started:
+            cycle.keep_alive = True
+        self.keep_alive_once_read = False
         super().on_message_complete()
         self.reading_body, self.drained_bytes = False, None
         self.reading_headers, self.header_bytes, self.request_begun = True, 0, False
@@ -211,6 +223,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def cancel(handle: asyncio.TimerHandle | None) -> None:
         if handle is not None:
             handle.cancel()
+
+
+def body_may_outgrow_the_drain(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request's body, by its headers, may hold over :data:`DRAIN_BYTES`."""
+    for name, value in headers:
+        if name == b"content-length":
+            return not value.isdigit() or int(value) > DRAIN_BYTES
+        if name == b"transfer-encoding":
+            return True
+    return False
 
 
 def guarded_protocol(limits: EdgeLimits, caps: ConnectionCaps) -> type[GuardedHttpProtocol]:
