@@ -1,7 +1,7 @@
 """The soak test (tests/soak/run.py): its verdict on synthetic samples, how it sorts answers by
 cause, and a two-minute run against a real pd_separate coordinator (1 prefill + 1 decode) with a
 tiny model, on the fixed PD split and on the shipping defaults (local prefill of short prompts,
-``stepTargetMs``), which must pass with nothing left behind."""
+``stepTargetMs``), soaked side by side, which must pass with nothing left behind."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -158,12 +159,10 @@ def test_outcomes_are_folded_into_minutes():
     ]
 
 
-@pytest.fixture(scope="module", params=["fixed-split", "defaults"])
-def pd_server(request, tmp_path_factory, tiny_model_dir) -> CoordinatorProcess:
-    split = FIXED_SPLIT if request.param == "fixed-split" else {}
-    config = {
+def soak_config(model_dir: Path, split: dict) -> dict:
+    return {
         "backend_config": {
-            "model_path": str(tiny_model_dir),
+            "model_path": str(model_dir),
             "embedding_model_path": "",
             "device": "cpu",
             "cacheBlockSize": 4,
@@ -175,35 +174,67 @@ def pd_server(request, tmp_path_factory, tiny_model_dir) -> CoordinatorProcess:
         },
         "digs_scheduler_config": {"deploy_mode": "pd_separate"},
     }
-    server = start_coordinator(tmp_path_factory.mktemp(f"soak-{request.param}"), config)
+
+
+@pytest.fixture(scope="module")
+def pd_servers(tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, CoordinatorProcess]]:
+    """Two coordinators at once, soaked side by side (half the wall time of one after the
+    other; each soak is bounded by time, not by a count of requests)."""
+    servers: dict[str, CoordinatorProcess] = {}
     try:
-        server.wait_ready()
-        yield server
+        for name, split in (("fixed-split", FIXED_SPLIT), ("defaults", {})):
+            workdir = tmp_path_factory.mktemp(f"soak-{name}")
+            servers[name] = start_coordinator(workdir, soak_config(tiny_model_dir, split))
+        for server in servers.values():
+            server.wait_ready()
+        yield servers
     finally:
+        for server in servers.values():
+            try:
+                server.stop()
+            except subprocess.TimeoutExpired:
+                server.process.kill()
+
+
+def run_soaks(
+    servers: dict[str, CoordinatorProcess], out_dir: Path, *args: str
+) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """``tests.soak.run`` against every server at once: each one's run and result file."""
+    started = {}
+    for name, server in servers.items():
+        out = out_dir / f"soak-{name}.json"
+        command = [sys.executable, "-m", "tests.soak.run", "--url", server.url("predict_port", "")]
+        command += ["--manage-url", server.url("manage_port", ""), "--out", str(out), *args]
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        )
+        started[name] = (command, process, out)
+    runs = {}
+    for name, (command, process, out) in started.items():
         try:
-            server.stop()
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-
-
-def run_soak(server: CoordinatorProcess, out: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "tests.soak.run", "--url", server.url("predict_port", "")]
-    command += ["--manage-url", server.url("manage_port", ""), "--out", str(out), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+            stdout, stderr = process.communicate(timeout=300)
+        finally:
+            process.kill()
+        runs[name] = (subprocess.CompletedProcess(command, process.returncode, stdout, stderr), out)
+    return runs
 
 
 @pytest.mark.ray
-def test_a_two_minute_soak_passes_and_leaves_nothing_behind(pd_server, tmp_path):
-    """Long enough for the growth gate to see past the steep first minute (the default warm-up)
-    and fit each fifth of the second through 13 samples, one a second."""
-    out = tmp_path / "soak.json"
-    run = run_soak(pd_server, out, "--minutes", "2", "--concurrency", "6", "--sample-interval", "1")
-    assert run.returncode == 0, run.stdout + run.stderr
-    result = json.loads(out.read_text())
+def test_two_minute_soaks_pass_and_leave_nothing_behind(pd_servers, tmp_path):
+    """On the fixed PD split and on the shipping defaults. Long enough for the growth gate to
+    see past the steep first minute (the default warm-up) and fit each fifth of the second
+    through 13 samples, one a second."""
+    args = ("--minutes", "2", "--concurrency", "6", "--sample-interval", "1")
+    for name, (run, out) in run_soaks(pd_servers, tmp_path, *args).items():
+        assert run.returncode == 0, (name, run.stdout + run.stderr)
+        check_a_passed_soak(json.loads(out.read_text()), pd_servers[name], out)
+
+
+def check_a_passed_soak(result: dict, server: CoordinatorProcess, out: Path) -> None:
     assert set(result) >= {"config", "requests", "rss", "samples", "per_minute", "leftovers"}
     assert result["passed"] and result["failures"] == []
     assert out.with_suffix(".png").stat().st_size > 0
-    assert result["coordinator_pid"] == pd_server.process.pid  # found by its port
+    assert result["coordinator_pid"] == server.process.pid  # found by its port
     assert set(result["rss"]) == {"coordinator", "prefill/0", "decode/0"}
     for trend in result["rss"].values():
         assert trend["num_points"] >= 2 and trend["slope_mib_per_min"] is not None
@@ -222,14 +253,14 @@ def test_a_two_minute_soak_passes_and_leaves_nothing_behind(pd_server, tmp_path)
 
 
 @pytest.mark.ray
-def test_a_soak_beyond_its_bounds_exits_1(pd_server, tmp_path):
-    out = tmp_path / "soak.json"
+def test_a_soak_beyond_its_bounds_exits_1(pd_servers, tmp_path):
     bounds = ("--max-rss-slope=-1e6", "--max-rss-growth=-1e6", "--no-plot")
     growth = ("--max-rss-per-request=-1e6", "--max-coordinator-rss-per-request=-1e6")
     growth += ("--rss-floor=-1e6", "--sample-interval", "0.5")
-    run = run_soak(pd_server, out, "--minutes", "0.1", "--warmup-minutes", "0", *bounds, *growth)
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert "FAIL: RSS of coordinator grows" in run.stdout
-    assert "FAIL: coordinator leaks KiB of RSS per request" in run.stdout
-    assert "FAIL: decode/0 leaks KiB of RSS per request" in run.stdout
-    assert json.loads(out.read_text())["passed"] is False
+    args = ("--minutes", "0.1", "--warmup-minutes", "0", *bounds, *growth)
+    for name, (run, out) in run_soaks(pd_servers, tmp_path, *args).items():
+        assert run.returncode == 1, (name, run.stdout + run.stderr)
+        assert "FAIL: RSS of coordinator grows" in run.stdout
+        assert "FAIL: coordinator leaks KiB of RSS per request" in run.stdout
+        assert "FAIL: decode/0 leaks KiB of RSS per request" in run.stdout
+        assert json.loads(out.read_text())["passed"] is False
