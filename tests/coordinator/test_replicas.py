@@ -58,12 +58,25 @@ def pool(tmp_path_factory, tiny_model_dir):
         head.stop()
 
 
+def _coordinators(tmp_path: Path, config: dict, *names: str) -> list[CoordinatorProcess]:
+    """Coordinators started together, once each is ready."""
+    servers = []
+    for name in names:
+        workdir = tmp_path / name
+        workdir.mkdir(exist_ok=True)
+        servers.append(start_coordinator(workdir, config, env=RAY_ENV))
+    try:
+        for server in servers:
+            server.wait_ready()
+    except BaseException:
+        for server in servers:
+            server.process.kill()
+        raise
+    return servers
+
+
 def _coordinator(tmp_path: Path, config: dict, name: str) -> CoordinatorProcess:
-    workdir = tmp_path / name
-    workdir.mkdir(exist_ok=True)
-    server = start_coordinator(workdir, config, env=RAY_ENV)
-    server.wait_ready()
-    return server
+    return _coordinators(tmp_path, config, name)[0]
 
 
 def _instances(server: CoordinatorProcess) -> list[dict]:
@@ -177,9 +190,8 @@ def _assert_a_rolling_restart_fails_nothing(tmp_path, config, live, pids) -> Non
 
 def test_two_coordinators_share_the_pool_its_cache_and_survive_each_other(pool, tmp_path):
     head, config = pool
-    first = _coordinator(tmp_path, config, "first")
-    second = _coordinator(tmp_path, config, "second")
-    live = [first, second]  # the coordinators as they are replaced, stopped at the end
+    live = _coordinators(tmp_path, config, "first", "second")  # kept current, stopped at the end
+    first, second = live
     try:
         pids = _pids(first)
         assert _pids(second) == pids  # both found the pool `pdserve workers` started
