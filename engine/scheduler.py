@@ -74,7 +74,13 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        num_decodes = sum(1 for r in self.running if r.num_uncomputed_tokens == 1)
+        # A decode row has its prompt computed; a prompt chunked with one token left is not one
+        # (counted as one, it lifted a prompt-only step's bound to maxPrefillTokens).
+        num_decodes = sum(
+            1
+            for r in self.running
+            if r.num_uncomputed_tokens == 1 and r.num_computed_tokens >= r.num_prompt_tokens
+        )
         budget = self.step_budget.tokens(num_decodes)
         for request in list(self.running):
             if request.status != RequestStatus.RUNNING:

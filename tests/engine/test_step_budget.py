@@ -117,3 +117,20 @@ def test_a_burst_on_an_idle_engine_has_its_first_tokens_step_by_step_in_order(ti
             tokens[int(event.request_id[1:])].append(event.token_id)
     assert firsts == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # 512 prompt tokens a step, 176 last
     assert [tokens[i] for i in range(10)] == expected
+
+
+def test_a_prompt_chunked_with_one_token_left_does_not_lift_the_bound(tiny_loaded):
+    """Prompts of 171 tokens in steps of 512: the first step leaves the third prompt one token
+    short. That row is the prompt's, not a decode: the next step still carries 512 prompt
+    tokens (it carried the whole queue, up to maxPrefillTokens, when counted as a decode)."""
+    from engine.sampling_params import SamplingParams
+    from tests.conftest import make_engine
+
+    params = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    engine = make_engine(tiny_loaded, num_blocks=512, prefix_caching=False, prompt_step_target_ms=1)
+    for i in range(9):
+        engine.add_request(engine.request(f"r{i}", list(range(10 + i, 181 + i)), params))
+    firsts: list[list[int]] = []
+    while engine.has_work():
+        firsts.append([int(e.request_id[1:]) for e in engine.step() if e.token_id is not None])
+    assert firsts == [[0, 1], [2, 3, 4], [5, 6, 7], [8]]
