@@ -205,9 +205,9 @@ class LLMEngine:
             started = masks[0] if masks else None
             tokens = zip(samplers, sample(logits, samplers, self.grammars, started), strict=True)
             events += [self._append_token(request, token_id, now) for request, token_id in tokens]
-        num_prompt_tokens = sum(n for _, n in scheduled.prefills)
         seconds = time.monotonic() - start  # sampling waited for the device
-        self.scheduler.step_budget.observe(len(scheduled.decodes), num_prompt_tokens, seconds)
+        budget = self.scheduler.step_budget
+        budget.observe(scheduled.num_decode_rows, scheduled.num_prompt_tokens, seconds)
         return events
 
     def cache_computed(self, request: Request) -> None:

@@ -129,6 +129,13 @@ class Request:
         return len(self.token_ids) - self.num_computed_tokens
 
     @property
+    def is_decoding(self) -> bool:
+        """Its prompt is computed and one token is left: a decode row of the next step. A prompt
+        chunked with one token left is computed as a one-token row too, but is not one."""
+        prompt_computed = self.num_computed_tokens >= self.num_prompt_tokens
+        return prompt_computed and self.num_uncomputed_tokens == 1
+
+    @property
     def is_finished(self) -> bool:
         return self.status >= RequestStatus.FINISHED
 

@@ -34,10 +34,21 @@ from engine.step_budget import StepBudget
 
 @dataclass
 class SchedulerOutput:
-    """Decoding requests (one token each) and prompt chunks (request, tokens) for one step."""
+    """One-token rows and prompt chunks (request, tokens) for one step. A one-token row is a
+    decode row or a prompt's last token; ``num_decode_rows`` counts the decode rows."""
 
     decodes: list[Request] = field(default_factory=list)
     prefills: list[tuple[Request, int]] = field(default_factory=list)
+    num_decode_rows: int = 0
+
+    def add_one_token_row(self, request: Request) -> None:
+        self.decodes.append(request)
+        self.num_decode_rows += request.is_decoding
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens of the step: its chunks' and its one-token rows that end a prompt."""
+        return sum(n for _, n in self.prefills) + len(self.decodes) - self.num_decode_rows
 
     @property
     def is_empty(self) -> bool:
@@ -74,13 +85,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        # A decode row has its prompt computed; a prompt chunked with one token left is not one
-        # (counted as one, it lifted a prompt-only step's bound to maxPrefillTokens).
-        num_decodes = sum(
-            1
-            for r in self.running
-            if r.num_uncomputed_tokens == 1 and r.num_computed_tokens >= r.num_prompt_tokens
-        )
+        # a prompt chunked with one token left is no decode row: counted as one, it would lift a
+        # prompt-only step's bound to maxPrefillTokens
+        num_decodes = sum(r.is_decoding for r in self.running)
         budget = self.step_budget.tokens(num_decodes)
         for request in list(self.running):
             if request.status != RequestStatus.RUNNING:
@@ -98,7 +105,7 @@ class Scheduler:
         if not self._grow(request, request.num_computed_tokens + num_tokens):
             return 0
         if num_tokens == 1:
-            out.decodes.append(request)
+            out.add_one_token_row(request)
             return 0
         out.prefills.append((request, num_tokens))
         return num_tokens
@@ -148,7 +155,7 @@ class Scheduler:
             self.insert_running(request)
             num_tokens = min(request.num_uncomputed_tokens, budget)
             if request.num_uncomputed_tokens == 1:
-                out.decodes.append(request)
+                out.add_one_token_row(request)
             else:
                 out.prefills.append((request, num_tokens))
                 budget -= num_tokens

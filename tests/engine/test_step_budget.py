@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.step_budget import MIN_CHUNK_TOKENS, MIN_PROMPT_STEP_TOKENS, StepBudget
+from engine.step_budget import MIN_CHUNK_TOKENS, MIN_PROMPT_STEP_TOKENS, PRIOR_DECODE_S, StepBudget
 
 
 def _learn(budget: StepBudget, decode_s: float, token_s: float, steps: int = 60) -> None:
@@ -134,3 +134,22 @@ def test_a_prompt_chunked_with_one_token_left_does_not_lift_the_bound(tiny_loade
     while engine.has_work():
         firsts.append([int(e.request_id[1:]) for e in engine.step() if e.token_id is not None])
     assert firsts == [[0, 1], [2, 3, 4], [5, 6, 7], [8]]
+
+
+def test_a_prompts_last_token_teaches_the_prompt_cost_not_the_decode_cost(tiny_loaded):
+    """The third prompt's last token, left by the first step, is computed as a one-token row:
+    the budget learns from that step as from a prompt-only step of one token, not a decode."""
+    from engine.sampling_params import SamplingParams
+    from tests.conftest import make_engine
+
+    params = SamplingParams(max_new_tokens=1, ignore_eos=True)
+    engine = make_engine(tiny_loaded, num_blocks=512, prefix_caching=False, prompt_step_target_ms=1)
+    for i in range(3):
+        engine.add_request(engine.request(f"r{i}", list(range(10 + i, 181 + i)), params))
+    seen: list[tuple[int, int]] = []
+    observe = engine.scheduler.step_budget.observe
+    engine.scheduler.step_budget.observe = lambda d, p, s: (seen.append((d, p)), observe(d, p, s))
+    while engine.has_work():
+        engine.step()
+    assert seen == [(0, 512), (0, 1)]
+    assert engine.scheduler.step_budget.decode_s == pytest.approx(PRIOR_DECODE_S)
