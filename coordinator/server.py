@@ -17,12 +17,10 @@ Ray it started itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import ssl
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -44,20 +42,13 @@ from coordinator.ray_connect import init_ray
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
 from coordinator.threaded_server import ThreadedServer
+from coordinator.uvicorn_server import SignalFreeServer
 from workers.faults import fault_injection_enabled
 
 log = logging.getLogger(__name__)
 CONNECTION_HEADROOM = 64  # predict connections beyond max_requests (a client between requests)
 SIDE_CAPS = ConnectionCaps(max_connections=64)  # the manage and metrics listeners
 PROBES = ("/v1/startup", "/v1/health", "/v1/readiness", "/v2/health/live", "/v2/health/ready")
-
-
-class SignalFreeServer(uvicorn.Server):
-    """A uvicorn server that leaves SIGTERM / SIGINT to the coordinator, which drains first."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class Coordinator:
