@@ -179,6 +179,7 @@ class InferenceService:
     def _leave(self, run: RequestRun) -> None:
         """``run`` is over: out of the registry and the gauges; counted unless it finished."""
         run.end(Outcome.ABORTED)  # nothing else ended it: cancelled, or the caller closed it
+        self.router.release(run.request_id)
         self.in_flight -= 1
         if self.runs.get(run.request_id) is run:
             del self.runs[run.request_id]
@@ -282,18 +283,19 @@ class InferenceService:
         waiting for one to come back if need be (the request's timeouts bound the wait; an abort
         ends it: the failed pair is taken back, and its stream ends at once as aborted)."""
         token_ids, failed, tenant = run.all_token_ids, run.failed_route, run.request.tenant
+        holder = run.request_id
         if run.migrations and not run.migrations[-1].spent:
             await asyncio.sleep(REPICK_INTERVAL_S)  # its worker is restarting: give it a moment
         while True:
             try:
                 if failed is None:
-                    return self.router.choose(token_ids, tenant=tenant)
-                return self.router.choose(token_ids, {failed}, tenant, capped=False)
+                    return self.router.choose(token_ids, tenant=tenant, holder=holder)
+                return self.router.choose(token_ids, {failed}, tenant, False, holder)
             except NoWorkerError:
                 if failed is None:
                     raise
             try:
-                return self.router.choose(token_ids, tenant=tenant, capped=False)
+                return self.router.choose(token_ids, tenant=tenant, capped=False, holder=holder)
             except NoWorkerError:
                 if run.aborted:
                     return failed

@@ -18,9 +18,11 @@ workers are chosen first, a stale worker only when no fresh pair is left, and a 
 ``STALE_GRACE_S`` is not chosen at all (NoWorkerError when nothing else is left). So a machine
 too busy to answer a poll in time slows requests down instead of failing them.
 
-No worker is sent more than ``max_requests_per_worker`` requests at once (running, waiting or
-reserved, as polled plus dispatched since): a burst beyond what the pool can queue is refused at
-once (429) instead of waiting out its timeout.
+No decode (or colocated) worker holds more than ``max_requests_per_worker`` requests at once:
+this router's own, counted exactly from its choice to the request's end (``release``; a migrating
+request keeps its place and moves it), and the other coordinators' on the worker as of the last
+poll. A burst beyond what the pool can queue is refused at once (429) instead of waiting out its
+timeout.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from coordinator.errors import NoWorkerError, TooManyRequests
 from coordinator.routing.cache_view import CacheView
 from coordinator.routing.choice import Route, candidate_pairs, choose_pair
 from coordinator.routing.config import RoutingConfig
-from coordinator.routing.worker_state import WorkerKey
+from coordinator.routing.worker_state import WorkerKey, WorkerState
 from coordinator.routing.worker_view import WorkerView
 from engine.prefix_hash import block_hashes, tenant_root
 
@@ -53,6 +55,7 @@ class Router:
         if poll_interval_s is None:
             poll_interval_s = self.routing.load_poll_interval_ms / 1000
         self.view = WorkerView(fleet, self.cache, poll_interval_s)
+        self._holds: dict[str, WorkerState] = {}  # request id -> the decode worker holding it
 
     def choose(
         self,
@@ -60,6 +63,7 @@ class Router:
         exclude: AbstractSet[Route] = frozenset(),
         tenant: str = "",
         capped: bool = True,
+        holder: str = "",
     ) -> Route:
         """The cheapest pair not in ``exclude`` for a request that computes ``token_ids``
         (prompt and outputs so far), fresh if possible (module docstring); NoWorkerError if none
@@ -72,7 +76,10 @@ class Router:
 
         ``capped``: pairs whose decode worker holds ``max_requests_per_worker`` requests are
         left out, and TooManyRequests is raised when that leaves none (a migrating request, which
-        holds its place already, is routed uncapped)."""
+        holds its place already, is routed uncapped).
+
+        ``holder``: the request's id; its place is counted on the chosen decode worker (moved
+        there from its previous one) until ``release``."""
         now, routing, view = time.monotonic(), self.routing, self.view
         pairs = candidate_pairs(
             view.prefills, view.decodes, exclude, now, routing.local_prefill_fallback
@@ -96,10 +103,20 @@ class Router:
             choice.prefill.pending_tokens += choice.prefill_tokens
         choice.decode.pending_tokens += choice.decode_prefill_tokens
         choice.decode.pending_requests += 1
+        if holder:
+            self.release(holder)
+            self._holds[holder] = choice.decode
+            choice.decode.num_own_requests += 1
         for worker in (choice.prefill, choice.decode) if hashes else ():
             if worker is not None:
                 self.cache.dispatched(worker.key, hashes, now, worker.stats.num_total_blocks)
         return choice.route
+
+    def release(self, holder: str) -> None:
+        """Request ``holder`` is held by no worker any more (it ended, however it ended)."""
+        worker = self._holds.pop(holder, None)
+        if worker is not None:
+            worker.num_own_requests -= 1
 
     def _cached_tokens(
         self,

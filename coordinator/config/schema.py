@@ -176,8 +176,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         fed("prefix_routing_ttl_s", "int", routing("prefix_ttl_s"), "the router forgets a "
             "prefix it has not sent to a worker for this long", low=1, high=86400, unit="s"),
         fed("max_requests_per_worker", "int", routing("max_requests_per_worker"), "requests "
-            "one decode (or colocated) worker may hold, running, waiting or reserved, as the "
-            "router counts them; a new request finding every worker at it is answered 429 at "
+            "one decode (or colocated) worker may hold, running, waiting or reserved: this "
+            "coordinator's own, counted exactly from routing to their end, and the other "
+            "coordinators' there as of the last load poll; a new request finding every worker at it is answered 429 at "
             "once instead of queued to its timeout (a migrating one is not refused); 0: no cap",
             low=0, high=1_000_000, unit="requests"),
         fed("load_poll_interval_ms", "int", routing("load_poll_interval_ms"), "how often the "

@@ -19,6 +19,8 @@ class WorkerState:
     stats: EngineStats = field(default_factory=EngineStats)  # as of the last poll
     pending_tokens: int = 0  # tokens to compute dispatched here since the last poll
     pending_requests: int = 0
+    num_own_requests: int = 0  # this router's requests open here (Router.choose to release)
+    num_others_requests: int = 0  # the other coordinators' requests here, as of the last poll
     fresh: bool = True  # answered the last poll
     last_seen: float = field(default_factory=time.monotonic)
     pid: int = 0  # of its actor at the last poll (0: not heard from yet)
@@ -43,9 +45,9 @@ class WorkerState:
 
     @property
     def num_requests_held(self) -> int:
-        """Requests here: running, waiting, reserved (as of the last poll) and sent since."""
-        stats = self.stats
-        return stats.num_running + stats.num_waiting + stats.num_reserved + self.pending_requests
+        """Requests here: this router's open ones, exactly, and the other coordinators' (as of
+        the last poll)."""
+        return self.num_own_requests + self.num_others_requests
 
     @property
     def decode_load(self) -> int:

@@ -35,6 +35,7 @@ FOLLOW_BATCH_S = 0.1
 class WorkerView:
     def __init__(self, fleet: Any, cache: CacheView, poll_interval_s: float) -> None:
         self.fleet = fleet  # the workers (coordinator.pool.fleet.Fleet)
+        self.owner: str = getattr(fleet, "coordinator_id", "")  # this coordinator's requests'
         self.cache = cache
         self.poll_interval_s = poll_interval_s
         self.prefills: list[WorkerState] = []
@@ -92,6 +93,9 @@ class WorkerView:
             if state is not None:
                 self._forget_lost_cache(state, load)
                 state.stats, state.pending_tokens, state.pending_requests = load.stats, 0, 0
+                state.num_others_requests = sum(
+                    n for owner, n in load.requests_by_owner.items() if owner != self.owner
+                )
                 state.pid = load.pid
                 await self._follow_events(state, report)
         return loads

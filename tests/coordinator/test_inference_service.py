@@ -20,7 +20,7 @@ from coordinator.errors import (
 from coordinator.inference import Timeouts
 from coordinator.metrics import Metrics
 from coordinator.routing.config import RoutingConfig
-from engine.outputs import CONSTRAINT_VIOLATED, EngineStats, TokenEvent
+from engine.outputs import CONSTRAINT_VIOLATED, TokenEvent
 from engine.request import FinishReason
 from tests.support.fake_cluster import (
     MAX_NEW,
@@ -209,17 +209,33 @@ def test_a_new_request_finding_every_worker_at_its_cap_is_429_a_migrating_one_is
     service = _service(FakeCluster(), routing=RoutingConfig(max_requests_per_worker=3))
     router = service.router
     for worker in router.view.decodes:
-        worker.stats = EngineStats(num_running=2, num_waiting=1)
+        worker.num_others_requests = 3  # other coordinators' requests, as polled
     with pytest.raises(TooManyRequests, match="every worker holds as many requests"):
-        router.choose([1, 2, 3])
+        router.choose([1, 2, 3], holder="a")
     assert router.choose([1, 2, 3], {(0, 0)}, capped=False) != (0, 0)
-    router.view.decodes[1].stats = EngineStats(num_running=1)
-    assert router.choose([1, 2, 3])[1] == 1
-    router.view.decodes[1].pending_requests += 1  # what was just sent there counts too
-    with pytest.raises(TooManyRequests):
-        router.choose([1, 2, 3])
+    router.view.decodes[1].num_others_requests = 1
+    assert router.choose([1, 2, 3], holder="a")[1] == 1
+    assert router.choose([1, 2, 3], holder="b")[1] == 1
+    with pytest.raises(TooManyRequests):  # its own two open requests count, exactly
+        router.choose([1, 2, 3], holder="c")
     with pytest.raises(TooManyRequests):
         asyncio.run(_collect(service))
+    router.release("a")  # a request ended: its place is free at once, not at the next poll
+    assert router.choose([1, 2, 3], holder="c")[1] == 1
+    router.release("a")  # released twice: counted once
+    assert router.view.decodes[1].num_requests_held == 3
+
+
+def test_a_migrating_request_moves_its_place_and_every_ended_request_frees_its_own():
+    service = _service(FakeCluster(fail_after={(0, 0): 1}))
+    router = service.router
+    assert asyncio.run(_collect(service))[-1].finish_reason == FinishReason.LENGTH
+    assert [w.num_own_requests for w in router.view.decodes] == [0, 0]
+    assert router.choose([1, 2, 3], holder="m") == (0, 0)
+    assert router.choose([1, 2, 3], {(0, 0)}, capped=False, holder="m")[1] == 1
+    assert [w.num_own_requests for w in router.view.decodes] == [0, 1]
+    router.release("m")
+    assert [w.num_own_requests for w in router.view.decodes] == [0, 0]
 
 
 def test_a_constraint_violation_fails_at_once_never_migrated():

@@ -47,6 +47,8 @@ class FakeCluster:
     stats: dict = field(default_factory=dict)  # (role, instance) -> EngineStats
     pids: dict = field(default_factory=dict)  # (role, instance) -> pid
     silent: set = field(default_factory=set)  # (role, instance) that do not answer
+    by_owner: dict = field(default_factory=dict)  # (role, instance) -> requests by coordinator
+    coordinator_id: str = "me"
 
     async def reports(self, cursors):
         return reports_of(await self.loads())
@@ -56,7 +58,13 @@ class FakeCluster:
         roles = [("colocated", self.colocated)] if single else [("prefill", self.prefills)]
         roles += [] if single else [("decode", self.decodes)]
         return [
-            WorkerLoad(role, i, self.pids.get((role, i), 1000 + i), self.stats.get((role, i), IDLE))
+            WorkerLoad(
+                role,
+                i,
+                self.pids.get((role, i), 1000 + i),
+                self.stats.get((role, i), IDLE),
+                requests_by_owner=self.by_owner.get((role, i), {}),
+            )
             for role, workers in roles
             for i in range(len(workers))
             if (role, i) not in self.silent
