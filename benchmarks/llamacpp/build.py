@@ -14,7 +14,11 @@ files (``benchmarks/llamacpp/requantize.py``).
 The instruction set is the one this CPU executes, probed by running each extension
 (``benchmarks/harness/cpu_isa.py``), never ``GGML_NATIVE``: on a virtual machine whose cpuid
 lists AMX while its instructions fault, ``-march=native`` compiles ggml's AMX kernels and the first
-matrix product dies with SIGILL. The ``blas`` variant adds ggml's BLAS backend on Debian's OpenBLAS
+matrix product dies with SIGILL. A probe is not the whole proof: on one Xeon virtual machine every
+AMX probe ran (tile loads and dot products, on several threads) while ggml's own AMX kernels died
+on their first ``tileloadd``. So a new build runs ``llama-bench`` on the bundled GGUF once; one that
+dies of SIGILL with AMX on marks AMX as faulting here (``amx-faults-<isa>`` beside the builds) and
+is built again without it. The ``blas`` variant adds ggml's BLAS backend on Debian's OpenBLAS
 (``apt-get install libopenblas-dev``), which often computes prompts faster. Each build lives in
 ``<cache>/llama.cpp/<version>-<variant>-<isa>/bin`` (the folder names the flags) and is reused by
 every later run; a build takes about 8 minutes on two cores (the server about as long again).
@@ -25,13 +29,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 from benchmarks.harness.cpu_isa import ggml_cmake_flags, isa_tag, probe_isa
-from engine.model.gguf_cache import cache_root
+from engine.model.gguf_cache import bundled_gguf_path, cache_root
 
 SDIST_VERSION = "0.3.36"
 TOOLS = ("llama-bench", "llama-batched-bench")
@@ -50,6 +55,7 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_APP=OFF",
 )
 VARIANTS = ("cpu", "blas")
+AMX = ("amx_tile", "amx_int8", "amx_bf16")
 BLAS_OPTIONS = ("-DGGML_BLAS=ON", "-DGGML_BLAS_VENDOR=OpenBLAS")
 BLAS_HEADERS = (Path("/usr/include/x86_64-linux-gnu/cblas.h"), Path("/usr/include/cblas.h"))
 
@@ -64,7 +70,27 @@ def cmake_options(variant: str, isa: dict[str, bool]) -> list[str]:
 
 def tools_dir(version: str = SDIST_VERSION, variant: str = "cpu") -> Path:
     """Where the build of ``variant`` for this CPU's instruction set lives."""
-    return cache_root() / "llama.cpp" / f"{version}-{variant}-{isa_tag(probe_isa())}" / "bin"
+    return cache_root() / "llama.cpp" / f"{version}-{variant}-{isa_tag(build_isa())}" / "bin"
+
+
+def build_isa() -> dict[str, bool]:
+    """The extensions a build here uses: those the probes run, less AMX where a build with it
+    was seen to die of SIGILL (module docstring)."""
+    isa = probe_isa()
+    if _amx_faults_mark(isa).is_file():
+        isa = {**isa, **dict.fromkeys(AMX, False)}
+    return isa
+
+
+def _amx_faults_mark(isa: dict[str, bool]) -> Path:
+    return cache_root() / "llama.cpp" / f"amx-faults-{isa_tag(isa)}"
+
+
+def dies_of_sigill(folder: Path) -> bool:
+    """Whether ``folder``'s ``llama-bench`` dies of SIGILL on a short run of the bundled GGUF."""
+    command = [str(folder / "llama-bench"), "-m", str(bundled_gguf_path()), "-p", "64", "-n", "4"]
+    done = subprocess.run([*command, "-r", "1"], capture_output=True, check=False)
+    return done.returncode == -signal.SIGILL
 
 
 def has_tools(folder: Path, tools: tuple[str, ...] = TOOLS) -> bool:
@@ -109,12 +135,12 @@ def ensure_tools(
 ) -> Path:
     """The folder holding ``tools`` (by default ``llama-bench`` and ``llama-batched-bench``) of
     ``variant``'s build, building those not there yet."""
-    isa = probe_isa()
+    isa = build_isa()
     options = cmake_options(variant, isa)
     target = tools_dir(version, variant)
     missing = tuple(tool for tool in tools if not has_tools(target, (tool,)))
     if not missing:
-        return target
+        return _runs_or_rebuilt(target, isa, version, jobs, tools, variant)
     if variant == "blas" and not any(header.is_file() for header in BLAS_HEADERS):
         raise RuntimeError("the blas build needs OpenBLAS: apt-get install libopenblas-dev")
     work = target.parent / "work"
@@ -134,6 +160,29 @@ def ensure_tools(
         shutil.copy2(next(build.rglob(f"bin/{tool}")), target / tool)
     (target.parent / "cmake_options.txt").write_text("\n".join(options) + "\n")
     shutil.rmtree(work)
+    return _runs_or_rebuilt(target, isa, version, jobs, tools, variant)
+
+
+def _runs_or_rebuilt(
+    target: Path,
+    isa: dict[str, bool],
+    version: str,
+    jobs: int | None,
+    tools: tuple[str, ...],
+    variant: str,
+) -> Path:
+    """``target``, once its ``llama-bench`` ran on this CPU (checked once per build, where AMX
+    is on); a build with AMX that dies of SIGILL is replaced by one without (module docstring)."""
+    checked = target.parent / "runs_here"
+    if checked.is_file() or not any(isa[amx] for amx in AMX):
+        return target
+    if not has_tools(target, ("llama-bench",)):
+        return target  # nothing to run yet: checked once llama-bench is built
+    if dies_of_sigill(target):
+        print("ggml's AMX kernels die of SIGILL here: building again without AMX", flush=True)
+        _amx_faults_mark(isa).touch()
+        return ensure_tools(version, jobs, tools, variant)
+    checked.touch()
     return target
 
 

@@ -66,3 +66,40 @@ def test_the_probe_runs_what_it_names_and_a_faulting_program_is_not_granted(monk
     assert not cpu_isa.executes("avx2")
     monkeypatch.setitem(cpu_isa.PROBES, "avx2", ("-mno-such-flag", "", "return 0;"))
     assert not cpu_isa.executes("avx2")  # does not compile: not granted either
+
+
+def _stand_in_build(folder, body: str) -> None:
+    """A build folder whose ``llama-bench`` is a script running ``body``."""
+    folder.mkdir(parents=True)
+    bench = folder / "llama-bench"
+    bench.write_text(f"#!/bin/sh\n{body}\n")
+    bench.chmod(0o755)
+
+
+def test_a_build_with_amx_that_dies_of_sigill_is_replaced_by_one_without(monkeypatch, tmp_path):
+    """A Xeon whose AMX probes all run while ggml's AMX kernels die on their first tile load:
+    the AMX build is run once, dies of SIGILL, AMX is marked as faulting here, and from then on
+    the build without AMX is the one used."""
+    xeon_amx = XEON | {"amx_tile": True, "amx_int8": True, "amx_bf16": True}
+    monkeypatch.setattr(llamacpp_build, "probe_isa", lambda: xeon_amx)
+    monkeypatch.setattr(llamacpp_build, "cache_root", lambda: tmp_path)
+    with_amx = llamacpp_build.tools_dir()
+    _stand_in_build(with_amx, 'kill -ILL "$$"')
+    _stand_in_build(tmp_path / "llama.cpp" / f"0.3.36-cpu-{isa_tag(XEON)}" / "bin", "exit 0")
+    assert llamacpp_build.dies_of_sigill(with_amx)
+    without_amx = llamacpp_build.ensure_tools(tools=("llama-bench",))
+    assert without_amx.parent.name == f"0.3.36-cpu-{isa_tag(XEON)}"
+    assert llamacpp_build.tools_dir() == without_amx
+    assert llamacpp_build.build_isa()["amx_int8"] is False
+
+
+def test_a_build_with_amx_that_runs_is_kept_and_checked_once(monkeypatch, tmp_path):
+    xeon_amx = XEON | {"amx_tile": True, "amx_int8": True, "amx_bf16": True}
+    monkeypatch.setattr(llamacpp_build, "probe_isa", lambda: xeon_amx)
+    monkeypatch.setattr(llamacpp_build, "cache_root", lambda: tmp_path)
+    with_amx = llamacpp_build.tools_dir()
+    runs = tmp_path / "runs"
+    _stand_in_build(with_amx, f'echo run >> "{runs}"')
+    assert llamacpp_build.ensure_tools(tools=("llama-bench",)) == with_amx
+    assert llamacpp_build.ensure_tools(tools=("llama-bench",)) == with_amx
+    assert runs.read_text() == "run\n"
