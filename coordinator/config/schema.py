@@ -178,8 +178,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         fed("max_requests_per_worker", "int", routing("max_requests_per_worker"), "requests "
             "one decode (or colocated) worker may hold, running, waiting or reserved: this "
             "coordinator's own, counted exactly from routing to their end, and the other "
-            "coordinators' there as of the last load poll; a new request finding every worker at it is answered 429 at "
-            "once instead of queued to its timeout (a migrating one is not refused); 0: no cap",
+            "coordinators' there as of the last load poll; a new request finding every worker "
+            "at it is answered 429 at once instead of queued to its timeout (a migrating one is "
+            "not refused); 0: no cap",
             low=0, high=1_000_000, unit="requests"),
         fed("load_poll_interval_ms", "int", routing("load_poll_interval_ms"), "how often the "
             "router asks every worker for its load (a Ray call to each, which also renews this "
