@@ -49,6 +49,7 @@ from engine.config import kv_bind_address
 from engine.errors import KVImportError
 from engine.grammars import GrammarError
 from engine.llm_engine import LLMEngine
+from engine.openmp import serial_here
 from engine.outputs import TokenEvent
 from engine.request import NewRequest, Request, RequestStatus
 from engine.transfer import create_receiver
@@ -209,6 +210,7 @@ class DecodeWorker(HandoffWorker):
         """Transport thread: the handshake (a header, checked against its reservation before
         any page is read), then the pages (a payload, checked again, state included), written
         into their reserved blocks right here; the engine thread only starts the request."""
+        serial_here()  # the copy's parallel regions on this thread alone (engine/openmp.py)
         try:
             if isinstance(item, TransferHeader):
                 self.engine.importer.check_transfer_header(item)

@@ -1,10 +1,11 @@
-"""Runs an :class:`LLMEngine` on its own thread.
+"""Runs an :class:`LLMEngine` on its own thread, which builds it too (``engine/openmp.py``: one
+thread of a worker runs OpenMP teams).
 
 Everything else (RPC handlers, transport threads) talks to the engine only through ``call``,
 which runs a function on the engine thread between two steps; so the engine itself needs no
 locks. The one exception is a hand-off's pages: a transport thread writes them into their
-reserved blocks itself (``LLMEngine.take_reservation`` / ``write_pages``), so that a decode step
-in progress does not delay them.
+reserved blocks itself (``LLMEngine.take_reservation`` / ``write_pages``, its copy on that thread
+alone: ``engine.openmp.serial_here``), so that a decode step in progress does not delay them.
 
 The worker hears the loop through one :class:`EngineHooks` object, every method on the engine
 thread: ``on_events`` with the events of every step, and, every
@@ -46,15 +47,20 @@ class EngineHooks(Protocol):
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, hooks: EngineHooks) -> None:
-        self.engine = engine
+    def __init__(self, build: Callable[[], LLMEngine], hooks: EngineHooks) -> None:
+        """Start the engine thread, have it build the engine with ``build`` (so that the model
+        load's parallel regions run on the thread that steps: ``engine/openmp.py``), and return
+        once the engine is built; ``build``'s error, if it fails."""
         self.hooks = hooks
         self._next_housekeeping = 0.0
         self._commands: queue.Queue[tuple[Callable[[LLMEngine], object], Future]] = queue.Queue()
         self._stopped = threading.Event()
-        self.stats: EngineStats = engine.stats()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        built: Future[LLMEngine] = Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(build, built), name="engine-loop", daemon=True
+        )
         self._thread.start()
+        self.engine = built.result()
 
     @property
     def native_id(self) -> int:
@@ -83,7 +89,14 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], LLMEngine], built: Future[LLMEngine]) -> None:
+        try:
+            self.engine = build()
+            self.stats: EngineStats = self.engine.stats()
+        except BaseException as exc:  # the constructor raises it
+            built.set_exception(exc)
+            return
+        built.set_result(self.engine)
         while not self._stopped.is_set():
             self._run_commands(block=not self.engine.has_work())
             self._housekeeping()

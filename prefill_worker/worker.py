@@ -26,6 +26,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from engine.openmp import serial_here
 from engine.outputs import TokenEvent
 from engine.request import RequestStatus
 from engine.transfer import KVTransferError, create_sender
@@ -43,7 +44,9 @@ class PrefillWorker(HandoffWorker):
         transfer = self.transfer
         self.sender = create_sender(transfer.transport, transfer.shared_memory, self.credentials)
         self.transfer_timeout_s = transfer.transfer_timeout_s
-        self._senders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-send")
+        self._senders = ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="kv-send", initializer=serial_here
+        )
 
     def prefill(self, request: GenerationRequest, target: HandoffTarget | None = None) -> Submitted:
         """Queue ``request``: its first token goes on the token channel, then (with a target)

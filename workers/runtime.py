@@ -93,11 +93,12 @@ class WorkerRuntime:
         if cpu_ids:  # own these cores: a prefill and a decode worker never share one
             _pin_process(cpu_ids)
         self.instance = instance
-        self.engine = LLMEngine(config)
         self.requests = WorkerRequests(self.role)  # every request here (workers/worker_request.py)
         self.leases = Leases()  # the coordinators sending requests here (workers/leases.py)
         self.channel = TokenSender(channel_host, channel_credentials)
-        self.loop = EngineLoop(self.engine, self)
+        # built on the engine thread: the one thread here that runs OpenMP teams (engine/openmp.py)
+        self.loop = EngineLoop(lambda: LLMEngine(config), self)
+        self.engine = self.loop.engine
 
     # ---- engine hooks (engine/engine_loop.py), on the engine thread -----------------------------
 

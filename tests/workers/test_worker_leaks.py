@@ -334,7 +334,7 @@ class _NoHooks:
 def test_reservation_expiry_runs_at_most_every_quarter_second():
     engine = _CountingEngine()
     start = time.monotonic()
-    loop = EngineLoop(engine, _NoHooks())  # type: ignore[arg-type]
+    loop = EngineLoop(lambda: engine, _NoHooks())  # type: ignore[arg-type,return-value]
     try:
         for _ in range(200):  # many calls: many loop iterations
             loop.call(lambda e: None).result()

@@ -1,0 +1,50 @@
+"""One thread of a worker runs OpenMP teams: the engine's.
+
+GNU OpenMP gives every thread that starts a parallel region a team of its own, and counts all
+their threads together: once a process holds more of them than it has cores (two teams of two
+threads on two cores), every team stops spinning at its barriers after about a hundred turns and
+sleeps on a futex instead (libgomp's "throttled" spin count, whatever ``GOMP_SPINCOUNT`` says).
+A decode step of the fused layers meets at ~150 barriers; sleeping and being woken at each, on
+cores the coordinator and Ray share, cost a served step ~25 % of its time (measured:
+``docs/performance/serving.md``). So a worker builds its engine on the engine thread (model
+load and cache allocation run parallel regions too), and any other thread that runs a tensor
+operation (a transport thread writing a hand-off's pages) first calls :func:`serial_here`, so
+that its regions run on itself and no second team is made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from pathlib import Path
+
+import torch
+
+
+@functools.cache
+def _libgomp() -> ctypes.CDLL | None:
+    """The OpenMP runtime torch loaded (the one its operations use), None if it uses none."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        return None
+    for line in maps.read_text().splitlines():
+        path = line.split()[-1]
+        if "libgomp" in Path(path).name:
+            return ctypes.CDLL(path)
+    return None
+
+
+_serial = threading.local()
+
+
+def serial_here() -> None:
+    """Parallel regions started from the calling thread from now on run on it alone (its own
+    OpenMP thread count, not the process's; other threads keep theirs)."""
+    if getattr(_serial, "done", False):
+        return
+    torch.get_num_threads()  # torch sets a thread's count the first time it asks: before us
+    libgomp = _libgomp()
+    if libgomp is not None:
+        libgomp.omp_set_num_threads(1)
+    _serial.done = True
