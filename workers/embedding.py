@@ -25,11 +25,15 @@ class EmbeddingWorker:
         self, model_path: str = "bundled", num_threads: int = 1, max_batch_texts: int = 256
     ) -> None:
         torch.set_num_threads(num_threads)
-        self.model = EmbeddingModel(model_path)
         self.max_batch_texts = max_batch_texts
         self._queue: queue.Queue[tuple[list[str], Future]] = queue.Queue()
         self.num_batches = 0
-        threading.Thread(target=self._run, name="embedding-batcher", daemon=True).start()
+        # loaded on the thread that embeds: one OpenMP team in the process (engine/openmp.py)
+        loaded: Future[EmbeddingModel] = Future()
+        threading.Thread(
+            target=self._run, args=(model_path, loaded), name="embedding-batcher", daemon=True
+        ).start()
+        self.model = loaded.result()
 
     def ready(self) -> EmbedderIdentity:
         return EmbedderIdentity(self.role, os.getpid(), self.model.name, self.model.dimensions)
@@ -40,7 +44,12 @@ class EmbeddingWorker:
         self._queue.put((texts, future))
         return future.result()
 
-    def _run(self) -> None:
+    def _run(self, model_path: str, loaded: Future[EmbeddingModel]) -> None:
+        try:
+            loaded.set_result(EmbeddingModel(model_path))
+        except Exception as exc:  # the constructor raises it
+            loaded.set_exception(exc)
+            return
         while True:
             work = [self._queue.get()]
             size = len(work[0][0])
