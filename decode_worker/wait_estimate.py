@@ -2,7 +2,8 @@
 pace at which the queue's waiters were granted blocks lately.
 
 The queue (``reservations.py``) tells :class:`GrantPace` when it starts and stops holding
-waiters and how many blocks each grant took. The pace is the blocks granted per second of
+waiters and how many blocks each grant took (a grant to a hand-off that fit at once, into an
+empty queue, is not counted). The pace is the blocks granted per second of
 *waiting time* (seconds in which some hand-off waited; an idle queue's time counts nothing) over
 the last ``window_s`` of it, once ``min_grants`` grants were seen there: before that there is no
 estimate and nobody is refused early. A waiter whose blocks, and those of every waiter ahead of
@@ -40,7 +41,10 @@ class GrantPace:
             self._since = None
 
     def granted(self, now: float, blocks: int) -> None:
-        """A waiter was granted ``blocks`` blocks at ``now``."""
+        """A waiter was granted ``blocks`` blocks at ``now``. One granted while the queue held
+        no waiter (it fit at once) says nothing of the pace: it is not counted."""
+        if self._since is None:
+            return
         clock = self._clock(now)
         self._grants.append((clock, blocks))
         while self._grants and self._grants[0][0] < clock - self.window_s:

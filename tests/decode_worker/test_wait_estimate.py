@@ -38,6 +38,17 @@ def test_only_waiting_time_counts_and_the_pace_falls_while_no_grant_comes():
     assert pace.blocks_per_s(106.0) == pytest.approx(6 / 6)  # 4 s more without a grant
 
 
+def test_grants_into_an_empty_queue_say_nothing_of_the_pace():
+    pace = GrantPace(min_grants=1)
+    pace.granted(0.0, 50)  # fit at once: nobody waited
+    pace.waiting(1.0, True)
+    assert pace.blocks_per_s(2.0) is None
+    pace.granted(2.0, 3)
+    assert pace.blocks_per_s(2.0) is None  # one grant: no span yet
+    pace.granted(3.0, 3)
+    assert pace.blocks_per_s(3.0) == pytest.approx(3 / 1)
+
+
 def test_grants_older_than_the_window_leave_it():
     pace = GrantPace(window_s=10.0, min_grants=2)
     pace.waiting(0.0, True)
@@ -64,9 +75,10 @@ def _new(engine: LLMEngine, request_id: str, tokens: int):
 def test_waiters_the_pace_cannot_serve_in_time_are_refused_at_once_with_the_estimate(
     tiny_model_dir,
 ):
-    """16 blocks of 4 tokens; a 50-token hand-off takes 13, each 10-token one 3. Once the pace is
-    known, a waiter whose blocks are expected later than 1.25 times the time it may still wait is
-    refused as no room with the estimate, and the waiters behind it move up."""
+    """16 blocks of 4 tokens; a 50-token hand-off takes 13, each 10-token one 3. Three grants a
+    second apart set the pace; once it is known, a waiter whose blocks are expected later than
+    1.25 times the time it may still wait is refused as no room with the estimate, and the
+    waiters behind it move up."""
     engine = LLMEngine(_config(tiny_model_dir, 16))
     clock = FakeClock()
     queue = ReservationQueue(timeout_s=120.0, clock=clock)
@@ -78,25 +90,25 @@ def test_waiters_the_pace_cannot_serve_in_time_are_refused_at_once_with_the_esti
         queue.add(engine, new, request_id, answers[request_id], clock.now + wait_s)
 
     add("fill", 50, 10.0)
-    add("w0", 10, 10.0)
-    for i in range(1, 9):
+    for i in range(9):
         add(f"w{i}", 10, 10.0)
-    assert [answers[f"w{i}"].done() for i in range(3)] == [True, False, False]
-    clock.now += 1.0
-    assert engine.abort("w0")  # 3 blocks free: w1 is granted
-    queue.grant(engine)
-    assert answers["w1"].result() == 0
-    assert queue.pace.blocks_per_s(clock.now) == pytest.approx(6.0)  # w0's and w1's 3 in 1 s
-    assert queue.num_refused_early == 0  # w8, last, expects its blocks in 21 / 6 s: in time
-    clock.now += 5.0  # no grant for 5 s: 6 blocks in 6 s
+    assert [answers[f"w{i}"].done() for i in range(2)] == [True, False]  # w0 took the last 3
+    for i in range(3):  # w(i)'s blocks go to w(i + 1), a second apart
+        clock.now += 1.0
+        assert engine.abort(f"w{i}")
+        queue.grant(engine)
+        assert answers[f"w{i + 1}"].result() == 0
+    assert queue.pace.blocks_per_s(clock.now) == pytest.approx(6 / 2)  # after the first grant
+    assert queue.num_refused_early == 0  # w8, last, expects its blocks in 15 / 3 s: in time
+    clock.now += 4.0  # no grant for 4 s: 6 blocks in 6 s
     add("late_comer", 10, 10.0)
-    # w2 expects its 3 blocks in 3 s, within 1.25 x its 4 s left; w3..w8 (6 s and more) are
-    # refused, so the late comer, with 10 s left, is next after w2: 6 s
-    refused = [f"w{i}" for i in range(3, 9)]
+    # w4 expects its 3 blocks in 3 s, within 1.25 x its 3 s left; w5..w8 (6 s each) are
+    # refused, so the late comer, with 10 s left, is next after w4: 6 s
+    refused = [f"w{i}" for i in range(5, 9)]
     assert all(answers[name].done() for name in refused)
     for name in refused:
         answer = answers[name].result()
         assert isinstance(answer, NoRoom) and "expected in" in answer
-        assert answer.retry_after_s >= 6.0
-    assert not answers["w2"].done() and not answers["late_comer"].done()
-    assert queue.num_refused_early == 6 and len(queue) == 2
+        assert answer.retry_after_s == pytest.approx(6.0)
+    assert not answers["w4"].done() and not answers["late_comer"].done()
+    assert queue.num_refused_early == 4 and len(queue) == 2
