@@ -150,6 +150,7 @@ class Cluster:
                     refusal = f"decode worker refused: {reservation.reason}"
                     cause = POOL_FULL if reservation.full else "reservation_refused"
                     cause = WORKER_RESTARTING if reservation.restarting else cause
+                    run.retry_after_s = reservation.retry_after_s
                     yield TokenEvent.failure(run.attempt_id, refusal, cause)
                     return
                 target = HandoffTarget.from_reservation(reservation, max_output_tokens)

@@ -8,8 +8,19 @@ traffic)."""
 
 from __future__ import annotations
 
+import math
+
 RETRY_BUSY_S = 1  # Retry-After of a refusal at a full pool
 RETRY_UNAVAILABLE_S = 5  # Retry-After of a 503 while the coordinator starts or drains
+MAX_RETRY_AFTER_S = 600  # the longest Retry-After a decode worker's estimate gives
+
+
+def retry_after(expected_s: float) -> int | None:
+    """``Retry-After`` (whole seconds) of a refusal at a full pool whose decode worker expected
+    room in ``expected_s`` (0: no estimate; None: ``TooManyRequests``' own)."""
+    if expected_s <= 0:
+        return None
+    return min(max(math.ceil(expected_s), RETRY_BUSY_S), MAX_RETRY_AFTER_S)
 
 
 class ServiceError(RuntimeError):

@@ -52,6 +52,7 @@ from coordinator.errors import (
     ServiceError,
     TooManyRequests,
     check_room,
+    retry_after,
 )
 from coordinator.metrics import Metrics
 from coordinator.pool.token_stream import SLOW_CLIENT
@@ -228,7 +229,8 @@ class InferenceService:
                     if event.cause == SLOW_CLIENT:
                         self._slow_client(run, event)
                     if event.cause == POOL_FULL:
-                        raise TooManyRequests("no room for the request in the pool now")
+                        no_room = "no room for the request in the pool now"
+                        raise TooManyRequests(no_room, retry_after(run.retry_after_s))
                     if event.cause == CONSTRAINT_VIOLATED:
                         _constraint_violated(run, event)
                     if event.finish_reason == FinishReason.ERROR:

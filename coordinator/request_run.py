@@ -97,6 +97,8 @@ class RequestRun:
     created_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     aborted: bool = False  # its caller asked to abort it
+    # refused for want of room: when the decode worker expected room for it (0: no estimate)
+    retry_after_s: float = 0.0
     outcome: Outcome | None = None
 
     def __post_init__(self) -> None:

@@ -5,6 +5,12 @@ callback, so it needs no lock. ``grant`` runs when a hand-off arrives and whenev
 been freed: it reserves blocks for waiters in order and stops at the first that does not fit, so
 a priority-1 hand-off is never overtaken by a later or lower-priority one.
 
+A waiter that, at the pace blocks were granted lately (``wait_estimate.py``), would have its
+blocks only later than ``LATE_MARGIN`` times the time it may still wait is refused at once, for
+want of room, with that estimate (the coordinator's ``Retry-After``): a burst the pool cannot
+serve in time is told so in milliseconds, not at its timeout. Whenever blocks are granted or a
+hand-off arrives, the queue is checked again in order.
+
 Each waiter's answer is a future its ``reserve`` call waits on: once granted, the number of leading
 blocks it shares from the prefix cache (an int, pages not to send), else the reason it was refused
 (a str; a :class:`NoRoom` when it waited as long as it could for blocks). The caller may give up
@@ -18,16 +24,29 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
+from decode_worker.wait_estimate import GrantPace
 from engine.errors import RequestRejectedError
 from engine.llm_engine import LLMEngine
 from engine.request import NewRequest
 
+LATE_MARGIN = 1.25  # an estimate is trusted only this far past the time a waiter may wait
+
 
 class NoRoom(str):
-    """A refusal for want of room (the pool is full now), not for anything the request is."""
+    """A refusal for want of room (the pool is full now), not for anything the request is;
+    ``retry_after_s``: when a retry may find room (0: no estimate)."""
+
+    retry_after_s: float = 0.0
+
+    @classmethod
+    def expected(cls, reason: str, retry_after_s: float) -> NoRoom:
+        refusal = cls(reason)
+        refusal.retry_after_s = retry_after_s
+        return refusal
 
 
 @dataclass(order=True)
@@ -36,29 +55,51 @@ class Waiter:
     seq: int
     request: NewRequest = field(compare=False)  # with its output limit
     token: str = field(compare=False, repr=False)  # the reservation's secret
+    need: int = field(compare=False)  # new blocks it takes, as the prefix cache was at its arrival
+    deadline: float = field(compare=False)  # when its caller stops waiting (time.monotonic())
     answer: Future[int | str] = field(default_factory=Future, compare=False)
 
 
 class ReservationQueue:
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s  # a granted reservation's time for its pages to arrive
+        self.clock = clock  # the pace's and the waiters' deadlines' (time.monotonic())
         self._heap: list[Waiter] = []
         self._seq = itertools.count()
+        self.pace = GrantPace()
+        self.num_refused_early = 0  # waiters refused on the pace's estimate (a counter)
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, engine: LLMEngine, request: NewRequest, token: str, answer: Future) -> None:
-        """Queue a hand-off whose pages must carry ``token``, answered through ``answer``, and
-        serve the queue."""
+    def add(
+        self,
+        engine: LLMEngine,
+        request: NewRequest,
+        token: str,
+        answer: Future,
+        deadline: float = float("inf"),
+    ) -> None:
+        """Queue a hand-off whose pages must carry ``token``, answered through ``answer``, whose
+        caller waits until ``deadline`` (``time.monotonic()``), and serve the queue."""
         if answer.cancelled():  # its caller gave up before we got here
             return
-        waiter = Waiter(request.priority, next(self._seq), request, token, answer)
+        need = engine.importer.blocks_needed(request)
+        waiter = Waiter(request.priority, next(self._seq), request, token, need, deadline, answer)
         heapq.heappush(self._heap, waiter)
         self.grant(engine)
 
     def grant(self, engine: LLMEngine) -> None:
-        """Reserve blocks for waiters in order while they fit."""
+        """Reserve blocks for waiters in order while they fit; then refuse those the pace says
+        will not be served in time."""
+        self._grant(engine)
+        now = self.clock()
+        self.pace.waiting(now, bool(self._heap))
+        if self._heap:
+            self._refuse_late(engine, now)
+            self.pace.waiting(now, bool(self._heap))
+
+    def _grant(self, engine: LLMEngine) -> None:
         while self._heap:
             waiter = self._heap[0]
             if waiter.answer.cancelled():
@@ -72,11 +113,36 @@ class ReservationQueue:
                 if reserved is None:
                     return
                 result: int | str = reserved.num_shared_blocks
+                taken = len(reserved.block_ids) - reserved.num_shared_blocks
+                self.pace.granted(self.clock(), taken)
             except RequestRejectedError as exc:  # e.g. the request id is already in use
                 result = str(exc)
             heapq.heappop(self._heap)
             if not _answer(waiter, result) and isinstance(result, int):
                 engine.abort(request.request_id)  # given up on just now: free its blocks
+
+    def _refuse_late(self, engine: LLMEngine, now: float) -> None:
+        """Refuse, in order, every waiter whose blocks are expected later than ``LATE_MARGIN``
+        times the time it may still wait (those behind it move up)."""
+        free, ahead, late = engine.blocks.num_free_blocks, 0, []
+        for waiter in sorted(self._heap):
+            wait_s = self.pace.wait_s(now, ahead + waiter.need - free)
+            if wait_s is None:
+                return  # no estimate
+            left_s = waiter.deadline - now
+            if wait_s > left_s * LATE_MARGIN:
+                late.append((waiter, wait_s, left_s))
+            else:
+                ahead += waiter.need
+        for waiter, wait_s, left_s in late:
+            self._heap.remove(waiter)
+            reason = (
+                f"decode cache full: blocks for this hand-off expected in {wait_s:.0f} s, later "
+                f"than the {max(left_s, 0):.0f} s it may wait"
+            )
+            self.num_refused_early += _answer(waiter, NoRoom.expected(reason, wait_s))
+        if late:
+            heapq.heapify(self._heap)
 
     def withdraw(self, engine: LLMEngine, request_id: str) -> None:
         """A waiter waited long enough: refuse it, saying why (unless answered meanwhile)."""
@@ -97,6 +163,7 @@ class ReservationQueue:
             if waiter.request.request_id == request_id:
                 self._heap.remove(waiter)
                 heapq.heapify(self._heap)
+                self.pace.waiting(self.clock(), bool(self._heap))
                 return waiter
         return None
 

@@ -125,7 +125,7 @@ class DecodeWorker(HandoffWorker):
         if isinstance(answer, str):
             self.requests.close(request_id)
             if isinstance(answer, NoRoom):
-                return Reservation.no_room(answer)
+                return Reservation.no_room(answer, answer.retry_after_s)
             return Reservation.refused(answer)
         return Reservation(True, self.receiver.endpoint, token=token, num_cached_blocks=answer)
 
@@ -151,7 +151,7 @@ class DecodeWorker(HandoffWorker):
 
         def add(engine: LLMEngine) -> None:
             if new.request_id in self.requests:  # else aborted before this thread got to it
-                self._waiting.add(engine, new, token, answer)
+                self._waiting.add(engine, new, token, answer, deadline)
             elif not answer.done():
                 answer.set_result("aborted before its blocks were reserved")
 

@@ -79,6 +79,12 @@ class KVImporter:
             self.requests[new.request_id] = request
         return request
 
+    def blocks_needed(self, new: NewRequest) -> int:
+        """New blocks a reservation for ``new`` would take now: for its tokens so far and its
+        next one, less the leading blocks its tenant's prefix cache holds."""
+        shared = self.blocks.lookup([], new.token_ids, new.tenant)
+        return self.blocks.blocks_for(len(new.token_ids) + 1) - len(shared)
+
     def reservation_refusal(self, num_tokens: int) -> str:
         """Why a reservation for ``num_tokens`` (prompt and outputs so far) does not fit now."""
         return (

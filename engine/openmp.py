@@ -5,11 +5,13 @@ their threads together: once a process holds more of them than it has cores (two
 threads on two cores), every team stops spinning at its barriers after about a hundred turns and
 sleeps on a futex instead (libgomp's "throttled" spin count, whatever ``GOMP_SPINCOUNT`` says).
 A decode step of the fused layers meets at ~150 barriers; sleeping and being woken at each, on
-cores the coordinator and Ray share, cost a served step ~25 % of its time (measured:
-``docs/performance/serving.md``). So a worker builds its engine on the engine thread (model
-load and cache allocation run parallel regions too), and any other thread that runs a tensor
-operation (a transport thread writing a hand-off's pages) first calls :func:`serial_here`, so
-that its regions run on itself and no second team is made.
+cores the coordinator and Ray share, left a served ``single_node`` worker's threads off their
+cores for about a quarter of each step while the cores stood idle (in a profile; the
+``served_stream`` benchmark's ``single_node`` rows show the rate and TPOT since). So a worker
+builds its engine on the engine thread (model load and cache allocation run parallel regions
+too), and any other thread that runs a tensor operation (a transport thread writing a
+hand-off's pages) first calls :func:`serial_here`, so that its regions run on itself and no
+second team is made.
 """
 
 from __future__ import annotations

@@ -118,14 +118,16 @@ class Reservation:
     # hand-offs already waiting as the worker lets wait (the pool is full now; not a fault)
     full: bool = False
     restarting: bool = False  # never reached the worker: Ray is restarting its actor
+    # refused for want of room: when the worker expects room for it (0: no estimate)
+    retry_after_s: float = 0.0
 
     @classmethod
     def refused(cls, reason: str) -> Reservation:
         return cls(False, reason=reason)
 
     @classmethod
-    def no_room(cls, reason: str) -> Reservation:
-        return cls(False, reason=reason, full=True)
+    def no_room(cls, reason: str, retry_after_s: float = 0.0) -> Reservation:
+        return cls(False, reason=reason, full=True, retry_after_s=retry_after_s)
 
     @classmethod
     def unattached(cls, channel: str) -> Reservation:

@@ -64,10 +64,11 @@ def start_pdserve(
     workdir: Path,
     backend: dict[str, Any] | None = None,
     http: dict[str, Any] | None = None,
+    sections: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[subprocess.Popen, dict]:
     """pdserve in deploy mode ``mode`` on this machine, once ready; ``backend`` adds
-    ``backend_config`` keys, ``http`` ``http_config`` keys. Its config and log are
-    ``workdir/{mode}.json`` and ``.log``."""
+    ``backend_config`` keys, ``http`` ``http_config`` keys, ``sections`` other sections (e.g.
+    ``{"request_limit": {...}}``). Its config and log are ``workdir/{mode}.json`` and ``.log``."""
     names = ("predict_port", "manage_port", "status_port", "external_port")
     ports = {name: free_port() for name in names}
     backend = {"model_path": model, "embedding_model_path": "", "device": "cpu", **(backend or {})}
@@ -75,6 +76,7 @@ def start_pdserve(
         "http_config": {**ports, **(http or {})},
         "digs_scheduler_config": {"deploy_mode": mode},
         "backend_config": backend,
+        **(sections or {}),
     }
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"{mode}.json"

@@ -11,6 +11,7 @@ import pytest
 
 from coordinator.cluster import POOL_FULL, WORKER_RESTARTING
 from coordinator.errors import (
+    RETRY_BUSY_S,
     ConstraintViolated,
     GenerationFailed,
     NoWorkerError,
@@ -188,6 +189,17 @@ def test_a_pool_with_no_room_is_429_at_once_never_migrated():
         "request_failed_total", {"model_name": "m", "reason": "too_many_requests"}
     )
     assert refused == 1
+
+
+def test_a_full_pool_says_when_a_retry_may_find_room_as_its_decode_worker_expects():
+    """``Retry-After``: the decode worker's estimate in whole seconds (at least 1, at most
+    ``MAX_RETRY_AFTER_S``); without one, ``RETRY_BUSY_S``."""
+    pairs = {(p, d): 0 for p in (0, 1) for d in (0, 1)}
+    for expected_s, retry_after_s in ((7.2, 8), (0.3, 1), (5000.0, 600), (0.0, RETRY_BUSY_S)):
+        cluster = FakeCluster(fail_after=dict(pairs), cause=POOL_FULL, retry_after_s=expected_s)
+        with pytest.raises(TooManyRequests) as refused:
+            asyncio.run(_collect(_service(cluster)))
+        assert refused.value.retry_after_s == retry_after_s
 
 
 def test_an_attempt_that_found_its_worker_restarting_spends_no_retry():

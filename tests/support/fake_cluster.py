@@ -29,6 +29,7 @@ class FakeCluster:
     fail_after: dict = field(default_factory=dict)
     cause: str = "worker_lost"
     fail_once: bool = False  # a pair fails on its first attempt only (an actor that restarted)
+    retry_after_s: float = 0.0  # a failed attempt's decode worker expected room in this long
     delay_s: float = 0.0
     config: FakeClusterConfig = field(default_factory=FakeClusterConfig)
     prefills: list = field(default_factory=lambda: [0, 1])
@@ -56,6 +57,7 @@ class FakeCluster:
             done = len(request.output_token_ids)
             for n in range(done, request.params.max_new_tokens):
                 if fail_after is not None and n - done == fail_after:
+                    run.retry_after_s = self.retry_after_s
                     yield TokenEvent.failure(request.request_id, "worker died", self.cause)
                     return
                 last = n + 1 == request.params.max_new_tokens

@@ -67,6 +67,36 @@ def test_a_refusal_for_what_the_request_is_is_not_no_room(tiny_model_dir):
         _stop(decode)
 
 
+def test_a_hand_off_the_grants_pace_cannot_serve_in_time_is_refused_at_arrival_with_it(
+    tiny_model_dir,
+):
+    """Once three hand-offs that waited were granted blocks ~0.2 s apart (6 blocks in ~0.4 s of
+    waiting: the idle time after counts nothing), a hand-off that may wait 0.1 s for 3 blocks,
+    expected in ~0.2 s, is refused as no room when it arrives, with the estimate for its
+    retry."""
+    decode, reader = _filled_decode_worker(tiny_model_dir)  # 13 of 16 blocks taken
+    try:
+        assert decode.reserve(_request("a0", num_prompt_tokens=10)).granted  # the other 3
+        with ThreadPoolExecutor(3) as pool:
+            waiting = []
+            for i in range(1, 4):
+                request = _request(f"a{i}", num_prompt_tokens=10)
+                waiting.append(pool.submit(decode.reserve, request, 30.0))
+                time.sleep(0.05)  # queued in this order
+            for i in range(3):  # a(i)'s blocks go to a(i + 1)
+                time.sleep(0.2)
+                assert decode.abort(f"a{i}")
+                assert waiting[i].result(timeout=5).granted
+        refused = decode.reserve(_request("c", num_prompt_tokens=10), 0.1)
+        assert not refused.granted and refused.full and "expected in" in refused.reason
+        assert 0.1 < refused.retry_after_s < 1.0
+        assert decode.abort("a3") and decode.abort("fill")
+        assert _used(decode) == 0 and len(decode.requests) == 0
+    finally:
+        reader.close()
+        _stop(decode)
+
+
 def test_the_waiting_cap_leaves_threads_of_the_hand_off_group_spare():
     assert 0 < MAX_WAITING_RESERVATIONS < CONCURRENCY_GROUPS["handoffs"]
 
