@@ -15,13 +15,13 @@ from engine.openmp import serial_here
 BIG = 1 << 22  # elements: far above torch's grain size, so an add runs a parallel region
 
 
-def _threads() -> int:
-    return len(list(Path("/proc/self/task").iterdir()))
+def _threads() -> set[str]:
+    return {task.name for task in Path("/proc/self/task").iterdir()}
 
 
 def _new_threads_of_an_add(serial: bool) -> tuple[int, int]:
-    """In a fresh thread: how many threads the process gained by a big add (the thread's
-    OpenMP team), and that thread's torch thread count."""
+    """In a fresh thread: how many threads a big add started (the thread's OpenMP team; threads
+    that ended meanwhile do not count), and that thread's torch thread count."""
     out: list[int] = []
 
     def work() -> None:
@@ -30,7 +30,7 @@ def _new_threads_of_an_add(serial: bool) -> tuple[int, int]:
         before = _threads()
         x = torch.ones(BIG)
         torch.add(x, x)
-        out.extend([_threads() - before, torch.get_num_threads()])
+        out.extend([len(_threads() - before), torch.get_num_threads()])
 
     thread = threading.Thread(target=work)
     thread.start()
