@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks import caveats
 from benchmarks.harness.stats import Goal, bootstrap_interval, judge
+from benchmarks.serving.burst_report import render as render_burst_table
 from benchmarks.serving.memory_report import render as render_memory_tables
 from benchmarks.serving.mode_pair_report import render_mode_pair
 from benchmarks.serving.modes_report import render as render_modes_tables
@@ -426,6 +427,10 @@ def render_event_loop(data: dict[str, Any]) -> str:
     return render_mode_pair(data, "single_node_uvloop", "single_node", provenance(data["_meta"]))
 
 
+def render_burst(data: dict[str, Any]) -> str:
+    return render_burst_table(data, provenance(data["_meta"]))
+
+
 def render_door_framing(data: dict[str, Any]) -> str:
     """Each door's CPU per streamed event with orjson and the standard library's JSON."""
     lines = [
@@ -550,6 +555,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "served_stream_event_loop": render_event_loop,
     "door_framing": render_door_framing,
     "prompt_steps": render_prompt_steps,
+    "burst": render_burst,
+    "burst_short_timeout": render_burst,
 }
 
 

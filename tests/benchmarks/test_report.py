@@ -28,6 +28,8 @@ FILES = (
     "door_framing",
     "served_stream_event_loop",
     "prompt_steps",
+    "burst",
+    "burst_short_timeout",
 )
 BLOCKS = {
     *FILES,

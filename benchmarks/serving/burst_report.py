@@ -1,0 +1,44 @@
+"""The table of a burst run (``benchmarks/serving/burst.py``), for ``benchmarks/report.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+OUTCOMES = ("200", "429", "408")
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def render(data: dict[str, Any], provenance: str) -> str:
+    """One row per burst: what its requests heard, and when; the pool after it."""
+    settings = data["settings"]
+    lines = [
+        provenance,
+        "",
+        f"`pd_separate`, {settings['kv_cache_mb']} MB of KV cache an engine, "
+        f"`schedule_timeout` {settings['schedule_timeout_s']} s, ~100-token prompts, "
+        f"{settings['new_tokens']} tokens an answer; seconds from a request's send to its answer.",
+        "",
+        "| requests | served (200) | refused (429) | timed out (408) | other | served a second "
+        "| served p50 s | refused p50 s | refused max s | `Retry-After` p50 s | leases lapsed "
+        "| blocks in use after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in data["bursts"]:
+        outcomes = run["outcomes"]
+        counts = [outcomes.get(name, 0) for name in OUTCOMES]
+        other = sum(n for name, n in outcomes.items() if name not in OUTCOMES)
+        cells = [
+            *map(str, [run["requests"], *counts, other]),
+            f"{run['served_per_s']:.2f}",
+            _s(run["served_s_p50"]),
+            _s(run["refused_s_p50"]),
+            _s(run["refused_s_max"]),
+            _s(run["retry_after_s_p50"]),
+            str(run["leases_expired"]),
+            str(run["blocks_in_use_after"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
