@@ -68,6 +68,9 @@ class ReservationQueue:
         self._seq = itertools.count()
         self.pace = GrantPace()
         self.num_refused_early = 0  # waiters refused on the pace's estimate (a counter)
+        # seconds until every waiter's blocks are expected, as of the last grant (0: no
+        # estimate); other threads read it as a hint (a refusal's Retry-After)
+        self.drain_s = 0.0
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -98,6 +101,8 @@ class ReservationQueue:
         if self._heap:
             self._refuse_late(engine, now)
             self.pace.waiting(now, bool(self._heap))
+        need = sum(waiter.need for waiter in self._heap) - engine.blocks.num_free_blocks
+        self.drain_s = self.pace.wait_s(now, need) or 0.0
 
     def _grant(self, engine: LLMEngine) -> None:
         while self._heap:

@@ -115,7 +115,8 @@ class DecodeWorker(HandoffWorker):
         with self._waiting_slot() as admitted:
             if not admitted:
                 limit = MAX_WAITING_RESERVATIONS
-                return Reservation.no_room(f"{limit} hand-offs already wait for KV blocks here")
+                reason = f"{limit} hand-offs already wait for KV blocks here"
+                return Reservation.no_room(reason, self._waiting.drain_s)
             self.requests.open(request_id, request.owner)
             try:
                 answer = self._wait_for_blocks(new, token, max(wait_s, 0.0))

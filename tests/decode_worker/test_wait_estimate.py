@@ -100,6 +100,7 @@ def test_waiters_the_pace_cannot_serve_in_time_are_refused_at_once_with_the_esti
         assert answers[f"w{i + 1}"].result() == 0
     assert queue.pace.blocks_per_s(clock.now) == pytest.approx(6 / 2)  # after the first grant
     assert queue.num_refused_early == 0  # w8, last, expects its blocks in 15 / 3 s: in time
+    assert queue.drain_s == pytest.approx(15 / 3)  # a hint for the refusals past the cap
     clock.now += 4.0  # no grant for 4 s: 6 blocks in 6 s
     add("late_comer", 10, 10.0)
     # w4 expects its 3 blocks in 3 s, within 1.25 x its 3 s left; w5..w8 (6 s each) are
@@ -112,3 +113,4 @@ def test_waiters_the_pace_cannot_serve_in_time_are_refused_at_once_with_the_esti
         assert answer.retry_after_s == pytest.approx(6.0)
     assert not answers["w4"].done() and not answers["late_comer"].done()
     assert queue.num_refused_early == 4 and len(queue) == 2
+    assert queue.drain_s == pytest.approx(6 / 1)
