@@ -23,16 +23,19 @@ from pathlib import Path
 
 import torch
 
+OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")  # GNU's (torch's wheels), Intel's, LLVM's
+
 
 @functools.cache
-def _libgomp() -> ctypes.CDLL | None:
-    """The OpenMP runtime torch loaded (the one its operations use), None if it uses none."""
+def _openmp_runtime() -> ctypes.CDLL | None:
+    """The OpenMP runtime this process loaded (the one torch's operations use), None if none
+    (or no ``/proc``: then nothing is changed)."""
     maps = Path("/proc/self/maps")
     if not maps.exists():
         return None
     for line in maps.read_text().splitlines():
         path = line.split()[-1]
-        if "libgomp" in Path(path).name:
+        if Path(path).name.startswith(OPENMP_RUNTIMES):
             return ctypes.CDLL(path)
     return None
 
@@ -46,7 +49,7 @@ def serial_here() -> None:
     if getattr(_serial, "done", False):
         return
     torch.get_num_threads()  # torch sets a thread's count the first time it asks: before us
-    libgomp = _libgomp()
-    if libgomp is not None:
-        libgomp.omp_set_num_threads(1)
+    runtime = _openmp_runtime()
+    if runtime is not None:
+        runtime.omp_set_num_threads(1)
     _serial.done = True
