@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
-from decode_worker.wait_estimate import GrantPace
+from decode_worker.wait_estimate import GrantPace, seconds_for
 from engine.errors import RequestRejectedError
 from engine.llm_engine import LLMEngine
 from engine.request import NewRequest
@@ -98,11 +98,9 @@ class ReservationQueue:
         self._grant(engine)
         now = self.clock()
         self.pace.waiting(now, bool(self._heap))
-        if self._heap:
-            self._refuse_late(engine, now)
-            self.pace.waiting(now, bool(self._heap))
-        need = sum(waiter.need for waiter in self._heap) - engine.blocks.num_free_blocks
-        self.drain_s = self.pace.wait_s(now, need) or 0.0
+        pace = self.pace.blocks_per_s(now)
+        self.drain_s = self._refuse_late(engine, now, pace) if pace else 0.0
+        self.pace.waiting(now, bool(self._heap))
 
     def _grant(self, engine: LLMEngine) -> None:
         while self._heap:
@@ -126,14 +124,13 @@ class ReservationQueue:
             if not _answer(waiter, result) and isinstance(result, int):
                 engine.abort(request.request_id)  # given up on just now: free its blocks
 
-    def _refuse_late(self, engine: LLMEngine, now: float) -> None:
-        """Refuse, in order, every waiter whose blocks are expected later than ``LATE_MARGIN``
-        times the time it may still wait (those behind it move up)."""
+    def _refuse_late(self, engine: LLMEngine, now: float, pace: float) -> float:
+        """Refuse, in order, every waiter whose blocks, at ``pace`` blocks a second, are expected
+        later than ``LATE_MARGIN`` times the time it may still wait (those behind it move up);
+        the seconds in which the blocks of the waiters left are expected."""
         free, ahead, late = engine.blocks.num_free_blocks, 0, []
         for waiter in sorted(self._heap):
-            wait_s = self.pace.wait_s(now, ahead + waiter.need - free)
-            if wait_s is None:
-                return  # no estimate
+            wait_s = seconds_for(ahead + waiter.need - free, pace)
             left_s = waiter.deadline - now
             if wait_s > left_s * LATE_MARGIN:
                 late.append((waiter, wait_s, left_s))
@@ -148,6 +145,7 @@ class ReservationQueue:
             self.num_refused_early += _answer(waiter, NoRoom.expected(reason, wait_s))
         if late:
             heapq.heapify(self._heap)
+        return seconds_for(ahead - free, pace)
 
     def withdraw(self, engine: LLMEngine, request_id: str) -> None:
         """A waiter waited long enough: refuse it, saying why (unless answered meanwhile)."""

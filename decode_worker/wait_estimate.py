@@ -65,4 +65,9 @@ class GrantPace:
         pace = self.blocks_per_s(now)
         if not pace:  # none yet, or grants that took no new block: no telling
             return None
-        return max(deficit, 0) / pace
+        return seconds_for(deficit, pace)
+
+
+def seconds_for(deficit: int, blocks_per_s: float) -> float:
+    """Seconds until ``deficit`` blocks (none: 0) are granted at ``blocks_per_s``."""
+    return max(deficit, 0) / blocks_per_s

@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from typing import Protocol, TypeVar
 
 from engine.llm_engine import LLMEngine
+from engine.openmp import start_building
 from engine.outputs import EngineStats, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -55,12 +56,13 @@ class EngineLoop:
         self._next_housekeeping = 0.0
         self._commands: queue.Queue[tuple[Callable[[LLMEngine], object], Future]] = queue.Queue()
         self._stopped = threading.Event()
-        built: Future[LLMEngine] = Future()
-        self._thread = threading.Thread(
-            target=self._run, args=(build, built), name="engine-loop", daemon=True
-        )
-        self._thread.start()
-        self.engine = built.result()
+
+        def built() -> LLMEngine:
+            engine = build()
+            self.stats: EngineStats = engine.stats()
+            return engine
+
+        self.engine, self._thread = start_building(built, self._run, "engine-loop")
 
     @property
     def native_id(self) -> int:
@@ -89,14 +91,8 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _run(self, build: Callable[[], LLMEngine], built: Future[LLMEngine]) -> None:
-        try:
-            self.engine = build()
-            self.stats: EngineStats = self.engine.stats()
-        except BaseException as exc:  # the constructor raises it
-            built.set_exception(exc)
-            return
-        built.set_result(self.engine)
+    def _run(self, engine: LLMEngine) -> None:
+        self.engine = engine
         while not self._stopped.is_set():
             self._run_commands(block=not self.engine.has_work())
             self._housekeeping()

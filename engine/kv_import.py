@@ -57,8 +57,7 @@ class KVImporter:
             raise RequestRejectedError(f"request id {new.request_id!r} is already in use")
         token_ids = new.token_ids
         hashes: list[bytes] = []
-        shared = self.blocks.lookup(hashes, token_ids, new.tenant)[:max_shared_blocks]
-        num_new = self.blocks.blocks_for(len(token_ids) + 1) - len(shared)
+        shared, num_new = self._blocks_of(new, hashes, max_shared_blocks)
         if not self.blocks.can_take(shared, num_new):
             return None
         self.blocks.count_lookup(len(token_ids), len(shared))
@@ -82,8 +81,15 @@ class KVImporter:
     def blocks_needed(self, new: NewRequest) -> int:
         """New blocks a reservation for ``new`` would take now: for its tokens so far and its
         next one, less the leading blocks its tenant's prefix cache holds."""
-        shared = self.blocks.lookup([], new.token_ids, new.tenant)
-        return self.blocks.blocks_for(len(new.token_ids) + 1) - len(shared)
+        return self._blocks_of(new, [])[1]
+
+    def _blocks_of(
+        self, new: NewRequest, hashes: list[bytes], max_shared: int | None = None
+    ) -> tuple[list[int], int]:
+        """The cached blocks a reservation for ``new`` shares (at most ``max_shared``; their
+        hashes extend ``hashes``) and how many new ones it takes."""
+        shared = self.blocks.lookup(hashes, new.token_ids, new.tenant)[:max_shared]
+        return shared, self.blocks.blocks_for(len(new.token_ids) + 1) - len(shared)
 
     def reservation_refusal(self, num_tokens: int) -> str:
         """Why a reservation for ``num_tokens`` (prompt and outputs so far) does not fit now."""

@@ -19,10 +19,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
+T = TypeVar("T")
 OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")  # GNU's (torch's wheels), Intel's, LLVM's
 
 
@@ -53,3 +57,25 @@ def serial_here() -> None:
     if runtime is not None:
         runtime.omp_set_num_threads(1)
     _serial.done = True
+
+
+def start_building(
+    build: Callable[[], T], run: Callable[[T], None], name: str
+) -> tuple[T, threading.Thread]:
+    """Start a daemon thread ``name`` that builds with ``build`` (a model's load runs parallel
+    regions: on the thread that will run the model's) and then calls ``run`` with what it built;
+    return that, once built, and the thread. ``build``'s error, if it fails, is raised here."""
+    built: Future[T] = Future()
+
+    def main() -> None:
+        try:
+            made = build()
+        except BaseException as exc:  # raised by the caller
+            built.set_exception(exc)
+            return
+        built.set_result(made)
+        run(made)
+
+    thread = threading.Thread(target=main, name=name, daemon=True)
+    thread.start()
+    return built.result(), thread

@@ -6,15 +6,16 @@ Callers block on their own future; a batching thread takes everything queued (up
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
-import threading
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from engine.embedding_model import EmbeddingModel
+from engine.openmp import start_building
 from workers.contracts import EmbedderIdentity
 
 
@@ -29,11 +30,8 @@ class EmbeddingWorker:
         self._queue: queue.Queue[tuple[list[str], Future]] = queue.Queue()
         self.num_batches = 0
         # loaded on the thread that embeds: one OpenMP team in the process (engine/openmp.py)
-        loaded: Future[EmbeddingModel] = Future()
-        threading.Thread(
-            target=self._run, args=(model_path, loaded), name="embedding-batcher", daemon=True
-        ).start()
-        self.model = loaded.result()
+        load = functools.partial(EmbeddingModel, model_path)
+        self.model, _ = start_building(load, self._run, "embedding-batcher")
 
     def ready(self) -> EmbedderIdentity:
         return EmbedderIdentity(self.role, os.getpid(), self.model.name, self.model.dimensions)
@@ -44,12 +42,8 @@ class EmbeddingWorker:
         self._queue.put((texts, future))
         return future.result()
 
-    def _run(self, model_path: str, loaded: Future[EmbeddingModel]) -> None:
-        try:
-            loaded.set_result(EmbeddingModel(model_path))
-        except Exception as exc:  # the constructor raises it
-            loaded.set_exception(exc)
-            return
+    def _run(self, model: EmbeddingModel) -> None:
+        self.model = model
         while True:
             work = [self._queue.get()]
             size = len(work[0][0])
