@@ -1,7 +1,8 @@
 """How one request runs on the fleet's workers (``coordinator/pool/fleet.py``): an attempt's flow.
 
 ``pd_separate``: a request goes to a (prefill, decode) pair chosen by the caller. The decode
-worker first reserves blocks for the prompt (or refuses, saying why); the prefill worker computes
+worker first reserves blocks for the prompt (or refuses, saying why; reserve calls beyond the
+places a decode worker lets wait queue here, ``pool/reserve_queue.py``); the prefill worker computes
 the prompt and first token, streams that token, and pushes the KV pages to the decode worker's
 endpoint; the decode worker's events follow. ``single_node``: one colocated worker does it all.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -33,6 +35,7 @@ import ray
 
 from coordinator.config.cluster import ClusterConfig
 from coordinator.pool.fleet import Fleet
+from coordinator.pool.reserve_queue import Late, ReserveQueue
 from coordinator.pool.token_stream import StreamItem, TokenStream, WorkerKey
 from coordinator.pool.token_streams import TokenChannelError, TokenStreams
 from coordinator.request_run import RequestRun, RunPhase
@@ -46,6 +49,7 @@ from workers.contracts import (
     Reservation,
     Submitted,
 )
+from workers.runtime import MAX_WAITING_RESERVATIONS
 
 log = logging.getLogger(__name__)
 A = TypeVar("A", Submitted, Reservation)
@@ -63,6 +67,8 @@ class Cluster:
         self.fleet = fleet or Fleet(config)
         # aborts still on their way to workers (a request's own state is its RequestRun's)
         self._releases: set[asyncio.Task] = set()
+        # reserve calls beyond the places a decode worker lets wait, queued here (by its key)
+        self._reserve_queues: dict[WorkerKey, ReserveQueue] = {}
         # (bytes, seconds, path) of each KV move that reached its decode worker
         self.on_handoff: Callable[[int, float, str], None] | None = None
         # (engine role, seconds queued, seconds computing) of each prompt, at its first token
@@ -258,13 +264,22 @@ class Cluster:
         self, d_key: WorkerKey, request: GenerationRequest, max_output_tokens: int
     ) -> Reservation:
         """Blocks on the decode worker ``d_key`` for a request decoding up to
-        ``max_output_tokens``, waiting for room no longer than the request may take."""
+        ``max_output_tokens``, waiting for room (in this coordinator's queue for the worker,
+        then at the worker) no longer than the request may take."""
         wait_s = min(x for x in (self.config.reservation_wait_s, request.timeout_s) if x)
+        deadline = time.monotonic() + wait_s
         d_worker = self.fleet.worker(*d_key)
+        queue = self._reserve_queues.setdefault(d_key, ReserveQueue(MAX_WAITING_RESERVATIONS))
         try:
-            return await self._attached(
-                d_key, lambda: d_worker.reserve.remote(request, wait_s, max_output_tokens)
-            )
+            async with queue.place(request.priority, deadline):
+                left_s = max(deadline - time.monotonic(), 0.0)
+                reservation = await self._attached(
+                    d_key, lambda: d_worker.reserve.remote(request, left_s, max_output_tokens)
+                )
+                queue.answered(reservation.granted)
+                return reservation
+        except Late as late:
+            return Reservation.no_room(str(late), late.retry_after_s)
         except (ray.exceptions.RayError, TokenChannelError) as exc:
             if isinstance(exc, ray.exceptions.ActorUnavailableError):
                 return Reservation(False, reason=type(exc).__name__, restarting=True)

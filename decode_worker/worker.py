@@ -58,12 +58,9 @@ from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from workers.contracts import GenerationRequest, Reservation, Submitted
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.handoff_worker import HandoffWorker
-from workers.runtime import CONCURRENCY_GROUPS, CONTROL, HANDOFFS, in_group
+from workers.runtime import CONTROL, HANDOFFS, MAX_WAITING_RESERVATIONS, in_group
 
 FAULTS = ("break_transport",)
-# reserve calls let wait at once, under the thread group they run on (workers/runtime.py); one
-# more is refused at once as the pool being full, never queued behind Ray's threads
-MAX_WAITING_RESERVATIONS = CONCURRENCY_GROUPS[HANDOFFS] - 16
 SETTLE_S = 0.1  # kept of reserve's wait_s for the engine thread to say why it refuses
 
 

@@ -55,10 +55,14 @@ log = logging.getLogger(__name__)
 # A worker actor's threads, by Ray concurrency group: the control plane (load polls and lease
 # renewals, aborts, identity) never queues behind calls that wait, the long polls of routers
 # have their own, and hand-offs waiting for KV room (a decode worker's reserve) are capped well
-# under theirs (decode_worker/worker.py MAX_WAITING_RESERVATIONS); requests sent (generate,
-# prefill) return at once on the default group.
+# under theirs (``MAX_WAITING_RESERVATIONS``); requests sent (generate, prefill) return at once
+# on the default group.
 CONTROL, LONG_POLLS, HANDOFFS = "control", "long_polls", "handoffs"
 CONCURRENCY_GROUPS = {CONTROL: 16, LONG_POLLS: 16, HANDOFFS: 64}
+# reserve calls a decode worker lets wait at once; one more is refused at once as the pool being
+# full, never queued behind Ray's threads (a coordinator queues its own beyond these:
+# coordinator/pool/reserve_queue.py)
+MAX_WAITING_RESERVATIONS = CONCURRENCY_GROUPS[HANDOFFS] - 16
 LOAD_WAIT_S = 0.5
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -148,3 +148,55 @@ async def _flood_and_poll(cluster: Cluster) -> None:
     assert load.stats.num_used_blocks == 0 and load.num_open_streams == 0
     assert owner in await decode.live_coordinators.remote()
     await fleet.aclose()
+
+
+@pytest.mark.ray
+def test_a_coordinator_queues_hand_offs_beyond_the_workers_waiting_places_instead_of_refusing(
+    ray_session, tiny_model_dir
+):
+    """More reservations than a decode worker lets wait, sent through the coordinator while the
+    worker is full: the coordinator queues those beyond the worker's places
+    (``coordinator/pool/reserve_queue.py``), and as blocks free every one is granted in turn;
+    none is refused for the worker's cap."""
+    one_cpu = ActorResources(num_cpus=1)
+    config = ClusterConfig(
+        engine=_config(tiny_model_dir, BLOCKS),
+        prefill_resources=one_cpu,
+        decode_resources=one_cpu,
+        kv=KVTransferConfig(reservation_timeout_s=HOLD_S),
+    )
+    cluster = Cluster(config)
+    cluster.fleet.start()
+    try:
+        asyncio.run(_burst_through_the_coordinator(cluster, MAX_WAITING_RESERVATIONS + 12))
+    finally:
+        cluster.fleet.shutdown()
+
+
+async def _burst_through_the_coordinator(cluster: Cluster, count: int) -> None:
+    fleet, key = cluster.fleet, ("decode", 0)
+    await fleet.attach(key)
+    decode, owner = fleet.worker(*key), fleet.coordinator_id
+
+    def request(request_id: str, num_prompt_tokens: int) -> GenerationRequest:
+        base = _request(request_id, num_prompt_tokens)
+        return GenerationRequest(request_id, base.prompt_token_ids, base.params, owner=owner)
+
+    assert (await cluster._reserve(key, request("fill", 50), 8)).granted
+
+    async def granted_then_dropped(request_id: str) -> bool:
+        reservation = await cluster._reserve(key, request(request_id, 20), 8)
+        if reservation.granted:  # its pages never come: free its blocks for the next
+            assert await decode.abort.remote(request_id)
+        return reservation.granted
+
+    burst = [asyncio.ensure_future(granted_then_dropped(f"r{i}")) for i in range(count)]
+    await asyncio.sleep(1.0)
+    queue = cluster._reserve_queues[key]
+    assert queue.out == MAX_WAITING_RESERVATIONS and len(queue) == count - queue.out
+    assert await decode.abort.remote("fill")
+    assert all(await asyncio.gather(*burst))
+    assert queue.out == 0 and len(queue) == 0
+    load = await decode.load.remote()
+    assert load.stats.num_used_blocks == 0 and load.num_open_streams == 0
+    await fleet.aclose()

@@ -1,0 +1,130 @@
+"""A coordinator's queue of reserve calls beyond the places a decode worker lets wait
+(coordinator/pool/reserve_queue.py): places in the worker's order, refusals by the pace of
+grants, and nothing lost to a caller that goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from coordinator.pool.reserve_queue import NO_ESTIMATE_RETRY_S, Late, ReserveQueue
+
+FAR = 3600.0  # seconds a test's waiter may wait: never reached
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _holder(queue: ReserveQueue, priority: int, deadline: float, log: list, name: str):
+    """Take a place, note it, and hold it until cancelled."""
+    async with queue.place(priority, deadline):
+        log.append(name)
+        await asyncio.Event().wait()
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_places_go_at_once_then_in_priority_and_arrival_order():
+    async def scenario():
+        queue, log = ReserveQueue(places=2), []
+        deadline = time.monotonic() + FAR
+        held = [asyncio.ensure_future(_holder(queue, 5, deadline, log, n)) for n in "ab"]
+        await _settle()
+        assert log == ["a", "b"] and queue.out == 2 and len(queue) == 0
+        waiting = [
+            asyncio.ensure_future(_holder(queue, p, deadline, log, n))
+            for n, p in (("c", 5), ("d", 1), ("e", 5))
+        ]
+        await _settle()
+        assert log == ["a", "b"] and len(queue) == 3
+        held[0].cancel()
+        await _settle()
+        assert log == ["a", "b", "d"]  # priority 1 first, though it came later
+        held[1].cancel()
+        await _settle()
+        assert log == ["a", "b", "d", "c"] and queue.out == 2 and len(queue) == 1
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*held, *waiting, return_exceptions=True)
+        assert queue.out == 0 and len(queue) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_expected_too_late_is_refused_at_once_with_the_estimate():
+    async def scenario():
+        clock = Clock()
+        queue, log = ReserveQueue(places=1, clock=clock), []
+        first = asyncio.ensure_future(_holder(queue, 5, FAR, log, "first"))
+        await _settle()
+        # one grant a second while waiters wait here
+        waiter = asyncio.ensure_future(_holder(queue, 5, FAR, log, "w"))
+        await _settle()
+        for second in (1.0, 2.0, 3.0):
+            clock.now = second
+            queue.answered(True)
+        assert queue.pace.blocks_per_s(clock.now) == pytest.approx(1.0)
+        # one call out and one waiter ahead: a third is granted in ~3 s; 2 s is too little
+        with pytest.raises(Late) as refused:
+            async with queue.place(5, clock.now + 2.0):
+                pass
+        assert refused.value.retry_after_s == pytest.approx(3.0)
+        assert "expected in 3 s" in str(refused.value) and queue.num_refused_early == 1
+        # 3 s is enough (within the margin): it waits
+        enough = asyncio.ensure_future(_holder(queue, 5, clock.now + 3.0, log, "enough"))
+        await _settle()
+        assert len(queue) == 2 and not enough.done()
+        for task in (first, waiter, enough):
+            task.cancel()
+        await asyncio.gather(first, waiter, enough, return_exceptions=True)
+        assert queue.out == 0 and len(queue) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_whose_time_is_up_here_is_refused_and_loses_no_place():
+    async def scenario():
+        queue, log = ReserveQueue(places=1), []
+        held = asyncio.ensure_future(_holder(queue, 5, time.monotonic() + FAR, log, "a"))
+        await _settle()
+        with pytest.raises(Late) as refused:
+            async with queue.place(5, time.monotonic() + 0.05):
+                pass
+        assert refused.value.retry_after_s == NO_ESTIMATE_RETRY_S  # no pace yet
+        assert queue.out == 1 and len(queue) == 0
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+        assert queue.out == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_place_given_as_its_caller_goes_away_passes_to_the_next():
+    async def scenario():
+        queue, log = ReserveQueue(places=1), []
+        deadline = time.monotonic() + FAR
+        held = asyncio.ensure_future(_holder(queue, 5, deadline, log, "a"))
+        await _settle()
+        gone = asyncio.ensure_future(_holder(queue, 5, deadline, log, "gone"))
+        after = asyncio.ensure_future(_holder(queue, 5, deadline, log, "after"))
+        await _settle()
+        held.cancel()
+        await asyncio.sleep(0)  # "gone" is given the place; cancelled before it runs
+        gone.cancel()
+        await _settle()
+        assert log == ["a", "after"] and queue.out == 1
+        after.cancel()
+        await asyncio.gather(held, gone, after, return_exceptions=True)
+        assert queue.out == 0 and len(queue) == 0
+
+    asyncio.run(scenario())
