@@ -292,7 +292,7 @@ class Cluster:
         workers, run.workers = run.workers, []
         if not workers:
             return
-        task = asyncio.ensure_future(_abort_on(workers, run.attempt_id))
+        task = asyncio.ensure_future(_abort_on(workers, run.attempt_id, self.fleet.coordinator_id))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
         with contextlib.suppress(TimeoutError):
@@ -301,7 +301,7 @@ class Cluster:
     async def abort(self, run: RequestRun) -> None:
         """End ``run`` in flight: its stream ends with ``abort`` wherever it is."""
         run.abort()
-        await _abort_on(list(run.workers), run.attempt_id)
+        await _abort_on(list(run.workers), run.attempt_id, self.fleet.coordinator_id)
 
 
 async def _aborted(run: RequestRun) -> AsyncIterator[TokenEvent]:
@@ -329,9 +329,10 @@ def _accepted(answer: Submitted | Reservation) -> bool:
     return answer.accepted if isinstance(answer, Submitted) else answer.granted
 
 
-async def _abort_on(workers: list[Any], request_id: str) -> None:
-    """Abort ``request_id`` on every worker at once (idempotent; dead workers hold nothing)."""
-    calls = [worker.abort.remote(request_id) for worker in workers]
+async def _abort_on(workers: list[Any], request_id: str, owner: str) -> None:
+    """Abort ``request_id`` on every worker at once (idempotent; dead workers hold nothing);
+    ``owner``: this coordinator (the call renews its lease there)."""
+    calls = [worker.abort.remote(request_id, owner) for worker in workers]
     for outcome in await asyncio.gather(*calls, return_exceptions=True):
         if isinstance(outcome, Exception) and not isinstance(outcome, ray.exceptions.RayError):
             log.warning("abort of %s failed: %r", request_id, outcome)

@@ -177,9 +177,10 @@ class DecodeWorker(HandoffWorker):
             self._waiting.grant(self.engine)  # blocks were freed: serve waiting hand-offs
 
     @in_group(CONTROL)
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, owner: str = "") -> bool:
         """As a worker's, a reservation still waiting for blocks included (no event: its
         ``reserve`` answers the refusal)."""
+        self.leases.renew(owner)
 
         def abort(engine: LLMEngine) -> bool:
             if engine.abort(request_id):

@@ -11,7 +11,9 @@ worker holds no request: ``load().num_open_streams`` is 0. A coordinator whose m
 be dropped (gone, or not reading) has those requests aborted here.
 
 Every request names the coordinator that sent it; a coordinator renews its lease with each
-``report`` (its load poll), and one whose lease lapsed has all its requests here aborted
+``report`` (its load poll, on a thread group of its own) and with every other call that names it
+(a request sent, an abort, a router's long poll), and one whose lease lapsed has all its requests
+here aborted
 (``workers/leases.py``). ``report`` also hands the coordinator the prefix cache's events after the
 last one it saw (``engine/kv_events.py``), from which its router mirrors this worker's cache.
 """
@@ -57,8 +59,10 @@ log = logging.getLogger(__name__)
 # have their own, and hand-offs waiting for KV room (a decode worker's reserve) are capped well
 # under theirs (``MAX_WAITING_RESERVATIONS``); requests sent (generate, prefill) return at once
 # on the default group.
-CONTROL, LONG_POLLS, HANDOFFS = "control", "long_polls", "handoffs"
-CONCURRENCY_GROUPS = {CONTROL: 16, LONG_POLLS: 16, HANDOFFS: 64}
+# Lease renewals (``report``) have a group of their own, so that no other call, however many
+# wait (aborts behind a long step), ever queues one past its lease.
+CONTROL, LEASES, LONG_POLLS, HANDOFFS = "control", "leases", "long_polls", "handoffs"
+CONCURRENCY_GROUPS = {CONTROL: 16, LEASES: 4, LONG_POLLS: 16, HANDOFFS: 64}
 # reserve calls a decode worker lets wait at once; one more is refused at once as the pool being
 # full, never queued behind Ray's threads (a coordinator queues its own beyond these:
 # coordinator/pool/reserve_queue.py)
@@ -224,11 +228,13 @@ class WorkerRuntime:
         )
 
     @in_group(CONTROL)
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, owner: str = "") -> bool:
         """End ``request_id`` here: its abort event, sent at the next step, ends its record
         (and its coordinator's stream); one the engine does not hold (finished, or sent but
         not queued yet: it never will be) is forgotten at once, an abort event sent for it if
-        it was still held here. On the engine thread, so no step sends in between."""
+        it was still held here. On the engine thread, so no step sends in between. ``owner``,
+        the coordinator asking, renews its lease."""
+        self.leases.renew(owner)
 
         def abort(engine: LLMEngine) -> bool:
             return engine.abort(request_id) or self._forget(request_id)
@@ -243,7 +249,7 @@ class WorkerRuntime:
             self.channel.send_step({owner: [TokenEvent.aborted(request_id)]})
         return owner is not None
 
-    @in_group(CONTROL)
+    @in_group(LEASES)
     def report(self, owner: str, kv_epoch: str = "", kv_seq: int = -1) -> WorkerReport:
         """The load poll of coordinator ``owner``: renews its lease, and returns this worker's
         load with the prefix cache's events after ``kv_seq`` of ``kv_epoch`` (a gap, when they
@@ -253,9 +259,11 @@ class WorkerRuntime:
         return WorkerReport(self.load(), events, len(self.leases.live()))
 
     @in_group(LONG_POLLS)
-    def kv_events(self, kv_epoch: str, kv_seq: int, wait_s: float) -> KvEventBatch:
+    def kv_events(self, kv_epoch: str, kv_seq: int, wait_s: float, owner: str = "") -> KvEventBatch:
         """The prefix cache's events after ``kv_seq`` of ``kv_epoch`` once there is one, waiting
-        up to ``wait_s`` (at most ``KV_EVENTS_MAX_WAIT_S``) for it: a router's long poll."""
+        up to ``wait_s`` (at most ``KV_EVENTS_MAX_WAIT_S``) for it: a router's long poll.
+        ``owner``, the coordinator asking, renews its lease."""
+        self.leases.renew(owner)
         wait_s = min(max(0.0, float(wait_s)), KV_EVENTS_MAX_WAIT_S)
         return self.engine.blocks.events.wait_since(kv_epoch, kv_seq, wait_s)
 

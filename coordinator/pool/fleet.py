@@ -381,7 +381,8 @@ class Fleet:
     ) -> KvEventBatch:
         """Worker ``(role, instance)``'s prefix-cache events after (epoch, seq), once there is
         one or ``wait_s`` passed (a long poll)."""
-        return await self.worker(role, instance).kv_events.remote(epoch, seq, wait_s)
+        worker = self.worker(role, instance)
+        return await worker.kv_events.remote(epoch, seq, wait_s, self.coordinator_id)
 
     async def kv_snapshot(self, role: str, instance: int) -> KvSnapshot:
         """Every hash in worker ``(role, instance)``'s prefix cache now."""

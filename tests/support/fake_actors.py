@@ -157,7 +157,7 @@ class FakeWorker:
         self._requests[request.request_id] = request
         return Reservation(True, self.kv_endpoint)
 
-    async def _abort(self, request_id: str) -> bool:
+    async def _abort(self, request_id: str, owner: str = "") -> bool:
         self._requests.pop(request_id, None)
         aborted = self.held.pop(request_id, None)
         if aborted is not None:

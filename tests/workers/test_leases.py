@@ -12,6 +12,7 @@ from decode_worker.worker import DecodeWorker
 from engine.config import KVTransferConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
+from prefill_worker.worker import PrefillWorker
 from tests.support.channel_reader import ChannelReader
 from tests.support.inprocess_workers import _stop
 from tests.support.tenant_cluster import _config
@@ -19,6 +20,7 @@ from tests.support.worker_streams import wait_until as _wait_until
 from workers.colocated import ColocatedWorker
 from workers.contracts import GenerationRequest
 from workers.leases import Leases
+from workers.runtime import LEASES
 
 LEASE_S = 0.5
 
@@ -127,3 +129,34 @@ def test_a_lapsed_coordinators_generation_is_aborted_mid_way(tiny_model_dir, mon
         gone.close()
         kept.close()
         _stop(worker)
+
+
+def test_every_call_naming_its_coordinator_renews_the_lease(tiny_model_dir):
+    """An abort and a router's long poll renew their coordinator's lease, as a load poll and a
+    request sent do: a coordinator busy with those is never taken for gone."""
+    worker = ColocatedWorker(_config(tiny_model_dir))
+    worker.leases.lease_s = LEASE_S
+    try:
+        worker.abort("no-such-request", owner="aborting")
+        worker.kv_events("", -1, 0.0, owner="polling")
+        worker.abort("no-such-request")  # no owner: no lease
+        assert sorted(worker.leases.live()) == ["aborting", "polling"]
+        time.sleep(LEASE_S * 1.5)  # no call since: both lapsed (housekeeping may take them)
+        worker.leases.take_expired()
+        assert worker.leases.live() == [] and worker.leases.num_expired == 2
+    finally:
+        _stop(worker)
+
+
+def test_lease_renewals_run_on_a_thread_group_no_other_call_shares():
+    """However many aborts, loads or snapshots wait on the control group, a report (the
+    renewal) never queues behind them."""
+    groups = {
+        (cls.__name__, name): getattr(getattr(cls, name), "__ray_concurrency_group__", None)
+        for cls in (ColocatedWorker, DecodeWorker, PrefillWorker)
+        for name in dir(cls)
+        if not name.startswith("_")
+    }
+    renewals = sorted({name for (_, name), group in groups.items() if group == LEASES})
+    assert renewals == ["report"]
+    assert all(groups[cls.__name__, "report"] == LEASES for cls in (ColocatedWorker, DecodeWorker))
