@@ -151,7 +151,9 @@ class Cluster:
             if max_output_tokens > len(request.output_token_ids) + 1:
                 # the prefill worker's channel first: a reservation's clock runs from here
                 await self._channel_up(p_key)
-                reservation = await self._reserve(d_key, request, max_output_tokens)
+                # the first token's limit counts from the request's creation, once
+                since = run.created_at if run.first_token_at is None else time.monotonic()
+                reservation = await self._reserve(d_key, request, max_output_tokens, since)
                 if not reservation.granted:
                     refusal = f"decode worker refused: {reservation.reason}"
                     cause = POOL_FULL if reservation.full else "reservation_refused"
@@ -163,7 +165,13 @@ class Cluster:
             if run.aborted:  # aborted while its blocks were being reserved
                 yield TokenEvent.aborted(run.attempt_id)
                 return
+            # how long a grant takes to its first token: the reservation queue's estimates
+            queue = self._reserve_queues.get(d_key) if target.hands_off else None
+            granted_at = time.monotonic()
             async for item in self._prefill_then_decode(run, first, rest, target):
+                if queue is not None and isinstance(item, TokenEvent):
+                    queue.settled(time.monotonic() - granted_at)
+                    queue = None
                 yield item
 
     async def _prefill_then_decode(
@@ -261,13 +269,18 @@ class Cluster:
             await self.fleet.identify(key)
 
     async def _reserve(
-        self, d_key: WorkerKey, request: GenerationRequest, max_output_tokens: int
+        self,
+        d_key: WorkerKey,
+        request: GenerationRequest,
+        max_output_tokens: int,
+        since: float | None = None,
     ) -> Reservation:
         """Blocks on the decode worker ``d_key`` for a request decoding up to
         ``max_output_tokens``, waiting for room (in this coordinator's queue for the worker,
-        then at the worker) no longer than the request may take."""
+        then at the worker) no longer than the request may take counting from ``since``
+        (``time.monotonic()``; default now)."""
         wait_s = min(x for x in (self.config.reservation_wait_s, request.timeout_s) if x)
-        deadline = time.monotonic() + wait_s
+        deadline = (time.monotonic() if since is None else since) + wait_s
         d_worker = self.fleet.worker(*d_key)
         queue = self._reserve_queues.setdefault(d_key, ReserveQueue(MAX_WAITING_RESERVATIONS))
         try:

@@ -48,6 +48,8 @@ from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.runtime import CONCURRENCY_GROUPS, WorkerRuntime
 
 log = logging.getLogger(__name__)
+# the Ray node label a coordinator's own node carries (deploy/helm: its ``ray start --labels``)
+NODE_ROLE_LABEL, COORDINATOR_NODE = "pdserve.io/role", "coordinator"
 LOAD_TIMEOUT_S = 2.0  # a worker that does not report its load within this is left out (stale)
 
 
@@ -147,6 +149,8 @@ class Fleet:
                 num_cpus=cfg.embedding_resources.num_cpus,
                 max_restarts=-1,
                 max_concurrency=256,
+                # it asks for no CPU: kept off a coordinator's own node (deploy/helm labels it)
+                label_selector={NODE_ROLE_LABEL: f"!{COORDINATOR_NODE}"},
                 **actor_options(self.config.namespace, "embedding-0"),
             )
             .remote(cfg.embedding_model_path, cfg.embedding_resources.num_threads)

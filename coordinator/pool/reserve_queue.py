@@ -9,17 +9,21 @@ decode worker, a :class:`ReserveQueue`: at most ``places`` of its reserve calls 
 worker, the rest wait here, in the worker's own order (priority, then arrival), each holding a
 future and no thread, and take a place as one frees.
 
-A waiter the queue expects to be granted only later than ``LATE_MARGIN`` times the time it may
-still wait is refused at once, with that estimate (the client's ``Retry-After``): the grants it
-waits for are those of every call out at the worker and of every waiter ahead of it here, at the
-pace grants came lately while waiters waited here (``decode_worker/wait_estimate.py``'s
-:class:`GrantPace`, one "block" a grant). Before the pace is known nobody is refused early; a
-waiter still here when its time is up is refused then, with the estimate if there is one.
+A waiter the queue does not expect to see its first token within the time it may still wait is
+refused at once, with the estimate (the client's ``Retry-After``): the grants it waits for are
+those of every call out at the worker and of every waiter ahead of it here, at the pace grants
+came lately while waiters waited here (``decode_worker/wait_estimate.py``'s :class:`GrantPace`,
+one "block" a grant), and after its grant the time a granted request took lately to its first
+token (the median of the last ``SETTLED_KEPT``, told by ``settled``). Before the pace is known
+nobody is refused early; a waiter still here when its time is up is refused then, with the
+estimate if there is one.
 
     queue = ReserveQueue(places=48)
     async with queue.place(priority, deadline):     # raises Late
         reservation = await worker.reserve.remote(...)
         queue.answered(reservation.granted)
+    ...
+    queue.settled(first_token_at - granted_at)
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import statistics
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from decode_worker.wait_estimate import LATE_MARGIN, GrantPace, seconds_for
+from decode_worker.wait_estimate import GrantPace, seconds_for
 
+SETTLED_KEPT = 32  # grant-to-first-token times the estimate takes its median of
 NO_ESTIMATE_RETRY_S = 1.0  # a refusal's Retry-After when no pace is known yet
 
 
@@ -60,6 +67,7 @@ class ReserveQueue:
         self.out = 0  # reserve calls out at the worker
         self.pace = GrantPace()
         self.num_refused_early = 0  # refused on the estimate before their time was up
+        self._settled: deque[float] = deque(maxlen=SETTLED_KEPT)
         self._heap: list[_Waiter] = []
         self._seq = itertools.count()
 
@@ -87,6 +95,15 @@ class ReserveQueue:
         while waiters waited here count toward the pace)."""
         if granted:
             self.pace.granted(self.clock(), 1)
+
+    def settled(self, seconds: float) -> None:
+        """A granted request had its first token ``seconds`` after its grant."""
+        self._settled.append(seconds)
+
+    @property
+    def after_grant_s(self) -> float:
+        """The time a granted request takes to its first token, lately (0: none seen)."""
+        return statistics.median(self._settled) if self._settled else 0.0
 
     async def _wait(self, priority: int, deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -118,24 +135,24 @@ class ReserveQueue:
         self._refuse_late()
 
     def _refuse_late(self) -> None:
-        """Refuse, in order, every waiter whose grant is expected later than ``LATE_MARGIN``
-        times the time it may still wait (those behind it move up)."""
+        """Refuse, in order, every waiter whose first token is expected later than the time
+        it may still wait (those behind it move up)."""
         now = self.clock()
         pace = self.pace.blocks_per_s(now)
         if not pace or not self._heap:
             return
-        ahead, late = self.out, []
+        ahead, late, after_s = self.out, [], self.after_grant_s
         for waiter in sorted(self._heap):
             wait_s = seconds_for(ahead + 1, pace)
             left_s = waiter.deadline - now
-            if wait_s > left_s * LATE_MARGIN:
+            if wait_s + after_s > left_s:
                 late.append((waiter, wait_s, left_s))
             else:
                 ahead += 1
         for waiter, wait_s, left_s in late:
             reason = (
-                f"decode cache full: blocks for this hand-off expected in {wait_s:.0f} s, later "
-                f"than the {max(left_s, 0):.0f} s it may wait"
+                f"decode cache full: blocks for this hand-off expected in {wait_s:.0f} s and its "
+                f"first token {after_s:.0f} s later, past the {max(left_s, 0):.0f} s it may wait"
             )
             self._refuse(waiter, Late(reason, wait_s))
             self.num_refused_early += 1

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from coordinator.config.loader import SCHEMA, check_manage_listener, load_config
+from coordinator.pool.fleet import COORDINATOR_NODE, NODE_ROLE_LABEL
 from coordinator.served_model import ServedModels, cluster_config
 from tests.support.helm_chart import (
     BUILTIN_KINDS,
@@ -329,6 +330,9 @@ def test_coordinator_agrees_with_its_config(name: str) -> None:
     for flag, port in flags.items():
         assert head_params[flag] == port, flag
     assert len(flags) == 8
+    # its node carries the label that keeps the CPU-less embedder off it
+    label = f"--labels {NODE_ROLE_LABEL}={COORDINATOR_NODE}"
+    assert label in script and "--num-cpus 0" in script
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["RAY_ADDRESS"] == ms_coordinator(docs)["backend_config"]["ray_address"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):

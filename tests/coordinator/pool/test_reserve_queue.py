@@ -92,6 +92,35 @@ def test_a_waiter_expected_too_late_is_refused_at_once_with_the_estimate():
     asyncio.run(scenario())
 
 
+def test_the_time_a_grant_takes_to_its_first_token_counts_in_the_estimate():
+    async def scenario():
+        clock = Clock()
+        queue, log = ReserveQueue(places=1, clock=clock), []
+        first = asyncio.ensure_future(_holder(queue, 5, FAR, log, "first"))
+        await _settle()
+        waiter = asyncio.ensure_future(_holder(queue, 5, FAR, log, "w"))
+        await _settle()
+        for second in (1.0, 2.0, 3.0):
+            clock.now = second
+            queue.answered(True)
+        for seconds in (0.5, 1.0, 4.0):
+            queue.settled(seconds)
+        assert queue.after_grant_s == 1.0  # the median
+        # granted in ~3 s, its first token ~1 s later: 3.5 s is too little, 4 s enough
+        with pytest.raises(Late) as refused:
+            async with queue.place(5, clock.now + 3.5):
+                pass
+        assert "first token 1 s later" in str(refused.value)
+        enough = asyncio.ensure_future(_holder(queue, 5, clock.now + 4.0, log, "enough"))
+        await _settle()
+        assert len(queue) == 2 and not enough.done()
+        for task in (first, waiter, enough):
+            task.cancel()
+        await asyncio.gather(first, waiter, enough, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
 def test_a_waiter_whose_time_is_up_here_is_refused_and_loses_no_place():
     async def scenario():
         queue, log = ReserveQueue(places=1), []
