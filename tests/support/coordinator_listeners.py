@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import uvicorn
 
@@ -25,13 +26,21 @@ LISTENERS = {
 
 
 @contextlib.contextmanager
-def coordinator_listeners(**request_limit: int) -> Iterator[dict[str, str]]:
+def coordinator_listeners(
+    overrides: dict[str, Any] | None = None,
+    prepare: Callable[[Coordinator], None] | None = None,
+    **request_limit: int,
+) -> Iterator[dict[str, str]]:
+    """The listeners' urls by name; ``overrides`` (``{"section.key": value}``) on the test
+    config, ``prepare`` called on the coordinator before it serves."""
     limits = {"max_header_bytes": HEADER_CAP, "header_timeout": DEADLINE_S}
     limits |= {"body_timeout": DEADLINE_S, **request_limit}
-    overrides = {f"request_limit.{key}": value for key, value in limits.items()}
-    config = defaults().with_overrides(overrides | {"backend_config.embedding_model_path": ""})
-    coordinator = Coordinator(config)
+    config_overrides = {f"request_limit.{key}": value for key, value in limits.items()}
+    config_overrides |= {"backend_config.embedding_model_path": "", **(overrides or {})}
+    coordinator = Coordinator(defaults().with_overrides(config_overrides))
     coordinator.ready = True
+    if prepare is not None:
+        prepare(coordinator)
     servers = []
     for listener_config in coordinator.uvicorn_configs():
         listener_config.port = 0
