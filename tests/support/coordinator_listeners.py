@@ -35,7 +35,7 @@ def coordinator_listeners(
     config, ``prepare`` called on the coordinator before it serves."""
     limits = {"max_header_bytes": HEADER_CAP, "header_timeout": DEADLINE_S}
     limits |= {"body_timeout": DEADLINE_S, **request_limit}
-    config_overrides = {f"request_limit.{key}": value for key, value in limits.items()}
+    config_overrides: dict[str, Any] = {f"request_limit.{key}": v for key, v in limits.items()}
     config_overrides |= {"backend_config.embedding_model_path": "", **(overrides or {})}
     coordinator = Coordinator(defaults().with_overrides(config_overrides))
     coordinator.ready = True
