@@ -26,7 +26,7 @@ from coordinator.config.loader import (
     check_manage_listener,
     load_config,
 )
-from coordinator.memory_check import check_body_budget, memory_limit_bytes
+from coordinator.memory_check import check_body_budget, check_request_room, memory_limit_bytes
 from engine.errors import ConfigError, EngineError
 
 OVERRIDES = {  # CLI option -> config key
@@ -216,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = resolve_config(args)
         check_manage_listener(config)
-        check_body_budget(config, memory_limit_bytes())
+        pod_memory = memory_limit_bytes()
+        check_body_budget(config, pod_memory)
+        check_request_room(config, pod_memory)
     except ConfigError as exc:
         print(f"pdserve: configuration error: {exc}", file=sys.stderr)
         return 2

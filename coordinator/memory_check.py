@@ -1,7 +1,8 @@
 """The coordinator's memory against its pod's: at start, the budget of buffered request bodies
 (``request_limit.max_buffered_body_mb``) must fit in a quarter of the memory limit its cgroup
 sets, since the bodies' decoded JSON, the tokenizers and everything else the coordinator holds
-need the rest. No limit set (no cgroup, ``max``): nothing to check against."""
+need the rest; and ``request_limit.max_requests`` requests in flight, at ``REQUEST_BYTES``
+each, in half of it. No limit set (no cgroup, ``max``): nothing to check against."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from engine.errors import ConfigError
 MIB = 1024 * 1024
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 BODY_SHARE = 4  # the body budget may take at most 1/BODY_SHARE of the memory limit
+REQUEST_SHARE = 2  # requests in flight may take at most 1/REQUEST_SHARE of the memory limit
+# a streamed request in flight, as the coordinator holds it (its connection, its request and
+# run, its token stream): ~63 KiB measured with 1,000 streams of ~100-token prompts at once
+REQUEST_BYTES = 64 * 1024
 NO_LIMIT_BYTES = 1 << 60  # cgroup v1 reports "no limit" as a number near 2**63
 
 
@@ -41,4 +46,19 @@ def check_body_budget(config: Any, limit_bytes: int | None) -> None:
         raise ConfigError(
             f"request_limit.max_buffered_body_mb must be in [1, {most_mb}] (a quarter of this "
             f"pod's memory limit of {limit_bytes // MIB} MB), but got {budget_mb}"
+        )
+
+
+def check_request_room(config: Any, limit_bytes: int | None) -> None:
+    """A :class:`ConfigError` when ``request_limit.max_requests`` requests in flight, at
+    ``REQUEST_BYTES`` each, would take over half of ``limit_bytes`` (the pod's memory)."""
+    if limit_bytes is None:
+        return
+    max_requests = config["request_limit"]["max_requests"]
+    most = limit_bytes // REQUEST_SHARE // REQUEST_BYTES
+    if max_requests > most:
+        raise ConfigError(
+            f"request_limit.max_requests must be in [1, {most}] (requests in flight at "
+            f"{REQUEST_BYTES // 1024} KiB each in half of this pod's memory limit of "
+            f"{limit_bytes // MIB} MB), but got {max_requests}"
         )

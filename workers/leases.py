@@ -3,11 +3,11 @@
 Every request on a worker names the coordinator that sent it (``GenerationRequest.owner``). A
 coordinator renews its lease with each load poll (every ``load_poll_interval_ms``, 1 s by
 default, on a Ray thread group no other call uses) and with every other call that names it (a
-request sent, a reservation, an abort, a router's long poll); its first request takes one. A lease not renewed for ``lease_s`` has lapsed: the
-worker aborts every request of that owner, freeing its blocks, reservation and queue
-(``WorkerRuntime.on_housekeeping``), and forgets the owner. The other coordinators' requests
-are untouched. The owner "" (a caller outside any coordinator, as in tests) holds no lease and
-never lapses.
+request sent, a reservation, an abort, a router's long poll); its first request takes one. A
+lease not renewed for ``lease_s`` has lapsed: the worker aborts every request of that owner,
+freeing its blocks, reservation and queue (``WorkerRuntime.on_housekeeping``), and forgets the
+owner. The other coordinators' requests are untouched. The owner "" (a caller outside any
+coordinator, as in tests) holds no lease and never lapses.
 """
 
 from __future__ import annotations

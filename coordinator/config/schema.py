@@ -100,7 +100,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     ),
     "request_limit": section(
         "request_limit",
-        Key("max_requests", "int", 10000, "requests in flight at once; one more is answered 429",
+        Key("max_requests", "int", 10000, "requests in flight at once; one more is answered 429; "
+            "at start, at 64 KiB each, they must fit in half of the pod's memory limit",
             1, 1_000_000),
         Key("body_limit", "int", 0, "a larger request body is answered 413; 0: what the largest "
             "legal prompt needs, however JSON escapes it, plus 1 MB (2 MB at the default "
