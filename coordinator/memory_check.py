@@ -42,11 +42,8 @@ def check_body_budget(config: Any, limit_bytes: int | None) -> None:
         return
     budget_mb = config["request_limit"]["max_buffered_body_mb"]
     most_mb = limit_bytes // BODY_SHARE // MIB
-    if budget_mb > most_mb:
-        raise ConfigError(
-            f"request_limit.max_buffered_body_mb must be in [1, {most_mb}] (a quarter of this "
-            f"pod's memory limit of {limit_bytes // MIB} MB), but got {budget_mb}"
-        )
+    why = f"a quarter of this pod's memory limit of {limit_bytes // MIB} MB"
+    _at_most("request_limit.max_buffered_body_mb", budget_mb, most_mb, why)
 
 
 def check_request_room(config: Any, limit_bytes: int | None) -> None:
@@ -56,9 +53,13 @@ def check_request_room(config: Any, limit_bytes: int | None) -> None:
         return
     max_requests = config["request_limit"]["max_requests"]
     most = limit_bytes // REQUEST_SHARE // REQUEST_BYTES
-    if max_requests > most:
-        raise ConfigError(
-            f"request_limit.max_requests must be in [1, {most}] (requests in flight at "
-            f"{REQUEST_BYTES // 1024} KiB each in half of this pod's memory limit of "
-            f"{limit_bytes // MIB} MB), but got {max_requests}"
-        )
+    why = (
+        f"requests in flight at {REQUEST_BYTES // 1024} KiB each in half of this pod's memory "
+        f"limit of {limit_bytes // MIB} MB"
+    )
+    _at_most("request_limit.max_requests", max_requests, most, why)
+
+
+def _at_most(key: str, value: int, most: int, why: str) -> None:
+    if value > most:
+        raise ConfigError(f"{key} must be in [1, {most}] ({why}), but got {value}")

@@ -7,7 +7,9 @@ still answer at once, no lease lapses, and every block and record is free after.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -101,13 +103,12 @@ def test_the_waiting_cap_leaves_threads_of_the_hand_off_group_spare():
     assert 0 < MAX_WAITING_RESERVATIONS < CONCURRENCY_GROUPS["handoffs"]
 
 
-@pytest.mark.ray
-def test_more_waiting_hand_offs_than_threads_leave_polls_and_aborts_answering(
-    ray_session, tiny_model_dir
-):
+def _on_a_small_pool(model_dir, scenario: Callable[[Cluster], Awaitable[None]]) -> None:
+    """Run ``scenario`` on a real Ray pool of one prefill and one decode worker whose KV cache
+    holds ``BLOCKS`` blocks and whose reservations hold theirs for ``HOLD_S``."""
     one_cpu = ActorResources(num_cpus=1)
     config = ClusterConfig(
-        engine=_config(tiny_model_dir, BLOCKS),
+        engine=_config(model_dir, BLOCKS),
         prefill_resources=one_cpu,
         decode_resources=one_cpu,
         kv=KVTransferConfig(reservation_timeout_s=HOLD_S),
@@ -115,19 +116,29 @@ def test_more_waiting_hand_offs_than_threads_leave_polls_and_aborts_answering(
     cluster = Cluster(config)
     cluster.fleet.start()
     try:
-        asyncio.run(_flood_and_poll(cluster))
+        asyncio.run(scenario(cluster))
     finally:
         cluster.fleet.shutdown()
+
+
+def _owned(owner: str, request_id: str, num_prompt_tokens: int) -> GenerationRequest:
+    """A test request of ``num_prompt_tokens`` that coordinator ``owner`` sent."""
+    base = _request(request_id, num_prompt_tokens)
+    return GenerationRequest(request_id, base.prompt_token_ids, base.params, owner=owner)
+
+
+@pytest.mark.ray
+def test_more_waiting_hand_offs_than_threads_leave_polls_and_aborts_answering(
+    ray_session, tiny_model_dir
+):
+    _on_a_small_pool(tiny_model_dir, _flood_and_poll)
 
 
 async def _flood_and_poll(cluster: Cluster) -> None:
     fleet, key = cluster.fleet, ("decode", 0)
     await fleet.attach(key)
     decode, owner = fleet.worker(*key), fleet.coordinator_id
-
-    def request(request_id: str, num_prompt_tokens: int) -> GenerationRequest:
-        base = _request(request_id, num_prompt_tokens)
-        return GenerationRequest(request_id, base.prompt_token_ids, base.params, owner=owner)
+    request = functools.partial(_owned, owner)
 
     assert (await decode.reserve.remote(request("fill", 50), 5.0, 8)).granted
     flood = [decode.reserve.remote(request(f"r{i}", 20), 4.0, 8) for i in range(300)]
@@ -158,29 +169,15 @@ def test_a_coordinator_queues_hand_offs_beyond_the_workers_waiting_places_instea
     worker is full: the coordinator queues those beyond the worker's places
     (``coordinator/pool/reserve_queue.py``), and as blocks free every one is granted in turn;
     none is refused for the worker's cap."""
-    one_cpu = ActorResources(num_cpus=1)
-    config = ClusterConfig(
-        engine=_config(tiny_model_dir, BLOCKS),
-        prefill_resources=one_cpu,
-        decode_resources=one_cpu,
-        kv=KVTransferConfig(reservation_timeout_s=HOLD_S),
-    )
-    cluster = Cluster(config)
-    cluster.fleet.start()
-    try:
-        asyncio.run(_burst_through_the_coordinator(cluster, MAX_WAITING_RESERVATIONS + 12))
-    finally:
-        cluster.fleet.shutdown()
+    _on_a_small_pool(tiny_model_dir, _burst_through_the_coordinator)
 
 
-async def _burst_through_the_coordinator(cluster: Cluster, count: int) -> None:
+async def _burst_through_the_coordinator(cluster: Cluster) -> None:
+    count = MAX_WAITING_RESERVATIONS + 12
     fleet, key = cluster.fleet, ("decode", 0)
     await fleet.attach(key)
     decode, owner = fleet.worker(*key), fleet.coordinator_id
-
-    def request(request_id: str, num_prompt_tokens: int) -> GenerationRequest:
-        base = _request(request_id, num_prompt_tokens)
-        return GenerationRequest(request_id, base.prompt_token_ids, base.params, owner=owner)
+    request = functools.partial(_owned, owner)
 
     assert (await cluster._reserve(key, request("fill", 50), 8)).granted
 

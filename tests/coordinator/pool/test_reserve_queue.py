@@ -34,6 +34,27 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _paced(clock: Clock, log: list) -> tuple[ReserveQueue, list[asyncio.Future]]:
+    """A queue of one place, taken, with one waiter behind it, that has seen one grant a second
+    while waiters waited (three of them: the pace is known)."""
+    queue = ReserveQueue(places=1, clock=clock)
+    held = [asyncio.ensure_future(_holder(queue, 5, FAR, log, "first"))]
+    await _settle()
+    held.append(asyncio.ensure_future(_holder(queue, 5, FAR, log, "w")))
+    await _settle()
+    for second in (1.0, 2.0, 3.0):
+        clock.now = second
+        queue.answered(True)
+    assert queue.pace.blocks_per_s(clock.now) == pytest.approx(1.0)
+    return queue, held
+
+
+async def _let_go(tasks: list[asyncio.Future]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def test_places_go_at_once_then_in_priority_and_arrival_order():
     async def scenario():
         queue, log = ReserveQueue(places=2), []
@@ -63,30 +84,19 @@ def test_places_go_at_once_then_in_priority_and_arrival_order():
 
 def test_a_waiter_expected_too_late_is_refused_at_once_with_the_estimate():
     async def scenario():
-        clock = Clock()
-        queue, log = ReserveQueue(places=1, clock=clock), []
-        first = asyncio.ensure_future(_holder(queue, 5, FAR, log, "first"))
-        await _settle()
-        # one grant a second while waiters wait here
-        waiter = asyncio.ensure_future(_holder(queue, 5, FAR, log, "w"))
-        await _settle()
-        for second in (1.0, 2.0, 3.0):
-            clock.now = second
-            queue.answered(True)
-        assert queue.pace.blocks_per_s(clock.now) == pytest.approx(1.0)
+        clock, log = Clock(), []
+        queue, held = await _paced(clock, log)
         # one call out and one waiter ahead: a third is granted in ~3 s; 2 s is too little
         with pytest.raises(Late) as refused:
             async with queue.place(5, clock.now + 2.0):
                 pass
         assert refused.value.retry_after_s == pytest.approx(3.0)
         assert "expected in 3 s" in str(refused.value) and queue.num_refused_early == 1
-        # 3 s is enough (within the margin): it waits
-        enough = asyncio.ensure_future(_holder(queue, 5, clock.now + 3.0, log, "enough"))
+        # 3 s is enough: it waits
+        held.append(asyncio.ensure_future(_holder(queue, 5, clock.now + 3.0, log, "enough")))
         await _settle()
-        assert len(queue) == 2 and not enough.done()
-        for task in (first, waiter, enough):
-            task.cancel()
-        await asyncio.gather(first, waiter, enough, return_exceptions=True)
+        assert len(queue) == 2 and not held[-1].done()
+        await _let_go(held)
         assert queue.out == 0 and len(queue) == 0
 
     asyncio.run(scenario())
@@ -94,15 +104,8 @@ def test_a_waiter_expected_too_late_is_refused_at_once_with_the_estimate():
 
 def test_the_time_a_grant_takes_to_its_first_token_counts_in_the_estimate():
     async def scenario():
-        clock = Clock()
-        queue, log = ReserveQueue(places=1, clock=clock), []
-        first = asyncio.ensure_future(_holder(queue, 5, FAR, log, "first"))
-        await _settle()
-        waiter = asyncio.ensure_future(_holder(queue, 5, FAR, log, "w"))
-        await _settle()
-        for second in (1.0, 2.0, 3.0):
-            clock.now = second
-            queue.answered(True)
+        clock, log = Clock(), []
+        queue, held = await _paced(clock, log)
         for seconds in (0.5, 1.0, 4.0):
             queue.settled(seconds)
         assert queue.after_grant_s == 1.0  # the median
@@ -111,12 +114,10 @@ def test_the_time_a_grant_takes_to_its_first_token_counts_in_the_estimate():
             async with queue.place(5, clock.now + 3.5):
                 pass
         assert "first token 1 s later" in str(refused.value)
-        enough = asyncio.ensure_future(_holder(queue, 5, clock.now + 4.0, log, "enough"))
+        held.append(asyncio.ensure_future(_holder(queue, 5, clock.now + 4.0, log, "enough")))
         await _settle()
-        assert len(queue) == 2 and not enough.done()
-        for task in (first, waiter, enough):
-            task.cancel()
-        await asyncio.gather(first, waiter, enough, return_exceptions=True)
+        assert len(queue) == 2 and not held[-1].done()
+        await _let_go(held)
 
     asyncio.run(scenario())
 
