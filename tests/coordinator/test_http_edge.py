@@ -135,6 +135,35 @@ def test_a_stream_longer_than_the_deadlines_is_not_cut():
     assert events > 50
 
 
+def test_a_header_pipelined_behind_a_stream_is_capped_and_the_connection_ends():
+    """A next request sent while an answer streams is counted against the header cap as it
+    arrives: past it, the connection (stream and all) is closed, and the aborted generation
+    ends; an uncapped server would take the header forever and stream on."""
+    service = EndlessService()
+    with guarded(predict_app(service)) as url:
+        sock = connect(url)
+        body = b'{"inputs": "hi", "stream": true}'
+        head = "POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        sock.sendall(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
+        assert status_of(sock.recv(65536)) == 200  # the stream is under way
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: ")
+        sent = 0
+        sock.settimeout(2.0)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
+            while sent < 32 * MIB:
+                sock.sendall(b"a" * 1024)
+                sent += 1024
+        ended = False  # what is left of the stream, until the server closes the connection
+        deadline = time.monotonic() + 5
+        with contextlib.suppress(ConnectionResetError, TimeoutError):
+            while time.monotonic() < deadline and not ended:
+                ended = not sock.recv(65536)
+        ended = ended or time.monotonic() < deadline  # reset or timed out before the deadline
+        assert service.generations[0].closed.wait(5), "the generation went on"
+    assert sent < 8 * MIB, f"the server took {sent} bytes of a pipelined header"
+    assert ended, "the stream went on after the pipelined header passed the cap"
+
+
 def test_a_request_is_refused_429_before_its_body_is_read_at_max_requests():
     service = ScriptedService(1)
     service.max_requests = 2
