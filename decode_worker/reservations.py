@@ -28,10 +28,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
-from decode_worker.wait_estimate import LATE_MARGIN, GrantPace, seconds_for
+from decode_worker.wait_estimate import GrantPace, seconds_for
 from engine.errors import RequestRejectedError
 from engine.llm_engine import LLMEngine
 from engine.request import NewRequest
+
+LATE_MARGIN = 1.25  # an estimate is trusted only this far past the time a waiter may wait
 
 
 class NoRoom(str):

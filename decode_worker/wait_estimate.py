@@ -18,7 +18,6 @@ from collections import deque
 
 WINDOW_S = 30.0  # seconds of waiting time the pace is measured over
 MIN_GRANTS = 3  # grants within the window before there is an estimate
-LATE_MARGIN = 1.25  # an estimate is trusted only this far past the time a waiter may wait
 
 
 class GrantPace:
