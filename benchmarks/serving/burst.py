@@ -9,10 +9,13 @@ second; and, after it, the decode workers' lapsed leases and blocks still in use
 pdserve runs once for the whole run (``pd_separate``, the fixed split: every prompt handed off,
 so every request waits on the decode worker's KV room), with ``--kv-cache-mb`` of KV cache per
 engine and ``exception_config.schedule_timeout`` of ``--schedule-timeout-s`` (how long a request
-may wait for its first token, and a hand-off for room); each size of ``--requests`` is sent once,
-in order, ``SETTLE_S`` after the last one's requests all ended. Prompts are ~100 tokens of random
-words (none from the prefix cache), ``--new-tokens`` greedy tokens each (``ignore_eos``),
-``/v1/completions`` without streaming.
+may wait for its first token, and a hand-off for room). The sizes of ``--requests`` are the sides
+of paired rounds (:mod:`benchmarks.harness.rounds`: each size once a round, the order alternating,
+``--warmup`` rounds dropped), each burst ``SETTLE_S`` after the last one's requests all ended; the
+goal, the last size's served requests a second at least the first's, is judged on the per-round
+ratio. Prompts are ~100 tokens of random words (none from the prefix cache, none repeated between
+bursts), ``--new-tokens`` greedy tokens each (``ignore_eos``), ``/v1/completions`` without
+streaming.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +34,13 @@ import httpx
 
 from benchmarks.harness.launch import FIXED, start_pdserve, stop_pdserve
 from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, paired_rounds, summarize
+from benchmarks.harness.stats import Goal, judge
 from benchmarks.serving.served_stream import PromptSource, prompt_words
 
 SETTLE_S = 5.0  # after a burst, for the workers' blocks to come free
 CLIENT_SLACK_S = 60.0  # a client waits this much longer than the server's timeout
+GOAL = Goal(1.0)  # the largest burst's served requests a second over the smallest's
 
 
 async def _one(url: str, body: dict[str, Any], timeout_s: float) -> tuple[str, float, str]:
@@ -49,9 +56,11 @@ async def _one(url: str, body: dict[str, Any], timeout_s: float) -> tuple[str, f
     return outcome, time.monotonic() - started, retry_after
 
 
-async def burst(url: str, requests: int, words: int, new_tokens: int, timeout_s: float) -> dict:
-    """Send ``requests`` requests at once; their outcomes and timings."""
-    source = PromptSource(words, f"burst-{requests}")
+async def burst(
+    url: str, requests: int, words: int, new_tokens: int, timeout_s: float, draw: str
+) -> dict:
+    """Send ``requests`` requests at once (prompts drawn as ``draw``); their outcomes, timings."""
+    source = PromptSource(words, f"burst-{requests}-{draw}")
     bodies = [
         {"prompt": source.item(new_tokens).prompt, "max_tokens": new_tokens, "ignore_eos": True}
         for _ in range(requests)
@@ -84,6 +93,35 @@ def decode_workers(manage_url: str) -> list[dict[str, Any]]:
     return [row for row in rows if row.get("role") == "decode"]
 
 
+def lapsed_leases(manage_url: str) -> int:
+    """Leases lapsed on every decode worker since it started."""
+    return sum(w.get("num_leases_expired", 0) for w in decode_workers(manage_url))
+
+
+def size_summary(size: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One burst size over the kept rounds: outcomes summed, timings' medians, the worst after."""
+    outcomes: Counter[str] = Counter()
+    for run in runs:
+        outcomes.update(run["outcomes"])
+
+    def median_of(key: str) -> float | None:
+        return _median([run[key] for run in runs if run[key] is not None])
+
+    return {
+        "requests": size,
+        "rounds": len(runs),
+        "outcomes": dict(outcomes),
+        "served_per_s": median_of("served_per_s"),
+        "served_s_p50": median_of("served_s_p50"),
+        "refused_s_p50": median_of("refused_s_p50"),
+        "refused_s_max": max((r["refused_s_max"] or 0 for r in runs), default=None) or None,
+        "retry_after_s_p50": median_of("retry_after_s_p50"),
+        "leases_expired": sum(run["leases_expired"] for run in runs),
+        "blocks_in_use_after": max(run["blocks_in_use_after"] for run in runs),
+        "runs": runs,
+    }
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bundled")
@@ -91,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-mb", type=int, default=24)
     parser.add_argument("--schedule-timeout-s", type=int, default=120)
     parser.add_argument("--new-tokens", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="rounds dropped")
     parser.add_argument("--logs", type=Path, help="keep pdserve's log here")
     add_output_arguments(parser, "burst")
     return parser
@@ -107,21 +147,43 @@ def main(argv: list[str] | None = None) -> int:
     process, ports = start_pdserve("pd_separate", args.model, workdir, backend, None, sections)
     url = f"http://127.0.0.1:{ports['predict_port']}/v1/completions"
     manage = f"http://127.0.0.1:{ports['manage_port']}"
-    runs = []
-    try:
-        for size in sizes:
-            timeout_s = args.schedule_timeout_s + CLIENT_SLACK_S
-            run = asyncio.run(burst(url, size, words, args.new_tokens, timeout_s))
+    timeout_s = args.schedule_timeout_s + CLIENT_SLACK_S
+    runs: dict[str, list[dict[str, Any]]] = {str(size): [] for size in sizes}
+
+    def side(size: int) -> Callable[[], float]:
+        def measure() -> float:
+            lapsed = lapsed_leases(manage)
+            draw = str(len(runs[str(size)]))
+            run = asyncio.run(burst(url, size, words, args.new_tokens, timeout_s, draw))
             time.sleep(SETTLE_S)
-            workers = decode_workers(manage)
-            run["leases_expired"] = sum(w.get("num_leases_expired", 0) for w in workers)
-            run["blocks_in_use_after"] = sum(w.get("num_used_blocks", 0) for w in workers)
+            run["leases_expired"] = lapsed_leases(manage) - lapsed
+            run["blocks_in_use_after"] = sum(
+                w.get("num_used_blocks", 0) for w in decode_workers(manage)
+            )
             print(run, flush=True)
-            runs.append(run)
+            runs[str(size)].append(run)
+            return float(run["served_per_s"])
+
+        return measure
+
+    try:
+        kept = paired_rounds({str(size): side(size) for size in sizes}, args.rounds, args.warmup)
     finally:
         stop_pdserve(process)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    result = {"_meta": {"model": args.model}, "settings": settings, "bursts": runs}
+    bursts = [size_summary(size, runs[str(size)][args.warmup :]) for size in sizes]
+    result: dict[str, Any] = {
+        "_meta": {"model": args.model},
+        "settings": settings,
+        "bursts": bursts,
+    }
+    if len(sizes) > 1:
+        largest, smallest = str(sizes[-1]), str(sizes[0])
+        ratio = summarize(kept, largest, smallest, 3)["ratio"]
+        verdict = judge(ratio["rounds"], GOAL)
+        result["throughput_ratio"] = {"ours": largest, "theirs": smallest, **ratio}
+        result["goal"] = {"at_least": GOAL.value, "verdict": verdict.verdict}
+        print(f"served a second, {largest} over {smallest}: {ratio} -> {verdict}")
     print(f"results: {result_file.write(result)}")
     return 0
 
