@@ -125,6 +125,12 @@ class Metrics:
         self.cached_blocks = self._gauge(
             "worker_num_cached_blocks", "KV blocks of a worker holding reusable prefix KV", *WORKER
         )
+        self.heap_in_use = self._gauge(
+            "worker_heap_in_use_bytes", "Bytes of a worker's C heap in use (glibc)", *WORKER
+        )
+        self.heap_free = self._gauge(
+            "worker_heap_free_bytes", "Free bytes a worker's C heap holds (glibc)", *WORKER
+        )
         self.prefix_cache_queries = self._polled(
             "prefix_cache_queries", "Prompt tokens a worker looked up in its prefix cache"
         )
@@ -243,6 +249,8 @@ class Metrics:
             self.queue_depth.labels(*labels).set(load.stats.num_waiting)
             self.batch_size.labels(*labels).set(load.stats.num_running)
             self.cached_blocks.labels(*labels).set(load.stats.num_cached_blocks)
+            self.heap_in_use.labels(*labels).set(load.heap.in_use_bytes)
+            self.heap_free.labels(*labels).set(load.heap.free_bytes)
             self.prefix_cache_queries.observe(labels, load.pid, load.stats.prefix_cache_queries)
             self.prefix_cache_hits.observe(labels, load.pid, load.stats.prefix_cache_hits)
             self.token_events_dropped.observe(labels, load.pid, load.num_dropped_events)

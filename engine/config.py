@@ -21,6 +21,8 @@ DTYPES = ("auto", *_DTYPES)
 WEIGHT_DTYPES = ("auto", "fp32", "int8", "int4")
 # what a quantized layer multiplies a prompt in (model/linear.py)
 PROMPT_MATMUL_DTYPES = ("float32", "bfloat16")
+# what quantized layers multiply decode rows with (engine/kernels/isa.py)
+ACTIVATION_DTYPES = ("auto", "int8", "float32")
 TRANSPORTS = ("zmq", "grpc", "inprocess")  # engine.transfer's transports, by name
 ENCRYPTION_MODES = ("auto", "on", "off")
 
@@ -204,6 +206,8 @@ class EngineConfig:
     weight_dtype: str = choice("auto", WEIGHT_DTYPES, "weight_dtype")
     # float32 (exact up to summation order) or bfloat16 (model/linear.py)
     prompt_matmul_dtype: str = choice("float32", PROMPT_MATMUL_DTYPES, "prompt_matmul_dtype")
+    # auto (float32 for now), int8 (8-bit groups, integer dot products) or float32
+    activation_dtype: str = choice("auto", ACTIVATION_DTYPES, "activation_dtype")
     # torch intra-op threads for this engine's process
     num_threads: int | None = bounded(None, 1, 1024, "num_threads")
     cache: CacheConfig = field(default_factory=CacheConfig)

@@ -36,6 +36,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import RequestRejectedError
 from engine.grammars import GrammarCache, PendingMasks
+from engine.kernels import set_activation_dtype
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
 from engine.model.gguf_weights import read_quantized
@@ -60,6 +61,7 @@ class LLMEngine:
         self.config = config
         self.device, self.dtype = config.torch_device, config.torch_dtype
         loaded = loaded or load_model(config.model_path)
+        self.activation_dtype = set_activation_dtype(config.activation_dtype)
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
         self.model = LlamaModel(
@@ -71,7 +73,12 @@ class LLMEngine:
             gguf=_gguf_blocks(loaded, config),
             prompt_matmul_dtype=config.prompt_matmul_dtype,
         )
-        log.info("model %s: %s", loaded.name, self.model.describe())
+        log.info(
+            "model %s: %s, decode rows on %s activations",
+            loaded.name,
+            self.model.describe(),
+            self.activation_dtype,
+        )
         self.shape = self.model.shape
         self.eos_token_ids = _eos_ids(loaded)
         # constrained requests' compiled grammars (engine/grammars.py)

@@ -26,6 +26,7 @@ from typing import Any
 from engine.kv_events import KvEventBatch
 from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
+from workers.heap import HeapFigures
 
 
 @dataclass(frozen=True)
@@ -216,12 +217,13 @@ class WorkerLoad:
     num_leases_expired: int = 0  # coordinators whose requests this worker aborted (lease lapsed)
     requests_by_owner: dict[str, int] = field(default_factory=dict)  # coordinator id -> held
     num_dropped_events: int = 0  # events its token channel could not send (a coordinator lagging)
+    heap: HeapFigures = field(default_factory=HeapFigures)  # its C heap (workers/heap.py)
 
     def to_dict(self, identity: WorkerIdentity) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
         and from ``identity`` node address, weights, kernels, their formats and instruction set,
         its token channel's endpoint;
-        lapsed leases and the requests held per coordinator."""
+        lapsed leases, the requests held per coordinator, and its C heap's figures."""
         return {
             "role": self.role,
             "instance": self.instance,
@@ -238,6 +240,10 @@ class WorkerLoad:
             "num_leases_expired": self.num_leases_expired,
             "requests_by_owner": dict(self.requests_by_owner),
             "num_dropped_events": self.num_dropped_events,
+            "heap_in_use_bytes": self.heap.in_use_bytes,
+            "heap_free_bytes": self.heap.free_bytes,
+            "heap_trims": self.heap.trims,
+            "heap_last_trim_ms": self.heap.last_trim_ms,
         }
 
 

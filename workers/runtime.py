@@ -49,6 +49,7 @@ from workers.contracts import (
     WorkerLoad,
     WorkerReport,
 )
+from workers.heap import HeapKeeper
 from workers.leases import Leases
 from workers.token_channel import TokenSender
 from workers.worker_request import WorkerRequests
@@ -104,6 +105,7 @@ class WorkerRuntime:
         self.requests = WorkerRequests(self.role)  # every request here (workers/worker_request.py)
         self.leases = Leases()  # the coordinators sending requests here (workers/leases.py)
         self.channel = TokenSender(channel_host, channel_credentials)
+        self.heap = HeapKeeper()  # figures and trims of the C heap (workers/heap.py)
         # built on the engine thread: the one thread here that runs OpenMP teams (engine/openmp.py)
         self.loop = EngineLoop(lambda: LLMEngine(config), self)
         self.engine = self.loop.engine
@@ -113,7 +115,8 @@ class WorkerRuntime:
     def on_housekeeping(self) -> None:
         """Abort the requests of coordinators whose lease lapsed, and those whose events the
         token channel had to drop (on a thread of their own: an abort waits for this engine
-        thread)."""
+        thread); keep the C heap (its figures, a trim now and then)."""
+        self.heap.tick()
         doomed = []
         for owner in self.leases.take_expired():
             self.channel.forget(owner)
@@ -297,6 +300,7 @@ class WorkerRuntime:
             self.leases.num_expired,
             self.requests.count_by_owner(),
             self.channel.num_dropped_events,
+            self.heap.figures,
         )
 
     def close(self) -> None:

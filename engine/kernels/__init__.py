@@ -254,9 +254,10 @@ def load_native(source: Path, role: str, logger: logging.Logger) -> ModuleType |
             f"{DISABLE_ENV}=0 runs the torch path instead"
         ) from exc
     if hasattr(module, "avx512_probe"):
-        from engine.kernels.isa import apply_isa
+        from engine.kernels.isa import apply_activation_dtype, apply_isa
 
         apply_isa(module)
+        apply_activation_dtype(module)
     isa = f", {module.isa()}" if hasattr(module, "isa") else ""
     logger.info(
         "%s: native CPU kernel (%s%s, %s, ready in %.1f s)",
@@ -267,6 +268,14 @@ def load_native(source: Path, role: str, logger: logging.Logger) -> ModuleType |
         time.monotonic() - start,
     )
     return module
+
+
+def set_activation_dtype(name: str) -> str:
+    """This process's activation dtype for decode rows (``engine.kernels.isa``), given to every
+    native module loaded now or later; returns the one that runs (``int8`` or ``float32``)."""
+    from engine.kernels.isa import set_activation_dtype as set_for
+
+    return set_for(name, _loaded.values())
 
 
 def _first_line(exc: Exception) -> str:

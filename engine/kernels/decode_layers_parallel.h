@@ -124,30 +124,30 @@ inline void add_features(float* h, const float* delta, int64_t M, int64_t E, int
 // One layer on thread t of T (the numbered steps above).
 inline void layer_on_thread(const Layer& layer, const StepShape& s, const StepInputs& in,
                             const CacheView& cache, const StepBuffers& buf, int t, int T,
-                            std::vector<float>& x, std::vector<float>& x_sums,
+                            std::vector<float>& x, pdserve_quantized::RowScratch& rows,
                             AttentionScratch& scratch) {
   const int64_t M = s.M, E = s.E, inter = s.inter;
   float* h = in.hidden;
   rms_norm(h, layer.input_norm.data_ptr<float>(), M, E, s.eps, x.data());
   auto [q0, q1] = share(layer.qkv.n, t, T);
-  layer.qkv.apply_rows(x.data(), M, q0, q1, buf.qkv, x_sums);
+  layer.qkv.apply_rows(x.data(), M, q0, q1, buf.qkv, rows);
 #pragma omp barrier
   attention_on_thread(s, in, cache, buf, t, T, scratch);
 #pragma omp barrier
   auto [e0, e1] = share(E, t, T);
-  layer.o.apply_rows(buf.attn, M, e0, e1, buf.delta, x_sums);
+  layer.o.apply_rows(buf.attn, M, e0, e1, buf.delta, rows);
   add_features(h, buf.delta, M, E, e0, e1);
 #pragma omp barrier
   rms_norm(h, layer.post_norm.data_ptr<float>(), M, E, s.eps, x.data());
   auto [j0, j1] = share(inter, t, T);
-  layer.gate_up.apply_rows(x.data(), M, j0, j1, buf.gate_up, x_sums);
-  layer.gate_up.apply_rows(x.data(), M, inter + j0, inter + j1, buf.gate_up, x_sums);
+  layer.gate_up.apply_rows(x.data(), M, j0, j1, buf.gate_up, rows);
+  layer.gate_up.apply_rows(x.data(), M, inter + j0, inter + j1, buf.gate_up, rows);
   for (int64_t m = 0; m < M; ++m) {
     const float* gate = buf.gate_up + m * 2 * inter;
     silu_mul(gate + j0, gate + inter + j0, j1 - j0, buf.act + m * inter + j0);
   }
 #pragma omp barrier
-  layer.down.apply_rows(buf.act, M, e0, e1, buf.delta, x_sums);
+  layer.down.apply_rows(buf.act, M, e0, e1, buf.delta, rows);
   add_features(h, buf.delta, M, E, e0, e1);
 #pragma omp barrier
 }
@@ -158,11 +158,12 @@ inline void forward_in_one_region(const std::vector<Layer>& layers, const StepSh
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    std::vector<float> x(s.M * s.E), x_sums;
+    std::vector<float> x(s.M * s.E);
+    pdserve_quantized::RowScratch rows;
     const int64_t G = s.H / s.KVH;
     AttentionScratch scratch{{}, std::vector<float>(G), std::vector<float>(G)};
     for (size_t i = 0; i < layers.size(); ++i)
-      layer_on_thread(layers[i], s, in, in.caches[i], buf, t, T, x, x_sums, scratch);
+      layer_on_thread(layers[i], s, in, in.caches[i], buf, t, T, x, rows, scratch);
   }
 }
 

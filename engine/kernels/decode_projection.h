@@ -78,17 +78,17 @@ struct Projection {
 
   // Output features [begin, end) of out [M, n] (+ bias), on the calling thread: what apply
   // gives there, for a caller that splits the features over its own threads. Quantized parts
-  // only; x_sums is the thread's scratch.
+  // only; scratch is the thread's.
   void apply_rows(const float* x, int64_t M, int64_t begin, int64_t end, float* out,
-                  std::vector<float>& x_sums) const {
+                  pdserve_quantized::RowScratch& scratch) const {
     int64_t column = 0;
     for (const Part& part : parts) {
       const int64_t b = std::max(begin, column), e = std::min(end, column + part.n);
       if (b < e) {
-        pdserve_quantized::prepare_matmul_rows(x, M, part.kind, k, x_sums);
+        pdserve_quantized::prepare_matmul_rows(x, M, part.kind, k, scratch);
         pdserve_quantized::quantized_matmul_rows(x, M, part.weight.data_ptr<uint8_t>(),
                                                  part.kind, k, b - column, e - column,
-                                                 out + column, n, x_sums);
+                                                 out + column, n, scratch);
       }
       column += part.n;
     }

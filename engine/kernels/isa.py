@@ -8,19 +8,28 @@ forked child, where a SIGILL kills nobody but the child. ``PDSERVE_KERNEL_ISA`` 
 
 Every native module built on ``quantized_linear.h`` holds its own choice, so each is given it as
 it loads (``kernels.load_native``).
+
+The same goes for what decode rows multiply the quantized weights with (the engine config's
+``activation_dtype``): ``float32`` activations, or ``int8`` (each row of x quantized to 8-bit groups
+once per matmul input, integer dot products: ``quantized_int8.h``). It is one choice per process
+(``set_activation_dtype``), given to every module loaded before or after. ``auto`` is float32: the
+accuracy gate (``benchmarks/engine/accuracy.py``) has not yet made int8 a default.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from types import ModuleType
 
 log = logging.getLogger(__name__)
 
 ISA_ENV = "PDSERVE_KERNEL_ISA"
 ISAS = ("auto", "avx512", "avx2", "scalar")
+ACTIVATION_DTYPES = ("auto", "int8", "float32")
 _avx512_runs: bool | None = None  # the probe's verdict, once this process asked
+_activation_dtype = "float32"  # this process's choice (set_activation_dtype)
 
 
 def avx512_runs(module: ModuleType) -> bool:
@@ -61,3 +70,30 @@ def apply_isa(module: ModuleType) -> str:
     """Set ``module``'s instruction set to ``chosen_isa``; returns the path it now runs."""
     module.set_isa(chosen_isa(module))
     return str(module.isa())
+
+
+def resolved_activation_dtype(name: str) -> str:
+    """What ``activation_dtype`` ``name`` runs: ``auto`` is float32 (module docstring)."""
+    if name not in ACTIVATION_DTYPES:
+        raise ValueError(f"activation_dtype {name!r}: one of {', '.join(ACTIVATION_DTYPES)}")
+    return "float32" if name == "auto" else name
+
+
+def activation_dtype() -> str:
+    """This process's activation dtype: ``int8`` or ``float32``."""
+    return _activation_dtype
+
+
+def set_activation_dtype(name: str, modules: Iterable[ModuleType] = ()) -> str:
+    """Make ``name`` this process's activation dtype and give it to ``modules`` (those loaded
+    already); returns the dtype that runs."""
+    global _activation_dtype
+    _activation_dtype = resolved_activation_dtype(name)
+    for module in modules:
+        apply_activation_dtype(module)
+    return _activation_dtype
+
+
+def apply_activation_dtype(module: ModuleType) -> None:
+    if hasattr(module, "set_activation_dtype"):
+        module.set_activation_dtype(_activation_dtype)

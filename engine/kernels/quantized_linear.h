@@ -18,6 +18,8 @@
 #pragma once
 
 #include "quantized_avx2_legacy.h"
+#include "quantized_int8.h"
+#include "quantized_isa.h"
 #include "quantized_scalar.h"
 #include "quantized_unpack_avx2.h"
 #include "quantized_vectors.h"
@@ -40,64 +42,6 @@ using V = Avx512Vectors;
 }  // namespace simd_avx512
 #endif
 
-enum class Isa { scalar, avx2, avx512 };
-
-inline bool cpu_has_avx2() {
-#if PDSERVE_HAS_X86
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
-
-// What cpuid lists; whether the instructions really run is avx512_probe()'s question.
-inline bool cpu_lists_avx512() {
-#if PDSERVE_HAS_X86
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-#else
-  return false;
-#endif
-}
-
-inline bool avx512_probe() {
-#if PDSERVE_HAS_X86
-  return cpu_lists_avx512() && run_avx512_probe();
-#else
-  return false;
-#endif
-}
-
-inline Isa auto_isa() { return cpu_has_avx2() ? Isa::avx2 : Isa::scalar; }
-
-inline std::atomic<Isa>& selected_isa() {
-  static std::atomic<Isa> isa{auto_isa()};
-  return isa;
-}
-
-inline Isa current_isa() { return selected_isa().load(std::memory_order_relaxed); }
-
-inline const char* isa_name(Isa isa) {
-  return isa == Isa::avx512 ? "avx512" : isa == Isa::avx2 ? "avx2" : "scalar";
-}
-
-inline void set_isa(const std::string& name) {
-  Isa isa = auto_isa();
-  if (name == "scalar") {
-    isa = Isa::scalar;
-  } else if (name == "avx2") {
-    TORCH_CHECK(cpu_has_avx2(), "set_isa: this CPU lacks AVX2, FMA or F16C");
-    isa = Isa::avx2;
-  } else if (name == "avx512") {
-    TORCH_CHECK(cpu_lists_avx512(), "set_isa: this CPU lacks AVX-512 F, BW or VL");
-    isa = Isa::avx512;
-  } else {
-    TORCH_CHECK(name == "auto", "set_isa: 'auto', 'avx512', 'avx2' or 'scalar', not '", name, "'");
-  }
-  selected_isa().store(isa);
-}
-
 // The kernel that computes kind K on an instruction set.
 enum class KernelPath { scalar, legacy_avx2, simd_avx2, simd_avx512 };
 
@@ -117,6 +61,14 @@ void linear(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, in
             float* out) {
   const int64_t work_per_row = std::max<int64_t>(1, blocks * block_weights(K) * M);
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / work_per_row);
+  if (uses_int8<K>(M)) {  // quantized_int8.h: x in 8-bit groups, once for every thread
+    Int8Rows xq;
+    quantize_rows(x, M, blocks * block_weights(K), xq);
+    at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+      int8_linear_rows_any<K>(begin, end, weight, N, blocks, xq, out);
+    });
+    return;
+  }
   switch (kernel_path<K>(current_isa())) {
 #if PDSERVE_HAS_X86
     case KernelPath::simd_avx512:
@@ -179,12 +131,22 @@ inline void quantized_matmul(const float* x, int64_t M, const uint8_t* w, Kind k
 }
 
 // quantized_matmul split by the caller (one parallel region over many products, each thread
-// taking its own output features): prepare_matmul_rows fills x_sums, the block sums of x that
-// the single-row kernels need, once per x (each thread may fill its own); quantized_matmul_rows
-// then computes out[m * ldo + n] for n in [begin, end), the same sums in the same order as
-// quantized_matmul gives them. Both choose the kernel by the instruction set selected now.
+// taking its own output features): prepare_matmul_rows fills a RowScratch once per x (each
+// thread may fill its own): the block sums of x that the float32 single-row kernels need, or x
+// in 8-bit groups where those run (quantized_int8.h); quantized_matmul_rows then computes
+// out[m * ldo + n] for n in [begin, end), the same sums in the same order as quantized_matmul
+// gives them. Both choose the kernel by the instruction set and activation dtype selected now.
+struct RowScratch {
+  std::vector<float> x_sums;
+  Int8Rows int8;
+  bool int8_ready = false;  // int8 holds x: the 8-bit path computes
+};
+
 template <Kind K>
-void prepare_rows(const float* x, int64_t M, int64_t blocks, std::vector<float>& x_sums) {
+void prepare_rows(const float* x, int64_t M, int64_t blocks, RowScratch& scratch) {
+  scratch.int8_ready = uses_int8<K>(M);
+  if (scratch.int8_ready) return quantize_rows(x, M, blocks * block_weights(K), scratch.int8);
+  std::vector<float>& x_sums = scratch.x_sums;
   switch (kernel_path<K>(current_isa())) {
 #if PDSERVE_HAS_X86
     case KernelPath::simd_avx512: return simd_avx512::prepare_x_sums<K>(x, M, blocks, x_sums);
@@ -197,7 +159,11 @@ void prepare_rows(const float* x, int64_t M, int64_t blocks, std::vector<float>&
 
 template <Kind K>
 void linear_rows_any(int64_t begin, int64_t end, const uint8_t* weight, int64_t ldo,
-                     int64_t blocks, const float* x, int64_t M, const float* x_sums, float* out) {
+                     int64_t blocks, const float* x, int64_t M, const RowScratch& scratch,
+                     float* out) {
+  if (scratch.int8_ready)
+    return int8_linear_rows_any<K>(begin, end, weight, ldo, blocks, scratch.int8, out);
+  const float* x_sums = scratch.x_sums.data();
   switch (kernel_path<K>(current_isa())) {
 #if PDSERVE_HAS_X86
     case KernelPath::simd_avx512:
@@ -218,17 +184,16 @@ void linear_rows_any(int64_t begin, int64_t end, const uint8_t* weight, int64_t 
 }
 
 inline void prepare_matmul_rows(const float* x, int64_t M, Kind kind, int64_t k,
-                                std::vector<float>& x_sums) {
+                                RowScratch& scratch) {
   with_kind(kind,
-            [&](auto K) { prepare_rows<K.value>(x, M, k / block_weights(K.value), x_sums); });
+            [&](auto K) { prepare_rows<K.value>(x, M, k / block_weights(K.value), scratch); });
 }
 
 inline void quantized_matmul_rows(const float* x, int64_t M, const uint8_t* w, Kind kind,
                                   int64_t k, int64_t begin, int64_t end, float* out, int64_t ldo,
-                                  const std::vector<float>& x_sums) {
+                                  const RowScratch& scratch) {
   with_kind(kind, [&](auto K) {
-    linear_rows_any<K.value>(begin, end, w, ldo, k / block_weights(K.value), x, M, x_sums.data(),
-                             out);
+    linear_rows_any<K.value>(begin, end, w, ldo, k / block_weights(K.value), x, M, scratch, out);
   });
 }
 
@@ -247,7 +212,12 @@ inline void bind_isa_functions(pybind11::module_& m) {
   m.def("avx2_supported", &cpu_has_avx2, "Whether this CPU has AVX2, FMA and F16C");
   m.def("avx512_supported", &cpu_lists_avx512, "Whether cpuid lists AVX-512 F, BW and VL");
   m.def("avx512_probe", &avx512_probe,
-        "Runs a few AVX-512 F/BW/VL instructions and checks them (may die of SIGILL)");
+        "Runs a few AVX-512 F/BW/VL (and VNNI) instructions and checks them (may die of SIGILL)");
+  m.def("set_activation_dtype", &set_activation_dtype,
+        "'int8': decode rows quantize x to 8-bit groups (integer dot products); 'float32'");
+  m.def("activation_dtype", &activation_dtype, "'int8' or 'float32'");
+  m.def("int8_path", [] { return std::string(int8_path()); },
+        "The path 8-bit activations take now: 'vnni', 'avx2' or 'scalar'");
 }
 
 }  // namespace pdserve_quantized

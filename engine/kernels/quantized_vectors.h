@@ -82,6 +82,14 @@ PDSERVE_AVX512 inline bool run_avx512_probe() {
   return equal == ~__mmask64{0} && lane_sum == 7 && total == 8.f;
 }
 
+// A VNNI dot product of bytes on 256 bits (AVX-512 VNNI + VL) on known values.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline bool
+run_avx512_vnni_probe() {
+  const __m256i sums = _mm256_dpbusd_epi32(_mm256_set1_epi32(1), _mm256_set1_epi8(3),
+                                           _mm256_set1_epi8(-2));
+  return _mm256_extract_epi32(sums, 0) == 1 - 24 && _mm256_extract_epi32(sums, 7) == 1 - 24;
+}
+
 }  // namespace pdserve_quantized
 
 #endif  // PDSERVE_HAS_X86

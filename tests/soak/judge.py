@@ -27,7 +27,7 @@ from tests.soak.growth import (
     growth_trends,
     least_squares_slope,
 )
-from tests.soak.monitor import ACTIVITY_FIELDS, LEAK_FIELDS
+from tests.soak.monitor import ACTIVITY_FIELDS, LEAK_FIELDS, MIB
 
 DEFAULT_GROWTH = GrowthBounds()
 
@@ -69,6 +69,29 @@ def rss_trends(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, dict
             trend["slope_mib_per_min"] = round(slope_per_minute(after), 3)
             trend["growth_mib"] = round(after[-1][1] - after[0][1], 2)
         trends[name] = trend
+    return trends
+
+
+def heap_trends(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, dict[str, Any]]:
+    """Per worker that reports its C heap (``workers/heap.py``): the bytes in use and free, first
+    and last after warm-up and their slopes, in MiB. Not a gate: what tells an RSS creep apart,
+    the allocator keeping free pages (in use flat) from a leak (in use rising)."""
+    names = sorted({name for s in samples for name in s.get("workers", {})})
+    trends = {}
+    for name in names:
+        trend: dict[str, Any] = {}
+        for key, label in (("heap_in_use_bytes", "in_use"), ("heap_free_bytes", "free")):
+            points = [
+                (s["t_s"], s["workers"][name][key] / MIB)
+                for s in samples
+                if s["t_s"] >= warmup_s and (s["workers"].get(name) or {}).get(key)
+            ]
+            if len(points) >= 2:
+                trend[f"{label}_first_mib"] = round(points[0][1], 2)
+                trend[f"{label}_last_mib"] = round(points[-1][1], 2)
+                trend[f"{label}_slope_mib_per_min"] = round(slope_per_minute(points), 3)
+        if trend:
+            trends[name] = trend
     return trends
 
 

@@ -21,7 +21,8 @@ import psutil
 
 LEAK_FIELDS = ("num_used_blocks", "num_reserved", "num_held", "num_open_streams")
 ACTIVITY_FIELDS = ("num_running", "num_waiting")
-WORKER_FIELDS = (*ACTIVITY_FIELDS, *LEAK_FIELDS, "num_total_blocks")
+HEAP_FIELDS = ("heap_in_use_bytes", "heap_free_bytes", "heap_trims")  # workers/heap.py
+WORKER_FIELDS = (*ACTIVITY_FIELDS, *LEAK_FIELDS, "num_total_blocks", *HEAP_FIELDS)
 MIB = 1024 * 1024
 
 

@@ -88,6 +88,12 @@ def print_summary(result: dict[str, Any]) -> None:
         )
     for name, figures in result.get("growth", {}).items():
         print(f"{name:<12} per request, fifths after warm-up: {_fifths(figures)}")
+    for name, heap in result.get("heap", {}).items():
+        print(
+            f"{name:<12} C heap after warm-up: in use {heap.get('in_use_first_mib')} -> "
+            f"{heap.get('in_use_last_mib')} MiB ({heap.get('in_use_slope_mib_per_min')} MiB/min), "
+            f"free {heap.get('free_first_mib')} -> {heap.get('free_last_mib')} MiB"
+        )
     requests = result["requests"]
     causes = ", ".join(f"{cause} {count}" for cause, count in requests["by_cause"].items())
     print(f"requests: {requests['total']} ({causes})")

@@ -32,6 +32,7 @@ from tests.soak.growth import GrowthBound, GrowthBounds, growth_trends
 from tests.soak.judge import (
     RssBounds,
     default_warmup_s,
+    heap_trends,
     judge,
     leftovers,
     rss_trends,
@@ -211,6 +212,7 @@ def assemble(config: dict[str, Any], run: SoakRun) -> dict[str, Any]:
         "requests": tally.to_dict(),
         "rss": rss_trends(samples, bounds.warmup_s),
         "growth": growth_trends(samples, bounds.warmup_s),
+        "heap": heap_trends(samples, bounds.warmup_s),
         "idle": {"reached": run.idle, "waited_s": run.idle_wait_s, "workers": final_workers},
         "leftovers": leftovers(final_workers),
         "failures": failures,

@@ -242,6 +242,9 @@ def check_a_passed_soak(result: dict, server: CoordinatorProcess, out: Path) -> 
     for name, figures in result["growth"].items():  # RSS and open fds, every process
         assert set(figures) == {"rss_mib", "fds"}, name
         assert all(len(f["segments"]) == 5 for f in figures.values()), (name, figures)
+    assert set(result["heap"]) == {"prefill/0", "decode/0"}  # workers report their C heap
+    for heap in result["heap"].values():
+        assert heap["in_use_last_mib"] > 0 and heap["in_use_slope_mib_per_min"] is not None
     requests = result["requests"]
     assert requests["by_cause"]["unexpected"] == 0, requests["unexpected_examples"]
     for cause in ("ok", "invalid_4xx", "client_aborted"):

@@ -10,7 +10,7 @@ import torch
 
 from engine.config import CacheConfig, EngineConfig
 from engine.kernels import isa as kernel_isa
-from engine.kernels import quantized
+from engine.kernels import quantized, set_activation_dtype
 from engine.llm_engine import LLMEngine
 from engine.model import decode_layers
 from engine.model.linear import PartsLinear, QuantizedLinear
@@ -32,11 +32,12 @@ def loaded(request, tmp_path_factory):
     return load_model(str(build_tiny_model(path, model_type=request.param, initializer_range=0.3)))
 
 
-def _engine(loaded, weight_dtype: str) -> LLMEngine:
+def _engine(loaded, weight_dtype: str, activation_dtype: str = "float32") -> LLMEngine:
     config = EngineConfig(
         model_path=str(loaded.path),
         device="cpu",
         weight_dtype=weight_dtype,
+        activation_dtype=activation_dtype,
         cache=CacheConfig(block_size=4, num_blocks=128),
     )
     return LLMEngine(config, loaded)
@@ -151,6 +152,26 @@ def test_fused_decode_on_a_kquant_mixture(wide):
     plain_steps, plain_tokens, plain_count = _run(plain)
     _assert_same_decode(fused, plain, fused_steps, plain_steps, fused_tokens, plain_tokens)
     assert fused_count >= 10 and plain_count == 0
+
+
+def test_fused_decode_on_8_bit_activations(wide):
+    """``activation_dtype: int8``: the fused layers quantize each projection's input as the
+    op-by-op path does (the same logits to float32 rounding of x, the same tokens), and differ
+    from float32 activations."""
+    try:
+        fused = _with_mixture(_engine(wide, "fp32", "int8"), fused=True)
+        plain = _with_mixture(_engine(wide, "fp32", "int8"), fused=False)
+        assert fused.activation_dtype == "int8"
+        fused_steps, fused_tokens, fused_count = _run(fused)
+        plain_steps, plain_tokens, _ = _run(plain)
+        float32 = _with_mixture(_engine(wide, "fp32", "float32"), fused=True)
+        float32_steps, _, _ = _run(float32)
+    finally:
+        set_activation_dtype("float32")
+    _assert_same_decode(fused, plain, fused_steps, plain_steps, fused_tokens, plain_tokens)
+    assert fused_count >= 10
+    decode_steps = range(1, len(fused_steps))  # the first step computes prompts, in float32
+    assert any(not torch.equal(fused_steps[i], float32_steps[i]) for i in decode_steps)
 
 
 def test_more_rows_than_the_fused_limit_run_op_by_op(loaded):
