@@ -110,6 +110,12 @@ def render_vs_llamacpp(data: dict[str, Any]) -> str:
             f"**{_ratio_cell(ratio)}** | {_goal(ratio, ENGINE_GOALS.get(key))} | "
             f"{entry.get('prefix_cache_hit_tokens', 0)} |"
         )
+        if "pdserve_float32" in entry:  # --activation-dtype both: the float32 side of the rounds
+            lines.append(
+                f"|{f' {name} |' if several else ''} {key}, float32 activations | "
+                f"{_cell(entry['pdserve_float32'])} | (the same rounds) | "
+                f"{_ratio_cell(entry['pdserve_float32_ratio'])} | - | - |"
+            )
     sides = meta.get("sides", {})
     builds = [
         f"{name.removeprefix('llamacpp_')}: {_switches(side.get('cmake_options', []))}"
@@ -118,6 +124,8 @@ def render_vs_llamacpp(data: dict[str, Any]) -> str:
     ]
     pdserve = sides.get("pdserve", {})
     weights = f"{pdserve['weights']}; " if "weights" in pdserve else ""
+    if "activation_dtype" in pdserve:
+        weights += f"decode rows on {pdserve['activation_dtype']} activations; "
     lines += [
         "",
         f"pdserve: {weights}its kernels' ISA "

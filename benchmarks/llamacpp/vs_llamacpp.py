@@ -18,8 +18,11 @@ OpenBLAS (``blas``); every measure runs both and keeps the faster build as the p
 picks fewer; ``--llama-cpp-dir`` takes a folder holding ``llama-bench`` and
 ``llama-batched-bench`` instead.
 
-Measures on each file, pdserve with ``weight_dtype`` as given (default ``auto``: the file's own
-blocks where its kernels have them):
+Measures on each file (``--measures`` picks some), pdserve with ``weight_dtype`` as given
+(default ``auto``: the file's own blocks where its kernels have them) and ``--activation-dtype``
+(``float32``, ``int8``, or ``both``: pdserve on int8 and on float32 activations as two sides of
+the same rounds, the ratio taken for int8 and the float32 side's kept beside it under
+``pdserve_float32``):
   single_stream     decode tokens/s of one sequence, first token to last, ``--new-tokens`` tokens
                     (default 128); llama.cpp: ``llama-bench`` tg<new-tokens> (tg128; it starts
                     from an empty context, pdserve from a 64-token prompt: a few more keys to
@@ -76,7 +79,9 @@ from benchmarks.harness.stats import spread
 from benchmarks.llamacpp.build import TOOLS, VARIANTS, build_options, ensure_tools, has_tools
 from benchmarks.llamacpp.gguf_sets import NAMED_SETS, resolve_gguf
 from benchmarks.llamacpp.requantize import tensor_type_counts
-from engine.config import PROMPT_MATMUL_DTYPES, WEIGHT_DTYPES, EngineConfig
+from engine.config import ACTIVATION_DTYPES, PROMPT_MATMUL_DTYPES, WEIGHT_DTYPES, EngineConfig
+from engine.kernels import set_activation_dtype
+from engine.kernels.isa import resolved_activation_dtype
 from engine.kernels.quantized import quantized_kernels
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model
@@ -119,17 +124,24 @@ class LlamaCpp:
 
 
 def compare_best(
-    ours: Callable[[], float], builds: dict[str, Callable[[], float]], rounds: int
+    ours: Callable[[], float],
+    builds: dict[str, Callable[[], float]],
+    rounds: int,
+    also: dict[str, Callable[[], float]] | None = None,
 ) -> dict:
     """pdserve against every llama.cpp build over ``rounds`` kept rounds (one warm-up dropped)
     whose order rotates; the peer is the build with the higher median, and ``ratio`` is taken
-    within each round against that build's rate of the same round."""
-    kept = paired_rounds({"pdserve": ours, **builds}, rounds)
+    within each round against that build's rate of the same round. ``also``: more sides of the
+    same rounds (pdserve in another setting), each with its ratio to the peer, ``<name>_ratio``."""
+    also = also or {}
+    kept = paired_rounds({"pdserve": ours, **also, **builds}, rounds)
     best = max(builds, key=lambda name: statistics.median(kept[name]))
     result: dict[str, Any] = {name: spread(values, 2) for name, values in kept.items()}
     result["llamacpp"] = result[best]
     result["llamacpp_build"] = best
-    result["ratio"] = spread([a / b for a, b in zip(kept["pdserve"], kept[best], strict=True)], 3)
+    for name in ("pdserve", *also):
+        ratios = [a / b for a, b in zip(kept[name], kept[best], strict=True)]
+        result["ratio" if name == "pdserve" else f"{name}_ratio"] = spread(ratios, 3)
     return result
 
 
@@ -143,6 +155,9 @@ def _llama_cpp_folders(given: Path | None, builds: list[str]) -> dict[str, Path]
 
 def _llama_cpp_folder(given: Path | None) -> Path:
     return next(iter(_llama_cpp_folders(given, ["cpu"]).values()))
+
+
+MEASURES = ("single_stream", "prefill", "prefill_cached", "batch")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -166,6 +181,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=3, help="seed of the random prompts")
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
     parser.add_argument("--prompt-matmul-dtype", default="float32", choices=PROMPT_MATMUL_DTYPES)
+    parser.add_argument(
+        "--activation-dtype", default="auto", choices=(*ACTIVATION_DTYPES, "both"),
+        help="what decode rows multiply the weights with; both: int8 and float32 side by side",
+    )  # fmt: skip
+    parser.add_argument(
+        "--measures", default=",".join(MEASURES), help=f"some of {', '.join(MEASURES)}"
+    )
     return parser
 
 
@@ -178,6 +200,9 @@ def main() -> None:
     builds = [b for b in args.builds.split(",") if b]
     if not builds or set(builds) - set(VARIANTS):
         parser.error(f"--builds takes some of {', '.join(VARIANTS)}, got {args.builds!r}")
+    measures = [m for m in args.measures.split(",") if m]
+    if not measures or set(measures) - set(MEASURES):
+        parser.error(f"--measures takes some of {', '.join(MEASURES)}, got {args.measures!r}")
     names = args.gguf or ["bundled"]
     if len(set(names)) != len(names):
         parser.error(f"--gguf names a file twice: {names}")
@@ -204,10 +229,12 @@ def bench_file(
     file's figures so far) is rewritten to ``out`` after each measure."""
     loaded = load_model("bundled" if name == "bundled" else str(path))
     llamas = {build: LlamaCpp(folder, path, args.threads) for build, folder in folders.items()}
+    both = args.activation_dtype == "both"
     config = EngineConfig(
         device="cpu",
         weight_dtype=args.weight_dtype,
         prompt_matmul_dtype=args.prompt_matmul_dtype,
+        activation_dtype="int8" if both else args.activation_dtype,
     )
     engine = LLMEngine(config, loaded)
     print(f"{name}: pdserve {engine.model.describe()}; llama.cpp {', '.join(map(str, llamas))}")
@@ -216,7 +243,9 @@ def bench_file(
     print(f"{'tokens/s':<18}{'pdserve':>26}{'llama.cpp':>26}{'ratio':>20}  build", flush=True)
     for key, (ours, theirs) in _measures(args, engine, llamas).items():
         hits = prefix_cache_hits(engine)
-        measured = compare_best(ours, theirs, args.rounds)
+        also = {"pdserve_float32": _on(ours, "float32")} if both else {}
+        ours = _on(ours, "int8") if both else ours
+        measured = compare_best(ours, theirs, args.rounds, also)
         measured["prefix_cache_hit_tokens"] = uncached(engine, hits, key)
         entry["measures"][key] = measured
         print(f"{row(key, measured, 'llamacpp')}  {measured['llamacpp_build']}", flush=True)
@@ -225,6 +254,16 @@ def bench_file(
     del engine, loaded
     gc.collect()
     return entry
+
+
+def _on(measure: Callable[[], float], activation_dtype: str) -> Callable[[], float]:
+    """``measure`` run with ``activation_dtype`` (one choice per process: set before each)."""
+
+    def run() -> float:
+        set_activation_dtype(activation_dtype)
+        return measure()
+
+    return run
 
 
 def _measures(args: argparse.Namespace, engine: LLMEngine, llamas: dict[str, LlamaCpp]) -> dict:
@@ -239,24 +278,30 @@ def _measures(args: argparse.Namespace, engine: LLMEngine, llamas: dict[str, Lla
     def each(measure: Callable[[LlamaCpp], float]) -> dict[str, Callable[[], float]]:
         return {build: (lambda llama=llama: measure(llama)) for build, llama in llamas.items()}
 
-    return {
+    every = {
         "single_stream": (
+            "single_stream",
             lambda: pdserve_decode_rate(engine, single(), new),
             each(lambda llama: llama.bench(0, new)),
         ),
-        f"prefill{size}": (
+        "prefill": (
+            f"prefill{size}",
             lambda: pdserve_prefill_rate(engine, long_prompts()),
             each(lambda llama: llama.bench(size, 0)),
         ),
-        f"prefill{size}_cached": (
+        "prefill_cached": (
+            f"prefill{size}_cached",
             lambda: pdserve_cached_prefill_rate(engine, long_prompts()),
             each(lambda llama: llama.bench(size, 0)),
         ),
-        f"batch{args.batch}": (
+        "batch": (
+            f"batch{args.batch}",
             lambda: pdserve_batch_rate(engine, batch(), batch_new),
             each(lambda llama: llama.batched(args.batch, args.batch_prompt, batch_new)),
         ),
     }
+    chosen = [m for m in MEASURES if m in args.measures.split(",")]
+    return {every[m][0]: every[m][1:] for m in chosen}
 
 
 def _file_meta(args: argparse.Namespace, name: str, path: Path, engine: LLMEngine) -> dict:
@@ -272,9 +317,16 @@ def _file_meta(args: argparse.Namespace, name: str, path: Path, engine: LLMEngin
 
 
 def _meta(args: argparse.Namespace, folders: dict[str, Path]) -> dict:
+    both = args.activation_dtype == "both"
+    activations = "int8" if both else resolved_activation_dtype(args.activation_dtype)
     return {
         "sides": {
-            "pdserve": {"kernel_isa": _pdserve_isa(), "threads": args.threads},
+            "pdserve": {
+                "kernel_isa": _pdserve_isa(),
+                "threads": args.threads,
+                "activation_dtype": activations,
+                **({"also": "pdserve_float32"} if both else {}),
+            },
             **{
                 f"llamacpp_{build}": {
                     "folder": str(folder),

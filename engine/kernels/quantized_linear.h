@@ -63,7 +63,7 @@ void linear(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, in
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerThread / work_per_row);
   if (uses_int8<K>(M)) {  // quantized_int8.h: x in 8-bit groups, once for every thread
     Int8Rows xq;
-    quantize_rows(x, M, blocks * block_weights(K), xq);
+    quantize_rows(x, M, blocks * block_weights(K), int8_group(K), xq);
     at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
       int8_linear_rows_any<K>(begin, end, weight, N, blocks, xq, out);
     });
@@ -145,7 +145,8 @@ struct RowScratch {
 template <Kind K>
 void prepare_rows(const float* x, int64_t M, int64_t blocks, RowScratch& scratch) {
   scratch.int8_ready = uses_int8<K>(M);
-  if (scratch.int8_ready) return quantize_rows(x, M, blocks * block_weights(K), scratch.int8);
+  if (scratch.int8_ready)
+    return quantize_rows(x, M, blocks * block_weights(K), int8_group(K), scratch.int8);
   std::vector<float>& x_sums = scratch.x_sums;
   switch (kernel_path<K>(current_isa())) {
 #if PDSERVE_HAS_X86

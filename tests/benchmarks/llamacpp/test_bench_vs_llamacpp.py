@@ -14,6 +14,7 @@ from benchmarks.llamacpp import vs_llamacpp
 from benchmarks.llamacpp.build import TOOLS, has_tools
 from benchmarks.llamacpp.random_gguf import tiny_shape, write_random_gguf
 from benchmarks.llamacpp.vs_llamacpp import LlamaCpp, _llama_cpp_folder, compare_best
+from engine.kernels import set_activation_dtype
 
 BENCH_ROW = {"build_commit": "abc1234", "build_number": 7, "cpu_info": "test cpu", "avg_ts": 151.5}
 BATCHED_ROW = {"pp": 64, "tg": 128, "pl": 32, "t": 20.0, "speed": 300.0, "speed_tg": 250.0}
@@ -113,3 +114,26 @@ def test_a_toy_run_writes_a_complete_result(tools, tmp_path, monkeypatch):
     assert all(
         m["ratio"]["median"] > 0 and len(m["ratio"]["rounds"]) == 1 for m in measures.values()
     )
+
+
+def test_a_toy_run_on_both_activation_dtypes(tools, tmp_path, monkeypatch):
+    """``--activation-dtype both``: int8 and float32 activations as two sides of each round,
+    each with its ratio to the peer; ``--measures`` runs only those named."""
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = write_random_gguf(tmp_path / "tiny.gguf", "tiny", tiny_shape("llama"))
+    out = tmp_path / "out.json"
+    argv = ["--scratch", "--out", str(out), "--llama-cpp-dir", str(tools), "--gguf", str(gguf)]
+    argv += ["--rounds", "1", "--new-tokens", "2", "--batch", "2", "--batch-prompt", "4"]
+    argv += ["--activation-dtype", "both", "--measures", "single_stream,batch"]
+    monkeypatch.setattr("sys.argv", ["vs_llamacpp", *argv])
+    try:
+        vs_llamacpp.main()
+    finally:
+        set_activation_dtype("float32")
+    result = json.loads(out.read_text())
+    assert result["_meta"]["sides"]["pdserve"]["activation_dtype"] == "int8"
+    measures = result["files"][str(gguf)]["measures"]
+    assert set(measures) == {"single_stream", "batch2"}
+    for measure in measures.values():
+        assert len(measure["pdserve_float32"]["rounds"]) == 1
+        assert measure["pdserve_float32_ratio"]["median"] > 0 and measure["ratio"]["median"] > 0

@@ -4,8 +4,9 @@ against x quantized the same way in numpy and multiplied with gguf's dequantized
 float64; the paths against each other; the rows beyond the int8 path's and the half kinds
 staying float32; and the rounding of x within what 8 bits a group allow.
 
-The reference rounds x as the kernel does: per group of 32, ``d = max |x| / 127`` and
-``round(x * (127 / max |x|))`` half to even, in float32. Against it only the kernel's float32
+The reference rounds x as the kernel does: per group as long as a weight block (32 values, 256
+for the K kinds), ``d = max |x| / 127`` and ``round(x * (127 / max |x|))`` half to even, in
+float32. Against it only the kernel's float32
 sums of scaled integer dot products differ (RTOL of the terms' magnitudes, as in
 ``test_quantized_kernels.py``).
 """
@@ -77,9 +78,9 @@ def _weights(kind: str, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.n
     return blocks, w, offsets
 
 
-def quantized_x(x: np.ndarray) -> np.ndarray:
-    """x [m, k] as the kernel rounds it, back in float64: d * q per group of 32."""
-    groups = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+def quantized_x(x: np.ndarray, kind: str) -> np.ndarray:
+    """x [m, k] as the kernel rounds it, back in float64: d * q per group of a block's length."""
+    groups = x.astype(np.float32).reshape(x.shape[0], -1, quantized.BLOCK_WEIGHTS[kind])
     top = np.abs(groups).max(axis=2, keepdims=True)
     inverse = np.where(top > 0, np.float32(127) / np.where(top > 0, top, 1), 0).astype(np.float32)
     q = np.rint(groups * inverse).astype(np.int32)
@@ -95,8 +96,10 @@ def _x(m: int, k: int, seed: int = 1) -> np.ndarray:
     return x
 
 
-def assert_int8_reference(got: torch.Tensor, x: np.ndarray, w: np.ndarray, offsets: np.ndarray):
-    xq = quantized_x(x)
+def assert_int8_reference(
+    got: torch.Tensor, x: np.ndarray, kind: str, w: np.ndarray, offsets: np.ndarray
+) -> None:
+    xq = quantized_x(x, kind)
     expected = xq @ w.T
     magnitude = np.abs(xq) @ (np.abs(w - offsets) + np.abs(offsets)).T
     error = np.abs(got.double().numpy() - expected)
@@ -112,7 +115,7 @@ def test_every_kind_on_8_bit_activations(int8_path, kind, m):
     x = _x(m, k)
     got = int8_path.quantized_linear(torch.from_numpy(x), torch.from_numpy(blocks), kind)
     assert got.shape == (m, 19)
-    assert_int8_reference(got, x, w, offsets)
+    assert_int8_reference(got, x, kind, w, offsets)
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_k", "q6_k"])
@@ -121,7 +124,7 @@ def test_long_rows_and_large_values(int8_path, kind):
     blocks, w, offsets = _weights(kind, 7, 2048, seed=3)
     x = _x(2, 2048, seed=4) * np.float32(300)
     got = int8_path.quantized_linear(torch.from_numpy(x), torch.from_numpy(blocks), kind)
-    assert_int8_reference(got, x, w, offsets)
+    assert_int8_reference(got, x, kind, w, offsets)
 
 
 @pytest.mark.parametrize("kind", INTEGER_KINDS)
@@ -176,7 +179,8 @@ def test_rounding_x_costs_what_8_bits_a_group_allow(native, kind):
         rounded = native.quantized_linear(torch.from_numpy(x), torch.from_numpy(blocks), kind)
     finally:
         native.set_activation_dtype("float32")
-    step = np.abs(x.reshape(-1, 32)).max(axis=1).repeat(32) / 127
+    group = quantized.BLOCK_WEIGHTS[kind]
+    step = np.abs(x.reshape(-1, group)).max(axis=1).repeat(group) / 127
     bound = 4 * np.sqrt(((step / 2) ** 2 / 3) @ (w**2).T)  # 4 sigma of uniform rounding
     assert (np.abs((rounded - exact).double().numpy()[0]) <= bound).all()
 
