@@ -550,6 +550,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "vs_llamacpp:headline": render_engine_headline,
     "vs_llamacpp_rerun": render_rerun,
     "vs_llamacpp_1b": render_vs_llamacpp,
+    "vs_llamacpp_int8": render_vs_llamacpp,
     "engine": render_engine,
     "compare_modes": render_compare_modes,
     "decode_step": render_decode_step,

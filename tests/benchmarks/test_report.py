@@ -16,6 +16,7 @@ FILES = (
     "vs_llamacpp",
     "vs_llamacpp_rerun",
     "vs_llamacpp_1b",
+    "vs_llamacpp_int8",
     "engine",
     "compare_modes",
     "decode_step",
