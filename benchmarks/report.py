@@ -253,6 +253,26 @@ def render_avx2_paths(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_int8_rows(data: dict[str, Any]) -> str:
+    cases = [key for key in data if isinstance(data[key], dict) and "int8_speedup" in data[key]]
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"µs per product, {data['threads']} thread, kernels {data['isa']} (8-bit activations: "
+        f"{data['int8_path']}); int8's speed-up = the float32 side's time / the int8 side's, "
+        f"median [95 % interval] over rounds, goal {data['goal']}:",
+        "",
+        "| kind, [N x k], rows | int8 µs | float32 µs | int8's speed-up | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for name in cases:
+        case = data[name]
+        int8, float32 = case["int8_us"]["median"], case["float32_us"]["median"]
+        speedup = _ratio_cell(case["int8_speedup"])
+        lines.append(f"| {name} | {int8:.1f} | {float32:.1f} | {speedup} | {case['verdict']} |")
+    return "\n".join(lines)
+
+
 def render_http_edge(data: dict[str, Any]) -> str:
     cost, ratio, attacks = (
         data["server_cpu_us_per_event"],
@@ -555,6 +575,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "compare_modes": render_compare_modes,
     "decode_step": render_decode_step,
     "avx2_paths": render_avx2_paths,
+    "int8_rows": render_int8_rows,
     "http_edge": render_http_edge,
     "structured": render_structured,
     "memory": render_memory,

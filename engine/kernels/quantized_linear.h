@@ -1,9 +1,10 @@
 // Weight-only quantized linear layers on GGUF blocks: out[m, n] = dot(x[m], w[n]), where x is
 // float32 and w is stored block for block as ggml stores it (the kinds: quantized_kinds.h).
 //
-// Activations stay float32 (never quantized), so results differ from x @ dequantize(w).T only by
-// the rounding of float32 sums taken in another order. Work is split over output features with
-// at::parallel_for, on torch's threads.
+// Activations stay float32, so results differ from x @ dequantize(w).T only by the rounding of
+// float32 sums taken in another order; where set_activation_dtype("int8") chose 8-bit
+// activations, rows of up to kInt8MaxRows take quantized_int8.h instead. Work is split over
+// output features with at::parallel_for, on torch's threads.
 //
 // Three paths, chosen at run time: AVX-512 (F, BW, VL; quantized_simd.h on 16 lanes), AVX2 +
 // FMA + F16C (quantized_avx2_legacy.h for Q4_1, quantized_simd.h on 8 lanes for the rest) and
