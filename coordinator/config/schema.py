@@ -228,9 +228,10 @@ SCHEMA["backend_config"] = section(
         "multiply prompts (more than 32 rows) in: `float32` (exact up to summation order) or "
         "`bfloat16` (below)",),
     fed("activation_dtype", "str", engine("activation_dtype"), "what quantized layers multiply "
-        "decode rows (up to 8) with: `float32`, or `int8` (each row quantized to 8-bit groups of "
-        "32 once per input, integer dot products; results move beyond summation order); `auto`: "
-        "`float32` until the accuracy gate makes `int8` a default (below)",),
+        "decode rows (up to 8; 4 for 32-weight kinds) with: `float32`, or `int8` (each row "
+        "quantized to 8-bit groups once per input, integer dot products; results move beyond "
+        "summation order); `auto`: `float32` until the accuracy gate makes `int8` a default "
+        "(below)",),
     fed("device", "str", engine("device"), "`auto`, `cpu` or `cuda[:N]`; `auto`: CUDA when "
         "present; a worker given GPUs (`num_gpus > 0`) always runs on CUDA"),
     fed("num_prefill_instances", "int", cluster("num_prefill"), "prefill actors (`pd_separate`)"),

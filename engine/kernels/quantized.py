@@ -21,8 +21,9 @@ A weight is a uint8 tensor ``[N, ceil(K / block weights) * block bytes]`` (rows 
 features), which is how ``gguf.GGUFReader`` exposes such a tensor's data; the 256-weight kinds
 need K to be a multiple of 256. With float32 activations (the default) the results equal
 ``x @ dequantize(w).T`` in float32 up to summation order; with ``activation_dtype: int8``
-(``engine.kernels.isa``) the native kernel quantizes rows of x to 8-bit groups for steps of up to 8
-rows and multiplies in integers (``quantized_int8.h``), which moves results beyond that.
+(``engine.kernels.isa``) the native kernel quantizes rows of x to 8-bit groups for steps of up
+to 8 rows (4 for the 32-weight kinds) and multiplies in integers (``quantized_int8.h``), which
+moves results beyond that.
 
 Up to ``NATIVE_MAX_ROWS`` rows of ``x`` (decode steps) run the native kernel
 (``quantized_linear_cpu.cpp``), which turns each block into floats in registers (AVX-512, AVX2

@@ -9,7 +9,7 @@
 // only x is rounded, to 8 bits a group, as llama.cpp's Q8_0 / Q8_K activations are.
 //
 // This changes results beyond summation order, so it runs only where chosen
-// (set_activation_dtype("int8")), for rows of x up to kInt8MaxRows (decode steps; more rows
+// (set_activation_dtype("int8")), for rows of x up to int8_max_rows (decode steps; more rows
 // take the float32 path, whose weights, once unpacked, meet up to 8 rows each), and for every
 // kind but the half ones. AVX-512 VNNI runs where set_isa("avx512") was given (after the probe,
 // which executes a VNNI instruction where cpuid lists one) and cpuid lists VNNI.
@@ -35,7 +35,11 @@ struct Int8Rows {
   std::vector<float> scaled_sums;   // [M, k / group]
 };
 
-constexpr int64_t kInt8MaxRows = 8;
+// The most rows of x a product takes on 8-bit activations (python -m benchmarks.engine.int8_rows):
+// the K kinds keep integer sums a block and gain up to 8 rows; the 32-weight kinds convert to
+// float every 32 weights and lose at 8 rows against the float32 path, which unpacks a block
+// once for 8 rows.
+constexpr int64_t int8_max_rows(Kind kind) { return block_weights(kind) == 256 ? 8 : 4; }
 
 // The group x takes for weights of kind K: a block's own length.
 constexpr int64_t int8_group(Kind kind) { return block_weights(kind) == 256 ? 256 : 32; }
@@ -55,7 +59,8 @@ inline std::string activation_dtype() { return int8_activations().load() ? "int8
 
 template <Kind K>
 bool uses_int8(int64_t M) {
-  return !is_half(K) && M <= kInt8MaxRows && int8_activations().load(std::memory_order_relaxed);
+  return !is_half(K) && M <= int8_max_rows(K) &&
+         int8_activations().load(std::memory_order_relaxed);
 }
 
 // One group of n values (32 or 256): its scale and values, and their sums per 16; nearbyint

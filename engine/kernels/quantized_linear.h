@@ -3,7 +3,7 @@
 //
 // Activations stay float32, so results differ from x @ dequantize(w).T only by the rounding of
 // float32 sums taken in another order; where set_activation_dtype("int8") chose 8-bit
-// activations, rows of up to kInt8MaxRows take quantized_int8.h instead. Work is split over
+// activations, rows of up to int8_max_rows take quantized_int8.h instead. Work is split over
 // output features with at::parallel_for, on torch's threads.
 //
 // Three paths, chosen at run time: AVX-512 (F, BW, VL; quantized_simd.h on 16 lanes), AVX2 +

@@ -21,6 +21,7 @@ FILES = (
     "compare_modes",
     "decode_step",
     "avx2_paths",
+    "int8_rows",
     "replicas",
     "http_edge",
     "structured",
