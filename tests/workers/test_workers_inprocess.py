@@ -222,6 +222,10 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
             "num_leases_expired",
             "requests_by_owner",
             "num_dropped_events",
+            "heap_in_use_bytes",
+            "heap_free_bytes",
+            "heap_trims",
+            "heap_last_trim_ms",
         ]
         assert instance["role"] == "decode" and instance["num_free_blocks"] == 2
         assert instance["requests_by_owner"] == {reader.owner: 1}
