@@ -234,43 +234,39 @@ def render_decode_step(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_avx2_paths(data: dict[str, Any]) -> str:
-    cases = [key for key in data if isinstance(data[key], dict) and "legacy_speedup" in data[key]]
+def render_speedup_cases(data: dict[str, Any], faster: str, slower: str, heading: str) -> str:
+    """A kernel-by-kernel result (``benchmarks.harness.kernel_cases.speedup_cases``) as a table
+    under ``heading``."""
+    key_field = f"{faster}_speedup"
+    cases = [key for key in data if isinstance(data[key], dict) and key_field in data[key]]
     lines = [
         provenance(data["_meta"]),
         "",
-        f"µs per product on AVX2, {data['threads']} thread; legacy's speed-up = the simd path's "
-        f"time / the legacy path's, median [95 % interval] over rounds, goal {data['goal']}:",
+        f"{heading}; {faster}'s speed-up = the {slower} side's time / the {faster} side's, "
+        f"median [95 % interval] over rounds, goal {data['goal']}:",
         "",
-        "| kind, [N x k], rows | legacy µs | simd µs | legacy's speed-up | verdict |",
+        f"| kind, [N x k], rows | {faster} µs | {slower} µs | {faster}'s speed-up | verdict |",
         "|---|---|---|---|---|",
     ]
     for name in cases:
         case = data[name]
-        legacy, simd = case["legacy_us"]["median"], case["simd_us"]["median"]
-        speedup = _ratio_cell(case["legacy_speedup"])
-        lines.append(f"| {name} | {legacy:.1f} | {simd:.1f} | {speedup} | {case['verdict']} |")
+        fast, slow = case[f"{faster}_us"]["median"], case[f"{slower}_us"]["median"]
+        speedup = _ratio_cell(case[f"{faster}_speedup"])
+        lines.append(f"| {name} | {fast:.1f} | {slow:.1f} | {speedup} | {case['verdict']} |")
     return "\n".join(lines)
+
+
+def render_avx2_paths(data: dict[str, Any]) -> str:
+    heading = f"µs per product on AVX2, {data['threads']} thread"
+    return render_speedup_cases(data, "legacy", "simd", heading)
 
 
 def render_int8_rows(data: dict[str, Any]) -> str:
-    cases = [key for key in data if isinstance(data[key], dict) and "int8_speedup" in data[key]]
-    lines = [
-        provenance(data["_meta"]),
-        "",
+    heading = (
         f"µs per product, {data['threads']} thread, kernels {data['isa']} (8-bit activations: "
-        f"{data['int8_path']}); int8's speed-up = the float32 side's time / the int8 side's, "
-        f"median [95 % interval] over rounds, goal {data['goal']}:",
-        "",
-        "| kind, [N x k], rows | int8 µs | float32 µs | int8's speed-up | verdict |",
-        "|---|---|---|---|---|",
-    ]
-    for name in cases:
-        case = data[name]
-        int8, float32 = case["int8_us"]["median"], case["float32_us"]["median"]
-        speedup = _ratio_cell(case["int8_speedup"])
-        lines.append(f"| {name} | {int8:.1f} | {float32:.1f} | {speedup} | {case['verdict']} |")
-    return "\n".join(lines)
+        f"{data['int8_path']})"
+    )
+    return render_speedup_cases(data, "int8", "float32", heading)
 
 
 def render_http_edge(data: dict[str, Any]) -> str:

@@ -21,16 +21,22 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from benchmarks.harness.kernel_cases import (
+    KernelCase,
+    TimeSide,
+    kernel_rounds,
+    micros_per_call,
+    speedup_cases,
+)
 from benchmarks.harness.results import ResultFile, add_output_arguments
-from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, order_of
-from benchmarks.harness.stats import Goal, judge, spread
+from benchmarks.harness.rounds import DEFAULT_ROUNDS
+from benchmarks.harness.stats import Goal
 from engine.kernels import build_extension
 from engine.kernels.quantized import SOURCE, quantize, quantized_kernels
 
@@ -57,56 +63,40 @@ def simd_only_module() -> ModuleType:
     return build_extension(folder / SOURCE.name)
 
 
-def time_product(module: ModuleType, x: torch.Tensor, blocks: torch.Tensor, kind: str, n: int):
-    """Microseconds per product, over ``n`` of them."""
-    module.quantized_linear(x, blocks, kind)
-    start = time.perf_counter()
-    for _ in range(n):
-        module.quantized_linear(x, blocks, kind)
-    return (time.perf_counter() - start) / n * 1e6
+def time_side(modules: dict[str, ModuleType]) -> TimeSide:
+    """Microseconds per product on a side's module."""
+
+    def time_it(side: str, case: KernelCase, n: int) -> float:
+        _, kind, x, blocks = case
+        return micros_per_call(lambda: modules[side].quantized_linear(x, blocks, kind), n)
+
+    return time_it
 
 
-def cases() -> list[tuple[str, str, int, torch.Tensor, torch.Tensor]]:
-    """(name, kind, rows, x, weight blocks) of every case, drawn once."""
+def cases() -> list[KernelCase]:
+    """(name, kind, x, weight blocks) of every case, drawn once."""
     torch.manual_seed(0)
     found = []
     for kind in KINDS:
         for n, k in SHAPES:
             blocks = quantize(torch.randn(n, k), kind).blocks
             for rows in ROWS:
-                found.append((f"{kind} {n}x{k} M={rows}", kind, rows, torch.randn(rows, k), blocks))
+                found.append((f"{kind} {n}x{k} M={rows}", kind, torch.randn(rows, k), blocks))
     return found
 
 
 def measure(modules: dict[str, ModuleType], args: argparse.Namespace) -> dict[str, dict]:
     """Each case's microseconds per product on each side, every kept round."""
-    drawn = cases()
-    kept: dict[str, dict[str, list[float]]] = {c[0]: {s: [] for s in modules} for c in drawn}
-    for index in range(DEFAULT_WARMUP + args.rounds):
-        for name, kind, rows, x, blocks in drawn:
-            repeats = args.repeats if rows == 1 else max(1, args.repeats // 4)
-            for side in order_of(list(modules), index):
-                micros = time_product(modules[side], x, blocks, kind, repeats)
-                if index >= DEFAULT_WARMUP:
-                    kept[name][side].append(micros)
-        print(f"round {index + 1 - DEFAULT_WARMUP} done", flush=True)
-    return kept
+    return kernel_rounds(
+        cases(), list(modules), time_side(modules), args.rounds,
+        repeats=lambda rows: args.repeats if rows == 1 else max(1, args.repeats // 4),
+    )  # fmt: skip
 
 
 def report(kept: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> dict[str, Any]:
     """Per case each side's spread and legacy's speed-up with its verdict against ``GOAL``."""
     result: dict[str, Any] = {"goal": str(GOAL), "threads": 1, "repeats": args.repeats}
-    for name, sides in kept.items():
-        speedups = [s / legacy for s, legacy in zip(sides["simd"], sides["legacy"], strict=True)]
-        verdict = judge(speedups, GOAL)
-        result[name] = {
-            "legacy_us": spread(sides["legacy"], 1),
-            "simd_us": spread(sides["simd"], 1),
-            "legacy_speedup": spread(speedups, 3),
-            "verdict": verdict.verdict,
-        }
-        print(f"{name}: legacy speed-up {result[name]['legacy_speedup']['median']}x, {verdict}")
-    return result
+    return result | speedup_cases(kept, "legacy", "simd", GOAL)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,14 +17,20 @@ the int8 side's. int8 earns a row count where the speed-up's interval clears ``G
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 import torch
 
+from benchmarks.harness.kernel_cases import (
+    KernelCase,
+    TimeSide,
+    kernel_rounds,
+    micros_per_call,
+    speedup_cases,
+)
 from benchmarks.harness.results import ResultFile, add_output_arguments
-from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, order_of
-from benchmarks.harness.stats import Goal, judge, spread
+from benchmarks.harness.rounds import DEFAULT_ROUNDS
+from benchmarks.harness.stats import Goal
 from engine.kernels.quantized import quantized_kernels
 from tests.support.gguf_blocks import random_blocks
 
@@ -44,17 +50,18 @@ SIDES = ("int8", "float32")
 GOAL = Goal(1.0)
 
 
-def time_product(module: Any, dtype: str, x: torch.Tensor, blocks: torch.Tensor, kind: str, n: int):
-    """Microseconds per product on ``dtype`` activations, over ``n`` of them."""
-    module.set_activation_dtype(dtype)
-    module.quantized_linear(x, blocks, kind)
-    start = time.perf_counter()
-    for _ in range(n):
-        module.quantized_linear(x, blocks, kind)
-    return (time.perf_counter() - start) / n * 1e6
+def time_side(module: Any) -> TimeSide:
+    """Microseconds per product on a side's activation dtype (the side's name)."""
+
+    def time_it(dtype: str, case: KernelCase, n: int) -> float:
+        _, kind, x, blocks = case
+        module.set_activation_dtype(dtype)
+        return micros_per_call(lambda: module.quantized_linear(x, blocks, kind), n)
+
+    return time_it
 
 
-def drawn_cases() -> list[tuple[str, str, torch.Tensor, torch.Tensor]]:
+def drawn_cases() -> list[KernelCase]:
     """(name, kind, x, weight blocks) of every case, drawn once."""
     generator = torch.Generator().manual_seed(0)
     found = []
@@ -68,20 +75,13 @@ def drawn_cases() -> list[tuple[str, str, torch.Tensor, torch.Tensor]]:
 
 def measure(module: Any, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """Each case's microseconds per product on each side, every kept round."""
-    cases = drawn_cases()
-    kept: dict[str, dict[str, list[float]]] = {c[0]: {s: [] for s in SIDES} for c in cases}
     try:
-        for index in range(DEFAULT_WARMUP + args.rounds):
-            for name, kind, x, blocks in cases:
-                repeats = max(1, args.repeats // x.shape[0])
-                for side in order_of(list(SIDES), index):
-                    micros = time_product(module, side, x, blocks, kind, repeats)
-                    if index >= DEFAULT_WARMUP:
-                        kept[name][side].append(micros)
-            print(f"round {index + 1 - DEFAULT_WARMUP} done", flush=True)
+        return kernel_rounds(
+            drawn_cases(), SIDES, time_side(module), args.rounds,
+            repeats=lambda rows: max(1, args.repeats // rows),
+        )  # fmt: skip
     finally:
         module.set_activation_dtype("float32")
-    return kept
 
 
 def report(kept: dict[str, dict[str, list[float]]], module: Any, args: argparse.Namespace):
@@ -93,17 +93,7 @@ def report(kept: dict[str, dict[str, list[float]]], module: Any, args: argparse.
         "isa": module.isa(),
         "int8_path": _int8_path(module),
     }
-    for name, sides in kept.items():
-        speedups = [f / i for f, i in zip(sides["float32"], sides["int8"], strict=True)]
-        verdict = judge(speedups, GOAL)
-        result[name] = {
-            "int8_us": spread(sides["int8"], 1),
-            "float32_us": spread(sides["float32"], 1),
-            "int8_speedup": spread(speedups, 3),
-            "verdict": verdict.verdict,
-        }
-        print(f"{name}: int8 speed-up {result[name]['int8_speedup']['median']}x, {verdict}")
-    return result
+    return result | speedup_cases(kept, "int8", "float32", GOAL)
 
 
 def _int8_path(module: Any) -> str:
