@@ -131,12 +131,13 @@ inline void quantize_rows(const float* x, int64_t M, int64_t k, int64_t group, I
   out.scale.resize(M * groups);
   out.sums16.resize(M * k / 16);
   out.scaled_sums.resize(M * groups);
+  const bool simd = current_int8_path() != Int8Path::scalar;
   for (int64_t g = 0; g < M * groups; ++g) {
     const float* xs = x + g * group;
     int8_t* q = out.q.data() + g * group;
     int16_t* sums16 = out.sums16.data() + g * group / 16;
 #if PDSERVE_HAS_X86
-    if (current_isa() != Isa::scalar)
+    if (simd)
       quantize_group_avx2(xs, group, q, &out.scale[g], sums16);
     else
 #endif
@@ -196,9 +197,8 @@ namespace int8_vnni {
 
 // Which integer path runs now: "vnni", "avx2" or "scalar".
 inline const char* int8_path() {
-  const Isa isa = current_isa();
-  if (isa == Isa::avx512 && cpu_lists_avx512_vnni()) return "vnni";
-  return isa == Isa::scalar ? "scalar" : "avx2";
+  const Int8Path path = current_int8_path();
+  return path == Int8Path::vnni ? "vnni" : path == Int8Path::avx2 ? "avx2" : "scalar";
 }
 
 template <Kind K>
@@ -206,10 +206,10 @@ void int8_linear_rows_any(int64_t begin, int64_t end, const uint8_t* weight, int
                           int64_t blocks, const Int8Rows& x, float* out) {
   if constexpr (!is_half(K)) {
 #if PDSERVE_HAS_X86
-    const Isa isa = current_isa();
-    if (isa == Isa::avx512 && cpu_lists_avx512_vnni())
+    const Int8Path path = current_int8_path();
+    if (path == Int8Path::vnni)
       return int8_vnni::int8_linear_rows<K>(begin, end, weight, ldo, blocks, x, out);
-    if (isa != Isa::scalar)
+    if (path == Int8Path::avx2)
       return int8_avx2::int8_linear_rows<K>(begin, end, weight, ldo, blocks, x, out);
 #endif
     int8_linear_rows_scalar<K>(begin, end, weight, ldo, blocks, x, out);

@@ -56,6 +56,24 @@ inline std::atomic<Isa>& selected_isa() {
 
 inline Isa current_isa() { return selected_isa().load(std::memory_order_relaxed); }
 
+// The path 8-bit activations take (quantized_int8.h), chosen with the ISA: VNNI's dpbusd where
+// AVX-512 was chosen and cpuid lists VNNI (avx512_probe ran it), else AVX2's maddubs, else scalar.
+enum class Int8Path { scalar, avx2, vnni };
+
+inline Int8Path int8_path_for(Isa isa) {
+  if (isa == Isa::avx512 && cpu_lists_avx512_vnni()) return Int8Path::vnni;
+  return isa == Isa::scalar ? Int8Path::scalar : Int8Path::avx2;
+}
+
+inline std::atomic<Int8Path>& selected_int8_path() {
+  static std::atomic<Int8Path> path{int8_path_for(auto_isa())};
+  return path;
+}
+
+inline Int8Path current_int8_path() {
+  return selected_int8_path().load(std::memory_order_relaxed);
+}
+
 inline const char* isa_name(Isa isa) {
   return isa == Isa::avx512 ? "avx512" : isa == Isa::avx2 ? "avx2" : "scalar";
 }
@@ -74,6 +92,7 @@ inline void set_isa(const std::string& name) {
     TORCH_CHECK(name == "auto", "set_isa: 'auto', 'avx512', 'avx2' or 'scalar', not '", name, "'");
   }
   selected_isa().store(isa);
+  selected_int8_path().store(int8_path_for(isa));
 }
 
 }  // namespace pdserve_quantized
