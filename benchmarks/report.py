@@ -269,6 +269,35 @@ def render_int8_rows(data: dict[str, Any]) -> str:
     return render_speedup_cases(data, "int8", "float32", heading)
 
 
+def render_accuracy(data: dict[str, Any]) -> str:
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"Teacher-forced decode over windows of {data['ctx']} tokens of the held text, the second "
+        "half of each scored; KL = KL(float32 activations || the setting), mean and 99th "
+        "percentile per token; top-1 = the same most likely token. llama.cpp: `llama-perplexity "
+        "--kl-divergence` of the file against its F32 copy, same text and windows. A setting "
+        f"passes where its mean KL is at most llama.cpp's and its top-1 at least "
+        f"{data['min_top1']:.0%}:",
+        "",
+        "| file | setting | tokens | perplexity (float32 → setting) | KL mean | KL p99 | top-1 "
+        "| llama.cpp KL mean | llama.cpp top-1 | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in data["files"].items():
+        peer = entry.get("llamacpp")
+        peer_kl = f"{peer['kl_mean']:.5f}" if peer else "-"
+        peer_top1 = f"{peer['top1_agreement']:.2%}" if peer else "-"
+        for setting, f in entry["settings"].items():
+            lines.append(
+                f"| {name} | {setting} | {f['tokens']} | {f['perplexity_reference']:.3f} → "
+                f"{f['perplexity']:.3f} | {f['kl_mean']:.5f} | {f['kl_p99']:.5f} | "
+                f"{f['top1_agreement']:.2%} | {peer_kl} | {peer_top1} | "
+                f"{entry['verdicts'][setting]} |"
+            )
+    return "\n".join(lines)
+
+
 def render_http_edge(data: dict[str, Any]) -> str:
     cost, ratio, attacks = (
         data["server_cpu_us_per_event"],
@@ -572,6 +601,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "decode_step": render_decode_step,
     "avx2_paths": render_avx2_paths,
     "int8_rows": render_int8_rows,
+    "accuracy": render_accuracy,
     "http_edge": render_http_edge,
     "structured": render_structured,
     "memory": render_memory,

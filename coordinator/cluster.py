@@ -35,7 +35,7 @@ import ray
 
 from coordinator.config.cluster import ClusterConfig
 from coordinator.pool.fleet import Fleet
-from coordinator.pool.reserve_queue import Late, ReserveQueue
+from coordinator.pool.reserve_queue import Late, ReserveQueue, share_of_places
 from coordinator.pool.token_stream import StreamItem, TokenStream, WorkerKey
 from coordinator.pool.token_streams import TokenChannelError, TokenStreams
 from coordinator.request_run import RequestRun, RunPhase
@@ -48,6 +48,7 @@ from workers.contracts import (
     HandoffTarget,
     Reservation,
     Submitted,
+    WorkerReport,
 )
 from workers.runtime import MAX_WAITING_RESERVATIONS
 
@@ -268,6 +269,18 @@ class Cluster:
         except TokenChannelError:
             await self.fleet.identify(key)
 
+    def _reserve_queue(self, d_key: WorkerKey) -> ReserveQueue:
+        return self._reserve_queues.setdefault(d_key, ReserveQueue(MAX_WAITING_RESERVATIONS))
+
+    def share_places(self, reports: list[WorkerReport]) -> None:
+        """Each decode worker's waiting places shared among the coordinators that hold a lease
+        on it, as a load poll reports them: this one keeps out only its share."""
+        for report in reports:
+            load = report.load
+            if load.role != "prefill":
+                share = share_of_places(MAX_WAITING_RESERVATIONS, report.num_coordinators)
+                self._reserve_queue((load.role, load.instance)).resize(share)
+
     async def _reserve(
         self,
         d_key: WorkerKey,
@@ -282,7 +295,7 @@ class Cluster:
         wait_s = min(x for x in (self.config.reservation_wait_s, request.timeout_s) if x)
         deadline = (time.monotonic() if since is None else since) + wait_s
         d_worker = self.fleet.worker(*d_key)
-        queue = self._reserve_queues.setdefault(d_key, ReserveQueue(MAX_WAITING_RESERVATIONS))
+        queue = self._reserve_queue(d_key)
         try:
             async with queue.place(request.priority, deadline):
                 left_s = max(deadline - time.monotonic(), 0.0)

@@ -65,6 +65,7 @@ class Coordinator:
         self.cluster.on_prefilled = self.metrics.record_prefill
         self.fleet = self.cluster.fleet
         self.router = Router(self.fleet, routing=routing_config(config, self.cluster.config.engine))
+        self.router.view.on_reports = self.cluster.share_places
         self.service = InferenceService(
             self.cluster,
             self.router,

@@ -1,7 +1,8 @@
 """A burst: many requests at once, each on a connection of its own, against a pool too small to
 serve them all within their timeout. What a user of the burst hears, and when: served (200),
 refused (429, with ``Retry-After``), timed out (408), anything else; the served requests per
-second; and, after it, the decode workers' lapsed leases and blocks still in use.
+second; the CPU seconds the coordinator and the workers spent on it; and, after it, the decode
+workers' lapsed leases and blocks still in use.
 
     python -m benchmarks.serving.burst                      # -> benchmarks/results/burst.json
     python -m benchmarks.serving.burst --scratch --requests 60 --schedule-timeout-s 10
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from benchmarks.harness.launch import FIXED, start_pdserve, stop_pdserve
 from benchmarks.harness.results import ResultFile, add_output_arguments
@@ -93,6 +95,23 @@ def decode_workers(manage_url: str) -> list[dict[str, Any]]:
     return [row for row in rows if row.get("role") == "decode"]
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds so far of the processes ``pids`` (those gone count 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def worker_pids(manage_url: str) -> list[int]:
+    rows = httpx.get(f"{manage_url}/v1/instances", timeout=10).json()["instances"]
+    return [int(row["pid"]) for row in rows if row.get("pid")]
+
+
 def lapsed_leases(manage_url: str) -> int:
     """Leases lapsed on every decode worker since it started."""
     return sum(w.get("num_leases_expired", 0) for w in decode_workers(manage_url))
@@ -116,6 +135,8 @@ def size_summary(size: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "refused_s_p50": median_of("refused_s_p50"),
         "refused_s_max": max((r["refused_s_max"] or 0 for r in runs), default=None) or None,
         "retry_after_s_p50": median_of("retry_after_s_p50"),
+        "coordinator_cpu_s": median_of("coordinator_cpu_s"),
+        "workers_cpu_s": median_of("workers_cpu_s"),
         "leases_expired": sum(run["leases_expired"] for run in runs),
         "blocks_in_use_after": max(run["blocks_in_use_after"] for run in runs),
         "runs": runs,
@@ -153,8 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     def side(size: int) -> Callable[[], float]:
         def measure() -> float:
             lapsed = lapsed_leases(manage)
+            workers = worker_pids(manage)
+            cpu_before = cpu_seconds([process.pid]), cpu_seconds(workers)
             draw = str(len(runs[str(size)]))
             run = asyncio.run(burst(url, size, words, args.new_tokens, timeout_s, draw))
+            # CPU the burst took, this client's own not counted: does the coordinator take the
+            # two cores' time from the workers as a burst grows?
+            run["coordinator_cpu_s"] = round(cpu_seconds([process.pid]) - cpu_before[0], 2)
+            run["workers_cpu_s"] = round(cpu_seconds(workers) - cpu_before[1], 2)
             time.sleep(SETTLE_S)
             run["leases_expired"] = lapsed_leases(manage) - lapsed
             run["blocks_in_use_after"] = sum(

@@ -43,9 +43,9 @@ def render(data: dict[str, Any], provenance: str) -> str:
         "round left; seconds from a request's send to its answer.",
         "",
         "| requests | served (200) | refused (429) | timed out (408) | other | served a second "
-        "| served p50 s | refused p50 s | refused max s | `Retry-After` p50 s | leases lapsed "
-        "| blocks in use after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| served p50 s | refused p50 s | refused max s | `Retry-After` p50 s "
+        "| CPU s coordinator / workers | leases lapsed | blocks in use after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in data["bursts"]:
         outcomes = run["outcomes"]
@@ -58,6 +58,7 @@ def render(data: dict[str, Any], provenance: str) -> str:
             _s(run["refused_s_p50"]),
             _s(run["refused_s_max"]),
             _s(run["retry_after_s_p50"]),
+            f"{_s(run.get('coordinator_cpu_s'))} / {_s(run.get('workers_cpu_s'))}",
             str(run["leases_expired"]),
             str(run["blocks_in_use_after"]),
         ]

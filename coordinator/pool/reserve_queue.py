@@ -7,7 +7,9 @@ that is not a pool that cannot serve it in time: at the pace the worker grants b
 the refused could have been served well within their timeout. So each coordinator keeps, per
 decode worker, a :class:`ReserveQueue`: at most ``places`` of its reserve calls are out at the
 worker, the rest wait here, in the worker's own order (priority, then arrival), each holding a
-future and no thread, and take a place as one frees.
+future and no thread, and take a place as one frees. Where several coordinators hold a lease on
+the worker, each keeps out only its share of the places (:func:`share_of_places`, resized at each
+load poll from the count the worker reports), so together they do not overrun it.
 
 A waiter the queue does not expect to see its first token within the time it may still wait is
 refused at once, with the estimate (the client's ``Retry-After``): the grants it waits for are
@@ -17,6 +19,11 @@ one "block" a grant), and after its grant the time a granted request took lately
 token (the median of the last ``SETTLED_KEPT``, told by ``settled``). Before the pace is known
 nobody is refused early; a waiter still here when its time is up is refused then, with the
 estimate if there is one.
+
+An arriving waiter is judged on an estimate ``ADMIT_MARGIN`` times the plain one; one already
+waiting, on the plain estimate. So a waiter let in is refused later only where the pace fell by
+more than the margin since, not whenever it wobbles: a client that waited is rarely turned away
+after all, and one that will not fit is told at once.
 
     queue = ReserveQueue(places=48)
     async with queue.place(priority, deadline):     # raises Late
@@ -42,6 +49,14 @@ from decode_worker.wait_estimate import GrantPace, seconds_for
 
 SETTLED_KEPT = 32  # grant-to-first-token times the estimate takes its median of
 NO_ESTIMATE_RETRY_S = 1.0  # a refusal's Retry-After when no pace is known yet
+ADMIT_MARGIN = 1.25  # an arriving waiter's estimate, times this, must fit its time
+
+
+def share_of_places(places: int, num_coordinators: int) -> int:
+    """One coordinator's share of a decode worker's ``places`` when ``num_coordinators`` hold a
+    lease on it (at least one place each: with more coordinators than places, the worker refuses
+    the excess at once, as it would without the share)."""
+    return max(1, places // max(num_coordinators, 1))
 
 
 class Late(Exception):
@@ -90,6 +105,12 @@ class ReserveQueue:
             self.out -= 1
             self._serve()
 
+    def resize(self, places: int) -> None:
+        """Keep at most ``places`` calls out from now on (those out beyond stay until they end);
+        places added go to waiters at once."""
+        self.places = max(1, places)
+        self._serve()
+
     def answered(self, granted: bool) -> None:
         """A call out at the worker was answered: ``granted`` blocks or not (only grants made
         while waiters waited here count toward the pace)."""
@@ -110,7 +131,7 @@ class ReserveQueue:
         waiter = _Waiter(priority, next(self._seq), deadline, loop.create_future())
         heapq.heappush(self._heap, waiter)
         self.pace.waiting(self.clock(), True)
-        self._refuse_late()
+        self._refuse_late(arriving=waiter)
         timer = loop.call_at(loop.time() + max(deadline - self.clock(), 0.0), self._expire, waiter)
         try:
             await waiter.given
@@ -134,9 +155,10 @@ class ReserveQueue:
         self.pace.waiting(self.clock(), bool(self._heap))
         self._refuse_late()
 
-    def _refuse_late(self) -> None:
+    def _refuse_late(self, arriving: _Waiter | None = None) -> None:
         """Refuse, in order, every waiter whose first token is expected later than the time
-        it may still wait (those behind it move up)."""
+        it may still wait (those behind it move up); ``arriving``'s wait counted
+        ``ADMIT_MARGIN`` times over."""
         now = self.clock()
         pace = self.pace.blocks_per_s(now)
         if not pace or not self._heap:
@@ -145,7 +167,8 @@ class ReserveQueue:
         for waiter in sorted(self._heap):
             wait_s = seconds_for(ahead + 1, pace)
             left_s = waiter.deadline - now
-            if wait_s + after_s > left_s:
+            margin = ADMIT_MARGIN if waiter is arriving else 1.0
+            if wait_s * margin + after_s > left_s:
                 late.append((waiter, wait_s, left_s))
             else:
                 ahead += 1

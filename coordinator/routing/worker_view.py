@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from coordinator.routing.cache_view import CacheView
@@ -42,6 +43,8 @@ class WorkerView:
         self.decodes: list[WorkerState] = []  # the colocated workers in single_node
         self.last_loads: dict[WorkerKey, WorkerLoad] = {}  # each worker's latest answer
         self.latest_reports: list[WorkerReport] = []
+        # told each poll's reports (the cluster shares decode workers' places by them)
+        self.on_reports: Callable[[list[WorkerReport]], None] | None = None
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -78,6 +81,8 @@ class WorkerView:
         reports = await self.fleet.reports(self.cache.cursors())
         loads = [report.load for report in reports]
         self.latest_reports = reports
+        if self.on_reports is not None:
+            self.on_reports(reports)
         seen = {(load.role, load.instance) for load in loads}
         self.last_loads |= {(load.role, load.instance): load for load in loads}
         now = time.monotonic()

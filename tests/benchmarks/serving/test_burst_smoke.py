@@ -1,6 +1,6 @@
 """``python -m benchmarks.serving.burst`` at toy size on the tiny model: two burst sizes in a
-paired round, each served whole, every request accounted for, no lease lapsed, every block free
-after, and the ratio of their throughputs with its verdict."""
+paired round, each served whole, every request accounted for, the CPU it cost each side, no lease
+lapsed, every block free after, and the ratio of their throughputs with its verdict."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def test_burst_toy_run(tmp_path, tiny_model_dir):
         assert run["served_per_s"] > 0 and run["served_s_p50"] is not None
         assert run["refused_s_p50"] is None and run["leases_expired"] == 0
         assert run["blocks_in_use_after"] == 0
+        assert run["coordinator_cpu_s"] > 0 and run["workers_cpu_s"] > 0  # a burst costs CPU
     ratio = result["throughput_ratio"]
     assert (ratio["ours"], ratio["theirs"]) == ("6", "3")
     expected = large["runs"][0]["served_per_s"] / small["runs"][0]["served_per_s"]
