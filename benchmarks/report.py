@@ -269,16 +269,20 @@ def render_int8_rows(data: dict[str, Any]) -> str:
     return render_speedup_cases(data, "int8", "float32", heading)
 
 
+def _kl(figures: dict[str, Any]) -> str:
+    return f"{figures['kl_mean']:.5f} ± {figures['kl_mean_se']:.5f}"
+
+
 def render_accuracy(data: dict[str, Any]) -> str:
     lines = [
         provenance(data["_meta"]),
         "",
         f"Teacher-forced decode over windows of {data['ctx']} tokens of the held text, the second "
-        "half of each scored; KL = KL(float32 activations || the setting), mean and 99th "
-        "percentile per token; top-1 = the same most likely token. llama.cpp: `llama-perplexity "
-        "--kl-divergence` of the file against its F32 copy, same text and windows. A setting "
-        f"passes where its mean KL is at most llama.cpp's and its top-1 at least "
-        f"{data['min_top1']:.0%}:",
+        "half of each scored; KL = KL(float32 activations || the setting), mean ± its standard "
+        "error and 99th percentile per token; top-1 = the same most likely token. llama.cpp: "
+        "`llama-perplexity --kl-divergence` of the file against its F32 copy, same text and "
+        "windows. A setting passes where its mean KL is at most llama.cpp's and its top-1 at "
+        f"least {data['min_top1']:.0%}:",
         "",
         "| file | setting | tokens | perplexity (float32 → setting) | KL mean | KL p99 | top-1 "
         "| llama.cpp KL mean | llama.cpp top-1 | verdict |",
@@ -286,12 +290,12 @@ def render_accuracy(data: dict[str, Any]) -> str:
     ]
     for name, entry in data["files"].items():
         peer = entry.get("llamacpp")
-        peer_kl = f"{peer['kl_mean']:.5f}" if peer else "-"
+        peer_kl = _kl(peer) if peer else "-"
         peer_top1 = f"{peer['top1_agreement']:.2%}" if peer else "-"
         for setting, f in entry["settings"].items():
             lines.append(
                 f"| {name} | {setting} | {f['tokens']} | {f['perplexity_reference']:.3f} → "
-                f"{f['perplexity']:.3f} | {f['kl_mean']:.5f} | {f['kl_p99']:.5f} | "
+                f"{f['perplexity']:.3f} | {_kl(f)} | {f['kl_p99']:.5f} | "
                 f"{f['top1_agreement']:.2%} | {peer_kl} | {peer_top1} | "
                 f"{entry['verdicts'][setting]} |"
             )

@@ -7,8 +7,9 @@ from the exact path, beside what llama.cpp's own arithmetic moves them on the sa
 The text is ``benchmarks/engine/data/accuracy_text.txt`` (held here: nothing is downloaded),
 tokenized once and cut into windows of ``--ctx`` tokens, as ``llama-perplexity`` cuts its chunks.
 Each window is fed to the engine token by token through the decode path (teacher forcing: the
-step's logits are recorded, then the text's next token is forced as the sampled one), so a setting
-that changes decode rows, such as ``activation_dtype: int8``, is what the figures measure. The
+step's logits are recorded, then the text's next token is forced as the sampled one), four windows
+a step (``ROWS_PER_STEP``: steps that 8-bit activations take on every kind), so a setting that
+changes decode rows, such as ``activation_dtype: int8``, is what the figures measure. The
 reference is the same file on ``activation_dtype: float32``. Scored are the second half of each
 window's positions (as ``llama-perplexity`` scores them): per setting the perplexity, the mean and
 99th percentile of KL(reference || setting), and top-1 agreement (the same most likely token).
@@ -41,6 +42,9 @@ TEXT = Path(__file__).parent / "data" / "accuracy_text.txt"
 DEFAULT_FILES = ("bundled", "bundled-q4_k_m", "bundled-q8_0")
 SETTINGS = ("int8",)  # activation dtypes measured against float32
 MIN_TOP1 = 0.98
+# windows decoded together: every decode step within the rows 8-bit activations take on every
+# kind (``int8_max_rows``: 4 on the 32-weight kinds, 8 on the K kinds)
+ROWS_PER_STEP = 4
 
 
 def windows_of(token_ids: list[int], ctx: int, count: int | None = None) -> list[list[int]]:
@@ -49,10 +53,12 @@ def windows_of(token_ids: list[int], ctx: int, count: int | None = None) -> list
     return found if count is None else found[:count]
 
 
-def forced_logits(engine: LLMEngine, windows: list[list[int]]) -> list[torch.Tensor]:
+def forced_logits(
+    engine: LLMEngine, windows: list[list[int]], batch: int = ROWS_PER_STEP
+) -> list[torch.Tensor]:
     """Per window ``[ctx - 1, vocab]``: the logits after each of its first ``ctx - 1`` tokens,
-    the window's first token its prompt and each next one forced, step by step, all windows in one
-    batch."""
+    the window's first token its prompt and each next one forced, step by step, ``batch``
+    windows at a time."""
     seen: dict[str, list[torch.Tensor]] = {f"w{i}": [] for i in range(len(windows))}
     run = engine.runner.run
 
@@ -68,11 +74,13 @@ def forced_logits(engine: LLMEngine, windows: list[list[int]]) -> list[torch.Ten
 
     engine.runner.run = forcing_run  # type: ignore[method-assign]
     try:
-        for i, window in enumerate(windows):
-            params = SamplingParams(max_new_tokens=len(window) - 1, ignore_eos=True)
-            engine.add_request(engine.request(f"w{i}", window[:1], params))
-        while engine.has_work():
-            engine.step()
+        for first in range(0, len(windows), batch):
+            for i in range(first, min(first + batch, len(windows))):
+                window = windows[i]
+                params = SamplingParams(max_new_tokens=len(window) - 1, ignore_eos=True)
+                engine.add_request(engine.request(f"w{i}", window[:1], params))
+            while engine.has_work():
+                engine.step()
     finally:
         engine.runner.run = run  # type: ignore[method-assign]
     return [torch.stack(seen[f"w{i}"]) for i in range(len(windows))]
@@ -96,12 +104,13 @@ def perplexity(logprobs: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def divergence(reference: torch.Tensor, other: torch.Tensor, targets: torch.Tensor) -> dict:
-    """KL(reference || other) per scored token (mean, 99th percentile, max), top-1 agreement and
-    both perplexities, from log-probabilities."""
+    """KL(reference || other) per scored token (mean with its standard error, 99th percentile,
+    max), top-1 agreement and both perplexities, from log-probabilities."""
     kl = (reference.exp() * (reference - other)).sum(-1).clamp(min=0)
     return {
         "tokens": int(kl.numel()),
         "kl_mean": round(kl.mean().item(), 6),
+        "kl_mean_se": round(kl.std().item() / math.sqrt(kl.numel()), 6),
         "kl_p99": round(torch.quantile(kl, 0.99).item(), 6),
         "kl_max": round(kl.max().item(), 6),
         "top1_agreement": round(

@@ -17,6 +17,7 @@ from engine.model.gguf_cache import cache_root
 PERPLEXITY = ("llama-perplexity",)
 _FIGURES = {
     "kl_mean": re.compile(r"Mean\s+KLD:\s+([-\d.]+)"),
+    "kl_mean_se": re.compile(r"Mean\s+KLD:\s+[-\d.]+\s*±\s*([-\d.]+)"),
     "kl_p99": re.compile(r"99\.0%\s+KLD:\s+([-\d.]+)"),
     "kl_max": re.compile(r"Maximum KLD:\s+([-\d.]+)"),
     "top1_agreement": re.compile(r"Same top p:\s+([-\d.]+)\s*±"),

@@ -42,8 +42,22 @@ def test_windows_are_whole_and_counted():
 def test_forced_decode_gives_the_logits_of_each_prefix_as_a_prompt(tiny_loaded):
     tiny_engine = make_engine(tiny_loaded, prefix_caching=False)  # each prompt computed whole
     windows = [[5, 9, 14, 3, 7, 22, 8, 11], [40, 2, 19, 6, 33, 12, 25, 4]]
+    rows = []
+    run = tiny_engine.runner.run
+
+    def counting(scheduled, *hooks):
+        logits, samplers = run(scheduled, *hooks)
+        rows.append(len(samplers))
+        return logits, samplers
+
+    tiny_engine.runner.run = counting
+    one_by_one = accuracy.forced_logits(tiny_engine, windows, batch=1)
+    assert max(rows) == 1  # never more windows a step than asked
+    tiny_engine.runner.run = run
     forced = accuracy.forced_logits(tiny_engine, windows)
     assert [tuple(f.shape[:1]) for f in forced] == [(7,), (7,)]
+    for alone, together in zip(one_by_one, forced, strict=True):
+        assert torch.allclose(alone, together, atol=1e-3, rtol=1e-4)
     for w, window in enumerate(windows):
         for n in (1, 4, 7):
             params = SamplingParams(max_new_tokens=1, ignore_eos=True)
@@ -97,7 +111,8 @@ def test_a_setting_passes_only_under_llamacpps_kl_and_over_the_top1_floor():
 def test_llama_perplexity_report_is_parsed_and_its_command_names_the_base(tmp_path):
     figures = parse_kl_report(KL_REPORT)
     assert figures == {
-        "kl_mean": 0.012345, "kl_p99": 0.098765, "kl_max": 0.876543, "top1_agreement": 0.97123,
+        "kl_mean": 0.012345, "kl_mean_se": 0.000456, "kl_p99": 0.098765, "kl_max": 0.876543,
+        "top1_agreement": 0.97123,
         "perplexity": 17.512345, "perplexity_reference": 17.401234,
     }  # fmt: skip
     with pytest.raises(RuntimeError, match="no kl_mean"):
