@@ -33,7 +33,11 @@ from benchmarks.serving.served_stream_report import render_headline as render_st
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
-DOCUMENTS = (README, *sorted((ROOT / "docs" / "performance").glob("*.md")))
+DOCUMENTS = (
+    README,
+    ROOT / "docs" / "testing.md",
+    *sorted((ROOT / "docs" / "performance").glob("*.md")),
+)
 # ``NAME`` or ``NAME:VIEW``: the result file NAME.json, rendered whole or as a VIEW of it
 BLOCK = re.compile(r"(<!-- report: (\w+(?::\w+)?) -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
 
@@ -270,7 +274,7 @@ def render_int8_rows(data: dict[str, Any]) -> str:
 
 
 def _kl(figures: dict[str, Any]) -> str:
-    return f"{figures['kl_mean']:.5f} ± {figures['kl_mean_se']:.5f}"
+    return f"{figures['kl_mean']:.6f} ± {figures['kl_mean_se']:.6f}"
 
 
 def render_accuracy(data: dict[str, Any]) -> str:
@@ -299,6 +303,37 @@ def render_accuracy(data: dict[str, Any]) -> str:
                 f"{f['top1_agreement']:.2%} | {peer_kl} | {peer_top1} | "
                 f"{entry['verdicts'][setting]} |"
             )
+    return "\n".join(lines)
+
+
+def render_soak(data: dict[str, Any]) -> str:
+    config, requests = data["config"], data["requests"]
+    causes = ", ".join(f"{cause} {n:,}" for cause, n in requests["by_cause"].items())
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"{config['minutes']:.0f} minutes, {config['concurrency']} senders, seed {config['seed']}: "
+        f"{requests['total']:,} requests ({causes}); "
+        f"{'PASS' if data['passed'] else 'FAIL: ' + '; '.join(data['failures'])}. RSS after the "
+        f"{config['warmup_s'] / 60:.0f}-minute warm-up, and the C heap's bytes in use "
+        "(glibc's count, model weights mapped by malloc included) over the run:",
+        "",
+        "| process | RSS first → last after warm-up, MiB | slope MiB/min | C heap in use first → "
+        "last, MiB | C heap slope MiB/min |",
+        "|---|---|---|---|---|",
+    ]
+    for name, rss in data["rss"].items():
+        heap = data.get("heap", {}).get(name)
+        heap_cells = (
+            f"{heap['in_use_first_mib']:.1f} → {heap['in_use_last_mib']:.1f} | "
+            f"{heap['in_use_slope_mib_per_min']:.2f}"
+            if heap
+            else "- | -"
+        )
+        lines.append(
+            f"| {name} | {rss['first_after_warmup_mib']:.1f} → {rss['last_mib']:.1f} | "
+            f"{rss['slope_mib_per_min']:.2f} | {heap_cells} |"
+        )
     return "\n".join(lines)
 
 
@@ -606,6 +641,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "avx2_paths": render_avx2_paths,
     "int8_rows": render_int8_rows,
     "accuracy": render_accuracy,
+    "soak": render_soak,
     "http_edge": render_http_edge,
     "structured": render_structured,
     "memory": render_memory,

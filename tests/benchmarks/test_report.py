@@ -22,6 +22,8 @@ FILES = (
     "decode_step",
     "avx2_paths",
     "int8_rows",
+    "accuracy",
+    "soak",
     "replicas",
     "http_edge",
     "structured",
@@ -76,7 +78,8 @@ def test_each_result_file_records_its_machine_code_and_command(name):
     data = json.loads((report.RESULTS / f"{name}.json").read_text())
     meta = data.get("_meta") or data.get("meta") or data
     assert all(meta.get(key) for key in PROVENANCE), {k: meta.get(k) for k in PROVENANCE}
-    assert meta["command"].startswith(("python -m benchmarks.", "python benchmarks/"))
+    commands = ("python -m benchmarks.", "python benchmarks/", "python -m tests.soak.run")
+    assert meta["command"].startswith(commands)
 
 
 def test_the_engine_figures_computed_their_prompts():
