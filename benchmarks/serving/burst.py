@@ -90,9 +90,13 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+def instances(manage_url: str) -> list[dict[str, Any]]:
+    """Every worker's row of ``/v1/instances``."""
+    return httpx.get(f"{manage_url}/v1/instances", timeout=10).json()["instances"]
+
+
 def decode_workers(manage_url: str) -> list[dict[str, Any]]:
-    rows = httpx.get(f"{manage_url}/v1/instances", timeout=10).json()["instances"]
-    return [row for row in rows if row.get("role") == "decode"]
+    return [row for row in instances(manage_url) if row.get("role") == "decode"]
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -108,8 +112,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def worker_pids(manage_url: str) -> list[int]:
-    rows = httpx.get(f"{manage_url}/v1/instances", timeout=10).json()["instances"]
-    return [int(row["pid"]) for row in rows if row.get("pid")]
+    return [int(row["pid"]) for row in instances(manage_url) if row.get("pid")]
 
 
 def lapsed_leases(manage_url: str) -> int:
