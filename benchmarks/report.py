@@ -282,11 +282,12 @@ def render_accuracy(data: dict[str, Any]) -> str:
         provenance(data["_meta"]),
         "",
         f"Teacher-forced decode over windows of {data['ctx']} tokens of the held text, the second "
-        "half of each scored; KL = KL(float32 activations || the setting), mean ± its standard "
-        "error and 99th percentile per token; top-1 = the same most likely token. llama.cpp: "
-        "`llama-perplexity --kl-divergence` of the file against its F32 copy, same text and "
-        "windows. A setting passes where its mean KL is at most llama.cpp's and its top-1 at "
-        f"least {data['min_top1']:.0%}:",
+        "half of each scored; KL = KL(float32 activations and KV cache || the setting), mean ± "
+        "its standard error and 99th percentile per token; top-1 = the same most likely token. "
+        "Settings: `int8` activations, a `kv_float16` or `kv_bfloat16` cache, or both. "
+        "llama.cpp: `llama-perplexity --kl-divergence` of the file against its F32 copy, same "
+        "text and windows (its default float16 KV cache on both sides). A setting passes where "
+        f"its mean KL is at most llama.cpp's and its top-1 at least {data['min_top1']:.0%}:",
         "",
         "| file | setting | tokens | perplexity (float32 → setting) | KL mean | KL p99 | top-1 "
         "| llama.cpp KL mean | llama.cpp top-1 | verdict |",
@@ -303,6 +304,33 @@ def render_accuracy(data: dict[str, Any]) -> str:
                 f"{f['top1_agreement']:.2%} | {peer_kl} | {peer_top1} | "
                 f"{entry['verdicts'][setting]} |"
             )
+    return "\n".join(lines)
+
+
+def render_kv_dtype(data: dict[str, Any]) -> str:
+    sides = list(data["kv_bytes_per_token"])
+    per_token = ", ".join(f"{s} {b / 1024:.1f} KiB" for s, b in data["kv_bytes_per_token"].items())
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"{data['file']} ({data['engine']}): ms per decode step of {data['tokens']} steps, "
+        f"median [min-max] over rounds; a 16-bit side's speed-up = float32's step time / its "
+        f"own, median [95 % interval], goal {data['goal']}. KV bytes per token: {per_token}.",
+        "",
+        "| streams:context | "
+        + " | ".join(f"{s} ms" for s in sides)
+        + " | "
+        + " | ".join(f"{s} speed-up" for s in sides[1:])
+        + " |",
+        "|---" * (1 + 2 * len(sides) - 1) + "|",
+    ]
+    for case, entry in data["cases"].items():
+        times = " | ".join(_cell(entry["ms_per_step"][s], 1) for s in sides)
+        speedups = " | ".join(
+            f"{_ratio_cell(entry[f'{s}_speedup'], 3)} {entry[f'{s}_speedup']['verdict']}"
+            for s in sides[1:]
+        )
+        lines.append(f"| {case} | {times} | {speedups} |")
     return "\n".join(lines)
 
 
@@ -641,6 +669,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "avx2_paths": render_avx2_paths,
     "int8_rows": render_int8_rows,
     "accuracy": render_accuracy,
+    "kv_dtype": render_kv_dtype,
     "soak": render_soak,
     "http_edge": render_http_edge,
     "structured": render_structured,

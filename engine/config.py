@@ -23,6 +23,8 @@ WEIGHT_DTYPES = ("auto", "fp32", "int8", "int4")
 PROMPT_MATMUL_DTYPES = ("float32", "bfloat16")
 # what quantized layers multiply decode rows with (engine/kernels/isa.py)
 ACTIVATION_DTYPES = ("auto", "int8", "float32")
+# what the paged KV cache stores keys and values in (auto: the model's dtype, resolve_kv_dtype)
+KV_CACHE_DTYPES = ("auto", *_DTYPES)
 TRANSPORTS = ("zmq", "grpc", "inprocess")  # engine.transfer's transports, by name
 ENCRYPTION_MODES = ("auto", "on", "off")
 
@@ -106,6 +108,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
     return _DTYPES[dtype]
+
+
+def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """``kv_cache_dtype`` (one of :data:`KV_CACHE_DTYPES`) as torch's; ``auto`` is the model's
+    dtype (float32 on CPU until the accuracy gate and the speed runs make a 16-bit cache the
+    default there)."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    return _DTYPES[kv_cache_dtype]
 
 
 @dataclass(frozen=True)
@@ -208,6 +219,8 @@ class EngineConfig:
     prompt_matmul_dtype: str = choice("float32", PROMPT_MATMUL_DTYPES, "prompt_matmul_dtype")
     # auto (float32 for now), int8 (8-bit groups, integer dot products) or float32
     activation_dtype: str = choice("auto", ACTIVATION_DTYPES, "activation_dtype")
+    # what the paged KV cache stores: auto (the model's dtype), float32, bfloat16 or float16
+    kv_cache_dtype: str = choice("auto", KV_CACHE_DTYPES, "kv_cache_dtype")
     # torch intra-op threads for this engine's process
     num_threads: int | None = bounded(None, 1, 1024, "num_threads")
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -223,3 +236,7 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return resolve_dtype(self.dtype, self.torch_device)
+
+    @property
+    def torch_kv_dtype(self) -> torch.dtype:
+        return resolve_kv_dtype(self.kv_cache_dtype, self.torch_dtype)

@@ -60,6 +60,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.config = config
         self.device, self.dtype = config.torch_device, config.torch_dtype
+        self.kv_dtype = config.torch_kv_dtype
         loaded = loaded or load_model(config.model_path)
         self.activation_dtype = set_activation_dtype(config.activation_dtype)
         self.model_name = loaded.name
@@ -84,18 +85,18 @@ class LLMEngine:
         # constrained requests' compiled grammars (engine/grammars.py)
         self.grammars = GrammarCache(self.tokenizer, self.shape.vocab_size, self.eos_token_ids)
         block_size = config.cache.block_size
-        num_blocks = config.cache.num_blocks or _blocks_in(config, self.shape, self.dtype)
+        num_blocks = config.cache.num_blocks or _blocks_in(config, self.shape, self.kv_dtype)
         fingerprint = _fingerprint(loaded, self.shape)
-        self.kv_cache = KVCache(self.shape, num_blocks, block_size, self.device, self.dtype)
+        self.kv_cache = KVCache(self.shape, num_blocks, block_size, self.device, self.kv_dtype)
         self.blocks = BlockManager(
             num_blocks,
             block_size,
             enabled=config.cache.enable_prefix_caching,
-            root=f"{fingerprint}/{self.dtype}".encode(),
+            root=f"{fingerprint}/{self.dtype}/{self.kv_dtype}".encode(),
         )
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(self.model, self.kv_cache.layers, block_size, self.device)
-        self.layout = _kv_layout(fingerprint, self.shape, str(self.dtype), block_size)
+        self.layout = _kv_layout(fingerprint, self.shape, str(self.kv_dtype), block_size)
         self.requests: dict[str, Request] = {}
         self.importer = KVImporter(self)  # hand-offs received (engine/kv_import.py)
         self._pending: list[TokenEvent] = []
@@ -368,7 +369,7 @@ class LLMEngine:
     @property
     def kv_cache_bytes(self) -> int:
         """Bytes of the whole KV cache: more pages than that never arrive for one request."""
-        block_bytes = bytes_per_block(self.shape, self.layout.block_size, self.dtype)
+        block_bytes = bytes_per_block(self.shape, self.layout.block_size, self.kv_dtype)
         return self.blocks.num_blocks * block_bytes
 
     def stats(self) -> EngineStats:

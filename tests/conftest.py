@@ -34,6 +34,7 @@ def make_engine(
     block_size: int = 4,
     num_blocks: int = 256,
     prefix_caching: bool = True,
+    kv_cache_dtype: str = "auto",
     **scheduler: int,
 ) -> LLMEngine:
     cache = CacheConfig(
@@ -43,6 +44,7 @@ def make_engine(
         model_path=str(loaded.path),
         device="cpu",
         cache=cache,
+        kv_cache_dtype=kv_cache_dtype,
         scheduler=SchedulerConfig(**scheduler),
     )
     return LLMEngine(config, loaded)

@@ -9,15 +9,18 @@ tokenized once and cut into windows of ``--ctx`` tokens, as ``llama-perplexity``
 Each window is fed to the engine token by token through the decode path (teacher forcing: the
 step's logits are recorded, then the text's next token is forced as the sampled one), four windows
 a step (``ROWS_PER_STEP``: steps that 8-bit activations take on every kind), so a setting that
-changes decode rows, such as ``activation_dtype: int8``, is what the figures measure. The
-reference is the same file on ``activation_dtype: float32``. Scored are the second half of each
+changes decode rows, such as ``activation_dtype: int8``, or what decode reads, such as a 16-bit
+``kv_cache_dtype`` (every token after a window's first is read back from the cache), is what the
+figures measure. The reference is the same file on float32 activations and a float32 KV cache
+(``SETTINGS`` names each setting's configuration). Scored are the second half of each
 window's positions (as ``llama-perplexity`` scores them): per setting the perplexity, the mean and
 99th percentile of KL(reference || setting), and top-1 agreement (the same most likely token).
 
 The peer figure: ``llama-perplexity --kl-divergence`` of the file against llama.cpp's own run of
 its F32 copy (``llama-quantize`` to F32: the same weights, dequantized), on the same text, window
-and thread count. A setting may be a default where its KL is at most llama.cpp's on the same file
-and its top-1 agreement at least ``MIN_TOP1``.
+and thread count, with llama.cpp's default float16 KV cache on both sides. A setting may be a
+default where its KL is at most llama.cpp's on the same file and its top-1 agreement at least
+``MIN_TOP1``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,14 @@ from engine.sampling_params import SamplingParams
 
 TEXT = Path(__file__).parent / "data" / "accuracy_text.txt"
 DEFAULT_FILES = ("bundled", "bundled-q4_k_m", "bundled-q8_0")
-SETTINGS = ("int8",)  # activation dtypes measured against float32
+# each setting's engine configuration, measured against the float32 reference
+REFERENCE = {"activation_dtype": "float32", "kv_cache_dtype": "float32"}
+SETTINGS: dict[str, dict[str, str]] = {
+    "int8": {"activation_dtype": "int8"},
+    "kv_float16": {"kv_cache_dtype": "float16"},
+    "kv_bfloat16": {"kv_cache_dtype": "bfloat16"},
+    "int8_kv_float16": {"activation_dtype": "int8", "kv_cache_dtype": "float16"},
+}
 MIN_TOP1 = 0.98
 # windows decoded together: every decode step within the rows 8-bit activations take on every
 # kind (``int8_max_rows``: 4 on the 32-weight kinds, 8 on the K kinds)
@@ -124,13 +134,18 @@ def divergence(reference: torch.Tensor, other: torch.Tensor, targets: torch.Tens
 def measure_file(name: str, args: argparse.Namespace) -> dict[str, Any]:
     path = resolve_gguf(name)
     loaded = load_model("bundled" if name == "bundled" else str(path))
-    engine = LLMEngine(EngineConfig(device="cpu", activation_dtype="float32"), loaded)
+
+    def engine_for(setting: dict[str, str]) -> LLMEngine:
+        config = EngineConfig(device="cpu", **{**REFERENCE, **setting})
+        return LLMEngine(config, loaded)  # also sets this process's activation dtype
+
+    engine = engine_for({})
     ids = engine.tokenizer.encode(TEXT.read_text())
     windows = windows_of(ids, args.ctx, args.windows)
     if not windows:
         raise SystemExit(f"the text has {len(ids)} tokens: fewer than one window of {args.ctx}")
-    set_activation_dtype("float32")
     reference, targets = scored(forced_logits(engine, windows), windows)
+    del engine
     entry: dict[str, Any] = {
         "file": path.name,
         "text_tokens": len(ids),
@@ -138,10 +153,12 @@ def measure_file(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "settings": {},
     }
     try:
-        for setting in SETTINGS:
-            ran = set_activation_dtype(setting)
+        for setting, overrides in SETTINGS.items():
+            engine = engine_for(overrides)
             logprobs, _ = scored(forced_logits(engine, windows), windows)
-            entry["settings"][setting] = {"runs": ran, **divergence(reference, logprobs, targets)}
+            runs = {"activations": engine.activation_dtype, "kv_cache": str(engine.kv_dtype)}
+            del engine
+            entry["settings"][setting] = {"runs": runs, **divergence(reference, logprobs, targets)}
             print(f"{name} {setting}: {entry['settings'][setting]}", flush=True)
     finally:
         set_activation_dtype("float32")

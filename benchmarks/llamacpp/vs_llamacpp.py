@@ -79,7 +79,13 @@ from benchmarks.harness.stats import spread
 from benchmarks.llamacpp.build import TOOLS, VARIANTS, build_options, ensure_tools, has_tools
 from benchmarks.llamacpp.gguf_sets import NAMED_SETS, resolve_gguf
 from benchmarks.llamacpp.requantize import tensor_type_counts
-from engine.config import ACTIVATION_DTYPES, PROMPT_MATMUL_DTYPES, WEIGHT_DTYPES, EngineConfig
+from engine.config import (
+    ACTIVATION_DTYPES,
+    KV_CACHE_DTYPES,
+    PROMPT_MATMUL_DTYPES,
+    WEIGHT_DTYPES,
+    EngineConfig,
+)
 from engine.kernels import set_activation_dtype
 from engine.kernels.isa import resolved_activation_dtype
 from engine.kernels.quantized import quantized_kernels
@@ -186,6 +192,10 @@ def _parser() -> argparse.ArgumentParser:
         help="what decode rows multiply the weights with; both: int8 and float32 side by side",
     )  # fmt: skip
     parser.add_argument(
+        "--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+        help="pdserve's KV cache (llama.cpp's stays at its default, float16)",
+    )  # fmt: skip
+    parser.add_argument(
         "--measures", default=",".join(MEASURES), help=f"some of {', '.join(MEASURES)}"
     )
     return parser
@@ -235,6 +245,7 @@ def bench_file(
         weight_dtype=args.weight_dtype,
         prompt_matmul_dtype=args.prompt_matmul_dtype,
         activation_dtype="int8" if both else args.activation_dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     engine = LLMEngine(config, loaded)
     print(f"{name}: pdserve {engine.model.describe()}; llama.cpp {', '.join(map(str, llamas))}")
@@ -325,6 +336,7 @@ def _meta(args: argparse.Namespace, folders: dict[str, Path]) -> dict:
                 "kernel_isa": _pdserve_isa(),
                 "threads": args.threads,
                 "activation_dtype": activations,
+                "kv_cache_dtype": args.kv_cache_dtype,
                 **({"also": "pdserve_float32"} if both else {}),
             },
             **{

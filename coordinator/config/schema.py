@@ -232,6 +232,10 @@ SCHEMA["backend_config"] = section(
         "quantized to 8-bit groups once per input, integer dot products; results move beyond "
         "summation order); `auto`: `float32` until the accuracy gate makes `int8` a default "
         "(below)",),
+    fed("kv_cache_dtype", "str", engine("kv_cache_dtype"), "what the paged KV cache stores keys "
+        "and values in: `float16` or `bfloat16` hold twice the tokens in "
+        "`kv_cache_memory_mb` and halve what a hand-off moves; `auto`: the model's `dtype` "
+        "(below)",),
     fed("device", "str", engine("device"), "`auto`, `cpu` or `cuda[:N]`; `auto`: CUDA when "
         "present; a worker given GPUs (`num_gpus > 0`) always runs on CUDA"),
     fed("num_prefill_instances", "int", cluster("num_prefill"), "prefill actors (`pd_separate`)"),

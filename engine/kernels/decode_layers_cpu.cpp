@@ -51,7 +51,8 @@ class DecodeLayers {
 
   // hidden [M, E] float32, updated in place through every layer and returned. positions,
   // slots: [M]; tables [M, max_blocks], lens [M] as the paged attention takes them;
-  // kv_caches[i]: layer i's [2, num_blocks, block_size, KVH, D] float32 cache.
+  // kv_caches[i]: layer i's [2, num_blocks, block_size, KVH, D] cache (float32, float16 or
+  // bfloat16, the same for every layer).
   torch::Tensor forward(torch::Tensor hidden, torch::Tensor positions, torch::Tensor slots,
                         torch::Tensor tables, torch::Tensor lens,
                         const std::vector<torch::Tensor>& kv_caches) {
@@ -65,14 +66,15 @@ class DecodeLayers {
     const int64_t* slot_p = slots.data_ptr<int64_t>();
     std::vector<CacheView> caches;
     for (const torch::Tensor& cache : kv_caches) {
-      TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == torch::kFloat32 &&
-                      cache.size(3) == KVH_ && cache.size(4) == D_, "KV cache layout");
+      TORCH_CHECK(cache.is_contiguous() && cache.size(3) == KVH_ && cache.size(4) == D_ &&
+                      cache.scalar_type() == kv_caches[0].scalar_type(), "KV cache layout");
       const int64_t cache_rows = cache.size(1) * cache.size(2);
       for (int64_t m = 0; m < M; ++m)
         TORCH_CHECK(slot_p[m] >= 0 && slot_p[m] < cache_rows, "slot ", slot_p[m],
                     " outside the cache");
-      float* keys = cache.data_ptr<float>();
-      caches.push_back({keys, keys + cache_rows * KVH_ * D_, cache.size(2)});
+      char* keys = static_cast<char*>(cache.data_ptr());
+      caches.push_back({keys, keys + cache_rows * KVH_ * D_ * cache.element_size(), cache.size(2),
+                        cache.scalar_type()});
     }
     const StepShape shape{M, E, H_, KVH_, D_, layers_[0].gate_up.n / 2, eps_, scale_};
     const StepInputs in{hidden.data_ptr<float>(), positions.data_ptr<int64_t>(), slot_p,
@@ -118,13 +120,17 @@ class DecodeLayers {
         float* row = qkv_p + m * qkv.size(1);
         rotate(row, H_ + KVH_, D_, in.cos + in.positions[m] * D_, in.sin + in.positions[m] * D_);
         std::copy(row, row + q_width, q_p + m * q_width);
-        std::copy(row + q_width, row + q_width + kv_width, cache.keys + in.slots[m] * kv_width);
-        std::copy(row + q_width + kv_width, row + q_width + 2 * kv_width,
-                  cache.values + in.slots[m] * kv_width);
+        cache.typed([&](auto keys, auto values) {
+          pdserve_attention::store_row(row + q_width, keys + in.slots[m] * kv_width, kv_width);
+          pdserve_attention::store_row(row + q_width + kv_width, values + in.slots[m] * kv_width,
+                                       kv_width);
+        });
       }
-      pdserve_attention::paged_decode(q_p, M, H_, D_, cache.keys, cache.values,
-                                      cache.block_size, KVH_, in.tables, in.max_blocks, in.lens,
-                                      scale_, attn.data_ptr<float>());
+      cache.typed([&](auto keys, auto values) {
+        pdserve_attention::paged_decode(q_p, M, H_, D_, keys, values, cache.block_size, KVH_,
+                                        in.tables, in.max_blocks, in.lens, scale_,
+                                        attn.data_ptr<float>());
+      });
       layer.o.apply(attn, delta);
       add_into(h, delta.data_ptr<float>(), M * E);
 

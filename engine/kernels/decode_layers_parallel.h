@@ -27,11 +27,22 @@
 
 namespace pdserve_decode {
 
-// Layer i's paged cache: keys and values [num_blocks * BS, KVH, D] each.
+// Layer i's paged cache: keys and values [num_blocks * BS, KVH, D] each, of `type` (float32,
+// float16 or bfloat16).
 struct CacheView {
-  float* keys;
-  float* values;
+  void* keys;
+  void* values;
   int64_t block_size;
+  at::ScalarType type;
+
+  // fn(keys, values) with the pointers of the cache's element type.
+  template <typename Fn>
+  void typed(Fn&& fn) const {
+    pdserve_attention::with_cache_type(type, [&](auto zero) {
+      using T = decltype(zero);
+      fn(static_cast<T*>(keys), static_cast<T*>(values));
+    });
+  }
 };
 
 // The shapes of the model and the step's inputs, as DecodeLayers::forward checked them.
@@ -73,8 +84,11 @@ inline void rotate_and_store(const StepShape& s, const StepInputs& in, const Cac
   const float* value = key + kv_width;
   rotate(row + h * G * D, G, D, c, sn);
   rotate(key, 1, D, c, sn);
-  std::copy(key, key + D, cache.keys + in.slots[b] * kv_width + h * D);
-  std::copy(value, value + D, cache.values + in.slots[b] * kv_width + h * D);
+  const int64_t at = in.slots[b] * kv_width + h * D;
+  cache.typed([&](auto keys, auto values) {
+    pdserve_attention::store_row(key, keys + at, D);
+    pdserve_attention::store_row(value, values + at, D);
+  });
 }
 
 struct AttentionScratch {
@@ -87,10 +101,12 @@ inline void attend(const StepShape& s, const StepInputs& in, const CacheView& ca
                    AttentionScratch& a) {
   const int64_t G = s.H / s.KVH, D = s.D;
   const float* q = qkv + b * (s.H + 2 * s.KVH) * D + first * D;
-  pdserve_attention::group_attention(q, heads, D, cache.keys, cache.values, s.KVH, first / G,
-                                     in.tables + b * in.max_blocks, in.lens[b], cache.block_size,
-                                     s.scale, attn + (b * s.H + first) * D, a.scores, a.top,
-                                     a.total);
+  cache.typed([&](auto keys, auto values) {
+    pdserve_attention::group_attention(q, heads, D, keys, values, s.KVH, first / G,
+                                       in.tables + b * in.max_blocks, in.lens[b],
+                                       cache.block_size, s.scale, attn + (b * s.H + first) * D,
+                                       a.scores, a.top, a.total);
+  });
 }
 
 // Step 2 on thread t: the (sequence, kv head) items' rotary and cache writes, then attention by

@@ -3,13 +3,13 @@
 
 using namespace pdserve_attention;
 
-// q: [B, H, D] float32; kv_cache: [2, num_blocks, block_size, KVH, D] float32 (contiguous);
+// q: [B, H, D] float32; kv_cache: [2, num_blocks, block_size, KVH, D] float32, float16 or
+// bfloat16 (contiguous);
 // block_tables: [B, max_blocks] int64; context_lens: [B] int64. Returns [B, H, D].
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens,
                                      double scale) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && kv_cache.scalar_type() == torch::kFloat32,
-              "paged_decode_attention: float32 only");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32, "paged_decode_attention: float32 queries");
   TORCH_CHECK(kv_cache.is_contiguous() && block_tables.is_contiguous() &&
               context_lens.is_contiguous(), "paged_decode_attention: contiguous inputs only");
   q = q.contiguous();
@@ -17,15 +17,18 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache,
   const int64_t num_blocks = kv_cache.size(1), BS = kv_cache.size(2), KVH = kv_cache.size(3);
   const int64_t max_blocks = block_tables.size(1);
   auto out = torch::empty_like(q);
-  const float* kp = kv_cache.data_ptr<float>();
-  const float* vp = kp + num_blocks * BS * KVH * D;
-  paged_decode(q.data_ptr<float>(), B, H, D, kp, vp, BS, KVH, block_tables.data_ptr<int64_t>(),
-               max_blocks, context_lens.data_ptr<int64_t>(), static_cast<float>(scale),
-               out.data_ptr<float>());
+  with_cache_type(kv_cache.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* kp = static_cast<const T*>(kv_cache.data_ptr());
+    const T* vp = kp + num_blocks * BS * KVH * D;
+    paged_decode(q.data_ptr<float>(), B, H, D, kp, vp, BS, KVH, block_tables.data_ptr<int64_t>(),
+                 max_blocks, context_lens.data_ptr<int64_t>(), static_cast<float>(scale),
+                 out.data_ptr<float>());
+  });
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention over a paged KV cache (float32, CPU)");
+        "Decode attention over a paged KV cache (float32, float16 or bfloat16 pages; CPU)");
 }

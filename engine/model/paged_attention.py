@@ -1,6 +1,8 @@
 """Attention over a paged KV cache, in plain torch so that it runs on CPU and CUDA alike.
 
-Cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (keys, values).
+Cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (keys, values),
+in the cache's own dtype (``kv_cache_dtype``): keys and values are rounded to it as they are
+written and read back in the queries' dtype.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def paged_attention(
     ``native`` is the compiled CPU kernel module; decode attention then reads the cache in place.
     """
     num_kv_heads, head_dim = kv_cache.shape[-2:]
-    kv_cache.view(2, -1, num_kv_heads, head_dim).index_copy_(1, batch.slot_mapping, kv)
+    pages = kv_cache.view(2, -1, num_kv_heads, head_dim)
+    pages.index_copy_(1, batch.slot_mapping, kv.to(kv_cache.dtype))
     num_decode = batch.num_decode_tokens
     decode = _decode_attention if native is None else functools.partial(_native_decode, native)
     if num_decode and not batch.prefill_seqs:
@@ -54,7 +57,7 @@ def _prefill_attention(
     n, ctx = seq.query_len, seq.context_len
     mask = None
     if ctx != n:  # a later chunk: read earlier tokens from the cache
-        kv = _gather(kv_cache, seq.block_table).flatten(1, 2)[:, :ctx]
+        kv = _gather(kv_cache, seq.block_table).flatten(1, 2)[:, :ctx].to(q.dtype)
         rows = torch.arange(n, device=q.device).unsqueeze(1) + (ctx - n)
         mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows
     keys, values = kv.transpose(1, 2)  # [KVH, ctx, D] each
@@ -78,9 +81,8 @@ def _decode_attention(
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[-2]
     length = batch.decode_max_context_len
-    keys, values = (
-        _gather(kv_cache, batch.decode_block_tables).flatten(2, 3)[:, :, :length].transpose(2, 3)
-    )
+    pages = _gather(kv_cache, batch.decode_block_tables).flatten(2, 3)[:, :, :length]
+    keys, values = pages.to(q.dtype).transpose(2, 3)
     mask = None
     if num_seqs > 1:
         positions = torch.arange(length, device=q.device)

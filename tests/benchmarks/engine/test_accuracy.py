@@ -136,10 +136,22 @@ def test_a_toy_run_writes_each_setting_against_float32(tmp_path):
     assert result["_meta"]["complete"] and result["ctx"] == 32
     entry = result["files"][str(gguf)]
     assert entry["windows"] == 2 and entry["text_tokens"] >= 64
+    assert list(entry["settings"]) == list(accuracy.SETTINGS)
+    for setting, figures in entry["settings"].items():
+        assert figures["tokens"] == 2 * (32 - 32 // 2 - 1)
+        assert figures["perplexity"] > 1 and figures["top1_agreement"] > 0.9
+        assert figures["kl_mean"] < 0.05, setting
+        assert entry["verdicts"][setting] in ("undecided", "fails")
+    # each setting ran as named (on the toy file its KL rounds to 0 or nearly)
+    assert entry["settings"]["kv_bfloat16"]["runs"] == {
+        "activations": "float32",
+        "kv_cache": "torch.bfloat16",
+    }
+    assert entry["settings"]["int8_kv_float16"]["runs"] == {
+        "activations": "int8",
+        "kv_cache": "torch.float16",
+    }
     figures = entry["settings"]["int8"]
-    assert figures["tokens"] == 2 * (32 - 32 // 2 - 1)
-    assert figures["perplexity"] > 1 and figures["top1_agreement"] > 0.9
-    assert entry["verdicts"]["int8"] in ("undecided", "fails")
     assert "llamacpp" not in entry
     table = report.RENDERERS["accuracy"](result)
     assert f"| {gguf} | int8 | {figures['tokens']} |" in table

@@ -48,6 +48,33 @@ def test_native_decode_matches_torch(native, heads, kv_heads, head_dim, block_si
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 12)])
+def test_native_decode_reads_16_bit_pages_as_torch_widens_them(
+    native, dtype, heads, kv_heads, head_dim
+):
+    """A 16-bit cache is read widened to float32: the same sums as a float32 cache holding the
+    rounded values (head_dim 12 takes the scalar tail of the widening loads)."""
+    context_lens = [1, 7, 33, 2]
+    batch = _batch(context_lens, block_size=4, num_blocks=64)
+    cache = torch.randn(2, 64, 4, kv_heads, head_dim).to(dtype)
+    q = torch.randn(len(context_lens), heads, head_dim)
+    expected = _native_decode(native, q, cache.float(), batch, 0.125)
+    torch.testing.assert_close(
+        _native_decode(native, q, cache, batch, 0.125), expected, rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(
+        _decode_attention(q, cache, batch, 0.125), expected, rtol=1e-5, atol=1e-5
+    )
+
+
+def test_native_decode_refuses_a_cache_of_another_dtype(native):
+    batch = _batch([3], block_size=4, num_blocks=8)
+    cache = torch.zeros(2, 8, 4, 1, 8, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="float32, float16 or bfloat16"):
+        _native_decode(native, torch.zeros(1, 1, 8), cache, batch, 1.0)
+
+
 @pytest.fixture
 def fresh_kernels(monkeypatch):
     """``cpu_kernels`` run anew with the environment's choice removed, and forgotten afterwards."""

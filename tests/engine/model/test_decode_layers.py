@@ -32,12 +32,15 @@ def loaded(request, tmp_path_factory):
     return load_model(str(build_tiny_model(path, model_type=request.param, initializer_range=0.3)))
 
 
-def _engine(loaded, weight_dtype: str, activation_dtype: str = "float32") -> LLMEngine:
+def _engine(
+    loaded, weight_dtype: str, activation_dtype: str = "float32", kv_cache_dtype: str = "auto"
+) -> LLMEngine:
     config = EngineConfig(
         model_path=str(loaded.path),
         device="cpu",
         weight_dtype=weight_dtype,
         activation_dtype=activation_dtype,
+        kv_cache_dtype=kv_cache_dtype,
         cache=CacheConfig(block_size=4, num_blocks=128),
     )
     return LLMEngine(config, loaded)
@@ -96,13 +99,49 @@ def test_fused_decode_matches_op_by_op(loaded, weight_dtype, isa):
     assert fused_count >= 10 and plain_count == 0
 
 
-def _assert_same_decode(fused, plain, fused_steps, plain_steps, fused_tokens, plain_tokens):
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("weight_dtype", ["fp32", "int8"])
+def test_fused_decode_on_a_16_bit_cache_matches_op_by_op(loaded, weight_dtype, kv_cache_dtype):
+    """Both paths round keys and values to the cache's dtype as they store them and widen them
+    as attention reads them (the fused layers in C++, the op-by-op path in torch)."""
+    fused = _engine(loaded, weight_dtype, kv_cache_dtype=kv_cache_dtype)
+    plain = _engine(loaded, weight_dtype, kv_cache_dtype=kv_cache_dtype)
+    plain.model.fused = None
+    assert fused.kv_cache.data.dtype == getattr(torch, kv_cache_dtype)
+    fused_steps, fused_tokens, fused_count = _run(fused)
+    plain_steps, plain_tokens, _ = _run(plain)
+    # a value a hair either side of a 16-bit rounding boundary lands one step of that dtype
+    # apart, and what later layers compute from it moves with it (more on 8-bit activations)
+    tolerance = 1e-2 if kv_cache_dtype == "bfloat16" else 1e-3
+    _assert_same_decode(
+        fused,
+        plain,
+        fused_steps,
+        plain_steps,
+        fused_tokens,
+        plain_tokens,
+        tolerance,
+        cache_atol=tolerance,
+    )
+    assert fused_count >= 10
+
+
+def _assert_same_decode(
+    fused,
+    plain,
+    fused_steps,
+    plain_steps,
+    fused_tokens,
+    plain_tokens,
+    tolerance=1e-4,
+    cache_atol=1e-5,
+):
     assert fused_tokens == plain_tokens
     assert len(fused_steps) == len(plain_steps)
     for ours, theirs in zip(fused_steps, plain_steps, strict=True):
-        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
     for ours, theirs in zip(fused.kv_cache.layers, plain.kv_cache.layers, strict=True):
-        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=cache_atol)
 
 
 # Each projection's GGUF kind in a K-quant mixture (256-weight kinds where k allows them); qkv
