@@ -60,6 +60,39 @@ inline void store_row(const float* x, T* row, int64_t D) {
   for (int64_t d = 0; d < D; ++d) row[d] = static_cast<T>(x[d]);
 }
 
+template <>
+inline void store_row(const float* x, c10::Half* row, int64_t D) {
+  int64_t d = 0;
+#if defined(__F16C__)
+  for (; d + 8 <= D; d += 8) {
+    const __m128i half = _mm256_cvtps_ph(_mm256_loadu_ps(x + d), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + d), half);
+  }
+#endif
+  for (; d < D; ++d) row[d] = static_cast<c10::Half>(x[d]);
+}
+
+template <>
+inline void store_row(const float* x, c10::BFloat16* row, int64_t D) {
+  typedef uint32_t u32x8 __attribute__((vector_size(32)));
+  typedef uint16_t u16x8 __attribute__((vector_size(16)));
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    u32x8 bits;
+    __builtin_memcpy(&bits, x + d, sizeof(bits));
+    const vec8 v = load8(x + d);
+    const auto nan = v != v;  // all bits set in a lane holding a NaN
+    uint64_t lanes[4];
+    __builtin_memcpy(lanes, &nan, sizeof(lanes));
+    if (lanes[0] | lanes[1] | lanes[2] | lanes[3]) break;  // the scalar tail keeps torch's NaN
+    // round to nearest even on the upper 16 bits, as c10::BFloat16 does for every finite value
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    const u16x8 upper = __builtin_convertvector(bits >> 16, u16x8);
+    __builtin_memcpy(row + d, &upper, sizeof(upper));
+  }
+  for (; d < D; ++d) row[d] = static_cast<c10::BFloat16>(x[d]);
+}
+
 inline float hsum(vec8 a) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }

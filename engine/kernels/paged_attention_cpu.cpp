@@ -28,7 +28,22 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache,
   return out;
 }
 
+// rows [n, D] float32 written into out [n, D] (float32, float16 or bfloat16) as the kernels
+// write a key or value row into the cache (store_row).
+void store_rows(torch::Tensor rows, torch::Tensor out) {
+  TORCH_CHECK(rows.scalar_type() == torch::kFloat32 && rows.is_contiguous() &&
+                  out.is_contiguous() && rows.sizes() == out.sizes() && rows.dim() == 2,
+              "store_rows: contiguous float32 rows and an output of their shape");
+  with_cache_type(out.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = rows.size(0), D = rows.size(1);
+    for (int64_t i = 0; i < n; ++i)
+      store_row(rows.data_ptr<float>() + i * D, static_cast<T*>(out.data_ptr()) + i * D, D);
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("store_rows", &store_rows, "float32 rows rounded into out as the cache stores them");
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention over a paged KV cache (float32, float16 or bfloat16 pages; CPU)");
 }

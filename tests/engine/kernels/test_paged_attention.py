@@ -68,6 +68,24 @@ def test_native_decode_reads_16_bit_pages_as_torch_widens_them(
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rows_are_stored_rounded_as_torch_rounds_them(native, dtype):
+    """The kernels' stores (8 lanes at a time, a scalar tail) give torch's conversion bit for bit:
+    ties to even, values past the range, subnormals, infinities and NaN."""
+    gen = torch.Generator().manual_seed(11)
+    values = torch.randn(64, 67, generator=gen) * torch.logspace(-9, 6, 67)
+    ties = torch.tensor([1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, 65520.0, 7e4])
+    values[0, : ties.numel()] = ties
+    values[1, :8] = torch.tensor([float("inf"), -float("inf"), 1e-8, -1e-6, 0.0, -0.0, 3e38, 1])
+    values[2, 3] = values[3, 60] = float("nan")
+    out = torch.empty(values.shape, dtype=dtype)
+    native.store_rows(values, out)
+    expected = values.to(dtype)
+    assert torch.equal(out.isnan(), expected.isnan())
+    finite = ~expected.isnan()
+    assert torch.equal(out[finite].view(torch.int16), expected[finite].view(torch.int16))
+
+
 def test_native_decode_refuses_a_cache_of_another_dtype(native):
     batch = _batch([3], block_size=4, num_blocks=8)
     cache = torch.zeros(2, 8, 4, 1, 8, dtype=torch.float64)
