@@ -54,6 +54,7 @@ from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.harness.rounds import DEFAULT_ROUNDS, paired_rounds, summarize
 from engine.config import WEIGHT_DTYPES, EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.model.gguf_cache import bundled_gguf_path, converted_dir_for
 from engine.model.loader import load_model
 
 
@@ -136,7 +137,8 @@ def main() -> None:
     config = EngineConfig(device="cpu", dtype="float32", weight_dtype=args.weight_dtype)
     engine = LLMEngine(config, loaded)
     print(f"pdserve {engine.model.describe()}; transformers fp32")
-    hf = AutoModelForCausalLM.from_pretrained(loaded.path, dtype=torch.float32).eval()
+    hf_dir = converted_dir_for(bundled_gguf_path())  # transformers' float32 image of the file
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     pad_id = loaded.tokenizer.pad_token_id or 0
     pairs = _pairs(args, engine, hf, pad_id)
     results: dict[str, dict] = {"_meta": _meta(args, engine, loaded.name)}

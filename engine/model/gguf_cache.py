@@ -1,8 +1,10 @@
-"""Convert a GGUF file once into a safetensors + tokenizer directory in a cache folder.
+"""The cache folder, the bundled GGUF file, and transformers' float32 image of a GGUF file.
 
-transformers dequantizes GGUF to fp32 in ~25 s; the converted directory loads in about a second, so
-every later start (and every worker actor) reuses it. A file lock keeps concurrent starts from
-converting twice; the directory appears atomically by rename.
+The engine reads a GGUF file as it is (``gguf_model``). ``converted_dir_for`` is for comparing
+with transformers (tests and benchmarks): it converts the file once into a safetensors +
+tokenizer directory (transformers dequantizes to fp32 in ~25 s for the bundled file; the
+directory then loads in about a second). A file lock keeps concurrent callers from converting
+twice; the directory appears atomically by rename.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ matmuls, dense or on quantized blocks (``linear.py``, ``weight_dtype``). Only th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +78,7 @@ class LlamaModel:
     def __init__(
         self,
         hf_config: Any,
-        weights: dict[str, torch.Tensor],
+        weights: Mapping[str, torch.Tensor],
         device: torch.device,
         dtype: torch.dtype,
         native_kernels: bool = True,
@@ -204,7 +205,7 @@ class LlamaModel:
         return layer.o_proj(out.reshape(tokens, s.num_heads * s.head_dim))
 
 
-def _layer(put: Any, linear: Any, weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
+def _layer(put: Any, linear: Any, weights: Mapping[str, torch.Tensor], i: int) -> LayerWeights:
     p = f"model.layers.{i}."
     attn = p + "self_attn."
     has_bias = attn + "q_proj.bias" in weights
@@ -271,7 +272,7 @@ def _embedding(
     return QuantizedEmbedding(from_gguf_blocks(table.blocks, table.kind, table.rows, table.cols))
 
 
-def _placer(weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> Any:
+def _placer(weights: Mapping[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> Any:
     def put(name: str) -> torch.Tensor:
         if name not in weights:
             raise ModelLoadError(f"weight {name!r} is missing from the checkpoint")

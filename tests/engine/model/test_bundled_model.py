@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.model.gguf_cache import converted_dir_for
 from engine.sampling_params import SamplingParams
 from tests.support.bundled_chat import (
     MESSAGES,
@@ -36,7 +37,9 @@ def test_greedy_identical_to_transformers_generate(bundled_loaded):
     ]
     engine = LLMEngine(EngineConfig(device="cpu", dtype="float32"), bundled_loaded)
     ours = engine.generate(prompts, SamplingParams(max_new_tokens=32))
-    hf = AutoModelForCausalLM.from_pretrained(bundled_loaded.path, dtype=torch.float32).eval()
+    # transformers' own float32 image of the file (the engine reads the file as it is)
+    hf_dir = converted_dir_for(bundled_loaded.gguf_path)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     for prompt, tokens in zip(prompts, ours, strict=True):
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
         assert tokens == ref[0, len(prompt) :].tolist(), tokenizer.decode(prompt)

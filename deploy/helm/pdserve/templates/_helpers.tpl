@@ -200,13 +200,13 @@ automountServiceAccountToken is false): what the kubelet would mount, in one con
     sizeLimit: {{ .Values.scratch.cacheSizeLimit }}
 {{- end }}
 
-{{/* Init container that copies the caches baked into the image (the converted bundled model,
-the compiled kernel) into the writable ~/.cache. */}}
+{{/* Init container that copies the caches baked into the image (the bundled model's
+configuration and tokenizer, the compiled kernel) into the writable ~/.cache. */}}
 {{- define "pdserve.seedCacheContainer" -}}
 - name: seed-cache
   image: {{ include "pdserve.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
-  # An image without the baked caches (one built otherwise) converts and compiles at first use.
+  # An image without the baked caches (one built otherwise) reads and compiles at first use.
   command: ["/bin/sh", "-c", "if [ -d {{ include "pdserve.bakedCache" . }} ]; then cp -a {{ include "pdserve.bakedCache" . }}/. {{ include "pdserve.home" . }}/.cache/; fi"]
   securityContext:
     {{- include "pdserve.containerSecurityContext" . | nindent 4 }}

@@ -1,0 +1,170 @@
+"""A GGUF model loaded as it is: its configuration and tokenizer from the file's metadata, its
+tensors read from the memory-mapped file when the engine asks for them.
+
+No float32 image of the weights is written anywhere. The first start of a file saves only what
+transformers builds from the metadata (``config.json``, the tokenizer and its chat template: a
+few MB) in a folder of the cache (``metadata_dir_for``), so later starts and every worker skip
+the ~10 s that takes. The weights are a :class:`GGUFTensors` mapping under the Hugging Face
+names: a tensor is dequantized (``gguf.quants``) only when looked up, so with ``weight_dtype:
+auto`` (the file's own blocks, ``gguf_weights.read_quantized``) only the norms, biases and any
+matrix without a kernel ever become float32, and nothing holds a dequantized copy after the
+model is built. Looked up, every tensor equals what transformers' GGUF conversion gives, bit for
+bit (the query and key rows of a ``llama`` file put back in Hugging Face's order, as there).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from engine.errors import ModelLoadError
+from engine.model.gguf_cache import cache_root
+from engine.model.gguf_index import GGUFFormatError, read_index
+from engine.model.gguf_weights import _PARTS, _unpermute_rows
+
+log = logging.getLogger(__name__)
+
+_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output.weight": "lm_head.weight",
+    "output_norm.weight": "model.norm.weight",
+}
+_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> tuple[str | None, str]:
+    """The Hugging Face name of a GGUF tensor and its part (``attn_q``, ``token_embd``, ...), or
+    ``(None, "")`` for a tensor the engine does not use (``rope_freqs``: the config has it)."""
+    if gguf_name in _GLOBAL:
+        return _GLOBAL[gguf_name], gguf_name.split(".")[0]
+    match = _LAYER_TENSOR.match(gguf_name)
+    if match is None:
+        return None, ""
+    layer, part, kind = match.groups()
+    if part in _PARTS:
+        return f"model.layers.{layer}.{_PARTS[part]}.{kind}", part
+    if part in _NORMS and kind == "weight":
+        return f"model.layers.{layer}.{_NORMS[part]}.weight", part
+    return None, ""
+
+
+class GGUFTensors(Mapping[str, torch.Tensor]):
+    """A GGUF file's tensors by Hugging Face name, each dequantized to float32 as it is looked
+    up (never kept); ``hf_config`` says how many query and key heads a ``llama`` file's rows
+    interleave."""
+
+    def __init__(self, path: Path, hf_config: Any) -> None:
+        self.path = path
+        architecture, tensors = _tensors(path)
+        heads: dict[str, int] = {}
+        if architecture == "llama":  # only llama's converter interleaves the rotary halves
+            heads["attn_q"] = hf_config.num_attention_heads
+            heads["attn_k"] = getattr(hf_config, "num_key_value_heads", None) or heads["attn_q"]
+        self._tensors: dict[str, tuple[Any, int | None]] = {}
+        for tensor in tensors:
+            name, part = hf_name(tensor.name)
+            if name is not None:
+                self._tensors[name] = (tensor, heads.get(part))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.rows(name)
+
+    def rows(self, name: str, count: int | None = None) -> torch.Tensor:
+        """Tensor ``name`` (float32, Hugging Face's shape), or only its first ``count`` rows
+        (not for a ``llama`` file's query and key matrices, whose rows are reordered)."""
+        tensor, heads = self._tensors[name]
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the row length first
+        data = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(-1, _row_bytes(tensor))
+        if count is not None:
+            if heads is not None:
+                raise ValueError(f"{name}: its rows are reordered; take it whole")
+            data, shape = data[:count], (min(count, shape[0]), *shape[1:])
+        try:
+            values = dequantize(data, GGMLQuantizationType(tensor.tensor_type))
+        except NotImplementedError as exc:
+            raise ModelLoadError(f"{self.path.name}: {name}: {exc}") from exc
+        values = np.asarray(values, dtype=np.float32).reshape(shape)
+        if heads is not None:
+            values = _unpermute_rows(values, heads)
+        if not values.flags.writeable:  # float32 data is a view of the read-only file
+            values = values.copy()
+        return torch.from_numpy(np.ascontiguousarray(values))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+
+def _row_bytes(tensor: Any) -> int:
+    """Bytes of one row (the innermost dimension) of ``tensor``."""
+    from gguf import GGML_QUANT_SIZES
+
+    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.tensor_type)]
+    return int(tensor.shape[0]) // block * block_bytes
+
+
+def _tensors(path: Path) -> tuple[str, list[Any]]:
+    """The file's architecture and tensors (``gguf_index``; ``GGUFReader`` where it declines)."""
+    try:
+        index = read_index(path, ("general.architecture",))
+    except GGUFFormatError as exc:
+        log.info("%s: %s; read with gguf.GGUFReader", path.name, exc)
+        reader = GGUFReader(str(path))
+        field = reader.get_field("general.architecture")
+        architecture = "" if field is None else bytes(field.parts[field.data[0]]).decode()
+        return architecture, list(reader.tensors)
+    return index.strings.get("general.architecture", ""), list(index.tensors)
+
+
+def metadata_dir_for(gguf_path: Path) -> Path:
+    """The cache folder holding ``gguf_path``'s configuration and tokenizer, written the first
+    time (under a file lock, appearing at once by rename): no weights."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    target = cache_root() / "gguf-metadata" / f"{gguf_path.stem}-{key.hexdigest()[:12]}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").is_file():
+            _save_metadata(gguf_path, target)
+    return target
+
+
+def _save_metadata(gguf_path: Path, target: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    log.info("reading the configuration and tokenizer of %s into %s (once)", gguf_path, target)
+    work = target.with_name(target.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except Exception as exc:  # transformers raises many types for a bad file
+        raise ModelLoadError(f"cannot read GGUF file {gguf_path}: {exc}") from exc
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(work)
+    GenerationConfig.from_model_config(config).save_pretrained(work)
+    tokenizer.save_pretrained(work)
+    os.replace(work, target)
