@@ -112,8 +112,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     """``kv_cache_dtype`` (one of :data:`KV_CACHE_DTYPES`) as torch's; ``auto`` is the model's
-    dtype (float32 on CPU until the accuracy gate and the speed runs make a 16-bit cache the
-    default there)."""
+    dtype: float32 on CPU, where float16 passes the accuracy gate and decodes long contexts
+    faster but a request recomputed elsewhere is no longer token-identical at a near tie
+    (docs/configuration.md), so it is chosen, not the default, for now."""
     if kv_cache_dtype == "auto":
         return model_dtype
     return _DTYPES[kv_cache_dtype]

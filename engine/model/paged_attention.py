@@ -2,7 +2,8 @@
 
 Cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (keys, values),
 in the cache's own dtype (``kv_cache_dtype``): keys and values are rounded to it as they are
-written and read back in the queries' dtype.
+written and read back in the queries' dtype; a prompt attends to its own keys and values rounded
+too, so a prompt computed anew (a migration, a later chunk) sees what decode saw.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ def paged_attention(
     ``native`` is the compiled CPU kernel module; decode attention then reads the cache in place.
     """
     num_kv_heads, head_dim = kv_cache.shape[-2:]
-    pages = kv_cache.view(2, -1, num_kv_heads, head_dim)
-    pages.index_copy_(1, batch.slot_mapping, kv.to(kv_cache.dtype))
+    stored = kv.to(kv_cache.dtype)
+    kv_cache.view(2, -1, num_kv_heads, head_dim).index_copy_(1, batch.slot_mapping, stored)
+    if stored.dtype != kv.dtype:  # prompts attend to the rounded keys and values, as decode does
+        kv = stored.to(kv.dtype)
     num_decode = batch.num_decode_tokens
     decode = _decode_attention if native is None else functools.partial(_native_decode, native)
     if num_decode and not batch.prefill_seqs:

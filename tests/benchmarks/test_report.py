@@ -23,6 +23,7 @@ FILES = (
     "avx2_paths",
     "int8_rows",
     "accuracy",
+    "kv_dtype",
     "soak",
     "replicas",
     "http_edge",

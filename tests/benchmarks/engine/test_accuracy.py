@@ -40,7 +40,8 @@ def test_windows_are_whole_and_counted():
 
 
 def test_forced_decode_gives_the_logits_of_each_prefix_as_a_prompt(tiny_loaded):
-    tiny_engine = make_engine(tiny_loaded, prefix_caching=False)  # each prompt computed whole
+    # each prompt computed whole; float32 pages, as a prompt attends to its own keys and values
+    tiny_engine = make_engine(tiny_loaded, prefix_caching=False, kv_cache_dtype="float32")
     windows = [[5, 9, 14, 3, 7, 22, 8, 11], [40, 2, 19, 6, 33, 12, 25, 4]]
     rows = []
     run = tiny_engine.runner.run

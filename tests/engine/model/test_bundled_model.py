@@ -35,7 +35,8 @@ def test_greedy_identical_to_transformers_generate(bundled_loaded):
         )
         for m in MESSAGES
     ]
-    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32"), bundled_loaded)
+    config = EngineConfig(device="cpu", dtype="float32", kv_cache_dtype="float32")
+    engine = LLMEngine(config, bundled_loaded)
     ours = engine.generate(prompts, SamplingParams(max_new_tokens=32))
     # transformers' own float32 image of the file (the engine reads the file as it is)
     hf_dir = converted_dir_for(bundled_loaded.gguf_path)

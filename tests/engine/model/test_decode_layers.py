@@ -33,7 +33,7 @@ def loaded(request, tmp_path_factory):
 
 
 def _engine(
-    loaded, weight_dtype: str, activation_dtype: str = "float32", kv_cache_dtype: str = "auto"
+    loaded, weight_dtype: str, activation_dtype: str = "float32", kv_cache_dtype: str = "float32"
 ) -> LLMEngine:
     config = EngineConfig(
         model_path=str(loaded.path),

@@ -48,7 +48,9 @@ def _check_against_hf(loaded, engine, max_new_tokens: int = 4) -> None:
 
 @pytest.mark.parametrize("max_prefill_tokens", [8192, 5], ids=["whole-prompts", "chunked"])
 def test_llama_logits_match_transformers(tiny_loaded, max_prefill_tokens):
-    engine = make_engine(tiny_loaded, max_prefill_tokens=max_prefill_tokens)
+    engine = make_engine(
+        tiny_loaded, kv_cache_dtype="float32", max_prefill_tokens=max_prefill_tokens
+    )
     _check_against_hf(tiny_loaded, engine)
 
 
@@ -57,18 +59,20 @@ def test_other_architectures_match_transformers(tmp_path, model_type):
     loaded = load_model(
         str(build_tiny_model(tmp_path, model_type=model_type, initializer_range=0.3))
     )
-    _check_against_hf(loaded, make_engine(loaded, max_prefill_tokens=6))
+    _check_against_hf(loaded, make_engine(loaded, kv_cache_dtype="float32", max_prefill_tokens=6))
 
 
 def test_tied_embeddings_and_block_size_one(tmp_path):
     loaded = load_model(str(build_tiny_model(tmp_path, tie_embeddings=True, initializer_range=0.3)))
     assert "lm_head.weight" not in loaded.weights
-    _check_against_hf(loaded, make_engine(loaded, block_size=1, num_blocks=512))
+    _check_against_hf(
+        loaded, make_engine(loaded, kv_cache_dtype="float32", block_size=1, num_blocks=512)
+    )
 
 
 def test_greedy_tokens_match_generate(tiny_loaded):
     hf = AutoModelForCausalLM.from_pretrained(tiny_loaded.path, dtype=torch.float32).eval()
-    engine = make_engine(tiny_loaded, max_prefill_tokens=7)
+    engine = make_engine(tiny_loaded, kv_cache_dtype="float32", max_prefill_tokens=7)
     prompts = _prompts(tiny_loaded.hf_config.vocab_size)
     outputs = engine.generate(prompts, SamplingParams(max_new_tokens=12, ignore_eos=True))
     for prompt, ours in zip(prompts, outputs, strict=True):
