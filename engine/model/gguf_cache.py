@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.errors import ModelLoadError
@@ -51,16 +52,24 @@ def bundled_gguf_path() -> Path:
 
 def converted_dir_for(gguf_path: Path) -> Path:
     """Return the cache directory for ``gguf_path``, converting it first if needed."""
+    return made_once(gguf_path, "models", _convert)
+
+
+def made_once(gguf_path: Path, kind: str, make: Callable[[Path, Path], None]) -> Path:
+    """The folder ``<cache>/<kind>/<stem>-<key>`` of ``gguf_path`` (the key: its path, size and
+    modification time), made by ``make(gguf_path, folder)`` the first time, under a file lock so
+    that concurrent starts make it once; ``make`` writes it whole or not at all (``config.json``
+    marks it done)."""
     stat = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    target = cache_root() / "models" / f"{gguf_path.stem}-{key.hexdigest()[:12]}"
+    target = cache_root() / kind / f"{gguf_path.stem}-{key.hexdigest()[:12]}"
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").is_file():
-            _convert(gguf_path, target)
+            make(gguf_path, target)
     return target
 
 

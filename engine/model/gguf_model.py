@@ -14,8 +14,6 @@ bit (the query and key rows of a ``llama`` file put back in Hugging Face's order
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
 import os
 import re
@@ -26,13 +24,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.errors import ModelLoadError
-from engine.model.gguf_cache import cache_root
-from engine.model.gguf_index import GGUFFormatError, read_index
-from engine.model.gguf_weights import _PARTS, _unpermute_rows
+from engine.model.gguf_cache import made_once
+from engine.model.gguf_weights import (
+    LINEAR_PARTS,
+    file_tensors,
+    interleaved_heads,
+    unpermute_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,8 @@ def hf_name(gguf_name: str) -> tuple[str | None, str]:
     if match is None:
         return None, ""
     layer, part, kind = match.groups()
-    if part in _PARTS:
-        return f"model.layers.{layer}.{_PARTS[part]}.{kind}", part
+    if part in LINEAR_PARTS:
+        return f"model.layers.{layer}.{LINEAR_PARTS[part]}.{kind}", part
     if part in _NORMS and kind == "weight":
         return f"model.layers.{layer}.{_NORMS[part]}.weight", part
     return None, ""
@@ -68,11 +70,8 @@ class GGUFTensors(Mapping[str, torch.Tensor]):
 
     def __init__(self, path: Path, hf_config: Any) -> None:
         self.path = path
-        architecture, tensors = _tensors(path)
-        heads: dict[str, int] = {}
-        if architecture == "llama":  # only llama's converter interleaves the rotary halves
-            heads["attn_q"] = hf_config.num_attention_heads
-            heads["attn_k"] = getattr(hf_config, "num_key_value_heads", None) or heads["attn_q"]
+        architecture, tensors = file_tensors(path)
+        heads = interleaved_heads(architecture, hf_config)
         self._tensors: dict[str, tuple[Any, int | None]] = {}
         for tensor in tensors:
             name, part = hf_name(tensor.name)
@@ -98,7 +97,7 @@ class GGUFTensors(Mapping[str, torch.Tensor]):
             raise ModelLoadError(f"{self.path.name}: {name}: {exc}") from exc
         values = np.asarray(values, dtype=np.float32).reshape(shape)
         if heads is not None:
-            values = _unpermute_rows(values, heads)
+            values = unpermute_rows(values, heads)
         if not values.flags.writeable:  # float32 data is a view of the read-only file
             values = values.copy()
         return torch.from_numpy(np.ascontiguousarray(values))
@@ -121,33 +120,10 @@ def _row_bytes(tensor: Any) -> int:
     return int(tensor.shape[0]) // block * block_bytes
 
 
-def _tensors(path: Path) -> tuple[str, list[Any]]:
-    """The file's architecture and tensors (``gguf_index``; ``GGUFReader`` where it declines)."""
-    try:
-        index = read_index(path, ("general.architecture",))
-    except GGUFFormatError as exc:
-        log.info("%s: %s; read with gguf.GGUFReader", path.name, exc)
-        reader = GGUFReader(str(path))
-        field = reader.get_field("general.architecture")
-        architecture = "" if field is None else bytes(field.parts[field.data[0]]).decode()
-        return architecture, list(reader.tensors)
-    return index.strings.get("general.architecture", ""), list(index.tensors)
-
-
 def metadata_dir_for(gguf_path: Path) -> Path:
     """The cache folder holding ``gguf_path``'s configuration and tokenizer, written the first
-    time (under a file lock, appearing at once by rename): no weights."""
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    target = cache_root() / "gguf-metadata" / f"{gguf_path.stem}-{key.hexdigest()[:12]}"
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / "config.json").is_file():
-            _save_metadata(gguf_path, target)
-    return target
+    time (appearing at once by rename): no weights."""
+    return made_once(gguf_path, "gguf-metadata", _save_metadata)
 
 
 def _save_metadata(gguf_path: Path, target: Path) -> None:

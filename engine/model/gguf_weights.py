@@ -44,7 +44,7 @@ KINDS = {
     GGMLQuantizationType.BF16: "bf16",
 }
 _LAYER = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
-_PARTS = {
+LINEAR_PARTS = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -68,11 +68,8 @@ class GGUFMatrix:
 def read_quantized(path: Path, hf_config: Any) -> dict[str, GGUFMatrix]:
     """The file's matrices in a block format the engine computes with (others, such as norms
     stored in fp32, are left to the fp32 checkpoint), by Hugging Face weight name."""
-    architecture, tensors = _tensors(path)
-    heads: dict[str, int] = {}
-    if architecture == "llama":  # only llama's converter interleaves the rotary halves
-        heads["attn_q"] = hf_config.num_attention_heads
-        heads["attn_k"] = getattr(hf_config, "num_key_value_heads", None) or heads["attn_q"]
+    architecture, tensors = file_tensors(path)
+    heads = interleaved_heads(architecture, hf_config)
     matrices = {}
     without_kernel: Counter[str] = Counter()
     for tensor in tensors:
@@ -87,7 +84,7 @@ def read_quantized(path: Path, hf_config: Any) -> dict[str, GGUFMatrix]:
         # quantized data comes as uint8 rows of blocks, F16 as float16 values: both as bytes
         blocks = np.ascontiguousarray(tensor.data).view(np.uint8)
         if part in heads:
-            blocks = _unpermute_rows(blocks, heads[part])
+            blocks = unpermute_rows(blocks, heads[part])
         cols, rows = (int(n) for n in tensor.shape)  # GGUF lists the row length first
         matrices[name] = GGUFMatrix(kind, rows, cols, blocks)
     for type_name, count in sorted(without_kernel.items()):
@@ -100,7 +97,19 @@ def read_quantized(path: Path, hf_config: Any) -> dict[str, GGUFMatrix]:
     return matrices
 
 
-def _tensors(path: Path) -> tuple[str, list[Any]]:
+def interleaved_heads(architecture: str, hf_config: Any) -> dict[str, int]:
+    """The parts whose rows llama.cpp's converter interleaved per head, with their head counts:
+    a ``llama`` file's query and key matrices (only llama's converter does it)."""
+    if architecture != "llama":
+        return {}
+    queries = hf_config.num_attention_heads
+    return {
+        "attn_q": queries,
+        "attn_k": getattr(hf_config, "num_key_value_heads", None) or queries,
+    }
+
+
+def file_tensors(path: Path) -> tuple[str, list[Any]]:
     """The file's architecture and tensors: from its header alone (``gguf_index``), or, for a
     file that reader does not take (big-endian), from ``gguf.GGUFReader``."""
     try:
@@ -123,13 +132,13 @@ def _hf_name(gguf_name: str) -> tuple[str | None, str]:
     if gguf_name == "output.weight":
         return "lm_head.weight", "output"
     match = _LAYER.match(gguf_name)
-    if match is None or match.group(2) not in _PARTS:
+    if match is None or match.group(2) not in LINEAR_PARTS:
         return None, ""
     layer, part = match.groups()
-    return f"model.layers.{layer}.{_PARTS[part]}.weight", part
+    return f"model.layers.{layer}.{LINEAR_PARTS[part]}.weight", part
 
 
-def _unpermute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
+def unpermute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo the converter's per-head interleaving of the rotary halves (rows only)."""
     half = rows.shape[0] // num_heads // 2
     return np.ascontiguousarray(
