@@ -39,7 +39,6 @@ from engine.grammars import GrammarCache, PendingMasks
 from engine.kernels import set_activation_dtype
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
-from engine.model.gguf_model import GGUFTensors
 from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
@@ -449,8 +448,5 @@ def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
 
 def _fingerprint(loaded: LoadedModel, shape: Any) -> str:
     """Identifies the weights cheaply: the shape plus a hash of the first embedding rows."""
-    name, weights = "model.embed_tokens.weight", loaded.weights
-    rows = weights.rows(name, 8) if isinstance(weights, GGUFTensors) else weights[name][:8]
-    sample_rows = rows.float().contiguous()
-    digest = hashlib.sha256(repr(shape).encode() + sample_rows.numpy().tobytes())
+    digest = hashlib.sha256(repr(shape).encode() + loaded.embedding_sample.numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ from engine.model.gguf_model import GGUFTensors, metadata_dir_for
 from engine.model.mlflow_model import is_mlflow_dir, read_mlflow_model
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+EMBEDDING = "model.embed_tokens.weight"
+SAMPLE_ROWS = 8  # embedding rows the engine's fingerprint of the weights hashes
 
 
 @dataclass
@@ -37,6 +39,9 @@ class LoadedModel:
     weights: Mapping[str, torch.Tensor]  # a GGUF's: GGUFTensors, dequantized when looked up
     tokenizer: Any
     gguf_path: Path | None = None  # the GGUF file the weights are read from, if any
+    # the first rows of the token embedding (float32), read without dequantizing the whole
+    # table: what the engine's fingerprint of the weights hashes
+    embedding_sample: torch.Tensor = field(default_factory=lambda: torch.empty(0))
 
 
 def resolve_model_dir(model_path: str) -> Path:
@@ -139,7 +144,12 @@ def load_model(model_path: str) -> LoadedModel:
     model_dir = resolve_model_dir(model_path)
     hf_config = load_hf_config(model_dir)
     gguf_path = gguf_source(model_path)
-    weights = load_weights(model_dir) if gguf_path is None else _gguf_tensors(gguf_path, hf_config)
+    if gguf_path is None:
+        weights: Mapping[str, torch.Tensor] = load_weights(model_dir)
+        sample = weights[EMBEDDING][:SAMPLE_ROWS]
+    else:
+        weights = _gguf_tensors(gguf_path, hf_config)
+        sample = weights.rows(EMBEDDING, SAMPLE_ROWS)
     return LoadedModel(
         model_dir,
         model_name(model_path),
@@ -147,6 +157,7 @@ def load_model(model_path: str) -> LoadedModel:
         weights,
         load_tokenizer(tokenizer_dir(model_path)),
         gguf_path,
+        sample.float().contiguous(),
     )
 
 
@@ -155,6 +166,6 @@ def _gguf_tensors(path: Path, hf_config: Any) -> GGUFTensors:
         tensors = GGUFTensors(path, hf_config)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read the tensors of GGUF file {path}: {exc}") from exc
-    if "model.embed_tokens.weight" not in tensors:
+    if EMBEDDING not in tensors:
         raise ModelLoadError(f"GGUF file {path} has no token_embd.weight: not a model's file")
     return tensors
