@@ -281,10 +281,12 @@ def render_accuracy(data: dict[str, Any]) -> str:
     lines = [
         provenance(data["_meta"]),
         "",
-        f"Teacher-forced decode over windows of {data['ctx']} tokens of the held text, the second "
-        "half of each scored; KL = KL(float32 activations and KV cache || the setting), mean ± "
-        "its standard error and 99th percentile per token; top-1 = the same most likely token. "
-        "Settings: `int8` activations, a `kv_float16` or `kv_bfloat16` cache, or both. "
+        f"Windows of {data['ctx']} tokens of the held text, the second half of each scored: "
+        "teacher-forced through decode steps, or computed whole as prompts for the `prompt_` "
+        "settings; KL = KL(float32 activations, prompt matmuls and KV cache || the setting), "
+        "mean ± its standard error and 99th percentile per token; top-1 = the same most likely "
+        "token. Settings: `int8` decode activations, a `kv_float16` or `kv_bfloat16` cache, "
+        "prompts multiplied in bfloat16 (`prompt_bfloat16`), or two of them. "
         "llama.cpp: `llama-perplexity --kl-divergence` of the file against its F32 copy, same "
         "text and windows (its default float16 KV cache on both sides). A setting passes where "
         f"its mean KL is at most llama.cpp's and its top-1 at least {data['min_top1']:.0%}:",
@@ -331,6 +333,30 @@ def render_kv_dtype(data: dict[str, Any]) -> str:
             for s in sides[1:]
         )
         lines.append(f"| {case} | {times} | {speedups} |")
+    return "\n".join(lines)
+
+
+def render_prompt_dtype(data: dict[str, Any]) -> str:
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        "Milliseconds until every prompt of a burst has its first token (prompts:tokens; one "
+        "step, prefix cache off), median [min-max] over rounds, with float32 and with the "
+        "quantized layers' prompt GEMM in bfloat16; speed-up = float32's time / bfloat16's, "
+        f"median [95 % interval], goal {data['goal']}:",
+        "",
+        "| file | prompts:tokens | float32 ms | bfloat16 ms | prompt tokens/s (float32 → "
+        "bfloat16) | bfloat16 speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, entry in data["files"].items():
+        for case, figures in entry["cases"].items():
+            rate, speedup = figures["prompt_tokens_per_s"], figures["bfloat16_speedup"]
+            lines.append(
+                f"| {name} | {case} | {_cell(figures['ms']['float32'], 1)} | "
+                f"{_cell(figures['ms']['bfloat16'], 1)} | {rate['float32']:,.0f} → "
+                f"{rate['bfloat16']:,.0f} | {_ratio_cell(speedup, 3)} {speedup['verdict']} |"
+            )
     return "\n".join(lines)
 
 
@@ -670,6 +696,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "int8_rows": render_int8_rows,
     "accuracy": render_accuracy,
     "kv_dtype": render_kv_dtype,
+    "prompt_dtype": render_prompt_dtype,
     "soak": render_soak,
     "http_edge": render_http_edge,
     "structured": render_structured,

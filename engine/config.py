@@ -20,7 +20,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 DTYPES = ("auto", *_DTYPES)
 WEIGHT_DTYPES = ("auto", "fp32", "int8", "int4")
 # what a quantized layer multiplies a prompt in (model/linear.py)
-PROMPT_MATMUL_DTYPES = ("float32", "bfloat16")
+PROMPT_MATMUL_DTYPES = ("auto", "float32", "bfloat16")
 # what quantized layers multiply decode rows with (engine/kernels/isa.py)
 ACTIVATION_DTYPES = ("auto", "int8", "float32")
 # what the paged KV cache stores keys and values in (auto: the model's dtype, resolve_kv_dtype)

@@ -37,6 +37,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import RequestRejectedError
 from engine.grammars import GrammarCache, PendingMasks
 from engine.kernels import set_activation_dtype
+from engine.kernels.isa import resolved_prompt_matmul_dtype
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
 from engine.model.gguf_weights import read_quantized
@@ -63,6 +64,9 @@ class LLMEngine:
         self.kv_dtype = config.torch_kv_dtype
         loaded = loaded or load_model(config.model_path)
         self.activation_dtype = set_activation_dtype(config.activation_dtype)
+        self.prompt_matmul_dtype = resolved_prompt_matmul_dtype(
+            config.prompt_matmul_dtype, self.device
+        )
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
         self.model = LlamaModel(
@@ -72,7 +76,7 @@ class LLMEngine:
             self.dtype,
             weight_dtype=config.weight_dtype,
             gguf=_gguf_blocks(loaded, config),
-            prompt_matmul_dtype=config.prompt_matmul_dtype,
+            prompt_matmul_dtype=self.prompt_matmul_dtype,
         )
         log.info(
             "model %s: %s, decode rows on %s activations",

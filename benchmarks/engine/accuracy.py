@@ -44,12 +44,22 @@ from engine.sampling_params import SamplingParams
 TEXT = Path(__file__).parent / "data" / "accuracy_text.txt"
 DEFAULT_FILES = ("bundled", "bundled-q4_k_m", "bundled-q8_0")
 # each setting's engine configuration, measured against the float32 reference
-REFERENCE = {"activation_dtype": "float32", "kv_cache_dtype": "float32"}
+REFERENCE = {
+    "activation_dtype": "float32",
+    "kv_cache_dtype": "float32",
+    "prompt_matmul_dtype": "float32",
+}
+# settings of what decode steps compute, scored by teacher-forced decode
 SETTINGS: dict[str, dict[str, str]] = {
     "int8": {"activation_dtype": "int8"},
     "kv_float16": {"kv_cache_dtype": "float16"},
     "kv_bfloat16": {"kv_cache_dtype": "bfloat16"},
     "int8_kv_float16": {"activation_dtype": "int8", "kv_cache_dtype": "float16"},
+}
+# settings of what prompt steps compute, scored on whole windows computed as prompts
+PROMPT_SETTINGS: dict[str, dict[str, str]] = {
+    "prompt_bfloat16": {"prompt_matmul_dtype": "bfloat16"},
+    "prompt_bfloat16_kv_float16": {"prompt_matmul_dtype": "bfloat16", "kv_cache_dtype": "float16"},
 }
 MIN_TOP1 = 0.98
 # windows decoded together: every decode step within the rows 8-bit activations take on every
@@ -94,6 +104,41 @@ def forced_logits(
     finally:
         engine.runner.run = run  # type: ignore[method-assign]
     return [torch.stack(seen[f"w{i}"]) for i in range(len(windows))]
+
+
+def prompt_logits(
+    engine: LLMEngine, windows: list[list[int]], batch: int = ROWS_PER_STEP
+) -> list[torch.Tensor]:
+    """Per window ``[ctx - 1, vocab]``: the logits of its first ``ctx - 1`` positions, the
+    window computed as one prompt (in the chunks the scheduler gives it), ``batch`` windows at a
+    time, so every row goes through what prompt steps compute (the tiled GEMM path beyond
+    ``quantized.NATIVE_MAX_ROWS`` rows)."""
+    seen: dict[str, list[torch.Tensor]] = {f"w{i}": [] for i in range(len(windows))}
+    runner = engine.runner
+
+    def every_row_run(scheduled: Any, before_forward: Any = None) -> tuple[torch.Tensor, list]:
+        forward_batch, samplers = runner.prepare(scheduled)
+        sampling_rows = forward_batch.logits_indices
+        forward_batch.logits_indices = torch.arange(forward_batch.input_ids.shape[0])
+        if before_forward is not None:
+            before_forward(samplers)
+        logits = runner.forward(forward_batch)
+        for seq, (request, _) in zip(forward_batch.prefill_seqs, scheduled.prefills, strict=True):
+            rows = logits[seq.query_start : seq.query_start + seq.query_len]
+            seen[request.request_id].append(rows.to(torch.float64, copy=True))
+        return logits[sampling_rows], samplers
+
+    runner.run = every_row_run  # type: ignore[method-assign]
+    try:
+        for first in range(0, len(windows), batch):
+            for i in range(first, min(first + batch, len(windows))):
+                params = SamplingParams(max_new_tokens=1, ignore_eos=True)
+                engine.add_request(engine.request(f"w{i}", windows[i], params))
+            while engine.has_work():
+                engine.step()
+    finally:
+        del runner.run  # the class's own again
+    return [torch.cat(seen[f"w{i}"])[: len(windows[i]) - 1] for i in range(len(windows))]
 
 
 def scored(
@@ -145,6 +190,7 @@ def measure_file(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if not windows:
         raise SystemExit(f"the text has {len(ids)} tokens: fewer than one window of {args.ctx}")
     reference, targets = scored(forced_logits(engine, windows), windows)
+    prompt_reference, _ = scored(prompt_logits(engine, windows), windows)
     del engine
     entry: dict[str, Any] = {
         "file": path.name,
@@ -152,14 +198,24 @@ def measure_file(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "windows": len(windows),
         "settings": {},
     }
+    scorings = [
+        (SETTINGS, forced_logits, reference),
+        (PROMPT_SETTINGS, prompt_logits, prompt_reference),
+    ]
     try:
-        for setting, overrides in SETTINGS.items():
-            engine = engine_for(overrides)
-            logprobs, _ = scored(forced_logits(engine, windows), windows)
-            runs = {"activations": engine.activation_dtype, "kv_cache": str(engine.kv_dtype)}
-            del engine
-            entry["settings"][setting] = {"runs": runs, **divergence(reference, logprobs, targets)}
-            print(f"{name} {setting}: {entry['settings'][setting]}", flush=True)
+        for settings, logits_of, baseline in scorings:
+            for setting, overrides in settings.items():
+                engine = engine_for(overrides)
+                logprobs, _ = scored(logits_of(engine, windows), windows)
+                runs = {
+                    "activations": engine.activation_dtype,
+                    "kv_cache": str(engine.kv_dtype),
+                    "prompts": engine.prompt_matmul_dtype,
+                }
+                del engine
+                figures = divergence(baseline, logprobs, targets)
+                entry["settings"][setting] = {"runs": runs, **figures}
+                print(f"{name} {setting}: {figures}", flush=True)
     finally:
         set_activation_dtype("float32")
     if not args.no_peer:

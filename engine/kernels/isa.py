@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import ModuleType
+
+import torch
 
 log = logging.getLogger(__name__)
 
 ISA_ENV = "PDSERVE_KERNEL_ISA"
 ISAS = ("auto", "avx512", "avx2", "scalar")
 ACTIVATION_DTYPES = ("auto", "int8", "float32")
+PROMPT_MATMUL_DTYPES = ("auto", "float32", "bfloat16")
 _avx512_runs: bool | None = None  # the probe's verdict, once this process asked
+_bfloat16_gemm_runs: bool | None = None  # the same for torch's bfloat16 GEMM
 _activation_dtype = "float32"  # this process's choice (set_activation_dtype)
 
 
@@ -42,17 +46,57 @@ def avx512_runs(module: ModuleType) -> bool:
 
 
 def _probe_in_child(module: ModuleType) -> bool:
+    return _passes_in_child(lambda: bool(module.avx512_probe()), "AVX-512", "the kernels run AVX2")
+
+
+def _passes_in_child(probe: Callable[[], bool], what: str, otherwise: str) -> bool:
+    """Whether ``probe()`` returned True in a forked child (a SIGILL kills only the child)."""
     pid = os.fork()
     if pid == 0:  # the child: only the probe, then out without any cleanup
         try:
-            passed = bool(module.avx512_probe())
+            passed = probe()
         except BaseException:
             passed = False
         os._exit(0 if passed else 1)
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
-        log.warning("AVX-512 probe died of signal %d: the kernels run AVX2", os.WTERMSIG(status))
+        log.warning("%s probe died of signal %d: %s", what, os.WTERMSIG(status), otherwise)
     return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def bfloat16_gemm_runs() -> bool:
+    """Whether torch multiplies bfloat16 matrices on this CPU's own instructions: its CPU info
+    lists AVX512_BF16 or AMX (without either it emulates bfloat16, several times slower than
+    float32), and a bfloat16 GEMM run in a forked child (AMX listed by cpuid may fault in a
+    virtual machine) gave float32's product within bfloat16's rounding. Asked once per
+    process."""
+    global _bfloat16_gemm_runs
+    if _bfloat16_gemm_runs is None:
+        listed = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        _bfloat16_gemm_runs = listed and _passes_in_child(
+            _bfloat16_gemm_probe, "bfloat16 GEMM", "prompts multiply in float32"
+        )
+    return _bfloat16_gemm_runs
+
+
+def _bfloat16_gemm_probe() -> bool:
+    torch.set_num_threads(1)
+    x = torch.linspace(-2, 2, 64 * 96).reshape(64, 96)
+    w = torch.linspace(1, -1, 96 * 80).reshape(80, 96)
+    product = (x.bfloat16() @ w.bfloat16().t()).float()
+    # the same product of the rounded values, by float32 products and sums: no GEMM
+    expected = (x.bfloat16().float()[:, None, :] * w.bfloat16().float()[None]).sum(-1)
+    return bool(torch.allclose(product, expected, rtol=1e-2, atol=1e-2))
+
+
+def resolved_prompt_matmul_dtype(name: str, device: torch.device) -> str:
+    """What ``prompt_matmul_dtype`` ``name`` runs: ``auto`` is bfloat16 on a CPU whose
+    ``bfloat16_gemm_runs``, else float32 (on CUDA the model's own dtype decides)."""
+    if name not in PROMPT_MATMUL_DTYPES:
+        raise ValueError(f"prompt_matmul_dtype {name!r}: one of {', '.join(PROMPT_MATMUL_DTYPES)}")
+    if name != "auto":
+        return name
+    return "bfloat16" if device.type == "cpu" and bfloat16_gemm_runs() else "float32"
 
 
 def chosen_isa(module: ModuleType) -> str:

@@ -24,6 +24,7 @@ FILES = (
     "int8_rows",
     "accuracy",
     "kv_dtype",
+    "prompt_dtype",
     "soak",
     "replicas",
     "http_edge",

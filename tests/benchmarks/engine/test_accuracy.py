@@ -79,6 +79,21 @@ def test_forced_decode_gives_the_logits_of_each_prefix_as_a_prompt(tiny_loaded):
             assert torch.allclose(forced[w][n - 1], prompt_logits, atol=1e-3, rtol=1e-4)
 
 
+def test_windows_as_prompts_give_every_positions_logits_as_forced_decode_does(tiny_loaded):
+    tiny_engine = make_engine(tiny_loaded, prefix_caching=False, kv_cache_dtype="float32")
+    windows = [[5, 9, 14, 3, 7, 22, 8, 11], [40, 2, 19, 6, 33, 12, 25, 4], [1, 2, 3, 4, 5, 6]]
+    forced = accuracy.forced_logits(tiny_engine, windows)
+    as_prompts = accuracy.prompt_logits(tiny_engine, windows, batch=2)
+    assert [p.shape[0] for p in as_prompts] == [7, 7, 5]
+    for decoded, prompted in zip(forced, as_prompts, strict=True):
+        assert torch.allclose(decoded, prompted, atol=1e-3, rtol=1e-4)
+    assert "run" not in vars(tiny_engine.runner)  # the runner's own run again
+    assert (
+        not tiny_engine.has_work()
+        and tiny_engine.blocks.num_free_blocks == tiny_engine.blocks.num_blocks
+    )
+
+
 def test_divergence_of_a_distribution_from_itself_is_nothing_and_grows_when_moved():
     logits = torch.randn(50, 30, dtype=torch.float64)
     reference = torch.log_softmax(logits, -1)
@@ -137,7 +152,7 @@ def test_a_toy_run_writes_each_setting_against_float32(tmp_path):
     assert result["_meta"]["complete"] and result["ctx"] == 32
     entry = result["files"][str(gguf)]
     assert entry["windows"] == 2 and entry["text_tokens"] >= 64
-    assert list(entry["settings"]) == list(accuracy.SETTINGS)
+    assert list(entry["settings"]) == [*accuracy.SETTINGS, *accuracy.PROMPT_SETTINGS]
     for setting, figures in entry["settings"].items():
         assert figures["tokens"] == 2 * (32 - 32 // 2 - 1)
         assert figures["perplexity"] > 1 and figures["top1_agreement"] > 0.9
@@ -147,11 +162,14 @@ def test_a_toy_run_writes_each_setting_against_float32(tmp_path):
     assert entry["settings"]["kv_bfloat16"]["runs"] == {
         "activations": "float32",
         "kv_cache": "torch.bfloat16",
+        "prompts": "float32",
     }
     assert entry["settings"]["int8_kv_float16"]["runs"] == {
         "activations": "int8",
         "kv_cache": "torch.float16",
+        "prompts": "float32",
     }
+    assert entry["settings"]["prompt_bfloat16"]["runs"]["prompts"] == "bfloat16"
     figures = entry["settings"]["int8"]
     assert "llamacpp" not in entry
     table = report.RENDERERS["accuracy"](result)
