@@ -216,8 +216,8 @@ class EngineConfig:
     dtype: str = choice("auto", DTYPES, "dtype")
     # auto (a GGUF's own blocks on CPU fp32), fp32, int8, int4 (model/linear.py)
     weight_dtype: str = choice("auto", WEIGHT_DTYPES, "weight_dtype")
-    # float32 (exact up to summation order) or bfloat16 (model/linear.py)
-    prompt_matmul_dtype: str = choice("float32", PROMPT_MATMUL_DTYPES, "prompt_matmul_dtype")
+    # auto (float32 for now), float32 (exact up to summation order) or bfloat16 (model/linear.py)
+    prompt_matmul_dtype: str = choice("auto", PROMPT_MATMUL_DTYPES, "prompt_matmul_dtype")
     # auto (float32 for now), int8 (8-bit groups, integer dot products) or float32
     activation_dtype: str = choice("auto", ACTIVATION_DTYPES, "activation_dtype")
     # what the paged KV cache stores: auto (the model's dtype), float32, bfloat16 or float16

@@ -226,7 +226,8 @@ SCHEMA["backend_config"] = section(
         "(below); the start-up log names what runs",),
     fed("prompt_matmul_dtype", "str", engine("prompt_matmul_dtype"), "what quantized layers "
         "multiply prompts (more than 32 rows) in: `float32` (exact up to summation order) or "
-        "`bfloat16` (below)",),
+        "`bfloat16` (faster where the CPU executes it, lossy); `auto`: `float32` until the "
+        "accuracy gate makes `bfloat16` a default (below)",),
     fed("activation_dtype", "str", engine("activation_dtype"), "what quantized layers multiply "
         "decode rows (up to 8; 4 for 32-weight kinds) with: `float32`, or `int8` (each row "
         "quantized to 8-bit groups once per input, integer dot products; results move beyond "

@@ -145,7 +145,9 @@ def test_bundled_gguf_blocks_answer_as_its_fp32_image(bundled_loaded):
 
 
 def test_unknown_prompt_matmul_dtype_is_a_config_error():
-    with pytest.raises(ConfigError, match="prompt_matmul_dtype must be one of auto, float32, bfloat16"):
+    with pytest.raises(
+        ConfigError, match="prompt_matmul_dtype must be one of auto, float32, bfloat16"
+    ):
         EngineConfig(prompt_matmul_dtype="float16")
 
 
