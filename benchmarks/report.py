@@ -360,6 +360,29 @@ def render_prompt_dtype(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_decode_limit(data: dict[str, Any]) -> str:
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"{data['file']} ({data['engine']}, {data['activations']} activations), one stream, "
+        f"{data['tokens']} new tokens, {data['threads']} threads. A decode step reads "
+        f"{data['bytes_per_token'] / 1e6:,.1f} MB of weights; the machine copies "
+        f"{_cell(data['copy_gb_per_s'], 2)} GB/s (median [min-max] over rounds), so no engine "
+        f"decodes faster than {_cell(data['limit_tokens_per_s'], 2)} tokens/s here. Each "
+        "engine's rate, and its share of the limit of the same round (median [95 % interval]):",
+        "",
+        "| engine | tokens/s | share of the limit |",
+        "|---|---|---|",
+    ]
+    for side in ("pdserve", "llama.cpp"):
+        figures = data[side]
+        lines.append(
+            f"| {side} | {_cell(figures['tokens_per_s'], 2)} | "
+            f"{_ratio_cell(figures['share_of_limit'], 3)} |"
+        )
+    return "\n".join(lines)
+
+
 def render_soak(data: dict[str, Any]) -> str:
     config, requests = data["config"], data["requests"]
     causes = ", ".join(f"{cause} {n:,}" for cause, n in requests["by_cause"].items())
@@ -697,6 +720,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "accuracy": render_accuracy,
     "kv_dtype": render_kv_dtype,
     "prompt_dtype": render_prompt_dtype,
+    "decode_limit": render_decode_limit,
     "soak": render_soak,
     "http_edge": render_http_edge,
     "structured": render_structured,

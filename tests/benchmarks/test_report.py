@@ -25,6 +25,7 @@ FILES = (
     "accuracy",
     "kv_dtype",
     "prompt_dtype",
+    "decode_limit",
     "soak",
     "replicas",
     "http_edge",

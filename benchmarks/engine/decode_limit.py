@@ -1,0 +1,130 @@
+"""Single-stream decode against this machine's memory limit, beside llama.cpp, in one run.
+
+    python -m benchmarks.engine.decode_limit --gguf 1b-q4_k_m   # -> results/decode_limit.json
+    python -m benchmarks.engine.decode_limit --scratch --gguf bundled --rounds 2 --tokens 16
+
+A decode step of one stream reads every weight it multiplies once: each layer's matrices and the
+LM head (the token embedding table when the file ties them), so ``bytes_per_token`` is the sum
+of those tensors' bytes in the file (one embedding row, the norms and the KV are left out: they
+are far smaller). No engine decodes faster than ``copy bandwidth / bytes_per_token`` tokens a
+second, the physical limit. Each round measures, back to back in rotating order
+(``benchmarks.harness.rounds``): the copy bandwidth (a ``--buffer-mb`` buffer copied with
+``--threads`` threads, bytes copied per second), pdserve's single-stream decode (a fresh random
+prompt of ``--prompt-tokens``, ``--tokens`` new tokens, the engine as configured) and
+llama.cpp's (``llama-bench`` tg<tokens>, same file and threads). Each engine's share of the limit
+is its rate over the limit of the same round; the figure the note states, not a goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from gguf import GGUFReader
+
+from benchmarks.engine.measures import PromptDraw, pdserve_decode_rate
+from benchmarks.harness.results import ResultFile, add_output_arguments
+from benchmarks.harness.rounds import DEFAULT_ROUNDS, paired_rounds
+from benchmarks.harness.stats import spread
+from benchmarks.llamacpp.build import ensure_tools
+from benchmarks.llamacpp.gguf_sets import resolve_gguf
+from benchmarks.llamacpp.vs_llamacpp import LlamaCpp
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model
+
+EMBEDDING, HEAD = "token_embd.weight", "output.weight"
+
+
+def bytes_per_token(path: Path) -> int:
+    """Bytes of the tensors a one-stream decode step reads whole: every 2-D tensor but the token
+    embedding, which counts only where it is also the LM head (no ``output.weight``)."""
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors if len(t.shape) == 2}
+    matrices = sum(n for name, n in tensors.items() if name != EMBEDDING)
+    return matrices + (tensors.get(EMBEDDING, 0) if HEAD not in tensors else 0)
+
+
+def copy_bandwidth(buffer_mb: int, repeats: int = 5) -> float:
+    """Bytes copied per second, best of ``repeats`` copies of a ``buffer_mb`` buffer."""
+    source = torch.ones(buffer_mb << 20, dtype=torch.uint8)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return source.numel() / best
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    path = resolve_gguf(args.gguf)
+    loaded = load_model("bundled" if args.gguf == "bundled" else str(path))
+    config = EngineConfig(
+        device="cpu", num_threads=args.threads, activation_dtype=args.activation_dtype
+    )
+    engine = LLMEngine(config, loaded)
+    llama = LlamaCpp(args.llama_cpp_dir or ensure_tools(), path, args.threads)
+    draw = PromptDraw(args.seed, engine.shape.vocab_size)
+    sides = {
+        "bandwidth": lambda: copy_bandwidth(args.buffer_mb),
+        "pdserve": lambda: pdserve_decode_rate(
+            engine, draw.prompt(args.prompt_tokens), args.tokens + 1
+        ),
+        "llama.cpp": lambda: llama.bench(0, args.tokens),
+    }
+
+    def progress(index: int, values: dict[str, float]) -> None:
+        print(
+            f"round {index + 1}: {values['bandwidth'] / 1e9:.2f} GB/s, pdserve "
+            f"{values['pdserve']:.2f} tokens/s, llama.cpp {values['llama.cpp']:.2f} tokens/s",
+            flush=True,
+        )
+
+    kept = paired_rounds(sides, args.rounds, on_round=progress)
+    per_token = bytes_per_token(path)
+    limits = [bandwidth / per_token for bandwidth in kept["bandwidth"]]
+    result: dict[str, Any] = {
+        "file": path.name,
+        "engine": engine.model.describe(),
+        "activations": engine.activation_dtype,
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "bytes_per_token": per_token,
+        "copy_gb_per_s": spread([b / 1e9 for b in kept["bandwidth"]], 2),
+        "limit_tokens_per_s": spread(limits, 2),
+        "llamacpp_build": llama.build,
+    }
+    for side in ("pdserve", "llama.cpp"):
+        shares = [rate / limit for rate, limit in zip(kept[side], limits, strict=True)]
+        result[side] = {"tokens_per_s": spread(kept[side], 2), "share_of_limit": spread(shares, 3)}
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_output_arguments(parser, "decode_limit")
+    parser.add_argument("--gguf", default="1b-q4_k_m", help="a file set (default: 1b-q4_k_m)")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per decode run")
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--buffer-mb", type=int, default=1024, help="the copied buffer")
+    parser.add_argument("--activation-dtype", default="auto", help="pdserve's decode rows")
+    parser.add_argument(
+        "--llama-cpp-dir", type=Path, help="a folder holding llama-bench (default: built here)"
+    )
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=5, help="seed of the random prompts")
+    args = parser.parse_args(argv)
+    result_file = ResultFile.start(args, argv)
+    torch.set_num_threads(args.threads)
+    result = measure(args)
+    for side in ("pdserve", "llama.cpp"):
+        print(f"{side}: {result[side]['share_of_limit']['median']:.1%} of the limit", flush=True)
+    result_file.write(result)
+
+
+if __name__ == "__main__":
+    main()
