@@ -361,24 +361,27 @@ def render_prompt_dtype(data: dict[str, Any]) -> str:
 
 
 def render_decode_limit(data: dict[str, Any]) -> str:
+    limits, rates = data["limit_tokens_per_s"], data["gb_per_s"]
     lines = [
         provenance(data["_meta"]),
         "",
         f"{data['file']} ({data['engine']}, {data['activations']} activations), one stream, "
         f"{data['tokens']} new tokens, {data['threads']} threads. A decode step reads "
-        f"{data['bytes_per_token'] / 1e6:,.1f} MB of weights; the machine copies "
-        f"{_cell(data['copy_gb_per_s'], 2)} GB/s (median [min-max] over rounds), so no engine "
-        f"decodes faster than {_cell(data['limit_tokens_per_s'], 2)} tokens/s here. Each "
-        "engine's rate, and its share of the limit of the same round (median [95 % interval]):",
+        f"{data['bytes_per_token'] / 1e6:,.1f} MB of weights. The machine reads "
+        f"{_cell(rates['read'], 2)} GB/s (a float32 sum; median [min-max] over rounds), so no "
+        f"engine decodes faster than {_cell(limits['read'], 2)} tokens/s here; it copies "
+        f"{_cell(rates['copy'], 2)} GB/s (bytes read plus written), a limit of "
+        f"{_cell(limits['copy'], 2)} tokens/s. Each engine's rate, and its share of each limit "
+        "in the same round (median [95 % interval]):",
         "",
-        "| engine | tokens/s | share of the limit |",
-        "|---|---|---|",
+        "| engine | tokens/s | share of the read limit | share of the copy limit |",
+        "|---|---|---|---|",
     ]
     for side in ("pdserve", "llama.cpp"):
-        figures = data[side]
+        figures, shares = data[side], data[side]["share_of_limit"]
         lines.append(
             f"| {side} | {_cell(figures['tokens_per_s'], 2)} | "
-            f"{_ratio_cell(figures['share_of_limit'], 3)} |"
+            f"{_ratio_cell(shares['read'], 3)} | {_ratio_cell(shares['copy'], 3)} |"
         )
     return "\n".join(lines)
 

@@ -35,8 +35,9 @@ def test_bytes_per_token_count_every_matrix_and_a_tied_embedding_once(tmp_path):
     assert decode_limit.bytes_per_token(untied) == 4 * (6 * 4 + 4 * 4)  # one embedding row: left
 
 
-def test_copy_bandwidth_is_bytes_a_second():
+def test_bandwidths_are_bytes_a_second():
     assert 1e8 < decode_limit.copy_bandwidth(8, repeats=2) < 1e12
+    assert 1e8 < decode_limit.read_bandwidth(8, repeats=2) < 1e12
 
 
 def test_a_toy_run_writes_and_renders_both_shares(tmp_path):
@@ -47,11 +48,13 @@ def test_a_toy_run_writes_and_renders_both_shares(tmp_path):
     decode_limit.main([*argv, "--rounds", "2", "--tokens", "4", "--buffer-mb", "8"])
     result = json.loads(out.read_text())
     assert result["_meta"]["complete"] and result["bytes_per_token"] > 0
-    limit = result["limit_tokens_per_s"]["median"]
-    assert limit > 0 and len(result["copy_gb_per_s"]["rounds"]) == 2
+    for kind in ("read", "copy"):
+        assert result["limit_tokens_per_s"][kind]["median"] > 0
+        assert len(result["gb_per_s"][kind]["rounds"]) == 2
     assert result["llama.cpp"]["tokens_per_s"]["median"] == BENCH_ROW["avg_ts"]
     for side in ("pdserve", "llama.cpp"):
-        assert result[side]["share_of_limit"]["median"] > 0
+        assert set(result[side]["share_of_limit"]) == {"read", "copy"}
+        assert all(s["median"] > 0 for s in result[side]["share_of_limit"].values())
     assert (tmp_path / "llama-bench.args").read_text().split()[-8:-6] == ["-p", "0"]
     table = report.RENDERERS["decode_limit"](result)
     assert "| pdserve |" in table and "| llama.cpp | 151.50" in table
