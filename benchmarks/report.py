@@ -365,7 +365,7 @@ def render_decode_limit(data: dict[str, Any]) -> str:
     lines = [
         provenance(data["_meta"]),
         "",
-        f"{data['file']} ({data['engine']}, {data['activations']} activations), one stream, "
+        f"{data['file']} ({data['engine']}), one stream, "
         f"{data['tokens']} new tokens, {data['threads']} threads. A decode step reads "
         f"{data['bytes_per_token'] / 1e6:,.1f} MB of weights. The machine reads "
         f"{_cell(rates['read'], 2)} GB/s (a float32 sum; median [min-max] over rounds), so no "
@@ -377,8 +377,8 @@ def render_decode_limit(data: dict[str, Any]) -> str:
         "| engine | tokens/s | share of the read limit | share of the copy limit |",
         "|---|---|---|---|",
     ]
-    for side in ("pdserve", "llama.cpp"):
-        figures, shares = data[side], data[side]["share_of_limit"]
+    for side, figures in data["engines"].items():
+        shares = figures["share_of_limit"]
         lines.append(
             f"| {side} | {_cell(figures['tokens_per_s'], 2)} | "
             f"{_ratio_cell(shares['read'], 3)} | {_ratio_cell(shares['copy'], 3)} |"

@@ -12,9 +12,9 @@ buffer summed with ``--threads`` threads. The copy bandwidth (the same buffer co
 STREAM's Copy counts it: bytes read plus bytes written) is the second, lower yardstick. Each
 round measures, back to back in rotating order (``benchmarks.harness.rounds``): both bandwidths,
 pdserve's single-stream decode (a fresh random prompt of ``--prompt-tokens``, ``--tokens`` new
-tokens, the engine as configured) and llama.cpp's (``llama-bench`` tg<tokens>, same file and
-threads). Each engine's share of a limit is its rate over that limit in the same round; the
-figure the note states, not a goal.
+tokens; decode rows on float32 and on 8-bit activations, ``--activation-dtype``) and llama.cpp's
+(``llama-bench`` tg<tokens>, same file and threads). Each engine's share of a limit is its rate
+over that limit in the same round; the figure the note states, not a goal.
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ from benchmarks.llamacpp.build import ensure_tools
 from benchmarks.llamacpp.gguf_sets import resolve_gguf
 from benchmarks.llamacpp.vs_llamacpp import LlamaCpp
 from engine.config import EngineConfig
+from engine.kernels import set_activation_dtype
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model
 
 EMBEDDING, HEAD = "token_embd.weight", "output.weight"
+# pdserve's sides by --activation-dtype: decode rows on float32 or 8-bit activations
+ACTIVATIONS = {"both": ("float32", "int8"), "float32": ("float32",), "int8": ("int8",)}
 
 
 def bytes_per_token(path: Path) -> int:
@@ -79,26 +82,32 @@ def _best_seconds(run: Callable[[], object], repeats: int) -> float:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     path = resolve_gguf(args.gguf)
     loaded = load_model("bundled" if args.gguf == "bundled" else str(path))
-    config = EngineConfig(
-        device="cpu", num_threads=args.threads, activation_dtype=args.activation_dtype
-    )
-    engine = LLMEngine(config, loaded)
+    engine = LLMEngine(EngineConfig(device="cpu", num_threads=args.threads), loaded)
     llama = LlamaCpp(args.llama_cpp_dir or ensure_tools(), path, args.threads)
     draw = PromptDraw(args.seed, engine.shape.vocab_size)
+
+    def pdserve(activation_dtype: str) -> Callable[[], float]:
+        def rate() -> float:
+            set_activation_dtype(activation_dtype)  # one choice per process: set before each
+            return pdserve_decode_rate(engine, draw.prompt(args.prompt_tokens), args.tokens + 1)
+
+        return rate
+
+    engines: dict[str, Callable[[], float]] = {
+        f"pdserve {dtype}": pdserve(dtype) for dtype in ACTIVATIONS[args.activation_dtype]
+    }
+    engines["llama.cpp"] = lambda: llama.bench(0, args.tokens)
     sides = {
         "copy": lambda: copy_bandwidth(args.buffer_mb),
         "read": lambda: read_bandwidth(args.buffer_mb),
-        "pdserve": lambda: pdserve_decode_rate(
-            engine, draw.prompt(args.prompt_tokens), args.tokens + 1
-        ),
-        "llama.cpp": lambda: llama.bench(0, args.tokens),
+        **engines,
     }
 
     def progress(index: int, values: dict[str, float]) -> None:
+        rates = ", ".join(f"{side} {values[side]:.2f} tokens/s" for side in engines)
         print(
             f"round {index + 1}: copy {values['copy'] / 1e9:.2f} GB/s, read "
-            f"{values['read'] / 1e9:.2f} GB/s, pdserve "
-            f"{values['pdserve']:.2f} tokens/s, llama.cpp {values['llama.cpp']:.2f} tokens/s",
+            f"{values['read'] / 1e9:.2f} GB/s, {rates}",
             flush=True,
         )
 
@@ -108,7 +117,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "file": path.name,
         "engine": engine.model.describe(),
-        "activations": engine.activation_dtype,
         "threads": args.threads,
         "tokens": args.tokens,
         "bytes_per_token": per_token,
@@ -116,11 +124,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "limit_tokens_per_s": {kind: spread(values, 2) for kind, values in limits.items()},
         "llamacpp_build": llama.build,
     }
-    for side in ("pdserve", "llama.cpp"):
-        result[side] = {"tokens_per_s": spread(kept[side], 2), "share_of_limit": {}}
+    result["engines"] = {}
+    for side in engines:
+        entry: dict[str, Any] = {"tokens_per_s": spread(kept[side], 2), "share_of_limit": {}}
         for kind, values in limits.items():
             shares = [rate / limit for rate, limit in zip(kept[side], values, strict=True)]
-            result[side]["share_of_limit"][kind] = spread(shares, 3)
+            entry["share_of_limit"][kind] = spread(shares, 3)
+        result["engines"][side] = entry
+    set_activation_dtype("float32")
     return result
 
 
@@ -131,7 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per decode run")
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--buffer-mb", type=int, default=1024, help="the copied buffer")
-    parser.add_argument("--activation-dtype", default="auto", help="pdserve's decode rows")
+    parser.add_argument(
+        "--activation-dtype", default="both", choices=ACTIVATIONS, help="pdserve's decode rows"
+    )
     parser.add_argument(
         "--llama-cpp-dir", type=Path, help="a folder holding llama-bench (default: built here)"
     )
@@ -142,8 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     result_file = ResultFile.start(args, argv)
     torch.set_num_threads(args.threads)
     result = measure(args)
-    for side in ("pdserve", "llama.cpp"):
-        shares = result[side]["share_of_limit"]
+    for side, entry in result["engines"].items():
+        shares = entry["share_of_limit"]
         print(
             f"{side}: {shares['read']['median']:.1%} of the read limit, "
             f"{shares['copy']['median']:.1%} of the copy limit",

@@ -13,6 +13,7 @@ from gguf import GGUFWriter
 from benchmarks import report
 from benchmarks.engine import decode_limit
 from benchmarks.llamacpp.random_gguf import tiny_shape, write_random_gguf
+from engine.kernels.isa import activation_dtype
 from tests.benchmarks.llamacpp.test_bench_vs_llamacpp import BENCH_ROW, _tool
 
 
@@ -51,10 +52,13 @@ def test_a_toy_run_writes_and_renders_both_shares(tmp_path):
     for kind in ("read", "copy"):
         assert result["limit_tokens_per_s"][kind]["median"] > 0
         assert len(result["gb_per_s"][kind]["rounds"]) == 2
-    assert result["llama.cpp"]["tokens_per_s"]["median"] == BENCH_ROW["avg_ts"]
-    for side in ("pdserve", "llama.cpp"):
-        assert set(result[side]["share_of_limit"]) == {"read", "copy"}
-        assert all(s["median"] > 0 for s in result[side]["share_of_limit"].values())
+    engines = result["engines"]
+    assert list(engines) == ["pdserve float32", "pdserve int8", "llama.cpp"]
+    assert engines["llama.cpp"]["tokens_per_s"]["median"] == BENCH_ROW["avg_ts"]
+    for entry in engines.values():
+        assert set(entry["share_of_limit"]) == {"read", "copy"}
+        assert all(s["median"] > 0 for s in entry["share_of_limit"].values())
+    assert activation_dtype() == "float32"  # the process's choice given back
     assert (tmp_path / "llama-bench.args").read_text().split()[-8:-6] == ["-p", "0"]
     table = report.RENDERERS["decode_limit"](result)
-    assert "| pdserve |" in table and "| llama.cpp | 151.50" in table
+    assert "| pdserve int8 |" in table and "| llama.cpp | 151.50" in table
