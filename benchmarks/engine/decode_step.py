@@ -3,7 +3,8 @@
     python -m benchmarks.engine.decode_step             # -> benchmarks/results/decode_step.json
     python -m benchmarks.engine.decode_step --scratch --tokens 8 --rounds 2   # quick
 
-Runs the bundled model (``--weight-dtype``, default ``auto``: the GGUF's blocks) decoding
+Runs the bundled model or ``--gguf``'s file (``--weight-dtype``, default ``auto``: the GGUF's
+blocks; ``--activation-dtype`` for decode rows) decoding
 ``--tokens`` tokens for ``--streams`` sequences, and times the parts of every decode step:
   schedule  the scheduler picking the step
   prepare   the step's metadata built on the host (ids, positions, slots, block tables)
@@ -32,6 +33,7 @@ from benchmarks.engine.measures import PromptDraw
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, order_of
 from benchmarks.harness.stats import spread
+from benchmarks.llamacpp.gguf_sets import resolve_gguf
 from engine import llm_engine
 from engine.config import WEIGHT_DTYPES, EngineConfig
 from engine.llm_engine import LLMEngine
@@ -110,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
     parser.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
+    parser.add_argument("--gguf", default="bundled", help="a file set (default: bundled)")
+    parser.add_argument("--activation-dtype", default="auto", help="decode rows' activations")
     return parser
 
 
@@ -117,9 +121,11 @@ def main() -> None:
     args = _parser().parse_args()
     result_file = ResultFile.start(args)
     torch.set_num_threads(args.threads)
-    engine = LLMEngine(
-        EngineConfig(device="cpu", weight_dtype=args.weight_dtype), load_model("bundled")
+    path = resolve_gguf(args.gguf)
+    config = EngineConfig(
+        device="cpu", weight_dtype=args.weight_dtype, activation_dtype=args.activation_dtype
     )
+    engine = LLMEngine(config, load_model("bundled" if args.gguf == "bundled" else str(path)))
     fused = engine.model.fused
     if fused is None:
         raise SystemExit("the fused decode layers are not available here (no native kernels)")
