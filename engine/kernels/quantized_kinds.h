@@ -76,6 +76,17 @@ inline Kind parse_kind(const std::string& name) {
 constexpr int64_t kRowTile = 8;
 // Weight rows handled together (they stay in L1 while every tile of x rows meets them).
 constexpr int64_t kWeightRowChunk = 16;
+// Weight rows a product asks the memory for ahead of the row it computes. A decode step reads
+// every weight from memory once, and the hardware prefetchers stop at each 4 KiB page, so the
+// kernels without this wait on memory at a fraction of its bandwidth (python -m
+// benchmarks.engine.decode_limit).
+constexpr int64_t kPrefetchRows = 4;
+
+// Asks for the cache lines of [begin, begin + bytes) to be read (a hint; nothing waits on it).
+inline void prefetch_bytes(const uint8_t* begin, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(begin + line, 0, 3);
+}
+
 // Multiply-adds a thread should get at least, so small layers do not pay for a thread start.
 constexpr int64_t kMinWorkPerThread = 1 << 15;
 
