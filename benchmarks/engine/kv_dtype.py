@@ -44,6 +44,17 @@ def parse_case(text: str) -> tuple[int, int]:
     return int(streams), int(context)
 
 
+def add_case_arguments(
+    parser: argparse.ArgumentParser, case: str, defaults: tuple[str, ...]
+) -> None:
+    """The options both 16-bit benchmarks share: ``--case`` (``case`` names its two counts),
+    ``--rounds``, ``--threads`` and ``--seed``."""
+    parser.add_argument("--case", type=parse_case, action="append", help=f"{case} {defaults}")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=5, help="seed of the random prompts")
+
+
 def decode_ms_per_step(engine: LLMEngine, prompts: list[list[int]], tokens: int) -> float:
     """Milliseconds per decode step of ``prompts`` for ``tokens`` steps once every prompt has
     its first token (prompt steps untimed); every request finished and freed after."""
@@ -109,13 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_output_arguments(parser, "kv_dtype")
     parser.add_argument("--gguf", default="bundled", help="a file set (default: bundled)")
-    parser.add_argument(
-        "--case", type=parse_case, action="append", help=f"streams:context {DEFAULT_CASES}"
-    )
     parser.add_argument("--tokens", type=int, default=32, help="decode steps timed per case")
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=5, help="seed of the random prompts")
+    add_case_arguments(parser, "streams:context", DEFAULT_CASES)
     args = parser.parse_args(argv)
     result_file = ResultFile.start(args, argv)
     cases = args.case or [parse_case(c) for c in DEFAULT_CASES]

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.engine.kv_dtype import parse_case
+from benchmarks.engine.kv_dtype import add_case_arguments, parse_case
 from benchmarks.engine.measures import PromptDraw
 from benchmarks.harness.results import ResultFile, add_output_arguments
-from benchmarks.harness.rounds import DEFAULT_ROUNDS, paired_rounds
+from benchmarks.harness.rounds import paired_rounds
 from benchmarks.harness.stats import Goal, judge, spread
 from benchmarks.llamacpp.gguf_sets import resolve_gguf
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -103,12 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_output_arguments(parser, "prompt_dtype")
     parser.add_argument("--gguf", action="append", help="a file set (default: bundled)")
-    parser.add_argument(
-        "--case", type=parse_case, action="append", help=f"prompts:tokens {DEFAULT_CASES}"
-    )
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="kept rounds")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=5, help="seed of the random prompts")
+    add_case_arguments(parser, "prompts:tokens", DEFAULT_CASES)
     args = parser.parse_args(argv)
     result_file = ResultFile.start(args, argv)
     cases = args.case or [parse_case(c) for c in DEFAULT_CASES]
