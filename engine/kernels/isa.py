@@ -32,7 +32,7 @@ ISAS = ("auto", "avx512", "avx2", "scalar")
 ACTIVATION_DTYPES = ("auto", "int8", "float32")
 PROMPT_MATMUL_DTYPES = ("auto", "float32", "bfloat16")
 _avx512_runs: bool | None = None  # the probe's verdict, once this process asked
-_bfloat16_gemm_runs: bool | None = None  # the same for torch's bfloat16 GEMM
+_bfloat16_gemm: str | None = None  # how torch's bfloat16 GEMM runs here, once asked
 _activation_dtype = "float32"  # this process's choice (set_activation_dtype)
 
 
@@ -64,19 +64,21 @@ def _passes_in_child(probe: Callable[[], bool], what: str, otherwise: str) -> bo
     return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
-def bfloat16_gemm_runs() -> bool:
-    """Whether torch multiplies bfloat16 matrices on this CPU's own instructions: its CPU info
-    lists AVX512_BF16 or AMX (without either it emulates bfloat16, several times slower than
-    float32), and a bfloat16 GEMM run in a forked child (AMX listed by cpuid may fault in a
-    virtual machine) gave float32's product within bfloat16's rounding. Asked once per
-    process."""
-    global _bfloat16_gemm_runs
-    if _bfloat16_gemm_runs is None:
-        listed = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        _bfloat16_gemm_runs = listed and _passes_in_child(
-            _bfloat16_gemm_probe, "bfloat16 GEMM", "prompts multiply in float32"
-        )
-    return _bfloat16_gemm_runs
+def bfloat16_gemm() -> str:
+    """How torch multiplies bfloat16 matrices on this CPU, asked once per process: ``native``
+    where its CPU info lists AVX512_BF16 or AMX and a bfloat16 GEMM run in a forked child gave
+    the product of the rounded values; ``emulated`` where neither is listed (correct, several
+    times slower than float32); ``faulty`` where they are listed but the child's GEMM died or
+    was wrong (a virtual machine's cpuid may list AMX that faults)."""
+    global _bfloat16_gemm
+    if _bfloat16_gemm is None:
+        if not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+            _bfloat16_gemm = "emulated"
+        elif _passes_in_child(_bfloat16_gemm_probe, "bfloat16 GEMM", "prompts stay float32"):
+            _bfloat16_gemm = "native"
+        else:
+            _bfloat16_gemm = "faulty"
+    return _bfloat16_gemm
 
 
 def _bfloat16_gemm_probe() -> bool:
@@ -94,16 +96,25 @@ def resolved_prompt_matmul_dtype(name: str, device: torch.device) -> str:
     faster where the CPU executes bfloat16 (``benchmarks.engine.prompt_dtype``) and move the
     distributions far less than llama.cpp's arithmetic, but keep 96-97 % of the top-1 tokens on
     the bundled files, under the accuracy gate's 98 % floor (``benchmarks/engine/accuracy.py``).
-    ``bfloat16`` on a CPU that would emulate it (``bfloat16_gemm_runs`` false) runs, with a
-    warning: it is slower there."""
+    ``bfloat16`` on a CPU runs where ``bfloat16_gemm`` is native, runs with a warning where it
+    is emulated (slower), and falls back to float32 with a warning where it is faulty."""
     if name not in PROMPT_MATMUL_DTYPES:
         raise ValueError(f"prompt_matmul_dtype {name!r}: one of {', '.join(PROMPT_MATMUL_DTYPES)}")
-    if name == "bfloat16" and device.type == "cpu" and not bfloat16_gemm_runs():
+    if name != "bfloat16" or device.type != "cpu":
+        return "float32" if name == "auto" else name
+    gemm = bfloat16_gemm()
+    if gemm == "emulated":
         log.warning(
             "prompt_matmul_dtype bfloat16: this CPU executes no bfloat16 GEMM instructions "
             "(AVX512_BF16, AMX), so torch emulates them, several times slower than float32"
         )
-    return "float32" if name == "auto" else name
+    elif gemm == "faulty":
+        log.warning(
+            "prompt_matmul_dtype bfloat16: this CPU lists bfloat16 GEMM instructions, but a "
+            "bfloat16 GEMM died or was wrong in a child process: prompts multiply in float32"
+        )
+        return "float32"
+    return "bfloat16"
 
 
 def chosen_isa(module: ModuleType) -> str:

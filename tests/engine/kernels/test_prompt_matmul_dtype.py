@@ -1,6 +1,6 @@
 """What ``prompt_matmul_dtype`` runs: named dtypes as named, ``auto`` float32 (bfloat16 misses the
-accuracy gate's top-1 floor), and bfloat16 on a CPU whose bfloat16 GEMM would be emulated (the
-probe, run in a child) with a warning."""
+accuracy gate's top-1 floor); bfloat16 on a CPU whose bfloat16 GEMM would be emulated runs with a
+warning, and where a GEMM run in a child faults, prompts stay float32."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from engine.kernels import isa
 @pytest.fixture
 def fresh_probe(monkeypatch):
     """The probe's verdict forgotten for the test (and restored after)."""
-    monkeypatch.setattr(isa, "_bfloat16_gemm_runs", None)
+    monkeypatch.setattr(isa, "_bfloat16_gemm", None)
 
 
 def test_named_dtypes_run_as_named_and_others_are_refused():
@@ -32,9 +32,10 @@ def test_auto_is_float32_on_every_device():
     assert isa.resolved_prompt_matmul_dtype("auto", torch.device("cuda")) == "float32"
 
 
-def test_the_probe_says_yes_where_torch_lists_bfloat16_instructions(fresh_probe):
+def test_the_gemm_is_native_where_torch_lists_bfloat16_instructions(fresh_probe):
     listed = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    assert isa.bfloat16_gemm_runs() == listed  # no faulting VM in CI: listed ones run
+    # no faulting VM in CI: listed instructions run
+    assert isa.bfloat16_gemm() == ("native" if listed else "emulated")
 
 
 def test_bfloat16_where_torch_would_emulate_it_runs_with_a_warning(
@@ -49,12 +50,16 @@ def test_bfloat16_where_torch_would_emulate_it_runs_with_a_warning(
     assert caplog.text == ""
 
 
-def test_a_probe_that_faults_kills_only_its_child_and_says_no(fresh_probe, monkeypatch):
+def test_a_gemm_that_faults_kills_only_its_child_and_prompts_stay_float32(
+    fresh_probe, monkeypatch, caplog
+):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     monkeypatch.setattr(
         isa, "_bfloat16_gemm_probe", lambda: os.kill(os.getpid(), signal.SIGILL) or True
     )
-    assert not isa.bfloat16_gemm_runs()
+    assert isa.bfloat16_gemm() == "faulty"
+    assert isa.resolved_prompt_matmul_dtype("bfloat16", torch.device("cpu")) == "float32"
+    assert "prompts multiply in float32" in caplog.text
 
 
 def test_the_probe_checks_the_product_it_computes(monkeypatch):
