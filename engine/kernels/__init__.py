@@ -39,6 +39,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -54,6 +55,9 @@ BUILD_WAIT_S = 600.0  # the longest a start waits for another process's build of
 READY_FILE = "ready"  # in a build folder: the library's file name, written once it has loaded
 _loaded: dict[str, ModuleType] = {}  # module name -> module, for this process
 _origins: dict[str, str] = {}  # source stem -> "cached" or "built", for this process
+# One load at a time in a process: two threads importing one extension at once can each get a
+# module holding only part of its functions (CPython initialises it twice, concurrently)
+_loading = threading.Lock()
 
 
 class KernelBuildError(RuntimeError):
@@ -120,18 +124,19 @@ def build_extension(source: Path, wait_s: float = BUILD_WAIT_S) -> ModuleType:
     """The module compiled from ``source``: imported from a finished build of this very code with
     no lock taken, else compiled under the build lock (waiting up to ``wait_s`` for another
     process's build of it); any build error propagates."""
-    name = module_name(source)
-    if name in _loaded:
-        return _loaded[name]
-    folder = kernel_build_root() / name
-    module = _import_ready(folder)
-    if module is None:
-        with _build_lock(folder.with_suffix(".lock"), wait_s):
-            module = _import_ready(folder) or _compile(name, source, folder)
-    else:
-        _origins[source.stem] = "cached"
-    _loaded[name] = module
-    return module
+    with _loading:
+        name = module_name(source)
+        if name in _loaded:
+            return _loaded[name]
+        folder = kernel_build_root() / name
+        module = _import_ready(folder)
+        if module is None:
+            with _build_lock(folder.with_suffix(".lock"), wait_s):
+                module = _import_ready(folder) or _compile(name, source, folder)
+        else:
+            _origins[source.stem] = "cached"
+        _loaded[name] = module
+        return module
 
 
 def kernel_origins() -> dict[str, str]:

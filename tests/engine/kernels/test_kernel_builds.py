@@ -190,3 +190,35 @@ def test_a_wait_for_a_live_builder_is_bounded_and_names_the_lock(toolchain, tiny
         holder.kill()
         holder.wait(10)
     assert kernels.build_extension(tiny_source, wait_s=5).answer() >= 0  # the lock is free again
+
+
+def test_threads_loading_one_module_at_once_each_get_it_whole(toolchain):
+    """Eight threads of a fresh process ask for the quantized kernels at the same moment, the GIL
+    switching as often as it can: each gets the same module, every function in it. Loading one
+    extension in two threads at once made CPython initialise it twice, concurrently, and some
+    threads got a module missing functions (a worker whose ``ready`` found no ``isa``)."""
+    done = _python(
+        """
+        import sys, threading
+        sys.setswitchinterval(1e-6)
+        from engine import kernels
+        from engine.kernels.quantized import SOURCE
+        barrier, modules = threading.Barrier(8), []
+
+        def load():
+            barrier.wait()
+            modules.append(kernels.build_extension(SOURCE))
+
+        threads = [threading.Thread(target=load) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        whole = all(hasattr(m, "isa") and hasattr(m, "avx512_probe") for m in modules)
+        print(len(modules), len({id(m) for m in modules}), whole)
+        """,
+        {},
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["8", "1", "True"]
