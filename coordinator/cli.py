@@ -234,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pdserve: {exc}", file=sys.stderr)
         return 2
     with asyncio.Runner(loop_factory=event_loop_factory(config)) as runner:
-        runner.run(coordinator.serve())
-    return 0
+        return runner.run(coordinator.serve())
 
 
 if __name__ == "__main__":

@@ -214,7 +214,9 @@ class Coordinator:
             for app, host, port, tls, caps in listeners
         ]
 
-    async def serve(self) -> None:
+    async def serve(self) -> int:
+        """Serves until SIGTERM/SIGINT (then drains): 0; or until the cluster fails to start
+        (logged): 1, the process's exit status."""
         self._servers = [SignalFreeServer(c) for c in self.uvicorn_configs()]
         self._probes = ThreadedServer(self._servers.pop(2), "probes")
         self._probes.start()
@@ -229,12 +231,20 @@ class Coordinator:
         handle_signals()
         serving = [asyncio.ensure_future(s.serve()) for s in self._servers]
         starting = asyncio.ensure_future(self.start())
-        # ray.init installs its own C++ SIGTERM handler (which ends the process without a drain);
-        # take the signals back once it has run.
-        starting.add_done_callback(lambda _: handle_signals())
+
+        def started(task: asyncio.Future) -> None:
+            # ray.init installs its own C++ SIGTERM handler (which ends the process without a
+            # drain); take the signals back once it has run.
+            handle_signals()
+            if _failure(task) is not None:  # never ready: stop rather than answer 503 forever
+                log.error("the cluster did not start: %s", _failure(task), exc_info=_failure(task))
+                stop.set()
+
+        starting.add_done_callback(started)
         await stop.wait()
         await self.shutdown(starting)
         await asyncio.gather(*serving, return_exceptions=True)
+        return 0 if _failure(starting) is None else 1
 
     async def shutdown(self, starting: asyncio.Future | None = None) -> None:
         log.info("draining %d in-flight requests", self.service.in_flight)
@@ -254,6 +264,11 @@ class Coordinator:
             self.fleet.shutdown()
             if self.started_ray:
                 ray.shutdown()
+
+
+def _failure(task: asyncio.Future) -> BaseException | None:
+    """What a finished task raised (None: still running, cancelled or succeeded)."""
+    return task.exception() if task.done() and not task.cancelled() else None
 
 
 def tls_options(tls: dict[str, Any]) -> dict[str, Any]:

@@ -129,7 +129,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         entry: dict[str, Any] = {"tokens_per_s": spread(kept[side], 2), "share_of_limit": {}}
         for kind, values in limits.items():
             shares = [rate / limit for rate, limit in zip(kept[side], values, strict=True)]
-            entry["share_of_limit"][kind] = spread(shares, 3)
+            entry["share_of_limit"][kind] = spread(shares, 6)
         result["engines"][side] = entry
     set_activation_dtype("float32")
     return result

@@ -3,8 +3,9 @@
 ``bundled`` is the bundled SmolLM2-135M Q4_1 file; ``bundled-<type>`` its llama-quantize copy in
 ``<type>`` (``bundled-q4_k_m``, ``bundled-q5_k_m``, ``bundled-q6_k``, ``bundled-q8_0``);
 ``<preset>-<type>`` a random-weight file of ``benchmarks/llamacpp/random_gguf.py``'s preset
-(``1b-q4_k_m``, ``0.5b-q4_k_m``; ``<preset>-f16`` is the written file itself). A name's file is made
-on first use and kept in the cache folder; anything else is taken as the path of a ``.gguf`` file.
+(``1b-q4_k_m``, ``0.5b-q4_k_m``, ``3b-q4_k_m``; ``<preset>-f16`` is the written file itself). A
+name's file is made on first use and kept in the cache folder; anything else is taken as the path of
+a ``.gguf`` file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ NAMED_SETS = (
     "bundled-q8_0",
     "1b-q4_k_m",
     "0.5b-q4_k_m",
+    "3b-q4_k_m",
 )
 
 

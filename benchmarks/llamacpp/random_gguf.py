@@ -4,15 +4,16 @@
     python -m benchmarks.llamacpp.random_gguf 0.5b        # prints the F16 file (written once)
     python -m benchmarks.llamacpp.random_gguf 1b --quantize Q4_K_M
 
-Presets: ``0.5b`` has Qwen2.5-0.5B's shapes (architecture ``qwen2``: hidden 896, 24 layers, 14
-query / 2 key-value heads, intermediate 4864, vocabulary 151,936, biased q/k/v projections, tied
+Presets: ``0.5b`` has Qwen2.5-0.5B's shapes (architecture ``qwen2``: hidden 896, 24 layers, 14 query
+/ 2 key-value heads, intermediate 4864, vocabulary 151,936, biased q/k/v projections, tied
 embeddings); ``1b`` has Llama-3.2-1B's (``llama``: hidden 2048, 16 layers, 32 / 8 heads,
-intermediate 8192, vocabulary 128,256, tied embeddings, rope theta 500,000, without its long
-context rope scaling); ``tiny`` is a few-kilobyte ``llama`` for tests. Matrices and the embedding
-are normal with std 0.02 in F16, norms are ones and biases zeros in F32, as llama.cpp's converter
-stores them; the vocabulary is ``benchmarks/llamacpp/synthetic_vocab.py``'s. Both llama.cpp and
-pdserve's loader read the files; the text a random model writes means nothing, its speed is the
-point.
+intermediate 8192, vocabulary 128,256, tied embeddings, rope theta 500,000, without its long context
+rope scaling); ``3b`` has Llama-3.2-3B's (``llama``: hidden 3072, 28 layers, 24 / 8 heads,
+intermediate 8192, the same vocabulary, tied embeddings); ``tiny`` is a few-kilobyte ``llama`` for
+tests. Matrices and the embedding are normal with std 0.02 in F16, norms are ones and biases zeros
+in F32, as llama.cpp's converter stores them; the vocabulary is
+``benchmarks/llamacpp/synthetic_vocab.py``'s. Both llama.cpp and pdserve's loader read the files;
+the text a random model writes means nothing, its speed is the point.
 
 Each file is written once, tensor by tensor (the 1B file is about 2.5 GB and never whole in
 memory), into ``<cache>/gguf/random-<preset>-f16.gguf``, by rename once complete; ``--quantize``
@@ -67,6 +68,7 @@ class ModelShape:
 PRESETS = {
     "0.5b": ModelShape("qwen2", 896, 24, 14, 2, 4864, 151_936, True, 1_000_000.0, 1e-6, 32_768),
     "1b": ModelShape("llama", 2048, 16, 32, 8, 8192, 128_256, False, 500_000.0, 1e-5, 131_072),
+    "3b": ModelShape("llama", 3072, 28, 24, 8, 8192, 128_256, False, 500_000.0, 1e-5, 131_072),
     "tiny": ModelShape("llama", 64, 2, 4, 2, 128, 320, False, 10_000.0, 1e-5, 2048),
 }
 

@@ -7,9 +7,9 @@
 
 ``--gguf`` (repeatable, default ``bundled``) names a file set of
 ``benchmarks/llamacpp/gguf_sets.py`` (``bundled``, ``bundled-q4_k_m``, ``bundled-q5_k_m``,
-``bundled-q6_k``, ``bundled-q8_0``, ``1b-q4_k_m``, ``0.5b-q4_k_m``: made once with llama-quantize
-and ``benchmarks/llamacpp/random_gguf.py``) or a ``.gguf`` path. Every file runs every measure in
-turn, each with its own engine.
+``bundled-q6_k``, ``bundled-q8_0``, ``1b-q4_k_m``, ``0.5b-q4_k_m``, ``3b-q4_k_m``: made once with
+llama-quantize and ``benchmarks/llamacpp/random_gguf.py``) or a ``.gguf`` path. Every file runs
+every measure in turn, each with its own engine.
 
 llama.cpp is built once into the cache folder from the tree inside PyPI's ``llama-cpp-python``
 sdist (``benchmarks/llamacpp/build.py``, about 8 minutes on two cores per build) for the

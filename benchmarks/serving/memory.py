@@ -15,6 +15,9 @@ folder (``benchmarks/llamacpp/build.py --server``), after the same requests; whi
 there (or the model has no GGUF), pdserve is measured alone and the result says so. A request
 that fails is recorded (``failed_requests``, with its error), not raised. ``--embedding-model``
 is the modes' ``embedding_model_path`` (default ``bundled``, as ``pdserve`` starts; ``""``: none).
+``--model`` is ``bundled``, a file set of ``benchmarks/llamacpp/gguf_sets.py`` (``1b-q4_k_m``,
+made once) or a model path; ``--kv-cache-dtype`` is the engines' ``kv_cache_dtype`` (each
+budget is its tokens at that dtype's bytes).
 
 The JSON holds each side's processes and sums and the machine (``results_meta.py``), and with
 ``--before FILE`` the modes of an earlier result (the run before a cut) under ``before``;
@@ -33,11 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 
 from benchmarks.harness.launch import free_port, start_pdserve, stop_pdserve
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.llamacpp.build import SERVER, has_tools, tools_dir
+from benchmarks.llamacpp.gguf_sets import is_named, resolve_gguf
 from benchmarks.llamacpp.server import LlamaServer, ServerSetting
+from engine.config import KV_CACHE_DTYPES, resolve_kv_dtype
 from testbed.process_tree import measure, summarize, tree_pids
 
 SLOTS = 32
@@ -49,8 +55,8 @@ PROMPT = "Explain in a few sentences what a paged KV cache is and why it helps s
 
 
 def kv_cache_mib(model: str, tokens: int, itemsize: int) -> int:
-    """MiB of KV for ``tokens`` tokens of ``model`` at ``itemsize`` bytes a value (4: what the
-    engine keeps on CPU, float32; 2: llama-server's f16)."""
+    """MiB of KV for ``tokens`` tokens of ``model`` at ``itemsize`` bytes a value (4: float32,
+    the engine's default on CPU; 2: a 16-bit cache, llama-server's f16)."""
     from engine.model.llama import ModelShape
     from engine.model.loader import load_model
 
@@ -94,9 +100,11 @@ def measure_pdserve(mode: str, args: argparse.Namespace, workdir: Path) -> dict[
         "maxInputTokenLen": CONTEXT_PER_SLOT - 1,
         "kvCacheMemoryMB": args.kv_mib,
         "embedding_model_path": args.embedding_model,
+        "kv_cache_dtype": args.kv_cache_dtype,
     }
     if mode == "pd_separate" and args.prefill_kv_tokens:
-        backend["prefill_kv_cache_memory_mb"] = kv_cache_mib(args.model, args.prefill_kv_tokens, 4)
+        prefill_mib = kv_cache_mib(args.model, args.prefill_kv_tokens, args.kv_itemsize)
+        backend["prefill_kv_cache_memory_mb"] = prefill_mib
     process, ports = start_pdserve(mode, args.model, workdir / mode, backend)
     try:
         failed = send_requests(f"http://127.0.0.1:{ports['predict_port']}", args.requests)
@@ -130,7 +138,8 @@ def measure_llama_server(args: argparse.Namespace, workdir: Path) -> dict[str, A
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--model", default="bundled", help="bundled, a file set or a path")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--embedding-model", default="bundled", help='"": no embedding model')
     parser.add_argument(
@@ -153,12 +162,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result_file = ResultFile.start(args, [__file__, *(sys.argv[1:] if argv is None else argv)])
-    args.kv_mib = kv_cache_mib(args.model, SLOTS * CONTEXT_PER_SLOT, 4)
+    if args.model != "bundled" and is_named(args.model):
+        args.model = str(resolve_gguf(args.model))
+    kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, torch.float32)  # the CPU model's dtype
+    args.kv_itemsize = kv_dtype.itemsize
+    args.kv_mib = kv_cache_mib(args.model, SLOTS * CONTEXT_PER_SLOT, args.kv_itemsize)
     result: dict[str, Any] = {
         "_meta": {
             "slots": SLOTS,
             "context": CONTEXT_PER_SLOT,
             "kv_mib": args.kv_mib,
+            "kv_cache_dtype": str(kv_dtype).removeprefix("torch."),
             "llama_server_kv_mib": kv_cache_mib(args.model, SLOTS * CONTEXT_PER_SLOT, 2),
         }
     }

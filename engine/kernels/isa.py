@@ -25,12 +25,12 @@ from types import ModuleType
 
 import torch
 
+from engine.config import ACTIVATION_DTYPES, PROMPT_MATMUL_DTYPES
+
 log = logging.getLogger(__name__)
 
 ISA_ENV = "PDSERVE_KERNEL_ISA"
 ISAS = ("auto", "avx512", "avx2", "scalar")
-ACTIVATION_DTYPES = ("auto", "int8", "float32")
-PROMPT_MATMUL_DTYPES = ("auto", "float32", "bfloat16")
 _avx512_runs: bool | None = None  # the probe's verdict, once this process asked
 _bfloat16_gemm: str | None = None  # how torch's bfloat16 GEMM runs here, once asked
 _activation_dtype = "float32"  # this process's choice (set_activation_dtype)

@@ -166,9 +166,7 @@ PDSERVE_AVX2 void linear_rows_avx2(int64_t begin, int64_t end, const uint8_t* we
         const int rows = static_cast<int>(std::min(kRowTile, M - m));
         for (int64_t n = n0; n < n1; ++n) {
           const uint8_t* row = weight + n * row_bytes;
-          if (m == 0 && n + kPrefetchRows < end)  // the segment this pass reads, rows ahead
-            prefetch_bytes(row + kPrefetchRows * row_bytes + b0 * block_bytes(K),
-                           (b1 - b0) * block_bytes(K));
+          if (m == 0) prefetch_row_ahead<K>(row, n, end, row_bytes, b0, b1);  // this pass's segment
           float* o = out + m * N + n;
           if (rows == 1) {
             const float sum = row_dot_avx2<K>(row, b0, b1, x + m * K32, x_sum_pairs);

@@ -203,7 +203,7 @@ PDSERVE_TARGET void int8_linear_rows(int64_t begin, int64_t end, const uint8_t* 
   const int64_t row_bytes = blocks * block_bytes(K);
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* row = weight + n * row_bytes;
-    if (n + kPrefetchRows < end) prefetch_bytes(row + kPrefetchRows * row_bytes, row_bytes);
+    prefetch_row_ahead<K>(row, n, end, row_bytes, 0, blocks);
     int64_t m = 0;
     for (; m + 4 <= x.M; m += 4) int8_row_tile<K, 4>(row, blocks, x, m, out + m * ldo + n, ldo);
     switch (x.M - m) {

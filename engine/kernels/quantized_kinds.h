@@ -87,6 +87,15 @@ inline void prefetch_bytes(const uint8_t* begin, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(begin + line, 0, 3);
 }
 
+// Asks for blocks [b0, b1) of the row kPrefetchRows after row n (of rows up to end), if any.
+template <Kind K>
+inline void prefetch_row_ahead(const uint8_t* row, int64_t n, int64_t end, int64_t row_bytes,
+                               int64_t b0, int64_t b1) {
+  if (n + kPrefetchRows < end)
+    prefetch_bytes(row + kPrefetchRows * row_bytes + b0 * block_bytes(K),
+                   (b1 - b0) * block_bytes(K));
+}
+
 // Multiply-adds a thread should get at least, so small layers do not pay for a thread start.
 constexpr int64_t kMinWorkPerThread = 1 << 15;
 

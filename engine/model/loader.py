@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,10 @@ class LoadedModel:
     hf_config: Any
     weights: Mapping[str, torch.Tensor]  # a GGUF's: GGUFTensors, dequantized when looked up
     tokenizer: Any
-    gguf_path: Path | None = None  # the GGUF file the weights are read from, if any
     # the first rows of the token embedding (float32), read without dequantizing the whole
     # table: what the engine's fingerprint of the weights hashes
-    embedding_sample: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    embedding_sample: torch.Tensor
+    gguf_path: Path | None = None  # the GGUF file the weights are read from, if any
 
 
 def resolve_model_dir(model_path: str) -> Path:
@@ -156,8 +156,8 @@ def load_model(model_path: str) -> LoadedModel:
         hf_config,
         weights,
         load_tokenizer(tokenizer_dir(model_path)),
-        gguf_path,
         sample.float().contiguous(),
+        gguf_path,
     )
 
 

@@ -74,6 +74,7 @@ def test_the_vocabulary_is_byte_level_bpe():
 
 def test_presets_have_the_real_models_shapes(tmp_path):
     assert (PRESETS["0.5b"].head_dim, PRESETS["1b"].head_dim) == (64, 64)
+    assert (PRESETS["3b"].head_dim, PRESETS["3b"].num_layers) == (128, 28)  # Llama-3.2-3B
     assert PRESETS["0.5b"].qkv_bias and not PRESETS["1b"].qkv_bias
     with pytest.raises(ValueError, match="preset"):
         random_gguf_path("7b", tmp_path)
