@@ -41,8 +41,20 @@ DOCUMENTS = (
 # ``NAME`` or ``NAME:VIEW``: the result file NAME.json, rendered whole or as a VIEW of it
 BLOCK = re.compile(r"(<!-- report: (\w+(?::\w+)?) -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
 
-# measure -> goal for pdserve / llama.cpp (the issue that set it), None: no goal
+# measure -> goal for pdserve / llama.cpp (the issue that set it), None: no goal: the bundled
+# files'; the random files at the sizes people serve have their own (FILE_GOALS)
 ENGINE_GOALS = {"single_stream": 1.2, "prefill512": 2.0, "batch32": 2.0}
+_SERVED_SIZE_GOALS = {"single_stream": 1.1, "prefill512": 1.3, "batch32": 1.5}
+FILE_GOALS = {
+    "0.5b-q4_k_m": _SERVED_SIZE_GOALS,
+    "1b-q4_k_m": _SERVED_SIZE_GOALS,
+    "3b-q4_k_m": {"single_stream": 1.0},
+}
+
+
+def engine_goal(file_set: str | None, measure: str) -> float | None:
+    """The goal of ``measure`` on ``file_set`` (None: the bundled file); None: no goal."""
+    return FILE_GOALS.get(file_set or "bundled", ENGINE_GOALS).get(measure)
 CLOSED_LOOP_GOALS = {"1": 1.2, "8": 2.0, "32": 2.0}
 RATE_GOAL = 2.0
 
@@ -111,7 +123,7 @@ def render_vs_llamacpp(data: dict[str, Any]) -> str:
         lines.append(
             f"|{f' {name} |' if several else ''} {key} | {_cell(entry['pdserve'])} | "
             f"{_cell(entry['llamacpp'])} ({entry.get('llamacpp_build', '-')}) | "
-            f"**{_ratio_cell(ratio)}** | {_goal(ratio, ENGINE_GOALS.get(key))} | "
+            f"**{_ratio_cell(ratio)}** | {_goal(ratio, engine_goal(name, key))} | "
             f"{entry.get('prefix_cache_hit_tokens', 0)} |"
         )
         if "pdserve_float32" in entry:  # --activation-dtype both: the float32 side of the rounds

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.stats import Goal, Judgement, judge
-from benchmarks.report import ENGINE_GOALS, vs_llamacpp_measures
+from benchmarks.report import engine_goal, vs_llamacpp_measures
 
 
 def judged(data: dict[str, Any]) -> Iterator[tuple[str, Judgement]]:
     """(measure, verdict) for each measure of an engine-style result with a goal and rounds."""
     for file, measure, entry in vs_llamacpp_measures(data):
-        goal = ENGINE_GOALS.get(measure)
+        goal = engine_goal(file, measure)
         rounds = entry.get("ratio", {}).get("rounds") if isinstance(entry, dict) else None
         if goal is not None and rounds:
             name = measure if file is None else f"{file} {measure}"

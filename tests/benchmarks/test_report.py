@@ -154,3 +154,11 @@ def test_a_goal_is_met_only_when_the_intervals_lower_end_clears_it():
     assert "undecided" in report._goal(short, 1.2) and "2 rounds kept" in report._goal(short, 1.2)
     assert report._goal(1.5, 1.2) == ">= 1.2x: undecided (a single figure, no rounds)"
     assert report._goal(clear, 1.4, at_least=False).startswith("<= 1.4x: met")
+
+
+def test_goals_are_the_files_own():
+    assert report.engine_goal(None, "batch32") == report.engine_goal("bundled-q8_0", "batch32") == 2
+    assert report.engine_goal("1b-q4_k_m", "single_stream") == 1.1  # the sizes people serve
+    assert report.engine_goal("0.5b-q4_k_m", "batch32") == 1.5
+    assert report.engine_goal("3b-q4_k_m", "single_stream") == 1.0
+    assert report.engine_goal("3b-q4_k_m", "prefill512") is None  # no goal named
