@@ -55,6 +55,8 @@ FILE_GOALS = {
 def engine_goal(file_set: str | None, measure: str) -> float | None:
     """The goal of ``measure`` on ``file_set`` (None: the bundled file); None: no goal."""
     return FILE_GOALS.get(file_set or "bundled", ENGINE_GOALS).get(measure)
+
+
 CLOSED_LOOP_GOALS = {"1": 1.2, "8": 2.0, "32": 2.0}
 RATE_GOAL = 2.0
 
