@@ -598,6 +598,15 @@ def render_memory(data: dict[str, Any]) -> str:
     return render_memory_tables(data, provenance(data["_meta"]))
 
 
+# the whole tree's PSS against llama-server's at the sizes people serve, at most (per mode)
+MEMORY_AT_SIZE_GOALS = {"single_node": 1.3, "pd_separate": 1.6}
+
+
+def render_memory_at_size(data: dict[str, Any]) -> str:
+    """``memory.py`` on a served-size file (``--model 1b-q4_k_m``), against those goals."""
+    return render_memory_tables(data, provenance(data["_meta"]), MEMORY_AT_SIZE_GOALS)
+
+
 def render_served_stream(data: dict[str, Any]) -> str:
     """The served stream against the engine's step and llama-server (``served_stream.py``)."""
     return render_served_stream_tables(data, provenance(data["_meta"]))
@@ -729,6 +738,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "vs_llamacpp_rerun": render_rerun,
     "vs_llamacpp_1b": render_vs_llamacpp,
     "vs_llamacpp_int8": render_vs_llamacpp,
+    "vs_llamacpp_sizes": render_vs_llamacpp,
+    "vs_llamacpp_3b": render_vs_llamacpp,
     "engine": render_engine,
     "compare_modes": render_compare_modes,
     "decode_step": render_decode_step,
@@ -742,6 +753,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "http_edge": render_http_edge,
     "structured": render_structured,
     "memory": render_memory,
+    "memory_1b": render_memory_at_size,
+    "memory_1b_kv16": render_memory_at_size,
     "replicas": render_replicas,
     "served_stream": render_served_stream,
     "served_stream:headline": render_served_stream_headline,

@@ -80,7 +80,10 @@ class _Cursor:
 def read_index(path: Path, strings: tuple[str, ...] = ()) -> GGUFIndex:
     """The tensors of the GGUF file at ``path`` and its string metadata named in ``strings``;
     :class:`GGUFFormatError` for a file this reader does not take."""
-    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    # copy-on-write ("c", MAP_PRIVATE): the arrays are writable, so torch takes them without a
+    # copy, while the pages stay the page cache's, shared by every process that maps the file
+    # (a prefill and a decode worker on one node hold its weights once); nothing writes to them
+    mapped = np.memmap(path, dtype=np.uint8, mode="c")
     cursor = _Cursor(mapped.data)
     try:
         return _read(mapped, cursor, strings)
