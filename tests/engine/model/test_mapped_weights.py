@@ -66,3 +66,20 @@ def test_the_reader_maps_tensors_writable_without_touching_the_file(tmp_path):
     assert tensor.data.flags.writeable  # copy-on-write: torch takes it without a copy
     tensor.data[0, 0] ^= 0xFF  # a write stays in this process
     assert path.read_bytes() == before
+
+
+def test_released_pages_come_back_from_the_file_on_use(tmp_path):
+    from benchmarks.llamacpp.random_gguf import tiny_shape, write_random_gguf
+    from engine.model.gguf_index import release_resident_pages
+
+    path = write_random_gguf(tmp_path / "tiny.gguf", "tiny", tiny_shape("llama"))
+    tensor = next(t for t in read_index(path).tensors if t.name == "blk.0.ffn_down.weight")
+    cols, rows = tensor.shape
+    layer = from_gguf([GGUFMatrix("f16", rows, cols, tensor.data.view(np.uint8))])
+    assert _shares(layer, tensor.data)  # computed from the map itself
+    x = torch.randn(2, cols)
+    before = quantized_linear(x, layer.weight)
+    release_resident_pages()  # the map's pages leave this process ...
+    torch.testing.assert_close(
+        quantized_linear(x, layer.weight), before, rtol=0, atol=0
+    )  # ... and come back
