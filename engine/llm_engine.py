@@ -40,7 +40,6 @@ from engine.kernels import set_activation_dtype
 from engine.kernels.isa import resolved_prompt_matmul_dtype
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
-from engine.model.gguf_index import release_resident_pages
 from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
@@ -92,7 +91,6 @@ class LLMEngine:
         block_size = config.cache.block_size
         num_blocks = config.cache.num_blocks or _blocks_in(config, self.shape, self.kv_dtype)
         fingerprint = _fingerprint(loaded, self.shape)
-        release_resident_pages()  # the weights' copies were read from the file: held once
         self.kv_cache = KVCache(self.shape, num_blocks, block_size, self.device, self.kv_dtype)
         self.blocks = BlockManager(
             num_blocks,

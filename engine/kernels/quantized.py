@@ -164,8 +164,7 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
 
 def from_gguf_blocks(data: np.ndarray, kind: str, n: int, k: int) -> QuantizedWeight:
     """A GGUF tensor's raw blocks (``GGUFReader``'s ``tensor.data``) as a weight of ``n`` outputs
-    and ``k`` inputs, without a copy where it can be: a read-only array is copied (the GGUF
-    reader maps files copy-on-write, which torch takes as they are)."""
+    and ``k`` inputs. A read-only array (a memory-mapped file) is copied."""
     blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape(n, -1)
     if not blocks.flags.writeable:
         blocks = blocks.copy()

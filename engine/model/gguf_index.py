@@ -11,9 +11,7 @@ innermost first, type, offset), then the data, aligned to ``general.alignment`` 
 
 from __future__ import annotations
 
-import mmap
 import struct
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,23 +22,6 @@ ALIGNMENT = 32  # gguf's default, where general.alignment is not set
 STRING, ARRAY, UINT32 = 8, 9, 4
 # the fixed sizes of the scalar value types (uint8 ... float64; 8: string, 9: array)
 SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-# the files mapped here and still in use: release_resident_pages drops their resident pages
-_mappings: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
-
-
-def release_resident_pages() -> None:
-    """Drop every mapped file's pages from this process's memory (the page cache keeps them).
-    Once a model is built, the matrices it copied (stacked or reordered) are never read from the
-    map again, while those it computes from the map come back on first use, from the page cache;
-    without this the copied ones would be held twice. Nothing writes to the maps, so nothing is
-    lost."""
-    for mapping in list(_mappings):
-        try:
-            mapping.madvise(mmap.MADV_DONTNEED)
-        except (ValueError, OSError):  # closed meanwhile, or a platform without it
-            continue
 
 
 class GGUFFormatError(ValueError):
@@ -99,13 +80,7 @@ class _Cursor:
 def read_index(path: Path, strings: tuple[str, ...] = ()) -> GGUFIndex:
     """The tensors of the GGUF file at ``path`` and its string metadata named in ``strings``;
     :class:`GGUFFormatError` for a file this reader does not take."""
-    # copy-on-write ("c", MAP_PRIVATE): the arrays are writable, so torch takes them without a
-    # copy, while the pages stay the page cache's, shared by every process that maps the file
-    # (a prefill and a decode worker on one node hold its weights once); nothing writes to them
-    mapped = np.memmap(path, dtype=np.uint8, mode="c")
-    mapping = getattr(mapped, "_mmap", None)  # numpy's own handle on the map
-    if isinstance(mapping, mmap.mmap):
-        _mappings.add(mapping)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
     cursor = _Cursor(mapped.data)
     try:
         return _read(mapped, cursor, strings)

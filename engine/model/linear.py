@@ -110,38 +110,9 @@ def mixed(parts: Sequence[GGUFMatrix | torch.Tensor], bias: torch.Tensor | None 
 
 
 def _blocks_of(matrices: Sequence[GGUFMatrix]) -> QuantizedWeight:
-    """The blocks of ``matrices`` stacked: where they lie one after another in the mapped file
-    (one matrix; a gate and an up projection a converter wrote in a row), the file's own bytes,
-    else a copy."""
-    blocks = _adjacent([m.blocks for m in matrices])
-    if blocks is None:
-        blocks = np.concatenate([m.blocks for m in matrices])
+    blocks = np.concatenate([m.blocks for m in matrices])
     rows = sum(m.rows for m in matrices)
     return from_gguf_blocks(blocks, matrices[0].kind, rows, matrices[0].cols)
-
-
-def _adjacent(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
-    """``arrays`` (C-contiguous uint8 ``[rows, bytes a row]``, same row length) as one view when
-    each starts where the one before ends in one buffer; None when they do not."""
-    first = arrays[0]
-    if len(arrays) == 1:
-        return first
-    root = first
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    start = first.__array_interface__["data"][0]
-    end = start
-    for array in arrays:
-        if not array.flags.c_contiguous or array.__array_interface__["data"][0] != end:
-            return None
-        end += array.nbytes
-    if not root.flags.c_contiguous:
-        return None
-    flat = root.reshape(-1)  # a view: the root of a memory-mapped file is one flat buffer
-    offset = start - flat.__array_interface__["data"][0]
-    if flat.dtype != np.uint8 or not 0 <= offset <= flat.nbytes - (end - start):
-        return None
-    return flat[offset : offset + end - start].reshape(-1, first.shape[1])
 
 
 def quantized(
