@@ -236,8 +236,9 @@ class Coordinator:
             # ray.init installs its own C++ SIGTERM handler (which ends the process without a
             # drain); take the signals back once it has run.
             handle_signals()
-            if _failure(task) is not None:  # never ready: stop rather than answer 503 forever
-                log.error("the cluster did not start: %s", _failure(task), exc_info=_failure(task))
+            failure = _failure(task)
+            if failure is not None:  # never ready: stop rather than answer 503 forever
+                log.error("the cluster did not start: %s", failure, exc_info=failure)
                 stop.set()
 
         starting.add_done_callback(started)

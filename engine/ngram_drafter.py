@@ -54,7 +54,8 @@ class NgramDrafter:
             matching &= before >= 0
             matching[matching] = tokens[before[matching]] == tokens[-1 - back]
             lengths += matching
-        if ends.size == 0 or lengths.max() < self.min_match:
+        longest = int(lengths.max()) if ends.size else 0
+        if longest < self.min_match:
             return []
-        end = ends[np.flatnonzero(lengths == lengths.max())[-1]]
+        end = ends[np.flatnonzero(lengths == longest)[-1]]
         return tokens[end + 1 : end + 1 + count].tolist()
