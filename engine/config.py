@@ -27,6 +27,7 @@ ACTIVATION_DTYPES = ("auto", "int8", "float32")
 KV_CACHE_DTYPES = ("auto", *_DTYPES)
 TRANSPORTS = ("zmq", "grpc", "inprocess")  # engine.transfer's transports, by name
 ENCRYPTION_MODES = ("auto", "on", "off")
+SPECULATIVE_METHODS = ("off", "ngram")  # engine/speculation.py
 
 
 def bounded(default: int | None, low: int, high: int, name: str) -> Any:
@@ -208,6 +209,34 @@ class KVTransferConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (``engine/speculation.py``): drafts from n-gram lookup over each
+    request's own tokens, verified several at a time, the output token-identical to decoding
+    without them."""
+
+    method: str = choice("off", SPECULATIVE_METHODS, "speculative_method")
+    # tokens of a sequence's end that must match earlier in it, at least / compared, at most
+    min_match: int = bounded(2, 1, 64, "speculative_min_match")
+    max_match: int = bounded(4, 1, 64, "speculative_max_match")
+    max_draft: int = bounded(4, 1, 16, "speculative_max_draft")  # tokens drafted per request
+    # a step's rows (decode rows plus drafted tokens) speculation grows it to, at most: under
+    # load, the step's rows are the batch's own and nothing is drafted
+    max_step_rows: int = bounded(16, 1, 1024, "speculative_max_step_rows")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.min_match > self.max_match:
+            raise ConfigError(
+                f"speculative_min_match must be in [1, speculative_max_match={self.max_match}], "
+                f"got {self.min_match}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "off"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything one engine instance needs."""
 
@@ -224,8 +253,12 @@ class EngineConfig:
     kv_cache_dtype: str = choice("auto", KV_CACHE_DTYPES, "kv_cache_dtype")
     # torch intra-op threads for this engine's process
     num_threads: int | None = bounded(None, 1, 1024, "num_threads")
+    # every decode row's logits independent of the rows beside it in its step (engine/
+    # speculation.py): on whenever speculative decoding is; on alone, the same tokens as with it
+    batch_invariant: bool = flag(False, "batch_invariant")
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         check_fields(self)

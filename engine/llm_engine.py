@@ -36,7 +36,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import RequestRejectedError
 from engine.grammars import GrammarCache, PendingMasks
-from engine.kernels import set_activation_dtype
+from engine.kernels import set_activation_dtype, set_batch_invariant
 from engine.kernels.isa import resolved_prompt_matmul_dtype
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
@@ -49,6 +49,7 @@ from engine.request import FinishReason, NewRequest, Request, RequestStatus, rep
 from engine.sampler import sample, start_masks
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.speculation import Speculator
 from engine.token_accounting import output_limit
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 
@@ -98,13 +99,30 @@ class LLMEngine:
             enabled=config.cache.enable_prefix_caching,
             root=f"{fingerprint}/{self.dtype}/{self.kv_dtype}".encode(),
         )
-        self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.speculator = self._speculator(config)
+        self.scheduler = Scheduler(config.scheduler, self.blocks, self.speculator)
         self.runner = ModelRunner(self.model, self.kv_cache.layers, block_size, self.device)
         self.layout = _kv_layout(fingerprint, self.shape, str(self.kv_dtype), block_size)
         self.requests: dict[str, Request] = {}
         self.importer = KVImporter(self)  # hand-offs received (engine/kv_import.py)
         self._pending: list[TokenEvent] = []
         self._arrivals = itertools.count()
+
+    def _speculator(self, config: EngineConfig) -> Speculator | None:
+        """Speculative decoding where configured, on a batch-invariant model (it needs the fused
+        native decode layers: none on CUDA, or without a compiler)."""
+        wanted = config.batch_invariant or config.speculative.enabled
+        invariant = self.model.set_batch_invariant(wanted)
+        set_batch_invariant(invariant)
+        if wanted and not invariant:
+            log.warning(
+                "batch invariance needs the fused native decode layers, which this model does "
+                "not run on; %s",
+                "speculative decoding is off" if config.speculative.enabled else "it is off",
+            )
+        if not (invariant and config.speculative.enabled):
+            return None
+        return Speculator(config.speculative, config.scheduler.max_seq_len)
 
     # ---- admission -------------------------------------------------------------------------
 
@@ -202,7 +220,7 @@ class LLMEngine:
         masks: list[PendingMasks | None] = []
 
         def start_masking(samplers: list[Request]) -> None:  # computed while the forward runs
-            masks.append(start_masks(samplers, self.grammars))
+            masks.append(start_masks(_undrafted(samplers), self.grammars))
 
         logits, samplers = self.runner.run(scheduled, start_masking)
         # a one-token prompt is computed as a decode
@@ -215,12 +233,58 @@ class LLMEngine:
         if samplers:
             now = time.monotonic()
             started = masks[0] if masks else None
-            tokens = zip(samplers, sample(logits, samplers, self.grammars, started), strict=True)
-            events += [self._append_token(request, token_id, now) for request, token_id in tokens]
+            rows = [i for i, r in enumerate(samplers) if not r.draft_token_ids]
+            plain = [samplers[i] for i in rows]
+            if plain:
+                plain_logits = logits if len(plain) == len(samplers) else logits[rows]
+                chosen = sample(plain_logits, plain, self.grammars, started)
+                tokens = zip(plain, chosen, strict=True)
+                events += [self._append_token(request, token, now) for request, token in tokens]
+            if len(plain) < len(samplers):
+                events += self._check_drafts(logits, samplers, now)
         seconds = time.monotonic() - start  # sampling waited for the device
         budget = self.scheduler.step_budget
-        budget.observe(scheduled.num_decode_rows, scheduled.num_prompt_tokens, seconds)
+        rows_computed = scheduled.num_decode_rows + scheduled.num_draft_tokens
+        budget.observe(rows_computed, scheduled.num_prompt_tokens, seconds)
         return events
+
+    def _check_drafts(
+        self, logits: torch.Tensor, samplers: list[Request], now: float
+    ) -> list[TokenEvent]:
+        """Sample the rows of each drafted request in turn (``engine/speculation.py``): its
+        tokens while they equal its draft, then the first that differs (or ends it)."""
+        events: list[TokenEvent] = []
+        row = 0
+        while row < len(samplers):
+            request = samplers[row]
+            draft = request.draft_token_ids
+            if not draft:
+                row += 1
+                continue
+            accepted = 0
+            for j in range(len(draft) + 1):
+                token = sample(logits[row + j : row + j + 1], [request])[0]
+                events.append(self._append_token(request, token, now))
+                if request.is_finished or j == len(draft) or token != draft[j]:
+                    break
+                request.num_computed_tokens += 1  # row j + 1 computed this very token
+                self.cache_computed(request)  # before a later token may finish it
+                accepted += 1
+            row += len(draft) + 1
+            assert self.speculator is not None
+            self.speculator.record(request, len(draft), accepted)
+            request.draft_token_ids = []
+            if not request.is_finished:
+                self._drop_unused_blocks(request)
+        return events
+
+    def _drop_unused_blocks(self, request: Request) -> None:
+        """Free the blocks a request took for draft tokens it did not keep."""
+        keep = self.blocks.blocks_for(request.num_tokens)
+        if len(request.block_ids) > keep:
+            unused = request.block_ids[keep:]
+            del request.block_ids[keep:]
+            self.blocks.free(unused)
 
     def cache_computed(self, request: Request) -> None:
         """Register the request's blocks that are now full of computed KV in the prefix cache."""
@@ -410,6 +474,11 @@ class LLMEngine:
                 if event.request_id in outputs and event.token_id is not None:
                     outputs[event.request_id].append(event.token_id)
         return [outputs[i] for i in ids]
+
+
+def _undrafted(requests: list[Request]) -> list[Request]:
+    """The requests whose rows sample as one batch: those without a draft this step."""
+    return [r for r in requests if not r.draft_token_ids]
 
 
 def _prompt_tokens_to_compute(waiting: Sequence[Request], running: Sequence[Request]) -> int:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.grammars import GrammarState
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.speculation import DraftState
 
 
 class RequestStatus(enum.IntEnum):
@@ -111,6 +115,10 @@ class Request:
     reservation_token: str = field(default="", repr=False)  # RESERVED: pages must carry it
     # a constrained request's matcher (engine/grammars.py), rebuilt by every engine it runs on
     grammar: GrammarState | None = field(default=None, repr=False)
+    # speculative decoding (engine/speculation.py): the tokens this step checks after its last
+    # one, and how it has been drafting
+    draft_token_ids: list[int] = field(default_factory=list, repr=False)
+    draft_state: DraftState | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:

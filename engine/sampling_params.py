@@ -37,6 +37,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # False: decoded without speculative drafts (engine/speculation.py; the tokens are the same)
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         _require(self.max_new_tokens >= 1, "max_new_tokens", ">= 1", self.max_new_tokens)

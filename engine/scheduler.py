@@ -29,6 +29,7 @@ from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.fair_queue import FairQueue
 from engine.request import Request, RequestStatus
+from engine.speculation import Speculator
 from engine.step_budget import StepBudget
 
 
@@ -40,6 +41,7 @@ class SchedulerOutput:
     decodes: list[Request] = field(default_factory=list)
     prefills: list[tuple[Request, int]] = field(default_factory=list)
     num_decode_rows: int = 0
+    num_draft_tokens: int = 0  # drafted tokens the decode rows check (engine/speculation.py)
 
     def add_one_token_row(self, request: Request) -> None:
         self.decodes.append(request)
@@ -56,9 +58,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, blocks: BlockManager, speculator: Speculator | None = None
+    ) -> None:
         self.config = config
         self.blocks = blocks
+        self.speculator = speculator
+        self._draft_room = 0  # rows drafts may still add to this step
         self.running: list[Request] = []  # sorted by sort_key
         self._waiting = FairQueue()  # finished ones skipped
         self.num_preemptions = 0
@@ -89,6 +95,8 @@ class Scheduler:
         # prompt-only step's bound to maxPrefillTokens
         num_decodes = sum(r.is_decoding for r in self.running)
         budget = self.step_budget.tokens(num_decodes)
+        if self.speculator is not None:
+            self._draft_room = self.speculator.config.max_step_rows - num_decodes
         for request in list(self.running):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
@@ -97,6 +105,7 @@ class Scheduler:
         return out
 
     def _schedule_running(self, request: Request, budget: int, out: SchedulerOutput) -> int:
+        request.draft_token_ids = []
         num_tokens = request.num_uncomputed_tokens
         if num_tokens > 1:
             num_tokens = min(num_tokens, budget)
@@ -106,9 +115,27 @@ class Scheduler:
             return 0
         if num_tokens == 1:
             out.add_one_token_row(request)
+            if self.speculator is not None and self._draft_room > 0:
+                self._draft(request, self.speculator, out)
             return 0
         out.prefills.append((request, num_tokens))
         return num_tokens
+
+    def _draft(self, request: Request, speculator: Speculator, out: SchedulerOutput) -> None:
+        """Give a decoding request this step's draft, in blocks that are free: a draft never
+        preempts anything, it shrinks to the blocks there are."""
+        draft = speculator.draft(request, self._draft_room)
+        if not draft:
+            return
+        start = request.num_computed_tokens + 1  # the draft's first position
+        needed = self.blocks.blocks_for(start + len(draft)) - len(request.block_ids)
+        if needed > 0 and not self.blocks.can_allocate(needed):
+            draft = draft[: len(request.block_ids) * self.blocks.block_size - start]
+        elif needed > 0:
+            request.block_ids.extend(self.blocks.allocate(needed))
+        request.draft_token_ids = draft
+        self._draft_room -= len(draft)
+        out.num_draft_tokens += len(draft)
 
     def _grow(self, request: Request, num_tokens: int) -> bool:
         """Allocate blocks for ``num_tokens``, preempting from the back of the batch if needed."""

@@ -283,6 +283,14 @@ def set_activation_dtype(name: str) -> str:
     return set_for(name, _loaded.values())
 
 
+def set_batch_invariant(on: bool) -> None:
+    """Keep every decode row's result independent of the rows beside it (``engine.kernels.isa``),
+    in every native module loaded now or later."""
+    from engine.kernels.isa import set_batch_invariant as set_for
+
+    set_for(on, _loaded.values())
+
+
 def _first_line(exc: Exception) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"

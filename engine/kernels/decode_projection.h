@@ -25,6 +25,11 @@ struct Part {
       pdserve_quantized::quantized_matmul(x.data_ptr<float>(), x.size(0),
                                           weight.data_ptr<uint8_t>(), kind, n, k,
                                           out.data_ptr<float>());
+    else if (x.size(0) > 1 && pdserve_quantized::batch_invariant().load())
+      for (int64_t m = 0; m < x.size(0); ++m) {  // a GEMM's sums depend on its row count
+        torch::Tensor row = out.narrow(0, m, 1);
+        at::mm_out(row, x.narrow(0, m, 1), weight);
+      }
     else
       at::mm_out(out, x, weight);
   }

@@ -14,6 +14,11 @@ The same goes for what decode rows multiply the quantized weights with (the engi
 once per matmul input, integer dot products: ``quantized_int8.h``). It is one choice per process
 (``set_activation_dtype``), given to every module loaded before or after. ``auto`` is float32: the
 accuracy gate (``benchmarks/engine/accuracy.py``) has not yet made int8 a default.
+
+Batch invariance (``set_batch_invariant``, on where the engine speculates) is one more such
+choice: a decode row's logits must not depend on the rows beside it. The float32 kernels sum
+every row alike in any tile; 8-bit activations then take every row count, not only the few rows
+they are fastest at.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ ISAS = ("auto", "avx512", "avx2", "scalar")
 _avx512_runs: bool | None = None  # the probe's verdict, once this process asked
 _bfloat16_gemm: str | None = None  # how torch's bfloat16 GEMM runs here, once asked
 _activation_dtype = "float32"  # this process's choice (set_activation_dtype)
+_batch_invariant = False  # ... and set_batch_invariant's
 
 
 def avx512_runs(module: ModuleType) -> bool:
@@ -156,6 +162,22 @@ def set_activation_dtype(name: str, modules: Iterable[ModuleType] = ()) -> str:
     return _activation_dtype
 
 
+def batch_invariant() -> bool:
+    """Whether this process keeps every decode row's result independent of its step's rows."""
+    return _batch_invariant
+
+
+def set_batch_invariant(on: bool, modules: Iterable[ModuleType] = ()) -> None:
+    """Make ``on`` this process's batch invariance and give it to ``modules``."""
+    global _batch_invariant
+    _batch_invariant = on
+    for module in modules:
+        apply_activation_dtype(module)
+
+
 def apply_activation_dtype(module: ModuleType) -> None:
+    """Give ``module`` this process's activation dtype and batch invariance."""
     if hasattr(module, "set_activation_dtype"):
         module.set_activation_dtype(_activation_dtype)
+    if hasattr(module, "set_batch_invariant"):
+        module.set_batch_invariant(_batch_invariant)

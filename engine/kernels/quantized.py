@@ -172,17 +172,21 @@ def from_gguf_blocks(data: np.ndarray, kind: str, n: int, k: int) -> QuantizedWe
 
 
 def quantized_linear(
-    x: torch.Tensor, weight: QuantizedWeight, gemm_dtype: torch.dtype = torch.float32
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    gemm_dtype: torch.dtype = torch.float32,
+    rowwise: bool = False,
 ) -> torch.Tensor:
     """``x @ dequantize(weight).T`` for float32 ``x`` of shape ``[..., k]``; returns
     ``[..., n]`` in float32. ``gemm_dtype`` is what the tiled GEMM path (more than
-    ``NATIVE_MAX_ROWS`` rows) multiplies in: float32, or bfloat16 (``dequantized_matmul``)."""
+    ``NATIVE_MAX_ROWS`` rows) multiplies in: float32, or bfloat16 (``dequantized_matmul``).
+    ``rowwise``: the native kernel at any row count (each row summed as it would be alone)."""
     if x.dtype != torch.float32 or x.shape[-1] != weight.k:
         raise ValueError(f"x must be float32 [..., {weight.k}], not {x.dtype} {list(x.shape)}")
     rows = x.reshape(-1, weight.k)
     padded = _padded(rows, weight.padded_k)
     native = quantized_kernels()
-    if native is not None and padded.shape[0] <= NATIVE_MAX_ROWS:
+    if native is not None and (rowwise or padded.shape[0] <= NATIVE_MAX_ROWS):
         out = native.quantized_linear(padded, weight.blocks, weight.kind)
     else:
         out = dequantized_matmul(padded, weight, _dequantizer(), gemm_dtype)

@@ -2,20 +2,15 @@
 // stop in memory (the other kinds, and AVX-512, run quantized_simd.h, which is as fast for Q8_0
 // and 1.2-1.5x slower for Q4_1 here: python -m benchmarks.engine.avx2_paths).
 //
-//   - one row of x (a decode step): per block d * dot(x_b, q) + m * sum(x_b), with
-//     the block sums of x computed once per call and shared by all outputs;
-//   - several rows: each block is turned into its float weights once, in registers, bit for bit
-//     as ggml dequantizes them (d * q is exact in float32, so fma(d, q, m) == d * q + m), and
-//     multiplied against a tile of up to 8 rows of x.
+// Each block is turned into its float weights once, in registers, bit for bit as ggml
+// dequantizes them (d * q is exact in float32, so fma(d, q, m) == d * q + m), and multiplied
+// against a tile of up to 4 rows of x, each row summed exactly as it would be alone
+// (rows_dot_avx2).
 #pragma once
 
 #include "quantized_kinds.h"
 
 namespace pdserve_quantized {
-
-// Blocks of 32 weights per segment of K when several rows of x are long.
-constexpr int64_t kSegmentBlocks = 16;
-constexpr int64_t kMaxUnsegmentedBlocks = 24;
 
 #if PDSERVE_HAS_X86
 
@@ -52,156 +47,70 @@ PDSERVE_AVX2 inline void block_weights(const uint8_t* block, __m256 w[4]) {
   for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(d, w[i], m);
 }
 
-// dot(x, q) over one block, in two independent chains.
-PDSERVE_AVX2 inline __m256 block_dot(const __m256 q[4], const float* x) {
-  const __m256 even = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + 16),
-                                      _mm256_mul_ps(q[0], _mm256_loadu_ps(x)));
-  const __m256 odd = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24),
-                                     _mm256_mul_ps(q[1], _mm256_loadu_ps(x + 8)));
-  return _mm256_add_ps(even, odd);
-}
-
-// acc += d * dot(x_b, q) for one block and min_terms[1] += m * sum(x_b), where sum_pair points
-// at {0, sum(x_b)}: d and m, adjacent in the block, are converted together.
-template <Kind K>
-PDSERVE_AVX2 inline void add_block_dot(const uint8_t* block, const float* x,
-                                       const float* sum_pair, __m256& acc, __m128& min_terms) {
-  __m256 q[4];
-  block_values<K>(block, q);
-  uint32_t scale_and_min;
-  std::memcpy(&scale_and_min, block, sizeof(scale_and_min));
-  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(scale_and_min)));
-  acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), block_dot(q, x), acc);
-  const __m128 sums = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sum_pair)));
-  min_terms = _mm_fmadd_ps(dm, sums, min_terms);
-}
-
-// One row of x against one weight row over blocks [b0, b1): the sum of d * dot(x_b, q) +
-// m * sum(x_b), with the block sums of x, as {0, sum} pairs, computed once per call. Even and odd blocks go to separate accumulators, so consecutive blocks do not wait on
-// each other.
-template <Kind K>
-PDSERVE_AVX2 float row_dot_avx2(const uint8_t* row, int64_t b0, int64_t b1, const float* x,
-                                const float* x_sum_pairs) {
-  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-  __m128 even_min_terms = _mm_setzero_ps(), odd_min_terms = _mm_setzero_ps();
-  const auto sum_pair = [x_sum_pairs](int64_t b) { return x_sum_pairs + 2 * b; };
-  int64_t b = b0;
-  for (; b + 1 < b1; b += 2) {
-    add_block_dot<K>(row + b * block_bytes(K), x + b * 32, sum_pair(b), even, even_min_terms);
-    add_block_dot<K>(row + (b + 1) * block_bytes(K), x + (b + 1) * 32, sum_pair(b + 1), odd,
-                     odd_min_terms);
-  }
-  if (b < b1)
-    add_block_dot<K>(row + b * block_bytes(K), x + b * 32, sum_pair(b), even, even_min_terms);
-  const __m128 min_terms = _mm_add_ps(even_min_terms, odd_min_terms);
-  return hsum(_mm256_add_ps(even, odd)) + _mm_cvtss_f32(_mm_movehdup_ps(min_terms));
-}
-
-// R rows of x against one weight row over blocks [b0, b1): each block becomes floats once and
-// meets all R rows. Stores the R sums, or adds them to what out holds.
+// R rows of x against one weight row of `blocks` blocks: each block becomes floats once and
+// meets all R rows. Each row's sum is taken in one order whatever R is (batch invariance): a
+// block's 4 vectors alternate between two accumulators, and the sum is hsum(first + second),
+// stored in out.
 template <Kind K, int R>
-PDSERVE_AVX2 void tile_dot_avx2(const uint8_t* row, int64_t b0, int64_t b1, const float* x,
-                                int64_t ldx, float* out, int64_t ldo, bool accumulate) {
-  constexpr int kChains = R <= 4 ? 2 : 1;  // enough independent FMA chains to hide latency
-  __m256 acc[R][kChains];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
+PDSERVE_AVX2 void rows_dot_avx2(const uint8_t* row, int64_t blocks, const float* x, int64_t ldx,
+                                float* out, int64_t ldo) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   __m256 w[4];
-  for (int64_t b = b0; b < b1; ++b) {
+  for (int64_t b = 0; b < blocks; ++b) {
     block_weights<K>(row + b * block_bytes(K), w);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const float* xr = x + r * ldx + b * 32;
       for (int i = 0; i < 4; ++i) {
-        __m256& chain = acc[r][i % kChains];
+        __m256& chain = acc[r][i % 2];
         chain = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xr + 8 * i), chain);
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    __m256 total = acc[r][0];
-    if constexpr (kChains == 2) total = _mm256_add_ps(total, acc[r][1]);
-    const float sum = hsum(total);
-    out[r * ldo] = accumulate ? out[r * ldo] + sum : sum;
-  }
+  for (int r = 0; r < R; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
+// Rows of x an AVX2 tile takes: 2 accumulators a row stay in the 16 registers.
+constexpr int64_t kAvx2TileRows = 4;
+
 template <Kind K>
-PDSERVE_AVX2 void tile_dot_avx2_any(int rows, const uint8_t* row, int64_t b0, int64_t b1,
-                                    const float* x, int64_t ldx, float* out, int64_t ldo,
-                                    bool accumulate) {
+PDSERVE_AVX2 void rows_dot_avx2_any(int rows, const uint8_t* row, int64_t blocks, const float* x,
+                                    int64_t ldx, float* out, int64_t ldo) {
   switch (rows) {
-    case 2: return tile_dot_avx2<K, 2>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 3: return tile_dot_avx2<K, 3>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 4: return tile_dot_avx2<K, 4>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 5: return tile_dot_avx2<K, 5>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 6: return tile_dot_avx2<K, 6>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 7: return tile_dot_avx2<K, 7>(row, b0, b1, x, ldx, out, ldo, accumulate);
-    case 8: return tile_dot_avx2<K, 8>(row, b0, b1, x, ldx, out, ldo, accumulate);
+    case 1: return rows_dot_avx2<K, 1>(row, blocks, x, ldx, out, ldo);
+    case 2: return rows_dot_avx2<K, 2>(row, blocks, x, ldx, out, ldo);
+    case 3: return rows_dot_avx2<K, 3>(row, blocks, x, ldx, out, ldo);
+    case 4: return rows_dot_avx2<K, 4>(row, blocks, x, ldx, out, ldo);
     default: TORCH_CHECK(false, "row tile of ", rows, " rows");
   }
 }
 
-// Blocks per segment of K when several rows of x are long: a tile of x rows then stays in L1
-// while a chunk of weight rows passes.
-inline int64_t segment_blocks(int64_t blocks, int64_t M) {
-  return M == 1 || blocks <= kMaxUnsegmentedBlocks ? blocks : kSegmentBlocks;
-}
-
-// Outputs [begin, end) for all M rows of x, a chunk of weight rows and a segment of K at a time
-// (both stay in L1 while every tile of x rows meets them). Thread bodies are functions of their
-// own: a lambda would not carry the target attribute.
+// Outputs [begin, end) for all M rows of x, a chunk of weight rows at a time (each weight row
+// meets every tile of x rows while it is in L1). Thread bodies are functions of their own: a
+// lambda would not carry the target attribute.
 template <Kind K>
 PDSERVE_AVX2 void linear_rows_avx2(int64_t begin, int64_t end, const uint8_t* weight, int64_t N,
-                                   int64_t blocks, const float* x, int64_t M,
-                                   const float* x_sum_pairs, float* out) {
+                                   int64_t blocks, const float* x, int64_t M, float* out) {
   const int64_t row_bytes = blocks * block_bytes(K), K32 = blocks * 32;
-  const int64_t segment = segment_blocks(blocks, M);
   for (int64_t n0 = begin; n0 < end; n0 += kWeightRowChunk) {
     const int64_t n1 = std::min(end, n0 + kWeightRowChunk);
-    for (int64_t b0 = 0; b0 < blocks; b0 += segment) {
-      const int64_t b1 = std::min(blocks, b0 + segment);
-      const bool accumulate = b0 > 0;
-      for (int64_t m = 0; m < M; m += kRowTile) {
-        const int rows = static_cast<int>(std::min(kRowTile, M - m));
-        for (int64_t n = n0; n < n1; ++n) {
-          const uint8_t* row = weight + n * row_bytes;
-          if (m == 0) prefetch_row_ahead<K>(row, n, end, row_bytes, b0, b1);  // this pass's segment
-          float* o = out + m * N + n;
-          if (rows == 1) {
-            const float sum = row_dot_avx2<K>(row, b0, b1, x + m * K32, x_sum_pairs);
-            *o = accumulate ? *o + sum : sum;
-          } else {
-            tile_dot_avx2_any<K>(rows, row, b0, b1, x + m * K32, K32, o, N, accumulate);
-          }
-        }
+    for (int64_t m = 0; m < M; m += kAvx2TileRows) {
+      const int rows = static_cast<int>(std::min(kAvx2TileRows, M - m));
+      for (int64_t n = n0; n < n1; ++n) {
+        const uint8_t* row = weight + n * row_bytes;
+        if (m == 0) prefetch_row_ahead<K>(row, n, end, row_bytes, 0, blocks);
+        rows_dot_avx2_any<K>(rows, row, blocks, x + m * K32, K32, out + m * N + n, N);
       }
     }
-  }
-}
-
-// A tile of a single row (M = 1, or the last of M = 8t + 1) takes the single-row path, which
-// needs that row's block sums as {0, sum} pairs; pairs is left empty otherwise.
-template <Kind K>
-void prepare_x_sum_pairs(const float* x, int64_t M, int64_t blocks, std::vector<float>& pairs) {
-  pairs.clear();
-  if (M % kRowTile != 1) return;
-  const float* last = x + (M - 1) * blocks * 32;
-  pairs.assign(2 * blocks, 0.f);
-  for (int64_t b = 0; b < blocks; ++b) {
-    float sum = 0.f;
-    for (int j = 0; j < 32; ++j) sum += last[b * 32 + j];
-    pairs[2 * b + 1] = sum;
   }
 }
 
 template <Kind K>
 void linear_avx2(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
                  float* out, int64_t grain) {
-  std::vector<float> x_sum_pairs;
-  prepare_x_sum_pairs<K>(x, M, blocks, x_sum_pairs);
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-    linear_rows_avx2<K>(begin, end, weight, N, blocks, x, M, x_sum_pairs.data(), out);
+    linear_rows_avx2<K>(begin, end, weight, N, blocks, x, M, out);
   });
 }
 

@@ -10,7 +10,8 @@
 //
 // This changes results beyond summation order, so it runs only where chosen
 // (set_activation_dtype("int8")), for rows of x up to int8_max_rows (decode steps; more rows
-// take the float32 path, whose weights, once unpacked, meet up to 8 rows each), and for every
+// take the float32 path, whose weights, once unpacked, meet up to 8 rows each; every row count
+// under set_batch_invariant(true)), and for every
 // kind but the half ones. AVX-512 VNNI runs where set_isa("avx512") was given (after the probe,
 // which executes a VNNI instruction where cpuid lists one) and cpuid lists VNNI.
 #pragma once
@@ -57,10 +58,20 @@ inline void set_activation_dtype(const std::string& name) {
 
 inline std::string activation_dtype() { return int8_activations().load() ? "int8" : "float32"; }
 
+// Batch invariance (set_batch_invariant(true), speculative decoding): 8-bit activations take
+// every row count, so a decode row's arithmetic never depends on how many rows share its step
+// (the float32 kernels sum each row alike in any tile anyway).
+inline std::atomic<bool>& batch_invariant() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+inline void set_batch_invariant(bool on) { batch_invariant().store(on); }
+
 template <Kind K>
 bool uses_int8(int64_t M) {
-  return !is_half(K) && M <= int8_max_rows(K) &&
-         int8_activations().load(std::memory_order_relaxed);
+  return !is_half(K) && int8_activations().load(std::memory_order_relaxed) &&
+         (M <= int8_max_rows(K) || batch_invariant().load(std::memory_order_relaxed));
 }
 
 // One group of n values (32 or 256): its scale and values, and their sums per 16; nearbyint

@@ -142,7 +142,8 @@ PDSERVE_TARGET inline void add_legacy_block(const LegacyBlock& lb, int64_t b, co
     const __m256 products = _mm256_cvtepi32_ps(dot32<K>(lb.u, xq));
     acc[r][chain] = _mm256_fmadd_ps(products, _mm256_set1_ps(lb.d * x.scale[m * groups + b]),
                                     acc[r][chain]);
-    if constexpr (K != Kind::q8_0) corrections[r] += lb.correction * x.scaled_sums[m * groups + b];
+    if constexpr (K != Kind::q8_0)
+      corrections[r] = std::fma(lb.correction, x.scaled_sums[m * groups + b], corrections[r]);
   }
 }
 
@@ -187,7 +188,8 @@ PDSERVE_TARGET void int8_row_tile(const uint8_t* row, int64_t blocks, const Int8
         const __m256i x_sums = _mm256_loadu_si256(
             reinterpret_cast<const __m256i*>(x.sums16.data() + m * (x.k / 16) + b * 16));
         const int32_t correction = hsum_lanes(_mm256_madd_epi16(x_sums, kb.sum_multiplier));
-        corrections[r] += kb.correction_d * dx * static_cast<float>(correction);
+        corrections[r] = std::fma(kb.correction_d * dx, static_cast<float>(correction),
+                                  corrections[r]);
       }
     }
   }

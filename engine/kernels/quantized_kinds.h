@@ -72,8 +72,6 @@ inline Kind parse_kind(const std::string& name) {
               "' (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, f16 or bf16)");
 }
 
-// Rows of x handled together: each weight block is turned into floats once per tile.
-constexpr int64_t kRowTile = 8;
 // Weight rows handled together (they stay in L1 while every tile of x rows meets them).
 constexpr int64_t kWeightRowChunk = 16;
 // Weight rows a product asks the memory for ahead of the row it computes. A decode step reads

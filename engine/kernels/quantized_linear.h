@@ -133,12 +133,11 @@ inline void quantized_matmul(const float* x, int64_t M, const uint8_t* w, Kind k
 
 // quantized_matmul split by the caller (one parallel region over many products, each thread
 // taking its own output features): prepare_matmul_rows fills a RowScratch once per x (each
-// thread may fill its own): the block sums of x that the float32 single-row kernels need, or x
-// in 8-bit groups where those run (quantized_int8.h); quantized_matmul_rows then computes
+// thread may fill its own): x in 8-bit groups where those kernels run (quantized_int8.h), else
+// nothing; quantized_matmul_rows then computes
 // out[m * ldo + n] for n in [begin, end), the same sums in the same order as quantized_matmul
 // gives them. Both choose the kernel by the instruction set and activation dtype selected now.
 struct RowScratch {
-  std::vector<float> x_sums;
   Int8Rows int8;
   bool int8_ready = false;  // int8 holds x: the 8-bit path computes
 };
@@ -147,16 +146,7 @@ template <Kind K>
 void prepare_rows(const float* x, int64_t M, int64_t blocks, RowScratch& scratch) {
   scratch.int8_ready = uses_int8<K>(M);
   if (scratch.int8_ready)
-    return quantize_rows(x, M, blocks * block_weights(K), int8_group(K), scratch.int8);
-  std::vector<float>& x_sums = scratch.x_sums;
-  switch (kernel_path<K>(current_isa())) {
-#if PDSERVE_HAS_X86
-    case KernelPath::simd_avx512: return simd_avx512::prepare_x_sums<K>(x, M, blocks, x_sums);
-    case KernelPath::legacy_avx2: return prepare_x_sum_pairs<K>(x, M, blocks, x_sums);
-    case KernelPath::simd_avx2: return simd_avx2::prepare_x_sums<K>(x, M, blocks, x_sums);
-#endif
-    default: x_sums.clear();
-  }
+    quantize_rows(x, M, blocks * block_weights(K), int8_group(K), scratch.int8);
 }
 
 template <Kind K>
@@ -165,18 +155,17 @@ void linear_rows_any(int64_t begin, int64_t end, const uint8_t* weight, int64_t 
                      float* out) {
   if (scratch.int8_ready)
     return int8_linear_rows_any<K>(begin, end, weight, ldo, blocks, scratch.int8, out);
-  const float* x_sums = scratch.x_sums.data();
   switch (kernel_path<K>(current_isa())) {
 #if PDSERVE_HAS_X86
     case KernelPath::simd_avx512:
-      return simd_avx512::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, x_sums, out);
+      return simd_avx512::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, out);
     case KernelPath::legacy_avx2:
       if constexpr (K == Kind::q4_1)
-        return linear_rows_avx2<K>(begin, end, weight, ldo, blocks, x, M, x_sums, out);
+        return linear_rows_avx2<K>(begin, end, weight, ldo, blocks, x, M, out);
       break;
     case KernelPath::simd_avx2:
       if constexpr (K != Kind::q4_1)
-        return simd_avx2::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, x_sums, out);
+        return simd_avx2::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, out);
       break;
 #endif
     default:
@@ -218,6 +207,8 @@ inline void bind_isa_functions(pybind11::module_& m) {
   m.def("set_activation_dtype", &set_activation_dtype,
         "'int8': decode rows quantize x to 8-bit groups (integer dot products); 'float32'");
   m.def("activation_dtype", &activation_dtype, "'int8' or 'float32'");
+  m.def("set_batch_invariant", &set_batch_invariant,
+        "true: 8-bit activations take every row count (a row's result never depends on M)");
   m.def("int8_path", [] { return std::string(int8_path()); },
         "The path 8-bit activations take now: 'vnni', 'avx2' or 'scalar'");
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -34,3 +34,19 @@ class ForwardBatch:
     decode_max_context_len: int
     prefill_seqs: list[PrefillSeq]
     logits_indices: torch.Tensor  # [S] token rows whose logits are sampled
+
+    def prompt_chunks(self) -> ForwardBatch:
+        """The step without its decode rows: its prompt chunks, their rows from 0."""
+        skip = self.num_decode_tokens
+        return replace(
+            self,
+            input_ids=self.input_ids[skip:],
+            positions=self.positions[skip:],
+            slot_mapping=self.slot_mapping[skip:],
+            num_decode_tokens=0,
+            decode_block_tables=self.decode_block_tables[:0],
+            decode_context_lens=self.decode_context_lens[:0],
+            decode_max_context_len=0,
+            prefill_seqs=[replace(seq, query_start=seq.query_start - skip) for seq in self.prefill_seqs],
+            logits_indices=self.logits_indices[:0],
+        )

@@ -37,6 +37,10 @@ class DenseLinear:
             return torch.mm(x, self.weight_t)
         return torch.addmm(self.bias, x, self.weight_t)
 
+    def rowwise(self, x: torch.Tensor) -> torch.Tensor:
+        """``self(x)`` a row at a time: a GEMM's sums depend on how many rows it multiplies."""
+        return torch.cat([self(x[i : i + 1]) for i in range(x.shape[0])])
+
     @property
     def kind(self) -> str:
         return str(self.weight_t.dtype).removeprefix("torch.")
@@ -54,6 +58,11 @@ class QuantizedLinear:
         out = quantized_linear(x, self.weight, self.gemm_dtype)
         return out if self.bias is None else out + self.bias
 
+    def rowwise(self, x: torch.Tensor) -> torch.Tensor:
+        """``self(x)`` on the native kernel at any row count, which sums each row alike."""
+        out = quantized_linear(x, self.weight, self.gemm_dtype, rowwise=True)
+        return out if self.bias is None else out + self.bias
+
     @property
     def kind(self) -> str:
         return self.weight.kind
@@ -68,6 +77,11 @@ class PartsLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.cat([part(x) for part in self.parts], dim=-1)
+        return out if self.bias is None else out + self.bias
+
+    def rowwise(self, x: torch.Tensor) -> torch.Tensor:
+        """``self(x)``, each row computed as it would be alone (batch invariance)."""
+        out = torch.cat([part.rowwise(x) for part in self.parts], dim=-1)
         return out if self.bias is None else out + self.bias
 
     @property

@@ -110,6 +110,15 @@ class LlamaModel:
         use_native = native_kernels and device.type == "cpu" and dtype == torch.float32
         self.native = cpu_kernels() if use_native else None
         self.fused = fuse_layers(self) if use_native else None
+        # every decode row computed as it would be alone (set_batch_invariant)
+        self.batch_invariant = False
+
+    def set_batch_invariant(self, on: bool) -> bool:
+        """Compute each decode row's logits independently of the rows beside it: decode rows
+        always on the fused native layers (apart from any prompt chunk of their step) and the
+        LM head row by row. Needs those layers; returns whether it is on."""
+        self.batch_invariant = on and self.fused is not None
+        return self.batch_invariant
 
     def _set_prompt_matmul_dtype(self, dtype: torch.dtype) -> None:
         linears = [lin for layer in self.layers for lin in _linears(layer)] + [self.lm_head]
@@ -145,29 +154,44 @@ class LlamaModel:
         ``kv_caches[i]`` is layer i's ``[2, num_blocks, block_size, kv_heads, head_dim]``.
         """
         hidden = self.embed(batch.input_ids)
-        fused = self.fused
-        if fused is not None and self._fusable(batch):
-            fused.forward(
-                hidden,
-                batch.positions,
-                batch.slot_mapping,
-                batch.decode_block_tables,
-                batch.decode_context_lens,
-                kv_caches,
-            )
+        decodes = batch.num_decode_tokens
+        if self._fusable(batch):
+            self._fused_decode(hidden, batch, kv_caches)
+        elif self.batch_invariant and decodes:  # the decode rows apart from the prompt chunks
+            decode_rows = hidden[:decodes]
+            self._fused_decode(decode_rows, batch, kv_caches)
+            prompts = self._layers(hidden[decodes:], batch.prompt_chunks(), kv_caches)
+            hidden = torch.cat([decode_rows, prompts])
         else:
             hidden = self._layers(hidden, batch, kv_caches)
         last = hidden[batch.logits_indices]
         last = F.rms_norm(last, (last.shape[-1],), self.norm, self.eps)
-        return self.lm_head(last).float()
+        logits = self.lm_head.rowwise(last) if self.batch_invariant else self.lm_head(last)
+        return logits.float()
+
+    def _fused_decode(
+        self, hidden: torch.Tensor, batch: ForwardBatch, kv_caches: list[torch.Tensor]
+    ) -> None:
+        """The fused native layers over ``hidden``, the step's decode rows (updated in place)."""
+        assert self.fused is not None
+        rows = hidden.shape[0]
+        self.fused.forward(
+            hidden,
+            batch.positions[:rows],
+            batch.slot_mapping[:rows],
+            batch.decode_block_tables,
+            batch.decode_context_lens,
+            kv_caches,
+        )
 
     def _fusable(self, batch: ForwardBatch) -> bool:
-        """A decode-only step the fused native layers take."""
+        """A decode-only step the fused native layers take (any size where batch invariant)."""
         decodes = batch.num_decode_tokens
         return (
             self.fused is not None
             and not batch.prefill_seqs
-            and 0 < decodes <= FUSED_MAX_ROWS
+            and 0 < decodes
+            and (decodes <= FUSED_MAX_ROWS or self.batch_invariant)
             and decodes == batch.input_ids.shape[0]
         )
 

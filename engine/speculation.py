@@ -1,0 +1,113 @@
+"""Speculative decoding: n-gram drafts checked several tokens per weight read, exact to the token.
+
+A decoding request's step normally computes one token, its last sampled one. With a draft (the
+tokens that followed the latest earlier occurrence of its last few tokens: ``NgramDrafter``), the
+step computes the last token and the drafted ones as consecutive decode rows of one sequence
+(each row attends to the rows before it), and the engine then samples row after row: row j's
+token is drawn exactly as a one-token step at that position would draw it (the request's penalties
+over its outputs so far, its seeded draw at that output position), appended and streamed; while
+it equals draft token j, row j + 1 (computed on that very token) is valid too and is sampled next.
+The first token that differs from the draft ends the check; it is the model's own token, so every
+check yields at least one. The rows after it are dropped: the request's computed tokens count
+only accepted ones, so their KV slots are rewritten before any block holding them is full and
+hashed, and blocks taken for them beyond the request's tokens are freed.
+
+The tokens are those of decoding without drafts, for greedy and for every seed, because a row's
+logits are bit for bit those of a one-token step: the engine is batch invariant while it
+speculates (``LlamaModel.set_batch_invariant``), so a row is computed alike whatever shares its
+step. A draft costs nothing to carry: it is rebuilt from the request's tokens every step, so a
+hand-off or a migration moves nothing new.
+
+Adaptive: a request drafts up to its own length, which grows by one after a fully accepted draft
+and falls to the accepted count plus one otherwise; after ``MISSES_TO_PAUSE`` drafts in a row with
+nothing accepted it pauses (no draft) for a number of steps that doubles with every further miss,
+up to ``MAX_PAUSE_STEPS``. A step grows to at most ``max_step_rows`` rows with drafts, so under
+load (many sequences decoding) the step's rows are the batch's own and nothing is drafted.
+
+Not drafted: constrained requests (their matcher would have to be advanced and rolled back per
+draft token), prefill-only ones (they stop at their first token), and requests that opted out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from engine.config import SpeculativeConfig
+from engine.ngram_drafter import NgramDrafter
+from engine.request import Request
+
+MISSES_TO_PAUSE = 3
+MAX_PAUSE_STEPS = 64
+
+
+@dataclass
+class DraftState:
+    """A request's speculation so far: its next draft length and its run of misses."""
+
+    length: int
+    misses: int = 0
+    paused_steps: int = 0
+
+
+@dataclass
+class SpeculationStats:
+    """Counters since the engine started: checks made, tokens drafted and accepted, and how
+    many checks accepted k tokens (``accepted_histogram[k]``)."""
+
+    checks: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_histogram: Counter[int] = field(default_factory=Counter)
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, max_seq_len: int) -> None:
+        self.config = config
+        self.max_seq_len = max_seq_len
+        self.drafter = NgramDrafter(config.min_match, config.max_match, config.max_draft)
+        self.stats = SpeculationStats()
+
+    def draft(self, request: Request, room: int) -> list[int]:
+        """Tokens to check after ``request``'s last one this step, at most ``room``."""
+        if not _may_draft(request):
+            return []
+        state = request.draft_state
+        if state is None:
+            state = request.draft_state = DraftState(self.config.max_draft)
+        if state.paused_steps > 0:
+            state.paused_steps -= 1
+            return []
+        # no token past the request's limits: the last check's own token is one more
+        left = min(
+            request.max_output_tokens - request.num_output_tokens,
+            self.max_seq_len - request.num_tokens,
+        )
+        limit = min(room, state.length, left - 1)
+        return self.drafter.draft(request.token_ids, limit) if limit > 0 else []
+
+    def record(self, request: Request, drafted: int, accepted: int) -> None:
+        """A check of ``drafted`` tokens accepted ``accepted`` of them."""
+        stats, state = self.stats, request.draft_state
+        stats.checks += 1
+        stats.drafted += drafted
+        stats.accepted += accepted
+        stats.accepted_histogram[accepted] += 1
+        if state is None:
+            return
+        if accepted == drafted:
+            state.length = min(self.config.max_draft, state.length + 1)
+        else:
+            state.length = accepted + 1
+        state.misses = 0 if accepted else state.misses + 1
+        if state.misses >= MISSES_TO_PAUSE:
+            state.paused_steps = min(2 ** (state.misses - MISSES_TO_PAUSE + 2), MAX_PAUSE_STEPS)
+
+
+def _may_draft(request: Request) -> bool:
+    return (
+        request.grammar is None
+        and not request.prefill_only
+        and request.params.speculative
+        and request.is_decoding
+    )

@@ -1,0 +1,87 @@
+"""Batch invariance of the native quantized kernels: a row of x gives the same bits alone as in
+any number of rows (tiles of 8, 4 on 8 lanes, and their remainders), on every kind and every
+path this CPU runs, on float32 activations and, with ``set_batch_invariant(True)``, on 8-bit
+ones beyond the row counts they otherwise take. Speculative decoding's exactness rests on it: a
+drafted token's row must give what a one-token step gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import kernels
+from engine.kernels import isa, quantized
+from tests.support.gguf_blocks import random_blocks
+from tests.support.prerequisites import require
+
+ALL_KINDS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "f16", "bf16"]
+INTEGER_KINDS = ALL_KINDS[:8]
+ROW_COUNTS = [2, 3, 5, 8, 9, 13, 17, 33]
+
+
+@pytest.fixture(scope="module")
+def native():
+    missing = kernels.missing_toolchain()
+    require(missing is None, f"{missing}: the native kernel cannot be built here")
+    module = kernels.build_extension(quantized.SOURCE)
+    yield module
+    isa.apply_isa(module)
+    module.set_activation_dtype("float32")
+    module.set_batch_invariant(False)
+
+
+@pytest.fixture(params=["avx512", "avx2", "scalar"])
+def path(request, native):
+    if request.param == "avx512" and not isa.avx512_runs(native):
+        pytest.skip("AVX-512 F/BW/VL does not run here (cpuid or the probe says no)")
+    if request.param == "avx2" and not native.avx2_supported():
+        pytest.skip("this CPU lacks AVX2, FMA or F16C")
+    native.set_isa(request.param)
+    yield native
+    isa.apply_isa(native)
+
+
+def _case(kind: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    k = 2048 if quantized.BLOCK_WEIGHTS[kind] == 256 else 1056  # long rows, odd block counts
+    blocks = torch.from_numpy(random_blocks(kind, 37, k, seed=seed))
+    x = torch.randn(max(ROW_COUNTS), k, generator=torch.Generator().manual_seed(seed))
+    return blocks, x
+
+
+def _assert_rows_alone(module, kind: str) -> None:
+    blocks, x = _case(kind)
+    alone = torch.cat([module.quantized_linear(x[i : i + 1], blocks, kind) for i in range(len(x))])
+    for m in ROW_COUNTS:
+        together = module.quantized_linear(x[:m], blocks, kind)
+        assert torch.equal(together, alone[:m]), f"{kind}: {m} rows differ from each alone"
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_float32_rows_are_summed_alike_in_any_tile(path, kind):
+    _assert_rows_alone(path, kind)
+
+
+@pytest.mark.parametrize("kind", INTEGER_KINDS)
+def test_int8_rows_are_invariant_once_asked(path, kind):
+    path.set_activation_dtype("int8")
+    path.set_batch_invariant(True)
+    try:
+        _assert_rows_alone(path, kind)
+    finally:
+        path.set_activation_dtype("float32")
+        path.set_batch_invariant(False)
+
+
+def test_int8_without_invariance_leaves_larger_steps_to_float32(native):
+    """The default: beyond int8_max_rows (8 on the K kinds) a step is float32, so a row's
+    bits there differ from its 8-bit bits alone; invariance closes exactly that gap."""
+    blocks, x = _case("q4_k")
+    native.set_activation_dtype("int8")
+    try:
+        alone = native.quantized_linear(x[:1], blocks, "q4_k")
+        assert not torch.equal(native.quantized_linear(x[:9], blocks, "q4_k")[:1], alone)
+        native.set_batch_invariant(True)
+        assert torch.equal(native.quantized_linear(x[:9], blocks, "q4_k")[:1], alone)
+    finally:
+        native.set_activation_dtype("float32")
+        native.set_batch_invariant(False)
