@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine.grammars import GrammarCache
+from engine.outputs import EngineStats
 from workers.contracts import WorkerLoad, WorkerReport
 
 LATENCY_BUCKETS = (
@@ -69,6 +70,7 @@ class Metrics:
         self._declare_transfers()
         self._declare_latencies()
         self._declare_grammars()
+        self._declare_speculation()
         self._declare_replicas()
 
     def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
@@ -206,6 +208,33 @@ class Metrics:
             "grammar_mask_seconds", "Seconds a worker spent masking constrained rows"
         )
 
+    def _declare_speculation(self) -> None:
+        """Speculative decoding's figures (engine/speculation.py), as each worker counts them."""
+        self.speculative_checks = self._polled(
+            "speculative_checks", "Drafts a worker checked against the model"
+        )
+        self.speculative_drafted = self._polled(
+            "speculative_drafted_tokens", "Tokens a worker drafted and checked"
+        )
+        self.speculative_accepted = self._polled(
+            "speculative_accepted_tokens", "Drafted tokens the model's own tokens matched"
+        )
+        self.speculative_by_accepted = PolledCounter(
+            self._counter(
+                "speculative_checks_by_accepted",
+                "Drafts a worker checked, by how many of their tokens were accepted",
+                *WORKER,
+                "accepted",
+            )
+        )
+
+    def _record_speculation(self, labels: tuple[str, ...], pid: int, stats: EngineStats) -> None:
+        self.speculative_checks.observe(labels, pid, stats.speculative_checks)
+        self.speculative_drafted.observe(labels, pid, stats.speculative_drafted)
+        self.speculative_accepted.observe(labels, pid, stats.speculative_accepted)
+        for accepted, checks in enumerate(stats.speculative_accepted_histogram):
+            self.speculative_by_accepted.observe((*labels, str(accepted)), pid, checks)
+
     def record_grammars(self, door: GrammarCache | None) -> None:
         """The door's compiles since the last scrape, and its cache hits."""
         if door is None:
@@ -258,6 +287,8 @@ class Metrics:
             self.grammar_cache_size.labels(*labels).set(stats.grammar_cache_size)
             self.grammar_masked_rows.observe(labels, load.pid, stats.grammar_masked_rows)
             self.grammar_mask_seconds.observe(labels, load.pid, stats.grammar_mask_seconds)
+            if stats.speculative_checks:
+                self._record_speculation(labels, load.pid, stats)
 
     def _declare_replicas(self) -> None:
         """What several coordinators over one worker pool add (docs/replicas.md)."""

@@ -252,7 +252,8 @@ class LLMEngine:
         self, logits: torch.Tensor, samplers: list[Request], now: float
     ) -> list[TokenEvent]:
         """Sample the rows of each drafted request in turn (``engine/speculation.py``): its
-        tokens while they equal its draft, then the first that differs (or ends it)."""
+        tokens while they equal its draft, then the first that differs (or ends it); a
+        constrained row is masked as its grammar stands after the tokens before it."""
         events: list[TokenEvent] = []
         row = 0
         while row < len(samplers):
@@ -263,7 +264,7 @@ class LLMEngine:
                 continue
             accepted = 0
             for j in range(len(draft) + 1):
-                token = sample(logits[row + j : row + j + 1], [request])[0]
+                token = sample(logits[row + j : row + j + 1], [request], self.grammars)[0]
                 events.append(self._append_token(request, token, now))
                 if request.is_finished or j == len(draft) or token != draft[j]:
                     break
@@ -458,7 +459,22 @@ class LLMEngine:
             grammar_compiles=self.grammars.stats.compiles,
             grammar_masked_rows=self.grammars.stats.masked_rows,
             grammar_mask_seconds=self.grammars.stats.mask_seconds,
+            **self._speculation_stats(),
         )
+
+    def _speculation_stats(self) -> dict[str, Any]:
+        if self.speculator is None:
+            return {}
+        stats = self.speculator.stats
+        histogram = stats.accepted_histogram
+        return {
+            "speculative_checks": stats.checks,
+            "speculative_drafted": stats.drafted,
+            "speculative_accepted": stats.accepted,
+            "speculative_accepted_histogram": tuple(
+                histogram[k] for k in range(self.speculator.config.max_draft + 1)
+            ),
+        }
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]

@@ -70,6 +70,12 @@ class EngineStats:
     grammar_compiles: int = 0
     grammar_masked_rows: int = 0
     grammar_mask_seconds: float = 0.0
+    # speculative decoding (engine/speculation.py), counters: checks made, tokens drafted and
+    # accepted, and checks by how many tokens they accepted (index k: k accepted)
+    speculative_checks: int = 0
+    speculative_drafted: int = 0
+    speculative_accepted: int = 0
+    speculative_accepted_histogram: tuple[int, ...] = ()
 
     @property
     def num_used_blocks(self) -> int:

@@ -24,8 +24,11 @@ nothing accepted it pauses (no draft) for a number of steps that doubles with ev
 up to ``MAX_PAUSE_STEPS``. A step grows to at most ``max_step_rows`` rows with drafts, so under
 load (many sequences decoding) the step's rows are the batch's own and nothing is drafted.
 
-Not drafted: constrained requests (their matcher would have to be advanced and rolled back per
-draft token), prefill-only ones (they stop at their first token), and requests that opted out.
+A constrained request's draft is cut where its grammar stops allowing it (the matcher checks the
+draft without consuming it), and each of its rows is masked when it is sampled, by the matcher
+as the accepted tokens before it left it: the matcher only ever consumes real outputs, so a
+rejected token has nothing to roll back. Not drafted: prefill-only requests (they stop at their
+first token) and requests that opted out (``SamplingParams.speculative``).
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ class Speculator:
             self.max_seq_len - request.num_tokens,
         )
         limit = min(room, state.length, left - 1)
-        return self.drafter.draft(request.token_ids, limit) if limit > 0 else []
+        draft = self.drafter.draft(request.token_ids, limit) if limit > 0 else []
+        return _allowed(request, draft) if draft and request.grammar is not None else draft
 
     def record(self, request: Request, drafted: int, accepted: int) -> None:
         """A check of ``drafted`` tokens accepted ``accepted`` of them."""
@@ -105,9 +109,14 @@ class Speculator:
 
 
 def _may_draft(request: Request) -> bool:
-    return (
-        request.grammar is None
-        and not request.prefill_only
-        and request.params.speculative
-        and request.is_decoding
-    )
+    return not request.prefill_only and request.params.speculative and request.is_decoding
+
+
+def _allowed(request: Request, draft: list[int]) -> list[int]:
+    """The part of ``draft`` a constrained request's grammar allows after its outputs so far
+    (nothing when its matcher refuses them: its next token fails it)."""
+    state = request.grammar
+    assert state is not None
+    if not state.catch_up(request.output_token_ids):
+        return []
+    return draft[: state.matcher.validate_tokens(draft)]

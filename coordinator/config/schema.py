@@ -237,6 +237,22 @@ SCHEMA["backend_config"] = section(
         "and values in: `float16` or `bfloat16` hold twice the tokens in "
         "`kv_cache_memory_mb` and halve what a hand-off moves; `auto`: the model's `dtype` "
         "(below)",),
+    fed("speculative_method", "str", engine("speculative.method"), "`ngram`: speculative "
+        "decoding, drafts copied from where the sequence's last tokens occurred before in its "
+        "prompt or output, checked several tokens per weight read; the tokens are exactly "
+        "those of `off` ([features.md](features.md#speculative-decoding))"),
+    fed("speculative_min_match", "int", engine("speculative.min_match"), "tokens of the "
+        "sequence's end that must occur earlier for a draft"),
+    fed("speculative_max_match", "int", engine("speculative.max_match"), "tokens of the "
+        "sequence's end compared, at most"),
+    fed("speculative_max_draft", "int", engine("speculative.max_draft"), "tokens drafted per "
+        "request and step, at most (each request adapts its own length to what it accepts)"),
+    fed("speculative_max_step_rows", "int", engine("speculative.max_step_rows"), "a step's "
+        "rows (decode rows plus drafted tokens) drafts may grow it to: under load nothing is "
+        "drafted"),
+    fed("batch_invariant", "bool", engine("batch_invariant"), "every decode row's logits "
+        "independent of what shares its step (on whenever `speculative_method` is); on alone: "
+        "the same tokens as with speculation"),
     fed("device", "str", engine("device"), "`auto`, `cpu` or `cuda[:N]`; `auto`: CUDA when "
         "present; a worker given GPUs (`num_gpus > 0`) always runs on CUDA"),
     fed("num_prefill_instances", "int", cluster("num_prefill"), "prefill actors (`pd_separate`)"),

@@ -133,11 +133,12 @@ inline void quantized_matmul(const float* x, int64_t M, const uint8_t* w, Kind k
 
 // quantized_matmul split by the caller (one parallel region over many products, each thread
 // taking its own output features): prepare_matmul_rows fills a RowScratch once per x (each
-// thread may fill its own): x in 8-bit groups where those kernels run (quantized_int8.h), else
-// nothing; quantized_matmul_rows then computes
+// thread may fill its own): x in 8-bit groups where those kernels run (quantized_int8.h), or the
+// sub-block sums a lone float32 row takes; quantized_matmul_rows then computes
 // out[m * ldo + n] for n in [begin, end), the same sums in the same order as quantized_matmul
 // gives them. Both choose the kernel by the instruction set and activation dtype selected now.
 struct RowScratch {
+  std::vector<float> x_sums;
   Int8Rows int8;
   bool int8_ready = false;  // int8 holds x: the 8-bit path computes
 };
@@ -145,8 +146,16 @@ struct RowScratch {
 template <Kind K>
 void prepare_rows(const float* x, int64_t M, int64_t blocks, RowScratch& scratch) {
   scratch.int8_ready = uses_int8<K>(M);
+  scratch.x_sums.clear();
   if (scratch.int8_ready)
-    quantize_rows(x, M, blocks * block_weights(K), int8_group(K), scratch.int8);
+    return quantize_rows(x, M, blocks * block_weights(K), int8_group(K), scratch.int8);
+  switch (kernel_path<K>(current_isa())) {
+#if PDSERVE_HAS_X86
+    case KernelPath::simd_avx512: return simd_avx512::prepare_x_sums<K>(x, M, blocks, scratch.x_sums);
+    case KernelPath::simd_avx2: return simd_avx2::prepare_x_sums<K>(x, M, blocks, scratch.x_sums);
+#endif
+    default: return;
+  }
 }
 
 template <Kind K>
@@ -158,14 +167,16 @@ void linear_rows_any(int64_t begin, int64_t end, const uint8_t* weight, int64_t 
   switch (kernel_path<K>(current_isa())) {
 #if PDSERVE_HAS_X86
     case KernelPath::simd_avx512:
-      return simd_avx512::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, out);
+      return simd_avx512::linear_rows<K>(begin, end, weight, ldo, blocks, x, M,
+                                              scratch.x_sums.data(), out);
     case KernelPath::legacy_avx2:
       if constexpr (K == Kind::q4_1)
         return linear_rows_avx2<K>(begin, end, weight, ldo, blocks, x, M, out);
       break;
     case KernelPath::simd_avx2:
       if constexpr (K != Kind::q4_1)
-        return simd_avx2::linear_rows<K>(begin, end, weight, ldo, blocks, x, M, out);
+        return simd_avx2::linear_rows<K>(begin, end, weight, ldo, blocks, x, M,
+                                              scratch.x_sums.data(), out);
       break;
 #endif
     default:

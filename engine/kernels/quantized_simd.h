@@ -6,7 +6,9 @@
 // sub-block turned into float weights in registers, bit for bit as ggml dequantizes them (half
 // weights are widened as they are), and multiplied against a tile of up to 8 rows of x (4 on 8
 // lanes). Each row is summed exactly as it would be alone (rows_dot), so a row's result never
-// depends on the rows beside it: one decode row gives the same logits in any batch.
+// depends on the rows beside it: one decode row gives the same logits in any batch. A lone row
+// that need not be batch invariant (no speculation) takes row_dot, which applies the scales
+// per sub-block: fewer operations, another order.
 
 using F = V::F;
 
@@ -48,6 +50,55 @@ PDSERVE_TARGET inline F weights(const uint8_t* block, const Unpacked<K>& u, int6
     return V::fmadd(V::set1(u.scale[s]), q, V::set1(u.offset[s]));
   else
     return V::mul(V::set1(u.scale[s]), q);
+}
+
+// acc += scale_s * dot(x_s, q_s) over sub-block s of a block, offsets += offset_s * sum(x_s).
+template <Kind K>
+PDSERVE_TARGET inline void add_sub_dot(const uint8_t* block, const Unpacked<K>& u, int64_t s,
+                                       const float* x_block, const float* x_sums, F& acc,
+                                       float& offsets) {
+  constexpr int64_t vectors = sub_weights(K) / V::L;
+  const float* xs = x_block + s * sub_weights(K);
+  F dot = V::mul(values<K>(block, u, s * vectors), V::load(xs));
+  for (int64_t i = 1; i < vectors; ++i)
+    dot = V::fmadd(values<K>(block, u, s * vectors + i), V::load(xs + i * V::L), dot);
+  if constexpr (is_half(K))
+    acc = V::add(acc, dot);
+  else
+    acc = V::fmadd(V::set1(u.scale[s]), dot, acc);
+  if constexpr (has_offset(K)) offsets = std::fma(u.offset[s], x_sums[s], offsets);
+}
+
+// One row of x against one weight row over blocks [b0, b1), with x's sub-block sums, the scales
+// applied per sub-block (fewer operations than rows_dot, another order of summation: the single
+// row of a step that need not be batch invariant). Even and odd sub-blocks go to separate
+// accumulators, so consecutive ones do not wait on each other.
+template <Kind K>
+PDSERVE_TARGET float row_dot(const uint8_t* row, int64_t b0, int64_t b1, const float* x,
+                             const float* x_sums) {
+  constexpr int64_t W = block_weights(K), S = sub_blocks(K), bytes = block_bytes(K);
+  F even = V::zero(), odd = V::zero();
+  float even_offsets = 0.f, odd_offsets = 0.f;
+  Unpacked<K> u, next;
+  int64_t b = b0;
+  if constexpr (S == 1) {
+    for (; b + 1 < b1; b += 2) {
+      const uint8_t* block = row + b * bytes;
+      unpack_block<K>(block, u);
+      unpack_block<K>(block + bytes, next);
+      add_sub_dot<K>(block, u, 0, x + b * W, x_sums + b, even, even_offsets);
+      add_sub_dot<K>(block + bytes, next, 0, x + (b + 1) * W, x_sums + b + 1, odd, odd_offsets);
+    }
+  }
+  for (; b < b1; ++b) {
+    const uint8_t* block = row + b * bytes;
+    unpack_block<K>(block, u);
+#pragma GCC unroll 16
+    for (int64_t s = 0; s < S; ++s)
+      add_sub_dot<K>(block, u, s, x + b * W, x_sums + b * S, s % 2 ? odd : even,
+                     s % 2 ? odd_offsets : even_offsets);
+  }
+  return V::hsum(V::add(even, odd)) + (even_offsets + odd_offsets);
 }
 
 // R rows of x against one weight row of `blocks` blocks: each sub-block becomes its float
@@ -112,8 +163,17 @@ PDSERVE_TARGET void rows_dot_any(int rows, const uint8_t* row, int64_t blocks, c
 // and it measured no faster for tiles here).
 template <Kind K>
 PDSERVE_TARGET void linear_rows(int64_t begin, int64_t end, const uint8_t* weight, int64_t N,
-                                int64_t blocks, const float* x, int64_t M, float* out) {
+                                int64_t blocks, const float* x, int64_t M, const float* x_sums,
+                                float* out) {
   const int64_t row_bytes = blocks * block_bytes(K), row_weights = blocks * block_weights(K);
+  if (M == 1 && !batch_invariant().load(std::memory_order_relaxed)) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* row = weight + n * row_bytes;
+      prefetch_row_ahead<K>(row, n, end, row_bytes, 0, blocks);
+      out[n] = row_dot<K>(row, 0, blocks, x, x_sums);
+    }
+    return;
+  }
   for (int64_t n0 = begin; n0 < end; n0 += kWeightRowChunk) {
     const int64_t n1 = std::min(end, n0 + kWeightRowChunk);
     for (int64_t m = 0; m < M; m += kTileRows) {
@@ -127,11 +187,28 @@ PDSERVE_TARGET void linear_rows(int64_t begin, int64_t end, const uint8_t* weigh
   }
 }
 
+// The sub-block sums of x that row_dot needs (one row, kinds with offsets, not batch
+// invariant); x_sums is left empty otherwise.
+template <Kind K>
+void prepare_x_sums(const float* x, int64_t M, int64_t blocks, std::vector<float>& x_sums) {
+  x_sums.clear();
+  if (!has_offset(K) || M != 1 || batch_invariant().load()) return;
+  const int64_t subs = blocks * sub_blocks(K), SW = sub_weights(K);
+  x_sums.assign(subs, 0.f);
+  for (int64_t s = 0; s < subs; ++s) {
+    float sum = 0.f;
+    for (int64_t j = 0; j < SW; ++j) sum += x[s * SW + j];
+    x_sums[s] = sum;
+  }
+}
+
 template <Kind K>
 void linear(const uint8_t* weight, int64_t N, int64_t blocks, const float* x, int64_t M,
             float* out, int64_t grain) {
+  std::vector<float> x_sums;
+  prepare_x_sums<K>(x, M, blocks, x_sums);
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-    linear_rows<K>(begin, end, weight, N, blocks, x, M, out);
+    linear_rows<K>(begin, end, weight, N, blocks, x, M, x_sums.data(), out);
   });
 }
 

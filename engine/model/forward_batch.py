@@ -38,6 +38,7 @@ class ForwardBatch:
     def prompt_chunks(self) -> ForwardBatch:
         """The step without its decode rows: its prompt chunks, their rows from 0."""
         skip = self.num_decode_tokens
+        chunks = [replace(seq, query_start=seq.query_start - skip) for seq in self.prefill_seqs]
         return replace(
             self,
             input_ids=self.input_ids[skip:],
@@ -47,6 +48,6 @@ class ForwardBatch:
             decode_block_tables=self.decode_block_tables[:0],
             decode_context_lens=self.decode_context_lens[:0],
             decode_max_context_len=0,
-            prefill_seqs=[replace(seq, query_start=seq.query_start - skip) for seq in self.prefill_seqs],
+            prefill_seqs=chunks,
             logits_indices=self.logits_indices[:0],
         )

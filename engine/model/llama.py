@@ -134,6 +134,8 @@ class LlamaModel:
         step = "fused decode layers" if self.fused is not None else "op-by-op decode"
         if any(getattr(lin, "gemm_dtype", None) == torch.bfloat16 for lin in linears):
             step += ", prompts in bfloat16"
+        if self.batch_invariant:
+            step += ", batch invariant"
         return (
             f"weights {self.weights}: layers {'+'.join(kinds)}, LM head {self.lm_head.kind}, {step}"
         )
@@ -190,7 +192,7 @@ class LlamaModel:
         return (
             self.fused is not None
             and not batch.prefill_seqs
-            and 0 < decodes
+            and decodes > 0
             and (decodes <= FUSED_MAX_ROWS or self.batch_invariant)
             and decodes == batch.input_ids.shape[0]
         )

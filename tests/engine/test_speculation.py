@@ -147,15 +147,32 @@ def test_drafting_continues_after_a_handoff(tiny_loaded, payload):
     assert outputs["ngram"] == outputs["off"] and len(outputs["off"]) > 1
 
 
-def test_opted_out_constrained_and_crowded_requests_get_no_draft(tiny_loaded):
+@pytest.mark.parametrize("sampled", [False, True])
+def test_constrained_drafts_are_cut_by_the_grammar(tiny_loaded, sampled):
+    """A draft is cut where the grammar stops allowing it, and each row is masked by the
+    matcher as the accepted tokens left it: the constrained tokens of decoding without drafts."""
+    constraint = Constraint(
+        "json_schema",
+        '{"type": "object", "properties": {"a": {"type": '
+        '"array", "items": {"type": "integer"}}}, "required": ["a"]}',
+    )
+    params = SamplingParams(
+        max_new_tokens=40, do_sample=sampled, temperature=1.5, seed=7, constraint=constraint
+    )  # fmt: skip
+    expected = engine_for(tiny_loaded, "off").generate(PROMPTS, params)
+    engine = with_oracle(tiny_loaded, PROMPTS, expected)
+    engine.speculator.drafter.corrupt_every = 2  # type: ignore[union-attr]
+    assert engine.generate(PROMPTS, params) == expected
+    stats = engine.speculator.stats  # type: ignore[union-attr]
+    assert stats.accepted > 0
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_opted_out_and_crowded_requests_get_no_draft(tiny_loaded):
     engine = engine_for(tiny_loaded, min_match=1, max_step_rows=2)
     assert engine.speculator is not None
     out_of_it = SamplingParams(max_new_tokens=12, ignore_eos=True, speculative=False)
     engine.generate(PROMPTS[:1], out_of_it)
-    constrained = SamplingParams(
-        max_new_tokens=12, constraint=Constraint("regex", "[a-z]+")
-    )
-    engine.generate(PROMPTS[:1], constrained)
     crowded = SamplingParams(max_new_tokens=12, ignore_eos=True)  # 3 rows > max_step_rows 2
     engine.generate(PROMPTS, crowded)
     assert engine.speculator.stats.checks == 0

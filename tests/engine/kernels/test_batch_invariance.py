@@ -58,7 +58,23 @@ def _assert_rows_alone(module, kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_float32_rows_are_summed_alike_in_any_tile(path, kind):
-    _assert_rows_alone(path, kind)
+    path.set_batch_invariant(True)
+    try:
+        _assert_rows_alone(path, kind)
+    finally:
+        path.set_batch_invariant(False)
+
+
+@pytest.mark.parametrize("kind", ["q4_k", "q8_0", "q4_1"])
+def test_without_invariance_only_a_lone_row_is_summed_otherwise(path, kind):
+    """Invariance off, a step of one row takes the single-row kernel (scales per sub-block);
+    rows of larger steps still agree with each other in any tile."""
+    blocks, x = _case(kind)
+    tiled = path.quantized_linear(x, blocks, kind)
+    for m in ROW_COUNTS:
+        assert torch.equal(path.quantized_linear(x[:m], blocks, kind), tiled[:m])
+    lone = path.quantized_linear(x[:1], blocks, kind)
+    torch.testing.assert_close(lone, tiled[:1], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", INTEGER_KINDS)
