@@ -350,6 +350,38 @@ def render_kv_dtype(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_speculation(data: dict[str, Any]) -> str:
+    spec = data["speculative"]
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"{data['file']} ({data['engine']}); {data['tokens']} new tokens a stream, prompts drawn "
+        f"by seed {data['seed']}; speculative `ngram` with min_match {spec['min_match']}, "
+        f"max_match {spec['max_match']}, max_draft {spec['max_draft']}, max_step_rows "
+        f"{spec['max_step_rows']}. Output tokens/s, median [min-max] over rounds; ratios over "
+        "`off`, median [95 % interval]; acceptance = accepted / drafted tokens; tokens a check = "
+        "(accepted + checks) / checks; `ngram` token-identical to `invariant` in every round:",
+        "",
+        "| workload:streams | off tokens/s | invariant tokens/s | ngram tokens/s | invariant / off "
+        "| ngram / off | acceptance | tokens a check | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, entry in data["cases"].items():
+        rates = " | ".join(_cell(entry["tokens_per_s"][side], 1) for side in SPECULATION_SIDES)
+        verdict = f"{entry['goal']}: {entry['verdict']}" if "goal" in entry else "-"
+        acceptance = "-" if entry["acceptance"] is None else f"{entry['acceptance']:.2f}"
+        per_check = "-" if entry["tokens_per_check"] is None else f"{entry['tokens_per_check']:.2f}"
+        lines.append(
+            f"| {case} | {rates} | {_ratio_cell(entry['invariant_ratio'], 3)} | "
+            f"{_ratio_cell(entry['speculative_ratio'], 3)} | {acceptance} | {per_check} | "
+            f"{verdict} |"
+        )
+    return "\n".join(lines)
+
+
+SPECULATION_SIDES = ("off", "invariant", "ngram")
+
+
 def render_prompt_dtype(data: dict[str, Any]) -> str:
     lines = [
         provenance(data["_meta"]),
@@ -747,6 +779,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "int8_rows": render_int8_rows,
     "accuracy": render_accuracy,
     "kv_dtype": render_kv_dtype,
+    "speculation": render_speculation,
     "prompt_dtype": render_prompt_dtype,
     "decode_limit": render_decode_limit,
     "soak": render_soak,

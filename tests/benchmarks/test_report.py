@@ -26,6 +26,7 @@ FILES = (
     "int8_rows",
     "accuracy",
     "kv_dtype",
+    "speculation",
     "prompt_dtype",
     "decode_limit",
     "soak",
