@@ -12,11 +12,13 @@ Three engines on the same loaded file: ``off`` (the default: no drafts, not batc
   sentence, quote its sentences about one subject, put it into a JSON object);
 - ``free``: stories, explanations and lists on a topic, with nothing to quote.
 
-Each case (a workload, a number of streams) runs every prompt of the case through each engine
-once per round, ``--tokens`` new tokens each (EOS ignored, so every side makes the same number of
-tokens), the sides back to back in a rotating order (``benchmarks.harness.rounds``). A round's
-figure is output tokens per second over the whole generation (prompts included, alike on every
-side; the prefix cache serves them from the second round on). ``ngram / off`` is judged against
+Each case (a workload, a number of streams) runs ``max(streams, PROMPTS_AT_LEAST)`` prompts through
+each engine once per round, ``streams`` at a time (one at a time for a single stream: several
+prompts, so that one prompt's luck does not decide it), ``--tokens`` new tokens each (EOS
+ignored, so every side makes the same number of tokens), the sides back to back in a rotating
+order (``benchmarks.harness.rounds``). A round's figure is output tokens per second over the
+whole generation (prompts included, alike on every side; the prefix cache serves them from the
+second round on). ``ngram / off`` is judged against
 the goal of its case (``GOALS``); ``invariant / off`` is reported. Every round checks that
 ``ngram``'s tokens are ``invariant``'s, token for token, and stops the run if not.
 """
@@ -65,20 +67,21 @@ GOALS = {
     ("free", 32): Goal(0.97),
 }
 DEFAULT_STREAMS = (1, 8, 32)
+PROMPTS_AT_LEAST = 4
 
 
 def passages() -> list[str]:
     return [p.strip() for p in TEXT.read_text().split("\n\n") if len(p.split()) >= 40]
 
 
-def prompts_of(workload: str, streams: int, seed: int) -> list[str]:
-    """``streams`` prompts of ``workload``, drawn by ``seed``."""
-    rng = random.Random(f"{seed}/{workload}/{streams}")
+def prompts_of(workload: str, count: int, seed: int) -> list[str]:
+    """``count`` prompts of ``workload``, drawn by ``seed``."""
+    rng = random.Random(f"{seed}/{workload}/{count}")
     if workload == "grounded":
         texts = passages()
-        tasks = [rng.choice(GROUNDED_TASKS) for _ in range(streams)]
+        tasks = [rng.choice(GROUNDED_TASKS) for _ in range(count)]
         return [task.format(passage=rng.choice(texts)) for task in tasks]
-    return [rng.choice(FREE_TASKS).format(topic=rng.choice(TOPICS)) for _ in range(streams)]
+    return [rng.choice(FREE_TASKS).format(topic=rng.choice(TOPICS)) for _ in range(count)]
 
 
 def engines_for(loaded: Any, threads: int) -> dict[str, LLMEngine]:
@@ -100,7 +103,7 @@ def measure_case(
         tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
         )
-        for text in prompts_of(workload, streams, args.seed)
+        for text in prompts_of(workload, max(streams, PROMPTS_AT_LEAST), args.seed)
     ]
     prompts = [tokenizer.encode(chat, add_special_tokens=False) for chat in chats]
     params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
@@ -111,9 +114,10 @@ def measure_case(
     before = (stats.checks, stats.drafted, stats.accepted)
 
     def side(name: str) -> float:
-        start = time.perf_counter()
-        outputs[name] = engines[name].generate(prompts, params)
-        return streams * args.tokens / (time.perf_counter() - start)
+        start, outputs[name] = time.perf_counter(), []
+        for wave in range(0, len(prompts), streams):
+            outputs[name] += engines[name].generate(prompts[wave : wave + streams], params)
+        return len(prompts) * args.tokens / (time.perf_counter() - start)
 
     def on_round(index: int, values: dict[str, float]) -> None:
         if outputs["ngram"] != outputs["invariant"]:

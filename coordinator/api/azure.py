@@ -59,7 +59,15 @@ CHAT_KEYS = {
     "model",
     "stream_options",
 }
-PASS_THROUGH = {"top_k", "repetition_penalty", "typical_p", "do_sample", "ignore_eos", "min_tokens"}
+PASS_THROUGH = {
+    "top_k",
+    "repetition_penalty",
+    "typical_p",
+    "do_sample",
+    "ignore_eos",
+    "speculative",
+    "min_tokens",
+}
 EXTRA_MODES = ("error", "drop", "pass-through")
 PREFIXES = ("", "/models")
 ECHOED_CHARS = 64  # how much of an unsupported value a 422 echoes

@@ -37,6 +37,7 @@ class InferParameters:
     typical_p: float | None = None
     watermark: bool = False  # accepted, not applied
     ignore_eos: bool = False  # pdserve extension: generate max_new_tokens (benchmarks)
+    speculative: bool = True  # pdserve extension: false decodes without drafts (same tokens)
     priority: int = 5
     timeout: int = 600
 
@@ -63,6 +64,7 @@ class InferParameters:
             seed=self.seed if self.seed is not None else secrets.randbelow(MAX_SEED) + 1,
             stop=stop,
             ignore_eos=self.ignore_eos,
+            speculative=self.speculative,
         )
 
 
@@ -125,7 +127,7 @@ _NUMBERS = {
     "priority": ("an integer in [1, 5]", lambda v: 1 <= v <= 5, True),
     "timeout": ("an integer in (0, 3600]", lambda v: 0 < v <= 3600, True),
 }
-_BOOLS = ("do_sample", "details", "watermark", "ignore_eos")
+_BOOLS = ("do_sample", "details", "watermark", "ignore_eos", "speculative")
 
 
 def parse_parameters(raw: Any) -> InferParameters:

@@ -41,6 +41,7 @@ EXTENSIONS = frozenset(
         "top_k",
         "repetition_penalty",
         "ignore_eos",
+        "speculative",
         "structured_outputs",
         "guided_json",
         "guided_regex",

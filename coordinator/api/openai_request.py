@@ -52,8 +52,8 @@ def _number(body: dict, name: str, low: float, high: float, integer: bool, defau
     return value
 
 
-def _flag(body: dict, name: str) -> bool:
-    value = body.get(name, False)
+def _flag(body: dict, name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
     if not isinstance(value, bool):
         raise OpenAIError(400, f"'{name}' must be true or false, got {json.dumps(value)}", name)
     return value
@@ -97,6 +97,7 @@ def openai_sampling(body: dict, vocab_size: int, default_max_tokens: int) -> Sam
         seed=seed if seed is not None else secrets.randbelow(MAX_SEED) + 1,
         stop=stop,
         ignore_eos=_flag(body, "ignore_eos"),
+        speculative=_flag(body, "speculative", True),
         presence_penalty=presence,
         frequency_penalty=frequency,
         logit_bias=_logit_bias(body.get("logit_bias"), vocab_size),
