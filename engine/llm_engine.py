@@ -36,7 +36,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import RequestRejectedError
 from engine.grammars import GrammarCache, PendingMasks
-from engine.kernels import set_activation_dtype, set_batch_invariant
+from engine.kernels import set_activation_dtype
 from engine.kernels.isa import resolved_prompt_matmul_dtype
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
@@ -113,7 +113,6 @@ class LLMEngine:
         native decode layers: none on CUDA, or without a compiler)."""
         wanted = config.batch_invariant or config.speculative.enabled
         invariant = self.model.set_batch_invariant(wanted)
-        set_batch_invariant(invariant)
         if wanted and not invariant:
             log.warning(
                 "batch invariance needs the fused native decode layers, which this model does "

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import ModelLoadError
-from engine.kernels import cpu_kernels
+from engine.kernels import cpu_kernels, set_batch_invariant
+from engine.kernels.isa import batch_invariant as kernels_batch_invariant
 from engine.kernels.quantized import from_gguf_blocks
 from engine.model.decode_layers import FUSED_MAX_ROWS, fuse_layers
 from engine.model.forward_batch import ForwardBatch
@@ -115,8 +116,10 @@ class LlamaModel:
 
     def set_batch_invariant(self, on: bool) -> bool:
         """Compute each decode row's logits independently of the rows beside it: decode rows
-        always on the fused native layers (apart from any prompt chunk of their step) and the
-        LM head row by row. Needs those layers; returns whether it is on."""
+        always on the fused native layers (apart from any prompt chunk of their step), the
+        kernels summing a lone row as a tile's (the native modules' choice, which every forward
+        sets as its model's) and the LM head row by row. Needs those layers; returns whether it
+        is on."""
         self.batch_invariant = on and self.fused is not None
         return self.batch_invariant
 
@@ -155,6 +158,8 @@ class LlamaModel:
 
         ``kv_caches[i]`` is layer i's ``[2, num_blocks, block_size, kv_heads, head_dim]``.
         """
+        if kernels_batch_invariant() != self.batch_invariant:  # a process-wide choice
+            set_batch_invariant(self.batch_invariant)
         hidden = self.embed(batch.input_ids)
         decodes = batch.num_decode_tokens
         if self._fusable(batch):

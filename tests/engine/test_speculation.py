@@ -168,6 +168,22 @@ def test_constrained_drafts_are_cut_by_the_grammar(tiny_loaded, sampled):
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_migrated_request_drafts_again_and_continues_alike(tiny_loaded, sampled):
+    """A request that arrives with outputs made elsewhere (a migration, mid-draft or not: no
+    draft outlives its step) continues with the tokens it would have had undisturbed."""
+    params = SamplingParams(max_new_tokens=30, do_sample=sampled, seed=9, ignore_eos=True)
+    whole = engine_for(tiny_loaded, "off").generate(PROMPTS[:1], params)[0]
+    outputs = {}
+    for method in ("off", "ngram"):
+        engine = engine_for(tiny_loaded, method, min_match=1)
+        engine.add_request(engine.request("m", PROMPTS[0], params, output_token_ids=whole[:11]))
+        outputs[method] = [
+            e.token_id for _ in range(64) for e in engine.step() if e.token_id is not None
+        ]
+    assert outputs["ngram"] == outputs["off"] == whole[11:]
+
+
 def test_opted_out_and_crowded_requests_get_no_draft(tiny_loaded):
     engine = engine_for(tiny_loaded, min_match=1, max_step_rows=2)
     assert engine.speculator is not None

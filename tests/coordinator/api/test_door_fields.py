@@ -210,3 +210,15 @@ def test_every_mindie_parameter_is_honoured(field):
     response, service = _send("/infer", {"inputs": "hi", "parameters": {field: value}})
     assert response.status_code == 200, (field, response.text)
     assert check(service.requests[0]), field
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_the_speculative_extension_reaches_the_request_and_is_checked(path):
+    body = {"messages": MESSAGES} if "chat" in path else {"prompt": "hi"}
+    response, service = _send(path, body)
+    assert response.status_code == 200 and service.requests[0].params.speculative is True
+    response, service = _send(path, {**body, "speculative": False})
+    assert response.status_code == 200 and service.requests[0].params.speculative is False
+    response, service = _send(path, {**body, "speculative": "no"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "speculative"
+    assert service.requests == []

@@ -34,6 +34,7 @@ ACCEPTED = [
     ("details", False),
     ("watermark", True),
     ("ignore_eos", True),
+    ("speculative", False),
 ]
 
 REJECTED = [  # (parameter, value, the range named in the message)
@@ -68,6 +69,7 @@ REJECTED = [  # (parameter, value, the range named in the message)
     ("details", 1, "a boolean"),
     ("watermark", 0, "boolean"),
     ("ignore_eos", "yes", "boolean"),
+    ("speculative", "no", "boolean"),
 ]
 
 
