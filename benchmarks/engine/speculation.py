@@ -75,13 +75,16 @@ def passages() -> list[str]:
 
 
 def prompts_of(workload: str, count: int, seed: int) -> list[str]:
-    """``count`` prompts of ``workload``, drawn by ``seed``."""
+    """``count`` prompts of ``workload``: its tasks in turn, each on a passage (a topic) drawn
+    by ``seed``."""
     rng = random.Random(f"{seed}/{workload}/{count}")
     if workload == "grounded":
         texts = passages()
-        tasks = [rng.choice(GROUNDED_TASKS) for _ in range(count)]
-        return [task.format(passage=rng.choice(texts)) for task in tasks]
-    return [rng.choice(FREE_TASKS).format(topic=rng.choice(TOPICS)) for _ in range(count)]
+        return [
+            GROUNDED_TASKS[i % len(GROUNDED_TASKS)].format(passage=rng.choice(texts))
+            for i in range(count)
+        ]
+    return [FREE_TASKS[i % len(FREE_TASKS)].format(topic=rng.choice(TOPICS)) for i in range(count)]
 
 
 def engines_for(loaded: Any, threads: int) -> dict[str, LLMEngine]:

@@ -229,7 +229,8 @@ SCHEMA["backend_config"] = section(
         "`bfloat16` (faster where the CPU executes it, lossy); `auto`: `float32` until the "
         "accuracy gate makes `bfloat16` a default (below)",),
     fed("activation_dtype", "str", engine("activation_dtype"), "what quantized layers multiply "
-        "decode rows (up to 8; 4 for 32-weight kinds) with: `float32`, or `int8` (each row "
+        "decode rows (up to 8; 4 for 32-weight kinds; every row count with `batch_invariant`) "
+        "with: `float32`, or `int8` (each row "
         "quantized to 8-bit groups once per input, integer dot products; results move beyond "
         "summation order); `auto`: `float32` until the accuracy gate makes `int8` a default "
         "(below)",),
