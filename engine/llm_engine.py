@@ -245,6 +245,8 @@ class LLMEngine:
         budget = self.scheduler.step_budget
         rows_computed = scheduled.num_decode_rows + scheduled.num_draft_tokens
         budget.observe(rows_computed, scheduled.num_prompt_tokens, seconds)
+        if self.speculator is not None and not scheduled.num_prompt_tokens and rows_computed:
+            self.speculator.observe_step(rows_computed, seconds)
         return events
 
     def _check_drafts(

@@ -65,6 +65,7 @@ class Scheduler:
         self.blocks = blocks
         self.speculator = speculator
         self._draft_room = 0  # rows drafts may still add to this step
+        self._decode_rows = 0  # ... beside this many decode rows
         self.running: list[Request] = []  # sorted by sort_key
         self._waiting = FairQueue()  # finished ones skipped
         self.num_preemptions = 0
@@ -97,6 +98,7 @@ class Scheduler:
         budget = self.step_budget.tokens(num_decodes)
         if self.speculator is not None:
             self._draft_room = self.speculator.config.max_step_rows - num_decodes
+            self._decode_rows = num_decodes
         for request in list(self.running):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
@@ -122,14 +124,15 @@ class Scheduler:
         return num_tokens
 
     def _draft(self, request: Request, speculator: Speculator, out: SchedulerOutput) -> None:
-        """Give a decoding request this step's draft, in blocks that are free: a draft never
-        preempts anything, it shrinks to the blocks there are."""
-        draft = speculator.draft(request, self._draft_room)
+        """Give a decoding request this step's draft, in blocks to spare: a draft never
+        preempts anything, nor takes a block another running request may need to grow this
+        step; it shrinks to the blocks there are."""
+        draft = speculator.draft(request, self._draft_room, self._decode_rows)
         if not draft:
             return
         start = request.num_computed_tokens + 1  # the draft's first position
         needed = self.blocks.blocks_for(start + len(draft)) - len(request.block_ids)
-        if needed > 0 and not self.blocks.can_allocate(needed):
+        if needed > 0 and not self.blocks.can_allocate(needed + len(self.running)):
             draft = draft[: len(request.block_ids) * self.blocks.block_size - start]
         elif needed > 0:
             request.block_ids.extend(self.blocks.allocate(needed))

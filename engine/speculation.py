@@ -18,11 +18,16 @@ speculates (``LlamaModel.set_batch_invariant``), so a row is computed alike what
 step. A draft costs nothing to carry: it is rebuilt from the request's tokens every step, so a
 hand-off or a migration moves nothing new.
 
-Adaptive: a request drafts up to its own length, which grows by one after a fully accepted draft
-and falls to the accepted count plus one otherwise; after ``MISSES_TO_PAUSE`` drafts in a row with
-nothing accepted it pauses (no draft) for a number of steps that doubles with every further miss,
-up to ``MAX_PAUSE_STEPS``. A step grows to at most ``max_step_rows`` rows with drafts, so under
-load (many sequences decoding) the step's rows are the batch's own and nothing is drafted.
+Worth it, or not at all: a drafted row costs compute whether its token is accepted or not. The
+speculator fits the engine's decode steps to ``a + b * rows`` seconds (:class:`StepCost`); in a
+step of ``n`` decode rows a drafted token pays for itself when the share of it accepted beats
+``b * n / (a + b * n)`` (a step's tokens per second then rise), so a request drafts only while its
+own acceptance (an average over its checks, from the engine's as a prior) clears that share: on
+one stream a cheap row is worth a low acceptance, in a full batch of rows bound by compute almost
+none is. Its draft length grows by one after a fully accepted draft and falls to the accepted
+count plus one otherwise; after ``MISSES_TO_PAUSE`` drafts in a row with nothing accepted it
+pauses for a number of steps that doubles with every further miss, up to ``MAX_PAUSE_STEPS``. A
+step grows to at most ``max_step_rows`` rows with drafts.
 
 A constrained request's draft is cut where its grammar stops allowing it (the matcher checks the
 draft without consuming it), and each of its rows is masked when it is sampled, by the matcher
@@ -42,15 +47,52 @@ from engine.request import Request
 
 MISSES_TO_PAUSE = 3
 MAX_PAUSE_STEPS = 64
+ACCEPTANCE_SMOOTHING = 0.3  # weight of a check in a request's (and the engine's) acceptance
+PRIOR_ACCEPTANCE = 0.5  # the engine's before any check
+COST_SMOOTHING = 0.05  # weight of a step in the step cost fit
+PRIOR_ROW_SHARE = 0.25  # a row's cost / a step's fixed cost, until steps of several sizes are seen
+MIN_ROWS_SPREAD = 0.5  # rows: the standard deviation of the steps seen that fits a slope
+MIN_FIXED_SHARE = 0.1  # of the mean step: the least fixed cost a fit may give
 
 
 @dataclass
 class DraftState:
-    """A request's speculation so far: its next draft length and its run of misses."""
+    """A request's speculation so far: its next draft length, its acceptance (accepted /
+    drafted tokens, averaged over its checks) and its run of misses."""
 
     length: int
+    acceptance: float
     misses: int = 0
     paused_steps: int = 0
+
+
+class StepCost:
+    """A decode step's seconds as ``a + b * rows``, fitted by least squares to the steps seen,
+    each step's weight fading by ``COST_SMOOTHING`` per newer step. Only the ratio ``b / a``
+    decides (:meth:`break_even`); while the steps seen hardly differ in rows (their spread under
+    ``MIN_ROWS_SPREAD``), it is ``PRIOR_ROW_SHARE``'s."""
+
+    def __init__(self) -> None:
+        self._sums = [0.0] * 5  # weight, sum x, sum y, sum x^2, sum xy
+
+    def observe(self, rows: int, seconds: float) -> None:
+        for i, value in enumerate((1.0, rows, seconds, rows * rows, rows * seconds)):
+            self._sums[i] = self._sums[i] * (1 - COST_SMOOTHING) + COST_SMOOTHING * value
+
+    def row_share(self) -> float:
+        """``b / a``: what a row costs, as a share of a step's fixed cost."""
+        w, sx, sy, sxx, sxy = self._sums
+        if w <= 0 or (w * sxx - sx * sx) / (w * w) < MIN_ROWS_SPREAD**2:
+            return PRIOR_ROW_SHARE
+        b = max((w * sxy - sx * sy) / (w * sxx - sx * sx), 0.0)
+        a = max((sy - b * sx) / w, MIN_FIXED_SHARE * sy / w)  # noise never makes it vanish
+        return b / a
+
+    def break_even(self, rows: int) -> float:
+        """The acceptance a drafted token needs in a step of ``rows`` decode rows to raise the
+        step's tokens per second: ``b * rows / (a + b * rows)``."""
+        share = self.row_share() * rows
+        return share / (1 + share)
 
 
 @dataclass
@@ -70,16 +112,21 @@ class Speculator:
         self.max_seq_len = max_seq_len
         self.drafter = NgramDrafter(config.min_match, config.max_match, config.max_draft)
         self.stats = SpeculationStats()
+        self.step_cost = StepCost()
+        self.acceptance = PRIOR_ACCEPTANCE  # the engine's, the prior of a new request's
 
-    def draft(self, request: Request, room: int) -> list[int]:
-        """Tokens to check after ``request``'s last one this step, at most ``room``."""
+    def draft(self, request: Request, room: int, decode_rows: int) -> list[int]:
+        """Tokens to check after ``request``'s last one this step (of ``decode_rows`` decode
+        rows), at most ``room``; none where they would not pay for their rows."""
         if not _may_draft(request):
             return []
         state = request.draft_state
         if state is None:
-            state = request.draft_state = DraftState(self.config.max_draft)
+            state = request.draft_state = DraftState(self.config.max_draft, self.acceptance)
         if state.paused_steps > 0:
             state.paused_steps -= 1
+            return []
+        if state.acceptance <= self.step_cost.break_even(decode_rows):
             return []
         # no token past the request's limits: the last check's own token is one more
         left = min(
@@ -90,6 +137,10 @@ class Speculator:
         draft = self.drafter.draft(request.token_ids, limit) if limit > 0 else []
         return _allowed(request, draft) if draft and request.grammar is not None else draft
 
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A decode-only step of ``rows`` rows (drafted ones included) took ``seconds``."""
+        self.step_cost.observe(rows, seconds)
+
     def record(self, request: Request, drafted: int, accepted: int) -> None:
         """A check of ``drafted`` tokens accepted ``accepted`` of them."""
         stats, state = self.stats, request.draft_state
@@ -97,8 +148,11 @@ class Speculator:
         stats.drafted += drafted
         stats.accepted += accepted
         stats.accepted_histogram[accepted] += 1
+        rate = accepted / drafted
+        self.acceptance += ACCEPTANCE_SMOOTHING * (rate - self.acceptance)
         if state is None:
             return
+        state.acceptance += ACCEPTANCE_SMOOTHING * (rate - state.acceptance)
         if accepted == drafted:
             state.length = min(self.config.max_draft, state.length + 1)
         else:

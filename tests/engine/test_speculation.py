@@ -16,7 +16,13 @@ from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel
 from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.speculation import MISSES_TO_PAUSE, DraftState, Speculator
+from engine.speculation import (
+    MISSES_TO_PAUSE,
+    PRIOR_ROW_SHARE,
+    DraftState,
+    Speculator,
+    StepCost,
+)
 from tests.support.kv_import import import_kv
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], list(range(3, 30)) * 2, [11, 12, 11, 12, 13]]
@@ -65,6 +71,7 @@ def with_oracle(loaded: LoadedModel, prompts, outputs, **speculative: int) -> LL
     assert engine.speculator is not None
     references = [list(p) + list(o) for p, o in zip(prompts, outputs, strict=True)]
     engine.speculator.drafter = OracleDrafter(references)  # type: ignore[assignment]
+    engine.speculator.acceptance = 1.0  # drafts from the start, whatever the tiny steps cost
     return engine
 
 
@@ -91,8 +98,10 @@ def test_ngram_drafts_on_repeating_prompts(tiny_loaded):
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     expected = engine_for(tiny_loaded, "off").generate(PROMPTS, params)
     engine = engine_for(tiny_loaded, min_match=1)
+    assert engine.speculator is not None
+    engine.speculator.acceptance = 1.0  # drafts from the start, whatever the tiny steps cost
     assert engine.generate(PROMPTS, params) == expected
-    assert engine.speculator is not None and engine.speculator.stats.drafted > 0
+    assert engine.speculator.stats.drafted > 0
 
 
 def test_limits_and_stop_strings_count_tokens_not_steps(tiny_loaded):
@@ -198,7 +207,7 @@ def test_drafts_shrink_grow_and_pause():
     speculator = Speculator(SpeculativeConfig(method="ngram", max_draft=4), max_seq_len=1024)
 
     class Stub:
-        draft_state = DraftState(length=4)
+        draft_state = DraftState(length=4, acceptance=0.5)
 
     request = Stub()
     speculator.record(request, drafted=4, accepted=1)  # type: ignore[arg-type]
@@ -210,3 +219,34 @@ def test_drafts_shrink_grow_and_pause():
     assert request.draft_state.paused_steps > 0 and request.draft_state.length == 1
     assert speculator.stats.checks == 2 + MISSES_TO_PAUSE
     assert speculator.stats.accepted_histogram[0] == MISSES_TO_PAUSE
+
+
+def test_the_step_cost_fit_and_its_break_even():
+    cost = StepCost()
+    assert cost.row_share() == PRIOR_ROW_SHARE  # nothing seen yet
+    for _ in range(100):  # steps of one size: no slope to fit, the prior's
+        cost.observe(8, 0.030)
+    assert cost.row_share() == PRIOR_ROW_SHARE
+    for _ in range(200):  # steps of 1 to 5 rows: 8 ms + 2 ms a row
+        for rows in range(1, 6):
+            cost.observe(rows, 0.008 + 0.002 * rows)
+    assert cost.row_share() == pytest.approx(0.25, rel=0.05)
+    assert cost.break_even(1) == pytest.approx(0.2, rel=0.05)
+    assert cost.break_even(1) < cost.break_even(8) < cost.break_even(32) < 1
+
+
+def test_drafts_stop_where_they_cannot_pay_for_their_rows(tiny_loaded):
+    """A request whose drafts are mostly rejected drafts alone in a step, where a row is
+    cheap, and not beside many rows, where it costs as much as a token is worth."""
+    engine = engine_for(tiny_loaded, min_match=1)
+    speculator = engine.speculator
+    assert speculator is not None
+    for _ in range(200):
+        for rows in range(1, 6):
+            speculator.observe_step(rows, 0.008 + 0.002 * rows)
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    request = engine.new_request(engine.request("r", PROMPTS[0], params, output_token_ids=(8,)))
+    request.num_computed_tokens = request.num_tokens - 1  # decoding: its output to compute
+    request.draft_state = DraftState(length=4, acceptance=0.4)
+    assert speculator.draft(request, room=4, decode_rows=1)  # 0.4 > 0.2
+    assert not speculator.draft(request, room=4, decode_rows=8)  # 0.4 < 16 / 24
