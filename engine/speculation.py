@@ -22,12 +22,14 @@ Worth it, or not at all: a drafted row costs compute whether its token is accept
 speculator fits the engine's decode steps to ``a + b * rows`` seconds (:class:`StepCost`); in a
 step of ``n`` decode rows a drafted token pays for itself when the share of it accepted beats
 ``b * n / (a + b * n)`` (a step's tokens per second then rise), so a request drafts only while its
-own acceptance (an average over its checks, from the engine's as a prior) clears that share: on
-one stream a cheap row is worth a low acceptance, in a full batch of rows bound by compute almost
-none is. Its draft length grows by one after a fully accepted draft and falls to the accepted
-count plus one otherwise; after ``MISSES_TO_PAUSE`` drafts in a row with nothing accepted it
-pauses for a number of steps that doubles with every further miss, up to ``MAX_PAUSE_STEPS``. A
-step grows to at most ``max_step_rows`` rows with drafts.
+own acceptance (its accepted / drafted tokens, the older checks fading, the engine's as a prior)
+clears that share: on one stream a cheap row is worth a low acceptance, in a full batch of rows
+bound by compute almost none is. A request below it drafts again after ``PROBE_AFTER_STEPS``
+steps, once, to learn whether its text turned quotable. Its draft length grows by one after a
+fully accepted draft and falls to the accepted count plus one otherwise; after
+``MISSES_TO_PAUSE`` drafts in a row with nothing accepted it pauses for a number of steps that
+doubles with every further miss, up to ``MAX_PAUSE_STEPS``. A step grows to at most
+``max_step_rows`` rows with drafts.
 
 A constrained request's draft is cut where its grammar stops allowing it (the matcher checks the
 draft without consuming it), and each of its rows is masked when it is sampled, by the matcher
@@ -47,8 +49,10 @@ from engine.request import Request
 
 MISSES_TO_PAUSE = 3
 MAX_PAUSE_STEPS = 64
-ACCEPTANCE_SMOOTHING = 0.3  # weight of a check in a request's (and the engine's) acceptance
+ACCEPTANCE_FADING = 0.2  # what an older check loses of its weight per newer check
 PRIOR_ACCEPTANCE = 0.5  # the engine's before any check
+PRIOR_TOKENS = 4.0  # drafted tokens' worth of weight a request's prior acceptance has
+PROBE_AFTER_STEPS = 8
 COST_SMOOTHING = 0.05  # weight of a step in the step cost fit
 PRIOR_ROW_SHARE = 0.25  # a row's cost / a step's fixed cost, until steps of several sizes are seen
 MIN_ROWS_SPREAD = 0.5  # rows: the standard deviation of the steps seen that fits a slope
@@ -56,14 +60,35 @@ MIN_FIXED_SHARE = 0.1  # of the mean step: the least fixed cost a fit may give
 
 
 @dataclass
+class Acceptance:
+    """Accepted / drafted tokens over checks, each older check's tokens fading."""
+
+    accepted: float
+    drafted: float
+
+    @classmethod
+    def prior(cls, rate: float) -> Acceptance:
+        return cls(rate * PRIOR_TOKENS, PRIOR_TOKENS)
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted > 0 else 0.0
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.accepted = self.accepted * (1 - ACCEPTANCE_FADING) + accepted
+        self.drafted = self.drafted * (1 - ACCEPTANCE_FADING) + drafted
+
+
+@dataclass
 class DraftState:
-    """A request's speculation so far: its next draft length, its acceptance (accepted /
-    drafted tokens, averaged over its checks) and its run of misses."""
+    """A request's speculation so far: its next draft length, its acceptance, its run of
+    misses, the steps it sits out and whether its next draft is a probe."""
 
     length: int
-    acceptance: float
+    acceptance: Acceptance
     misses: int = 0
     paused_steps: int = 0
+    probing: bool = False
 
 
 class StepCost:
@@ -113,7 +138,7 @@ class Speculator:
         self.drafter = NgramDrafter(config.min_match, config.max_match, config.max_draft)
         self.stats = SpeculationStats()
         self.step_cost = StepCost()
-        self.acceptance = PRIOR_ACCEPTANCE  # the engine's, the prior of a new request's
+        self.acceptance = Acceptance.prior(PRIOR_ACCEPTANCE)  # the engine's: a request's prior
 
     def draft(self, request: Request, room: int, decode_rows: int) -> list[int]:
         """Tokens to check after ``request``'s last one this step (of ``decode_rows`` decode
@@ -122,12 +147,16 @@ class Speculator:
             return []
         state = request.draft_state
         if state is None:
-            state = request.draft_state = DraftState(self.config.max_draft, self.acceptance)
+            prior = Acceptance.prior(self.acceptance.rate)
+            state = request.draft_state = DraftState(self.config.max_draft, prior)
         if state.paused_steps > 0:
             state.paused_steps -= 1
+            state.probing = state.paused_steps == 0
             return []
-        if state.acceptance <= self.step_cost.break_even(decode_rows):
+        if not state.probing and state.acceptance.rate <= self.step_cost.break_even(decode_rows):
+            state.paused_steps = PROBE_AFTER_STEPS
             return []
+        state.probing = False
         # no token past the request's limits: the last check's own token is one more
         left = min(
             request.max_output_tokens - request.num_output_tokens,
@@ -148,11 +177,10 @@ class Speculator:
         stats.drafted += drafted
         stats.accepted += accepted
         stats.accepted_histogram[accepted] += 1
-        rate = accepted / drafted
-        self.acceptance += ACCEPTANCE_SMOOTHING * (rate - self.acceptance)
+        self.acceptance.add(drafted, accepted)
         if state is None:
             return
-        state.acceptance += ACCEPTANCE_SMOOTHING * (rate - state.acceptance)
+        state.acceptance.add(drafted, accepted)
         if accepted == drafted:
             state.length = min(self.config.max_draft, state.length + 1)
         else:

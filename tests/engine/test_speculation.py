@@ -19,6 +19,8 @@ from engine.sampling_params import SamplingParams
 from engine.speculation import (
     MISSES_TO_PAUSE,
     PRIOR_ROW_SHARE,
+    PROBE_AFTER_STEPS,
+    Acceptance,
     DraftState,
     Speculator,
     StepCost,
@@ -71,7 +73,7 @@ def with_oracle(loaded: LoadedModel, prompts, outputs, **speculative: int) -> LL
     assert engine.speculator is not None
     references = [list(p) + list(o) for p, o in zip(prompts, outputs, strict=True)]
     engine.speculator.drafter = OracleDrafter(references)  # type: ignore[assignment]
-    engine.speculator.acceptance = 1.0  # drafts from the start, whatever the tiny steps cost
+    engine.speculator.acceptance = Acceptance.prior(1.0)  # drafts whatever tiny steps cost
     return engine
 
 
@@ -99,7 +101,7 @@ def test_ngram_drafts_on_repeating_prompts(tiny_loaded):
     expected = engine_for(tiny_loaded, "off").generate(PROMPTS, params)
     engine = engine_for(tiny_loaded, min_match=1)
     assert engine.speculator is not None
-    engine.speculator.acceptance = 1.0  # drafts from the start, whatever the tiny steps cost
+    engine.speculator.acceptance = Acceptance.prior(1.0)  # drafts whatever tiny steps cost
     assert engine.generate(PROMPTS, params) == expected
     assert engine.speculator.stats.drafted > 0
 
@@ -207,7 +209,7 @@ def test_drafts_shrink_grow_and_pause():
     speculator = Speculator(SpeculativeConfig(method="ngram", max_draft=4), max_seq_len=1024)
 
     class Stub:
-        draft_state = DraftState(length=4, acceptance=0.5)
+        draft_state = DraftState(length=4, acceptance=Acceptance.prior(0.5))
 
     request = Stub()
     speculator.record(request, drafted=4, accepted=1)  # type: ignore[arg-type]
@@ -247,6 +249,11 @@ def test_drafts_stop_where_they_cannot_pay_for_their_rows(tiny_loaded):
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
     request = engine.new_request(engine.request("r", PROMPTS[0], params, output_token_ids=(8,)))
     request.num_computed_tokens = request.num_tokens - 1  # decoding: its output to compute
-    request.draft_state = DraftState(length=4, acceptance=0.4)
+    request.draft_state = DraftState(length=4, acceptance=Acceptance.prior(0.4))
     assert speculator.draft(request, room=4, decode_rows=1)  # 0.4 > 0.2
     assert not speculator.draft(request, room=4, decode_rows=8)  # 0.4 < 16 / 24
+    for _ in range(PROBE_AFTER_STEPS):  # it sits out, then probes once
+        assert not speculator.draft(request, room=4, decode_rows=8)
+    assert request.draft_state.probing
+    assert speculator.draft(request, room=4, decode_rows=8)
+    assert not speculator.draft(request, room=4, decode_rows=8)
