@@ -212,6 +212,7 @@ class LLMEngine:
     def step(self) -> list[TokenEvent]:
         """Run one batched forward over everything scheduled; return the events it produced."""
         events, self._pending = self._pending, []
+        scheduling = time.monotonic()  # drafts are made there: their cost is the step's too
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return events
@@ -246,7 +247,7 @@ class LLMEngine:
         rows_computed = scheduled.num_decode_rows + scheduled.num_draft_tokens
         budget.observe(rows_computed, scheduled.num_prompt_tokens, seconds)
         if self.speculator is not None and not scheduled.num_prompt_tokens and rows_computed:
-            self.speculator.observe_step(rows_computed, seconds)
+            self.speculator.observe_step(rows_computed, time.monotonic() - scheduling)
         return events
 
     def _check_drafts(

@@ -21,7 +21,8 @@ hand-off or a migration moves nothing new.
 Worth it, or not at all: a drafted row costs compute whether its token is accepted or not. The
 speculator fits the engine's decode steps to ``a + b * rows`` seconds (:class:`StepCost`); in a
 step of ``n`` decode rows a drafted token pays for itself when the share of it accepted beats
-``b * n / (a + b * n)`` (a step's tokens per second then rise), so a request drafts only while its
+``b * n / (a + b * n)`` (a step's tokens per second then rise; the fit's steps include their
+scheduling, where drafts are made), so a request drafts only while its
 own acceptance (its accepted / drafted tokens, the older checks fading, the engine's as a prior)
 clears that share: on one stream a cheap row is worth a low acceptance, in a full batch of rows
 bound by compute almost none is. A request below it drafts again after ``PROBE_AFTER_STEPS``
@@ -57,6 +58,9 @@ COST_SMOOTHING = 0.05  # weight of a step in the step cost fit
 PRIOR_ROW_SHARE = 0.25  # a row's cost / a step's fixed cost, until steps of several sizes are seen
 MIN_ROWS_SPREAD = 0.5  # rows: the standard deviation of the steps seen that fits a slope
 MIN_FIXED_SHARE = 0.1  # of the mean step: the least fixed cost a fit may give
+# a drafted token must beat the break-even by this much: the fit is of steps as they were, and
+# a step with more rows also waits longer for its slowest thread, which a mean hides
+BREAK_EVEN_MARGIN = 1.2
 
 
 @dataclass
@@ -115,9 +119,9 @@ class StepCost:
 
     def break_even(self, rows: int) -> float:
         """The acceptance a drafted token needs in a step of ``rows`` decode rows to raise the
-        step's tokens per second: ``b * rows / (a + b * rows)``."""
+        step's tokens per second: ``b * rows / (a + b * rows)``, times ``BREAK_EVEN_MARGIN``."""
         share = self.row_share() * rows
-        return share / (1 + share)
+        return BREAK_EVEN_MARGIN * share / (1 + share)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from engine.model.loader import LoadedModel
 from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.speculation import (
+    BREAK_EVEN_MARGIN,
     MISSES_TO_PAUSE,
     PRIOR_ROW_SHARE,
     PROBE_AFTER_STEPS,
@@ -233,8 +234,8 @@ def test_the_step_cost_fit_and_its_break_even():
         for rows in range(1, 6):
             cost.observe(rows, 0.008 + 0.002 * rows)
     assert cost.row_share() == pytest.approx(0.25, rel=0.05)
-    assert cost.break_even(1) == pytest.approx(0.2, rel=0.05)
-    assert cost.break_even(1) < cost.break_even(8) < cost.break_even(32) < 1
+    assert cost.break_even(1) == pytest.approx(0.2 * BREAK_EVEN_MARGIN, rel=0.05)
+    assert cost.break_even(1) < cost.break_even(8) < cost.break_even(32) < BREAK_EVEN_MARGIN
 
 
 def test_drafts_stop_where_they_cannot_pay_for_their_rows(tiny_loaded):
@@ -250,7 +251,7 @@ def test_drafts_stop_where_they_cannot_pay_for_their_rows(tiny_loaded):
     request = engine.new_request(engine.request("r", PROMPTS[0], params, output_token_ids=(8,)))
     request.num_computed_tokens = request.num_tokens - 1  # decoding: its output to compute
     request.draft_state = DraftState(length=4, acceptance=Acceptance.prior(0.4))
-    assert speculator.draft(request, room=4, decode_rows=1)  # 0.4 > 0.2
+    assert speculator.draft(request, room=4, decode_rows=1)  # 0.4 > 0.2 * 1.2
     assert not speculator.draft(request, room=4, decode_rows=8)  # 0.4 < 16 / 24
     for _ in range(PROBE_AFTER_STEPS):  # it sits out, then probes once
         assert not speculator.draft(request, room=4, decode_rows=8)
