@@ -221,7 +221,7 @@ class SpeculativeConfig:
     max_draft: int = bounded(4, 1, 16, "speculative_max_draft")  # tokens drafted per request
     # a step's rows (decode rows plus drafted tokens) speculation grows it to, at most: under
     # load, the step's rows are the batch's own and nothing is drafted
-    max_step_rows: int = bounded(16, 1, 1024, "speculative_max_step_rows")
+    max_step_rows: int = bounded(8, 1, 1024, "speculative_max_step_rows")
 
     def __post_init__(self) -> None:
         check_fields(self)

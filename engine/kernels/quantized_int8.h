@@ -58,16 +58,6 @@ inline void set_activation_dtype(const std::string& name) {
 
 inline std::string activation_dtype() { return int8_activations().load() ? "int8" : "float32"; }
 
-// Batch invariance (set_batch_invariant(true), speculative decoding): 8-bit activations take
-// every row count, so a decode row's arithmetic never depends on how many rows share its step
-// (the float32 kernels sum each row alike in any tile anyway).
-inline std::atomic<bool>& batch_invariant() {
-  static std::atomic<bool> on{false};
-  return on;
-}
-
-inline void set_batch_invariant(bool on) { batch_invariant().store(on); }
-
 template <Kind K>
 bool uses_int8(int64_t M) {
   return !is_half(K) && int8_activations().load(std::memory_order_relaxed) &&

@@ -94,6 +94,17 @@ inline void prefetch_row_ahead(const uint8_t* row, int64_t n, int64_t end, int64
                    (b1 - b0) * block_bytes(K));
 }
 
+// Batch invariance (set_batch_invariant(true), speculative decoding): a decode row's result
+// never depends on how many rows share its step. The float32 tiles sum every row alike anyway;
+// it makes a lone row take them too, not the single-row kernels (another order), and 8-bit
+// activations take every row count.
+inline std::atomic<bool>& batch_invariant() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+inline void set_batch_invariant(bool on) { batch_invariant().store(on); }
+
 // Multiply-adds a thread should get at least, so small layers do not pay for a thread start.
 constexpr int64_t kMinWorkPerThread = 1 << 15;
 

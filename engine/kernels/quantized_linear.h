@@ -153,6 +153,7 @@ void prepare_rows(const float* x, int64_t M, int64_t blocks, RowScratch& scratch
 #if PDSERVE_HAS_X86
     case KernelPath::simd_avx512: return simd_avx512::prepare_x_sums<K>(x, M, blocks, scratch.x_sums);
     case KernelPath::simd_avx2: return simd_avx2::prepare_x_sums<K>(x, M, blocks, scratch.x_sums);
+    case KernelPath::legacy_avx2: return prepare_x_sum_pairs<K>(x, M, blocks, scratch.x_sums);
 #endif
     default: return;
   }
@@ -171,7 +172,8 @@ void linear_rows_any(int64_t begin, int64_t end, const uint8_t* weight, int64_t 
                                               scratch.x_sums.data(), out);
     case KernelPath::legacy_avx2:
       if constexpr (K == Kind::q4_1)
-        return linear_rows_avx2<K>(begin, end, weight, ldo, blocks, x, M, out);
+        return linear_rows_avx2<K>(begin, end, weight, ldo, blocks, x, M,
+                                   scratch.x_sums.data(), out);
       break;
     case KernelPath::simd_avx2:
       if constexpr (K != Kind::q4_1)

@@ -101,6 +101,12 @@ PDSERVE_TARGET float row_dot(const uint8_t* row, int64_t b0, int64_t b1, const f
   return V::hsum(V::add(even, odd)) + (even_offsets + odd_offsets);
 }
 
+// Rows of x a tile takes, and the accumulators (FMA chains) of each row: 8 rows of 2 chains
+// keep 16 of AVX-512's 32 registers; AVX2's 16 hold 8 rows of 1 (a lone row not batch
+// invariant takes row_dot, which has 2).
+constexpr int64_t kTileRows = 8;
+constexpr int kChains = V::L == 16 ? 2 : 1;
+
 // R rows of x against one weight row of `blocks` blocks: each sub-block becomes its float
 // weights once, in registers, bit for bit as ggml dequantizes them, and meets all R rows. Each
 // row's sum is taken in one order whatever R is, so a row gives the same bits alone or in any
@@ -112,9 +118,10 @@ PDSERVE_TARGET void rows_dot(const uint8_t* row, int64_t blocks, const float* x,
                              float* out, int64_t ldo) {
   constexpr int64_t W = block_weights(K), S = sub_blocks(K), SW = sub_weights(K);
   constexpr int64_t vectors = SW / V::L;
-  static_assert((W / V::L) % 2 == 0, "a block's vectors pair up");
-  F acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
+  static_assert((W / V::L) % kChains == 0, "a block's vectors share the chains alike");
+  F acc[R][kChains];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kChains; ++c) acc[r][c] = V::zero();
   Unpacked<K> u;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = row + b * block_bytes(K);
@@ -129,17 +136,19 @@ PDSERVE_TARGET void rows_dot(const uint8_t* row, int64_t blocks, const float* x,
         const float* xr = x + r * ldx + b * W + s * SW;
 #pragma GCC unroll 4
         for (int64_t i = 0; i < vectors; ++i) {
-          F& chain = acc[r][(s * vectors + i) % 2];
+          F& chain = acc[r][(s * vectors + i) % kChains];
           chain = V::fmadd(w[i], V::load(xr + i * V::L), chain);
         }
       }
     }
   }
-  for (int r = 0; r < R; ++r) out[r * ldo] = V::hsum(V::add(acc[r][0], acc[r][1]));
+  for (int r = 0; r < R; ++r) {
+    F total = acc[r][0];
+    if constexpr (kChains == 2) total = V::add(total, acc[r][1]);
+    out[r * ldo] = V::hsum(total);
+  }
 }
 
-// Rows of x a tile takes: as many as keep the accumulators in registers (2 vectors a row).
-constexpr int64_t kTileRows = V::L == 16 ? 8 : 4;
 
 template <Kind K>
 PDSERVE_TARGET void rows_dot_any(int rows, const uint8_t* row, int64_t blocks, const float* x,
