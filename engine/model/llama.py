@@ -173,7 +173,8 @@ class LlamaModel:
             hidden = self._layers(hidden, batch, kv_caches)
         last = hidden[batch.logits_indices]
         last = F.rms_norm(last, (last.shape[-1],), self.norm, self.eps)
-        logits = self.lm_head.rowwise(last) if self.batch_invariant else self.lm_head(last)
+        rowwise = self.batch_invariant and last.shape[0] > 1
+        logits = self.lm_head.rowwise(last) if rowwise else self.lm_head(last)
         return logits.float()
 
     def _fused_decode(

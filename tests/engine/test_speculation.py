@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from engine.config import CacheConfig, EngineConfig, SpeculativeConfig
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from engine.constraint import Constraint
 from engine.kv_events import STORED
 from engine.llm_engine import LLMEngine
@@ -258,3 +258,17 @@ def test_drafts_stop_where_they_cannot_pay_for_their_rows(tiny_loaded):
     assert request.draft_state.probing
     assert speculator.draft(request, room=4, decode_rows=8)
     assert not speculator.draft(request, room=4, decode_rows=8)
+
+
+def test_a_chunked_prompt_step_with_no_row_to_sample(tiny_loaded):
+    """A batch-invariant step may sample nothing (a prompt chunk mid-way): the LM head then
+    computes no row."""
+    config = EngineConfig(
+        model_path=str(tiny_loaded.path),
+        device="cpu",
+        batch_invariant=True,
+        scheduler=SchedulerConfig(max_prefill_tokens=16),
+    )
+    engine = LLMEngine(config, tiny_loaded)
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    assert len(engine.generate([list(range(3, 43))], params)[0]) == 4
