@@ -70,7 +70,7 @@ class Metrics:
         self._declare_transfers()
         self._declare_latencies()
         self._declare_grammars()
-        self._declare_speculation()
+        self._speculating = False  # its families are declared once a worker speculates
         self._declare_replicas()
 
     def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
@@ -209,7 +209,10 @@ class Metrics:
         )
 
     def _declare_speculation(self) -> None:
-        """Speculative decoding's figures (engine/speculation.py), as each worker counts them."""
+        """Speculative decoding's figures (engine/speculation.py), as each worker counts them:
+        declared when the first worker reports a check, so a service that does not speculate
+        exports no empty families of them."""
+        self._speculating = True
         self.speculative_checks = self._polled(
             "speculative_checks", "Drafts a worker checked against the model"
         )
@@ -288,6 +291,8 @@ class Metrics:
             self.grammar_masked_rows.observe(labels, load.pid, stats.grammar_masked_rows)
             self.grammar_mask_seconds.observe(labels, load.pid, stats.grammar_mask_seconds)
             if stats.speculative_checks:
+                if not self._speculating:
+                    self._declare_speculation()
                 self._record_speculation(labels, load.pid, stats)
 
     def _declare_replicas(self) -> None:
