@@ -382,6 +382,60 @@ def render_speculation(data: dict[str, Any]) -> str:
 SPECULATION_SIDES = ("off", "invariant", "ngram")
 
 
+def render_served_speculation(data: dict[str, Any]) -> str:
+    """Speculation served, against llama-server's best n-gram speculation (served_speculation)."""
+    tuning = data.get("tuning") or {}
+    tuned = ", ".join(
+        f"`{spec}` {figure['median']:.1f}" if "median" in figure else f"`{spec}` failed"
+        for spec, figure in tuning.items()
+    )
+    chosen = (
+        f"chosen on the prompts of seed {data['tuning_seed']} (grounded, one stream, tokens/s: "
+        f"{tuned})"
+        if tuning
+        else "given"
+    )
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"{data['file']}, pdserve `{data['mode']}` with speculation off and `ngram` (defaults); "
+        f"llama-server with {data['llama_threads']} threads and {data['llama_slots']} slots, "
+        f"without speculation and with `{data['llama_spec']}`, {chosen}. {data['tokens']} greedy "
+        f"tokens a stream on `/v1/completions`, prompts drawn by seed {data['seed']}. Output "
+        "tokens/s, median [min-max] over rounds; ratios median [95 % interval]; acceptance = "
+        "accepted / drafted tokens:",
+        "",
+        "| workload:streams | pdserve off | pdserve ngram | llama off | llama ngram "
+        "| pdserve ngram / off | llama ngram / off | pdserve ngram / llama ngram "
+        "| acceptance pdserve, llama | verdicts |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, entry in data["cases"].items():
+        rates = " | ".join(
+            _cell(entry["tokens_per_s"][side], 1) for side in SERVED_SPECULATION_SIDES
+        )
+        ratios = " | ".join(
+            _ratio_cell(entry["ratios"][name], 3)
+            for name in (
+                "pdserve_ngram/pdserve_off",
+                "llama_ngram/llama_off",
+                "pdserve_ngram/llama_ngram",
+            )  # fmt: skip
+        )
+        acceptance = ", ".join(
+            "-" if entry["acceptance"][side] is None else f"{entry['acceptance'][side]:.2f}"
+            for side in ("pdserve_ngram", "llama_ngram")
+        )
+        verdicts = "; ".join(
+            f"{name}: {goal['goal']} {goal['verdict']}" for name, goal in entry["goals"].items()
+        )
+        lines.append(f"| {case} | {rates} | {ratios} | {acceptance} | {verdicts or '-'} |")
+    return "\n".join(lines)
+
+
+SERVED_SPECULATION_SIDES = ("pdserve_off", "pdserve_ngram", "llama_off", "llama_ngram")
+
+
 def render_prompt_dtype(data: dict[str, Any]) -> str:
     lines = [
         provenance(data["_meta"]),
@@ -780,6 +834,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "accuracy": render_accuracy,
     "kv_dtype": render_kv_dtype,
     "speculation": render_speculation,
+    "served_speculation": render_served_speculation,
     "prompt_dtype": render_prompt_dtype,
     "decode_limit": render_decode_limit,
     "soak": render_soak,

@@ -86,7 +86,8 @@ def gguf_of(model: str) -> Path:
 
 
 class LlamaServer:
-    """A running ``llama-server`` (``stop`` ends it); its log is ``log``."""
+    """A running ``llama-server`` (``stop`` ends it); its log is ``log``; ``extra``: more of its
+    options (e.g. its speculative decoding)."""
 
     def __init__(
         self,
@@ -96,6 +97,7 @@ class LlamaServer:
         log: Path,
         setting: ServerSetting,
         context_per_slot: int = CONTEXT_PER_SLOT,
+        extra: tuple[str, ...] = (),
     ) -> None:
         command = [
             str(folder / SERVER[0]),
@@ -109,6 +111,7 @@ class LlamaServer:
             "-b", str(setting.batch),
             "-ub", str(setting.ubatch),
             "--no-webui",
+            *extra,
         ]  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
         self.command = command
