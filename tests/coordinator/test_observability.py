@@ -1,19 +1,22 @@
 """Observability as operators see it: the coordinator's real ``/metrics`` through ``promtool``, the
 Prometheus alert rules and their unit tests, and the Grafana dashboard, whose every query a real
-Prometheus answers while it scrapes the running coordinators."""
+Prometheus answers while it scrapes the running coordinators (the shared three, and one more here
+whose decode worker speculates, for the speculative decoding panels)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import re
+from collections.abc import Iterator
 
 import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.coordinator_servers import infer
+from testbed.coordinator_process import CoordinatorProcess, start_coordinator
+from tests.support.coordinator_servers import backend, infer
 from tests.support.metrics_names import (
     CONSTRAINED,
     DASHBOARD,
@@ -21,6 +24,7 @@ from tests.support.metrics_names import (
     FIGURES,
     PLAIN,
     PROMETHEUS_DIR,
+    REPEATING,
     STREAMED,
     _api,
     _exprs,
@@ -45,9 +49,32 @@ from tests.support.metrics_names import (
 
 
 @pytest.fixture(scope="module")
-def exercised(servers) -> dict[str, str]:
+def observed(servers, tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, CoordinatorProcess]]:
+    """The shared coordinators and ``speculating``: pd_separate whose decode worker drafts
+    (``speculative_method: ngram``, a one-token match enough)."""
+    config = {
+        "backend_config": backend(
+            tiny_model_dir, speculative_method="ngram", speculative_min_match=1
+        )
+    }
+    speculating = start_coordinator(tmp_path_factory.mktemp("speculating"), config)
+    try:
+        speculating.wait_ready()
+        yield {**servers, "speculating": speculating}
+    finally:
+        assert speculating.stop() == 0
+
+
+def _speculated(server: CoordinatorProcess) -> bool:
+    return "speculative_checks_by_accepted_total{" in _metrics(server)
+
+
+@pytest.fixture(scope="module")
+def exercised(observed) -> dict[str, str]:
     """Each server's /metrics after real traffic: plain and streamed /infer on zmq, /infer with
-    the api key on grpc, and a request refused for max_requests on single."""
+    the api key on grpc, a request refused for max_requests on single, and prompts that repeat
+    to speculating until its decode worker's checks are counted."""
+    servers = observed
     zmq, grpc = servers["zmq"], servers["grpc"]
     for server, body in ((zmq, PLAIN), (zmq, STREAMED), (grpc, PLAIN), (grpc, STREAMED)):
         response = infer(server, body)
@@ -57,6 +84,14 @@ def exercised(servers) -> dict[str, str]:
         assert response.status_code == 200, response.text
     assert httpx.post(grpc.url("predict_port", "/infer"), json=PLAIN).status_code == 401
     _overload(servers["single"])
+    speculating = servers["speculating"]
+
+    def speculated() -> bool:
+        response = infer(speculating, REPEATING)
+        assert response.status_code == 200, response.text
+        return _speculated(speculating)
+
+    _wait_until(speculated, 60, "the speculating decode worker's checks in /metrics")
     return {name: _metrics(server) for name, server in servers.items()}
 
 
@@ -178,7 +213,8 @@ def test_dashboard_uses_only_exported_names_and_shows_every_family(exercised):
 
 
 @pytest.mark.ray
-def test_every_dashboard_query_answers_from_a_real_prometheus(servers, exercised, tmp_path):
+def test_every_dashboard_query_answers_from_a_real_prometheus(observed, exercised, tmp_path):
+    servers = observed
     targets = {name: f"127.0.0.1:{s.ports['external_port']}" for name, s in servers.items()}
     config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
     intervals = ("scrape_interval", "scrape_timeout", "evaluation_interval")

@@ -44,6 +44,14 @@ CONSTRAINED = {
 }
 
 
+# a prompt whose words repeat, to the coordinator that speculates: the n-gram drafter finds a
+# match in it at once, so its checks (and the speculative_* series) come with every request
+REPEATING = {
+    "inputs": "red blue red blue red blue red blue red",
+    "parameters": {"max_new_tokens": 8, "ignore_eos": True},
+}
+
+
 RATE_WINDOW = "10s"  # stands for Grafana's $__rate_interval etc. under 1 s scraping
 
 
@@ -65,6 +73,15 @@ FIGURES = {
     "constrained requests by kind": ("constrained_requests_total",),
     "constraint compiles": ("grammar_compile_seconds_bucket", "grammar_cache_hits_total"),
     "grammar masking per worker": ("grammar_mask_seconds_total", "grammar_masked_rows_total"),
+    "speculative acceptance": (
+        "speculative_accepted_tokens_total",
+        "speculative_drafted_tokens_total",
+    ),
+    "tokens per speculative check": (
+        "speculative_accepted_tokens_total",
+        "speculative_checks_total",
+    ),
+    "speculative acceptance histogram": ("speculative_checks_by_accepted_total",),
 }
 
 
@@ -75,6 +92,8 @@ WORKER_FIGURES = (
     "KV cache usage per worker and role",
     "per-instance queue depth",
     "per-instance batch size",
+    "speculative acceptance",
+    "tokens per speculative check",
 )
 
 
@@ -206,10 +225,14 @@ def _overload(server: CoordinatorProcess) -> None:
 
 @contextlib.contextmanager
 def _traffic(servers: dict[str, CoordinatorProcess]) -> Iterator[list[int | str]]:
-    """Requests to zmq and grpc without pause, so that every rate() window sees some."""
+    """Requests to zmq and grpc (and to the speculating server, if there) without pause, so that
+    every rate() window sees some."""
     stop, statuses = threading.Event(), []
     sent = (PLAIN, STREAMED, CONSTRAINED)
-    bodies = itertools.cycle([(servers[n], b) for b in sent for n in ("zmq", "grpc")])
+    pairs = [(servers[n], b) for b in sent for n in ("zmq", "grpc")]
+    if "speculating" in servers:
+        pairs += [(servers["speculating"], REPEATING)] * 2
+    bodies = itertools.cycle(pairs)
     specs = itertools.count()
 
     def send() -> None:
