@@ -403,12 +403,13 @@ def render_served_speculation(data: dict[str, Any]) -> str:
         f"without speculation and with `{data['llama_spec']}`, {chosen}. {data['tokens']} greedy "
         f"tokens a stream on `/v1/completions`, prompts drawn by seed {data['seed']}. Output "
         "tokens/s, median [min-max] over rounds; ratios median [95 % interval]; acceptance = "
-        "accepted / drafted tokens:",
+        "accepted / drafted tokens; same text: the share of a speculating server's answers "
+        "that are, character for character, those of the same server without speculation:",
         "",
         "| workload:streams | pdserve off | pdserve ngram | llama off | llama ngram "
         "| pdserve ngram / off | llama ngram / off | pdserve ngram / llama ngram "
-        "| acceptance pdserve, llama | verdicts |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| acceptance pdserve, llama | same text as off pdserve, llama | verdicts |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case, entry in data["cases"].items():
         rates = " | ".join(
@@ -429,7 +430,10 @@ def render_served_speculation(data: dict[str, Any]) -> str:
         verdicts = "; ".join(
             f"{name}: {goal['goal']} {goal['verdict']}" for name, goal in entry["goals"].items()
         )
-        lines.append(f"| {case} | {rates} | {ratios} | {acceptance} | {verdicts or '-'} |")
+        same = ", ".join(
+            f"{entry['same_text'][side]:.0%}" for side in ("pdserve_ngram", "llama_ngram")
+        )
+        lines.append(f"| {case} | {rates} | {ratios} | {acceptance} | {same} | {verdicts or '-'} |")
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ FILES = (
     "accuracy",
     "kv_dtype",
     "speculation",
+    "served_speculation",
     "prompt_dtype",
     "decode_limit",
     "soak",
