@@ -9,36 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import kernels
-from engine.kernels import isa, quantized
+from engine.kernels import quantized
 from tests.support.gguf_blocks import random_blocks
-from tests.support.prerequisites import require
 
 ALL_KINDS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "f16", "bf16"]
 INTEGER_KINDS = ALL_KINDS[:8]
 ROW_COUNTS = [2, 3, 5, 8, 9, 13, 17, 33]
-
-
-@pytest.fixture(scope="module")
-def native():
-    missing = kernels.missing_toolchain()
-    require(missing is None, f"{missing}: the native kernel cannot be built here")
-    module = kernels.build_extension(quantized.SOURCE)
-    yield module
-    isa.apply_isa(module)
-    module.set_activation_dtype("float32")
-    module.set_batch_invariant(False)
-
-
-@pytest.fixture(params=["avx512", "avx2", "scalar"])
-def path(request, native):
-    if request.param == "avx512" and not isa.avx512_runs(native):
-        pytest.skip("AVX-512 F/BW/VL does not run here (cpuid or the probe says no)")
-    if request.param == "avx2" and not native.avx2_supported():
-        pytest.skip("this CPU lacks AVX2, FMA or F16C")
-    native.set_isa(request.param)
-    yield native
-    isa.apply_isa(native)
 
 
 def _case(kind: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,35 +33,35 @@ def _assert_rows_alone(module, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
-def test_float32_rows_are_summed_alike_in_any_tile(path, kind):
-    path.set_batch_invariant(True)
+def test_float32_rows_are_summed_alike_in_any_tile(native_path, kind):
+    native_path.set_batch_invariant(True)
     try:
-        _assert_rows_alone(path, kind)
+        _assert_rows_alone(native_path, kind)
     finally:
-        path.set_batch_invariant(False)
+        native_path.set_batch_invariant(False)
 
 
 @pytest.mark.parametrize("kind", ["q4_k", "q8_0", "q4_1"])
-def test_without_invariance_only_a_lone_row_is_summed_otherwise(path, kind):
+def test_without_invariance_only_a_lone_row_is_summed_otherwise(native_path, kind):
     """Invariance off, a step of one row takes the single-row kernel (scales per sub-block);
     rows of larger steps still agree with each other in any tile."""
     blocks, x = _case(kind)
-    tiled = path.quantized_linear(x, blocks, kind)
+    tiled = native_path.quantized_linear(x, blocks, kind)
     for m in ROW_COUNTS:
-        assert torch.equal(path.quantized_linear(x[:m], blocks, kind), tiled[:m])
-    lone = path.quantized_linear(x[:1], blocks, kind)
+        assert torch.equal(native_path.quantized_linear(x[:m], blocks, kind), tiled[:m])
+    lone = native_path.quantized_linear(x[:1], blocks, kind)
     torch.testing.assert_close(lone, tiled[:1], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", INTEGER_KINDS)
-def test_int8_rows_are_invariant_once_asked(path, kind):
-    path.set_activation_dtype("int8")
-    path.set_batch_invariant(True)
+def test_int8_rows_are_invariant_once_asked(native_path, kind):
+    native_path.set_activation_dtype("int8")
+    native_path.set_batch_invariant(True)
     try:
-        _assert_rows_alone(path, kind)
+        _assert_rows_alone(native_path, kind)
     finally:
-        path.set_activation_dtype("float32")
-        path.set_batch_invariant(False)
+        native_path.set_activation_dtype("float32")
+        native_path.set_batch_invariant(False)
 
 
 def test_int8_without_invariance_leaves_larger_steps_to_float32(native):

@@ -22,7 +22,6 @@ from gguf.quants import dequantize as gguf_dequantize
 from engine import kernels
 from engine.kernels import isa, quantized
 from tests.support.gguf_blocks import offsets_only, random_blocks
-from tests.support.prerequisites import require
 
 RTOL = 1e-5
 INTEGER_KINDS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
@@ -31,16 +30,6 @@ INTEGER_KINDS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
 def max_rows(kind: str) -> int:
     """int8_max_rows: 8 rows of x for the K kinds, 4 for the 32-weight kinds."""
     return 8 if quantized.BLOCK_WEIGHTS[kind] == 256 else 4
-
-
-@pytest.fixture(scope="module")
-def native():
-    missing = kernels.missing_toolchain()
-    require(missing is None, f"{missing}: the native kernel cannot be built here")
-    module = kernels.build_extension(quantized.SOURCE)
-    yield module
-    isa.apply_isa(module)
-    module.set_activation_dtype("float32")
 
 
 @pytest.fixture(params=["vnni", "avx2", "scalar"])

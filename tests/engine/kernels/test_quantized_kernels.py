@@ -34,28 +34,6 @@ GGML_TYPES = {kind: GGMLQuantizationType[kind.upper()] for kind in ALL_KINDS}
 KINDS = ["q4_1", "q8_0"]  # the kinds the shape-by-shape tests run (through quantize)
 
 
-@pytest.fixture(scope="module")
-def native():
-    missing = kernels.missing_toolchain()
-    require(missing is None, f"{missing}: the native kernel cannot be built here")
-    module = kernels.build_extension(quantized.SOURCE)  # a compile error fails every user
-    yield module
-    isa.apply_isa(module)
-
-
-@pytest.fixture(params=["avx512", "avx2", "scalar"])
-def native_path(request, native):
-    """The native module, running the AVX-512, the AVX2 or the portable scalar path."""
-    if request.param == "avx512" and not isa.avx512_runs(native):
-        pytest.skip("AVX-512 F/BW/VL does not run here (cpuid or the probe says no)")
-    if request.param == "avx2" and not native.avx2_supported():
-        pytest.skip("this CPU lacks AVX2, FMA or F16C")
-    native.set_isa(request.param)
-    assert native.isa() == request.param
-    yield native
-    isa.apply_isa(native)
-
-
 @pytest.fixture(params=["native", "torch"])
 def backend(request, monkeypatch):
     """``quantized_linear`` with the native module (AVX2 where the CPU has it) or without one."""
