@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from coordinator.polled_counter import PolledCounter
+from coordinator.tier_metrics import TierMetrics
 from engine.grammars import GrammarCache
 from engine.outputs import EngineStats
 from workers.contracts import WorkerLoad, WorkerReport
@@ -44,23 +46,6 @@ COMPILE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "lark")
 
 
-class PolledCounter:
-    """A counter per worker fed with a figure the worker counts up itself: each figure seen adds
-    what it gained over the one seen before. A worker with a new pid restarted and counts from zero,
-    so its whole figure is added; a lower figure from the same process (a load answered with the
-    stats of an earlier engine step) adds nothing until the figure passes the last one again."""
-
-    def __init__(self, counter: Counter) -> None:
-        self.counter = counter
-        self._last: dict[tuple[str, ...], tuple[int, float]] = {}  # labels -> (pid, figure)
-
-    def observe(self, labels: tuple[str, ...], pid: int, figure: float) -> None:
-        last_pid, last = self._last.get(labels, (pid, 0))
-        base = last if pid == last_pid else 0
-        self.counter.labels(*labels).inc(max(figure - base, 0))
-        self._last[labels] = (pid, max(figure, base))
-
-
 class Metrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
@@ -71,6 +56,7 @@ class Metrics:
         self._declare_latencies()
         self._declare_grammars()
         self._speculating = False  # its families are declared once a worker speculates
+        self._tiers: TierMetrics | None = None  # ... and the KV tiers' once a worker has tiers
         self._declare_replicas()
 
     def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
@@ -294,6 +280,10 @@ class Metrics:
                 if not self._speculating:
                     self._declare_speculation()
                 self._record_speculation(labels, load.pid, stats)
+            if stats.kv_tiers:
+                if self._tiers is None:
+                    self._tiers = TierMetrics(self.registry, self.model_name)
+                self._tiers.record(labels, load.pid, stats)
 
     def _declare_replicas(self) -> None:
         """What several coordinators over one worker pool add (docs/replicas.md)."""

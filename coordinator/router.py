@@ -36,6 +36,7 @@ from coordinator.errors import NoWorkerError, TooManyRequests
 from coordinator.routing.cache_view import CacheView
 from coordinator.routing.choice import Route, candidate_pairs, choose_pair
 from coordinator.routing.config import RoutingConfig
+from coordinator.routing.tier_weights import tier_weights
 from coordinator.routing.worker_state import WorkerKey, WorkerState
 from coordinator.routing.worker_view import WorkerView
 from engine.prefix_hash import block_hashes, tenant_root
@@ -96,8 +97,8 @@ class Router:
             if routing.prefix_routing
             else []
         )
-        keys = {w.key for pair in pairs for w in pair if w is not None}
-        cached = self._cached_tokens(keys, token_ids, hashes, tenant, now)
+        workers = {w.key: w for pair in pairs for w in pair if w is not None}
+        cached = self._cached_tokens(workers, token_ids, hashes, tenant, now)
         choice = choose_pair(pairs, bool(view.prefills), len(token_ids), cached, exclude, routing)
         if choice.prefill is not None:
             choice.prefill.pending_tokens += choice.prefill_tokens
@@ -120,20 +121,20 @@ class Router:
 
     def _cached_tokens(
         self,
-        keys: set[WorkerKey],
+        workers: dict[WorkerKey, WorkerState],
         token_ids: Sequence[int],
         hashes: list[bytes],
         tenant: str,
         now: float,
     ) -> dict[WorkerKey, int]:
         """Tokens of ``token_ids`` each worker should find cached (never the last one: the
-        engines compute it)."""
+        engines compute it); a block in one of its KV tiers counts for the share of its compute
+        a load saves (``coordinator/routing/tier_weights.py``)."""
         block_size = self.routing.block_size
         max_blocks = max(len(token_ids) - 1, 0) // block_size
-        return {
-            key: min(
-                self.cache.num_cached(key, token_ids, hashes, tenant, now, block_size), max_blocks
-            )
-            * block_size
-            for key in keys
-        }
+        cached = {}
+        for key, worker in workers.items():
+            weights = tier_weights(worker.stats, block_size)
+            found = self.cache.num_cached(key, token_ids, hashes, tenant, now, block_size, weights)
+            cached[key] = round(min(found, max_blocks) * block_size)
+        return cached

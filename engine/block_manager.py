@@ -11,20 +11,31 @@ the longest run of cached blocks that starts its tokens (``match`` + ``take``), 
 rest. A hash match is confirmed by the block's own tokens and its parent's hash, so a collision can
 never serve another prefix's KV (``num_collisions`` counts the ones caught). Cached free blocks
 count as free for admission: ``allocate`` hands out never-used blocks first, then evicts cached
-ones, oldest first; a block in use is never evicted. Each hash cached and each one evicted is an
-event of ``events`` (``engine.kv_events``), which the coordinators' routers mirror.
+ones, oldest first (a session's blocks, ``prefer``, last); a block in use is never evicted. Each
+hash cached and each one evicted is an event of ``events`` (``engine.kv_events``), which the
+coordinators' routers mirror.
+
+KV tiers (``engine.kv_tiers``, when configured): every cached block evicted is handed to
+``on_evict`` first (its pages still intact), and :meth:`promote` extends a prefix the cache holds
+with the blocks a tier holds, loaded into newly allocated blocks and cached like computed ones.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from engine.kv_events import REMOVED, STORED, KvEventLog, KvSnapshot
+from engine.kv_events import DEMOTED, REMOVED, STORED, KvEventLog, KvSnapshot, tier_kind
 from engine.prefix_hash import extend_block_hashes, tenant_root
 
+if TYPE_CHECKING:
+    from engine.kv_tiers.tiers import KvTiers
+
 MAX_TENANT_ROOTS = 4096  # tenants whose chain roots are kept computed
+EvictedBlock = tuple[int, bytes, bytes, tuple[int, ...]]  # block id, hash, parent hash, tokens
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,9 @@ class BlockManager:
         self._tenant_roots: dict[str, bytes] = {}
         self._empty: deque[int] = deque(range(num_blocks))  # free, holding nothing worth keeping
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free, cached; oldest first
+        # free, cached, of a session (prefer): evicted only once no other cached block is left
+        self._kept: OrderedDict[int, None] = OrderedDict()
+        self._preferred: dict[bytes, float] = {}  # block hash -> kept until (time.monotonic)
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}  # block -> its hash, for cached blocks
         self._cached: dict[bytes, CachedBlock] = {}
@@ -54,11 +68,17 @@ class BlockManager:
         self.num_queried_tokens = 0  # tokens looked up (counted once per admission)
         self.num_hit_tokens = 0  # of those, tokens found cached
         self.events = KvEventLog(root)  # what routers mirror (engine/kv_events.py)
+        # evicted cached blocks as (block id, hash, parent hash, tokens), before their reuse; it
+        # answers the tier each is kept in (None: not kept), for the events
+        self.on_evict: Callable[[list[EvictedBlock]], list[str | None]] | None
+        self.on_evict = None
+        self.tiers: KvTiers | None = None  # where promote looks past the cache
+        self.num_promoted_blocks = 0
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks a request may be given: empty ones plus cached ones nobody uses."""
-        return len(self._empty) + len(self._evictable)
+        return len(self._empty) + len(self._evictable) + len(self._kept)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -80,24 +100,35 @@ class BlockManager:
         if not self.can_allocate(num_blocks):
             raise RuntimeError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
         block_ids = []
+        evicted = []
         for _ in range(num_blocks):
             if self._empty:
                 block_id = self._empty.popleft()
             else:
-                block_id, _ = self._evictable.popitem(last=False)
+                free = self._evictable or self._kept
+                block_id, _ = free.popitem(last=False)
                 block_hash = self._hash_of.pop(block_id)
-                del self._cached[block_hash]
-                self.events.record(REMOVED, block_hash)
+                entry = self._cached.pop(block_hash)
+                evicted.append((block_id, block_hash, entry.parent, entry.tokens))
             self._refs[block_id] = 1
             block_ids.append(block_id)
+        if evicted:
+            kept: list[str | None] = [None] * len(evicted)
+            if self.on_evict is not None:
+                kept = self.on_evict(evicted)
+            for (_, block_hash, *_), tier in zip(evicted, kept, strict=True):
+                kind = tier_kind(DEMOTED, tier) if tier else REMOVED
+                self.events.record(kind, block_hash)
         return block_ids
 
     def take(self, cached: Sequence[int]) -> list[int]:
         """Share the cached blocks ``cached`` (from :meth:`match`): one more user each."""
         for block_id in cached:
             if self._refs[block_id] == 0:
-                del self._evictable[block_id]
+                (self._evictable if block_id in self._evictable else self._kept).pop(block_id)
             self._refs[block_id] += 1
+        if self.tiers is not None:
+            self.tiers.note_hits([self._hash_of[b] for b in cached if b in self._hash_of])
         return list(cached)
 
     def free(self, block_ids: list[int]) -> None:
@@ -110,10 +141,32 @@ class BlockManager:
             self._refs[block_id] -= 1
             if self._refs[block_id] == 0:
                 if block_id in self._hash_of:
-                    self._evictable[block_id] = None
+                    kept = self._preferred.get(self._hash_of[block_id], 0.0) > time.monotonic()
+                    (self._kept if kept else self._evictable)[block_id] = None
                 else:
                     self._empty.append(block_id)
         block_ids.clear()
+
+    # ---- sessions ----------------------------------------------------------------------------
+
+    def prefer(self, block_ids: Sequence[int], until: float) -> None:
+        """Keep the cached blocks among ``block_ids`` (a session's: ``prompt_cache_key``) until
+        ``until`` (``time.monotonic``): once free, they are evicted after every other cached
+        block, and their tiers keep them likewise. Call it before freeing them."""
+        for block_id in block_ids:
+            block_hash = self._hash_of.get(block_id)
+            if block_hash is not None:
+                self._preferred[block_hash] = max(until, self._preferred.get(block_hash, 0.0))
+
+    def is_preferred(self, block_hash: bytes) -> bool:
+        return self._preferred.get(block_hash, 0.0) > time.monotonic()
+
+    def expire_preferences(self, now: float) -> None:
+        """Blocks whose session's time is over become evictable like any other."""
+        self._preferred = {h: t for h, t in self._preferred.items() if t > now}
+        for block_id in [b for b in self._kept if self._hash_of[b] not in self._preferred]:
+            del self._kept[block_id]
+            self._evictable[block_id] = None
 
     # ---- the prefix cache ----------------------------------------------------------------------
 
@@ -173,6 +226,31 @@ class BlockManager:
             found.append(entry.block_id)
         return found
 
+    def promote(
+        self, hashes: Sequence[bytes], token_ids: Sequence[int], start: int, tenant: str = ""
+    ) -> list[int]:
+        """Blocks ``start``, ``start + 1``, ... of ``token_ids`` (``hashes`` from
+        :meth:`lookup`, which leaves the last token to compute) that a tier holds, up to the first
+        it does not: loaded into new blocks, cached under their hashes, one user each (the
+        caller's). The caller has room for them (``can_take`` with every block it needs)."""
+        if self.tiers is None or not self.enabled:
+            return []
+        stop = max(len(token_ids) - 1, 0) // self.block_size
+        root = self.root_of(tenant)
+        records = self.tiers.find(hashes, token_ids, start, stop, root, self.block_size)
+        if not records:
+            return []
+        block_ids = self.allocate(len(records))
+        self.tiers.load_into(block_ids, records)
+        for block_id, record in zip(block_ids, records, strict=True):
+            if record.block_hash in self._cached:
+                continue  # the cache holds this block elsewhere: this copy stays private
+            self._cached[record.block_hash] = CachedBlock(block_id, record.parent, record.tokens)
+            self._hash_of[block_id] = record.block_hash
+            self.events.record(STORED, record.block_hash)
+        self.num_promoted_blocks += len(block_ids)
+        return block_ids
+
     def register(
         self,
         block_ids: Sequence[int],
@@ -201,6 +279,13 @@ class BlockManager:
             self._hash_of[block_id] = block_hash
             self.events.record(STORED, block_hash)
 
+    def cached_block(self, block_hash: bytes) -> EvictedBlock | None:
+        """The cached block of ``block_hash`` as ``(block id, hash, parent hash, tokens)``."""
+        entry = self._cached.get(block_hash)
+        return None if entry is None else (entry.block_id, block_hash, entry.parent, entry.tokens)
+
     def kv_snapshot(self) -> KvSnapshot:
-        """Every cached hash as of the latest event (call it where the blocks change)."""
-        return self.events.snapshot(list(self._cached))
+        """Every cached hash as of the latest event (call it where the blocks change), and the
+        blocks the tiers hold."""
+        tiered = self.tiers.held() if self.tiers is not None else ()
+        return self.events.snapshot(list(self._cached), tiered)

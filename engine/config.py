@@ -132,9 +132,24 @@ class CacheConfig:
     # enablePrefixCaching: full blocks stay cached after their request and are reused by any
     # later request with the same prefix (engine/block_manager.py)
     enable_prefix_caching: bool = flag(True, "enablePrefixCaching")
+    # KV tiers under the prefix cache (engine/kv_tiers): evicted blocks kept in a node-shared
+    # folder of shared memory and on disk, each capped (0: no such tier)
+    host_tier_mb: int = bounded(0, 0, 1 << 24, "kv_host_tier_mb")
+    host_tier_path: str = "/dev/shm/pdserve-kv"  # kv_host_tier_path
+    disk_tier_mb: int = bounded(0, 0, 1 << 30, "kv_disk_tier_mb")
+    disk_tier_path: str = ""  # kv_disk_tier_path
+    # demotions of a block before it is written to disk (a block served from a tier: at once)
+    disk_admit_after: int = bounded(2, 1, 64, "kv_disk_admit_after")
+    # a request with a prompt_cache_key keeps its blocks this long after it ends: evicted after
+    # every other cached block, in the cache and in every tier (0: no sessions)
+    session_ttl_s: int = bounded(600, 0, 7 * 86400, "kv_session_ttl_s")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.disk_tier_mb and not self.disk_tier_path:
+            raise ConfigError("kv_disk_tier_mb needs kv_disk_tier_path: the disk tier's folder")
+        if (self.host_tier_mb or self.disk_tier_mb) and not self.enable_prefix_caching:
+            raise ConfigError("KV tiers keep the prefix cache's blocks: enablePrefixCaching is off")
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,9 @@ class EngineLoop:
         self._next_housekeeping = now + HOUSEKEEPING_PERIOD_S
         try:
             self.engine.importer.expire_reservations(now)
+            self.engine.blocks.expire_preferences(now)
+            if not self.engine.has_work():  # idle: what a restart should find goes to disk
+                self.engine.checkpoint_tiers()
         except Exception:
             log.exception("housekeeping failed")
         self._hook("on_housekeeping")

@@ -1,7 +1,11 @@
 """The prefix cache's changes as a numbered event stream, for routers to mirror it.
 
 The block manager records each block hash it caches (``stored``) and each one it evicts
-(``removed``); every event gets the next sequence number of this log. A reader asks for the events
+(``removed``); with KV tiers (``engine/kv_tiers``), an evicted block kept in a tier is
+``demoted:<tier>`` instead (a demotion is never a removal: the block is still the worker's to
+serve, at its tier's cost), and one the tiers lose (a write skipped or failed, a file deleted for
+room) is ``dropped:<tier>``; a block loaded back from a tier is ``stored`` again. Every event gets
+the next sequence number of this log. A reader asks for the events
 after the last number it has seen (:meth:`KvEventLog.since`); the log keeps the latest
 ``capacity`` events for that (the replay buffer), so a reader that fell further behind, or one
 starting fresh, is told to resynchronise from a snapshot of the cached hashes instead
@@ -22,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 
 STORED, REMOVED = "stored", "removed"
+DEMOTED, DROPPED = "demoted", "dropped"  # with a tier: "demoted:host", "dropped:disk"
 DEFAULT_CAPACITY = 16384  # events kept for replay (a block hash is 16 bytes)
 MAX_BATCH = 8192  # events handed out per read
 
@@ -41,12 +46,25 @@ class KvEventBatch:
 
 @dataclass(frozen=True)
 class KvSnapshot:
-    """Every hash cached as of event ``seq`` (later events apply on top)."""
+    """Every hash cached as of event ``seq`` (later events apply on top), and the blocks the
+    worker's KV tiers hold, each with its tier."""
 
     epoch: str
     root: bytes
     seq: int
     hashes: tuple[bytes, ...]
+    tiered: tuple[tuple[bytes, str], ...] = ()
+
+
+def tier_kind(kind: str, tier: str) -> str:
+    """The event kind of ``kind`` (``DEMOTED`` or ``DROPPED``) for ``tier``."""
+    return f"{kind}:{tier}"
+
+
+def split_kind(kind: str) -> tuple[str, str]:
+    """``(kind, tier)`` of an event's kind (tier "" for the cache's own events)."""
+    base, _, tier = kind.partition(":")
+    return base, tier
 
 
 class KvEventLog:
@@ -91,7 +109,10 @@ class KvEventLog:
             )
         return self.since(epoch, seq)
 
-    def snapshot(self, hashes: list[bytes]) -> KvSnapshot:
-        """A snapshot of ``hashes`` (every cached one, read on the engine thread, where events
-        are recorded: so they are exactly the state as of the latest event)."""
-        return KvSnapshot(self.epoch, self.root, self.last_seq, tuple(hashes))
+    def snapshot(
+        self, hashes: list[bytes], tiered: tuple[tuple[bytes, str], ...] = ()
+    ) -> KvSnapshot:
+        """A snapshot of ``hashes`` (every cached one, read on the engine thread, where the
+        cache's events are recorded: so they are exactly the state as of the latest event) and
+        ``tiered`` (the tiers' blocks: their writer's events may already be in it)."""
+        return KvSnapshot(self.epoch, self.root, self.last_seq, tuple(hashes), tiered)

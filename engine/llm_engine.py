@@ -21,6 +21,7 @@ tokens, and a finished one leaves its blocks cached for later requests.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -40,6 +41,7 @@ from engine.kernels import set_activation_dtype
 from engine.kernels.isa import resolved_prompt_matmul_dtype
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
+from engine.kv_tiers import tiers_for
 from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
@@ -54,6 +56,7 @@ from engine.token_accounting import output_limit
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 
 log = logging.getLogger(__name__)
+CHECKPOINT_BLOCKS = 256  # cached blocks an idle engine queues for the disk tier at a time
 
 
 class LLMEngine:
@@ -103,6 +106,12 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.blocks, self.speculator)
         self.runner = ModelRunner(self.model, self.kv_cache.layers, block_size, self.device)
         self.layout = _kv_layout(fingerprint, self.shape, str(self.kv_dtype), block_size)
+        self.session_ttl_s = config.cache.session_ttl_s  # prompt_cache_key: blocks kept longer
+        self.tiers = tiers_for(config.cache, self.layout, self.kv_cache)  # engine/kv_tiers
+        if self.tiers is not None:
+            self.blocks.on_evict, self.blocks.tiers = self.tiers.demote, self.tiers
+            self.tiers.events = self.blocks.events
+            self.tiers.keep = self.blocks.is_preferred
         self.requests: dict[str, Request] = {}
         self.importer = KVImporter(self)  # hand-offs received (engine/kv_import.py)
         self._pending: list[TokenEvent] = []
@@ -184,6 +193,7 @@ class LLMEngine:
             prefill_only=new.prefill_only,
             tenant=new.tenant,
             client=new.client,
+            cache_key=new.cache_key,
             arrival_time=new.arrival_time,
             generator=torch.Generator(device=self.device),
             grammar=self.grammars.state(params.constraint),
@@ -370,6 +380,8 @@ class LLMEngine:
         with self.importer.receive_lock:
             receiving, request.status = request.status, RequestStatus.FINISHED
         if receiving != RequestStatus.RECEIVING:  # else finish_receive frees them after the write
+            if request.cache_key and self.session_ttl_s:  # a session's: kept longer
+                self.blocks.prefer(request.block_ids, time.monotonic() + self.session_ttl_s)
             self.blocks.free(request.block_ids)
         request.finish_reason = reason
         del self.requests[request.request_id]
@@ -462,7 +474,31 @@ class LLMEngine:
             grammar_masked_rows=self.grammars.stats.masked_rows,
             grammar_mask_seconds=self.grammars.stats.mask_seconds,
             **self._speculation_stats(),
+            **self._tier_stats(),
         )
+
+    def checkpoint_tiers(self, limit: int = CHECKPOINT_BLOCKS) -> int:
+        """Queue for the disk tier up to ``limit`` reused blocks the cache still holds that it
+        lacks (engine/kv_tiers/tiers.py): the engine loop calls it while idle. Returns how
+        many."""
+        tiers = self.tiers
+        if tiers is None or tiers.disk is None:
+            return 0
+        due = (self.blocks.cached_block(h) for h in tiers.take_due(limit))
+        chosen = [block for block in due if block is not None and not tiers.on_disk(block[1])]
+        tiers.checkpoint(chosen)
+        return len(chosen)
+
+    def _tier_stats(self) -> dict[str, Any]:
+        if self.tiers is None:
+            return {}
+        return {
+            "kv_tiers": tuple(dataclasses.replace(s) for s in self.tiers.stats()),
+            "kv_tier_demoted": self.tiers.demoted,
+            "kv_tier_skipped": self.tiers.skipped,
+            "kv_tier_promoted": self.blocks.num_promoted_blocks,
+            "prompt_token_seconds": self.scheduler.step_budget.token_s,
+        }
 
     def _speculation_stats(self) -> dict[str, Any]:
         if self.speculator is None:

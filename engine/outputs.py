@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from engine.kv_tiers.file_tier import TierStats
 from engine.request import FinishReason
 
 # the cause of a request whose output cannot follow its constraint (engine/grammars.py): the
@@ -76,6 +77,13 @@ class EngineStats:
     speculative_drafted: int = 0
     speculative_accepted: int = 0
     speculative_accepted_histogram: tuple[int, ...] = ()
+    # KV tiers (engine/kv_tiers): each tier's figures, and blocks queued for them, skipped (the
+    # writer too far behind) and served from them (counters)
+    kv_tiers: tuple[TierStats, ...] = ()
+    kv_tier_demoted: int = 0
+    kv_tier_skipped: int = 0
+    kv_tier_promoted: int = 0
+    prompt_token_seconds: float = 0.0  # the engine's learnt compute time of a prompt token
 
     @property
     def num_used_blocks(self) -> int:

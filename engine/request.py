@@ -48,6 +48,8 @@ class NewRequest:
     # it shares blocks with its own tenant's requests only; "": no tenant
     tenant: str = ""
     client: str = ""  # whose request it is: the waiting queue takes clients in turn
+    # a conversation's key (OpenAI's prompt_cache_key): its blocks are kept longer (a session)
+    cache_key: str = ""
     arrival_time: float = field(default_factory=time.monotonic)  # its queueing counts from then
     prefill_only: bool = False  # stop after the first token and hold the KV for export
 
@@ -92,6 +94,7 @@ class Request:
     tenant: str = field(default="", repr=False)
     # whose request it is, for fair queuing within a priority (engine.fair_queue); "": one line
     client: str = field(default="", repr=False)
+    cache_key: str = field(default="", repr=False)  # a session's (NewRequest.cache_key)
     queue_round: int | None = field(default=None, repr=False)  # its turn there, kept if preempted
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None

@@ -17,7 +17,8 @@ grow preempts the lowest-ordered running request (possibly itself).
 Prefix caching: an admitted request first takes the longest cached prefix of its tokens
 (always leaving its last token to compute) and needs new blocks only for the rest; cached blocks
 nobody uses count as free. A preempted request frees its blocks like a finished one: those it
-filled stay cached, so its recompute mostly finds them again.
+filled stay cached, so its recompute mostly finds them again. With KV tiers, the blocks a tier
+holds after the cached prefix are loaded too (``BlockManager.promote``) and count as cached.
 """
 
 from __future__ import annotations
@@ -174,10 +175,15 @@ class Scheduler:
             if not self.blocks.can_take(cached, needed):
                 return  # the head of the queue waits for blocks; nothing jumps ahead of it
             self._waiting.pop()
-            self.blocks.count_lookup(request.num_tokens, len(cached))
-            request.block_ids = self.blocks.take(cached) + self.blocks.allocate(needed)
-            request.num_registered_blocks = len(cached)
-            request.num_computed_tokens = len(cached) * self.blocks.block_size
+            taken = self.blocks.take(cached)
+            taken += self.blocks.promote(
+                request.block_hashes, request.token_ids, len(cached), request.tenant
+            )  # the blocks a KV tier holds next (engine/kv_tiers), in blocks it needed
+            needed -= len(taken) - len(cached)
+            self.blocks.count_lookup(request.num_tokens, len(taken))
+            request.block_ids = taken + self.blocks.allocate(needed)
+            request.num_registered_blocks = len(taken)
+            request.num_computed_tokens = len(taken) * self.blocks.block_size
             if request.first_token_time is None:  # what its usage reports
                 request.num_cached_tokens = min(
                     request.num_computed_tokens, request.num_prompt_tokens

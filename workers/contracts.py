@@ -48,6 +48,9 @@ class GenerationRequest:
     # Whose request it is (coordinator.api.clients: a keyed hash of its API key, or of its
     # address): each engine's waiting queue takes clients in turn within a priority.
     client: str = ""
+    # A conversation's key (OpenAI's prompt_cache_key, the X-Prompt-Cache-Key header at every
+    # door; a hash of it): the workers keep its blocks longer (kv_session_ttl_s). "": none.
+    cache_key: str = ""
     # The coordinator that sent it: if that coordinator's lease on a worker lapses, the worker
     # aborts it (workers/leases.py). "": no coordinator (never aborted for a lease).
     owner: str = ""

@@ -170,6 +170,7 @@ class WorkerRuntime:
             priority=request.priority,
             tenant=request.tenant,
             client=request.client,
+            cache_key=request.cache_key,
             **fields,
         )
 

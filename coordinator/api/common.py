@@ -18,6 +18,7 @@ the events, which aborts the request on the workers.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -51,6 +52,7 @@ SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape in
 # being built at once, whatever arrives)
 LARGE_JSON_BYTES = 64 * 1024
 LARGE_JSON = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-json")
+CACHE_KEY_HEADER = "x-prompt-cache-key"  # a conversation's key at every door (sessions)
 
 
 OnError = Callable[[APIError], Response]
@@ -87,20 +89,28 @@ class Door:
     ) -> Events:
         """The service's events for ``ids`` under a new request id, as the tenant of the HTTP
         ``request``, metered against its client's token rate; ``fields``: the rest of the
-        :class:`GenerationRequest` (priority, clamped to what the client's key may ask; timeout)."""
+        :class:`GenerationRequest` (priority, clamped to what the client's key may ask; timeout;
+        ``cache_key``: OpenAI's ``prompt_cache_key``, else the ``X-Prompt-Cache-Key`` header)."""
         client = client_of(request)
         if "priority" in fields:
             fields["priority"] = client.priority(fields["priority"])
+        key = fields.pop("cache_key", None) or request.headers.get(CACHE_KEY_HEADER, "")
         new = GenerationRequest(
             self.service.new_request_id(),
             ids,
             params,
             tenant=tenant_of(request),
             client=client.key,
+            cache_key=session_key(key),
             **fields,
         )
         constrained = params.constraint is not None
         return client.metered(self.service.generate(new), params.max_new_tokens, constrained)
+
+
+def session_key(key: str) -> str:
+    """What the workers are told of a conversation's key: a hash ("" for none)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32] if key else ""
 
 
 def create_router(*routes: Route, prefixes: tuple[str, ...] = ("",)) -> APIRouter:

@@ -334,6 +334,25 @@ SCHEMA["backend_config"] = section(
     fed("enablePrefixCaching", "bool", engine("cache.enable_prefix_caching"), "engines keep "
         "full KV blocks after their request and reuse them for later prompts with the same "
         "prefix; `false` also turns `digs_scheduler_config.prefix_routing` off"),
+    fed("kv_host_tier_mb", "int", engine("cache.host_tier_mb"), "the node-shared KV tier: "
+        "blocks a worker's prefix cache evicts are kept in files in shared memory "
+        "(`kv_host_tier_path`), which every worker on the node reads, and a later prompt "
+        "starting with them loads them instead of computing them "
+        "([features.md](features.md#kv-tiers)); the folder's cap; `0`: no such tier",
+        unit="MiB"),
+    fed("kv_host_tier_path", "str", engine("cache.host_tier_path"), "the node-shared tier's "
+        "folder (a tmpfs), refused at start if another user can write to it"),
+    fed("kv_disk_tier_mb", "int", engine("cache.disk_tier_mb"), "the disk KV tier: evicted "
+        "blocks worth it (`kv_disk_admit_after`) are also written to `kv_disk_tier_path`, "
+        "which a restarted worker reads again; its cap; `0`: no such tier", unit="MiB"),
+    fed("kv_disk_tier_path", "str", engine("cache.disk_tier_path"), "the disk tier's folder "
+        "(needed with `kv_disk_tier_mb`), refused at start if another user can write to it"),
+    fed("kv_disk_admit_after", "int", engine("cache.disk_admit_after"), "a block is written "
+        "to disk on this many evictions (a block a tier served before: on its next)"),
+    fed("kv_session_ttl_s", "int", engine("cache.session_ttl_s"), "a request with a "
+        "conversation's key (OpenAI's `prompt_cache_key`, the `X-Prompt-Cache-Key` header at "
+        "every other door) keeps its blocks this long after it ends: evicted after every other "
+        "cached block, in the cache and in every KV tier; `0`: keys change nothing", unit="s"),
     fed("local_prefill_tokens", "int", routing("local_prefill_tokens"), "`pd_separate`: a "
         "prompt that leaves at most this many tokens to compute on its decode worker (after "
         "its cached prefix) is prefilled there, with no hand-off; `0`: never", low=0,

@@ -10,6 +10,11 @@ instead (a *resync*); the events that follow apply on top of it. Until then that
 confirming nothing: a resync can cost a cache hit, never send a request to a worker for blocks it
 does not hold. These hashes are the engines' own (rooted in the model fingerprint each worker
 reports, and the tenant, as ``engine.prefix_hash`` roots them), bounded by the worker's blocks.
+A block the worker demoted to one of its KV tiers (``engine/kv_tiers``: a ``demoted:<tier>``
+event) stays the worker's, in that tier, until a ``dropped:<tier>`` event says it lost it: a
+demotion is never a removal. A prefix counts each leading block the cache holds as one, and each
+one a tier holds as that tier's weight (``coordinator/routing/tier_weights.py``: the compute its
+load saves, as the worker measures both).
 
 **Dispatched**: what this router sent there and the events have not confirmed yet. These hashes
 are rooted at ``b""`` (or ``tenant_root(b"", tenant)``: one tenant's prefixes never draw another
@@ -23,15 +28,16 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.routing.worker_state import WorkerKey
-from engine.kv_events import REMOVED, STORED, KvEventBatch, KvSnapshot
+from engine.kv_events import DEMOTED, DROPPED, REMOVED, STORED, KvEventBatch, KvSnapshot, split_kind
 from engine.prefix_hash import block_hashes, tenant_root
 
 ROUTED_HINT_S = 5.0  # a dispatch to a worker with events counts this long
 DEFAULT_CAPACITY_BLOCKS = 4096  # a worker whose KV block count is not known yet
+MAX_TIERED_BLOCKS = 1 << 17  # a worker's tier blocks kept, at most (the oldest go)
 
 
 @dataclass
@@ -40,6 +46,7 @@ class WorkerCache:
     root: bytes = b""
     seq: int = -1  # the last event applied (-1: waiting for a snapshot)
     hashes: set[bytes] = field(default_factory=set)  # confirmed
+    tiered: dict[bytes, str] = field(default_factory=dict)  # confirmed in a tier: hash -> tier
     # dispatched: block hash (rooted at b"") -> when last sent, least recently sent first
     routed: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
 
@@ -50,6 +57,7 @@ class WorkerCache:
     def forget_events(self, epoch: str, root: bytes) -> None:
         self.epoch, self.root, self.seq = epoch, root, -1
         self.hashes.clear()
+        self.tiered.clear()
 
 
 class CacheView:
@@ -85,10 +93,7 @@ class CacheView:
             if seq != cache.seq + 1:  # never applied out of order
                 cache.forget_events(batch.epoch, batch.root)
                 return True
-            if kind == STORED:
-                cache.hashes.add(block_hash)
-            elif kind == REMOVED:
-                cache.hashes.discard(block_hash)
+            _apply_event(cache, kind, block_hash)
             cache.seq = seq
             self.num_events += 1
         if capacity and len(cache.hashes) > capacity:
@@ -101,14 +106,26 @@ class CacheView:
         cache = self._workers.setdefault(worker, WorkerCache())
         cache.epoch, cache.root, cache.seq = snapshot.epoch, snapshot.root, snapshot.seq
         cache.hashes = set(snapshot.hashes)
+        cache.tiered = dict(snapshot.tiered)
         self.num_resyncs += 1
 
-    def match_confirmed(self, worker: WorkerKey, hashes: Sequence[bytes]) -> int:
-        """Leading blocks of ``hashes`` (rooted at the worker's root) its events confirm."""
+    def match_confirmed(
+        self, worker: WorkerKey, hashes: Sequence[bytes], weights: Mapping[str, float] = {}
+    ) -> float:
+        """Leading blocks of ``hashes`` (rooted at the worker's root) its events confirm: one
+        for each in its cache, its tier's weight (``weights``) for each in a tier."""
         cache = self._workers.get(worker)
         if cache is None or not cache.confirms:
             return 0
-        return _leading(hashes, cache.hashes.__contains__)
+        found = 0.0
+        for block_hash in hashes:
+            if block_hash in cache.hashes:
+                found += 1
+            elif block_hash in cache.tiered:
+                found += weights.get(cache.tiered[block_hash], 0.0)
+            else:
+                break
+        return found
 
     # ---- this router's dispatches ----------------------------------------------------------------
 
@@ -160,10 +177,12 @@ class CacheView:
         tenant: str,
         now: float,
         block_size: int,
-    ) -> int:
+        weights: Mapping[str, float] = {},
+    ) -> float:
         """Leading blocks of ``token_ids`` the worker should find cached: what its events
-        confirm, or what was sent there lately (any time before expiry, for a worker without
-        events). ``routed_hashes``: the dispatch hashes of ``token_ids`` (none: nothing)."""
+        confirm (its tiers' blocks by ``weights``), or what was sent there lately (any time
+        before expiry, for a worker without events). ``routed_hashes``: the dispatch hashes of
+        ``token_ids`` (none: nothing)."""
         if not routed_hashes:
             return 0
         cache = self._workers.get(worker)
@@ -171,7 +190,7 @@ class CacheView:
             return self.match_dispatched(worker, routed_hashes, now)
         recent = self.match_dispatched(worker, routed_hashes, now, max_age_s=ROUTED_HINT_S)
         hashes = block_hashes(token_ids, block_size, tenant_root(cache.root, tenant))
-        return max(self.match_confirmed(worker, hashes), recent)
+        return max(self.match_confirmed(worker, hashes, weights), recent)
 
     def drop(self, worker: WorkerKey) -> None:
         """Forget everything about the worker (lost: back, if ever, with an empty cache)."""
@@ -180,6 +199,23 @@ class CacheView:
     def _expire(self, routed: OrderedDict[bytes, float], now: float) -> None:
         while routed and now - next(iter(routed.values())) > self.ttl_s:
             routed.popitem(last=False)
+
+
+def _apply_event(cache: WorkerCache, kind: str, block_hash: bytes) -> None:
+    base, tier = split_kind(kind)
+    if base == STORED:
+        cache.hashes.add(block_hash)
+        cache.tiered.pop(block_hash, None)
+    elif base == REMOVED:
+        cache.hashes.discard(block_hash)
+    elif base == DEMOTED:
+        cache.hashes.discard(block_hash)
+        cache.tiered.pop(block_hash, None)
+        cache.tiered[block_hash] = tier  # the newest last
+        if len(cache.tiered) > MAX_TIERED_BLOCKS:
+            del cache.tiered[next(iter(cache.tiered))]
+    elif base == DROPPED and cache.tiered.get(block_hash) == tier:
+        del cache.tiered[block_hash]
 
 
 def _leading(hashes: Sequence[bytes], held: Callable[[bytes], bool]) -> int:

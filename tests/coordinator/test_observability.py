@@ -51,10 +51,19 @@ from tests.support.metrics_names import (
 @pytest.fixture(scope="module")
 def observed(servers, tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, CoordinatorProcess]]:
     """The shared coordinators and ``speculating``: pd_separate whose decode worker drafts
-    (``speculative_method: ngram``, a one-token match enough)."""
+    (``speculative_method: ngram``, a one-token match enough) and whose workers have both KV
+    tiers (for the tiers' panels)."""
+    tiers = tmp_path_factory.mktemp("kv-tiers")
     config = {
         "backend_config": backend(
-            tiny_model_dir, speculative_method="ngram", speculative_min_match=1
+            tiny_model_dir,
+            speculative_method="ngram",
+            speculative_min_match=1,
+            maxIterTimes=64,  # answers long enough that a request which stopped drafting probes
+            kv_host_tier_mb=4,
+            kv_host_tier_path=str(tiers / "host"),
+            kv_disk_tier_mb=4,
+            kv_disk_tier_path=str(tiers / "disk"),
         )
     }
     speculating = start_coordinator(tmp_path_factory.mktemp("speculating"), config)

@@ -7,7 +7,8 @@ from engine.block_manager import BlockManager
 
 def check_consistent(blocks: BlockManager) -> None:
     """Raise AssertionError unless the free lists, counts and cache agree."""
-    empty, evictable = set(blocks._empty), set(blocks._evictable)
+    empty, evictable = set(blocks._empty), set(blocks._evictable) | set(blocks._kept)
+    assert not set(blocks._evictable) & set(blocks._kept), "a block is kept and evictable"
     assert len(empty) == len(blocks._empty), "a block is twice on the empty list"
     assert not empty & evictable, "a block is both empty and cached"
     for block_id, refs in enumerate(blocks._refs):

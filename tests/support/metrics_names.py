@@ -45,10 +45,11 @@ CONSTRAINED = {
 
 
 # a prompt whose words repeat, to the coordinator that speculates: the n-gram drafter finds a
-# match in it at once, so its checks (and the speculative_* series) come with every request
+# match in it at once, and a request that stopped drafting (the tiny model accepts little) tries
+# again every few steps of its 32, so checks (the speculative_* series) come with every request
 REPEATING = {
     "inputs": "red blue red blue red blue red blue red",
-    "parameters": {"max_new_tokens": 8, "ignore_eos": True},
+    "parameters": {"max_new_tokens": 32, "ignore_eos": True},
 }
 
 
@@ -82,6 +83,20 @@ FIGURES = {
         "speculative_checks_total",
     ),
     "speculative acceptance histogram": ("speculative_checks_by_accepted_total",),
+    "KV tier contents": ("kv_tier_bytes", "kv_tier_capacity_bytes", "kv_tier_blocks"),
+    "KV tier traffic": (
+        "kv_tier_demotions_total",
+        "kv_tier_stored_total",
+        "kv_tier_hits_total",
+        "kv_tier_promotions_total",
+        "kv_tier_evicted_total",
+    ),
+    "KV tier faults": (
+        "kv_tier_corrupt_total",
+        "kv_tier_failed_writes_total",
+        "kv_tier_demotions_skipped_total",
+        "kv_tier_load_seconds_total",
+    ),
 }
 
 
@@ -94,6 +109,9 @@ WORKER_FIGURES = (
     "per-instance batch size",
     "speculative acceptance",
     "tokens per speculative check",
+    "KV tier contents",
+    "KV tier traffic",
+    "KV tier faults",
 )
 
 
