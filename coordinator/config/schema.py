@@ -338,7 +338,7 @@ SCHEMA["backend_config"] = section(
         "blocks a worker's prefix cache evicts are kept in files in shared memory "
         "(`kv_host_tier_path`), which every worker on the node reads, and a later prompt "
         "starting with them loads them instead of computing them "
-        "([features.md](features.md#kv-tiers)); the folder's cap; `0`: no such tier",
+        "([features.md](features.md#the-engine)); the folder's cap; `0`: no such tier",
         unit="MiB"),
     fed("kv_host_tier_path", "str", engine("cache.host_tier_path"), "the node-shared tier's "
         "folder (a tmpfs), refused at start if another user can write to it"),
