@@ -440,6 +440,45 @@ def render_served_speculation(data: dict[str, Any]) -> str:
 SERVED_SPECULATION_SIDES = ("pdserve_off", "pdserve_ngram", "llama_off", "llama_ngram")
 
 
+def render_multi_turn(data: dict[str, Any]) -> str:
+    """Conversations revisited after eviction, with and without KV tiers (multi_turn)."""
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"{data['file']}; {data['conversations']} conversations, a turn each a round, "
+        f"{data['answer_tokens']} answer tokens; pdserve `single_node` with a KV cache of "
+        f"{data['kv_mb']} MiB and blocks of {data['block_size']} tokens; the host tier (and "
+        f"llama-server's `--cache-ram`) {data['host_mb']} MiB, the disk tier {data['disk_mb']} "
+        "MiB. TTFT p50 of a round's turns and the share of the reusable tokens served cached, "
+        "median [min-max] over rounds; ratios median [95 % interval]:",
+        "",
+        "| side | TTFT p50 ms | reusable tokens cached | verdict |",
+        "|---|---|---|---|",
+    ]
+    for side, entry in data["sides"].items():
+        ttft = {k: v * 1000 for k, v in entry["ttft_p50_s"].items() if k != "rounds"}
+        reuse = entry["reuse"]
+        shown = (
+            "-"
+            if reuse is None
+            else f"{reuse['median']:.0%} [{reuse['min']:.0%}-{reuse['max']:.0%}]"
+        )
+        lines.append(f"| {side} | {_cell(ttft, 0)} | {shown} | {entry.get('reuse_goal', '-')} |")
+    lines += ["", "| TTFT ratio | median [95 % interval] | goal |", "|---|---|---|"]
+    for name, ratio in data.get("ratios", {}).items():
+        lines.append(f"| {name} | {_ratio_cell(ratio, 3)} | {ratio['goal']}: {ratio['verdict']} |")
+    restart = data.get("restart")
+    if restart:
+        cached = restart["history_cached"]
+        lines += [
+            "",
+            f"The tiered worker killed (SIGKILL) and restarted by Ray: its conversations' next "
+            f"{restart['turns']} turns found {cached['min']:.0%} to {cached['max']:.0%} of their "
+            f"history cached ({restart['hits']} hits; {restart['goal']}: {restart['verdict']}).",
+        ]
+    return "\n".join(lines)
+
+
 def render_prompt_dtype(data: dict[str, Any]) -> str:
     lines = [
         provenance(data["_meta"]),
@@ -839,6 +878,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "kv_dtype": render_kv_dtype,
     "speculation": render_speculation,
     "served_speculation": render_served_speculation,
+    "multi_turn": render_multi_turn,
     "prompt_dtype": render_prompt_dtype,
     "decode_limit": render_decode_limit,
     "soak": render_soak,

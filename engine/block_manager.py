@@ -278,6 +278,8 @@ class BlockManager:
             self._cached[block_hash] = CachedBlock(block_id, parent, tokens)
             self._hash_of[block_id] = block_hash
             self.events.record(STORED, block_hash)
+            if self.tiers is not None:
+                self.tiers.note_cached([block_hash])
 
     def cached_block(self, block_hash: bytes) -> EvictedBlock | None:
         """The cached block of ``block_hash`` as ``(block id, hash, parent hash, tokens)``."""

@@ -478,16 +478,23 @@ class LLMEngine:
         )
 
     def checkpoint_tiers(self, limit: int = CHECKPOINT_BLOCKS) -> int:
-        """Queue for the disk tier up to ``limit`` reused blocks the cache still holds that it
-        lacks (engine/kv_tiers/tiers.py): the engine loop calls it while idle. Returns how
-        many."""
+        """Queue up to ``limit`` cached blocks for the tiers that lack them (engine/kv_tiers/
+        tiers.py): every block to the node-shared tier, the reused ones to disk. The engine loop
+        calls it while idle, so a restarted worker finds what this one computed. Returns how
+        many blocks it queued."""
         tiers = self.tiers
-        if tiers is None or tiers.disk is None:
+        if tiers is None:
             return 0
-        due = (self.blocks.cached_block(h) for h in tiers.take_due(limit))
-        chosen = [block for block in due if block is not None and not tiers.on_disk(block[1])]
-        tiers.checkpoint(chosen)
-        return len(chosen)
+        queued = 0
+        for due, to_host, to_disk in (
+            (tiers.take_due(limit), False, True),
+            (tiers.take_due_host(limit), True, False),
+        ):
+            cached = (self.blocks.cached_block(h) for h in due)
+            chosen = [b for b in cached if b is not None and not (to_disk and tiers.on_disk(b[1]))]
+            tiers.checkpoint(chosen, to_host, to_disk)
+            queued += len(chosen)
+        return queued
 
     def _tier_stats(self) -> dict[str, Any]:
         if self.tiers is None:

@@ -25,9 +25,11 @@ turn's prompt shares with the conversation's previous one, by the model's tokeni
 answers report cached (``usage.prompt_tokens_details.cached_tokens``; llama-server's
 ``timings.cache_n``).
 
-After the rounds, unless ``--no-kill``: ``tiers_disk``'s worker is killed (SIGKILL), Ray starts it
-again, and every conversation's next turn is sent: each reports how much of its history came
-from the disk tier the new worker read back.
+After the rounds, unless ``--no-kill``: ``tiers_disk``'s worker, idle for ``IDLE_BEFORE_KILL_S``
+(turns come minutes apart: a crash falls between them), is killed (SIGKILL), Ray starts it again,
+and every conversation's next turn is sent: each reports how much of its history came from the
+tiers the new worker read back (the node-shared tier outlives the process, the disk tier the
+node).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ GOALS = {
 }
 REUSE_GOAL = 0.85  # cached / reusable tokens, tiers on
 RESTART_GOAL = 0.9  # cached / history tokens, the first turn after a restart
+IDLE_BEFORE_KILL_S = 2.0  # the worker idle this long before it is killed
 
 
 @dataclass
@@ -93,10 +96,11 @@ class Side:
 class Workload:
     """The conversations and their turns, the same for every side."""
 
-    def __init__(self, tokenizer: Any, count: int, seed: int) -> None:
+    def __init__(self, tokenizer: Any, count: int, seed: int, chars: int = 0) -> None:
+        """``chars``: each passage cut to that many characters (0: whole)."""
         self.tokenizer = tokenizer
         self.rng = random.Random(f"multi_turn/{seed}")
-        self.texts = passages()
+        self.texts = [p[:chars] if chars else p for p in passages()]
         self.conversations = [Conversation(self.rng.choice(self.texts)) for _ in range(count)]
         self.last: list[list[int]] = [[] for _ in range(count)]  # each one's latest prompt
 
@@ -212,6 +216,7 @@ def llama_side(args: argparse.Namespace) -> Iterator[Side]:
 def kill_and_return(side: Side, prompts: list[tuple[str, int]], tokens: int) -> dict[str, Any]:
     """Kill the side's worker, wait for Ray's restart, send ``prompts``: the share of each
     history served from the tiers the new worker read back."""
+    time.sleep(IDLE_BEFORE_KILL_S)  # a crash between turns, not in the middle of one
     before = httpx.get(side.manage_url, timeout=10).json()
     pids = {entry["pid"] for entry in _instances(before)}
     for pid in pids:
@@ -249,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sides", default=",".join(SIDES), help=f"of {SIDES}")
     parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--answer-tokens", type=int, default=8)
+    parser.add_argument("--passage-chars", type=int, default=0, help="cut passages (0: whole)")
     parser.add_argument("--kv-mb", type=int, default=96, help="each pdserve worker's KV cache")
     parser.add_argument("--host-mb", type=int, default=2048, help="host tier / --cache-ram")
     parser.add_argument("--disk-mb", type=int, default=4096)
@@ -265,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     result_file = ResultFile.start(args, argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(resolve_model_dir(args.model))
-    workload = Workload(tokenizer, args.conversations, args.seed)
+    workload = Workload(tokenizer, args.conversations, args.seed, args.passage_chars)
     planned = [workload.round_prompts() for _ in range(1 + args.rounds)]  # the first dropped
     result: dict[str, Any] = {
         "file": gguf_of(args.model).name if "llama" in names else Path(args.model).name,

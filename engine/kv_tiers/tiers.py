@@ -87,6 +87,7 @@ class KvTiers:
         self._demotions: OrderedDict[bytes, int] = OrderedDict()
         self._hit: OrderedDict[bytes, None] = OrderedDict()  # reused: from the cache or a tier
         self._due: OrderedDict[bytes, None] = OrderedDict()  # reused, not on disk yet
+        self._due_host: OrderedDict[bytes, None] = OrderedDict()  # cached, not in host yet
         self._to_disk: OrderedDict[bytes, None] = OrderedDict()  # written or queued there
         self._queue: queue.Queue[tuple[BlockRecord, bool, bool] | None] = queue.Queue()
         self._pending_bytes = 0
@@ -119,13 +120,28 @@ class KvTiers:
         """Queue the blocks being evicted: their pages are copied now (before anything
         overwrites them) and written by the writer thread. Returns the tier each is kept in
         (``host`` before ``disk``; None: in none), for the cache's events."""
-        return self._queue_blocks(evicted, to_host=True)
+        return self._queue_blocks(evicted, host=self.host is not None, disk=None)
 
-    def checkpoint(self, cached: Sequence[EvictedBlock]) -> None:
-        """Queue cached blocks (still in the cache) for the disk tier alone: what an idle
-        worker writes so that a restart finds them (:meth:`LLMEngine.checkpoint_tiers`)."""
-        if self.disk is not None:
-            self._queue_blocks(cached, to_host=False)
+    def checkpoint(self, cached: Sequence[EvictedBlock], to_host: bool, to_disk: bool) -> None:
+        """Queue cached blocks (still in the cache) for the node-shared tier and/or the disk
+        tier: what an idle worker writes so that a restarted worker finds them
+        (:meth:`LLMEngine.checkpoint_tiers`)."""
+        self._queue_blocks(cached, host=to_host and self.host is not None,
+                           disk=to_disk and self.disk is not None)  # fmt: skip
+
+    def note_cached(self, hashes: Sequence[bytes]) -> None:
+        """Blocks the cache registered just now: due in the node-shared tier once idle."""
+        if self.host is None:
+            return
+        with self._lock:
+            for block_hash in hashes:
+                _remember(self._due_host, block_hash)
+
+    def take_due_host(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` of the cached blocks not written to the node-shared tier yet."""
+        with self._lock:
+            taken = min(limit, len(self._due_host))
+            return [self._due_host.popitem(last=False)[0] for _ in range(taken)]
 
     def note_hits(self, hashes: Sequence[bytes]) -> None:
         """Blocks a prompt reused (from the cache, or a tier): worth a disk write, now (by
@@ -148,17 +164,21 @@ class KvTiers:
                 return True
         return self.disk is not None and block_hash in self.disk
 
-    def _queue_blocks(self, blocks: Sequence[EvictedBlock], to_host: bool) -> list[str | None]:
-        if not blocks:
-            return []
+    def _queue_blocks(
+        self, blocks: Sequence[EvictedBlock], host: bool, disk: bool | None
+    ) -> list[str | None]:
+        """Copy the blocks' pages now and queue them for the tiers named (``disk`` None: a
+        demotion, admitted to disk by ``_admit``); the tier each is kept in, or None."""
+        if not blocks or not (host or disk is not False):
+            return [None] * len(blocks)
         raw = self._export([block_id for block_id, *_ in blocks]).view(torch.uint8)
         kept: list[str | None] = []
         for index, (_, block_hash, parent, tokens) in enumerate(blocks):
             payload = raw[:, :, index].contiguous().numpy().tobytes()
             with self._lock:
-                host = to_host and self.host is not None
-                disk = self.disk is not None and (not to_host or self._admit(block_hash))
-                if not (host or disk):
+                demotion = disk is None
+                to_disk = self.disk is not None and (self._admit(block_hash) if demotion else disk)
+                if not (host or to_disk):
                     kept.append(None)
                     continue
                 if self._pending_bytes + len(payload) > self.settings.max_pending_bytes:
@@ -166,11 +186,12 @@ class KvTiers:
                     kept.append(None)
                     continue
                 self._pending_bytes += len(payload)
-                self.demoted += to_host
-                if disk:
+                self.demoted += demotion
+                if to_disk:
                     _remember(self._to_disk, block_hash)
+                self._due_host.pop(block_hash, None)
             kept.append("host" if host else "disk")
-            self._queue.put((BlockRecord(block_hash, parent, tokens, payload), host, disk))
+            self._queue.put((BlockRecord(block_hash, parent, tokens, payload), host, to_disk))
         return kept
 
     def _admit(self, block_hash: bytes) -> bool:

@@ -16,6 +16,7 @@ def test_multi_turn_toy_run(tmp_path, tiny_model_dir):
     argv = ["--model", str(tiny_model_dir), "--sides", "tiers_off,tiers_disk"]
     argv += ["--conversations", "3", "--rounds", "1", "--answer-tokens", "2", "--kv-mb", "1"]
     argv += ["--host-mb", "8", "--disk-mb", "8", "--workdir", str(tmp_path / "work")]
+    argv += ["--passage-chars", "100"]  # the tiny model takes 1024 tokens
     result = run_benchmark("multi_turn", tmp_path / "multi_turn.json", *argv, timeout_s=400)
     off, disk = result["sides"]["tiers_off"], result["sides"]["tiers_disk"]
     assert off["ttft_p50_s"]["median"] > 0 and disk["ttft_p50_s"]["median"] > 0

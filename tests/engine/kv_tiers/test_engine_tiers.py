@@ -159,3 +159,12 @@ def test_a_demotion_the_writer_cannot_keep_is_dropped(tiny_loaded, tmp_path):
     events = engine.blocks.events.since(engine.blocks.events.epoch, 0).events
     assert {kind for _, kind, _ in events} >= {"demoted:host", "dropped:host"}
     assert host.stats.failed_writes >= 10
+
+
+def test_an_idle_worker_copies_what_it_computed_to_the_shared_tier(tiny_loaded, tmp_path):
+    shared = {"host_tier_mb": 4, "host_tier_path": str(tmp_path / "shm")}
+    engine = _engine(tiny_loaded, tmp_path, **shared)
+    computed, _ = _run(engine, PROMPT)
+    assert engine.checkpoint_tiers() >= 10 and engine.checkpoint_tiers() == 0
+    engine.tiers.flush()  # the worker dies with every block still in its cache
+    assert _run(_engine(tiny_loaded, tmp_path, **shared), PROMPT) == (computed, 40)
