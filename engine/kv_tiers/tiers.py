@@ -177,7 +177,8 @@ class KvTiers:
             payload = raw[:, :, index].contiguous().numpy().tobytes()
             with self._lock:
                 demotion = disk is None
-                to_disk = self.disk is not None and (self._admit(block_hash) if demotion else disk)
+                admitted = self._admit(block_hash) if disk is None else disk
+                to_disk = self.disk is not None and admitted
                 if not (host or to_disk):
                     kept.append(None)
                     continue
