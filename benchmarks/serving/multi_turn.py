@@ -231,7 +231,7 @@ def kill_and_return(side: Side, prompts: list[tuple[str, int]], tokens: int) -> 
     else:
         raise TimeoutError("the killed worker did not come back in 300 s")
     turns = run_turns(side, prompts, tokens)
-    shares = [c / r for c, r in zip(turns.cached, turns.reusable, strict=True) if r]
+    shares = [min(c / r, 1.0) for c, r in zip(turns.cached, turns.reusable, strict=True) if r]
     return {
         "killed_pids": sorted(pids),
         "turns": len(shares),

@@ -28,6 +28,7 @@ FILES = (
     "kv_dtype",
     "speculation",
     "served_speculation",
+    "multi_turn",
     "prompt_dtype",
     "decode_limit",
     "soak",
