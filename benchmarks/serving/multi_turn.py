@@ -150,7 +150,9 @@ class Turns:
 
 async def _turns(target: Target, prompts: list[tuple[str, int]], tokens: int) -> Turns:
     out = Turns()
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as client:
+    # a connection per turn: llama-server may close a kept-alive one just as it is reused
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10), limits=limits) as client:
         for prompt, reusable in prompts:
             record = await send(client, target, WorkItem(prompt, tokens))
             if not record.ok or record.ttft_s is None:
