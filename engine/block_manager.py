@@ -163,6 +163,8 @@ class BlockManager:
 
     def expire_preferences(self, now: float) -> None:
         """Blocks whose session's time is over become evictable like any other."""
+        if not self._preferred:
+            return
         self._preferred = {h: t for h, t in self._preferred.items() if t > now}
         for block_id in [b for b in self._kept if self._hash_of[b] not in self._preferred]:
             del self._kept[block_id]

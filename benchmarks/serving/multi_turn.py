@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import signal
 import statistics
 import time
@@ -122,12 +123,7 @@ class Workload:
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([a, b]))
 
 
 @dataclass
@@ -192,14 +188,7 @@ def pdserve_side(args: argparse.Namespace, name: str) -> Iterator[Side]:
         )
     finally:
         stop_pdserve(process)
-        _remove_tree(host)
-
-
-def _remove_tree(path: Path) -> None:
-    if path.exists():
-        for child in sorted(path.rglob("*"), reverse=True):
-            child.rmdir() if child.is_dir() else child.unlink()
-        path.rmdir()
+        shutil.rmtree(host, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -271,11 +271,10 @@ class KvTiers:
         self, block_hash: bytes, parent: bytes, tokens: tuple[int, ...]
     ) -> BlockRecord | None:
         for tier in self.tiers:
-            if block_hash in tier:
-                record = tier.load(block_hash, parent, tokens)
-                if record is not None:
-                    self.note_hits([block_hash])
-                    return record
+            record = tier.load(block_hash, parent, tokens)  # None if missing: one read, no stat
+            if record is not None:
+                self.note_hits([block_hash])
+                return record
         return None
 
     def load_into(self, block_ids: list[int], records: Sequence[BlockRecord]) -> None:
