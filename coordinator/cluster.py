@@ -35,10 +35,12 @@ import ray
 
 from coordinator.config.cluster import ClusterConfig
 from coordinator.pool.fleet import Fleet
+from coordinator.pool.prefix_pull import PullOutcome, pull_prefix
 from coordinator.pool.reserve_queue import Late, ReserveQueue, share_of_places
 from coordinator.pool.token_stream import StreamItem, TokenStream, WorkerKey
 from coordinator.pool.token_streams import TokenChannelError, TokenStreams
 from coordinator.request_run import RequestRun, RunPhase
+from coordinator.routing.pull_cost import PullPlan
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from engine.token_accounting import output_limit
@@ -74,6 +76,8 @@ class Cluster:
         self.on_handoff: Callable[[int, float, str], None] | None = None
         # (engine role, seconds queued, seconds computing) of each prompt, at its first token
         self.on_prefilled: Callable[[str, float, float], None] | None = None
+        # each peer prefix pull made (kv_peer_pull), whether it installed blocks or not
+        self.on_pull: Callable[[PullOutcome], None] | None = None
 
     async def generate(
         self, request: GenerationRequest, prefill: int | None = 0, decode: int = 0
@@ -195,6 +199,8 @@ class Cluster:
         """The prefill worker's items: the first token, then the hand-off's result (none when
         the request ended on that token, or failed)."""
         p_worker = self.fleet.worker(*stream.worker)
+        if run.pull is not None:  # leading blocks a peer holds, pulled first (kv_peer_pull)
+            await self._pull(run, p_worker, run.pull)
         await self._submit(stream, lambda: p_worker.prefill.remote(run.attempt, target))
         async for item in stream:
             if isinstance(item, TokenEvent) and not item.finished:
@@ -202,6 +208,14 @@ class Cluster:
             elif isinstance(item, TokenEvent) and target.hands_off:
                 await self._release(run)  # ended on its first token: free the reservation
             yield item
+
+    async def _pull(self, run: RequestRun, puller: Any, plan: PullPlan) -> None:
+        timeout_s = self.config.kv.transfer_timeout_s
+        source = self.fleet.worker(*plan.source)
+        tokens, tenant = run.all_token_ids, run.request.tenant
+        outcome = await pull_prefix(puller, source, plan, tokens, tenant, timeout_s)
+        if outcome is not None and self.on_pull is not None:
+            self.on_pull(outcome)
 
     async def _handed_off(
         self, run: RequestRun, stream: TokenStream, handoff: HandoffResult

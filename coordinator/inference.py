@@ -223,6 +223,7 @@ class InferenceService:
         """The run's events from one pair after another, as one stream (module docstring)."""
         while True:
             run.route_to(await self._pair(run))
+            run.pull = self.router.take_pull(run.request_id)
             failure = None
             async with contextlib.aclosing(self.cluster.stream(run)) as events:
                 async for event in events:  # a failed attempt is released at once

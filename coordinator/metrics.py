@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from coordinator.polled_counter import PolledCounter
+from coordinator.pool.prefix_pull import PullOutcome
 from coordinator.tier_metrics import TierMetrics
 from engine.grammars import GrammarCache
 from engine.outputs import EngineStats
@@ -146,6 +147,21 @@ class Metrics:
             "Time to move a request's KV pages from prefill to decode",
             (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
         )
+        self.kv_peer_pulls = self._counter(
+            "kv_peer_pulls",
+            "Prefix pulls from a peer worker (kv_peer_pull), by the source's role and outcome "
+            "(ok: blocks installed; failed: the prompt computed them)",
+            "source_role",
+            "outcome",
+        )
+        self.kv_peer_pull_blocks = self._counter(
+            "kv_peer_pull_blocks", "KV blocks prefill workers pulled from peers"
+        )
+        self.kv_peer_pull_seconds = self._histogram(
+            "kv_peer_pull_seconds",
+            "Time from opening a prefix pull to the peer's acknowledged pages",
+            (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+        )
 
     def _declare_latencies(self) -> None:
         self.queue_time = self._histogram(
@@ -258,6 +274,13 @@ class Metrics:
         self.kv_transfer_seconds.labels(self.model_name).observe(seconds)
         self.kv_transfer_bytes.labels(self.model_name).inc(num_bytes)
         self.kv_transfers.labels(self.model_name, path or "unknown").inc()
+
+    def record_pull(self, outcome: PullOutcome) -> None:
+        """One peer prefix pull, whatever its outcome."""
+        result = "ok" if outcome.ok else "failed"
+        self.kv_peer_pulls.labels(self.model_name, outcome.source_role, result).inc()
+        self.kv_peer_pull_blocks.labels(self.model_name).inc(outcome.num_blocks)
+        self.kv_peer_pull_seconds.labels(self.model_name).observe(outcome.seconds)
 
     def record_loads(self, loads: list[WorkerLoad]) -> None:
         for load in loads:

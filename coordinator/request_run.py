@@ -41,6 +41,7 @@ from enum import IntEnum, StrEnum
 from typing import Any
 
 from coordinator.routing.choice import Route
+from coordinator.routing.pull_cost import PullPlan
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
 from workers.contracts import GenerationRequest
@@ -90,6 +91,7 @@ class RequestRun:
     request: GenerationRequest
     phase: RunPhase = RunPhase.QUEUED
     route: Route | None = None  # the current attempt's (prefill, decode) or (0, colocated)
+    pull: PullPlan | None = None  # the current attempt's peer prefix pull, if one pays
     attempt: GenerationRequest = field(init=False)  # what the workers get (the last attempt's)
     workers: list[Any] = field(default_factory=list)  # actors that may hold the attempt
     migrations: list[Migration] = field(default_factory=list)

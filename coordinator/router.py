@@ -36,10 +36,13 @@ from coordinator.errors import NoWorkerError, TooManyRequests
 from coordinator.routing.cache_view import CacheView
 from coordinator.routing.choice import Route, candidate_pairs, choose_pair
 from coordinator.routing.config import RoutingConfig
+from coordinator.routing.pull_cost import PullCosts, PullPlan
 from coordinator.routing.tier_weights import tier_weights
 from coordinator.routing.worker_state import WorkerKey, WorkerState
 from coordinator.routing.worker_view import WorkerView
 from engine.prefix_hash import block_hashes, tenant_root
+
+MAX_PLANNED_PULLS = 4096  # pulls planned and not taken yet, at most
 
 
 class Router:
@@ -57,6 +60,8 @@ class Router:
             poll_interval_s = self.routing.load_poll_interval_ms / 1000
         self.view = WorkerView(fleet, self.cache, poll_interval_s)
         self._holds: dict[str, WorkerState] = {}  # request id -> the decode worker holding it
+        self.pull_costs = PullCosts()  # measured by the pulls made (routing/pull_cost.py)
+        self._pulls: dict[str, PullPlan] = {}  # request id -> the pull its prefill should make
 
     def choose(
         self,
@@ -108,10 +113,39 @@ class Router:
             self.release(holder)
             self._holds[holder] = choice.decode
             choice.decode.num_own_requests += 1
+        if routing.peer_pull and holder and choice.prefill is not None:
+            self._plan_pull(holder, choice.prefill, workers, cached)
         for worker in (choice.prefill, choice.decode) if hashes else ():
             if worker is not None:
                 self.cache.dispatched(worker.key, hashes, now, worker.stats.num_total_blocks)
         return choice.route
+
+    def take_pull(self, holder: str) -> PullPlan | None:
+        """The pull planned for request ``holder``'s prefill worker by its last ``choose``."""
+        return self._pulls.pop(holder, None)
+
+    def _plan_pull(
+        self,
+        holder: str,
+        prefill: WorkerState,
+        workers: dict[WorkerKey, WorkerState],
+        cached: dict[WorkerKey, int],
+    ) -> None:
+        """Plan a pull for ``prefill`` from the worker holding the longest cached prefix when
+        that beats computing it (``routing/pull_cost.py``)."""
+        self._pulls.pop(holder, None)
+        own = cached.get(prefill.key, 0)
+        peers = [key for key in workers if key != prefill.key]
+        source = max(peers, key=lambda key: cached[key], default=None)
+        if source is None or cached[source] <= own:
+            return
+        block_size = self.routing.block_size
+        gain = (cached[source] - own) // block_size
+        block_s = prefill.stats.prompt_token_seconds * block_size
+        if self.pull_costs.worth(gain, block_s):
+            self._pulls[holder] = PullPlan(source, cached[source] // block_size)
+            while len(self._pulls) > MAX_PLANNED_PULLS:  # plans no stream took: the oldest go
+                self._pulls.pop(next(iter(self._pulls)))
 
     def release(self, holder: str) -> None:
         """Request ``holder`` is held by no worker any more (it ended, however it ended)."""

@@ -17,6 +17,7 @@ Ray it started itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import ssl
@@ -38,6 +39,7 @@ from coordinator.fault_injection import add_fault_route, fault_route_keys, read_
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
+from coordinator.pool.prefix_pull import PullOutcome
 from coordinator.ray_connect import init_ray
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
@@ -64,8 +66,13 @@ class Coordinator:
         self.cluster.on_handoff = self.metrics.record_handoff
         self.cluster.on_prefilled = self.metrics.record_prefill
         self.fleet = self.cluster.fleet
-        self.router = Router(self.fleet, routing=routing_config(config, self.cluster.config.engine))
+        cluster = self.cluster.config
+        routing = routing_config(config, cluster.engine)
+        if cluster.kv.peer_pull and cluster.deploy_mode == "pd_separate":
+            routing = dataclasses.replace(routing, peer_pull=True)
+        self.router = Router(self.fleet, routing=routing)
         self.router.view.on_reports = self.cluster.share_places
+        self.cluster.on_pull = self._on_pull
         self.service = InferenceService(
             self.cluster,
             self.router,
@@ -78,6 +85,11 @@ class Coordinator:
         self.started_ray = False
         self._servers: list[uvicorn.Server] = []
         self._probes: ThreadedServer | None = None
+
+    def _on_pull(self, outcome: PullOutcome) -> None:
+        """A peer prefix pull: its time teaches the router's cost model, and is a metric."""
+        self.router.pull_costs.record(outcome.seconds, outcome.num_blocks)
+        self.metrics.record_pull(outcome)
 
     # ---- apps ------------------------------------------------------------------------------
 

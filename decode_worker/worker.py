@@ -52,7 +52,7 @@ from engine.llm_engine import LLMEngine
 from engine.openmp import serial_here
 from engine.outputs import TokenEvent
 from engine.request import NewRequest, Request, RequestStatus
-from engine.transfer import create_receiver
+from engine.transfer import create_receiver, create_sender
 from engine.transfer.base import ReceiverLimits, header_limit
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
 from workers.contracts import GenerationRequest, Reservation, Submitted
@@ -86,6 +86,12 @@ class DecodeWorker(HandoffWorker):
             ),
             credentials=self.credentials,
         )
+
+    def open_pull_plane(self) -> None:
+        """A sender, for the prefixes prefill workers pull from here; it takes no pulls."""
+        transfer = self.transfer
+        self.sender = create_sender(transfer.transport, transfer.shared_memory,
+                                    self.pull_credentials)  # fmt: skip
 
     @in_group(HANDOFFS)
     def reserve(

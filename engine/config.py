@@ -196,6 +196,9 @@ class KVTransferConfig:
     # ``encryption`` "off" with ``host`` not a loopback address is refused unless this is set
     # (then every worker warns at start)
     allow_plaintext_off_loopback: bool = flag(False, "kv_allow_plaintext_off_loopback")
+    # prefill workers pull a prompt's leading blocks from a peer that holds them when the
+    # router's cost model says that is cheaper than computing them (engine/kv_pull.py)
+    peer_pull: bool = flag(False, "kv_peer_pull")
 
     def __post_init__(self) -> None:
         check_fields(self)

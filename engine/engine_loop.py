@@ -121,6 +121,7 @@ class EngineLoop:
         self._next_housekeeping = now + HOUSEKEEPING_PERIOD_S
         try:
             self.engine.importer.expire_reservations(now)
+            self.engine.pulls.expire(now)
             self.engine.blocks.expire_preferences(now)
             if not self.engine.has_work():  # idle: what a restart should find goes to disk
                 self.engine.checkpoint_tiers()

@@ -41,6 +41,7 @@ from engine.kernels import set_activation_dtype
 from engine.kernels.isa import resolved_prompt_matmul_dtype
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
+from engine.kv_pull import PrefixPulls
 from engine.kv_tiers import tiers_for
 from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
@@ -114,6 +115,7 @@ class LLMEngine:
             self.tiers.keep = self.blocks.is_preferred
         self.requests: dict[str, Request] = {}
         self.importer = KVImporter(self)  # hand-offs received (engine/kv_import.py)
+        self.pulls = PrefixPulls(self)  # prefixes pulled from peers (engine/kv_pull.py)
         self._pending: list[TokenEvent] = []
         self._arrivals = itertools.count()
 
@@ -473,6 +475,10 @@ class LLMEngine:
             grammar_compiles=self.grammars.stats.compiles,
             grammar_masked_rows=self.grammars.stats.masked_rows,
             grammar_mask_seconds=self.grammars.stats.mask_seconds,
+            prompt_token_seconds=self.scheduler.step_budget.token_s,
+            kv_pulled_blocks=self.pulls.stats.pulled_blocks,
+            kv_pulls_failed=self.pulls.stats.failed,
+            kv_exported_blocks=self.pulls.stats.exported_blocks,
             **self._speculation_stats(),
             **self._tier_stats(),
         )
@@ -504,7 +510,6 @@ class LLMEngine:
             "kv_tier_demoted": self.tiers.demoted,
             "kv_tier_skipped": self.tiers.skipped,
             "kv_tier_promoted": self.blocks.num_promoted_blocks,
-            "prompt_token_seconds": self.scheduler.step_budget.token_s,
         }
 
     def _speculation_stats(self) -> dict[str, Any]:

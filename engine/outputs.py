@@ -84,6 +84,11 @@ class EngineStats:
     kv_tier_skipped: int = 0
     kv_tier_promoted: int = 0
     prompt_token_seconds: float = 0.0  # the engine's learnt compute time of a prompt token
+    # prefixes pulled from peers (engine/kv_pull.py), counters: blocks installed here, pulls
+    # that installed none, blocks sent to peers
+    kv_pulled_blocks: int = 0
+    kv_pulls_failed: int = 0
+    kv_exported_blocks: int = 0
 
     @property
     def num_used_blocks(self) -> int:

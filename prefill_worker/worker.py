@@ -48,6 +48,9 @@ class PrefillWorker(HandoffWorker):
             max_workers=2, thread_name_prefix="kv-send", initializer=serial_here
         )
 
+    def open_pull_plane(self) -> None:
+        self.pull_receiver = self._pull_receiver()  # it sends prefixes with its hand-off sender
+
     def prefill(self, request: GenerationRequest, target: HandoffTarget | None = None) -> Submitted:
         """Queue ``request``: its first token goes on the token channel, then (with a target)
         the hand-off's result. A target whose

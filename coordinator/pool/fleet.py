@@ -97,12 +97,16 @@ class Fleet:
     def _start_pd(self, keys: ClusterCredentials | None) -> None:
         cfg, transfer = self.config, self.config.kv
         sender, receiver = (keys.sender, keys.receiver) if keys else (None, None)
+        # peer pulls: prefill workers receive prefixes, decode workers send them
+        pulls = transfer.peer_pull
         self.prefills = self._actors(
-            PrefillWorker, cfg.prefill_resources, cfg.num_prefill, transfer, sender
-        )
+            PrefillWorker, cfg.prefill_resources, cfg.num_prefill, transfer, sender,
+            pull_credentials=receiver if pulls else None,
+        )  # fmt: skip
         self.decodes = self._actors(
-            DecodeWorker, cfg.decode_resources, cfg.num_decode, transfer, receiver
-        )
+            DecodeWorker, cfg.decode_resources, cfg.num_decode, transfer, receiver,
+            pull_credentials=sender if pulls else None,
+        )  # fmt: skip
         self._channel_keys = {
             "prefill": _counterpart(keys, transfer_credentials(transfer, sender)),
             "decode": _counterpart(keys, transfer_credentials(transfer, receiver)),

@@ -30,6 +30,9 @@ class RoutingConfig:
     # how often the workers' loads are polled (routing/worker_view.py): each poll is a Ray call
     # to every worker, a few ms of the coordinator's CPU each; between polls it counts what it sent
     load_poll_interval_ms: int = 1000
+    # pd_separate: a prefill worker may pull a prompt's leading blocks from a peer that holds
+    # them (kv_peer_pull; routing/pull_cost.py)
+    peer_pull: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "prefix_ttl_s", "load_poll_interval_ms"):

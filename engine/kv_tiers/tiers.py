@@ -279,13 +279,18 @@ class KvTiers:
 
     def load_into(self, block_ids: list[int], records: Sequence[BlockRecord]) -> None:
         """Write the blocks' pages into the cache's blocks ``block_ids`` (same order)."""
+        self._load(block_ids, self.pages(records))
+
+    def pages(self, records: Sequence[BlockRecord]) -> torch.Tensor:
+        """The records' pages as one tensor, as the cache exports blocks (``records`` not
+        empty)."""
         pages = [
             torch.frombuffer(bytearray(r.payload), dtype=torch.uint8)
             .view(self._dtype)
             .view(self._page_shape)
             for r in records
         ]
-        self._load(block_ids, torch.cat(pages, dim=2))
+        return torch.cat(pages, dim=2)
 
 
 def _remember(hashes: OrderedDict[bytes, None], block_hash: bytes) -> None:
