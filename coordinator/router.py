@@ -13,6 +13,10 @@ there (docs/architecture.md#routing). The choice itself (``routing/choice.py``) 
 of those: a cached prefix draws requests until its worker is busier than the least loaded by the
 configured imbalance, which then gets the next one (and caches the prefix too).
 
+With ``kv_peer_pull`` the router also plans, for the prefill worker chosen, a pull of the
+prefix another worker holds when its measured costs say the transfer beats the compute
+(``routing/pull_cost.py``; ``take_pull``).
+
 A worker that did not answer the last poll (busy, stopped, restarting) is *stale*: pairs of fresh
 workers are chosen first, a stale worker only when no fresh pair is left, and a worker silent for
 ``STALE_GRACE_S`` is not chosen at all (NoWorkerError when nothing else is left). So a machine

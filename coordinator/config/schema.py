@@ -288,7 +288,7 @@ SCHEMA["backend_config"] = section(
         "pulls a prompt's leading blocks over the KV plane from a worker that holds them (a "
         "busier prefill worker, or the decode worker of the conversation's last turn) when the "
         "router's measured costs say the transfer beats computing them "
-        "([kv-tiers.md](kv-tiers.md#pulling-a-prefix-from-a-peer))"),
+        "([architecture.md](architecture.md#routing))"),
     fed("kv_transfer_timeout_s", "int", cluster("kv.transfer_timeout_s", as_float), "a prefill "
         "worker gives a hand-off up (and frees its blocks) when its pages are not acknowledged "
         "by then; the request then migrates", low=1, high=3600, unit="s"),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from coordinator.routing.worker_state import WorkerKey
 
 PRIOR_OVERHEAD_S = 0.01  # two calls and a handshake, until measured
-PRIOR_BLOCK_S = 0.004  # one block's export, transfer and install, until measured
+PRIOR_BLOCK_S = 0.001  # one block's export, transfer and install, until measured
 MARGIN = 0.7  # a pull is planned when it costs at most this share of the compute it saves
 MIN_BLOCKS = 2
 ALPHA = 0.2  # the moving averages' weight of a new measurement

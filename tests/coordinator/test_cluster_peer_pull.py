@@ -1,8 +1,8 @@
 """Peer prefix pulls on a local Ray (``kv_peer_pull``): a conversation's second turn on a
 prefill worker takes the first turn's prompt and answer from the decode worker that decoded it,
-over the KV plane (ZMQ, or gRPC with TLS and the cluster's credentials), and answers token for token as an engine
-computing it all; a pull from a worker that holds nothing fails alone (the prompt computes it)
-and frees every block it set aside."""
+over the KV plane (ZMQ, or gRPC with TLS and the cluster's credentials), and answers token for
+token as an engine computing it all; a pull from a worker that holds nothing fails alone (the
+prompt computes it) and frees every block it set aside."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from coordinator.errors import (
 from coordinator.inference import Timeouts
 from coordinator.metrics import Metrics
 from coordinator.routing.config import RoutingConfig
+from coordinator.routing.pull_cost import PullPlan
 from engine.outputs import CONSTRAINT_VIOLATED, TokenEvent
 from engine.request import FinishReason
 from tests.support.fake_cluster import (
@@ -269,3 +270,11 @@ def test_a_constraint_violation_fails_at_once_never_migrated():
     )
     assert failed == 1
     assert ConstraintViolated.status == 422 and issubclass(ConstraintViolated, GenerationFailed)
+
+
+def test_each_attempt_carries_the_pull_its_router_planned():
+    service = _service(FakeCluster(fail_after={(0, 0): 1}))
+    plans = iter([PullPlan(("decode", 1), 3), None])
+    service.router.take_pull = lambda holder: next(plans)
+    asyncio.run(_collect(service))
+    assert service.cluster.pulls == [PullPlan(("decode", 1), 3), None]  # the migration: none

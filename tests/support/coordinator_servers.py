@@ -1,6 +1,6 @@
 """Three real coordinator processes shared by the end-to-end tests (one test session):
-``zmq`` (pd_separate over ZMQ), ``grpc`` (pd_separate over gRPC), ``single`` (single_node over
-HTTPS, a slower model, max_requests 3, maxBatchSize 1, fullTextEnabled)."""
+``zmq`` (pd_separate over ZMQ, peer pulls on), ``grpc`` (pd_separate over gRPC), ``single``
+(single_node over HTTPS, a slower model, max_requests 3, maxBatchSize 1, fullTextEnabled)."""
 
 from __future__ import annotations
 
@@ -84,11 +84,12 @@ def _certificates(tmp_path_factory) -> Path:
 
 
 def _zmq_config(model_dir) -> tuple[dict, tuple[str, ...]]:
-    """``zmq``: pd_separate over ZMQ with a 1 MB body limit; its config and arguments."""
+    """``zmq``: pd_separate over ZMQ (peer pulls on) with a 1 MB body limit; its config and
+    arguments."""
     return (
         {
             "request_limit": {"body_limit": 1},
-            "backend_config": backend(model_dir, kv_transport="zmq"),
+            "backend_config": backend(model_dir, kv_transport="zmq", kv_peer_pull=True),
         },
         (),
     )

@@ -36,6 +36,7 @@ class FakeCluster:
     decodes: list = field(default_factory=lambda: [0, 1])
     calls: list = field(default_factory=list)  # (pair, request) per attempt
     closed: list = field(default_factory=list)  # attempt ids whose stream was closed
+    pulls: list = field(default_factory=list)  # each attempt's planned prefix pull (or None)
 
     async def reports(self, cursors):
         return reports_of(await self.loads())
@@ -48,6 +49,7 @@ class FakeCluster:
         """``Cluster.stream``: the events of the run's attempt on its route."""
         request, (prefill, decode) = run.attempt, run.route
         self.calls.append(((prefill, decode), request))
+        self.pulls.append(run.pull)
         try:
             await asyncio.sleep(self.delay_s)
             pair = (prefill, decode)
