@@ -239,17 +239,19 @@ class BlockManager:
             return []
         stop = max(len(token_ids) - 1, 0) // self.block_size
         root = self.root_of(tenant)
-        records = self.tiers.find(hashes, token_ids, start, stop, root, self.block_size)
-        if not records:
+        found = self.tiers.find(hashes, token_ids, start, stop, root, self.block_size)
+        if not found:
             return []
-        block_ids = self.allocate(len(records))
-        self.tiers.load_into(block_ids, records)
-        for block_id, record in zip(block_ids, records, strict=True):
-            if record.block_hash in self._cached:
+        block_ids = self.allocate(len(found))
+        self.tiers.load_into(block_ids, found)
+        for block_id, block_hash, parent, tokens in zip(
+            block_ids, found.hashes, found.parents, found.tokens, strict=True
+        ):
+            if block_hash in self._cached:
                 continue  # the cache holds this block elsewhere: this copy stays private
-            self._cached[record.block_hash] = CachedBlock(block_id, record.parent, record.tokens)
-            self._hash_of[block_id] = record.block_hash
-            self.events.record(STORED, record.block_hash)
+            self._cached[block_hash] = CachedBlock(block_id, parent, tokens)
+            self._hash_of[block_id] = block_hash
+            self.events.record(STORED, block_hash)
         self.num_promoted_blocks += len(block_ids)
         return block_ids
 

@@ -222,10 +222,10 @@ def export_prefix(
     tiers = engine.tiers
     if tiers is not None and end < stop:
         root = blocks.root_of(tenant)
-        records = tiers.find(hashes, tokens, end, stop, root, size)
-        if records:
-            parts.append(tiers.pages(records))
-            end += len(records)
+        found = tiers.find(hashes, tokens, end, stop, root, size, keep=True)  # sent later
+        if found:
+            parts.append(found.pages)
+            end += len(found)
     if end == first:
         return None
     pages = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)

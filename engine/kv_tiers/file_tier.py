@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ConfigError
-from engine.kv_tiers.block_file import BlockRecord, CorruptBlock, decode, encode, write_atomic
+from engine.kv_tiers.block_file import (
+    BlockRecord,
+    CorruptBlock,
+    header_of,
+    read_block,
+    write_atomic,
+)
 
 RESCAN_EVERY = 64  # stores between two reads of the folder
 KEEP_SCAN = 1024  # files looked at for one not kept for a session, at most
@@ -103,29 +109,65 @@ class FileTier:
         return self.path_of(block_hash).exists()  # another worker's, not indexed yet
 
     def load(self, block_hash: bytes, parent: bytes, tokens: tuple[int, ...]) -> BlockRecord | None:
-        """The block, checked whole and against the ``parent`` and ``tokens`` asked for; None
-        if missing, of another prefix (a hash collision), or corrupt (then deleted)."""
+        """The block, checked whole and against the ``parent`` and ``tokens`` asked for, and
+        counted as served; None if missing, of another prefix (a hash collision), or corrupt
+        (then deleted)."""
         start = time.perf_counter()
+        buffers: list[memoryview] = []
+
+        def buffer_for(size: int) -> memoryview:
+            buffers.append(memoryview(bytearray(size)))
+            return buffers[-1]
+
+        if not self.read_into(block_hash, parent, tokens, buffer_for):
+            return None
+        self.served(block_hash, time.perf_counter() - start)
+        return BlockRecord(block_hash, parent, tokens, bytes(buffers[0]))
+
+    def read_into(
+        self,
+        block_hash: bytes,
+        parent: bytes,
+        tokens: tuple[int, ...],
+        buffer_for: Callable[[int], memoryview],
+    ) -> bool:
+        """Read the block's payload into ``buffer_for(size)``, checked whole and against the
+        ``parent`` and ``tokens`` asked for; False if missing, of another prefix (a hash
+        collision), or corrupt (then deleted). Nothing is counted: :meth:`served` does."""
         path = self.path_of(block_hash)
         try:
-            record = decode(path.read_bytes(), self.layout_key, block_hash)
+            with open(path, "rb", buffering=0) as file:
+                found_parent, found_tokens, _ = read_block(
+                    file, self.layout_key, block_hash, buffer_for
+                )
         except FileNotFoundError:
             self._forget(block_hash)
-            return None
+            return False
         except (CorruptBlock, OSError):
             self._drop(block_hash, path, corrupt=True)
-            return None
-        if (record.parent, record.tokens) != (parent, tokens):
-            return None
+            return False
+        return (found_parent, found_tokens) == (parent, tokens)
+
+    def served(self, block_hash: bytes, seconds: float) -> None:
+        """Count a block read by :meth:`read_into` as served (in ``seconds``): a hit, and the
+        most recently used file, for every worker sharing the folder."""
+        path = self.path_of(block_hash)
         with self._lock:
             self.stats.hits += 1
-            self.stats.load_seconds += time.perf_counter() - start
+            self.stats.load_seconds += seconds
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
+                size = None
             else:
-                self._add(block_hash, path.stat().st_size)
-        os.utime(path)  # most recently used, for every worker sharing the folder
-        return record
+                size = -1
+        try:
+            if size is not None:
+                size = path.stat().st_size
+                with self._lock:
+                    self._add(block_hash, size)
+            os.utime(path)
+        except OSError:
+            pass  # deleted meanwhile (for room): it was served all the same
 
     def store(self, record: BlockRecord) -> bool:
         """Write the block (unless there already); False if the write failed."""
@@ -135,15 +177,15 @@ class FileTier:
                 if record.block_hash in self._index:
                     self._index.move_to_end(record.block_hash)
             return True
-        data = encode(record, self.layout_key)
+        header = header_of(record, self.layout_key)
         try:
-            write_atomic(path, data)
+            write_atomic(path, header, record.payload)
         except OSError:
             with self._lock:
                 self.stats.failed_writes += 1
             return False
         with self._lock:
-            self._add(record.block_hash, len(data))
+            self._add(record.block_hash, len(header) + len(record.payload))
             self.stats.stored += 1
             self._stores += 1
             rescan = self._stores % RESCAN_EVERY == 0

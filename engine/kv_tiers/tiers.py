@@ -15,7 +15,9 @@ finds them. Demotions past ``max_pending_bytes`` waiting for the writer, and wri
 **Promotion.** At admission, after the device cache's own prefix, the following blocks of the
 prompt are looked up in the node-shared tier, then on disk; the run of blocks found (each checked
 whole, and against its parent hash and tokens) is loaded into free blocks, cached there like any
-computed block, and counts as cached tokens; the request computes only the rest.
+computed block, and counts as cached tokens; the request computes only the rest. The files are
+read straight into one tensor and checked by two loader threads while the engine thread waits
+(it computes nothing meanwhile), then copied into the cache's blocks at once.
 
 Keys are the prefix cache's chained block hashes (model fingerprint, dtype and tenant in their
 root) inside a folder per KV layout: a block of another model, tenant or layout never matches.
@@ -24,21 +26,28 @@ root) inside a folder per KV layout: a block of another model, tenant or layout 
 from __future__ import annotations
 
 import itertools
+import math
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from engine.kv_events import DEMOTED, DROPPED, KvEventLog, tier_kind
-from engine.kv_tiers.block_file import BlockRecord
+from engine.kv_tiers.block_file import BlockRecord, CorruptBlock
 from engine.kv_tiers.file_tier import FileTier, TierStats
+from engine.transfer.codec import byte_view
 
 MAX_REMEMBERED = 1 << 16  # block hashes whose demotions and hits are counted for admission
 MAX_SNAPSHOT = 1 << 16  # tier blocks a snapshot of the cache names, at most
+LOAD_THREADS = 2  # threads reading a prompt's tier blocks (the engine thread waits meanwhile)
+LOAD_CHUNK = 8  # blocks read per round after the first: a miss stops the reads at its round
+STAGING_BYTES = 64 << 20  # the staging buffer's size, at most (a longer run gets a fresh one)
 EvictedBlock = tuple[int, bytes, bytes, tuple[int, ...]]  # block id, hash, parent hash, tokens
 
 
@@ -84,6 +93,12 @@ class KvTiers:
         for tier in self.tiers:
             tier.on_drop = lambda block_hash, tier=tier: self._dropped(block_hash, tier)
         self._page_shape, self._dtype = page_shape, dtype
+        layers, two, _, *rest = page_shape
+        self._unit_shape = (layers, two, *rest)  # one block's pages, its block axis dropped
+        self._block_bytes = math.prod(page_shape) * dtype.itemsize
+        # promotion reads files and checks them on these threads, the engine thread waiting
+        self._loaders = ThreadPoolExecutor(LOAD_THREADS, thread_name_prefix="kv-tier-load")
+        self._staging: torch.Tensor | None = None  # where promotions read files (find)
         self._demotions: OrderedDict[bytes, int] = OrderedDict()
         self._hit: OrderedDict[bytes, None] = OrderedDict()  # reused: from the cache or a tier
         self._due: OrderedDict[bytes, None] = OrderedDict()  # reused, not on disk yet
@@ -174,7 +189,7 @@ class KvTiers:
         raw = self._export([block_id for block_id, *_ in blocks]).view(torch.uint8)
         kept: list[str | None] = []
         for index, (_, block_hash, parent, tokens) in enumerate(blocks):
-            payload = raw[:, :, index].contiguous().numpy().tobytes()
+            payload = byte_view(raw[:, :, index].contiguous())
             with self._lock:
                 demotion = disk is None
                 admitted = self._admit(block_hash) if disk is None else disk
@@ -248,49 +263,100 @@ class KvTiers:
         self.flush()
         self._queue.put(None)
         self._writer.join(timeout=30)
+        self._loaders.shutdown(wait=True)
 
     # ---- promotion (engine thread) -----------------------------------------------------------
 
     def find(
         self, hashes: Sequence[bytes], token_ids: Sequence[int], start: int, stop: int,
-        root: bytes, block_size: int,
-    ) -> list[BlockRecord]:  # fmt: skip
+        root: bytes, block_size: int, keep: bool = False,
+    ) -> FoundBlocks | None:  # fmt: skip
         """The blocks ``start``, ``start + 1``, ... (before ``stop``) of a prompt a tier holds,
-        up to the first it does not; each checked whole and against its parent and tokens."""
-        found: list[BlockRecord] = []
-        for index in range(start, min(stop, len(hashes))):
+        up to the first it does not, each checked whole and against its parent and tokens; their
+        pages read straight into one tensor: the tiers' staging buffer, valid until the next
+        call, unless ``keep`` (then a tensor of their own). The first block is read alone (most
+        lookups miss there); the rest ``LOAD_THREADS`` at a time, ``LOAD_CHUNK`` per round."""
+        stop = min(stop, len(hashes))
+        if stop <= start or not self.tiers:
+            return None
+        buffer = self._staging_for(stop - start, keep)
+
+        def read(index: int) -> tuple[FileTier, float] | None:
             parent = hashes[index - 1] if index else root
             tokens = tuple(token_ids[index * block_size : (index + 1) * block_size])
-            record = self._load_one(hashes[index], parent, tokens)
-            if record is None:
-                break
-            found.append(record)
-        return found
+            slot = byte_view(buffer[index - start])
+            for tier in self.tiers:
+                began = time.perf_counter()
+                if tier.read_into(hashes[index], parent, tokens, _exactly(slot)):
+                    return tier, time.perf_counter() - began
+            return None
 
-    def _load_one(
-        self, block_hash: bytes, parent: bytes, tokens: tuple[int, ...]
-    ) -> BlockRecord | None:
-        for tier in self.tiers:
-            record = tier.load(block_hash, parent, tokens)  # None if missing: one read, no stat
-            if record is not None:
-                self.note_hits([block_hash])
-                return record
-        return None
-
-    def load_into(self, block_ids: list[int], records: Sequence[BlockRecord]) -> None:
-        """Write the blocks' pages into the cache's blocks ``block_ids`` (same order)."""
-        self._load(block_ids, self.pages(records))
-
-    def pages(self, records: Sequence[BlockRecord]) -> torch.Tensor:
-        """The records' pages as one tensor, as the cache exports blocks (``records`` not
-        empty)."""
-        pages = [
-            torch.frombuffer(bytearray(r.payload), dtype=torch.uint8)
-            .view(self._dtype)
-            .view(self._page_shape)
-            for r in records
+        served: list[tuple[FileTier, float]] = []
+        first = read(start)
+        if first is not None:
+            served.append(first)
+            index = start + 1
+            while index < stop and len(served) == index - start:
+                chunk = range(index, min(index + LOAD_CHUNK, stop))
+                for result in self._loaders.map(read, chunk):
+                    if result is None:
+                        break
+                    served.append(result)
+                index = chunk.stop
+        if not served:
+            return None
+        count = len(served)
+        for offset, (tier, seconds) in enumerate(served):
+            tier.served(hashes[start + offset], seconds)
+        self.note_hits(hashes[start : start + count])
+        parents = [hashes[i - 1] if i else root for i in range(start, start + count)]
+        tokens = [
+            tuple(token_ids[i * block_size : (i + 1) * block_size])
+            for i in range(start, start + count)
         ]
-        return torch.cat(pages, dim=2)
+        pages = buffer[:count].view(self._dtype).view(count, *self._unit_shape)
+        return FoundBlocks(list(hashes[start : start + count]), parents, tokens,
+                           pages.permute(1, 2, 0, 3, 4, 5))  # fmt: skip
+
+    def _staging_for(self, count: int, keep: bool) -> torch.Tensor:
+        """Room for ``count`` blocks' pages: the staging buffer, reused (its pages already
+        mapped: a fresh buffer's first touch costs as much as reading the files into it), unless
+        ``keep`` or past ``STAGING_BYTES``."""
+        needed = count * self._block_bytes
+        if keep or needed > STAGING_BYTES:
+            return torch.empty((count, self._block_bytes), dtype=torch.uint8)
+        if self._staging is None or self._staging.numel() < needed:
+            self._staging = torch.empty(needed, dtype=torch.uint8)
+        return self._staging[:needed].view(count, self._block_bytes)
+
+    def load_into(self, block_ids: list[int], found: FoundBlocks) -> None:
+        """Write the blocks' pages into the cache's blocks ``block_ids`` (same order)."""
+        self._load(block_ids, found.pages)
+
+
+@dataclass(frozen=True)
+class FoundBlocks:
+    """A run of blocks a tier served: each one's hash, parent hash and tokens, and their pages
+    (``[layers, 2, blocks, block_size, kv_heads, head_dim]``, as the cache exports them)."""
+
+    hashes: list[bytes]
+    parents: list[bytes]
+    tokens: list[tuple[int, ...]]
+    pages: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+
+def _exactly(slot: memoryview) -> Callable[[int], memoryview]:
+    """A file's payload goes into ``slot``, which a block's pages fill exactly."""
+
+    def buffer_for(size: int) -> memoryview:
+        if size != len(slot):
+            raise CorruptBlock(f"payload of {size} bytes, a block's pages are {len(slot)}")
+        return slot
+
+    return buffer_for
 
 
 def _remember(hashes: OrderedDict[bytes, None], block_hash: bytes) -> None:
