@@ -42,4 +42,8 @@ class KVCache:
     def import_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
         """Write exported blocks into our blocks ``block_ids`` (same order)."""
         index = torch.tensor(block_ids, device=self.data.device)
-        self.data.index_copy_(2, index, blocks.to(self.data.device, self.data.dtype))
+        # from pinned memory (KV tiers' staging) the copy to a GPU runs asynchronously, on the
+        # stream the next kernel reading the cache waits on
+        pinned = self.data.is_cuda and blocks.is_pinned()
+        source = blocks.to(self.data.device, self.data.dtype, non_blocking=pinned)
+        self.data.index_copy_(2, index, source)

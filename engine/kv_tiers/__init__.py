@@ -35,5 +35,5 @@ def tiers_for(cache: CacheConfig, layout: KVLayout, kv_cache: KVCache) -> KvTier
     page_shape = (shape[0], shape[1], 1, *shape[3:])
     return KvTiers(
         settings, layout_key(layout), page_shape, kv_cache.data.dtype,
-        kv_cache.export_blocks, kv_cache.import_blocks,
+        kv_cache.export_blocks, kv_cache.import_blocks, pinned=kv_cache.data.is_cuda,
     )  # fmt: skip

@@ -8,7 +8,7 @@ with what the reader expects: a torn write, flipped bytes, or a block of another
 is never served (the caller deletes it and computes the block; it checks the parent and tokens).
 The checksum guards against damage, not forgery: the folders are the worker user's alone
 (``file_tier.private_root``). CRC-32 finds every burst of up to 32 flipped bits and all but 2^-32
-of other damage, at about 5 GB/s on one core (BLAKE2b, before it: under 1 GB/s, half of a block's
+of other damage, at 2.5-5 GB/s on one core (BLAKE2b, before it: under 1 GB/s, half of a block's
 load time). The payload is read straight into the caller's buffer (:func:`read_block`'s
 ``buffer_for``): the engine reads a prompt's blocks into one tensor it then copies into its cache.
 Files are written whole under a temporary name and renamed into place (:func:`write_atomic`), so

@@ -74,9 +74,11 @@ class KvTiers:
         dtype: torch.dtype,
         export: Callable[[list[int]], torch.Tensor],
         load: Callable[[list[int], torch.Tensor], None],
+        pinned: bool = False,
     ) -> None:
         """``page_shape`` and ``dtype``: one block's pages as ``export`` gives them and ``load``
-        takes them (``[layers, 2, 1, block_size, kv_heads, head_dim]``)."""
+        takes them (``[layers, 2, 1, block_size, kv_heads, head_dim]``). ``pinned``: the cache
+        is on a GPU; promotions stage the pages in pinned host memory."""
         self.settings = settings
         self.host = (
             FileTier("host", settings.host_path, settings.host_bytes, layout_key)
@@ -99,6 +101,8 @@ class KvTiers:
         # promotion reads files and checks them on these threads, the engine thread waiting
         self._loaders = ThreadPoolExecutor(LOAD_THREADS, thread_name_prefix="kv-tier-load")
         self._staging: torch.Tensor | None = None  # where promotions read files (find)
+        self.pinned = pinned
+        self._copied: torch.cuda.Event | None = None  # the GPU's copy out of the staging buffer
         self._demotions: OrderedDict[bytes, int] = OrderedDict()
         self._hit: OrderedDict[bytes, None] = OrderedDict()  # reused: from the cache or a tier
         self._due: OrderedDict[bytes, None] = OrderedDict()  # reused, not on disk yet
@@ -325,13 +329,20 @@ class KvTiers:
         needed = count * self._block_bytes
         if keep or needed > STAGING_BYTES:
             return torch.empty((count, self._block_bytes), dtype=torch.uint8)
+        if self._copied is not None:  # the GPU's copy out of it must be over before we write
+            self._copied.synchronize()
+            self._copied = None
         if self._staging is None or self._staging.numel() < needed:
-            self._staging = torch.empty(needed, dtype=torch.uint8)
+            # pinned under a GPU cache: the copy into it is a DMA, not a staged pageable copy
+            self._staging = torch.empty(needed, dtype=torch.uint8, pin_memory=self.pinned)
         return self._staging[:needed].view(count, self._block_bytes)
 
     def load_into(self, block_ids: list[int], found: FoundBlocks) -> None:
         """Write the blocks' pages into the cache's blocks ``block_ids`` (same order)."""
         self._load(block_ids, found.pages)
+        if self.pinned:  # asynchronous from pinned memory: the staging buffer's reuse waits
+            self._copied = torch.cuda.Event()
+            self._copied.record()
 
 
 @dataclass(frozen=True)
