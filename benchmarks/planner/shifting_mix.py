@@ -10,7 +10,8 @@
    on a coarse grid, then around the best, replays the tuning traces; the split with the most good
    requests (TTFT and mean ITL within the planner's targets) is *the best fixed split chosen
    beforehand*.
-3. **Held-out rounds** (seeds ``--seeds``): each round draws a shifting-mix trace (prompt-heavy
+3. **Held-out rounds** (seeds ``--seeds``, the serving benchmarks' held-out draws, which no
+   setting of the planner was tuned on): each round draws a shifting-mix trace (prompt-heavy
    and output-heavy phases of about ``--phase-s``, each at ``--load`` of the pool's capacity) and
    replays it with the best fixed split and with the planner (starting from an even split);
    the ratio of their good requests is the round's figure. Goal: >= 1.3x at every size.
@@ -27,6 +28,7 @@ from typing import Any
 
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.harness.stats import Goal, judge, spread
+from benchmarks.serving.draws import HELD_OUT_SEEDS
 from coordinator.planner.planner import Planner, PlannerConfig
 from testbed.planner_sim import Arrival, WorkerModel, shifting_trace, simulate
 
@@ -108,8 +110,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_output_arguments(parser, "planner_shifting_mix")
     parser.add_argument("--workers", default="16,64", help="pool sizes")
-    parser.add_argument("--seeds", default="11,12,13,14,15", help="held-out rounds' traces")
-    parser.add_argument("--tuning-seeds", default="1,2", help="choose the best fixed split")
+    parser.add_argument(
+        "--seeds",
+        default=",".join(map(str, HELD_OUT_SEEDS)),
+        help="held-out rounds' traces (no setting was tuned on them)",
+    )
+    parser.add_argument("--tuning-seeds", default="1,2",
+                        help="choose the best fixed split (the planner's settings were tuned "
+                        "on these too)")  # fmt: skip
     parser.add_argument("--duration-s", type=float, default=600.0)
     parser.add_argument("--phase-s", type=float, default=120.0)
     parser.add_argument("--load", type=float, default=0.7)
