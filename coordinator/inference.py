@@ -55,6 +55,7 @@ from coordinator.errors import (
     retry_after,
 )
 from coordinator.metrics import Metrics
+from coordinator.planner.traffic import TrafficWindow
 from coordinator.pool.token_stream import SLOW_CLIENT
 from coordinator.request_deadline import Deadline
 from coordinator.request_run import Outcome, RequestRun
@@ -106,6 +107,8 @@ class InferenceService:
     max_retry: int
     timeouts: Timeouts
     metrics: Metrics | None = None
+    # what the role planner learns of the traffic (coordinator/planner/traffic.py), if it runs
+    traffic: TrafficWindow | None = None
     in_flight: int = field(default=0, init=False)  # generations and embeddings (api.admission)
     draining: bool = field(default=False, init=False)
     runs: dict[str, RequestRun] = field(default_factory=dict, init=False)  # live ones, by id
@@ -155,6 +158,8 @@ class InferenceService:
         self.in_flight += 1
         self.runs[run.request_id] = run
         self._gauge(run, +1)
+        if self.traffic is not None:
+            self.traffic.arrived(run.request.num_prompt_tokens)
 
     def count_refusal(self) -> None:
         """A request refused before it reached this service (by the door gate before its body
@@ -176,6 +181,8 @@ class InferenceService:
             run.end(Outcome.OK if event.finish_reason != FinishReason.ABORT else Outcome.ABORTED)
         if self.metrics and event.finished and run.outcome == Outcome.OK:
             _record_finished(self.metrics, run, event.num_output_tokens)
+        if self.traffic is not None and event.finished and run.outcome == Outcome.OK:
+            _record_traffic(self.traffic, run, event.num_output_tokens)
 
     def _leave(self, run: RequestRun) -> None:
         """``run`` is over: out of the registry and the gauges; counted unless it finished."""
@@ -323,6 +330,15 @@ def _record_finished(metrics: Metrics, run: RequestRun, num_output_tokens: int) 
         first - run.created_at if first else None,
         time.monotonic() - run.created_at,
     )
+
+
+def _record_traffic(traffic: TrafficWindow, run: RequestRun, num_output_tokens: int) -> None:
+    first = run.first_token_at
+    ttft = first - run.created_at if first is not None else None
+    itl = None
+    if first is not None and num_output_tokens > 1:
+        itl = (time.monotonic() - first) / (num_output_tokens - 1)
+    traffic.finished(num_output_tokens, ttft, itl)
 
 
 def _failure(event: TokenEvent | None) -> tuple[str, str]:

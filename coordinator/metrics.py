@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from coordinator.polled_counter import PolledCounter
 from coordinator.pool.prefix_pull import PullOutcome
+from coordinator.pull_metrics import PullMetrics
 from coordinator.tier_metrics import TierMetrics
 from engine.grammars import GrammarCache
 from engine.outputs import EngineStats
@@ -57,6 +58,7 @@ class Metrics:
         self._declare_latencies()
         self._declare_grammars()
         self._speculating = False  # its families are declared once a worker speculates
+        self._pulls: PullMetrics | None = None  # peer prefix pulls' once one was made
         self._tiers: TierMetrics | None = None  # ... and the KV tiers' once a worker has tiers
         self._declare_replicas()
 
@@ -146,21 +148,6 @@ class Metrics:
             "kv_transfer_seconds",
             "Time to move a request's KV pages from prefill to decode",
             (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
-        )
-        self.kv_peer_pulls = self._counter(
-            "kv_peer_pulls",
-            "Prefix pulls from a peer worker (kv_peer_pull), by the source's role and outcome "
-            "(ok: blocks installed; failed: the prompt computed them)",
-            "source_role",
-            "outcome",
-        )
-        self.kv_peer_pull_blocks = self._counter(
-            "kv_peer_pull_blocks", "KV blocks prefill workers pulled from peers"
-        )
-        self.kv_peer_pull_seconds = self._histogram(
-            "kv_peer_pull_seconds",
-            "Time from opening a prefix pull to the peer's acknowledged pages",
-            (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
         )
 
     def _declare_latencies(self) -> None:
@@ -276,11 +263,10 @@ class Metrics:
         self.kv_transfers.labels(self.model_name, path or "unknown").inc()
 
     def record_pull(self, outcome: PullOutcome) -> None:
-        """One peer prefix pull, whatever its outcome."""
-        result = "ok" if outcome.ok else "failed"
-        self.kv_peer_pulls.labels(self.model_name, outcome.source_role, result).inc()
-        self.kv_peer_pull_blocks.labels(self.model_name).inc(outcome.num_blocks)
-        self.kv_peer_pull_seconds.labels(self.model_name).observe(outcome.seconds)
+        """One peer prefix pull, whatever its outcome (the families declared at the first)."""
+        if self._pulls is None:
+            self._pulls = PullMetrics(self.registry, self.model_name)
+        self._pulls.record(outcome)
 
     def record_loads(self, loads: list[WorkerLoad]) -> None:
         for load in loads:

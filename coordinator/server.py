@@ -39,12 +39,17 @@ from coordinator.fault_injection import add_fault_route, fault_route_keys, read_
 from coordinator.http_edge import EdgeLimits, uvicorn_limits
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
+from coordinator.planner import PlannerSettings
+from coordinator.planner.loop import PlannerLoop
+from coordinator.planner.traffic import TrafficWindow
+from coordinator.planner_metrics import PlannerMetrics
 from coordinator.pool.prefix_pull import PullOutcome
 from coordinator.ray_connect import init_ray
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
 from coordinator.threaded_server import ThreadedServer
 from coordinator.uvicorn_server import SignalFreeServer
+from engine.errors import ConfigError
 from workers.faults import fault_injection_enabled
 
 log = logging.getLogger(__name__)
@@ -81,10 +86,24 @@ class Coordinator:
             Timeouts(**config.fed(Timeouts)),
             self.metrics,
         )
+        self.planner = self._planner(config)
+        self._planning: asyncio.Task | None = None
         self.ready = False
         self.started_ray = False
         self._servers: list[uvicorn.Server] = []
         self._probes: ThreadedServer | None = None
+
+    def _planner(self, config: CoordinatorConfig) -> PlannerLoop | None:
+        """The role planner's loop (``planner: advise``), fed by the service's traffic."""
+        settings = PlannerSettings(**config.fed(PlannerSettings))
+        if settings.mode == "off":
+            return None
+        if self.cluster.config.deploy_mode != "pd_separate":
+            raise ConfigError("planner: advise needs deploy_mode pd_separate (it plans roles)")
+        traffic = TrafficWindow()
+        self.service.traffic = traffic
+        metrics = PlannerMetrics(self.metrics.registry, self.metrics.model_name)
+        return PlannerLoop(settings, self.router.view, self.fleet, traffic, metrics)
 
     def _on_pull(self, outcome: PullOutcome) -> None:
         """A peer prefix pull: its time teaches the router's cost model, and is a metric."""
@@ -195,6 +214,8 @@ class Coordinator:
         await asyncio.to_thread(self.start_cluster)
         await self.router.view.refresh()
         self.router.view.start()
+        if self.planner is not None:
+            self._planning = asyncio.ensure_future(self.planner.run())
         self.ready = True
         log.info("ready: /v1/readiness answers 200")
 
@@ -271,6 +292,8 @@ class Coordinator:
             await self._probes.stop()
         if starting is not None and not starting.done():
             starting.cancel()
+        if self._planning is not None:
+            self._planning.cancel()
         await self.router.view.stop()
         await self.fleet.aclose()
         if ray.is_initialized():

@@ -84,6 +84,11 @@ class EngineStats:
     kv_tier_skipped: int = 0
     kv_tier_promoted: int = 0
     prompt_token_seconds: float = 0.0  # the engine's learnt compute time of a prompt token
+    # its learnt time of a step without prompt tokens, and those steps' rows (moving averages),
+    # and its steps so far (the first ones run cold): what the role planner fits
+    decode_step_seconds: float = 0.0
+    decode_step_rows: float = 0.0
+    num_steps: int = 0
     # prefixes pulled from peers (engine/kv_pull.py), counters: blocks installed here, pulls
     # that installed none, blocks sent to peers
     kv_pulled_blocks: int = 0

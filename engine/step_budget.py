@@ -40,7 +40,9 @@ class StepBudget:
         self.prompt_target_s = prompt_target_ms / 1000
         self.max_tokens = max_tokens
         self.decode_s = PRIOR_DECODE_S
+        self.decode_rows = 0.0  # the rows of the steps decode_s averages, averaged alike
         self.token_s = PRIOR_TOKEN_S  # the learnt cost of a prompt token
+        self.num_steps = 0  # steps learnt from: a worker's first ones run cold
 
     def tokens(self, num_decodes: int) -> int:
         """Prompt tokens the next step may carry beside ``num_decodes`` decode rows."""
@@ -56,9 +58,11 @@ class StepBudget:
 
     def observe(self, num_decodes: int, num_prompt_tokens: int, seconds: float) -> None:
         """Learn from a step that took ``seconds``."""
+        self.num_steps += 1
         if num_prompt_tokens == 0:
             if num_decodes:
                 self.decode_s += SMOOTHING * (seconds - self.decode_s)
+                self.decode_rows += SMOOTHING * (num_decodes - self.decode_rows)
             return
         base = self.decode_s if num_decodes else 0.0
         per_token = max(seconds - base, 0.0) / num_prompt_tokens

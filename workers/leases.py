@@ -45,3 +45,23 @@ class Leases:
                 del self._renewed[owner]
             self.num_expired += len(expired)
             return expired
+
+
+class PlannerLease:
+    """Which coordinator plans roles (``coordinator/planner/loop.py``): the one whose claim here
+    was last renewed within ``ttl_s``; another takes over once it lapses. Held on one worker of
+    the pool (the first), so every coordinator in front of the pool asks the same one."""
+
+    def __init__(self) -> None:
+        self._holder = ""
+        self._until = 0.0
+        self._lock = threading.Lock()
+
+    def claim(self, holder: str, ttl_s: float, now: float | None = None) -> bool:
+        """Take or renew the lease for ``holder``; False while another holds it."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if self._holder not in ("", holder) and now < self._until:
+                return False
+            self._holder, self._until = holder, now + ttl_s
+            return True

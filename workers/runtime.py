@@ -50,7 +50,7 @@ from workers.contracts import (
     WorkerReport,
 )
 from workers.heap import HeapKeeper
-from workers.leases import Leases
+from workers.leases import Leases, PlannerLease
 from workers.token_channel import TokenSender
 from workers.worker_request import WorkerRequests
 
@@ -104,6 +104,7 @@ class WorkerRuntime:
         self.instance = instance
         self.requests = WorkerRequests(self.role)  # every request here (workers/worker_request.py)
         self.leases = Leases()  # the coordinators sending requests here (workers/leases.py)
+        self.planner_lease = PlannerLease()  # which coordinator plans roles (the first worker's)
         self.channel = TokenSender(channel_host, channel_credentials)
         self.heap = HeapKeeper()  # figures and trims of the C heap (workers/heap.py)
         # built on the engine thread: the one thread here that runs OpenMP teams (engine/openmp.py)
@@ -261,6 +262,12 @@ class WorkerRuntime:
         self.leases.renew(owner)
         events: KvEventBatch = self.engine.blocks.events.since(kv_epoch, kv_seq)
         return WorkerReport(self.load(), events, len(self.leases.live()))
+
+    @in_group(CONTROL)
+    def claim_planner(self, owner: str, ttl_s: float) -> bool:
+        """Take or renew the role planner's lease for coordinator ``owner`` (workers/leases.py);
+        False while another coordinator holds it."""
+        return self.planner_lease.claim(owner, ttl_s)
 
     @in_group(LONG_POLLS)
     def kv_events(self, kv_epoch: str, kv_seq: int, wait_s: float, owner: str = "") -> KvEventBatch:

@@ -20,6 +20,7 @@ from coordinator.door_limits import DEFAULT_BUFFERED_BODY_MB
 from coordinator.http_edge import EdgeLimits
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo
+from coordinator.planner import PLANNER_MODES, PlannerSettings
 from coordinator.routing.config import RoutingConfig
 from engine.config import SchedulerConfig
 
@@ -48,6 +49,16 @@ def engine(path: str) -> Feed:
 def routing(path: str) -> Feed:
     """A field of RoutingConfig."""
     return Feed(RoutingConfig, path)
+
+
+def planner(path: str, convert: Convert | None = None) -> Feed:
+    """A field of PlannerSettings."""
+    return Feed(PlannerSettings, path, convert)
+
+
+def ms(dotted: str, value: int, default: float) -> float:
+    """A :data:`Convert` for a key in milliseconds that feeds a field in seconds."""
+    return value / 1000
 
 
 def as_float(dotted: str, value: int, default: float) -> float:
@@ -189,6 +200,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "polls it counts the requests it sent itself. Shorter: another coordinator's load "
             "is seen sooner, at a few ms of the coordinator's CPU a worker a poll",
             low=50, high=2000, unit="ms"),
+        fed("planner", "str", planner("mode"), "`pd_separate`: the role planner "
+            "([architecture.md](architecture.md#planning-roles)); `advise` runs it on the "
+            "live figures, one coordinator of a pool at a time, and publishes every decision "
+            "(`planner_decisions_total`, a log line) without moving a worker",
+            choices=PLANNER_MODES),
+        fed("slo_ttft_ms", "int", planner("slo_ttft_s", ms), "the planner's TTFT target: the "
+            "p90 of an interval's requests", low=1, high=600_000, unit="ms"),
+        fed("slo_itl_ms", "int", planner("slo_itl_s", ms), "the planner's ITL target: the p90 "
+            "of an interval's requests' mean time between tokens", low=1, high=60_000, unit="ms"),
+        fed("planner_interval_ms", "int", planner("interval_s", ms), "how often the planner "
+            "decides", low=500, high=600_000, unit="ms"),
     ),
     "tls_config": section(
         "tls_config",

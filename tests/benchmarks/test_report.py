@@ -29,6 +29,7 @@ FILES = (
     "speculation",
     "served_speculation",
     "multi_turn",
+    "planner_shifting_mix",
     "prompt_dtype",
     "decode_limit",
     "soak",

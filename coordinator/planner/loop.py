@@ -1,0 +1,132 @@
+"""The role planner in a coordinator (``planner: advise``): every ``interval_s`` the coordinator
+holding the planner's lease (claimed on the pool's first prefill worker, renewed each interval,
+another coordinator taking over within ``LEASE_INTERVALS`` intervals of its silence) gives the
+planner the workers as its router last polled them and the interval's traffic, and publishes the
+decision: ``planner_decisions_total{kind, role}``, ``planner_targets_violated{target}``, the
+split it advises (``planner_advised_workers{role}``) and a log line when the advice changes.
+Workers do not change roles yet: a switch is advice, not a move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import ray
+
+from coordinator.planner import PlannerSettings
+from coordinator.planner.planner import (
+    DECODE,
+    PREFILL,
+    SCALE_DOWN,
+    SCALE_UP,
+    SWITCH,
+    Decision,
+    Planner,
+    PlannerConfig,
+    WorkerSample,
+)
+from coordinator.planner.traffic import TrafficWindow
+from coordinator.routing.worker_state import WorkerState
+
+log = logging.getLogger(__name__)
+
+LEASE_INTERVALS = 3  # a lease lapses after this many intervals without a renewal
+WARM_STEPS = 20  # a worker's first steps run cold (kernels, caches): the planner skips them
+
+
+class PlannerLoop:
+    def __init__(
+        self,
+        settings: PlannerSettings,
+        view: Any,  # coordinator.routing.worker_view.WorkerView
+        fleet: Any,  # coordinator.pool.fleet.Fleet
+        traffic: TrafficWindow,
+        metrics: Any | None = None,  # coordinator.planner_metrics.PlannerMetrics
+    ) -> None:
+        self.settings, self.view, self.fleet, self.traffic = settings, view, fleet, traffic
+        self.metrics = metrics
+        prefills, decodes = len(fleet.prefills), len(fleet.decodes)
+        self.planner = Planner(PlannerConfig(
+            slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s,
+            interval_s=settings.interval_s, default_prefill=prefills, default_decode=decodes,
+        ))  # fmt: skip
+        self.leader = False
+        self.last: Decision | None = None
+        self._advice = ""
+
+    async def run(self) -> None:
+        """Decide every interval until cancelled."""
+        while True:
+            await asyncio.sleep(self.settings.interval_s)
+            try:
+                await self.tick()
+            except Exception:  # the loop outlives a bad interval (a worker gone mid-call)
+                log.exception("role planner interval failed")
+
+    async def tick(self, now: float | None = None) -> Decision | None:
+        """One interval: the decision, or None when another coordinator plans."""
+        sample = self.traffic.take(self.settings.interval_s)
+        self.leader = await self._claim()
+        if self.metrics is not None:
+            self.metrics.leader(self.leader)
+        if not self.leader:
+            return None
+        workers = [_sample(w) for w in [*self.view.prefills, *self.view.decodes] if w.fresh]
+        if not workers:
+            return None
+        decision = self.planner.decide(workers, sample, time.monotonic() if now is None else now)
+        self.last = decision
+        if self.metrics is not None:
+            self.metrics.record(decision, self.planner.short, _advised(workers, decision))
+        advice = f"{decision.kind}:{decision.role}:{len(decision.workers)}"
+        if advice != self._advice:
+            self._advice = advice
+            log.info("role planner: %s %s %s (%s)", decision.kind, decision.role or "",
+                     ",".join(decision.workers), decision.reason)  # fmt: skip
+        return decision
+
+    async def _claim(self) -> bool:
+        """Whether this coordinator holds the planner's lease (claimed or renewed now)."""
+        first = self.fleet.prefills[0] if self.fleet.prefills else None
+        if first is None:
+            return False
+        ttl = LEASE_INTERVALS * self.settings.interval_s
+        try:
+            claimed = await asyncio.wait_for(
+                first.claim_planner.remote(self.fleet.coordinator_id, ttl), self.settings.interval_s
+            )
+        except (ray.exceptions.RayError, TimeoutError):
+            return False  # the lease's worker is away: nobody plans until it answers
+        return bool(claimed)
+
+
+def _sample(worker: WorkerState) -> WorkerSample:
+    stats = worker.stats
+    return WorkerSample(
+        key=f"{worker.role}-{worker.instance}",
+        role=PREFILL if worker.role == PREFILL else DECODE,
+        queued_tokens=stats.num_prompt_tokens_to_compute,
+        running=stats.num_running,
+        token_s=stats.prompt_token_seconds,
+        step_s=stats.decode_step_seconds,
+        warm=stats.num_steps >= WARM_STEPS,
+    )
+
+
+def _advised(workers: list[WorkerSample], decision: Decision) -> dict[str, int]:
+    """The workers of each role the decision advises."""
+    counts = {PREFILL: 0, DECODE: 0}
+    for worker in workers:
+        counts[worker.role] += 1
+    if decision.kind == SWITCH and decision.role is not None:
+        other = DECODE if decision.role == PREFILL else PREFILL
+        counts[decision.role] += len(decision.workers)
+        counts[other] -= len(decision.workers)
+    elif decision.kind == SCALE_UP and decision.role is not None:
+        counts[decision.role] += 1
+    elif decision.kind == SCALE_DOWN and decision.role is not None:
+        counts[decision.role] -= 1
+    return counts

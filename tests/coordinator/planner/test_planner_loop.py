@@ -1,0 +1,142 @@
+"""The role planner in a coordinator (unit level): the traffic window it learns from, the lease
+that lets one coordinator of a pool plan, and an interval's decision published as metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from coordinator.planner import PlannerSettings
+from coordinator.planner.capacity import StepModel
+from coordinator.planner.loop import WARM_STEPS, PlannerLoop
+from coordinator.planner.traffic import MAX_SAMPLES, TrafficWindow
+from coordinator.planner_metrics import PlannerMetrics
+from coordinator.routing.worker_state import WorkerState
+from engine.errors import ConfigError
+from engine.outputs import EngineStats
+from workers.leases import PlannerLease
+
+
+def test_the_window_takes_an_intervals_figures_and_starts_afresh():
+    window = TrafficWindow()
+    for i in range(10):
+        window.arrived(100 + 10 * i)
+        window.finished(20, ttft_s=0.1 * (i + 1), itl_s=0.01)
+    sample = window.take(5.0)
+    assert sample.arrivals == 10 and sample.prompt_tokens == 145 and sample.output_tokens == 20
+    assert sample.ttft_p90_s == pytest.approx(1.0) and sample.itl_p90_s == pytest.approx(0.01)
+    assert sample.traffic.rate == 2.0
+    empty = window.take(5.0)
+    assert empty.arrivals == 0 and empty.ttft_p90_s is None
+    assert empty.output_tokens == 20  # the last mean, while nothing finishes
+
+
+def test_the_window_is_bounded_whatever_the_traffic():
+    window = TrafficWindow()
+    for _ in range(3 * MAX_SAMPLES):
+        window.finished(5, ttft_s=1.0, itl_s=0.1)
+    assert len(window._ttfts) == MAX_SAMPLES  # noqa: SLF001 - the bound itself
+
+
+def test_one_coordinator_holds_the_lease_until_it_lapses():
+    lease = PlannerLease()
+    assert lease.claim("a", ttl_s=6.0, now=0.0)
+    assert not lease.claim("b", ttl_s=6.0, now=3.0)
+    assert lease.claim("a", ttl_s=6.0, now=5.0)  # renewed
+    assert not lease.claim("b", ttl_s=6.0, now=10.0)
+    assert lease.claim("b", ttl_s=6.0, now=11.5)  # a went silent
+    assert not lease.claim("a", ttl_s=6.0, now=12.0)
+
+
+def test_the_settings_refuse_an_unknown_mode():
+    with pytest.raises(ConfigError, match="planner must be one of off, advise"):
+        PlannerSettings(mode="auto")
+
+
+class _Claim:
+    def __init__(self, lease: PlannerLease) -> None:
+        self.lease = lease
+
+    def remote(self, owner: str, ttl_s: float):
+        async def answer() -> bool:
+            return self.lease.claim(owner, ttl_s)
+
+        return answer()
+
+
+@dataclass
+class _Worker:
+    claim_planner: _Claim
+
+
+@dataclass
+class _Fleet:
+    prefills: list
+    decodes: list
+    coordinator_id: str
+
+
+@dataclass
+class _View:
+    prefills: list = field(default_factory=list)
+    decodes: list = field(default_factory=list)
+
+
+def _view() -> _View:
+    warm = {"num_steps": WARM_STEPS, "prompt_token_seconds": 0.001}
+    return _View(
+        prefills=[
+            WorkerState("prefill", 0, EngineStats(num_prompt_tokens_to_compute=9000, **warm))
+        ],  # fmt: skip
+        decodes=[
+            WorkerState(
+                "decode",
+                i,
+                EngineStats(
+                    num_running=1 + i, decode_step_seconds=0.02, decode_step_rows=1 + i, **warm
+                ),
+            )  # fmt: skip
+            for i in range(3)
+        ],
+    )
+
+
+def test_the_coordinator_holding_the_lease_plans_and_publishes_it():
+    lease, registry = PlannerLease(), CollectorRegistry()
+    worker = _Worker(_Claim(lease))
+    settings = PlannerSettings(mode="advise", slo_ttft_s=2.0, slo_itl_s=0.1, interval_s=2.0)
+    loops = []
+    for name in ("a", "b"):
+        fleet = _Fleet([worker], [object()] * 3, name)
+        metrics = PlannerMetrics(registry, "m") if name == "a" else None
+        loops.append(PlannerLoop(settings, _view(), fleet, TrafficWindow(), metrics))
+    first, second = loops
+    for _ in range(3):
+        first.traffic.arrived(500)
+    decision = asyncio.run(first.tick(now=100.0))
+    assert asyncio.run(second.tick(now=100.0)) is None  # the lease is a's
+    assert first.leader and not second.leader
+    # 9,000 prompt tokens queued on one prefill worker: 9 s of work against a 2 s target
+    assert decision is not None and decision.kind == "switch" and decision.role == "prefill"
+    assert decision.workers == ("decode-0", "decode-1")  # the fewest running requests
+    text = generate_latest(registry).decode()
+    assert 'planner_decisions_total{kind="switch",model_name="m",role="prefill"} 1.0' in text
+    assert 'planner_targets_violated{model_name="m",target="ttft"} 1.0' in text
+    assert 'planner_advised_workers{model_name="m",role="prefill"} 3.0' in text
+    assert 'planner_leader{model_name="m"} 1.0' in text
+
+
+def test_workers_in_their_first_steps_teach_the_planner_nothing():
+    view = _view()
+    for worker in [*view.prefills, *view.decodes]:
+        worker.stats = EngineStats(num_running=2, decode_step_seconds=5.0,
+                                   prompt_token_seconds=0.5, num_steps=WARM_STEPS - 1)  # fmt: skip
+    fleet = _Fleet([_Worker(_Claim(PlannerLease()))], [], "a")
+    loop = PlannerLoop(PlannerSettings(mode="advise"), view, fleet, TrafficWindow())
+    asyncio.run(loop.tick(now=1.0))
+    fresh = StepModel()
+    assert loop.planner.model.decode_step == fresh.decode_step
+    assert loop.planner.model.token_s == fresh.token_s
