@@ -103,11 +103,12 @@ class Coordinator:
         traffic = TrafficWindow()
         self.service.traffic = traffic
         metrics = PlannerMetrics(self.metrics.registry, self.metrics.model_name)
-        return PlannerLoop(settings, self.router.view, self.fleet, traffic, metrics)
+        split = (self.cluster.config.num_prefill, self.cluster.config.num_decode)
+        return PlannerLoop(settings, self.router.view, self.fleet, traffic, split, metrics)
 
     def _on_pull(self, outcome: PullOutcome) -> None:
         """A peer prefix pull: its time teaches the router's cost model, and is a metric."""
-        self.router.pull_costs.record(outcome.seconds, outcome.num_blocks)
+        self.router.pull_costs.record(outcome.seconds, outcome.num_blocks, outcome.num_asked)
         self.metrics.record_pull(outcome)
 
     # ---- apps ------------------------------------------------------------------------------

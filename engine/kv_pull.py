@@ -228,7 +228,9 @@ def export_prefix(
             end += len(found)
     if end == first:
         return None
-    pages = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    # one contiguous buffer whatever its parts (a tier's pages are a view across blocks): the
+    # transports send its bytes as they lie
+    pages = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)).contiguous()
     state = HandoffState(
         request_id=ticket.pull_id,
         token_ids=tokens[: end * size],

@@ -84,6 +84,7 @@ class _Worker:
     joining: list = field(default_factory=list)  # decode: (ready time, request)
     step_left: float = 0.0  # decode: seconds left in the current step
     step_s: float = 0.0
+    step_rows: int = 0  # rows of the last step
     draining_to: str | None = None  # finishing its current prompt before a switch
     removed: bool = False
 
@@ -264,7 +265,7 @@ class _Sim:
                 worker.running += [r for _, r in ready]
                 if not worker.running:
                     return
-                rows = len(worker.running)
+                rows = worker.step_rows = len(worker.running)
                 worker.step_s = (self.model.step_fixed_s + self.model.step_row_s * rows) * slow
                 worker.step_left = worker.step_s
             if worker.step_left > elapsed:
@@ -312,7 +313,7 @@ class _Sim:
         return WorkerSample(
             worker.key, worker.role, worker.queued_tokens(),
             len(worker.running) + len(worker.joining), self.model.token_s * slow,
-            worker.step_s, warm=not cold, switching=switching,
+            worker.step_s, worker.step_rows, warm=not cold, switching=switching,
         )  # fmt: skip
 
     def _carry_out(self, decision: Decision) -> None:

@@ -10,6 +10,7 @@ Workers do not change roles yet: a switch is advice, not a move.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -44,11 +45,14 @@ class PlannerLoop:
         view: Any,  # coordinator.routing.worker_view.WorkerView
         fleet: Any,  # coordinator.pool.fleet.Fleet
         traffic: TrafficWindow,
+        split: tuple[int, int],
         metrics: Any | None = None,  # coordinator.planner_metrics.PlannerMetrics
     ) -> None:
+        """``split``: the configured prefill and decode workers (where an idle pool returns)."""
         self.settings, self.view, self.fleet, self.traffic = settings, view, fleet, traffic
         self.metrics = metrics
-        prefills, decodes = len(fleet.prefills), len(fleet.decodes)
+        prefills, decodes = split
+        self._steps: dict[str, int] = {}  # worker -> its steps at the last sample
         self.planner = Planner(PlannerConfig(
             slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s,
             interval_s=settings.interval_s, default_prefill=prefills, default_decode=decodes,
@@ -74,9 +78,12 @@ class PlannerLoop:
             self.metrics.leader(self.leader)
         if not self.leader:
             return None
-        workers = [_sample(w) for w in [*self.view.prefills, *self.view.decodes] if w.fresh]
+        workers = [self._sample(w) for w in [*self.view.prefills, *self.view.decodes] if w.fresh]
         if not workers:
             return None
+        # this coordinator's traffic stands for its pool's: one share of the coordinators'
+        sharing = max((r.num_coordinators for r in self.view.latest_reports), default=1)
+        sample = dataclasses.replace(sample, arrivals=sample.arrivals * max(sharing, 1))
         decision = self.planner.decide(workers, sample, time.monotonic() if now is None else now)
         self.last = decision
         if self.metrics is not None:
@@ -102,18 +109,22 @@ class PlannerLoop:
             return False  # the lease's worker is away: nobody plans until it answers
         return bool(claimed)
 
-
-def _sample(worker: WorkerState) -> WorkerSample:
-    stats = worker.stats
-    return WorkerSample(
-        key=f"{worker.role}-{worker.instance}",
-        role=PREFILL if worker.role == PREFILL else DECODE,
-        queued_tokens=stats.num_prompt_tokens_to_compute,
-        running=stats.num_running,
-        token_s=stats.prompt_token_seconds,
-        step_s=stats.decode_step_seconds,
-        warm=stats.num_steps >= WARM_STEPS,
-    )
+    def _sample(self, worker: WorkerState) -> WorkerSample:
+        """The planner's view of ``worker``: its step times only when it stepped since the last
+        interval (an average it reported already is no new measurement)."""
+        stats, key = worker.stats, f"{worker.role}-{worker.instance}"
+        stepped = stats.num_steps != self._steps.get(key)
+        self._steps[key] = stats.num_steps
+        return WorkerSample(
+            key=key,
+            role=PREFILL if worker.role == PREFILL else DECODE,
+            queued_tokens=stats.num_prompt_tokens_to_compute,
+            running=stats.num_running,
+            token_s=stats.prompt_token_seconds if stepped else 0.0,
+            step_s=stats.decode_step_seconds if stepped else 0.0,
+            step_rows=stats.decode_step_rows,
+            warm=stats.num_steps >= WARM_STEPS,
+        )
 
 
 def _advised(workers: list[WorkerSample], decision: Decision) -> dict[str, int]:

@@ -21,10 +21,11 @@ a :class:`Decision` with its reason (``none`` too: why nothing moved).
   which the best split of one worker fewer kept both targets within ``headroom²``.
 - **Idle** (no request, nothing queued or running) for ``scale_down_after_s``: workers beyond
   ``min_workers`` are released, then roles return to the configured split, one a decision.
-- **Stability**: nothing moves while a switch or a start is in progress, nor for ``cooldown_s``
-  after a move; a move undoing the last one within ``3·cooldown_s`` needs its violation in two
-  intervals running (no 2 ↔ 1 flapping on a noisy target); only warm workers' figures fit the
-  step times (a start or a switch makes a worker cold for its first steps).
+- **Stability**: nothing moves while a switch or a start is in progress, nor for
+  ``cooldown_intervals`` intervals after a move; a move undoing the last one in the
+  ``flap_intervals`` intervals after it needs its violation in two intervals running (no 2 ↔ 1
+  flapping on a noisy target); only warm workers' figures fit the step times (a start or a
+  switch makes a worker cold for its first steps).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class PlannerConfig:
     slo_ttft_s: float = 2.0
     slo_itl_s: float = 0.1
     interval_s: float = 2.0
-    cooldown_s: float = 1.5  # after a move, none for this long (the next interval may move)
+    cooldown_intervals: float = 0.75  # after a move, none for this long (the next may move)
+    flap_intervals: int = 2  # undoing a move this soon needs two intervals of violation
     headroom: float = 0.9  # a prediction within this share of a target keeps it
     default_prefill: int = 1  # the configured split, where idle roles return
     default_decode: int = 1
@@ -66,7 +68,8 @@ class WorkerSample:
     queued_tokens: int = 0  # prompt tokens waiting to be computed
     running: int = 0  # requests decoding
     token_s: float = 0.0  # its learnt compute time of a prompt token (0: none yet)
-    step_s: float = 0.0  # its recent decode step time (0: none yet)
+    step_s: float = 0.0  # its recent decode step time (0: nothing new since the last sample)
+    step_rows: float = 0.0  # the rows of those steps (0: as many as it runs)
     warm: bool = True  # past its first steps since a start or a switch
     switching: bool = False
 
@@ -122,8 +125,8 @@ class Planner:
             if worker.warm and not worker.switching:
                 if worker.role == PREFILL:
                     self.model.add_prefill(worker.token_s)
-                elif worker.running > 0:
-                    self.model.add_decode(worker.running, worker.step_s)
+                elif worker.step_rows or worker.running:
+                    self.model.add_decode(worker.step_rows or worker.running, worker.step_s)
         self.short = []
         if any(w.switching for w in workers) or sample.starting:
             return Decision(NONE, "a move is in progress")
@@ -135,7 +138,8 @@ class Planner:
         self.short = short
         for role in (PREFILL, DECODE):
             self._streak[role] = self._streak.get(role, 0) + 1 if role in short else 0
-        if self._last is not None and now < self._last.at + self.config.cooldown_s:
+        cooldown = self.config.cooldown_intervals * self.config.interval_s
+        if self._last is not None and now < self._last.at + cooldown:
             return Decision(NONE, "cooling down after the last move")
         if len(short) == 2:
             return self._fix(workers, sample, self._further(sample), now)
@@ -203,11 +207,12 @@ class Planner:
         return PREFILL if ttft >= itl else DECODE
 
     def _undoes_last(self, short: str, now: float) -> bool:
-        """Whether a switch to ``short`` undoes the last move, made less than three cooldowns
-        ago."""
+        """Whether a switch to ``short`` undoes the last move, made in the last
+        ``flap_intervals`` intervals."""
         last = self._last
         other = DECODE if short == PREFILL else PREFILL
-        recent = last is not None and now < last.at + 3 * self.config.cooldown_s
+        window = (self.config.flap_intervals + 0.5) * self.config.interval_s
+        recent = last is not None and now < last.at + window
         return recent and last is not None and last.kind == SWITCH and last.role == other
 
     def _scale_up(self, workers: list[WorkerSample], role: str, now: float, reason: str,
@@ -261,12 +266,9 @@ class Planner:
         if now < self._idle_since + cfg.scale_down_after_s:
             return Decision(NONE, "idle")
         prefills, decodes = _count(workers)
-        if len(workers) > cfg.min_workers:
-            role = (
-                PREFILL
-                if prefills - cfg.default_prefill >= decodes - cfg.default_decode
-                else DECODE
-            )
+        spare_prefill, spare_decode = prefills - cfg.default_prefill, decodes - cfg.default_decode
+        if len(workers) > cfg.min_workers and max(spare_prefill, spare_decode) > 0:
+            role = PREFILL if spare_prefill >= spare_decode else DECODE
             self._last = _Move(SCALE_DOWN, role, now)
             return Decision(SCALE_DOWN, "idle: back to the configured workers",
                             _cheapest(workers, role), role)  # fmt: skip

@@ -5,6 +5,7 @@ interval (the oldest go first), whatever the traffic."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 
@@ -62,4 +63,4 @@ def _p90(values: deque[float]) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(int(0.9 * len(ordered)), len(ordered) - 1)]
+    return ordered[math.ceil(0.9 * len(ordered)) - 1]  # the nearest rank

@@ -4,10 +4,12 @@
 Computing ``n`` blocks costs ``n × block_size × token_s``, the prefill worker's own learnt
 compute time of a prompt token (``EngineStats.prompt_token_seconds``). A pull of ``n`` blocks
 costs ``overhead_s + n × block_s``: the coordinator times every pull from the call that opens it
-to the peer's acknowledgement and keeps a moving average of each term, fitted from the pulls'
-sizes (``PRIOR_*`` until pulls were measured). A pull that installs nothing counts its whole
-time against the model. A pull is planned only when it is estimated at ``MARGIN`` of the
-compute or less, for at least ``MIN_BLOCKS`` blocks.
+to the peer's acknowledgement, and the two terms are a least-squares fit over the pulls made
+(recent ones weighing more; the priors, as two pulls of ``PRIOR_SIZES`` blocks, until pulls of
+other sizes outweigh them). A pull that installs nothing is a sample of zero blocks (it was all
+overhead), its time capped at ``FAILURE_CAP`` times the estimate it was planned on: one pull
+stuck until its timeout must not switch pulls off for good. A pull is planned only when it is
+estimated at ``MARGIN`` of the compute or less, for at least ``MIN_BLOCKS`` blocks.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from coordinator.routing.worker_state import WorkerKey
 
 PRIOR_OVERHEAD_S = 0.01  # two calls and a handshake, until measured
 PRIOR_BLOCK_S = 0.001  # one block's export, transfer and install, until measured
+PRIOR_SIZES = (1, 16)  # the pulls (in blocks) the priors count as
 MARGIN = 0.7  # a pull is planned when it costs at most this share of the compute it saves
 MIN_BLOCKS = 2
-ALPHA = 0.2  # the moving averages' weight of a new measurement
+DECAY = 0.95  # the weight an older sample keeps per newer one
+FAILURE_CAP = 3.0
 
 
 @dataclass(frozen=True)
@@ -34,13 +38,25 @@ class PullPlan:
 
 class PullCosts:
     def __init__(self) -> None:
-        self.overhead_s = PRIOR_OVERHEAD_S
-        self.block_s = PRIOR_BLOCK_S
-        self.measured = 0
         self._lock = threading.Lock()
+        self._sums = [0.0] * 5  # decayed weight, x, y, xx, xy of (blocks, seconds)
+        for size in PRIOR_SIZES:
+            self._add(size, PRIOR_OVERHEAD_S + size * PRIOR_BLOCK_S)
+        self.measured = 0
+
+    @property
+    def terms(self) -> tuple[float, float]:
+        """``(overhead_s, block_s)`` as fitted now."""
+        w, x, y, xx, xy = self._sums
+        mean_x, mean_y = x / w, y / w
+        spread = xx / w - mean_x * mean_x
+        slope = (xy / w - mean_x * mean_y) / spread if spread > 1e-9 else PRIOR_BLOCK_S
+        slope = max(slope, 1e-6)
+        return max(mean_y - slope * mean_x, 0.0), slope
 
     def estimate(self, num_blocks: int) -> float:
-        return self.overhead_s + num_blocks * self.block_s
+        overhead, block_s = self.terms
+        return overhead + num_blocks * block_s
 
     def worth(self, num_blocks: int, block_compute_s: float) -> bool:
         """Whether pulling ``num_blocks`` beats computing them at ``block_compute_s`` each."""
@@ -48,15 +64,21 @@ class PullCosts:
             return False
         return self.estimate(num_blocks) <= MARGIN * num_blocks * block_compute_s
 
-    def record(self, seconds: float, num_blocks: int) -> None:
-        """A pull that took ``seconds`` and installed ``num_blocks`` blocks (0: failed)."""
+    def record(self, seconds: float, num_blocks: int, num_asked: int = 0) -> None:
+        """A pull that took ``seconds`` and installed ``num_blocks`` of the ``num_asked``
+        blocks planned (0 installed: it failed)."""
         with self._lock:
             self.measured += 1
-            if num_blocks <= 0:  # all of it wasted: as if it were pure overhead
-                self.overhead_s += ALPHA * (seconds - self.overhead_s)
-                return
-            # split the time by the model's current shares, then move each term toward its part
-            predicted = self.estimate(num_blocks)
-            scale = seconds / predicted if predicted > 0 else 1.0
-            self.overhead_s += ALPHA * (self.overhead_s * scale - self.overhead_s)
-            self.block_s += ALPHA * (self.block_s * scale - self.block_s)
+            if num_blocks <= 0:
+                seconds = min(seconds, FAILURE_CAP * self.estimate(max(num_asked, 1)))
+            self._add(num_blocks, seconds)
+
+    def _add(self, blocks: float, seconds: float) -> None:
+        s = self._sums
+        for i in range(5):
+            s[i] *= DECAY
+        s[0] += 1.0
+        s[1] += blocks
+        s[2] += seconds
+        s[3] += blocks * blocks
+        s[4] += blocks * seconds

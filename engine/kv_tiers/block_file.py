@@ -97,7 +97,7 @@ def read_block(
         parent, tokens = bytes.fromhex(header["parent"]), tuple(int(t) for t in header["tokens"])
         size, expected = int(header["size"]), int(header["crc32"])
         layout, named = str(header["layout"]), str(header["hash"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise CorruptBlock(f"unreadable header: {exc}") from exc
     if layout != layout_key:
         raise CorruptBlock(f"layout {layout!r}, not {layout_key!r}")

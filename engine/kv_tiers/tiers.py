@@ -302,7 +302,11 @@ class KvTiers:
             index = start + 1
             while index < stop and len(served) == index - start:
                 chunk = range(index, min(index + LOAD_CHUNK, stop))
-                for result in self._loaders.map(read, chunk):
+                # every read of the chunk finishes before the run is cut at its first miss: a
+                # read still running would write into the staging buffer's next use
+                results = [future.result() for future in
+                           [self._loaders.submit(read, i) for i in chunk]]  # fmt: skip
+                for result in results:
                     if result is None:
                         break
                     served.append(result)

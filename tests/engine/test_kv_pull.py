@@ -14,6 +14,7 @@ from engine.errors import KVImportError
 from engine.kv_pull import PullTicket, export_prefix
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.transfer.codec import page_bytes
 from tests.conftest import make_engine
 from tests.support.block_checks import check_consistent
 
@@ -81,6 +82,9 @@ def test_a_source_exports_from_its_tiers(tiny_loaded, tmp_path: Path):
     source.generate(others, GREEDY)  # PROMPT leaves the cache for the shared tier
     assert source.blocks.lookup([], PROMPT) == [] and source.tiers is not None
     source.tiers.flush()
+    ticket = PullTicket("pull-x", "s" * 32, 0, 10)
+    sent = export_prefix(source, PROMPT, "", ticket)
+    assert sent is not None and len(page_bytes(sent)) == sent.num_bytes  # as a transport sends
     assert _pull(puller, source, PROMPT, 10) == 10
     assert _run(puller, PROMPT) == (computed, 40)
 

@@ -125,3 +125,11 @@ def test_the_step_model_fits_what_it_is_shown():
     assert math.isclose(prediction.itl_s, 0.01 / (1 - 0.001 * 500 / 2))
     assert model.predict(1, 0, traffic).itl_s == math.inf
     assert model.predict(0, 2, traffic).ttft_s == math.inf
+
+
+def test_an_idle_pool_at_its_configured_split_releases_nothing():
+    planner = Planner(PlannerConfig(default_prefill=1, default_decode=1, scale_down_after_s=1.0))
+    idle = TrafficSample(window_s=2.0)
+    pool = _pool(1, 1, running=0)
+    for now in (0.0, 2.0, 4.0, 60.0):
+        assert planner.decide(pool, idle, now=now).kind == NONE

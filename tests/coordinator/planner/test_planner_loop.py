@@ -27,7 +27,7 @@ def test_the_window_takes_an_intervals_figures_and_starts_afresh():
         window.finished(20, ttft_s=0.1 * (i + 1), itl_s=0.01)
     sample = window.take(5.0)
     assert sample.arrivals == 10 and sample.prompt_tokens == 145 and sample.output_tokens == 20
-    assert sample.ttft_p90_s == pytest.approx(1.0) and sample.itl_p90_s == pytest.approx(0.01)
+    assert sample.ttft_p90_s == pytest.approx(0.9) and sample.itl_p90_s == pytest.approx(0.01)
     assert sample.traffic.rate == 2.0
     empty = window.take(5.0)
     assert empty.arrivals == 0 and empty.ttft_p90_s is None
@@ -83,6 +83,7 @@ class _Fleet:
 class _View:
     prefills: list = field(default_factory=list)
     decodes: list = field(default_factory=list)
+    latest_reports: list = field(default_factory=list)
 
 
 def _view() -> _View:
@@ -112,7 +113,7 @@ def test_the_coordinator_holding_the_lease_plans_and_publishes_it():
     for name in ("a", "b"):
         fleet = _Fleet([worker], [object()] * 3, name)
         metrics = PlannerMetrics(registry, "m") if name == "a" else None
-        loops.append(PlannerLoop(settings, _view(), fleet, TrafficWindow(), metrics))
+        loops.append(PlannerLoop(settings, _view(), fleet, TrafficWindow(), (1, 3), metrics))
     first, second = loops
     for _ in range(3):
         first.traffic.arrived(500)
@@ -135,8 +136,24 @@ def test_workers_in_their_first_steps_teach_the_planner_nothing():
         worker.stats = EngineStats(num_running=2, decode_step_seconds=5.0,
                                    prompt_token_seconds=0.5, num_steps=WARM_STEPS - 1)  # fmt: skip
     fleet = _Fleet([_Worker(_Claim(PlannerLease()))], [], "a")
-    loop = PlannerLoop(PlannerSettings(mode="advise"), view, fleet, TrafficWindow())
+    loop = PlannerLoop(PlannerSettings(mode="advise"), view, fleet, TrafficWindow(), (1, 3))
     asyncio.run(loop.tick(now=1.0))
     fresh = StepModel()
     assert loop.planner.model.decode_step == fresh.decode_step
     assert loop.planner.model.token_s == fresh.token_s
+
+
+def test_a_pool_of_two_coordinators_counts_the_traffic_twice():
+    fleet = _Fleet([_Worker(_Claim(PlannerLease()))], [], "a")
+    view = _view()
+    view.latest_reports = [type("R", (), {"num_coordinators": 2})()]
+    loop = PlannerLoop(PlannerSettings(mode="advise"), view, fleet, TrafficWindow(), (1, 3))
+    for _ in range(4):
+        loop.traffic.arrived(100)
+    seen = []
+    decide = loop.planner.decide
+    loop.planner.decide = lambda workers, sample, now: (
+        seen.append(sample) or decide(workers, sample, now)
+    )
+    asyncio.run(loop.tick(now=1.0))
+    assert seen[0].arrivals == 8

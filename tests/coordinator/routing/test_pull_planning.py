@@ -58,10 +58,19 @@ def test_the_cost_model_learns_from_the_pulls_made():
     assert costs.estimate(10) == pytest.approx(PRIOR_OVERHEAD_S + 10 * PRIOR_BLOCK_S)
     assert not costs.worth(MIN_BLOCKS - 1, 1.0)  # too few blocks to bother
     assert not costs.worth(10, 0.0)  # no compute time known
-    for _ in range(50):
-        costs.record(0.005, 10)  # faster than the priors say
-    assert costs.estimate(10) == pytest.approx(0.005, rel=0.05)
-    for _ in range(50):
-        costs.record(0.05, 0)  # failures: their time is all overhead
-    assert costs.overhead_s == pytest.approx(0.05, rel=0.05)
-    assert not costs.worth(10, 0.005)
+    for _ in range(60):  # pulls of two sizes: 2 ms fixed, 3 ms a block
+        costs.record(0.002 + 2 * 0.003, 2)
+        costs.record(0.002 + 20 * 0.003, 20)
+    overhead, block_s = costs.terms
+    assert overhead == pytest.approx(0.002, rel=0.05) and block_s == pytest.approx(0.003, rel=0.05)
+
+
+def test_a_pull_stuck_until_its_timeout_does_not_switch_pulls_off():
+    costs = PullCosts()
+    for _ in range(20):
+        costs.record(0.012, 2)
+        costs.record(0.03, 20)
+    before = costs.estimate(20)
+    costs.record(30.0, 0, num_asked=20)  # timed out: capped at a few times its estimate
+    assert costs.estimate(20) < 4 * before
+    assert costs.worth(20, 0.01)  # 20 blocks of 10 ms compute still pull

@@ -23,8 +23,9 @@ def test_a_block_reads_back_as_written():
         (lambda d: b"X" + d[1:], "no block header"),
         (lambda d: d[:12] + b"#" + d[13:], "unreadable header"),
         (lambda d: d[:8] + b"\xff\xff\xff\x00" + d[12:], "past the file's end"),
+        (lambda d: d.replace(b'"size":1024', b'"size":1e999'), "unreadable header"),
     ],
-    ids=["truncated", "flipped", "short", "magic", "header", "length"],
+    ids=["truncated", "flipped", "short", "magic", "header", "length", "overflow"],
 )
 def test_damage_anywhere_is_refused(damage, message):
     with pytest.raises(CorruptBlock, match=message):
