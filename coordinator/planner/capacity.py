@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from coordinator.decayed_line import DecayedLine
+
 PRIOR_TOKEN_S = 0.001  # a prompt token, until a warm prefill worker reported
 PRIOR_STEP = (0.02, 0.002)  # a decode step's (fixed, per row) seconds, until fitted
 DECAY = 0.97  # the weight an older decode sample keeps per newer one
@@ -61,8 +63,7 @@ class StepModel:
     def __init__(self) -> None:
         self.token_s = PRIOR_TOKEN_S
         self._token_samples = 0
-        # decayed weighted sums of (rows, seconds): weight, x, y, xx, xy
-        self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self._steps = DecayedLine(DECAY)  # (rows, seconds) of warm decode steps
 
     def add_prefill(self, token_s: float) -> None:
         """A warm prefill worker's learnt compute time of a prompt token."""
@@ -75,26 +76,18 @@ class StepModel:
         """A warm decode worker's recent step time at ``rows`` rows."""
         if step_s <= 0 or rows < 0:
             return
-        s = self._sums
-        for i in range(5):
-            s[i] *= DECAY
-        s[0] += 1.0
-        s[1] += rows
-        s[2] += step_s
-        s[3] += rows * rows
-        s[4] += rows * step_s
+        self._steps.add(rows, step_s)
 
     @property
     def decode_step(self) -> tuple[float, float]:
         """``(c, d)``: a decode step of ``b`` rows takes ``c + d·b`` seconds."""
-        w, x, y, xx, xy = self._sums
-        if w <= 0:
+        moments = self._steps.moments()
+        if moments is None:
             return PRIOR_STEP
-        mean_x, mean_y = x / w, y / w
-        spread = xx / w - mean_x * mean_x
+        mean_x, mean_y, spread, covariance = moments
         slope = PRIOR_STEP[1]
         if spread >= MIN_SPREAD:
-            slope = max((xy / w - mean_x * mean_y) / spread, 0.0)
+            slope = max(covariance / spread, 0.0)
         return max(mean_y - slope * mean_x, 1e-4), slope
 
     def predict(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from coordinator.decayed_line import DecayedLine
 from coordinator.routing.worker_state import WorkerKey
 
 PRIOR_OVERHEAD_S = 0.01  # two calls and a handshake, until measured
@@ -39,18 +40,18 @@ class PullPlan:
 class PullCosts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sums = [0.0] * 5  # decayed weight, x, y, xx, xy of (blocks, seconds)
+        self._pulls = DecayedLine(DECAY)  # (blocks, seconds) of the pulls made
         for size in PRIOR_SIZES:
-            self._add(size, PRIOR_OVERHEAD_S + size * PRIOR_BLOCK_S)
+            self._pulls.add(size, PRIOR_OVERHEAD_S + size * PRIOR_BLOCK_S)
         self.measured = 0
 
     @property
     def terms(self) -> tuple[float, float]:
         """``(overhead_s, block_s)`` as fitted now."""
-        w, x, y, xx, xy = self._sums
-        mean_x, mean_y = x / w, y / w
-        spread = xx / w - mean_x * mean_x
-        slope = (xy / w - mean_x * mean_y) / spread if spread > 1e-9 else PRIOR_BLOCK_S
+        moments = self._pulls.moments()
+        assert moments is not None  # the priors are samples
+        mean_x, mean_y, spread, covariance = moments
+        slope = covariance / spread if spread > 1e-9 else PRIOR_BLOCK_S
         slope = max(slope, 1e-6)
         return max(mean_y - slope * mean_x, 0.0), slope
 
@@ -71,14 +72,4 @@ class PullCosts:
             self.measured += 1
             if num_blocks <= 0:
                 seconds = min(seconds, FAILURE_CAP * self.estimate(max(num_asked, 1)))
-            self._add(num_blocks, seconds)
-
-    def _add(self, blocks: float, seconds: float) -> None:
-        s = self._sums
-        for i in range(5):
-            s[i] *= DECAY
-        s[0] += 1.0
-        s[1] += blocks
-        s[2] += seconds
-        s[3] += blocks * blocks
-        s[4] += blocks * seconds
+            self._pulls.add(num_blocks, seconds)
