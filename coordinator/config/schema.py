@@ -56,11 +56,6 @@ def planner(path: str, convert: Convert | None = None) -> Feed:
     return Feed(PlannerSettings, path, convert)
 
 
-def ms(dotted: str, value: int, default: float) -> float:
-    """A :data:`Convert` for a key in milliseconds that feeds a field in seconds."""
-    return value / 1000
-
-
 def as_float(dotted: str, value: int, default: float) -> float:
     """A :data:`Convert` for an integer key (seconds) that feeds a float field."""
     return float(value)
@@ -205,11 +200,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "live figures, one coordinator of a pool at a time, and publishes every decision "
             "(`planner_decisions_total`, a log line) without moving a worker",
             choices=PLANNER_MODES),
-        fed("slo_ttft_ms", "int", planner("slo_ttft_s", ms), "the planner's TTFT target: the "
+        fed("slo_ttft_ms", "int", planner("slo_ttft_ms"), "the planner's TTFT target: the "
             "p90 of an interval's requests", low=1, high=600_000, unit="ms"),
-        fed("slo_itl_ms", "int", planner("slo_itl_s", ms), "the planner's ITL target: the p90 "
+        fed("slo_itl_ms", "int", planner("slo_itl_ms"), "the planner's ITL target: the p90 "
             "of an interval's requests' mean time between tokens", low=1, high=60_000, unit="ms"),
-        fed("planner_interval_ms", "int", planner("interval_s", ms), "how often the planner "
+        fed("planner_interval_ms", "int", planner("interval_ms"), "how often the planner "
             "decides", low=500, high=600_000, unit="ms"),
     ),
     "tls_config": section(

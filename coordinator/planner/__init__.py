@@ -16,12 +16,23 @@ class PlannerSettings:
     publishes each decision as a metric and a log line; workers do not change roles yet."""
 
     mode: str = "off"
-    slo_ttft_s: float = 2.0
-    slo_itl_s: float = 0.1
-    interval_s: float = 2.0
+    slo_ttft_ms: int = 2000
+    slo_itl_ms: int = 100
+    interval_ms: int = 2000
 
     def __post_init__(self) -> None:
         if self.mode not in PLANNER_MODES:
-            raise ConfigError(
-                f"planner must be one of {', '.join(PLANNER_MODES)}, got {self.mode!r}"
-            )
+            modes = ", ".join(PLANNER_MODES)
+            raise ConfigError(f"planner must be one of {modes}, got {self.mode!r}")
+
+    @property
+    def slo_ttft_s(self) -> float:
+        return self.slo_ttft_ms / 1000
+
+    @property
+    def slo_itl_s(self) -> float:
+        return self.slo_itl_ms / 1000
+
+    @property
+    def interval_s(self) -> float:
+        return self.interval_ms / 1000

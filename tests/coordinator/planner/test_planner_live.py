@@ -37,7 +37,7 @@ def test_one_coordinator_plans_on_the_live_figures(ray_session, tiny_model_dir):
             request = GenerationRequest("r", list(range(20, 60)), SamplingParams(max_new_tokens=8))
             events = [e async for e in cluster.generate(request)]
             await router.view.refresh()
-            settings = PlannerSettings(mode="advise", interval_s=0.5)
+            settings = PlannerSettings(mode="advise", interval_ms=500)
             traffic = TrafficWindow()
             traffic.arrived(40)
             traffic.finished(8, ttft_s=0.05, itl_s=0.01)

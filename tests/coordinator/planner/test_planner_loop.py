@@ -108,7 +108,7 @@ def _view() -> _View:
 def test_the_coordinator_holding_the_lease_plans_and_publishes_it():
     lease, registry = PlannerLease(), CollectorRegistry()
     worker = _Worker(_Claim(lease))
-    settings = PlannerSettings(mode="advise", slo_ttft_s=2.0, slo_itl_s=0.1, interval_s=2.0)
+    settings = PlannerSettings(mode="advise", slo_ttft_ms=2000, slo_itl_ms=100, interval_ms=2000)
     loops = []
     for name in ("a", "b"):
         fleet = _Fleet([worker], [object()] * 3, name)
@@ -157,3 +157,12 @@ def test_a_pool_of_two_coordinators_counts_the_traffic_twice():
     )
     asyncio.run(loop.tick(now=1.0))
     assert seen[0].arrivals == 8
+
+
+def test_the_config_keys_reach_the_planner_in_their_units():
+    from coordinator.config.loader import defaults
+
+    settings = PlannerSettings(**defaults().fed(PlannerSettings))
+    assert (settings.mode, settings.slo_ttft_s, settings.slo_itl_s, settings.interval_s) == (
+        "off", 2.0, 0.1, 2.0,
+    )  # fmt: skip
