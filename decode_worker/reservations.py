@@ -49,6 +49,10 @@ class NoRoom(str):
         return refusal
 
 
+class Moved(str):
+    """A refusal because the worker is leaving the decode role: the request goes elsewhere."""
+
+
 @dataclass(order=True)
 class Waiter:
     priority: int
@@ -153,6 +157,13 @@ class ReservationQueue:
         if waiter is not None:
             refusal = engine.importer.reservation_refusal(len(waiter.request.token_ids))
             _answer(waiter, NoRoom(refusal))
+
+    def refuse_all(self, refusal: str) -> None:
+        """Refuse every waiting hand-off with ``refusal``."""
+        waiters, self._heap = self._heap, []
+        self.pace.waiting(self.clock(), False)
+        for waiter in waiters:
+            _answer(waiter, refusal)
 
     def cancel(self, request_id: str) -> bool:
         """Abort a waiting hand-off: refused at once."""

@@ -44,7 +44,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 
-from decode_worker.reservations import NoRoom, ReservationQueue
+from decode_worker.reservations import Moved, NoRoom, ReservationQueue
 from engine.config import kv_bind_address
 from engine.errors import KVImportError
 from engine.grammars import GrammarError
@@ -130,6 +130,8 @@ class DecodeWorker(HandoffWorker):
             self.requests.close(request_id)
             if isinstance(answer, NoRoom):
                 return Reservation.no_room(answer, answer.retry_after_s)
+            if isinstance(answer, Moved):
+                return Reservation.moved(answer)
             return Reservation.refused(answer)
         return Reservation(True, self.receiver.endpoint, token=token, num_cached_blocks=answer)
 

@@ -392,8 +392,9 @@ class LLMEngine:
         self.scheduler.remove(request)
         request.status = RequestStatus.HELD
 
-    def abort(self, request_id: str, error: str | None = None) -> bool:
-        """End a request wherever it is (a reservation too) and free its blocks."""
+    def abort(self, request_id: str, error: str | None = None, cause: str = "") -> bool:
+        """End a request wherever it is (a reservation too) and free its blocks; with ``error``
+        it ends as failed, its event naming ``cause``."""
         request = self.requests.get(request_id)
         if request is None:
             return False
@@ -409,6 +410,7 @@ class LLMEngine:
                 time.monotonic(),
                 reason,
                 error,
+                cause,
                 num_cached_tokens=request.num_cached_tokens,
             )
         )

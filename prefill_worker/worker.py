@@ -31,6 +31,7 @@ from engine.outputs import TokenEvent
 from engine.request import RequestStatus
 from engine.transfer import KVTransferError, create_sender
 from engine.transfer.payload import KVPayload
+from engine.transfer.security import KVCredentials
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget, Submitted
 from workers.handoff_worker import HandoffWorker
 
@@ -41,8 +42,12 @@ class PrefillWorker(HandoffWorker):
     role = "prefill"
 
     def open_kv_plane(self) -> None:
+        self.open_sender(self.credentials)
+
+    def open_sender(self, credentials: KVCredentials | None) -> None:
+        """The hand-off's sender (and its threads), holding the senders' share ``credentials``."""
         transfer = self.transfer
-        self.sender = create_sender(transfer.transport, transfer.shared_memory, self.credentials)
+        self.sender = create_sender(transfer.transport, transfer.shared_memory, credentials)
         self.transfer_timeout_s = transfer.transfer_timeout_s
         self._senders = ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="kv-send", initializer=serial_here

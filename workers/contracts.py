@@ -28,6 +28,22 @@ from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
 from workers.heap import HeapFigures
 
+# the cause of a request an elastic worker gave up because it changed roles (or was asked in a
+# role or epoch it no longer serves): it goes to another worker, spending none of its retries
+ROLE_SWITCH = "role_switch"
+
+
+@dataclass(frozen=True)
+class RoleState:
+    """An elastic worker's role (``workers/elastic.py``): the one it serves, its epoch (bumped by
+    each switch), whether a switch is under way (it takes no new work then), and its engine
+    steps since it took this role (the first ones run cold)."""
+
+    serving: str
+    epoch: int = 0
+    switching: bool = False
+    steps_in_role: int = 0
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -124,6 +140,7 @@ class Reservation:
     restarting: bool = False  # never reached the worker: Ray is restarting its actor
     # refused for want of room: when the worker expects room for it (0: no estimate)
     retry_after_s: float = 0.0
+    cause: str = ""  # a refusal's kind when it is none of the above (``role_switch``)
 
     @classmethod
     def refused(cls, reason: str) -> Reservation:
@@ -136,6 +153,12 @@ class Reservation:
     @classmethod
     def unattached(cls, channel: str) -> Reservation:
         return cls(False, reason=f"not attached to the token channel at {channel}", channel=channel)
+
+    @classmethod
+    def moved(cls, reason: str) -> Reservation:
+        """Refused because the worker serves another role now (``workers/role_gate.py``): no
+        fault of the request, which goes to another worker."""
+        return cls(False, reason=reason, cause=ROLE_SWITCH)
 
 
 @dataclass(frozen=True)
@@ -221,6 +244,13 @@ class WorkerLoad:
     requests_by_owner: dict[str, int] = field(default_factory=dict)  # coordinator id -> held
     num_dropped_events: int = 0  # events its token channel could not send (a coordinator lagging)
     heap: HeapFigures = field(default_factory=HeapFigures)  # its C heap (workers/heap.py)
+    # an elastic worker's role, epoch and switch (None for the others: they serve their ``role``)
+    role_state: RoleState | None = None
+
+    @property
+    def serving(self) -> str:
+        """The role this worker takes requests of now (an elastic one's current role)."""
+        return self.role_state.serving if self.role_state is not None else self.role
 
     def to_dict(self, identity: WorkerIdentity) -> dict[str, Any]:
         """Flat JSON: role, instance, every EngineStats figure, used blocks, open streams, pid,
@@ -230,6 +260,9 @@ class WorkerLoad:
         return {
             "role": self.role,
             "instance": self.instance,
+            "serving": self.serving,
+            "role_epoch": self.role_state.epoch if self.role_state else 0,
+            "switching": self.role_state.switching if self.role_state else False,
             **asdict(self.stats),
             "num_used_blocks": self.stats.num_used_blocks,
             "num_open_streams": self.num_open_streams,
