@@ -196,6 +196,9 @@ def test_worker_load_is_typed_and_flattens_to_the_instances_json(tiny_model_dir)
         assert list(instance) == [
             "role",
             "instance",
+            "serving",
+            "role_epoch",
+            "switching",
             "num_waiting",
             "num_running",
             "num_held",
