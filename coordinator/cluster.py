@@ -128,10 +128,11 @@ class Cluster:
         if self.config.deploy_mode == "single_node":
             colocated = ("colocated", decode % len(self.fleet.colocated))
             return self._generate_alone(run, colocated), "colocated"
+        d_key = self.fleet.key("decode", decode)
         if prefill is None:
             limit = self._max_output_tokens(run)
-            return self._generate_alone(run, ("decode", decode), limit), "decode"
-        return self._generate_pd(run, ("prefill", prefill), ("decode", decode)), "prefill"
+            return self._generate_alone(run, d_key, limit), "decode"
+        return self._generate_pd(run, self.fleet.key("prefill", prefill), d_key), "prefill"
 
     def _max_output_tokens(self, run: RequestRun) -> int:
         """A disaggregated request's output limit, whichever path it takes (token-accounting)."""
@@ -163,6 +164,7 @@ class Cluster:
                     refusal = f"decode worker refused: {reservation.reason}"
                     cause = POOL_FULL if reservation.full else "reservation_refused"
                     cause = WORKER_RESTARTING if reservation.restarting else cause
+                    cause = reservation.cause or cause  # role_switch: it serves prefill now
                     run.retry_after_s = reservation.retry_after_s
                     yield TokenEvent.failure(run.attempt_id, refusal, cause)
                     return
@@ -201,7 +203,8 @@ class Cluster:
         p_worker = self.fleet.worker(*stream.worker)
         if run.pull is not None:  # leading blocks a peer holds, pulled first (kv_peer_pull)
             await self._pull(run, p_worker, run.pull)
-        await self._submit(stream, lambda: p_worker.prefill.remote(run.attempt, target))
+        gate = self.fleet.gate(stream.worker)
+        await self._submit(stream, lambda: p_worker.prefill.remote(run.attempt, target, **gate))
         async for item in stream:
             if isinstance(item, TokenEvent) and not item.finished:
                 run.advance(RunPhase.HANDING_OFF)  # the first token: the pages go now
@@ -240,8 +243,9 @@ class Cluster:
         worker = self.fleet.worker(*key)
         run.workers = [worker]
         run.advance(RunPhase.PREFILLING)
+        gate = self.fleet.gate(key)
         with _opened(self.fleet.streams, run.attempt_id, key) as stream:
-            await self._submit(stream, lambda: worker.generate.remote(run.attempt, *args))
+            await self._submit(stream, lambda: worker.generate.remote(run.attempt, *args, **gate))
             async for event in stream:
                 if isinstance(event, TokenEvent) and event.token_id is not None:
                     run.advance(RunPhase.DECODING)
@@ -308,13 +312,14 @@ class Cluster:
         (``time.monotonic()``; default now)."""
         wait_s = min(x for x in (self.config.reservation_wait_s, request.timeout_s) if x)
         deadline = (time.monotonic() if since is None else since) + wait_s
-        d_worker = self.fleet.worker(*d_key)
+        d_worker, gate = self.fleet.worker(*d_key), self.fleet.gate(d_key)
         queue = self._reserve_queue(d_key)
         try:
             async with queue.place(request.priority, deadline):
                 left_s = max(deadline - time.monotonic(), 0.0)
                 reservation = await self._attached(
-                    d_key, lambda: d_worker.reserve.remote(request, left_s, max_output_tokens)
+                    d_key,
+                    lambda: d_worker.reserve.remote(request, left_s, max_output_tokens, **gate),
                 )
                 queue.answered(reservation.granted)
                 return reservation

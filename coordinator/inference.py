@@ -63,7 +63,7 @@ from coordinator.router import Router
 from coordinator.routing.choice import Route
 from engine.outputs import CONSTRAINT_VIOLATED, TokenEvent
 from engine.request import FinishReason
-from workers.contracts import GenerationRequest
+from workers.contracts import ROLE_SWITCH, GenerationRequest
 
 log = logging.getLogger(__name__)
 REPICK_INTERVAL_S = 0.25  # a migrating request's wait between tries for a pair
@@ -260,8 +260,9 @@ class InferenceService:
     def _migrate(self, run: RequestRun, cause: str, error: str) -> None:
         """Send ``run`` back for another pair, or raise GenerationFailed if it may not. An
         attempt that found its worker restarting spends no retry: the next pick waits for a
-        pair that answers (the request's timeouts bound it)."""
-        spent = cause != WORKER_RESTARTING
+        pair that answers (the request's timeouts bound it); nor does one its worker handed on
+        by switching roles (``role_switch``: a move, not a failure, counted apart)."""
+        spent = cause not in (WORKER_RESTARTING, ROLE_SWITCH)
         if spent and run.num_spent == self.max_retry:
             # the detail (a worker's error, Ray's text, a node's address) is logged, not sent
             log.error(
@@ -282,7 +283,9 @@ class InferenceService:
             cause,
             error,
         )
-        if self.metrics and (spent or not run.migrations):  # restarting: counted as a first only
+        if self.metrics and cause == ROLE_SWITCH:
+            self.metrics.role_metrics().migrated()
+        elif self.metrics and (spent or not run.migrations):  # restarting: a first only
             self.metrics.migrations.labels(self.metrics.model_name, cause).inc()
         run.migrate(cause, spent)
 
@@ -294,7 +297,10 @@ class InferenceService:
         ends it: the failed pair is taken back, and its stream ends at once as aborted)."""
         token_ids, failed, tenant = run.all_token_ids, run.failed_route, run.request.tenant
         holder = run.request_id
-        if run.migrations and not run.migrations[-1].spent:
+        last = run.migrations[-1] if run.migrations else None
+        if last is not None and last.cause == ROLE_SWITCH:
+            await self.router.view.refresh_roles()  # its worker switched: where is what now
+        elif last is not None and not last.spent:
             await asyncio.sleep(REPICK_INTERVAL_S)  # its worker is restarting: give it a moment
         while True:
             try:

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from coordinator.polled_counter import PolledCounter
 from coordinator.pool.prefix_pull import PullOutcome
 from coordinator.pull_metrics import PullMetrics
+from coordinator.role_metrics import RoleMetrics
 from coordinator.tier_metrics import TierMetrics
 from engine.grammars import GrammarCache
 from engine.outputs import EngineStats
@@ -59,6 +60,7 @@ class Metrics:
         self._declare_grammars()
         self._speculating = False  # its families are declared once a worker speculates
         self._pulls: PullMetrics | None = None  # peer prefix pulls' once one was made
+        self.roles: RoleMetrics | None = None  # elastic workers' once a poll reports one
         self._tiers: TierMetrics | None = None  # ... and the KV tiers' once a worker has tiers
         self._declare_replicas()
 
@@ -268,7 +270,15 @@ class Metrics:
             self._pulls = PullMetrics(self.registry, self.model_name)
         self._pulls.record(outcome)
 
+    def role_metrics(self) -> RoleMetrics:
+        """The elastic workers' families, declared at the first use."""
+        if self.roles is None:
+            self.roles = RoleMetrics(self.registry, self.model_name)
+        return self.roles
+
     def record_loads(self, loads: list[WorkerLoad]) -> None:
+        if any(load.role_state is not None for load in loads):
+            self.role_metrics().record_loads(loads)
         for load in loads:
             labels = (self.model_name, load.role, str(load.instance))
             self.npu_cache.labels(*labels).set(load.stats.kv_usage)

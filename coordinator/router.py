@@ -108,7 +108,10 @@ class Router:
         )
         workers = {w.key: w for pair in pairs for w in pair if w is not None}
         cached = self._cached_tokens(workers, token_ids, hashes, tenant, now)
-        choice = choose_pair(pairs, bool(view.prefills), len(token_ids), cached, exclude, routing)
+        # pd_separate: a decode worker prefills itself when no prefill worker serves (elastic
+        # workers may all be decoding or switching)
+        disaggregated = bool(view.prefills or view.elastic)
+        choice = choose_pair(pairs, disaggregated, len(token_ids), cached, exclude, routing)
         if choice.prefill is not None:
             choice.prefill.pending_tokens += choice.prefill_tokens
         choice.decode.pending_tokens += choice.decode_prefill_tokens

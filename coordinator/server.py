@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
+from coordinator.api.role_route import add_role_route
 from coordinator.cluster import Cluster
 from coordinator.config.loader import CoordinatorConfig, check_manage_listener
 from coordinator.connection_caps import ConnectionCaps
@@ -44,6 +45,7 @@ from coordinator.planner.loop import PlannerLoop
 from coordinator.planner.traffic import TrafficWindow
 from coordinator.planner_metrics import PlannerMetrics
 from coordinator.pool.prefix_pull import PullOutcome
+from coordinator.pool.role_switch import RoleSwitcher
 from coordinator.ray_connect import init_ray
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
@@ -86,6 +88,8 @@ class Coordinator:
             Timeouts(**config.fed(Timeouts)),
             self.metrics,
         )
+        elastic = cluster.deploy_mode == "pd_separate" and cluster.elastic_roles
+        self.switcher = RoleSwitcher(self.router.view, self.metrics) if elastic else None
         self.planner = self._planner(config)
         self._planning: asyncio.Task | None = None
         self.ready = False
@@ -94,17 +98,22 @@ class Coordinator:
         self._probes: ThreadedServer | None = None
 
     def _planner(self, config: CoordinatorConfig) -> PlannerLoop | None:
-        """The role planner's loop (``planner: advise``), fed by the service's traffic."""
+        """The role planner's loop (``planner: advise`` or ``execute``), fed by the service's
+        traffic."""
         settings = PlannerSettings(**config.fed(PlannerSettings))
         if settings.mode == "off":
             return None
         if self.cluster.config.deploy_mode != "pd_separate":
-            raise ConfigError("planner: advise needs deploy_mode pd_separate (it plans roles)")
+            mode = settings.mode
+            raise ConfigError(f"planner: {mode} needs deploy_mode pd_separate (it plans roles)")
+        if settings.mode == "execute" and self.switcher is None:
+            raise ConfigError("planner: execute needs elastic_roles: true (it switches roles)")
         traffic = TrafficWindow()
         self.service.traffic = traffic
         metrics = PlannerMetrics(self.metrics.registry, self.metrics.model_name)
         split = (self.cluster.config.num_prefill, self.cluster.config.num_decode)
-        return PlannerLoop(settings, self.router.view, self.fleet, traffic, split, metrics)
+        view, switcher = self.router.view, self.switcher
+        return PlannerLoop(settings, view, self.fleet, traffic, split, metrics, switcher)
 
     def _on_pull(self, outcome: PullOutcome) -> None:
         """A peer prefix pull: its time teaches the router's cost model, and is a metric."""
@@ -161,6 +170,7 @@ class Coordinator:
         api_assembly.require_api_keys(app, self.config["http_config"]["manage_api_keys"])
         if fault_injection_enabled():
             add_fault_route(app, self._inject_fault, self.fault_keys)
+        add_role_route(app, self.switcher)
 
         @app.get("/v1/instances")
         async def instances() -> JSONResponse:

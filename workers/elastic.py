@@ -126,7 +126,9 @@ class ElasticWorker(PrefillWorker, DecodeWorker):
             self.gate.wait_past(epoch, min(float(wait_s), MAX_SWITCH_WAIT_S))
         return refusal, self.role_state()
 
+    @in_group(CONTROL)
     def role_state(self) -> RoleState:
+        """Its role, epoch and switch now."""
         return self.gate.state(max(self.loop.stats.num_steps - self._steps_at_switch, 0))
 
     def _drain(self) -> None:

@@ -68,6 +68,9 @@ class ClusterConfig:
     deploy_mode: str = choice("pd_separate", DEPLOY_MODES, "deploy_mode")
     num_prefill: int = bounded(1, 1, 1024, "num_prefill")
     num_decode: int = bounded(1, 1, 1024, "num_decode")
+    # pd_separate: workers that switch roles while they serve (workers/elastic.py), started
+    # num_prefill as prefill and num_decode as decode
+    elastic_roles: bool = False
     # single_node: engines that each do prefill and decode
     num_colocated: int = bounded(1, 1, 1024, "num_colocated")
     kv: KVTransferConfig = field(default_factory=KVTransferConfig)  # the hand-off, both roles

@@ -198,7 +198,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         fed("planner", "str", planner("mode"), "`pd_separate`: the role planner "
             "([architecture.md](architecture.md#planning-roles)); `advise` runs it on the "
             "live figures, one coordinator of a pool at a time, and publishes every decision "
-            "(`planner_decisions_total`, a log line) without moving a worker",
+            "(`planner_decisions_total`, a log line) without moving a worker; `execute` (with "
+            "`elastic_roles`) also switches the workers it names",
             choices=PLANNER_MODES),
         fed("slo_ttft_ms", "int", planner("slo_ttft_ms"), "the planner's TTFT target: the "
             "p90 of an interval's requests", low=1, high=600_000, unit="ms"),
@@ -275,6 +276,10 @@ SCHEMA["backend_config"] = section(
         "present; a worker given GPUs (`num_gpus > 0`) always runs on CUDA"),
     fed("num_prefill_instances", "int", cluster("num_prefill"), "prefill actors (`pd_separate`)"),
     fed("num_decode_instances", "int", cluster("num_decode"), "decode actors (`pd_separate`)"),
+    fed("elastic_roles", "bool", cluster("elastic_roles"), "`pd_separate`: every worker can "
+        "switch between prefill and decode while it serves (`POST /v1/instances/{n}/role`, or "
+        "the planner in `execute` mode); `num_prefill_instances` and `num_decode_instances` "
+        "are the split it starts with ([architecture.md](architecture.md#switching-roles))"),
     fed("num_colocated_instances", "int", cluster("num_colocated"), "engines that each prefill "
         "and decode (`single_node`)"),
     fed("kv_transport", "str", cluster("kv.transport"), "how KV pages move, see "

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 from engine.errors import ConfigError
 
-PLANNER_MODES = ("off", "advise")
+PLANNER_MODES = ("off", "advise", "execute")
 
 
 @dataclass(frozen=True)
 class PlannerSettings:
-    """The planner's keys (``digs_scheduler_config``): ``advise`` runs it on the live figures and
-    publishes each decision as a metric and a log line; workers do not change roles yet."""
+    """The planner's keys: ``advise`` runs it on the live figures and publishes each decision as
+    a metric and a log line; ``execute`` also carries out its switches (``elastic_roles``)."""
 
     mode: str = "off"
     slo_ttft_ms: int = 2000

@@ -1,10 +1,16 @@
-"""The role planner in a coordinator (``planner: advise``): every ``interval_s`` the coordinator
-holding the planner's lease (claimed on the pool's first prefill worker, renewed each interval,
-another coordinator taking over within ``LEASE_INTERVALS`` intervals of its silence) gives the
-planner the workers as its router last polled them and the interval's traffic, and publishes the
-decision: ``planner_decisions_total{kind, role}``, ``planner_targets_violated{target}``, the
-split it advises (``planner_advised_workers{role}``) and a log line when the advice changes.
-Workers do not change roles yet: a switch is advice, not a move.
+"""The role planner in a coordinator (``planner: advise`` or ``execute``): every ``interval_s``
+the coordinator holding the planner's lease (claimed on the pool's first worker, renewed each
+interval, another coordinator taking over within ``LEASE_INTERVALS`` intervals of its silence)
+gives the planner the workers as its router last polled them and the interval's traffic, and
+publishes the decision: ``planner_decisions_total{kind, role}``,
+``planner_targets_violated{target}``, the split it advises (``planner_advised_workers{role}``)
+and a log line when the advice changes.
+
+``execute`` (elastic workers) carries out each switch decided: the workers named switch roles
+(``coordinator/pool/role_switch.py``), each on a task of its own, the loop not waiting for them;
+the planner moves nothing more while a worker reports a switch under way. A worker counts as
+cold (its step times not fitted) for its first ``WARM_STEPS`` steps in a role. Scaling decisions
+stay advice: the pool's size is fixed.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -47,10 +54,13 @@ class PlannerLoop:
         traffic: TrafficWindow,
         split: tuple[int, int],
         metrics: Any | None = None,  # coordinator.planner_metrics.PlannerMetrics
+        switcher: Any | None = None,  # coordinator.pool.role_switch.RoleSwitcher (execute)
     ) -> None:
         """``split``: the configured prefill and decode workers (where an idle pool returns)."""
         self.settings, self.view, self.fleet, self.traffic = settings, view, fleet, traffic
         self.metrics = metrics
+        self.switcher = switcher if settings.mode == "execute" else None
+        self._moves: set[asyncio.Task] = set()
         prefills, decodes = split
         self._steps: dict[str, int] = {}  # worker -> its steps at the last sample
         self.planner = Planner(PlannerConfig(
@@ -78,7 +88,7 @@ class PlannerLoop:
             self.metrics.leader(self.leader)
         if not self.leader:
             return None
-        workers = [self._sample(w) for w in [*self.view.prefills, *self.view.decodes] if w.fresh]
+        workers = [self._sample(w) for w in self.view.all() if w.fresh]
         if not workers:
             return None
         # this coordinator's traffic stands for its pool's: one share of the coordinators'
@@ -93,11 +103,29 @@ class PlannerLoop:
             self._advice = advice
             log.info("role planner: %s %s %s (%s)", decision.kind, decision.role or "",
                      ",".join(decision.workers), decision.reason)  # fmt: skip
+        if self.switcher is not None and decision.kind == SWITCH and decision.role is not None:
+            self._execute(decision.role, decision.workers)
         return decision
+
+    def _execute(self, role: str, workers: Sequence[str]) -> None:
+        """Switch ``workers`` (keys ``elastic-N``) to ``role``, each on a task of its own."""
+        assert self.switcher is not None
+        for key in workers:
+            instance = int(key.rsplit("-", 1)[1])
+            task = asyncio.ensure_future(self._move(instance, role))
+            self._moves.add(task)
+            task.add_done_callback(self._moves.discard)
+
+    async def _move(self, instance: int, role: str) -> None:
+        assert self.switcher is not None
+        try:
+            await self.switcher.switch(instance, role, 0.0)
+        except Exception as exc:  # the next interval sees the worker as it is
+            log.warning("role planner: switching worker %d to %s failed: %r", instance, role, exc)
 
     async def _claim(self) -> bool:
         """Whether this coordinator holds the planner's lease (claimed or renewed now)."""
-        first = self.fleet.prefills[0] if self.fleet.prefills else None
+        first = self.fleet.actors[0] if self.fleet.actors else None
         if first is None:
             return False
         ttl = LEASE_INTERVALS * self.settings.interval_s
@@ -115,15 +143,18 @@ class PlannerLoop:
         stats, key = worker.stats, f"{worker.role}-{worker.instance}"
         stepped = stats.num_steps != self._steps.get(key)
         self._steps[key] = stats.num_steps
+        role_state = worker.role_state
+        steps = stats.num_steps if role_state is None else role_state.steps_in_role
         return WorkerSample(
             key=key,
-            role=PREFILL if worker.role == PREFILL else DECODE,
+            role=PREFILL if worker.serving == PREFILL else DECODE,
             queued_tokens=stats.num_prompt_tokens_to_compute,
             running=stats.num_running,
             token_s=stats.prompt_token_seconds if stepped else 0.0,
             step_s=stats.decode_step_seconds if stepped else 0.0,
             step_rows=stats.decode_step_rows,
-            warm=stats.num_steps >= WARM_STEPS,
+            warm=steps >= WARM_STEPS,
+            switching=worker.switching,
         )
 
 

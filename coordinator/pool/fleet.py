@@ -42,7 +42,14 @@ from engine.kv_events import KvEventBatch, KvSnapshot
 from engine.transfer.security import ClusterCredentials, KVCredentials, transfer_credentials
 from prefill_worker.worker import PrefillWorker
 from workers.colocated import ColocatedWorker
-from workers.contracts import EmbedderIdentity, WorkerIdentity, WorkerLoad, WorkerReport
+from workers.contracts import (
+    EmbedderIdentity,
+    RoleState,
+    WorkerIdentity,
+    WorkerLoad,
+    WorkerReport,
+)
+from workers.elastic import ElasticWorker
 from workers.embedding import EmbeddingWorker
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.runtime import CONCURRENCY_GROUPS, WorkerRuntime
@@ -59,6 +66,9 @@ class Fleet:
         self.prefills: list[Any] = []
         self.decodes: list[Any] = []
         self.colocated: list[Any] = []
+        self.elastic: list[Any] = []  # elastic_roles: every worker, prefill or decode by turns
+        # each elastic worker's role as last heard (a poll, a switch), by instance
+        self.roles: dict[int, RoleState] = {}
         self._cores: list[int] | None = None
         self.ready_info: list[WorkerIdentity | EmbedderIdentity] = []  # as of ``start``
         self.identities: dict[tuple[str, int], WorkerIdentity] = {}  # by (role, instance), current
@@ -99,6 +109,9 @@ class Fleet:
         sender, receiver = (keys.sender, keys.receiver) if keys else (None, None)
         # peer pulls: prefill workers receive prefixes, decode workers send them
         pulls = transfer.peer_pull
+        if cfg.elastic_roles:
+            self._start_elastic(keys)
+            return
         self.prefills = self._actors(
             PrefillWorker, cfg.prefill_resources, cfg.num_prefill, transfer, sender,
             pull_credentials=receiver if pulls else None,
@@ -111,6 +124,66 @@ class Fleet:
             "prefill": _counterpart(keys, transfer_credentials(transfer, sender)),
             "decode": _counterpart(keys, transfer_credentials(transfer, receiver)),
         }
+
+    def _start_elastic(self, keys: ClusterCredentials | None) -> None:
+        """Elastic workers (``workers/elastic.py``): the first ``num_prefill`` start as prefill
+        workers, the next ``num_decode`` as decode workers. Each holds both shares of the KV
+        plane's credentials (it sends hand-offs and receives them by turns); its token channel
+        is secured as a decode worker's is."""
+        cfg, transfer = self.config, self.config.kv
+        sender, receiver = (keys.sender, keys.receiver) if keys else (None, None)
+        total = cfg.num_prefill + cfg.num_decode
+        self.roles = {n: RoleState("prefill" if n < cfg.num_prefill else "decode")
+                      for n in range(total)}  # fmt: skip
+        resources = cfg.decode_resources
+        self.elastic = [
+            self._actor(
+                ElasticWorker,
+                resources,
+                n,
+                transfer,
+                receiver,
+                pull_credentials=receiver if transfer.peer_pull else None,
+                send_credentials=sender,
+                serving=self.roles[n].serving,
+                cpu_ids=self._take_cores(resources.num_threads),
+            )  # fmt: skip
+            for n in range(total)
+        ]
+        share = transfer_credentials(transfer, receiver)
+        self._channel_keys = {"elastic": _counterpart(keys, share)}
+
+    def key(self, role: str, instance: int) -> WorkerKey:
+        """The key of the worker serving ``role`` as number ``instance`` of a route: an elastic
+        worker's is its own for life, whichever role it serves."""
+        return ("elastic", instance) if self.elastic else (role, instance)
+
+    def gate(self, key: WorkerKey) -> dict[str, int]:
+        """What a call bringing work to worker ``key`` names besides its request: an elastic
+        worker's role epoch as last heard (it refuses the call at another)."""
+        role_state = self.roles.get(key[1]) if key[0] == "elastic" else None
+        return {} if role_state is None else {"epoch": role_state.epoch}
+
+    async def switch(self, instance: int, target: str, wait_s: float) -> tuple[str, RoleState]:
+        """Switch elastic worker ``instance`` to ``target`` from the epoch last heard, waiting
+        up to ``wait_s`` for the switch to end: ("", its role then) when it started, else (why
+        not, its role now)."""
+        if not self.elastic:
+            raise ValueError("workers switch roles only with elastic_roles")
+        if not 0 <= instance < len(self.elastic):
+            raise IndexError(f"instance must be in [0, {len(self.elastic)}), got {instance}")
+        epoch = self.roles[instance].epoch
+        refusal, role_state = await self.elastic[instance].switch_role.remote(target, epoch, wait_s)
+        self.roles[instance] = role_state
+        return refusal, role_state
+
+    async def role_states(self) -> dict[int, RoleState]:
+        """Every elastic worker's role now (a worker that does not answer: as last heard)."""
+        answers = await asyncio.gather(*(_answer(a.role_state) for a in self.elastic))
+        for instance, role_state in enumerate(answers):
+            if role_state is not None:
+                self.roles[instance] = role_state
+        return self.roles
 
     def _start_colocated(self, keys: ClusterCredentials | None) -> None:
         """Colocated workers, their token channels secured as a decode worker's KV plane is."""
@@ -137,7 +210,9 @@ class Fleet:
         cfg = self.config
         if cfg.namespace is None:
             raise ValueError("stop_pool needs a cluster_name: a private cluster has no pool")
-        if cfg.deploy_mode == "pd_separate":
+        if cfg.deploy_mode == "pd_separate" and cfg.elastic_roles:
+            counts = {"elastic": cfg.num_prefill + cfg.num_decode}
+        elif cfg.deploy_mode == "pd_separate":
             counts = {"prefill": cfg.num_prefill, "decode": cfg.num_decode}
         else:
             counts = {"colocated": cfg.num_colocated}
@@ -166,8 +241,10 @@ class Fleet:
         cfg = self.config
         if not cfg.pin_cpus or not cfg.generation or len(ray.nodes()) != 1:
             return None
-        if cfg.deploy_mode == "pd_separate":
-            prefill, decode = cfg.prefill_resources.num_threads, cfg.decode_resources.num_threads
+        prefill, decode = cfg.prefill_resources.num_threads, cfg.decode_resources.num_threads
+        if cfg.deploy_mode == "pd_separate" and cfg.elastic_roles:
+            wanted = [decode] * (cfg.num_prefill + cfg.num_decode)
+        elif cfg.deploy_mode == "pd_separate":
             wanted = [prefill] * cfg.num_prefill + [decode] * cfg.num_decode
         else:
             wanted = [cfg.colocated_resources.num_threads] * cfg.num_colocated
@@ -241,8 +318,11 @@ class Fleet:
         return replace(cache, memory_mb=prefill_mb, num_blocks=None)
 
     def worker(self, role: str, instance: int) -> Any:
-        """The actor of ``role`` (prefill, decode, colocated) number ``instance``."""
-        pools = {"prefill": self.prefills, "decode": self.decodes, "colocated": self.colocated}
+        """The actor of ``role`` (prefill, decode, colocated, elastic) number ``instance``; with
+        elastic workers, ``prefill`` and ``decode`` name the elastic worker ``instance``."""
+        if self.elastic and role in ("prefill", "decode"):
+            role = "elastic"
+        pools = self._pools()
         if role not in pools:
             raise ValueError(f"role must be one of {', '.join(pools)}, got {role!r}")
         if not 0 <= instance < len(pools[role]):
@@ -251,7 +331,15 @@ class Fleet:
 
     @property
     def actors(self) -> list[Any]:
-        return [*self.prefills, *self.decodes, *self.colocated]
+        return [*self.prefills, *self.decodes, *self.colocated, *self.elastic]
+
+    def _pools(self) -> dict[str, list[Any]]:
+        return {
+            "prefill": self.prefills,
+            "decode": self.decodes,
+            "colocated": self.colocated,
+            "elastic": self.elastic,
+        }
 
     def shutdown(self) -> None:
         """Stop the workers if they are this cluster's own, or the shared pool's when
@@ -262,6 +350,7 @@ class Fleet:
             if self.config.namespace is not None:
                 drop_credentials(self.config.namespace)
         self.prefills, self.decodes, self.colocated, self.embedders = [], [], [], []
+        self.elastic = []
         if self._streams is not None:  # without its loop, which may be gone
             self._streams.abandon()
             self._streams = None
@@ -303,9 +392,21 @@ class Fleet:
             for key, actor in self._keyed_actors()
         ]
         reports = [report for report in await asyncio.gather(*calls) if report is not None]
+        for report in reports:
+            self._heard(report.load)
         await self._identify([report.load for report in reports])
         await self._attach_all([(r.load.role, r.load.instance) for r in reports])
         return reports
+
+    def _heard(self, load: WorkerLoad) -> None:
+        """Keep an elastic worker's role as ``load`` says, unless a switch answered since told
+        of a later epoch (a restarted actor starts over: its role is the load's)."""
+        role_state, known = load.role_state, self.roles.get(load.instance)
+        if role_state is None:
+            return
+        restarted = self.identity(load).pid != load.pid
+        if known is None or restarted or role_state.epoch >= known.epoch:
+            self.roles[load.instance] = role_state
 
     async def _identify(self, loads: list[WorkerLoad]) -> None:
         """Ask ``ready`` again of each worker whose pid is not its identity's (its actor
@@ -397,7 +498,7 @@ class Fleet:
         return await self.worker(role, instance).kv_snapshot.remote()
 
     def _keyed_actors(self) -> list[tuple[tuple[str, int], Any]]:
-        pools = {"prefill": self.prefills, "decode": self.decodes, "colocated": self.colocated}
+        pools = self._pools()
         return [((role, i), actor) for role, pool in pools.items() for i, actor in enumerate(pool)]
 
 

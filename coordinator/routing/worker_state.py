@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.outputs import EngineStats
+from workers.contracts import RoleState
 
 WorkerKey = tuple[str, int]  # (role, instance)
 STALE_GRACE_S = 30.0  # a worker silent this long is not chosen at all
@@ -24,6 +25,16 @@ class WorkerState:
     fresh: bool = True  # answered the last poll
     last_seen: float = field(default_factory=time.monotonic)
     pid: int = 0  # of its actor at the last poll (0: not heard from yet)
+    role_state: RoleState | None = None  # an elastic worker's role, as last heard
+
+    @property
+    def serving(self) -> str:
+        """The role it takes requests of: an elastic worker's current one, else its ``role``."""
+        return self.role_state.serving if self.role_state is not None else self.role
+
+    @property
+    def switching(self) -> bool:
+        return self.role_state is not None and self.role_state.switching
 
     @property
     def key(self) -> WorkerKey:

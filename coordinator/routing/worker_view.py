@@ -46,12 +46,16 @@ class WorkerView:
         # told each poll's reports (the cluster shares decode workers' places by them)
         self.on_reports: Callable[[list[WorkerReport]], None] | None = None
         self._tasks: list[asyncio.Task] = []
+        # elastic workers by instance (each in ``prefills`` or ``decodes`` by the role it
+        # serves, in neither while it switches)
+        self.elastic: dict[int, WorkerState] = {}
+        self._asking_roles: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         """Poll loads, and follow every worker's events, until ``stop``."""
         loop = asyncio.get_running_loop()
         self.bind()
-        workers = [*self.prefills, *self.decodes]
+        workers = self.all()
         self._tasks = [
             loop.create_task(self._poll_forever()),
             *(loop.create_task(self._follow_forever(w)) for w in workers),
@@ -68,7 +72,13 @@ class WorkerView:
         """Worker states for the fleet's actors (known once it has started)."""
         fleet = self.fleet
         single = fleet.config.deploy_mode == "single_node"
-        if not self.decodes:
+        if getattr(fleet, "elastic", None) and not self.elastic:
+            self.elastic = {
+                n: WorkerState("elastic", n, role_state=fleet.roles.get(n))
+                for n in range(len(fleet.elastic))
+            }
+            self.sort_roles()
+        elif not self.decodes:
             self.prefills = [WorkerState("prefill", i) for i in range(len(fleet.prefills))]
             count = len(fleet.colocated if single else fleet.decodes)
             self.decodes = [
@@ -86,7 +96,7 @@ class WorkerView:
         seen = {(load.role, load.instance) for load in loads}
         self.last_loads |= {(load.role, load.instance): load for load in loads}
         now = time.monotonic()
-        for worker in [*self.prefills, *self.decodes]:
+        for worker in self.all():
             worker.fresh = worker.key in seen
             if worker.fresh:
                 worker.last_seen = now
@@ -103,6 +113,7 @@ class WorkerView:
                 )
                 state.pid = load.pid
                 await self._follow_events(state, report)
+        self.sort_roles()
         return loads
 
     @property
@@ -114,11 +125,40 @@ class WorkerView:
         """Every worker of the fleet, answering or not, with the load it last reported (None:
         not heard from yet)."""
         self.bind()
-        return [(w, self.last_loads.get(w.key)) for w in [*self.prefills, *self.decodes]]
+        return [(w, self.last_loads.get(w.key)) for w in self.all()]
+
+    def all(self) -> list[WorkerState]:
+        """Every worker's state, whichever role it serves or switches to."""
+        if self.elastic:
+            return list(self.elastic.values())
+        return [*self.prefills, *self.decodes]
 
     def state(self, role: str, instance: int) -> WorkerState | None:
+        if role == "elastic":
+            return self.elastic.get(instance)
         pool = self.prefills if role == "prefill" else self.decodes
         return pool[instance] if instance < len(pool) else None
+
+    def sort_roles(self) -> None:
+        """Elastic workers into ``prefills`` and ``decodes`` by the role each serves as the
+        fleet last heard (one switching is in neither: it takes no new work)."""
+        if not self.elastic:
+            return
+        for instance, state in self.elastic.items():
+            state.role_state = self.fleet.roles.get(instance, state.role_state)
+        states = [s for s in self.elastic.values() if not s.switching]
+        self.prefills = [s for s in states if s.serving == "prefill"]
+        self.decodes = [s for s in states if s.serving == "decode"]
+
+    async def refresh_roles(self) -> None:
+        """Ask every elastic worker its role now (a request was refused or handed on by a
+        switch this view had not heard of); callers at once share one round of calls."""
+        if not self.elastic:
+            return
+        if self._asking_roles is None or self._asking_roles.done():
+            self._asking_roles = asyncio.ensure_future(self.fleet.role_states())
+        await asyncio.shield(self._asking_roles)
+        self.sort_roles()
 
     def shared(self) -> bool:
         """Whether another coordinator holds a lease on any worker, as of the last poll."""

@@ -42,8 +42,7 @@ def test_one_coordinator_plans_on_the_live_figures(ray_session, tiny_model_dir):
             traffic.arrived(40)
             traffic.finished(8, ttft_s=0.05, itl_s=0.01)
             first = PlannerLoop(settings, router.view, cluster.fleet, traffic, (1, 1))
-            other_fleet = type("F", (), {"prefills": cluster.fleet.prefills,
-                                         "decodes": cluster.fleet.decodes,
+            other_fleet = type("F", (), {"actors": cluster.fleet.actors,
                                          "coordinator_id": "another"})()  # fmt: skip
             second = PlannerLoop(settings, router.view, other_fleet, TrafficWindow(), (1, 1))
             decision = await first.tick()

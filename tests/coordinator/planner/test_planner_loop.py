@@ -17,6 +17,7 @@ from coordinator.planner_metrics import PlannerMetrics
 from coordinator.routing.worker_state import WorkerState
 from engine.errors import ConfigError
 from engine.outputs import EngineStats
+from workers.contracts import RoleState
 from workers.leases import PlannerLease
 
 
@@ -54,6 +55,7 @@ def test_one_coordinator_holds_the_lease_until_it_lapses():
 def test_the_settings_refuse_an_unknown_mode():
     with pytest.raises(ConfigError, match="planner must be one of off, advise"):
         PlannerSettings(mode="auto")
+    assert PlannerSettings(mode="execute").mode == "execute"
 
 
 class _Claim:
@@ -74,8 +76,7 @@ class _Worker:
 
 @dataclass
 class _Fleet:
-    prefills: list
-    decodes: list
+    actors: list  # the first holds the planner's lease
     coordinator_id: str
 
 
@@ -84,6 +85,9 @@ class _View:
     prefills: list = field(default_factory=list)
     decodes: list = field(default_factory=list)
     latest_reports: list = field(default_factory=list)
+
+    def all(self) -> list:
+        return [*self.prefills, *self.decodes]
 
 
 def _view() -> _View:
@@ -111,7 +115,7 @@ def test_the_coordinator_holding_the_lease_plans_and_publishes_it():
     settings = PlannerSettings(mode="advise", slo_ttft_ms=2000, slo_itl_ms=100, interval_ms=2000)
     loops = []
     for name in ("a", "b"):
-        fleet = _Fleet([worker], [object()] * 3, name)
+        fleet = _Fleet([worker, *[object()] * 3], name)
         metrics = PlannerMetrics(registry, "m") if name == "a" else None
         loops.append(PlannerLoop(settings, _view(), fleet, TrafficWindow(), (1, 3), metrics))
     first, second = loops
@@ -135,7 +139,7 @@ def test_workers_in_their_first_steps_teach_the_planner_nothing():
     for worker in [*view.prefills, *view.decodes]:
         worker.stats = EngineStats(num_running=2, decode_step_seconds=5.0,
                                    prompt_token_seconds=0.5, num_steps=WARM_STEPS - 1)  # fmt: skip
-    fleet = _Fleet([_Worker(_Claim(PlannerLease()))], [], "a")
+    fleet = _Fleet([_Worker(_Claim(PlannerLease()))], "a")
     loop = PlannerLoop(PlannerSettings(mode="advise"), view, fleet, TrafficWindow(), (1, 3))
     asyncio.run(loop.tick(now=1.0))
     fresh = StepModel()
@@ -144,7 +148,7 @@ def test_workers_in_their_first_steps_teach_the_planner_nothing():
 
 
 def test_a_pool_of_two_coordinators_counts_the_traffic_twice():
-    fleet = _Fleet([_Worker(_Claim(PlannerLease()))], [], "a")
+    fleet = _Fleet([_Worker(_Claim(PlannerLease()))], "a")
     view = _view()
     view.latest_reports = [type("R", (), {"num_coordinators": 2})()]
     loop = PlannerLoop(PlannerSettings(mode="advise"), view, fleet, TrafficWindow(), (1, 3))
@@ -166,3 +170,54 @@ def test_the_config_keys_reach_the_planner_in_their_units():
     assert (settings.mode, settings.slo_ttft_s, settings.slo_itl_s, settings.interval_s) == (
         "off", 2.0, 0.1, 2.0,
     )  # fmt: skip
+
+
+class _Switcher:
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, str, float]] = []
+
+    async def switch(self, instance: int, target: str, wait_s: float):
+        self.asked.append((instance, target, wait_s))
+        return "", None
+
+
+def _elastic_view() -> _View:
+    view = _view()
+    for worker in [*view.prefills, *view.decodes]:
+        serving = worker.role
+        worker.role, worker.role_state = "elastic", RoleState(serving, 0, False, WARM_STEPS)
+        worker.instance += 1 if serving == "decode" else 0
+    return view
+
+
+async def _tick_and_moves(loop: PlannerLoop):
+    decision = await loop.tick(now=100.0)
+    await asyncio.gather(*loop._moves)  # noqa: SLF001 - the moves it started
+    return decision
+
+
+def test_execute_switches_the_workers_it_names_and_advise_does_not():
+    for mode, expected in (("advise", []), ("execute", [(1, "prefill", 0.0), (2, "prefill", 0.0)])):
+        switcher = _Switcher()
+        fleet = _Fleet([_Worker(_Claim(PlannerLease()))], "a")
+        settings = PlannerSettings(mode=mode)
+        loop = PlannerLoop(
+            settings, _elastic_view(), fleet, TrafficWindow(), (1, 3), None, switcher
+        )
+
+        decision = asyncio.run(_tick_and_moves(loop))
+        assert decision.kind == "switch" and decision.workers == ("elastic-1", "elastic-2")
+        assert switcher.asked == expected
+
+
+def test_nothing_moves_while_a_worker_switches_and_cold_roles_teach_nothing():
+    view = _elastic_view()
+    view.decodes[0].role_state = RoleState("decode", 1, True, 0)
+    fleet = _Fleet([_Worker(_Claim(PlannerLease()))], "a")
+    switcher = _Switcher()
+    loop = PlannerLoop(PlannerSettings(mode="execute"), view, fleet, TrafficWindow(), (1, 3),
+                       None, switcher)  # fmt: skip
+    decision = asyncio.run(loop.tick(now=100.0))
+    assert decision.kind == "none" and decision.reason == "a move is in progress"
+    assert switcher.asked == []
+    assert not loop._sample(view.decodes[0]).warm  # noqa: SLF001 - no step in its new role yet

@@ -1,0 +1,140 @@
+"""Elastic workers on a real pool (local Ray, tiny model, 4 workers): requests decode while
+workers switch roles under them (the management call's path, ``RoleSwitcher``), and while a
+view of the roles is stale (another coordinator's before its next poll); every request
+finishes, token-identical to a run without switches, none failed, the handed-on ones counted
+apart, and no block stays reserved."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+from prometheus_client import generate_latest
+
+from coordinator.cluster import Cluster
+from coordinator.config.cluster import ActorResources, ClusterConfig
+from coordinator.inference import InferenceService, Timeouts
+from coordinator.metrics import Metrics
+from coordinator.pool.role_switch import RoleSwitcher
+from coordinator.router import Router
+from engine.config import CacheConfig, EngineConfig, KVTransferConfig
+from engine.request import FinishReason
+from engine.sampling_params import SamplingParams
+from workers.contracts import GenerationRequest
+
+pytestmark = pytest.mark.ray
+
+ONE_CPU = ActorResources(num_cpus=1)
+MIGRATIONS = "request_role_switch_migrations_total{"
+PARAMS = (
+    SamplingParams(max_new_tokens=600, ignore_eos=True),
+    SamplingParams(max_new_tokens=600, do_sample=True, top_k=30, seed=7, ignore_eos=True),
+)
+
+
+@pytest.fixture(scope="module")
+def elastic(ray_session, tiny_model_dir):
+    engine = EngineConfig(model_path=str(tiny_model_dir), device="cpu", batch_invariant=True,
+                          cache=CacheConfig(block_size=4, num_blocks=512))  # fmt: skip
+    config = ClusterConfig(
+        engine=engine, elastic_roles=True, num_prefill=1, num_decode=3,
+        prefill_resources=ONE_CPU, decode_resources=ONE_CPU,
+        kv=KVTransferConfig(transfer_timeout_s=5.0, reservation_timeout_s=5.0),
+    )  # fmt: skip
+    cluster = Cluster(config)
+    cluster.fleet.start()
+    yield cluster
+    cluster.fleet.shutdown()
+
+
+def _requests(tag: str) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(f"{tag}-{i}", [5 + i, 6, 7, 8, 9 + i % 3] * (1 + i % 4), PARAMS[i % 2])
+        for i in range(12)
+    ]
+
+
+async def _run(
+    service: InferenceService,
+    requests: list[GenerationRequest],
+    started: asyncio.Event | None = None,
+) -> dict[str, list]:
+    """Every request's events; ``started`` is set once each one has streamed a token."""
+    streaming: set[str] = set()
+
+    async def one(request: GenerationRequest) -> list:
+        events = []
+        async for event in service.generate(request):
+            events.append(event)
+            streaming.add(request.request_id)
+            if started is not None and len(streaming) == len(requests):
+                started.set()
+        return events
+
+    outputs = await asyncio.gather(*map(one, requests))
+    return {request.request_id: events for request, events in zip(requests, outputs, strict=True)}
+
+
+def _tokens(events: list) -> list[int]:
+    return [e.token_id for e in events if e.token_id is not None]
+
+
+async def _service(cluster: Cluster) -> tuple[InferenceService, Router, Metrics]:
+    router = Router(cluster.fleet, poll_interval_s=0.1)
+    await router.view.refresh()
+    router.view.start()
+    metrics = Metrics("m")
+    return InferenceService(cluster, router, 256, 2, Timeouts(), metrics), router, metrics
+
+
+def test_requests_move_token_identically_while_workers_switch_roles(elastic):
+    async def scenario():
+        service, router, metrics = await _service(elastic)
+        switcher = RoleSwitcher(router.view, metrics)
+        try:
+            reference = await _run(service, _requests("fixed"))
+            started = asyncio.Event()
+            moving = asyncio.ensure_future(_run(service, _requests("moving"), started))
+            await asyncio.wait_for(started.wait(), 60)  # every request decoding somewhere
+            answers = []
+            # a decode worker to prefill (its requests move), the prefill worker to decode,
+            # then back, all while the requests decode
+            for instance, role in ((1, "prefill"), (0, "decode"), (1, "decode"), (0, "prefill")):
+                answers.append(await switcher.switch(instance, role, 30.0))
+            moved = await moving
+            handed_on = _count(generate_latest(metrics.registry).decode(), MIGRATIONS)
+            # a view gone stale (another coordinator's, before its next poll): worker 1 looks
+            # like the prefill worker it was at epoch 1; its refusals send the requests on
+            fleet = elastic.fleet
+            fleet.roles[1], fleet.roles[0] = answers[0][1], replace(answers[1][1], epoch=0)
+            router.view.sort_roles()
+            stale = await _run(service, _requests("stale"))
+            loads = await fleet.loads()
+            return reference, moved, stale, answers, metrics, loads, handed_on
+        finally:
+            await router.view.stop()
+
+    reference, moved, stale, answers, metrics, loads, handed_on = asyncio.run(scenario())
+    assert [refusal for refusal, _ in answers] == ["", "", "", ""]
+    assert [state.epoch for _, state in answers] == [1, 1, 2, 2]
+    assert all(not state.switching for _, state in answers)
+    for i in range(12):
+        fixed = _tokens(reference[f"fixed-{i}"])
+        for tag, run in (("moving", moved), ("stale", stale)):
+            events = run[f"{tag}-{i}"]
+            assert events[-1].finish_reason == FinishReason.LENGTH, events[-1]
+            assert _tokens(events) == fixed, f"{tag} request {i} changed tokens"
+    text = generate_latest(metrics.registry).decode()
+    assert handed_on >= 1  # requests decoding on the worker that left decode
+    assert _count(text, MIGRATIONS) > handed_on  # and those refused by the stale view
+    assert _count(text, 'worker_role_switches_total{model_name="m",outcome="accepted"') == 4
+    assert _count(text, "request_migrations_total{") == 0  # none of them a failure
+    for load in loads:  # nothing left reserved or running anywhere
+        assert load.stats.num_running + load.stats.num_reserved + load.stats.num_held == 0
+        assert load.num_open_streams == 0
+
+
+def _count(text: str, prefix: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(prefix))  # fmt: skip
