@@ -193,6 +193,10 @@ class Coordinator:
             row = {"role": worker.role, "instance": worker.instance}
             if load is not None:
                 row = load.to_dict(self.fleet.identity(load))
+            if worker.role_state is not None:  # as last heard: a switch answered since the poll
+                state = worker.role_state
+                row |= {"serving": state.serving, "role_epoch": state.epoch,
+                        "switching": state.switching}  # fmt: skip
             row["status"] = "starting" if load is None and worker.fresh else worker.status(now)
             row["seconds_since_report"] = None if load is None else round(now - worker.last_seen, 3)
             rows.append(row)

@@ -51,8 +51,8 @@ from tests.support.metrics_names import (
 @pytest.fixture(scope="module")
 def observed(servers, tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, CoordinatorProcess]]:
     """The shared coordinators and ``speculating``: pd_separate whose decode worker drafts
-    (``speculative_method: ngram``, a one-token match enough) and whose workers have both KV
-    tiers (for the tiers' panels)."""
+    (``speculative_method: ngram``, a one-token match enough), whose workers have both KV
+    tiers (for the tiers' panels) and are elastic (for the roles' panels)."""
     tiers = tmp_path_factory.mktemp("kv-tiers")
     config = {
         "backend_config": backend(
@@ -60,6 +60,7 @@ def observed(servers, tmp_path_factory, tiny_model_dir) -> Iterator[dict[str, Co
             speculative_method="ngram",
             speculative_min_match=1,
             maxIterTimes=64,  # answers long enough that a request which stopped drafting probes
+            elastic_roles=True,  # its workers switch roles (the elastic panels; a switch below)
             kv_host_tier_mb=4,
             kv_host_tier_path=str(tiers / "host"),
             kv_disk_tier_mb=4,
@@ -256,3 +257,38 @@ def test_every_dashboard_query_answers_from_a_real_prometheus(observed, exercise
     for name in ("zmq", "grpc"):  # pdserve's worker label is stored as exported_instance
         assert {(targets[name], "prefill"), (targets[name], "decode")} <= workers, workers
     assert all("exported_instance" in s["metric"] for s in answers[kv])
+
+
+@pytest.mark.ray
+def test_a_role_switch_by_the_manage_api_shows_in_instances_and_metrics(observed, exercised):
+    server = observed["speculating"]
+    url = server.url("manage_port", "/v1/instances/0/role")
+    for body, status, error in (
+        ({"role": "colocated"}, 400, "role must be one of prefill, decode, got 'colocated'"),
+        ({"role": "decode", "wait_s": 61}, 400, "wait_s must be a number in [0, 60], got 61"),
+        ({"role": "decode", "extra": 1}, 400, "unknown fields ['extra']"),
+        ({"role": "prefill"}, 409, "serves prefill already"),
+    ):
+        response = httpx.post(url, json=body, timeout=30)
+        assert response.status_code == status and error in response.json()["error"], response.text
+    missing = httpx.post(server.url("manage_port", "/v1/instances/9/role"), json={"role": "decode"})
+    assert missing.status_code == 404, missing.text
+    for role, epoch in (("decode", 1), ("prefill", 2)):  # there and back: left as found
+        response = httpx.post(url, json={"role": role, "wait_s": 30}, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json() == {"instance": 0, "serving": role, "role_epoch": epoch,
+                                   "switching": False}  # fmt: skip
+        rows = httpx.get(server.url("manage_port", "/v1/instances")).json()["instances"]
+        row = next(r for r in rows if r["role"] == "elastic" and r["instance"] == 0)
+        assert (row["serving"], row["role_epoch"], row["switching"]) == (role, epoch, False)
+    assert infer(server, PLAIN).status_code == 200  # served in the roles it is back in
+    text = _metrics(server)
+    assert "worker_role_switches_total{model_name=" in text
+    accepted = [
+        line
+        for line in text.splitlines()
+        if line.startswith("worker_role_switches_total{") and 'outcome="accepted"' in line
+    ]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in accepted) == 2
+    # worker 0's epoch by the role it serves, as of the next load poll
+    _wait_until(lambda: 'serving="prefill"} 2.0' in _metrics(server), 10, "worker 0 at epoch 2")

@@ -84,6 +84,8 @@ FIGURES = {
     ),
     "speculative acceptance histogram": ("speculative_checks_by_accepted_total",),
     "KV tier contents": ("kv_tier_bytes", "kv_tier_capacity_bytes", "kv_tier_blocks"),
+    "worker roles and epochs": ("worker_role_epoch",),
+    "role switches": ("worker_role_switches_total", "request_role_switch_migrations_total"),
     "KV tier traffic": (
         "kv_tier_demotions_total",
         "kv_tier_stored_total",
