@@ -1,12 +1,14 @@
 """Elastic workers on a real pool (local Ray, tiny model, 4 workers): requests decode while
 workers switch roles under them (the management call's path, ``RoleSwitcher``), and while a
-view of the roles is stale (another coordinator's before its next poll); every request
-finishes, token-identical to a run without switches, none failed, the handed-on ones counted
-apart, and no block stays reserved."""
+view of the roles is stale (another coordinator's before its next poll), and while another
+worker is killed mid-switch; every request finishes, token-identical to a run without
+switches, none failed, the handed-on ones counted apart, and no block stays reserved."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from dataclasses import replace
 
 import pytest
@@ -138,3 +140,31 @@ def test_requests_move_token_identically_while_workers_switch_roles(elastic):
 def _count(text: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(prefix))  # fmt: skip
+
+
+def test_a_switch_while_another_worker_is_killed_loses_no_request(elastic):
+    async def scenario():
+        service, router, metrics = await _service(elastic)
+        switcher = RoleSwitcher(router.view, metrics)
+        try:
+            reference = await _run(service, _requests("ref"))
+            started = asyncio.Event()
+            moving = asyncio.ensure_future(_run(service, _requests("hit"), started))
+            await asyncio.wait_for(started.wait(), 60)
+            switching = asyncio.ensure_future(switcher.switch(3, "prefill", 30.0))
+            victim = (await elastic.fleet.worker("elastic", 2).ready.remote()).pid
+            os.kill(victim, signal.SIGKILL)
+            hit = await asyncio.wait_for(moving, 120)
+            return reference, hit, await switching, metrics
+        finally:
+            await router.view.stop()
+
+    reference, hit, (refusal, state), metrics = asyncio.run(scenario())
+    assert refusal == "" and (state.serving, state.epoch) == ("prefill", 1)
+    for i in range(12):
+        events = hit[f"hit-{i}"]
+        assert events[-1].finish_reason == FinishReason.LENGTH, events[-1]
+        assert _tokens(events) == _tokens(reference[f"ref-{i}"]), f"request {i} changed tokens"
+    text = generate_latest(metrics.registry).decode()
+    assert _count(text, "request_failed_total{") == 0
+    assert _count(text, 'request_migrations_total{model_name="m",reason="worker_lost"}') >= 1
