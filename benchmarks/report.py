@@ -515,6 +515,45 @@ def render_planner(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_planner_live(data: dict[str, Any]) -> str:
+    """The planner on live elastic workers against the best fixed split
+    (planner_live_shifting_mix)."""
+    model, targets, held = data["model"], data["targets"], data["held_out"]
+    ratio, react = held["ratio"], held["reaction_intervals"]
+    calm, idle = data["constant_load"], data["zero_traffic"]
+    back = f"in {idle['seconds']:.0f} s" if idle["seconds"] is not None else "not within the wait"
+    return "\n".join([
+        provenance(data["_meta"]),
+        "",
+        f"{data['workers']} elastic workers (one thread each, sharing {data['cores']} cores "
+        f"with the coordinator) of a random Llama of {model['hidden']} x {model['layers']} "
+        f"layers (a prompt token {model['token_s'] * 1000:.2f} ms, a decode step "
+        f"{model['step_fixed_s'] * 1000:.1f} ms + {model['step_row_s'] * 1000:.2f} ms a row at "
+        f"one thread). A round: a {data['duration_s']:.0f} s trace whose mix shifts about every "
+        f"{data['phase_s']:.0f} s, at {data['load']:.0%} of what {data['cores']} such worker(s) "
+        f"would serve; a request is good with TTFT within {targets['ttft_ms']} ms and mean ITL "
+        f"within {targets['itl_ms']} ms. The planner (`execute`) decides every "
+        f"{data['interval_ms']} ms from the configured split {data['split'][0]}:"
+        f"{data['split'][1]}; the fixed split is the best on the tuning draws. Good requests' "
+        "share, median [min-max] over the held-out rounds; planner / fixed, median [95 % "
+        "interval]:",
+        "",
+        "| best fixed split (prefill:decode) | fixed: good | planner: good | planner / fixed | "
+        "switches (all rounds) | failed requests | violations moved on within 2 intervals |",
+        "|---|---|---|---|---|---|---|",
+        f"| {data['best_fixed_prefill']}:{data['workers'] - data['best_fixed_prefill']} | "
+        f"{_cell(held['fixed_goodput'], 3)} | {_cell(held['planner_goodput'], 3)} | "
+        f"{_ratio_cell(ratio, 2)} ({ratio['goal']}: {ratio['verdict']}) | {held['switches']} | "
+        f"{held['failed_requests']} | {react['within_2']} of {react['onsets']} (longest "
+        f"{react['max']}) |",
+        "",
+        f"One mix throughout: {calm['switches']} switches, {calm['after_first_third']} after its "
+        f"first third, {calm['failed_requests']} failed requests. Idle from "
+        f"{idle['from'][0]}:{idle['from'][1]}, the pool went to {idle['to'][0]}:{idle['to'][1]} "
+        f"(configured {idle['configured'][0]}:{idle['configured'][1]}) {back}.",
+    ])  # fmt: skip
+
+
 def render_prompt_dtype(data: dict[str, Any]) -> str:
     lines = [
         provenance(data["_meta"]),
@@ -916,6 +955,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "served_speculation": render_served_speculation,
     "multi_turn": render_multi_turn,
     "planner_shifting_mix": render_planner,
+    "planner_live_shifting_mix": render_planner_live,
     "prompt_dtype": render_prompt_dtype,
     "decode_limit": render_decode_limit,
     "soak": render_soak,

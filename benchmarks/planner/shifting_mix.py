@@ -38,8 +38,9 @@ SETTLE_S = 120.0
 GOAL = Goal(1.3)
 
 
-def calibrate(threads: int) -> WorkerModel:
-    """The bundled model's prompt-token and decode-step times on this CPU."""
+def calibrate(threads: int, model_path: str = "bundled", vocab: int = 20000) -> WorkerModel:
+    """The prompt-token and decode-step times on this CPU of the model at ``model_path`` (the
+    bundled one by default; prompts of token ids below ``vocab``)."""
     import torch
 
     from engine.config import EngineConfig
@@ -48,8 +49,9 @@ def calibrate(threads: int) -> WorkerModel:
     from engine.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
-    engine = LLMEngine(EngineConfig(device="cpu", num_threads=threads), load_model("bundled"))
-    prompt = [(i * 7919) % 20000 + 100 for i in range(CALIBRATION_PROMPT)]
+    config = EngineConfig(model_path=model_path, device="cpu", num_threads=threads)
+    engine = LLMEngine(config, load_model(model_path))
+    prompt = [(i * 7919) % (vocab - 100) + 100 for i in range(CALIBRATION_PROMPT)]
     one = SamplingParams(max_new_tokens=1, ignore_eos=True)
     engine.generate([prompt], one)  # warm
     timings = []
