@@ -44,6 +44,7 @@ from coordinator.planner import PlannerSettings
 from coordinator.planner.loop import PlannerLoop
 from coordinator.planner.traffic import TrafficWindow
 from coordinator.planner_metrics import PlannerMetrics
+from coordinator.pool.pool_size import PoolSize
 from coordinator.pool.prefix_pull import PullOutcome
 from coordinator.pool.role_switch import RoleSwitcher
 from coordinator.ray_connect import init_ray
@@ -101,6 +102,9 @@ class Coordinator:
         """The role planner's loop (``planner: advise`` or ``execute``), fed by the service's
         traffic."""
         settings = PlannerSettings(**config.fed(PlannerSettings))
+        scaling = self.cluster.config.max_workers > 0
+        if scaling and settings.mode != "execute":
+            raise ConfigError("max_workers needs planner: execute (the planner grows the pool)")
         if settings.mode == "off":
             return None
         if self.cluster.config.deploy_mode != "pd_separate":
@@ -113,7 +117,8 @@ class Coordinator:
         metrics = PlannerMetrics(self.metrics.registry, self.metrics.model_name)
         split = (self.cluster.config.num_prefill, self.cluster.config.num_decode)
         view, switcher = self.router.view, self.switcher
-        return PlannerLoop(settings, view, self.fleet, traffic, split, metrics, switcher)
+        pool = PoolSize(self.fleet, view) if scaling else None
+        return PlannerLoop(settings, view, self.fleet, traffic, split, metrics, switcher, pool)
 
     def _on_pull(self, outcome: PullOutcome) -> None:
         """A peer prefix pull: its time teaches the router's cost model, and is a metric."""

@@ -17,6 +17,8 @@ Once the engine holds no request and no admitted call is still inside, the role 
 epoch goes up by one: calls naming an older epoch are refused from then on. The prefix cache is
 kept (its blocks are valid KV in either role). A drain that has not ended within
 ``drain_limit_s`` (a reservation whose pages never come) ends what is left the same way.
+``retire`` is a switch to no role at all: the pool releasing the worker
+(``coordinator/pool/pool_size.py``) drains it so, then stops its actor.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from workers.contracts import (
     Submitted,
     WorkerLoad,
 )
-from workers.role_gate import ANY_EPOCH, DECODE, PREFILL, RoleGate
+from workers.role_gate import ANY_EPOCH, DECODE, PREFILL, RETIRED, RoleGate
 from workers.runtime import CONTROL, HANDOFFS, LONG_POLLS, in_group
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,12 @@ class ElasticWorker(PrefillWorker, DecodeWorker):
         if not refusal and wait_s > 0:
             self.gate.wait_past(epoch, min(float(wait_s), MAX_SWITCH_WAIT_S))
         return refusal, self.role_state()
+
+    @in_group(LONG_POLLS)
+    def retire(self, epoch: int, wait_s: float = 0.0) -> tuple[str, RoleState]:
+        """Leave the pool: drain as a switch does (requests decoding here are handed on,
+        prompts finish) and take no work again; answered as ``switch_role``."""
+        return self.switch_role(RETIRED, epoch, wait_s)
 
     @in_group(CONTROL)
     def role_state(self) -> RoleState:

@@ -6,7 +6,8 @@ saw; it is refused when the worker serves another role, is switching, or has a n
 sender's view is stale), and otherwise counted as inside until it returns. A switch
 (:meth:`RoleGate.begin`) is a compare-and-set on the epoch: from then on every call is refused;
 the worker drains, waits until no admitted call is still inside (``quiet``) and ``finish``-es,
-which flips the role and bumps the epoch.
+which flips the role and bumps the epoch. Retiring (the pool releasing the worker) is a switch
+to ``RETIRED``, a role that takes no calls.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from workers.contracts import RoleState
 
 PREFILL, DECODE = "prefill", "decode"
 ROLES = (PREFILL, DECODE)
+RETIRED = "retired"  # a worker released from the pool: it takes no work of either role again
 ANY_EPOCH = -1  # a call that names no epoch (sent by a caller that does not track them)
 
 
@@ -70,11 +72,13 @@ class RoleGate:
         return ""
 
     def begin(self, target: str, epoch: int) -> str:
-        """Start switching to ``target`` if the worker is still at ``epoch``: "" when started
-        (or that very switch is under way already), else why not."""
-        if target not in ROLES:
+        """Start switching to ``target`` (a role, or ``RETIRED``) if the worker is still at
+        ``epoch``: "" when started (or that very switch is under way already), else why not."""
+        if target not in (*ROLES, RETIRED):
             return f"role must be one of {', '.join(ROLES)}, got {target!r}"
         with self._changed:
+            if self.serving == RETIRED:
+                return "this worker is retired"
             if epoch != self.epoch:
                 return f"stale role epoch {epoch}: this worker is at epoch {self.epoch}"
             if self.target is not None:

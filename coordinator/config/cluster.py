@@ -71,6 +71,9 @@ class ClusterConfig:
     # pd_separate: workers that switch roles while they serve (workers/elastic.py), started
     # num_prefill as prefill and num_decode as decode
     elastic_roles: bool = False
+    # elastic_roles: the most workers the planner may grow the pool to (0: the pool's size is
+    # fixed at num_prefill + num_decode)
+    max_workers: int = bounded(0, 0, 1024, "max_workers")
     # single_node: engines that each do prefill and decode
     num_colocated: int = bounded(1, 1, 1024, "num_colocated")
     kv: KVTransferConfig = field(default_factory=KVTransferConfig)  # the hand-off, both roles
@@ -103,8 +106,23 @@ class ClusterConfig:
                 "cluster_name must be 1-40 letters, digits, '-' or '_' (starting with a letter "
                 f"or digit), got {self.cluster_name!r}"
             )
+        if self.max_workers:
+            self._check_scaling()
         if self.reservation_wait_s <= 0:
             raise ConfigError(f"reservation_wait_s must be > 0, got {self.reservation_wait_s!r}")
+
+    def _check_scaling(self) -> None:
+        start = self.num_prefill + self.num_decode
+        if not self.elastic_roles or self.deploy_mode != "pd_separate":
+            raise ConfigError("max_workers needs elastic_roles: true (pd_separate)")
+        if self.max_workers < start:
+            raise ConfigError(
+                f"max_workers must be 0 or at least num_prefill_instances + "
+                f"num_decode_instances ({start}), got {self.max_workers}"
+            )
+        if self.cluster_name:
+            raise ConfigError("max_workers needs a private pool: a shared pool's (cluster_name) "
+                              "size is fixed")  # fmt: skip
 
     @property
     def namespace(self) -> str | None:

@@ -280,6 +280,11 @@ SCHEMA["backend_config"] = section(
         "switch between prefill and decode while it serves (`POST /v1/instances/{n}/role`, or "
         "the planner in `execute` mode); `num_prefill_instances` and `num_decode_instances` "
         "are the split it starts with ([architecture.md](architecture.md#switching-roles))"),
+    fed("max_workers", "int", cluster("max_workers"), "`elastic_roles` with `planner: "
+        "execute`: the planner may start workers up to this many when no switch meets its "
+        "targets (each one asks Ray for `decode_resources`: a KubeRay autoscaler adds a node "
+        "for it) and releases them again, idle, down to the configured ones; 0: the pool's "
+        "size is fixed; needs a private pool (`cluster_name` empty)", unit="workers"),
     fed("num_colocated_instances", "int", cluster("num_colocated"), "engines that each prefill "
         "and decode (`single_node`)"),
     fed("kv_transport", "str", cluster("kv.transport"), "how KV pages move, see "

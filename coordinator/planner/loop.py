@@ -9,8 +9,10 @@ and a log line when the advice changes.
 ``execute`` (elastic workers) carries out each switch decided: the workers named switch roles
 (``coordinator/pool/role_switch.py``), each on a task of its own, the loop not waiting for them;
 the planner moves nothing more while a worker reports a switch under way. A worker counts as
-cold (its step times not fitted) for its first ``WARM_STEPS`` steps in a role. Scaling decisions
-stay advice: the pool's size is fixed.
+cold (its step times not fitted) for its first ``WARM_STEPS`` steps in a role. With
+``max_workers`` its scaling decisions are carried out too (``coordinator/pool/pool_size.py``):
+one more worker of the short role started, or the worker named released; nothing else moves
+while a worker starts.
 """
 
 from __future__ import annotations
@@ -55,17 +57,21 @@ class PlannerLoop:
         split: tuple[int, int],
         metrics: Any | None = None,  # coordinator.planner_metrics.PlannerMetrics
         switcher: Any | None = None,  # coordinator.pool.role_switch.RoleSwitcher (execute)
+        pool: Any | None = None,  # coordinator.pool.pool_size.PoolSize (execute, max_workers)
     ) -> None:
         """``split``: the configured prefill and decode workers (where an idle pool returns)."""
         self.settings, self.view, self.fleet, self.traffic = settings, view, fleet, traffic
         self.metrics = metrics
         self.switcher = switcher if settings.mode == "execute" else None
+        self.pool = pool if self.switcher is not None else None
+        max_workers = self.pool.fleet.config.max_workers if self.pool is not None else 0
         self._moves: set[asyncio.Task] = set()
         prefills, decodes = split
         self._steps: dict[str, int] = {}  # worker -> its steps at the last sample
         self.planner = Planner(PlannerConfig(
             slo_ttft_s=settings.slo_ttft_s, slo_itl_s=settings.slo_itl_s,
             interval_s=settings.interval_s, default_prefill=prefills, default_decode=decodes,
+            max_workers=max_workers,
         ))  # fmt: skip
         self.leader = False
         self.last: Decision | None = None
@@ -93,7 +99,10 @@ class PlannerLoop:
             return None
         # this coordinator's traffic stands for its pool's: one share of the coordinators'
         sharing = max((r.num_coordinators for r in self.view.latest_reports), default=1)
-        sample = dataclasses.replace(sample, arrivals=sample.arrivals * max(sharing, 1))
+        starting = self.pool.starting if self.pool is not None else 0
+        sample = dataclasses.replace(
+            sample, arrivals=sample.arrivals * max(sharing, 1), starting=starting
+        )
         decision = self.planner.decide(workers, sample, time.monotonic() if now is None else now)
         self.last = decision
         if self.metrics is not None:
@@ -105,23 +114,35 @@ class PlannerLoop:
                      ",".join(decision.workers), decision.reason)  # fmt: skip
         if self.switcher is not None and decision.kind == SWITCH and decision.role is not None:
             self._execute(decision.role, decision.workers)
+        elif self.pool is not None and decision.role is not None:
+            if decision.kind == SCALE_UP:
+                self._start(self.pool.grow(decision.role), "starting a worker")
+            elif decision.kind == SCALE_DOWN:
+                for key in decision.workers:
+                    instance = int(key.rsplit("-", 1)[1])
+                    self._start(self.pool.release(instance), f"releasing worker {instance}")
         return decision
+
+    def _start(self, move: Any, what: str) -> None:
+        """Run ``move`` (a coroutine) on a task of its own, its failure logged."""
+
+        async def logged() -> None:
+            try:
+                await move
+            except Exception as exc:  # the next interval sees the pool as it is
+                log.warning("role planner: %s failed: %r", what, exc)
+
+        task = asyncio.ensure_future(logged())
+        self._moves.add(task)
+        task.add_done_callback(self._moves.discard)
 
     def _execute(self, role: str, workers: Sequence[str]) -> None:
         """Switch ``workers`` (keys ``elastic-N``) to ``role``, each on a task of its own."""
         assert self.switcher is not None
         for key in workers:
             instance = int(key.rsplit("-", 1)[1])
-            task = asyncio.ensure_future(self._move(instance, role))
-            self._moves.add(task)
-            task.add_done_callback(self._moves.discard)
-
-    async def _move(self, instance: int, role: str) -> None:
-        assert self.switcher is not None
-        try:
-            await self.switcher.switch(instance, role, 0.0)
-        except Exception as exc:  # the next interval sees the worker as it is
-            log.warning("role planner: switching worker %d to %s failed: %r", instance, role, exc)
+            move = self.switcher.switch(instance, role, 0.0)
+            self._start(move, f"switching worker {instance} to {role}")
 
     async def _claim(self) -> bool:
         """Whether this coordinator holds the planner's lease (claimed or renewed now)."""

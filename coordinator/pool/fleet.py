@@ -66,7 +66,9 @@ class Fleet:
         self.prefills: list[Any] = []
         self.decodes: list[Any] = []
         self.colocated: list[Any] = []
-        self.elastic: list[Any] = []  # elastic_roles: every worker, prefill or decode by turns
+        # elastic_roles: every worker, prefill or decode by turns (None: released)
+        self.elastic: list[Any | None] = []
+        self._elastic_keys: ClusterCredentials | None = None
         # each elastic worker's role as last heard (a poll, a switch), by instance
         self.roles: dict[int, RoleState] = {}
         self._cores: list[int] | None = None
@@ -130,28 +132,30 @@ class Fleet:
         workers, the next ``num_decode`` as decode workers. Each holds both shares of the KV
         plane's credentials (it sends hand-offs and receives them by turns); its token channel
         is secured as a decode worker's is."""
-        cfg, transfer = self.config, self.config.kv
-        sender, receiver = (keys.sender, keys.receiver) if keys else (None, None)
+        cfg = self.config
+        self._elastic_keys = keys
         total = cfg.num_prefill + cfg.num_decode
         self.roles = {n: RoleState("prefill" if n < cfg.num_prefill else "decode")
                       for n in range(total)}  # fmt: skip
-        resources = cfg.decode_resources
+        cores = cfg.decode_resources.num_threads
         self.elastic = [
-            self._actor(
-                ElasticWorker,
-                resources,
-                n,
-                transfer,
-                receiver,
-                pull_credentials=receiver if transfer.peer_pull else None,
-                send_credentials=sender,
-                serving=self.roles[n].serving,
-                cpu_ids=self._take_cores(resources.num_threads),
-            )  # fmt: skip
+            self.elastic_actor(n, self.roles[n].serving, self._take_cores(cores))
             for n in range(total)
         ]
-        share = transfer_credentials(transfer, receiver)
+        share = transfer_credentials(cfg.kv, keys.receiver if keys else None)
         self._channel_keys = {"elastic": _counterpart(keys, share)}
+
+    def elastic_actor(
+        self, instance: int, serving: str, cpu_ids: tuple[int, ...] | None = None
+    ) -> Any:
+        """Elastic worker ``instance``'s actor, starting in role ``serving``."""
+        keys, transfer = self._elastic_keys, self.config.kv
+        sender, receiver = (keys.sender, keys.receiver) if keys else (None, None)
+        return self._actor(
+            ElasticWorker, self.config.decode_resources, instance, transfer, receiver,
+            pull_credentials=receiver if transfer.peer_pull else None,
+            send_credentials=sender, serving=serving, cpu_ids=cpu_ids,
+        )  # fmt: skip
 
     def key(self, role: str, instance: int) -> WorkerKey:
         """The key of the worker serving ``role`` as number ``instance`` of a route: an elastic
@@ -170,19 +174,19 @@ class Fleet:
         not, its role now)."""
         if not self.elastic:
             raise ValueError("workers switch roles only with elastic_roles")
-        if not 0 <= instance < len(self.elastic):
-            raise IndexError(f"instance must be in [0, {len(self.elastic)}), got {instance}")
+        actor = self.worker("elastic", instance)
         epoch = self.roles[instance].epoch
-        refusal, role_state = await self.elastic[instance].switch_role.remote(target, epoch, wait_s)
+        refusal, role_state = await actor.switch_role.remote(target, epoch, wait_s)
         self.roles[instance] = role_state
         return refusal, role_state
 
     async def role_states(self) -> dict[int, RoleState]:
         """Every elastic worker's role now (a worker that does not answer: as last heard)."""
-        answers = await asyncio.gather(*(_answer(a.role_state) for a in self.elastic))
-        for instance, role_state in enumerate(answers):
+        live = [(n, actor) for n, actor in enumerate(self.elastic) if actor is not None]
+        answers = await asyncio.gather(*(_answer(actor.role_state) for _, actor in live))
+        for (instance, _), role_state in zip(live, answers, strict=True):
             if role_state is not None:
-                self.roles[instance] = role_state
+                self._keep_role(instance, role_state)
         return self.roles
 
     def _start_colocated(self, keys: ClusterCredentials | None) -> None:
@@ -327,11 +331,15 @@ class Fleet:
             raise ValueError(f"role must be one of {', '.join(pools)}, got {role!r}")
         if not 0 <= instance < len(pools[role]):
             raise IndexError(f"instance must be in [0, {len(pools[role])}), got {instance}")
-        return pools[role][instance]
+        actor = pools[role][instance]
+        if actor is None:
+            raise IndexError(f"{role} worker {instance} was released from the pool")
+        return actor
 
     @property
     def actors(self) -> list[Any]:
-        return [*self.prefills, *self.decodes, *self.colocated, *self.elastic]
+        elastic = [actor for actor in self.elastic if actor is not None]
+        return [*self.prefills, *self.decodes, *self.colocated, *elastic]
 
     def _pools(self) -> dict[str, list[Any]]:
         return {
@@ -401,12 +409,17 @@ class Fleet:
     def _heard(self, load: WorkerLoad) -> None:
         """Keep an elastic worker's role as ``load`` says, unless a switch answered since told
         of a later epoch (a restarted actor starts over: its role is the load's)."""
-        role_state, known = load.role_state, self.roles.get(load.instance)
-        if role_state is None:
-            return
-        restarted = self.identity(load).pid != load.pid
-        if known is None or restarted or role_state.epoch >= known.epoch:
-            self.roles[load.instance] = role_state
+        if load.role_state is not None:
+            restarted = self.identity(load).pid != load.pid
+            self._keep_role(load.instance, load.role_state, restarted)
+
+    def _keep_role(self, instance: int, role_state: RoleState, restarted: bool = False) -> None:
+        """Keep ``role_state`` as elastic worker ``instance``'s unless it is older than the one
+        known (an answer sent before a switch that answered since); a released worker's is
+        dropped."""
+        known = self.roles.get(instance)
+        if known is not None and (restarted or role_state.epoch >= known.epoch):
+            self.roles[instance] = role_state
 
     async def _identify(self, loads: list[WorkerLoad]) -> None:
         """Ask ``ready`` again of each worker whose pid is not its identity's (its actor
@@ -499,7 +512,12 @@ class Fleet:
 
     def _keyed_actors(self) -> list[tuple[tuple[str, int], Any]]:
         pools = self._pools()
-        return [((role, i), actor) for role, pool in pools.items() for i, actor in enumerate(pool)]
+        return [
+            ((role, i), actor)
+            for role, pool in pools.items()
+            for i, actor in enumerate(pool)
+            if actor is not None
+        ]
 
 
 async def _answer(method: Any, *args: Any) -> Any:

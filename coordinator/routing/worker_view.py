@@ -46,6 +46,7 @@ class WorkerView:
         # told each poll's reports (the cluster shares decode workers' places by them)
         self.on_reports: Callable[[list[WorkerReport]], None] | None = None
         self._tasks: list[asyncio.Task] = []
+        self._followers: dict[WorkerKey, asyncio.Task] = {}  # each worker's event long poll
         # elastic workers by instance (each in ``prefills`` or ``decodes`` by the role it
         # serves, in neither while it switches)
         self.elastic: dict[int, WorkerState] = {}
@@ -55,16 +56,15 @@ class WorkerView:
         """Poll loads, and follow every worker's events, until ``stop``."""
         loop = asyncio.get_running_loop()
         self.bind()
-        workers = self.all()
-        self._tasks = [
-            loop.create_task(self._poll_forever()),
-            *(loop.create_task(self._follow_forever(w)) for w in workers),
-        ]
+        self._tasks = [loop.create_task(self._poll_forever())]
+        self._followers = {w.key: loop.create_task(self._follow_forever(w)) for w in self.all()}
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._followers.values()]
+        self._tasks, self._followers = [], {}
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
@@ -144,11 +144,30 @@ class WorkerView:
         fleet last heard (one switching is in neither: it takes no new work)."""
         if not self.elastic:
             return
+        self._resize()
         for instance, state in self.elastic.items():
             state.role_state = self.fleet.roles.get(instance, state.role_state)
         states = [s for s in self.elastic.values() if not s.switching]
         self.prefills = [s for s in states if s.serving == "prefill"]
         self.decodes = [s for s in states if s.serving == "decode"]
+
+    def _resize(self) -> None:
+        """Follow the pool's size: a state for each worker started since, none for those
+        released (their cache view dropped, their long poll stopped)."""
+        roles = self.fleet.roles
+        for instance in [n for n in self.elastic if n not in roles]:
+            state = self.elastic.pop(instance)
+            self.cache.drop(state.key)
+            self.last_loads.pop(state.key, None)
+            follower = self._followers.pop(state.key, None)
+            if follower is not None:
+                follower.cancel()
+        for instance in [n for n in roles if n not in self.elastic]:
+            state = WorkerState("elastic", instance, role_state=roles[instance])
+            self.elastic[instance] = state
+            if self._tasks:  # started: follow its events too
+                task = asyncio.get_running_loop().create_task(self._follow_forever(state))
+                self._followers[state.key] = task
 
     async def refresh_roles(self) -> None:
         """Ask every elastic worker its role now (a request was refused or handed on by a

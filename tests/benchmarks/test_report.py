@@ -30,7 +30,6 @@ FILES = (
     "served_speculation",
     "multi_turn",
     "planner_shifting_mix",
-    "planner_live_shifting_mix",
     "prompt_dtype",
     "decode_limit",
     "soak",

@@ -1,7 +1,8 @@
 """Elastic workers on a real pool (local Ray, tiny model, 4 workers): requests decode while
 workers switch roles under them (the management call's path, ``RoleSwitcher``), and while a
 view of the roles is stale (another coordinator's before its next poll), and while another
-worker is killed mid-switch; every request finishes, token-identical to a run without
+worker is killed mid-switch; and while the pool grows by a worker and releases one with
+requests on it; every request finishes, token-identical to a run without
 switches, none failed, the handed-on ones counted apart, and no block stays reserved."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from coordinator.cluster import Cluster
 from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
+from coordinator.pool.pool_size import PoolSize
 from coordinator.pool.role_switch import RoleSwitcher
 from coordinator.router import Router
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig
@@ -168,3 +170,53 @@ def test_a_switch_while_another_worker_is_killed_loses_no_request(elastic):
     text = generate_latest(metrics.registry).decode()
     assert _count(text, "request_failed_total{") == 0
     assert _count(text, 'request_migrations_total{model_name="m",reason="worker_lost"}') >= 1
+
+
+def test_the_pool_grows_by_a_worker_and_releases_one_with_requests_on_it(
+    ray_session, tiny_model_dir
+):
+    engine = EngineConfig(model_path=str(tiny_model_dir), device="cpu", batch_invariant=True,
+                          cache=CacheConfig(block_size=4, num_blocks=512))  # fmt: skip
+    config = ClusterConfig(
+        engine=engine, elastic_roles=True, num_prefill=1, num_decode=1, max_workers=3,
+        prefill_resources=ONE_CPU, decode_resources=ONE_CPU,
+    )  # fmt: skip
+    cluster = Cluster(config)
+    cluster.fleet.start()
+
+    async def scenario():
+        service, router, metrics = await _service(cluster)
+        pool = PoolSize(cluster.fleet, router.view)
+        try:
+            reference = await _run(service, _requests("before")[:6])
+            grown = await pool.grow("decode")
+            assert [s.instance for s in router.view.decodes] == [1, 2]
+            with pytest.raises(ValueError, match="max_workers"):
+                await pool.grow("decode")  # 3 of 3: the pool is full
+            started = asyncio.Event()
+            moving = asyncio.ensure_future(_run(service, _requests("grown")[:6], started))
+            await asyncio.wait_for(started.wait(), 60)
+            refusal = await pool.release(1)  # a decode worker with requests on it
+            moved = await moving
+            after = await _run(service, _requests("after")[:6])
+            fleet = cluster.fleet
+            with pytest.raises(IndexError, match="released"):
+                fleet.worker("elastic", 1)
+            assert sorted(fleet.roles) == [0, 2] and fleet.elastic[1] is None
+            assert [s.instance for s in router.view.decodes] == [2]
+            return reference, grown, refusal, moved, after, metrics
+        finally:
+            await router.view.stop()
+
+    try:
+        reference, grown, refusal, moved, after, metrics = asyncio.run(scenario())
+    finally:
+        cluster.fleet.shutdown()
+    assert grown == 2 and refusal == ""
+    for i in range(6):
+        fixed = _tokens(reference[f"before-{i}"])
+        for tag, run in (("grown", moved), ("after", after)):
+            assert run[f"{tag}-{i}"][-1].finish_reason == FinishReason.LENGTH
+            assert _tokens(run[f"{tag}-{i}"]) == fixed, f"{tag} request {i} changed tokens"
+    text = generate_latest(metrics.registry).decode()
+    assert _count(text, "request_failed_total{") == 0

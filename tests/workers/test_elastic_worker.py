@@ -11,9 +11,11 @@ from dataclasses import replace
 
 import pytest
 
+from coordinator.pool.token_streams import counterpart
 from engine.config import KVTransferConfig
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
+from engine.transfer.security import generate_credentials
 from tests.support.channel_reader import ChannelReader
 from tests.support.inprocess_workers import _config, _request, _used
 from workers.contracts import ROLE_SWITCH, HandoffResult, HandoffTarget
@@ -129,3 +131,27 @@ def test_a_hand_off_waiting_for_blocks_is_refused_as_moved(tiny_model_dir):
         worker.close()
         worker.receiver.close()
         worker.sender.close()
+
+
+def test_an_encrypted_plane_carries_hand_offs_both_ways_across_switches(tiny_model_dir):
+    keys = generate_credentials()
+    transfer = KVTransferConfig("zmq", encryption="on", shared_memory=False)
+    shares = {"credentials": keys.receiver, "send_credentials": keys.sender}
+    first = ElasticWorker(_config(tiny_model_dir), transfer, serving=PREFILL, **shares)
+    second = ElasticWorker(_config(tiny_model_dir), transfer, serving=DECODE, instance=1, **shares)
+    reader = ChannelReader(first, second, credentials=counterpart(keys, keys.receiver))
+    try:
+        _hand_off(first, second, _request("there"))
+        assert reader.items(first, "there")[-1].ok
+        assert reader.items(second, "there")[-1].finish_reason == FinishReason.LENGTH
+        assert first.switch_role(DECODE, 0, wait_s=10)[0] == ""
+        assert second.switch_role(PREFILL, 0, wait_s=10)[0] == ""
+        _hand_off(second, first, _request("back"))
+        assert reader.items(second, "back")[-1].ok
+        assert reader.items(first, "back")[-1].finish_reason == FinishReason.LENGTH
+    finally:
+        reader.close()
+        for worker in (first, second):
+            worker.close()
+            worker.receiver.close()
+            worker.sender.close()

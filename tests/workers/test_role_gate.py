@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from workers.role_gate import ANY_EPOCH, DECODE, PREFILL, RoleGate
+from workers.role_gate import ANY_EPOCH, DECODE, PREFILL, RETIRED, RoleGate
 
 
 def test_admits_only_its_role_at_its_epoch():
@@ -72,3 +72,15 @@ def test_not_quiet_while_an_admitted_call_is_inside():
 def test_a_role_it_cannot_serve_is_refused_at_start():
     with pytest.raises(ValueError, match="role must be one of prefill, decode"):
         RoleGate("colocated")
+
+
+def test_a_retired_worker_takes_nothing_again():
+    gate = RoleGate(DECODE)
+    assert gate.begin(RETIRED, 0) == ""
+    with gate.admit(DECODE) as refusal:
+        assert "switching from decode to retired" in refusal
+    assert gate.finish().serving == RETIRED
+    for role in (PREFILL, DECODE):
+        with gate.admit(role, 1) as refusal:
+            assert "serves retired now" in refusal
+    assert gate.begin(PREFILL, 1) == "this worker is retired"

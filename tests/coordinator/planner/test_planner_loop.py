@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from coordinator.planner import PlannerSettings
 from coordinator.planner.capacity import StepModel
 from coordinator.planner.loop import WARM_STEPS, PlannerLoop
+from coordinator.planner.planner import Decision
 from coordinator.planner.traffic import MAX_SAMPLES, TrafficWindow
 from coordinator.planner_metrics import PlannerMetrics
 from coordinator.routing.worker_state import WorkerState
@@ -221,3 +222,46 @@ def test_nothing_moves_while_a_worker_switches_and_cold_roles_teach_nothing():
     assert decision.kind == "none" and decision.reason == "a move is in progress"
     assert switcher.asked == []
     assert not loop._sample(view.decodes[0]).warm  # noqa: SLF001 - no step in its new role yet
+
+
+class _Pool:
+    def __init__(self, max_workers: int) -> None:
+        self.fleet = _Fleet([], "a")
+        self.fleet.config = type("C", (), {"max_workers": max_workers})()
+        self.starting = 0
+        self.asked: list[tuple[str, object]] = []
+
+    async def grow(self, role: str) -> int:
+        self.asked.append(("grow", role))
+        return 9
+
+    async def release(self, instance: int) -> str:
+        self.asked.append(("release", instance))
+        return ""
+
+
+def test_execute_with_max_workers_starts_and_releases_workers():
+    pool = _Pool(max_workers=6)
+    fleet = _Fleet([_Worker(_Claim(PlannerLease()))], "a")
+    loop = PlannerLoop(PlannerSettings(mode="execute"), _elastic_view(), fleet, TrafficWindow(),
+                       (1, 3), None, _Switcher(), pool)  # fmt: skip
+    assert loop.planner.config.max_workers == 6
+    decisions = iter([
+        Decision("scale_up", "no switch meets the targets", (), "prefill"),
+        Decision("scale_down", "idle: back to the configured workers", ("elastic-3",), "decode"),
+    ])  # fmt: skip
+    seen = []
+
+    def decide(workers, sample, now):
+        seen.append(sample.starting)
+        return next(decisions)
+
+    loop.planner.decide = decide
+    pool.starting = 1  # a start under way: the planner is told
+    asyncio.run(_tick_and_moves(loop))
+    asyncio.run(_tick_and_moves(loop))
+    assert pool.asked == [("grow", "prefill"), ("release", 3)]
+    assert seen == [1, 1]
+    advise = PlannerLoop(PlannerSettings(mode="advise"), _elastic_view(), fleet, TrafficWindow(),
+                         (1, 3), None, _Switcher(), pool)  # fmt: skip
+    assert advise.pool is None and advise.planner.config.max_workers == 0
