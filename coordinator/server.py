@@ -31,7 +31,6 @@ from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
 from coordinator.api.app import create_predict_app
-from coordinator.api.role_route import add_role_route
 from coordinator.cluster import Cluster
 from coordinator.config.loader import CoordinatorConfig, check_manage_listener
 from coordinator.connection_caps import ConnectionCaps
@@ -48,6 +47,7 @@ from coordinator.pool.pool_size import PoolSize
 from coordinator.pool.prefix_pull import PullOutcome
 from coordinator.pool.role_switch import RoleSwitcher
 from coordinator.ray_connect import init_ray
+from coordinator.role_route import add_role_route
 from coordinator.router import Router
 from coordinator.served_model import cluster_config, routing_config, served_models
 from coordinator.threaded_server import ThreadedServer

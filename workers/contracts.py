@@ -35,9 +35,9 @@ ROLE_SWITCH = "role_switch"
 
 @dataclass(frozen=True)
 class RoleState:
-    """An elastic worker's role (``workers/elastic.py``): the one it serves, its epoch (bumped by
-    each switch), whether a switch is under way (it takes no new work then), and its engine
-    steps since it took this role (the first ones run cold)."""
+    """An elastic worker's role (``elastic_worker/worker.py``): the one it serves, its epoch
+    (bumped by each switch), whether a switch is under way (it takes no new work then), and its
+    engine steps since it took this role (the first ones run cold)."""
 
     serving: str
     epoch: int = 0

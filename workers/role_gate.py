@@ -1,4 +1,4 @@
-"""Which role an elastic worker (``workers/elastic.py``) takes calls of, and its switch.
+"""Which role an elastic worker (``elastic_worker/worker.py``) takes calls of, and its switch.
 
 Every call that brings work of a role (a prompt to prefill, blocks to reserve, a request to
 prefill and decode here) passes :meth:`RoleGate.admit` with the role and the epoch its sender

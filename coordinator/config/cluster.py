@@ -68,7 +68,7 @@ class ClusterConfig:
     deploy_mode: str = choice("pd_separate", DEPLOY_MODES, "deploy_mode")
     num_prefill: int = bounded(1, 1, 1024, "num_prefill")
     num_decode: int = bounded(1, 1, 1024, "num_decode")
-    # pd_separate: workers that switch roles while they serve (workers/elastic.py), started
+    # pd_separate: workers that switch roles while they serve (elastic_worker/worker.py), started
     # num_prefill as prefill and num_decode as decode
     elastic_roles: bool = False
     # elastic_roles: the most workers the planner may grow the pool to (0: the pool's size is

@@ -37,6 +37,7 @@ from coordinator.pool.shared import actor_options, drop_credentials, pool_creden
 from coordinator.pool.token_stream import WorkerKey
 from coordinator.pool.token_streams import TokenChannelError, TokenStreams, counterpart
 from decode_worker.worker import DecodeWorker
+from elastic_worker.worker import ElasticWorker
 from engine.config import CacheConfig, kv_bind_address
 from engine.kv_events import KvEventBatch, KvSnapshot
 from engine.transfer.security import ClusterCredentials, KVCredentials, transfer_credentials
@@ -49,7 +50,6 @@ from workers.contracts import (
     WorkerLoad,
     WorkerReport,
 )
-from workers.elastic import ElasticWorker
 from workers.embedding import EmbeddingWorker
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.runtime import CONCURRENCY_GROUPS, WorkerRuntime
@@ -128,8 +128,8 @@ class Fleet:
         }
 
     def _start_elastic(self, keys: ClusterCredentials | None) -> None:
-        """Elastic workers (``workers/elastic.py``): the first ``num_prefill`` start as prefill
-        workers, the next ``num_decode`` as decode workers. Each holds both shares of the KV
+        """Elastic workers (``elastic_worker/worker.py``): the first ``num_prefill`` start as
+        prefill workers, the next ``num_decode`` as decode workers. Each holds both shares of the KV
         plane's credentials (it sends hand-offs and receives them by turns); its token channel
         is secured as a decode worker's is."""
         cfg = self.config

@@ -1,4 +1,4 @@
-"""Switching an elastic worker's role from a coordinator (``workers/elastic.py``): the
+"""Switching an elastic worker's role from a coordinator (``elastic_worker/worker.py``): the
 management call ``POST /v1/instances/{n}/role`` and the planner in ``execute`` mode.
 
 The router stops sending the worker new work at once (it is in neither of its role lists while

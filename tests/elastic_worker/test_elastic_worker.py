@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from coordinator.pool.token_streams import counterpart
+from elastic_worker.worker import ElasticWorker
 from engine.config import KVTransferConfig
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
@@ -19,7 +20,6 @@ from engine.transfer.security import generate_credentials
 from tests.support.channel_reader import ChannelReader
 from tests.support.inprocess_workers import _config, _request, _used
 from workers.contracts import ROLE_SWITCH, HandoffResult, HandoffTarget
-from workers.elastic import ElasticWorker
 from workers.role_gate import DECODE, PREFILL
 
 

@@ -1,0 +1,1 @@
+"""The elastic worker: a prefill or a decode worker by turns (``worker.py``)."""
