@@ -1,8 +1,9 @@
 """Elastic workers on a real pool (local Ray, tiny model, 4 workers): requests decode while
 workers switch roles under them (the management call's path, ``RoleSwitcher``), and while a
 view of the roles is stale (another coordinator's before its next poll), and while another
-worker is killed mid-switch; and while the pool grows by a worker and releases one with
-requests on it; every request finishes, token-identical to a run without
+worker is killed mid-switch, through twenty switches in a row, and while the pool grows by a
+worker and releases one with requests on it; the planner in ``execute`` mode moves a worker to
+prefill when prompts queue. Every request finishes, token-identical to a run without
 switches, none failed, the handed-on ones counted apart, and no block stays reserved."""
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from coordinator.cluster import Cluster
 from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.inference import InferenceService, Timeouts
 from coordinator.metrics import Metrics
+from coordinator.planner import PlannerSettings
+from coordinator.planner.loop import PlannerLoop
+from coordinator.planner.traffic import TrafficWindow
 from coordinator.pool.pool_size import PoolSize
 from coordinator.pool.role_switch import RoleSwitcher
 from coordinator.router import Router
@@ -144,11 +148,107 @@ def _count(text: str, prefix: str) -> float:
                if line.startswith(prefix))  # fmt: skip
 
 
+def test_twenty_switches_under_load_fail_no_request(elastic):
+    """Waves of requests run while the workers switch roles one after another (always one
+    prefill and one decode worker left): none fails, every one token-identical."""
+
+    async def scenario():
+        service, router, metrics = await _service(elastic)
+        switcher, fleet, stop = RoleSwitcher(router.view, metrics), elastic.fleet, asyncio.Event()
+        try:
+            reference = await _run(service, _requests("calm"))
+
+            async def waves() -> list[dict[str, list]]:
+                runs = []
+                while not stop.is_set():
+                    runs.append(await _run(service, _requests(f"wave{len(runs)}")))
+                return runs
+
+            load = asyncio.ensure_future(waves())
+            answers = []
+            while len(answers) < 20:
+                await asyncio.sleep(0.05)
+                roles = {n: state.serving for n, state in sorted(fleet.roles.items())}
+                prefills = [n for n, role in roles.items() if role == "prefill"]
+                decodes = [n for n, role in roles.items() if role == "decode"]
+                # alternately a decode worker to prefill and the oldest prefill one to decode
+                instance, target = (
+                    (decodes[0], "prefill") if len(answers) % 2 == 0 else (prefills[0], "decode")
+                )
+                answers.append(await switcher.switch(instance, target, 30.0))
+            stop.set()
+            return reference, await load, answers, metrics
+        finally:
+            await router.view.stop()
+
+    reference, waves, answers, metrics = asyncio.run(scenario())
+    assert [refusal for refusal, _ in answers] == [""] * 20
+    assert waves, "no wave ran while the workers switched"
+    for n, wave in enumerate(waves):
+        for i in range(12):
+            events = wave[f"wave{n}-{i}"]
+            assert events[-1].finish_reason == FinishReason.LENGTH, events[-1]
+            assert _tokens(events) == _tokens(reference[f"calm-{i}"]), f"wave {n} request {i}"
+    text = generate_latest(metrics.registry).decode()
+    assert _count(text, "request_failed_total{") == 0
+    assert _count(text, MIGRATIONS) >= 1
+
+
+def test_the_planner_moves_a_worker_to_prefill_when_prompts_queue(elastic):
+    """``execute``: a flood of long prompts on one prefill worker violates the TTFT target; the
+    planner switches a decode worker to prefill, and no request fails."""
+
+    async def scenario():
+        service, router, metrics = await _service(elastic)
+        switcher, fleet = RoleSwitcher(router.view, metrics), elastic.fleet
+        try:
+            await _set_split(switcher, fleet, prefills=1)
+            await _run(service, _requests("warm"))  # every worker past its cold steps
+            settings = PlannerSettings(mode="execute", slo_ttft_ms=20, slo_itl_ms=60_000,
+                                       interval_ms=500)  # fmt: skip
+            traffic = TrafficWindow()
+            service.traffic = traffic
+            loop = PlannerLoop(settings, router.view, fleet, traffic, (1, 3), None, switcher)
+            planning = asyncio.ensure_future(loop.run())
+            long = SamplingParams(max_new_tokens=2, ignore_eos=True)
+            flooded: list[dict[str, list]] = []
+            for wave in range(12):
+                prompts = [
+                    GenerationRequest(f"flood{wave}-{i}", [3 + (i + wave) % 50] * 700, long)
+                    for i in range(16)
+                ]
+                flooded.append(await _run(service, prompts))
+                if sum(s.serving == "prefill" for s in fleet.roles.values()) > 1:
+                    break
+            planning.cancel()
+            await asyncio.gather(planning, *loop._moves, return_exceptions=True)  # noqa: SLF001
+            return flooded, dict(fleet.roles), metrics
+        finally:
+            service.traffic = None
+            await router.view.stop()
+
+    flooded, roles, metrics = asyncio.run(scenario())
+    assert sum(state.serving == "prefill" for state in roles.values()) >= 2, roles
+    assert all(run[key][-1].finish_reason == FinishReason.LENGTH
+               for run in flooded for key in run)  # fmt: skip
+    assert _count(generate_latest(metrics.registry).decode(), "request_failed_total{") == 0
+
+
+async def _set_split(switcher: RoleSwitcher, fleet, prefills: int) -> None:
+    """Workers 0..prefills-1 to prefill, the others to decode."""
+    for instance, state in sorted(fleet.roles.items()):
+        target = "prefill" if instance < prefills else "decode"
+        if state.serving != target:
+            assert (await switcher.switch(instance, target, 30.0))[0] == ""
+
+
 def test_a_switch_while_another_worker_is_killed_loses_no_request(elastic):
     async def scenario():
         service, router, metrics = await _service(elastic)
         switcher = RoleSwitcher(router.view, metrics)
         try:
+            await _set_split(switcher, elastic.fleet, prefills=1)
+            epoch = elastic.fleet.roles[3].epoch
             reference = await _run(service, _requests("ref"))
             started = asyncio.Event()
             moving = asyncio.ensure_future(_run(service, _requests("hit"), started))
@@ -157,12 +257,12 @@ def test_a_switch_while_another_worker_is_killed_loses_no_request(elastic):
             victim = (await elastic.fleet.worker("elastic", 2).ready.remote()).pid
             os.kill(victim, signal.SIGKILL)
             hit = await asyncio.wait_for(moving, 120)
-            return reference, hit, await switching, metrics
+            return reference, hit, await switching, metrics, epoch
         finally:
             await router.view.stop()
 
-    reference, hit, (refusal, state), metrics = asyncio.run(scenario())
-    assert refusal == "" and (state.serving, state.epoch) == ("prefill", 1)
+    reference, hit, (refusal, state), metrics, epoch = asyncio.run(scenario())
+    assert refusal == "" and (state.serving, state.epoch) == ("prefill", epoch + 1)
     for i in range(12):
         events = hit[f"hit-{i}"]
         assert events[-1].finish_reason == FinishReason.LENGTH, events[-1]
