@@ -94,6 +94,8 @@ class OpenAIRoutes(Door):
             if kind == "chat"
             else Completion(kind, self.model.name, len(prompt.ids), self.model.content_filter, True)
         )
+        # usage only when asked, in a chunk of its own (checked: true or false)
+        answer.stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         key = body.get("prompt_cache_key")  # a session (checked: a string of at most 512)
         events = self.generation(request, prompt.ids, params, cache_key=key)
         return await respond(events, answer, bool(body.get("stream")), service_error_response)

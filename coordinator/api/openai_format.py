@@ -3,8 +3,11 @@
 ``{"error": {"message", "type", "param", "code"}}``.
 
 Streams are ``data: {json}\\n\\n`` chunks ending with ``data: [DONE]\\n\\n``; the last content
-chunk carries ``finish_reason`` and ``usage``. A content-filtered output is cut before the match
-and ends with ``finish_reason: "content_filter"``. A request that fails after the first chunk
+chunk carries ``finish_reason``, and ``usage`` where the door says (``stream_usage``): on that
+chunk (Azure, MLflow), or as OpenAI defines it, only when the request's
+``stream_options.include_usage`` asks, in a chunk of its own with ``choices: []`` after it. A
+content-filtered output is cut before the match and ends with ``finish_reason:
+"content_filter"``. A request that fails after the first chunk
 ends with one ``data: {"error": {"message", "type", "param", "code"}}`` chunk and the stream
 closes: no ``finish_reason`` chunk, no ``[DONE]`` (the ``openai`` client raises on it).
 
@@ -44,6 +47,10 @@ def _stream_error(exc: ServiceError) -> bytes:
 
 class Completion:
     """Accumulates events into OpenAI's shapes, for chat (``kind="chat"``) or text completions."""
+
+    # where a stream's usage goes: None, on its last choice chunk; True, in a chunk of its own
+    # with ``choices: []`` after it; False, nowhere (OpenAI's door sets it from the request)
+    stream_usage: bool | None = None
 
     def __init__(
         self,
@@ -155,7 +162,10 @@ class Completion:
                     yield chunk
                 if ending:
                     last = None if self.kind == "chat" else ""
-                    yield self.chunk(last, self.final_finish(), usage=True)
+                    yield self.chunk(last, self.final_finish(), usage=self.stream_usage is None)
+                    if self.stream_usage:
+                        usage = {**self._envelope(True), "choices": [], "usage": self.usage}
+                        yield sse_event(usage)
                     break
             yield DONE
         except ServiceError as exc:

@@ -117,12 +117,26 @@ def test_whole_answer_usage_has_cached_tokens(path, body, cached, expected):
     assert response.json()["usage"] == _usage(expected)
 
 
-@pytest.mark.parametrize(("path", "body"), OPENAI_STYLE)
+@pytest.mark.parametrize(("path", "body"), OPENAI_STYLE[2:])
 def test_streamed_usage_chunk_has_cached_tokens(path, body):
     response = post(predict_app(CachingService([2, 2, 2])), path, {**body, "stream": True})
     assert response.status_code == 200, response.text
     *chunks, last = _sent(response)
     assert last["usage"] == _usage(2)
+    assert not any("usage" in chunk for chunk in chunks)
+
+
+@pytest.mark.parametrize(("path", "body"), OPENAI_STYLE[:2])
+def test_openai_streams_usage_only_when_asked_in_a_chunk_of_its_own(path, body):
+    app = predict_app(CachingService([2, 2, 2]))
+    for options in ({}, {"stream_options": {"include_usage": False}}):
+        unasked = _sent(post(app, path, {**body, **options, "stream": True}))
+        assert not any("usage" in chunk or chunk["choices"] == [] for chunk in unasked)
+    asked = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    *chunks, finish, usage = _sent(post(app, path, asked))
+    assert usage["choices"] == [] and usage["usage"] == _usage(2)
+    assert finish["choices"][0]["finish_reason"] and "usage" not in finish
+    assert usage["id"] == finish["id"] and usage["object"] == finish["object"]
     assert not any("usage" in chunk for chunk in chunks)
 
 
@@ -159,7 +173,10 @@ def test_openai_client_reads_cached_tokens():
         ) as client:
             reply = await client.chat.completions.create(model="fake", messages=MESSAGES)
             stream = await client.chat.completions.create(
-                model="fake", messages=MESSAGES, stream=True
+                model="fake",
+                messages=MESSAGES,
+                stream=True,
+                stream_options={"include_usage": True},
             )
             chunks = [chunk async for chunk in stream]
             return reply, chunks[-1]
