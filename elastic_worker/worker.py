@@ -75,7 +75,6 @@ class ElasticWorker(PrefillWorker, DecodeWorker):
         self._send_credentials = transfer_credentials(transfer, send_credentials)
         self._steps_at_switch = 0
         self.num_switch_migrations = 0  # requests it handed on by switching away from decode
-        self._draining = False
         super().__init__(config, transfer, credentials, pull_credentials, **runtime)
         # a reservation whose pages never come ends by its own timeout: a drain waits that long
         self.drain_limit_s = transfer.reservation_timeout_s + transfer.transfer_timeout_s + 5.0
@@ -120,9 +119,8 @@ class ElasticWorker(PrefillWorker, DecodeWorker):
         """Switch to ``target`` if still at ``epoch`` (module docstring), waiting up to
         ``wait_s`` for the switch to end; ("", the role state then) when it started, else
         (why not, the role state now)."""
-        refusal = self.gate.begin(target, epoch)
-        if not refusal and not self._draining:
-            self._draining = True
+        refusal, started = self.gate.begin(target, epoch)
+        if started:
             threading.Thread(target=self._drain, name="role-drain", daemon=True).start()
         if not refusal and wait_s > 0:
             self.gate.wait_past(epoch, min(float(wait_s), MAX_SWITCH_WAIT_S))
@@ -150,11 +148,12 @@ class ElasticWorker(PrefillWorker, DecodeWorker):
                 if empty and self.gate.quiet() and not len(self.requests):
                     break
                 time.sleep(DRAIN_TICK_S)
-            steps = self.loop.call(lambda e: e.stats().num_steps).result()
-            self._steps_at_switch = steps
-            state = self.gate.finish()
-        finally:
-            self._draining = False
+            self._steps_at_switch = self.loop.call(lambda e: e.stats().num_steps).result()
+        except Exception:  # the engine failed mid-drain: the switch is given up, asked again
+            log.exception("role switch from %s failed; still serving it", leaving)
+            self.gate.abandon()
+            return
+        state = self.gate.finish()
         log.info("now serving %s (epoch %d) after %.3f s", state.serving, state.epoch,
                  time.monotonic() - started)  # fmt: skip
 

@@ -71,23 +71,25 @@ class RoleGate:
             return f"stale role epoch {epoch}: this worker is at epoch {self.epoch}"
         return ""
 
-    def begin(self, target: str, epoch: int) -> str:
+    def begin(self, target: str, epoch: int) -> tuple[str, bool]:
         """Start switching to ``target`` (a role, or ``RETIRED``) if the worker is still at
-        ``epoch``: "" when started (or that very switch is under way already), else why not."""
+        ``epoch``: ("", True) when this call started it, ("", False) when that very switch is
+        under way already, else (why not, False)."""
         if target not in (*ROLES, RETIRED):
-            return f"role must be one of {', '.join(ROLES)}, got {target!r}"
+            return f"role must be one of {', '.join(ROLES)}, got {target!r}", False
         with self._changed:
             if self.serving == RETIRED:
-                return "this worker is retired"
+                return "this worker is retired", False
             if epoch != self.epoch:
-                return f"stale role epoch {epoch}: this worker is at epoch {self.epoch}"
+                return f"stale role epoch {epoch}: this worker is at epoch {self.epoch}", False
             if self.target is not None:
-                return "" if self.target == target else f"already switching to {self.target}"
+                same = self.target == target
+                return ("" if same else f"already switching to {self.target}"), False
             if target == self.serving:
-                return f"this worker serves {target} already"
+                return f"this worker serves {target} already", False
             self.target = target
             self._changed.notify_all()
-            return ""
+            return "", True
 
     def quiet(self) -> bool:
         """Whether no admitted call is inside."""
@@ -101,6 +103,14 @@ class RoleGate:
                 raise RuntimeError("no switch is under way")
             self.serving, self.target = self.target, None
             self.epoch += 1
+            self._changed.notify_all()
+            return RoleState(self.serving, self.epoch)
+
+    def abandon(self) -> RoleState:
+        """Give up the switch under way (its drain failed): the role and epoch stay as they
+        were, calls are taken again and the next ``begin`` starts afresh."""
+        with self._changed:
+            self.target = None
             self._changed.notify_all()
             return RoleState(self.serving, self.epoch)
 

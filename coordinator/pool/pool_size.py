@@ -42,9 +42,8 @@ class PoolSize:
         if self.size >= fleet.config.max_workers:
             raise ValueError(f"the pool holds max_workers ({fleet.config.max_workers}) already")
         instance = len(fleet.elastic)
-        fleet.roles[instance] = RoleState(role, switching=True)  # not routed to until up
         fleet.elastic.append(fleet.elastic_actor(instance, role))
-        self.view.sort_roles()
+        self.view.hold(instance, role)  # not routed to until up
         self.starting += 1
         try:
             identity = await asyncio.wait_for(fleet.elastic[instance].ready.remote(), timeout_s)
@@ -64,9 +63,9 @@ class PoolSize:
         """Retire worker ``instance`` and stop it: "" once stopped, else why not (it refused:
         a stale epoch, or a switch under way)."""
         fleet = self.fleet
-        actor, known = fleet.worker("elastic", instance), fleet.roles[instance]
-        fleet.roles[instance] = RoleState(known.serving, known.epoch, switching=True)
-        self.view.sort_roles()  # no new work for it from now on
+        actor = fleet.worker("elastic", instance)
+        known = self.view.hold(instance)
+        assert known is not None  # a worker started has a role state
         try:
             refusal, state = await actor.retire.remote(known.epoch, wait_s)
         except ray.exceptions.RayError as exc:

@@ -10,7 +10,6 @@ their calls and their requests go elsewhere). Each switch asked is counted by it
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -34,8 +33,7 @@ class RoleSwitcher:
         self.fleet.worker("elastic", instance)  # no such worker: raises before anything moves
         known = self.fleet.roles[instance]
         if not known.switching and known.serving != target:
-            self.fleet.roles[instance] = dataclasses.replace(known, switching=True)
-            self.view.sort_roles()  # no new work for it from now on
+            self.view.hold(instance)
         try:
             refusal, state = await self.fleet.switch(instance, target, wait_s)
         except ray.exceptions.RayError:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from typing import Any
 from coordinator.routing.cache_view import CacheView
 from coordinator.routing.worker_state import WorkerKey, WorkerState
 from engine.outputs import EngineStats
-from workers.contracts import WorkerLoad, WorkerReport
+from workers.contracts import RoleState, WorkerLoad, WorkerReport
 
 log = logging.getLogger(__name__)
 FOLLOW_WAIT_S = 2.0
@@ -138,6 +139,16 @@ class WorkerView:
             return self.elastic.get(instance)
         pool = self.prefills if role == "prefill" else self.decodes
         return pool[instance] if instance < len(pool) else None
+
+    def hold(self, instance: int, serving: str = "") -> RoleState | None:
+        """Route no new work to elastic worker ``instance`` from now on (a switch, a start or a
+        release under way): its role state as known until then, None for a worker not known
+        yet (one starting, to serve ``serving``)."""
+        known = self.fleet.roles.get(instance)
+        held = RoleState(serving, switching=True) if known is None else known
+        self.fleet.roles[instance] = dataclasses.replace(held, switching=True)
+        self.sort_roles()
+        return known
 
     def sort_roles(self) -> None:
         """Elastic workers into ``prefills`` and ``decodes`` by the role each serves as the

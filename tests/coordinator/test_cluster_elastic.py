@@ -2,9 +2,10 @@
 workers switch roles under them (the management call's path, ``RoleSwitcher``), and while a
 view of the roles is stale (another coordinator's before its next poll), and while another
 worker is killed mid-switch, through twenty switches in a row, and while the pool grows by a
-worker and releases one with requests on it; the planner in ``execute`` mode moves a worker to
-prefill when prompts queue. Every request finishes, token-identical to a run without
-switches, none failed, the handed-on ones counted apart, and no block stays reserved."""
+worker and releases one with requests on it; one planner in ``execute`` mode moves workers to
+prefill when prompts queue, back to the configured split when traffic stops, and none under a
+steady load. Every request finishes, token-identical to a run without switches, none failed,
+the handed-on ones counted apart, and no block stays reserved."""
 
 from __future__ import annotations
 
@@ -194,44 +195,104 @@ def test_twenty_switches_under_load_fail_no_request(elastic):
     assert _count(text, MIGRATIONS) >= 1
 
 
-def test_the_planner_moves_a_worker_to_prefill_when_prompts_queue(elastic):
-    """``execute``: a flood of long prompts on one prefill worker violates the TTFT target; the
-    planner switches a decode worker to prefill, and no request fails."""
+def test_the_planner_follows_the_mix_and_holds_still(elastic):
+    """``execute``, one planner throughout: floods of long prompts violate the TTFT target and
+    it moves decode workers to prefill; with no traffic the roles go back to the configured
+    split; under a steady load that keeps both targets nothing moves. Every request finishes
+    token-identical to the same request on the fixed split afterwards, none failed."""
 
     async def scenario():
         service, router, metrics = await _service(elastic)
         switcher, fleet = RoleSwitcher(router.view, metrics), elastic.fleet
         try:
-            await _set_split(switcher, fleet, prefills=1)
-            await _run(service, _requests("warm"))  # every worker past its cold steps
-            settings = PlannerSettings(mode="execute", slo_ttft_ms=20, slo_itl_ms=60_000,
-                                       interval_ms=500)  # fmt: skip
+            await _set_split(switcher, fleet, prefills=1)  # the configured split
+            await _run(service, _steady(0))  # every worker past its cold steps
+            settings = PlannerSettings(mode="execute", slo_ttft_ms=100, slo_itl_ms=60_000,
+                                       interval_ms=400)  # fmt: skip
             traffic = TrafficWindow()
             service.traffic = traffic
             loop = PlannerLoop(settings, router.view, fleet, traffic, (1, 3), None, switcher)
+            loop.planner.config = replace(loop.planner.config, scale_down_after_s=1.0)
+            decisions = _record(loop)
             planning = asyncio.ensure_future(loop.run())
-            long = SamplingParams(max_new_tokens=2, ignore_eos=True)
-            flooded: list[dict[str, list]] = []
-            for wave in range(12):
-                prompts = [
-                    GenerationRequest(f"flood{wave}-{i}", [3 + (i + wave) % 50] * 700, long)
-                    for i in range(16)
-                ]
-                flooded.append(await _run(service, prompts))
-                if sum(s.serving == "prefill" for s in fleet.roles.values()) > 1:
+            sent, runs, splits = [], [], []
+
+            async def send(requests: list[GenerationRequest]) -> None:
+                sent.append(requests)
+                runs.append(await _run(service, requests))
+
+            for wave in range(1, 8):  # prompts queue: decode workers to prefill
+                await send(_floods(wave))
+                if _split(fleet) != (1, 3):
                     break
+            await _until(lambda: not any(s.switching for s in fleet.roles.values()), 30)
+            splits.append(_split(fleet))
+            await _until(lambda: _split(fleet) == (1, 3), 30)  # no traffic: back to (1, 3)
+            splits.append(_split(fleet))
+            settled = len(decisions)
+            while len(decisions) < settled + 10:  # a steady load within both targets
+                await send(_steady(len(runs)))
+            splits.append(_split(fleet))
             planning.cancel()
             await asyncio.gather(planning, *loop._moves, return_exceptions=True)  # noqa: SLF001
-            return flooded, dict(fleet.roles), metrics
+            service.traffic = None
+            fixed = {}
+            for requests in sent:  # the same requests again, on the configured split
+                fixed |= await _run(service, [replace(r, request_id=f"fixed-{r.request_id}")
+                                              for r in requests])  # fmt: skip
+            return fixed, runs, splits, decisions[settled:], metrics
         finally:
             service.traffic = None
             await router.view.stop()
 
-    flooded, roles, metrics = asyncio.run(scenario())
-    assert sum(state.serving == "prefill" for state in roles.values()) >= 2, roles
-    assert all(run[key][-1].finish_reason == FinishReason.LENGTH
-               for run in flooded for key in run)  # fmt: skip
-    assert _count(generate_latest(metrics.registry).decode(), "request_failed_total{") == 0
+    fixed, runs, splits, after_settling, metrics = asyncio.run(scenario())
+    assert splits[0][0] >= 2 and splits[1:] == [(1, 3), (1, 3)], splits
+    assert [d.reason for d in after_settling if d.kind != "none"] == []
+    for run in runs:
+        for key, events in run.items():
+            assert events[-1].finish_reason == FinishReason.LENGTH, (key, events[-1])
+            assert _tokens(events) == _tokens(fixed[f"fixed-{key}"]), f"{key} changed tokens"
+    text = generate_latest(metrics.registry).decode()
+    assert _count(text, "request_failed_total{") == 0
+    assert _count(text, 'worker_role_switches_total{model_name="m",outcome="accepted"') >= 2
+
+
+def _floods(wave: int) -> list[GenerationRequest]:
+    """Long prompts, all at once (the same in every wave but the first token, kept out of the
+    prefix caches by it): they queue at prefill."""
+    params = SamplingParams(max_new_tokens=2, ignore_eos=True)
+    return [GenerationRequest(f"flood{wave}-{i}", [3 + wave, *[4 + i % 40] * 900], params)
+            for i in range(24)]  # fmt: skip
+
+
+def _steady(wave: int) -> list[GenerationRequest]:
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    return [GenerationRequest(f"steady{wave}-{i}", [3, 5 + i, 6, 7], params)
+            for i in range(4)]  # fmt: skip
+
+
+def _split(fleet) -> tuple[int, int]:
+    roles = [state.serving for state in fleet.roles.values()]
+    return roles.count("prefill"), roles.count("decode")
+
+
+def _record(loop: PlannerLoop) -> list:
+    """Every decision ``loop``'s planner takes, in order."""
+    decide, decisions = loop.planner.decide, []
+
+    def recorded(*args):
+        decisions.append(decide(*args))
+        return decisions[-1]
+
+    loop.planner.decide = recorded
+    return decisions
+
+
+async def _until(condition, timeout_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.05)
 
 
 async def _set_split(switcher: RoleSwitcher, fleet, prefills: int) -> None:
