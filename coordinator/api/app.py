@@ -9,9 +9,10 @@ gate (:mod:`~coordinator.api.clients`: whose limits the request counts against),
 (:mod:`~coordinator.api.middleware`: a client that goes away cancels its handler, on every route),
 then its door's handler.
 
-Which doors open depends on what is served: a generating model opens MindIE, OpenAI, TGI and
-Azure chat; an embeddings-only server answers ``/v1/models`` and ``/info`` only; the embedding
-routes open when an embedding model is configured, and MLflow's scoring routes always.
+Which doors open depends on what is served: a generating model opens MindIE, OpenAI, TGI,
+Azure chat and Anthropic's Messages; an embeddings-only server answers ``/v1/models`` and
+``/info`` only; the embedding routes open when an embedding model is configured, and MLflow's
+scoring routes always.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from functools import partial
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.api import azure, mindie, mlflow, openai, tgi
+from coordinator.api import anthropic_format, azure, mindie, mlflow, openai, tgi
 from coordinator.api.admission import DoorCount, DoorGate
+from coordinator.api.anthropic import MESSAGES_PATHS, create_messages_router
 from coordinator.api.azure import create_azure_router, create_info_router
 from coordinator.api.body_budget import MIB, BodyBudget
 from coordinator.api.clients import ClientLimits, Clients, record_client
@@ -37,7 +39,7 @@ from coordinator.api.middleware import DisconnectGuard, RequestGate
 from coordinator.api.mindie import create_infer_router
 from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
-from coordinator.api.tenants import Tenants, record_tenant
+from coordinator.api.tenants import Tenants, presented_keys, record_tenant
 from coordinator.api.tgi import create_tgi_router
 from coordinator.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
 from coordinator.errors import RETRY_UNAVAILABLE_S, ServiceError
@@ -51,6 +53,7 @@ GENERATION_DOORS = (
     create_openai_router,
     create_tgi_router,
     create_azure_router,
+    create_messages_router,
 )
 
 
@@ -147,6 +150,8 @@ def door_refusal(path: str, exc: ServiceError) -> Response:
         return tgi.service_error_response(error)
     if path in AZURE_PATHS:
         return azure.error_response(error)
+    if path in MESSAGES_PATHS:
+        return anthropic_format.error_response(error)
     if path == "/invocations":
         return mlflow.service_error_response(exc)
     return mindie.service_error_response(error)
@@ -158,13 +163,12 @@ def require_api_keys(app: FastAPI, keys: Iterable[str]) -> None:
 
 
 def authorized(request: Request, keys: set[str]) -> bool:
-    """``api-key: K`` or ``Authorization: Bearer K`` with one of ``keys``. Each presented key is
+    """``api-key: K``, ``x-api-key: K`` or ``Authorization: Bearer K`` with one of ``keys``.
+    Each presented key is
     compared with every configured one in constant time (no early exit, so the answer's timing
     tells nothing of how close a guess was); an empty key never matches (the configuration
     refuses one, :mod:`coordinator.config.loader`)."""
-    bearer = request.headers.get("authorization", "")
-    token = bearer[7:] if bearer.lower().startswith("bearer ") else ""
-    presented = [k.encode("latin-1") for k in (request.headers.get("api-key", ""), token) if k]
+    presented = [k.encode("latin-1") for k in presented_keys(request) if k]
     wanted = [k.encode() for k in keys if k]
     matches = [hmac.compare_digest(p, k) for p in presented for k in wanted]
     return any(matches)
@@ -173,8 +177,11 @@ def authorized(request: Request, keys: set[str]) -> bool:
 def missing_api_key(request: Request, keys: set[str]) -> Response | None:
     """With ``api_keys`` configured, 401 (Azure's error body) without a valid key."""
     if keys and not authorized(request, keys):
-        message = "a valid api-key or Authorization: Bearer key is required"
-        return azure.error_response(APIError(401, message, "Unauthorized"))
+        message = "a valid api-key, x-api-key or Authorization: Bearer key is required"
+        error = APIError(401, message, "Unauthorized")
+        if request.url.path in MESSAGES_PATHS:
+            return anthropic_format.error_response(error)
+        return azure.error_response(error)
     return None
 
 

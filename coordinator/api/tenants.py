@@ -41,7 +41,7 @@ class Tenants:
 
     def of(self, request: Request) -> str:
         """The tenant of the key ``request`` presents (``api-key: K`` first, then
-        ``Authorization: Bearer K``); "" for none of the keys."""
+        ``x-api-key: K``, then ``Authorization: Bearer K``); "" for none of the keys."""
         for key in presented_keys(request):
             tenant = self._ids.get(key)
             if tenant is not None:
@@ -49,11 +49,13 @@ class Tenants:
         return ""
 
 
-def presented_keys(request: Request) -> tuple[str, str]:
-    """The keys ``request`` presents: ``api-key: K``, then ``Authorization: Bearer K``."""
+def presented_keys(request: Request) -> tuple[str, str, str]:
+    """The keys ``request`` presents: ``api-key: K``, ``x-api-key: K`` (Anthropic's header),
+    then ``Authorization: Bearer K``."""
     bearer = request.headers.get("authorization", "")
     token = bearer[7:] if bearer.lower().startswith("bearer ") else ""
-    return request.headers.get("api-key", ""), token
+    headers = request.headers
+    return headers.get("api-key", ""), headers.get("x-api-key", ""), token
 
 
 def _tenant_id(secret: bytes, key: str) -> str:

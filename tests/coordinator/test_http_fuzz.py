@@ -72,6 +72,8 @@ KNOWN_ROUTES = {
     "/embeddings",
     "/models/embeddings",
     "/invocations",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
 }
 
 
@@ -118,6 +120,11 @@ VALID_BODIES: dict[str, list[dict[str, Any]]] = {
     "/embeddings": [{"input": "hi"}],
     "/models/embeddings": [{"input": "hi"}],
     "/invocations": MLFLOW_BODIES,
+    "/v1/messages": [
+        {"model": "m", "max_tokens": 3, "messages": MESSAGES},
+        {"model": "m", "max_tokens": 3, "messages": MESSAGES, "stream": True, "system": "s"},
+    ],
+    "/v1/messages/count_tokens": [{"model": "m", "messages": MESSAGES}],
 }
 ALL_VALID_BODIES = [body for bodies in VALID_BODIES.values() for body in bodies]
 

@@ -1,6 +1,7 @@
 """The client side of the chaos suite: a steady load of streaming and non-streaming requests over
-MindIE ``/infer`` and OpenAI ``/v1/completions``, each classified as it ends.
-Texts are keyed by :func:`text_key`: the prompt, and whether its kind is constrained.
+MindIE ``/infer``, OpenAI ``/v1/completions`` and Anthropic's ``/v1/messages`` (the prompt as
+one user turn, through the chat template), each classified as it ends. Texts are keyed by
+:func:`text_key`: the prompt, and its kind's family (raw text, constrained, or chat).
 
 With ``long_prompts``, every third request sends the next of them instead (long prompts that no
 request sent before, so that the shipping defaults hand them off while they prefill the short
@@ -38,7 +39,11 @@ PROMPTS = (
     "SELECT * FROM",
     "hello world",
 )
-KINDS = ("openai", "openai-stream", "mindie", "mindie-stream", "openai-json", "openai-json-stream")
+KINDS = (
+    "openai", "openai-stream", "mindie", "mindie-stream", "openai-json", "openai-json-stream",
+    "anthropic", "anthropic-stream",
+)  # fmt: skip
+FAMILIES = ("text", "json", "chat")
 MAX_TOKENS = 48
 # the openai-json kinds: a schema-constrained output (its matcher replayed after a migration)
 WORDS = {
@@ -50,9 +55,16 @@ WORDS = {
 JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "words", "schema": WORDS}}
 
 
-def text_key(prompt: str, kind: str) -> tuple[str, bool]:
-    """What an outcome's text is compared by: its prompt, and whether it was constrained."""
-    return prompt, constrained(kind)
+def text_key(prompt: str, kind: str) -> tuple[str, str]:
+    """What an outcome's text is compared by: its prompt, and its kind's family."""
+    return prompt, family(kind)
+
+
+def family(kind: str) -> str:
+    """``json`` for schema-constrained kinds, ``chat`` for the Messages door, else ``text``."""
+    if constrained(kind):
+        return "json"
+    return "chat" if kind.startswith("anthropic") else "text"
 
 
 def constrained(kind: str) -> bool:
@@ -95,7 +107,7 @@ class Load:
         while not self.stop.is_set():
             prompt, kind = self._prompt(n), KINDS[n % len(KINDS)]
             if prompt not in PROMPTS:  # a long prompt's reference is its free text only
-                kind = kind.replace("openai-json", "openai")
+                kind = kind.replace("openai-json", "openai").replace("anthropic", "openai")
             self.outcomes.append(await request(client, self.model, kind, prompt))
             n += self.concurrency + 1  # every client goes through every (prompt, kind)
 
@@ -110,6 +122,8 @@ async def request(client: httpx.AsyncClient, model: str, kind: str, prompt: str)
     try:
         if kind.startswith("openai"):
             status, text, detail = await _openai(client, model, prompt, kind)
+        elif kind.startswith("anthropic"):
+            status, text, detail = await _anthropic(client, model, prompt, kind)
         else:
             status, text, detail = await _mindie(client, prompt, kind.endswith("stream"))
     except httpx.HTTPError as exc:
@@ -152,6 +166,42 @@ async def _openai(client: httpx.AsyncClient, model: str, prompt: str, kind: str)
     return "dishonest", text, "the stream ended without [DONE] or an error"
 
 
+async def _anthropic(client: httpx.AsyncClient, model: str, prompt: str, kind: str):
+    stream = kind.endswith("stream")
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if not stream:
+        response = await client.post("/v1/messages", json=body)
+        if response.status_code != 200:
+            return _error_body(response)
+        message = response.json()
+        text = "".join(block["text"] for block in message["content"] if block["type"] == "text")
+        if message["stop_reason"] not in ("end_turn", "max_tokens"):
+            return "dishonest", text, f"stop_reason {message['stop_reason']}"
+        return "ok", text, ""
+    async with client.stream("POST", "/v1/messages", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return _error_body(response)
+        text, stop = "", None
+        async for data in _sse(response):
+            event = json.loads(data)
+            if event["type"] == "error":
+                return "error", text, event["error"]["message"]
+            if event["type"] == "content_block_delta":
+                text += event["delta"]["text"]
+            elif event["type"] == "message_delta":
+                stop = event["delta"]["stop_reason"]
+            elif event["type"] == "message_stop":
+                return ("ok", text, "") if stop else ("dishonest", text, "a stop without a reason")
+    return "dishonest", text, "the stream ended without message_stop or an error"
+
+
 async def _mindie(client: httpx.AsyncClient, prompt: str, stream: bool):
     body = {"inputs": prompt, "parameters": {"max_new_tokens": MAX_TOKENS}, "stream": stream}
     if not stream:
@@ -186,17 +236,17 @@ async def _sse(response: httpx.Response):
             yield line[5:].strip()
 
 
-async def reference_texts(base_url: str, model: str) -> dict[tuple[str, bool], str]:
-    """Each prompt's text from an undisturbed cluster at ``base_url``, free and constrained
-    (every kind of each must agree), keyed by :func:`text_key`."""
-    texts: dict[tuple[str, bool], str] = {}
+async def reference_texts(base_url: str, model: str) -> dict[tuple[str, str], str]:
+    """Each prompt's text from an undisturbed cluster at ``base_url`` in each family (every kind
+    of one must agree), keyed by :func:`text_key`."""
+    texts: dict[tuple[str, str], str] = {}
     async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
         for prompt in PROMPTS:
-            for schema in (False, True):
-                kinds = [kind for kind in KINDS if constrained(kind) == schema]
+            for kind_family in FAMILIES:
+                kinds = [kind for kind in KINDS if family(kind) == kind_family]
                 outcomes = [await request(client, model, kind, prompt) for kind in kinds]
                 assert {o.status for o in outcomes} == {"ok"}, outcomes
                 assert len({o.text for o in outcomes}) == 1, outcomes
-                texts[prompt, schema] = outcomes[0].text
-            assert texts[prompt, True].startswith('{"words": ['), texts[prompt, True]
+                texts[prompt, kind_family] = outcomes[0].text
+            assert texts[prompt, "json"].startswith('{"words": ['), texts[prompt, "json"]
     return texts

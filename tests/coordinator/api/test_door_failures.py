@@ -45,6 +45,11 @@ def routes(stream: bool) -> list[tuple[str, str, dict]]:
         ("azure", "/models" + AZURE_CHAT, {"messages": MESSAGES, "stream": stream}),
         ("tgi", "/", {**tgi, "stream": stream}),
         ("tgi", "/generate_stream" if stream else "/generate", tgi),
+        (
+            "anthropic",
+            "/v1/messages",
+            {"messages": MESSAGES, "max_tokens": 8, "model": "m", "stream": stream},
+        ),  # fmt: skip
     ]
     if not stream:
         found.append(("mlflow", "/invocations", {"messages": MESSAGES}))
@@ -69,6 +74,10 @@ NO_PAIR = {  # NoWorkerError("no pair can take it"), as each door answers it
     "azure": {"error": {"code": "NoWorkerError", "message": "no pair can take it"}},
     "tgi": {"error": "no pair can take it", "error_type": "overloaded"},
     "mlflow": {"error_code": "TEMPORARILY_UNAVAILABLE", "message": "no pair can take it"},
+    "anthropic": {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "no pair can take it"},
+    },
 }
 WORKER_LOST = {  # GenerationFailed("worker lost"), as each door answers it before any byte
     "mindie": {
@@ -81,6 +90,7 @@ WORKER_LOST = {  # GenerationFailed("worker lost"), as each door answers it befo
     "azure": {"error": {"code": "GenerationFailed", "message": "worker lost"}},
     "tgi": {"error": "worker lost", "error_type": "generation"},
     "mlflow": {"error_code": "INTERNAL_ERROR", "message": "worker lost"},
+    "anthropic": {"type": "error", "error": {"type": "api_error", "message": "worker lost"}},
 }
 
 

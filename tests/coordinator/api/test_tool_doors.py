@@ -6,11 +6,9 @@ fields are 400 at once and the server keeps serving."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import jsonschema
@@ -37,10 +35,8 @@ from coordinator.api.app import create_predict_app
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
 from engine.constraint import MAX_SPEC_CHARS
-from engine.outputs import TokenEvent
-from engine.request import FinishReason
 from tests.conftest import make_engine
-from tests.support.door_fakes import AZURE_CHAT, serving
+from tests.support.door_fakes import AZURE_CHAT, EngineService, serving
 
 WEATHER = {
     "type": "object",
@@ -64,45 +60,6 @@ SCRIPT = (
     "Checking.\n<tool_call>"
     '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>'
 )
-
-
-class EngineService:
-    """Runs each request on the tiny engine in process (one at a time), or, with ``script``
-    set, answers its text in pieces of 3 characters."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.script = engine, ""
-        self.lock = asyncio.Lock()
-        self.ids = iter(range(10**9))
-        self.in_flight, self.max_requests, self.draining = 0, 100, False  # admission's state
-
-    def count_refusal(self) -> None:
-        """The hook for a request refused before it reached the service (none here)."""
-
-    def new_request_id(self) -> str:
-        return f"req-{next(self.ids)}"
-
-    async def generate(self, request: Any):
-        if self.script:
-            pieces = [self.script[i : i + 3] for i in range(0, len(self.script), 3)]
-            for i, piece in enumerate(pieces):
-                finish = FinishReason.STOP if i == len(pieces) - 1 else None
-                n = request.num_prompt_tokens
-                yield TokenEvent(request.request_id, 7, piece, n, i + 1, time.monotonic(), finish)
-            return
-        async with self.lock:
-            rid = request.request_id
-            self.engine.add_request(
-                self.engine.request(rid, list(request.prompt_token_ids), request.params)
-            )
-            try:
-                while rid in self.engine.requests:
-                    for event in self.engine.step():
-                        if event.request_id == rid:
-                            yield event
-                    await asyncio.sleep(0)
-            finally:
-                self.engine.abort(rid)
 
 
 @pytest.fixture(scope="module")
