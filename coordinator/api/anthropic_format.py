@@ -15,10 +15,10 @@ computed, ``cache_read_input_tokens`` read from a worker's prefix cache,
 Streamed (``event: <type>\\ndata: {json}\\n\\n``): ``message_start`` (the message with empty
 content and the input usage), ``ping``, then for each block ``content_block_start``,
 ``content_block_delta`` (``text_delta``, or ``input_json_delta`` with the call's arguments as
-JSON text), ``content_block_stop``; then ``message_delta`` (``stop_reason``, ``stop_sequence``,
-``usage.output_tokens``) and ``message_stop``. A request that fails after the stream began ends
-with one ``event: error`` (``{"type": "error", "error": {"type": "api_error", …}}``): no
-``message_delta``, no ``message_stop``, never a normal end.
+they are written), ``content_block_stop``; then ``message_delta`` (``stop_reason``,
+``stop_sequence``, ``usage.output_tokens``) and ``message_stop``. A request that fails after
+the stream began ends with one ``event: error`` (``{"type": "error", "error": {"type":
+"api_error", …}}``): no ``message_delta``, no ``message_stop``, never a normal end.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse
 from coordinator.api.common import Events
 from coordinator.api.errors import APIError, retry_headers
 from coordinator.api.sse import dumps
+from coordinator.api.tools.call_opening import ArgumentsPiece, CallOpened
 from coordinator.api.tools.parsers import (
     BaseToolParser,
     Delta,
@@ -75,8 +76,8 @@ def event(name: str, payload: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
-def tool_use_id(call: ToolCall) -> str:
-    return "toolu_" + call.id.removeprefix("call_")
+def tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 class MessageAnswer:
@@ -216,11 +217,20 @@ class MessageAnswer:
             return blocks.text(piece)
         delta = self.calls.feed(piece) if piece else Delta()
         if ending:
-            last = self.calls.finish()
-            delta = Delta(delta.text + last.text, delta.calls + last.calls)
-        chunks = blocks.text(delta.text)
-        for call in delta.calls:
-            chunks += blocks.tool_use(call)
+            delta = delta + self.calls.finish()
+        chunks: list[bytes] = []
+        for part in delta.parts:
+            if isinstance(part, str):
+                chunks += blocks.text(part)
+            elif isinstance(part, CallOpened):
+                chunks += blocks.open_call(part.id, part.name)
+            elif isinstance(part, ArgumentsPiece):
+                chunks += blocks.arguments(part.text)
+            else:
+                if part.id not in self.calls.streamed:  # read whole: all of it at once
+                    chunks += blocks.open_call(part.id, part.name)
+                    chunks += blocks.arguments(part.arguments)
+                chunks += blocks.close_call()
         return chunks
 
 
@@ -247,18 +257,24 @@ class _Blocks:
         chunks.append(event("content_block_delta", delta))
         return chunks
 
-    def tool_use(self, call: ToolCall) -> list[bytes]:
+    def open_call(self, call_id: str, name: str) -> list[bytes]:
         chunks = self.close()
         self.made_calls = True
-        opened = {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}}
+        opened = {"type": "tool_use", "id": tool_use_id(call_id), "name": name, "input": {}}
         start = {"type": "content_block_start", "index": self.count, "content_block": opened}
-        arguments = {"type": "input_json_delta", "partial_json": call.arguments}
+        return [*chunks, event("content_block_start", start)]
+
+    def arguments(self, text: str) -> list[bytes]:
+        if not text:
+            return []
+        arguments = {"type": "input_json_delta", "partial_json": text}
         delta = {"type": "content_block_delta", "index": self.count, "delta": arguments}
-        chunks += [event("content_block_start", start), event("content_block_delta", delta)]
-        chunks.append(event("content_block_stop", {"type": "content_block_stop",
-                                                   "index": self.count}))  # fmt: skip
+        return [event("content_block_delta", delta)]
+
+    def close_call(self) -> list[bytes]:
+        stop = {"type": "content_block_stop", "index": self.count}
         self.count += 1
-        return chunks
+        return [event("content_block_stop", stop)]
 
     def close(self) -> list[bytes]:
         """Close the open text block, if any."""
@@ -271,5 +287,10 @@ class _Blocks:
 
 
 def _tool_use_block(call: ToolCall) -> dict[str, Any]:
-    arguments = json.loads(call.arguments)
-    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": arguments}
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError:  # cut short by max_tokens (or not JSON as written): no input read
+        arguments = {}
+    if not isinstance(arguments, dict):
+        arguments = {}
+    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": arguments}

@@ -114,6 +114,7 @@ def test_a_named_tool_whole_and_streamed(client):
         final = stream.get_final_message()
     (streamed,) = [b for b in final.content if b.type == "tool_use"]
     assert streamed.name == "get_weather" and json.loads("".join(partial)) == streamed.input
+    assert len(partial) > 2  # the input came as it was written, not in one piece
     jsonschema.validate(streamed.input, WEATHER)
     assert final.stop_reason == "tool_use"
 

@@ -125,7 +125,7 @@ def test_a_named_choice_streams_one_call_the_sdk_reassembles(client):
         **SAMPLED,
     )
     calls: dict[int, dict[str, str]] = {}
-    finishes, usage = [], None
+    finishes, usage, pieces = [], None, 0
     for chunk in stream:
         usage = chunk.usage or usage
         for choice in chunk.choices:
@@ -135,7 +135,9 @@ def test_a_named_choice_streams_one_call_the_sdk_reassembles(client):
                 call["id"] += delta.id or ""
                 call["name"] += (delta.function.name or "") if delta.function else ""
                 call["arguments"] += (delta.function.arguments or "") if delta.function else ""
+                pieces += bool(delta.function and delta.function.arguments)
     assert list(calls) == [0] and calls[0]["name"] == "get_weather"
+    assert pieces > 2, "the arguments came in one piece, not as they were written"
     assert calls[0]["id"].startswith("call_")
     _check_call(calls[0]["name"], calls[0]["arguments"])
     assert [f for f in finishes if f] == ["tool_calls"] and usage is not None
