@@ -132,7 +132,11 @@ def create_routers(
     return routers
 
 
-OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+OPENAI_PATHS = tuple(
+    prefix + path
+    for prefix in ("", openai.AZURE_V1)
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+)
 TGI_PATHS = ("/generate", "/generate_stream", "/")
 AZURE_PATHS = tuple(
     prefix + path

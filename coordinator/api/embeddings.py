@@ -26,6 +26,7 @@ from coordinator.api.azure import PREFIXES, check_api_version, not_supported, sp
 from coordinator.api.common import create_router, read_object
 from coordinator.api.errors import APIError, OpenAIError
 from coordinator.api.limits import MAX_EMBEDDING_CHARS, MAX_EMBEDDING_INPUTS, count_over, over_limit
+from coordinator.api.openai import openai_routes
 from coordinator.errors import ServiceError
 
 MAX_INPUTS = MAX_EMBEDDING_INPUTS
@@ -141,4 +142,5 @@ def create_embeddings_router(routes: EmbeddingRoutes) -> APIRouter:
     azure_routes = (
         ("POST", f"{prefix}/embeddings", routes.azure_embeddings) for prefix in PREFIXES
     )
-    return create_router(("POST", "/v1/embeddings", routes.openai_embeddings), *azure_routes)
+    openai_route = ("POST", "/v1/embeddings", routes.openai_embeddings)
+    return create_router(*openai_routes(openai_route), *azure_routes)

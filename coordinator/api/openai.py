@@ -5,18 +5,23 @@ prompt tokenized and checked by the content filter; the service generates, and t
 streamed or collected whole (:mod:`~coordinator.api.openai_format`), its ``usage`` with
 ``prompt_tokens_details.cached_tokens``. Chat reads ``tools`` first and answers with the calls
 the model makes (:mod:`~coordinator.api.tools.use`). Refusals answer 400 with OpenAI's error body;
-service errors their own status with ``type: "server_error"``.
+service errors their own status with ``type: "server_error"``. Every route is also served under
+``/openai`` (``/openai/v1/chat/completions``, …): Azure OpenAI's v1 API, where ``api-version`` is
+optional.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from coordinator.api.azure import API_VERSIONS
 from coordinator.api.clients import client_of
-from coordinator.api.common import Door, create_router, read_object, respond
+from coordinator.api.common import Door, Handler, Route, create_router, read_object, respond
 from coordinator.api.errors import APIError, OpenAIError
 from coordinator.api.openai_fields import check_fields
 from coordinator.api.openai_format import Completion
@@ -33,6 +38,9 @@ from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 
 DEFAULT_MAX_TOKENS = {"text": 16, "chat": 512}
+# Azure OpenAI's v1 API: OpenAI's routes under /openai/v1, ``api-version`` optional
+AZURE_V1 = "/openai"
+AZURE_V1_VERSIONS = ("v1", "preview", "latest", *API_VERSIONS)
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -60,8 +68,31 @@ class ModelList:
         return JSONResponse({"object": "list", "data": [model]})
 
 
+def azure_v1(handler: Handler) -> Handler:
+    """``handler`` as Azure OpenAI's v1 API serves it: an ``api-version`` query, when there is
+    one, must be one it knows (400 naming it, OpenAI's body)."""
+
+    takes_request = bool(inspect.signature(handler).parameters)
+
+    async def checked(request: Request) -> Response:
+        version = request.query_params.get("api-version")
+        if version is not None and version not in AZURE_V1_VERSIONS:
+            valid = ", ".join(AZURE_V1_VERSIONS)
+            message = f"'api-version' must be absent or one of {valid}, got {json.dumps(version)}"
+            return error_response(OpenAIError(400, message, "api-version"))
+        return await (handler(request) if takes_request else handler())
+
+    return checked
+
+
+def openai_routes(*routes: Route) -> list[Route]:
+    """``routes`` at their OpenAI paths and under Azure OpenAI's ``/openai`` (:func:`azure_v1`)."""
+    aliases = [(method, AZURE_V1 + path, azure_v1(handler)) for method, path, handler in routes]
+    return [*routes, *aliases]
+
+
 def create_models_router(name: str) -> APIRouter:
-    return create_router(("GET", "/v1/models", ModelList(name).models))
+    return create_router(*openai_routes(("GET", "/v1/models", ModelList(name).models)))
 
 
 class OpenAIRoutes(Door):
@@ -106,7 +137,9 @@ def create_openai_router(
 ) -> APIRouter:
     routes = OpenAIRoutes(service, model, body_limit_mb)
     return create_router(
-        ("GET", "/v1/models", ModelList(model.name).models),
-        ("POST", "/v1/completions", routes.completions),
-        ("POST", "/v1/chat/completions", routes.chat_completions),
+        *openai_routes(
+            ("GET", "/v1/models", ModelList(model.name).models),
+            ("POST", "/v1/completions", routes.completions),
+            ("POST", "/v1/chat/completions", routes.chat_completions),
+        )
     )

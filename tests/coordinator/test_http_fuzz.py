@@ -74,6 +74,8 @@ KNOWN_ROUTES = {
     "/invocations",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/openai/v1/chat/completions",
+    "/openai/v1/completions",
 }
 
 
@@ -125,6 +127,8 @@ VALID_BODIES: dict[str, list[dict[str, Any]]] = {
         {"model": "m", "max_tokens": 3, "messages": MESSAGES, "stream": True, "system": "s"},
     ],
     "/v1/messages/count_tokens": [{"model": "m", "messages": MESSAGES}],
+    "/openai/v1/chat/completions": [CHAT],
+    "/openai/v1/completions": [{"prompt": "hi"}],
 }
 ALL_VALID_BODIES = [body for bodies in VALID_BODIES.values() for body in bodies]
 

@@ -129,3 +129,22 @@ def test_openai_embeddings_float_and_base64(client):
         assert a.embedding == pytest.approx(b.embedding, abs=1e-6)
     assert math.isclose(sum(x * x for x in floats.data[0].embedding), 1.0, rel_tol=1e-4)
     assert floats.usage.prompt_tokens == floats.usage.total_tokens > 0
+
+
+def test_azure_openai_v1_serves_chat_embeddings_and_models(servers, tiny_model_dir):
+    """Azure OpenAI's v1 API: OpenAI's routes under ``/openai/v1``, ``api-version`` optional."""
+    base = servers["zmq"].url("predict_port", "/openai/v1")
+    for query in (None, {"api-version": "preview"}):
+        client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, default_query=query)
+        reply = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert reply.object == "chat.completion" and reply.usage.completion_tokens > 0
+        vectors = client.embeddings.create(model="m", input=["hello"], encoding_format="float")
+        assert len(vectors.data[0].embedding) == 384
+        assert [m.id for m in client.models.list().data] == [model_name(str(tiny_model_dir))]
+    bogus = openai.OpenAI(base_url=base, api_key="none", max_retries=0,
+                          default_query={"api-version": "1999-01-01"})  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as refused:
+        bogus.models.list()
+    assert refused.value.body["param"] == "api-version"  # type: ignore[index]
