@@ -47,9 +47,9 @@ from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
-from engine.outputs import CONSTRAINT_VIOLATED, EngineStats, TokenEvent
+from engine.outputs import CONSTRAINT_VIOLATED, EngineStats, TokenEvent, TokenLogprobs
 from engine.request import FinishReason, NewRequest, Request, RequestStatus, replay_outputs
-from engine.sampler import sample, start_masks
+from engine.sampler import sample, start_masks, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.speculation import Speculator
@@ -250,8 +250,9 @@ class LLMEngine:
             if plain:
                 plain_logits = logits if len(plain) == len(samplers) else logits[rows]
                 chosen = sample(plain_logits, plain, self.grammars, started)
-                tokens = zip(plain, chosen, strict=True)
-                events += [self._append_token(request, token, now) for request, token in tokens]
+                logprobs = token_logprobs(plain_logits, plain, chosen)
+                tokens = zip(plain, chosen, logprobs, strict=True)
+                events += [self._append_token(r, token, now, lp) for r, token, lp in tokens]
             if len(plain) < len(samplers):
                 events += self._check_drafts(logits, samplers, now)
         seconds = time.monotonic() - start  # sampling waited for the device
@@ -278,8 +279,10 @@ class LLMEngine:
                 continue
             accepted = 0
             for j in range(len(draft) + 1):
-                token = sample(logits[row + j : row + j + 1], [request], self.grammars)[0]
-                events.append(self._append_token(request, token, now))
+                scores = logits[row + j : row + j + 1]
+                token = sample(scores, [request], self.grammars)[0]
+                logprobs = token_logprobs(scores, [request], [token])[0]
+                events.append(self._append_token(request, token, now, logprobs))
                 if request.is_finished or j == len(draft) or token != draft[j]:
                     break
                 request.num_computed_tokens += 1  # row j + 1 computed this very token
@@ -319,7 +322,9 @@ class LLMEngine:
         )
         request.num_registered_blocks = num_full
 
-    def _append_token(self, request: Request, token_id: int, now: float) -> TokenEvent:
+    def _append_token(
+        self, request: Request, token_id: int, now: float, logprobs: TokenLogprobs | None = None
+    ) -> TokenEvent:
         queued_s = prefill_s = None
         if request.first_token_time is None and request.first_scheduled_time is not None:
             queued_s = request.first_scheduled_time - request.arrival_time
@@ -342,6 +347,7 @@ class LLMEngine:
             num_cached_tokens=request.num_cached_tokens,
             queued_s=queued_s,
             prefill_s=prefill_s,
+            logprobs=logprobs,
         )
         if reason is not None:
             self._finish(request, reason)

@@ -13,6 +13,15 @@ from engine.request import FinishReason
 CONSTRAINT_VIOLATED = "constraint_violated"
 
 
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A token's log probability, and its most likely alternatives ``(token id, log
+    probability)``, best first (the token itself among them when it is one of them)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class TokenEvent:
     """A token a request produced (or, with ``token_id`` None, its end without a new token)."""
@@ -34,6 +43,7 @@ class TokenEvent:
     # compute, with whatever else shared those steps)
     queued_s: float | None = None
     prefill_s: float | None = None
+    logprobs: TokenLogprobs | None = None  # when its request asked (SamplingParams.logprobs)
 
     @property
     def finished(self) -> bool:

@@ -17,6 +17,10 @@ engine starts the masks (:func:`start_masks`) before the model's forward, which 
 Unconstrained rows are untouched, so a batch mixing both samples them exactly as a batch without
 constraints.
 
+A request asking for log probabilities (``SamplingParams.logprobs``) gets them from the scores
+the draw used, after the mask, the penalties and the bias and before temperature (as OpenAI
+defines them): :func:`token_logprobs`, one ``log_softmax`` of its row.
+
 No row sorts the whole vocabulary unless typical sampling asks for it: top-k takes the k best
 scores; top-p alone takes the best few (growing ×4 from ``NUCLEUS_START``) until they hold the
 nucleus' mass, which they then must contain; the draw is over those candidates only. The kept sets
@@ -29,6 +33,7 @@ import torch
 
 from engine.grammars import GrammarCache, PendingMasks
 from engine.logits_processors import apply_repetition_penalty, apply_typical_p
+from engine.outputs import TokenLogprobs
 from engine.request import Request
 
 _MASK64 = 2**64 - 1
@@ -71,6 +76,26 @@ def sample(
         if request.params.do_sample:
             chosen[row] = _sample_row(logits[row : row + 1], request)
     return chosen
+
+
+def token_logprobs(
+    scores: torch.Tensor, requests: list[Request], chosen: list[int]
+) -> list[TokenLogprobs | None]:
+    """The log probabilities of ``chosen[i]`` in row ``i`` of ``scores`` (the logits as
+    :func:`sample` left them) with the row's request's most likely alternatives, for the requests
+    that ask (None for the others)."""
+    found: list[TokenLogprobs | None] = [None] * len(requests)
+    for row, request in enumerate(requests):
+        wanted = request.params.logprobs
+        if wanted < 0:
+            continue
+        logprobs = torch.log_softmax(scores[row].float(), dim=-1)
+        top: tuple[tuple[int, float], ...] = ()
+        if wanted:
+            values, ids = torch.topk(logprobs, min(wanted, logprobs.shape[-1]))
+            top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+        found[row] = TokenLogprobs(float(logprobs[chosen[row]]), top)
+    return found
 
 
 def start_masks(requests: list[Request], grammars: GrammarCache) -> PendingMasks | None:

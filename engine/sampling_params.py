@@ -11,6 +11,7 @@ from engine.errors import ConfigError
 
 MAX_SEED = 2**64 - 1
 MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
+MAX_TOP_LOGPROBS = 20  # alternatives a token's log probabilities may list (OpenAI's bound)
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,9 @@ class SamplingParams:
     ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are OpenAI's, on the logits
     before everything else: a token's logit loses ``presence_penalty`` once it appeared in the
     output and ``frequency_penalty`` per time it did, and gains its bias (``(token_id, bias)``
-    pairs, at most :data:`MAX_LOGIT_BIAS`)."""
+    pairs, at most :data:`MAX_LOGIT_BIAS`). ``logprobs``: each output token's log probability
+    is reported (``TokenEvent.logprobs``) with its ``logprobs`` most likely alternatives (0: the
+    token's own only; -1: none), from the scores the sampler drew from, before temperature."""
 
     max_new_tokens: int = 20
     do_sample: bool = False
@@ -39,6 +42,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # False: decoded without speculative drafts (engine/speculation.py; the tokens are the same)
     speculative: bool = True
+    logprobs: int = -1
 
     def __post_init__(self) -> None:
         _require(self.max_new_tokens >= 1, "max_new_tokens", ">= 1", self.max_new_tokens)
@@ -55,6 +59,8 @@ class SamplingParams:
         _require(all(s for s in self.stop), "stop", "non-empty strings", self.stop)
         for name in ("presence_penalty", "frequency_penalty"):
             _require(-2 <= getattr(self, name) <= 2, name, "[-2, 2]", getattr(self, name))
+        _require(-1 <= self.logprobs <= MAX_TOP_LOGPROBS, "logprobs",
+                 f"[-1, {MAX_TOP_LOGPROBS}]", self.logprobs)  # fmt: skip
         bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
         object.__setattr__(self, "logit_bias", bias)
         _require(

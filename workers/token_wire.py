@@ -11,7 +11,8 @@ message lost on the way), the events, and the requests whose events the worker h
 the last message that got through (the coordinator ends them), and the hand-off results a
 prefill worker's sender threads posted (each after its request's first token, on the same
 numbered sequence, so in order). A :class:`TokenEvent` or a :class:`HandoffResult` travels as a
-flat array of its fields in declaration order, the finish reason as its enum value: the round trip
+flat array of its fields in declaration order, the finish reason as its enum value, its log
+probabilities as ``(logprob, (id, logprob, ...))``: the round trip
 is exact for every field, None included. Strings pass ``surrogatepass``, so even a string that is
 not valid Unicode comes back as it went.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 import msgpack
 
-from engine.outputs import TokenEvent
+from engine.outputs import TokenEvent, TokenLogprobs
 from engine.request import FinishReason
 from workers.contracts import HandoffResult
 
@@ -87,6 +88,7 @@ def event_fields(event: TokenEvent) -> tuple[Any, ...]:
         event.num_cached_tokens,
         event.queued_s,
         event.prefill_s,
+        _logprobs_fields(event.logprobs),
     )
 
 
@@ -100,7 +102,27 @@ def event_of(values: tuple[Any, ...] | list[Any]) -> TokenEvent:
             raise ValueError(f"unknown finish reason {reason!r}")
         reason = _REASONS[reason]
     v = values
-    return TokenEvent(v[0], v[1], v[2], v[3], v[4], v[5], reason, v[7], v[8], v[9], v[10], v[11])
+    logprobs = _logprobs_of(v[12])
+    return TokenEvent(
+        v[0], v[1], v[2], v[3], v[4], v[5], reason, v[7], v[8], v[9], v[10], v[11], logprobs
+    )
+
+
+def _logprobs_fields(logprobs: TokenLogprobs | None) -> tuple[float, tuple] | None:
+    """A token's log probabilities as ``(logprob, (id, logprob, id, logprob, ...))``."""
+    if logprobs is None:
+        return None
+    return logprobs.logprob, tuple(x for pair in logprobs.top for x in pair)
+
+
+def _logprobs_of(value: Any) -> TokenLogprobs | None:
+    if value is None:
+        return None
+    logprob, flat = value
+    if len(flat) % 2:
+        raise ValueError("a token's alternatives come in (id, logprob) pairs")
+    top = tuple((int(flat[i]), float(flat[i + 1])) for i in range(0, len(flat), 2))
+    return TokenLogprobs(float(logprob), top)
 
 
 def encode(msg: ChannelMsg) -> bytes:

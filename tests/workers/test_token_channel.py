@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from engine.errors import ConfigError
-from engine.outputs import TokenEvent
+from engine.outputs import TokenEvent, TokenLogprobs
 from engine.request import FinishReason
 from engine.transfer.security import generate_credentials
 from engine.transfer.zmq_security import secure_client
@@ -32,6 +32,7 @@ def every_field_events() -> list[TokenEvent]:
     full = TokenEvent(
         "req-é", 2**31 + 5, "tête \U0001f600", 17, 4, 1234.5678901234, FinishReason.STOP,
         "boom", "engine_error", 8, 0.125, 1e-9,
+        TokenLogprobs(-0.6931471805599453, ((2**31 + 5, -0.6931471805599453), (7, -1.25))),
     )  # fmt: skip
     ends = [TokenEvent("r", None, "", 0, 0, 0.5, reason) for reason in FinishReason]
     odd = TokenEvent("r\udc80", 0, "half \ud83d", 0, 0, -0.0)  # not valid Unicode: kept as is
