@@ -27,6 +27,16 @@ class ModelInfo:
     # constraints compiled at the door (coordinator/api/structured_request.py), made on first use
     grammars: GrammarCache | None = field(default=None, repr=False)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _token_texts: dict[int, str] = field(default_factory=dict, repr=False)  # at most the vocab
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, as the tokenizer decodes it alone (log probabilities name tokens
+        by it); remembered, so each id is decoded once."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id])
+            self._token_texts[token_id] = text
+        return text
 
     def grammar_cache(self) -> GrammarCache:
         """The compiled-constraint cache over the served tokenizer (built on first use)."""

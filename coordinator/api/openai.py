@@ -28,6 +28,7 @@ from coordinator.api.openai_format import Completion
 from coordinator.api.openai_request import (
     input_blocked,
     openai_constraint,
+    openai_logprobs,
     openai_sampling,
     prompt_field,
     read_prompt,
@@ -114,6 +115,7 @@ class OpenAIRoutes(Door):
                 field = prompt_field(kind)
                 raise OpenAIError(400, "The response was filtered", field, code="content_filter")
             params = openai_sampling(body, self.model.vocab_size, DEFAULT_MAX_TOKENS[kind])
+            params = replace(params, logprobs=openai_logprobs(body, kind))
             client = client_of(request)
             constraint = await openai_constraint(body, self.model, client)
             params = replace(params, constraint=constraint)
@@ -125,6 +127,8 @@ class OpenAIRoutes(Door):
             if kind == "chat"
             else Completion(kind, self.model.name, len(prompt.ids), self.model.content_filter, True)
         )
+        if params.logprobs >= 0:
+            answer.token_text = self.model.token_text
         # usage only when asked, in a chunk of its own (checked: true or false)
         answer.stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         key = body.get("prompt_cache_key")  # a session (checked: a string of at most 512)

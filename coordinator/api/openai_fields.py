@@ -29,9 +29,10 @@ HONOURED = frozenset(
         "frequency_penalty",
         "logit_bias",
         "response_format",
+        "logprobs",  # chat: true or false; completions: 0 to 5 alternatives
     }
 )
-CHAT_ONLY = frozenset({"messages", "tools", "tool_choice", "parallel_tool_calls"})
+CHAT_ONLY = frozenset({"messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs"})
 COMPLETIONS_ONLY = frozenset({"prompt"})
 # identifiers and hints that change no output: accepted as they are
 IDENTIFIERS = frozenset({"user", "metadata", "safety_identifier", "prompt_cache_key"})
@@ -51,8 +52,6 @@ EXTENSIONS = frozenset(
 )
 # defined fields pdserve does not do: each accepted only at a value meaning "off"; why not
 OFF_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
-    "logprobs": ((None, False, 0), "token log probabilities are not returned"),
-    "top_logprobs": ((None, 0), "token log probabilities are not returned"),
     "store": ((None, False), "completions are not stored"),
     "service_tier": ((None, "auto", "default"), "there is one service tier (auto)"),
     "modalities": ((None, ["text"]), "the model writes text only"),

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from coordinator.api.common import Events, chained
 from coordinator.api.sse import sse_event
 from coordinator.content_safety import ContentFilter
 from coordinator.errors import ServiceError
-from engine.outputs import TokenEvent
+from engine.outputs import TokenEvent, TokenLogprobs
 from engine.request import FinishReason
 
 FINISH = {  # the normal finishes; a failure is raised, never a finish (common.raising_failures)
@@ -51,6 +52,8 @@ class Completion:
     # where a stream's usage goes: None, on its last choice chunk; True, in a chunk of its own
     # with ``choices: []`` after it; False, nowhere (OpenAI's door sets it from the request)
     stream_usage: bool | None = None
+    # a token's text by its id, set when the request asked for log probabilities
+    token_text: Callable[[int], str] | None = None
 
     def __init__(
         self,
@@ -70,6 +73,8 @@ class Completion:
         self.content_filter = content_filter
         self.blocked = False
         self.sent = 0  # characters already streamed
+        self.logprobs: list[TokenLogprobEntry] = []  # each token's, when asked
+        self.logprobs_sent = 0  # of them, already streamed
 
     def add(self, event: TokenEvent) -> bool:
         """Take an event; a filtered output is cut before the match and ``blocked`` (True)."""
@@ -77,6 +82,8 @@ class Completion:
         if event.token_id is not None:
             self.num_tokens += 1
             self.num_cached_tokens = min(event.num_cached_tokens, self.num_prompt_tokens)
+            if self.token_text is not None and event.logprobs is not None:
+                self.logprobs.append(_entry(self.token_text, event.token_id, event.logprobs))
         if event.finish_reason is not None:
             self.finish = FINISH[event.finish_reason]
         match = self.content_filter.search(self.text) if self.content_filter else None
@@ -108,16 +115,44 @@ class Completion:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def body(self) -> dict[str, Any]:
+        logprobs = self._logprobs(self.logprobs)
         if self.kind == "chat":
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": self.text, "tool_calls": None},
                 "finish_reason": self.finish,
-                "logprobs": None,
+                "logprobs": logprobs,
             }
         else:
-            choice = {"index": 0, "text": self.text, "finish_reason": self.finish, "logprobs": None}
+            choice = {"index": 0, "text": self.text, "finish_reason": self.finish,
+                      "logprobs": logprobs}  # fmt: skip
         return {**self._envelope(False), "choices": [choice], "usage": self.usage}
+
+    def _logprobs(self, entries: list[TokenLogprobEntry]) -> dict[str, Any] | None:
+        """A choice's ``logprobs`` over ``entries`` (None when the request did not ask): chat's
+        ``{"content": [...], "refusal": null}``, completions' ``{"tokens", "token_logprobs",
+        "top_logprobs", "text_offset"}``."""
+        if self.token_text is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [entry.chat() for entry in entries], "refusal": None}
+        offset = sum(len(e.token) for e in self.logprobs[: len(self.logprobs) - len(entries)])
+        offsets = []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(entry.token)
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            # tokens of one text (two ids decoding alike) keep the likeliest's figure
+            "top_logprobs": [{t: lp for t, lp in reversed(e.top)} for e in entries],
+            "text_offset": offsets,
+        }
+
+    def _unsent_logprobs(self) -> dict[str, Any] | None:
+        """The stream's ``logprobs`` of the tokens not sent yet (taken)."""
+        entries, self.logprobs_sent = self.logprobs[self.logprobs_sent :], len(self.logprobs)
+        return self._logprobs(entries)
 
     def chunk(
         self,
@@ -127,15 +162,17 @@ class Completion:
         usage: bool = False,
         tool_calls: list[dict[str, Any]] | None = None,
     ) -> bytes:
+        logprobs = None if role else self._unsent_logprobs()
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if piece is not None:
                 delta["content"] = piece
             if tool_calls:
                 delta["tool_calls"] = tool_calls
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": piece or "", "finish_reason": finish,
+                      "logprobs": logprobs}  # fmt: skip
         payload = {**self._envelope(True), "choices": [choice]}
         if usage:
             payload["usage"] = self.usage
@@ -172,3 +209,26 @@ class Completion:
             yield _stream_error(exc)
         finally:
             await events.aclose()
+
+
+@dataclass(frozen=True)
+class TokenLogprobEntry:
+    """One token's log probabilities as the doors name them: by the tokens' texts."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]
+
+    def chat(self) -> dict[str, Any]:
+        """Chat's ``{"token", "logprob", "bytes", "top_logprobs"}``."""
+        top = [_named(token, logprob) for token, logprob in self.top]
+        return {**_named(self.token, self.logprob), "top_logprobs": top}
+
+
+def _named(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def _entry(token_text: Callable[[int], str], token_id: int, logprobs: TokenLogprobs):
+    top = tuple((token_text(i), lp) for i, lp in logprobs.top)
+    return TokenLogprobEntry(token_text(token_id), logprobs.logprob, top)

@@ -35,7 +35,9 @@ from coordinator.api.tools.request import ToolRequest, tool_chars
 from coordinator.content_safety import text_blocked
 from coordinator.model_info import ModelInfo
 from engine.constraint import Constraint
-from engine.sampling_params import MAX_LOGIT_BIAS, MAX_SEED, SamplingParams
+from engine.sampling_params import MAX_LOGIT_BIAS, MAX_SEED, MAX_TOP_LOGPROBS, SamplingParams
+
+MAX_COMPLETION_LOGPROBS = 5  # the completions API's bound on ``logprobs``
 
 
 def _number(body: dict, name: str, low: float, high: float, integer: bool, default: Any) -> Any:
@@ -102,6 +104,21 @@ def openai_sampling(body: dict, vocab_size: int, default_max_tokens: int) -> Sam
         frequency_penalty=frequency,
         logit_bias=_logit_bias(body.get("logit_bias"), vocab_size),
     )
+
+
+def openai_logprobs(body: dict, kind: str) -> int:
+    """The alternatives a token's log probabilities list (``SamplingParams.logprobs``; -1: none
+    asked): chat's ``logprobs`` (true or false) and ``top_logprobs`` (0 to 20, only with
+    ``logprobs: true``); completions' ``logprobs`` (0 to 5, null: none)."""
+    if kind != "chat":
+        value = _number(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, True, None)
+        return -1 if value is None else value
+    asked = _flag(body, "logprobs") if body.get("logprobs") is not None else False
+    top = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, True, None)
+    if top is not None and not asked:
+        message = f"'top_logprobs' needs 'logprobs': true, got top_logprobs {top}"
+        raise OpenAIError(400, message, "top_logprobs")
+    return (top or 0) if asked else -1
 
 
 def _logit_bias(value: Any, vocab_size: int) -> tuple[tuple[int, float], ...]:

@@ -14,7 +14,7 @@ a finished token event; a whole answer is never sent with partial text.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -79,18 +79,31 @@ class TgiAnswer:
     finish: FinishReason | None = None
     tokens: list[dict[str, Any]] = field(default_factory=list)
     blocked: bool = False
+    token_text: Callable[[int], str] | None = None  # set with top_n_tokens: alternatives' texts
+    top_tokens: list[list[dict[str, Any]]] = field(default_factory=list)
 
     def add(self, event: TokenEvent) -> bool:
         self.text += event.text
         if event.token_id is not None:
             special = event.token_id in self.special_ids
-            token = {"id": event.token_id, "text": event.text, "logprob": None, "special": special}
+            logprobs = event.logprobs
+            logprob = logprobs.logprob if logprobs is not None else None
+            token = {"id": event.token_id, "text": event.text, "logprob": logprob,
+                     "special": special}  # fmt: skip
             self.tokens.append(token)
+            if self.token_text is not None:
+                top = logprobs.top if logprobs is not None else ()
+                self.top_tokens.append([self._alternative(i, lp) for i, lp in top])
         self.finish = event.finish_reason or self.finish
         match = self.content_filter.search(self.text) if self.content_filter else None
         if match is not None:
             self._cut(match.start())
         return self.blocked
+
+    def _alternative(self, token_id: int, logprob: float) -> dict[str, Any]:
+        assert self.token_text is not None
+        text, special = self.token_text(token_id), token_id in self.special_ids
+        return {"id": token_id, "text": text, "logprob": logprob, "special": special}
 
     def _cut(self, end: int) -> None:
         """End the answer at character ``end``: the text and the tokens' texts cut there."""
@@ -105,7 +118,7 @@ class TgiAnswer:
             **self._stream_details(),
             "prefill": [],
             "tokens": self.tokens,
-            "top_tokens": None,
+            "top_tokens": self.top_tokens if self.token_text is not None else None,
             "best_of_sequences": None,
         }
         answer = {"generated_text": self.prefix + self.text, "details": details}
@@ -116,7 +129,7 @@ class TgiAnswer:
         done = event.finished or self.blocked
         payload = {
             "token": self.tokens[-1],
-            "top_tokens": None,
+            "top_tokens": self.top_tokens[-1] if self.token_text is not None else None,
             "generated_text": self.prefix + self.text if done else None,
             "details": self._stream_details() if done else None,
         }
@@ -180,10 +193,13 @@ class TgiRoutes(Door):
             p.sampling_params(self.model.vocab_size, tgi.stop),
             constraint=constraint,
             frequency_penalty=tgi.frequency_penalty,
+            logprobs=tgi.top_n_tokens,  # each token's logprob always, as TGI reports it
         )
         events = self.generation(request, ids, params, priority=p.priority, timeout_s=p.timeout)
         answer = TgiAnswer(params.seed, self.special_ids, stream is None, self.model.content_filter)
         answer.prefix = req.text if tgi.return_full_text else ""
+        if tgi.top_n_tokens:
+            answer.token_text = self.model.token_text
         streaming = body.get("stream", False) if stream is None else stream
         return await respond(events, answer, streaming, service_error_response)
 

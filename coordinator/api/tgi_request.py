@@ -6,8 +6,9 @@ Honoured: ``temperature``, ``top_k``, ``top_p``, ``typical_p``, ``do_sample``,
 (:mod:`~coordinator.api.structured_request`), ``frequency_penalty`` ([-2, 2], OpenAI's
 formula), ``return_full_text`` (the prompt before the answer's ``generated_text``) and
 ``truncate`` (only the prompt's last ``truncate`` tokens are kept). Refused with 422 at any
-value but "off": ``best_of`` > 1, ``decoder_input_details``, ``top_n_tokens`` > 0,
-``adapter_id``, ``watermark`` (no watermarking here). Keys TGI does not define are ignored, as
+value but "off": ``best_of`` > 1, ``decoder_input_details``, ``adapter_id``, ``watermark``
+(no watermarking here). ``top_n_tokens`` (0 to 5, TGI's default bound) lists each token's most
+likely alternatives with their log probabilities. Keys TGI does not define are ignored, as
 TGI's own server does.
 """
 
@@ -37,11 +38,11 @@ PARAMETERS = frozenset(
 OFF_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {  # the values meaning "off"; why not
     "best_of": ((None, 1), "only one candidate is generated"),
     "decoder_input_details": ((None, False), "the prompt's token details are not returned"),
-    "top_n_tokens": ((None, 0), "token alternatives are not returned"),
     "adapter_id": ((None,), "no adapters are loaded"),
     "watermark": ((None, False), "outputs are not watermarked"),
 }
 MAX_TRUNCATE = 2**31 - 1
+MAX_TOP_N_TOKENS = 5  # TGI's max_top_n_tokens default
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class TgiRequest:
     frequency_penalty: float = 0.0
     return_full_text: bool = False
     truncate: int | None = None  # keep the prompt's last ``truncate`` tokens
+    top_n_tokens: int = 0  # alternatives listed for each token
 
 
 def parse_tgi_body(body: Any, max_chars: int) -> TgiRequest:
@@ -78,6 +80,7 @@ def parse_tgi_body(body: Any, max_chars: int) -> TgiRequest:
         frequency_penalty=_frequency_penalty(raw.get("frequency_penalty")),
         return_full_text=_flag(raw, "return_full_text"),
         truncate=_truncate(raw.get("truncate")),
+        top_n_tokens=_top_n_tokens(raw.get("top_n_tokens")),
     )
 
 
@@ -105,6 +108,17 @@ def _flag(raw: dict[str, Any], name: str) -> bool:
     if value is not None and not isinstance(value, bool):
         raise InputValidationError(f"{name} must be true or false, got {json.dumps(value)[:64]}")
     return bool(value)
+
+
+def _top_n_tokens(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_N_TOKENS:
+        raise InputValidationError(
+            f"top_n_tokens must be an integer in [0, {MAX_TOP_N_TOKENS}], "
+            f"got {json.dumps(value)[:64]}"
+        )
+    return value
 
 
 def _truncate(value: Any) -> int | None:

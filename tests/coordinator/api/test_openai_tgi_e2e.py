@@ -148,3 +148,19 @@ def test_azure_openai_v1_serves_chat_embeddings_and_models(servers, tiny_model_d
     with pytest.raises(openai.BadRequestError) as refused:
         bogus.models.list()
     assert refused.value.body["param"] == "api-version"  # type: ignore[index]
+
+
+def test_logprobs_across_the_hand_off(client):
+    """The first token's figures come from the prefill worker, the rest from the decode worker:
+    every token has them, whole and streamed alike."""
+    options = {"model": "m", "messages": [{"role": "user", "content": "Say hello"}],
+               "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 3}  # fmt: skip
+    whole = client.chat.completions.create(**options)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens > 1
+    assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token for e in content)
+    streamed = [e for chunk in client.chat.completions.create(stream=True, **options)
+                for c in chunk.choices if c.logprobs for e in c.logprobs.content]  # fmt: skip
+    assert [e.token for e in streamed] == [e.token for e in content]
+    for later, first in zip(streamed, content, strict=True):
+        assert later.logprob == pytest.approx(first.logprob, abs=1e-4)
