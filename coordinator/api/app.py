@@ -9,10 +9,10 @@ gate (:mod:`~coordinator.api.clients`: whose limits the request counts against),
 (:mod:`~coordinator.api.middleware`: a client that goes away cancels its handler, on every route),
 then its door's handler.
 
-Which doors open depends on what is served: a generating model opens MindIE, OpenAI, TGI,
-Azure chat and Anthropic's Messages; an embeddings-only server answers ``/v1/models`` and
-``/info`` only; the embedding routes open when an embedding model is configured, and MLflow's
-scoring routes always.
+Which doors open depends on what is served: a generating model opens MindIE, OpenAI (with its
+Responses API), TGI, Azure chat and Anthropic's Messages; an embeddings-only server answers
+``/v1/models`` and ``/info`` only; the embedding routes open when an embedding model is
+configured, and MLflow's scoring routes always.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from coordinator.api.middleware import DisconnectGuard, RequestGate
 from coordinator.api.mindie import create_infer_router
 from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
+from coordinator.api.responses import create_responses_router
 from coordinator.api.tenants import Tenants, presented_keys, record_tenant
 from coordinator.api.tgi import create_tgi_router
 from coordinator.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
@@ -54,6 +55,7 @@ GENERATION_DOORS = (
     create_tgi_router,
     create_azure_router,
     create_messages_router,
+    create_responses_router,
 )
 
 
@@ -135,7 +137,7 @@ def create_routers(
 OPENAI_PATHS = tuple(
     prefix + path
     for prefix in ("", openai.AZURE_V1)
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 )
 TGI_PATHS = ("/generate", "/generate_stream", "/")
 AZURE_PATHS = tuple(

@@ -83,7 +83,7 @@ class Completion:
             self.num_tokens += 1
             self.num_cached_tokens = min(event.num_cached_tokens, self.num_prompt_tokens)
             if self.token_text is not None and event.logprobs is not None:
-                self.logprobs.append(_entry(self.token_text, event.token_id, event.logprobs))
+                self.logprobs.append(logprob_entry(self.token_text, event.token_id, event.logprobs))
         if event.finish_reason is not None:
             self.finish = FINISH[event.finish_reason]
         match = self.content_filter.search(self.text) if self.content_filter else None
@@ -229,6 +229,6 @@ def _named(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
 
-def _entry(token_text: Callable[[int], str], token_id: int, logprobs: TokenLogprobs):
+def logprob_entry(token_text: Callable[[int], str], token_id: int, logprobs: TokenLogprobs):
     top = tuple((token_text(i), lp) for i, lp in logprobs.top)
     return TokenLogprobEntry(token_text(token_id), logprobs.logprob, top)

@@ -76,6 +76,7 @@ KNOWN_ROUTES = {
     "/v1/messages/count_tokens",
     "/openai/v1/chat/completions",
     "/openai/v1/completions",
+    "/v1/responses",
 }
 
 
@@ -129,6 +130,16 @@ VALID_BODIES: dict[str, list[dict[str, Any]]] = {
     "/v1/messages/count_tokens": [{"model": "m", "messages": MESSAGES}],
     "/openai/v1/chat/completions": [CHAT],
     "/openai/v1/completions": [{"prompt": "hi"}],
+    "/v1/responses": [
+        {"model": "m", "input": "hi", "max_output_tokens": 3},
+        {
+            "model": "m",
+            "input": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "instructions": "s",
+            "store": False,
+        },
+    ],
 }
 ALL_VALID_BODIES = [body for bodies in VALID_BODIES.values() for body in bodies]
 

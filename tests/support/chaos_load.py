@@ -1,6 +1,7 @@
 """The client side of the chaos suite: a steady load of streaming and non-streaming requests over
-MindIE ``/infer``, OpenAI ``/v1/completions`` and Anthropic's ``/v1/messages`` (the prompt as
-one user turn, through the chat template), each classified as it ends. Texts are keyed by
+MindIE ``/infer``, OpenAI ``/v1/completions``, and Anthropic's ``/v1/messages`` and OpenAI's
+``/v1/responses`` (the prompt as one user turn, through the chat template: the same text), each
+classified as it ends. Texts are keyed by
 :func:`text_key`: the prompt, and its kind's family (raw text, constrained, or chat).
 
 With ``long_prompts``, every third request sends the next of them instead (long prompts that no
@@ -41,7 +42,7 @@ PROMPTS = (
 )
 KINDS = (
     "openai", "openai-stream", "mindie", "mindie-stream", "openai-json", "openai-json-stream",
-    "anthropic", "anthropic-stream",
+    "anthropic", "anthropic-stream", "responses", "responses-stream",
 )  # fmt: skip
 FAMILIES = ("text", "json", "chat")
 MAX_TOKENS = 48
@@ -61,10 +62,11 @@ def text_key(prompt: str, kind: str) -> tuple[str, str]:
 
 
 def family(kind: str) -> str:
-    """``json`` for schema-constrained kinds, ``chat`` for the Messages door, else ``text``."""
+    """``json`` for schema-constrained kinds, ``chat`` for the Messages and Responses doors,
+    else ``text``."""
     if constrained(kind):
         return "json"
-    return "chat" if kind.startswith("anthropic") else "text"
+    return "chat" if kind.startswith(("anthropic", "responses")) else "text"
 
 
 def constrained(kind: str) -> bool:
@@ -107,7 +109,8 @@ class Load:
         while not self.stop.is_set():
             prompt, kind = self._prompt(n), KINDS[n % len(KINDS)]
             if prompt not in PROMPTS:  # a long prompt's reference is its free text only
-                kind = kind.replace("openai-json", "openai").replace("anthropic", "openai")
+                kind = kind.replace("openai-json", "openai")
+                kind = kind.replace("anthropic", "openai").replace("responses", "openai")
             self.outcomes.append(await request(client, self.model, kind, prompt))
             n += self.concurrency + 1  # every client goes through every (prompt, kind)
 
@@ -124,6 +127,8 @@ async def request(client: httpx.AsyncClient, model: str, kind: str, prompt: str)
             status, text, detail = await _openai(client, model, prompt, kind)
         elif kind.startswith("anthropic"):
             status, text, detail = await _anthropic(client, model, prompt, kind)
+        elif kind.startswith("responses"):
+            status, text, detail = await _responses(client, model, prompt, kind)
         else:
             status, text, detail = await _mindie(client, prompt, kind.endswith("stream"))
     except httpx.HTTPError as exc:
@@ -200,6 +205,36 @@ async def _anthropic(client: httpx.AsyncClient, model: str, prompt: str, kind: s
             elif event["type"] == "message_stop":
                 return ("ok", text, "") if stop else ("dishonest", text, "a stop without a reason")
     return "dishonest", text, "the stream ended without message_stop or an error"
+
+
+async def _responses(client: httpx.AsyncClient, model: str, prompt: str, kind: str):
+    stream = kind.endswith("stream")
+    body = {"model": model, "input": prompt, "max_output_tokens": MAX_TOKENS, "temperature": 0,
+            "stream": stream, "store": False}  # fmt: skip
+    if not stream:
+        response = await client.post("/v1/responses", json=body)
+        if response.status_code != 200:
+            return _error_body(response)
+        answer = response.json()
+        text = "".join(part["text"] for item in answer["output"] if item["type"] == "message"
+                       for part in item["content"])  # fmt: skip
+        if answer["status"] not in ("completed", "incomplete"):
+            return "dishonest", text, f"status {answer['status']}"
+        return "ok", text, ""
+    async with client.stream("POST", "/v1/responses", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return _error_body(response)
+        text = ""
+        async for data in _sse(response):
+            event = json.loads(data)
+            if event["type"] == "response.output_text.delta":
+                text += event["delta"]
+            elif event["type"] == "response.failed":
+                return "error", text, event["response"]["error"]["message"]
+            elif event["type"] in ("response.completed", "response.incomplete"):
+                return "ok", text, ""
+    return "dishonest", text, "the stream ended without a final response event"
 
 
 async def _mindie(client: httpx.AsyncClient, prompt: str, stream: bool):

@@ -50,6 +50,7 @@ def routes(stream: bool) -> list[tuple[str, str, dict]]:
             "/v1/messages",
             {"messages": MESSAGES, "max_tokens": 8, "model": "m", "stream": stream},
         ),  # fmt: skip
+        ("openai", "/v1/responses", {"input": "hi", "model": "m", "stream": stream}),
     ]
     if not stream:
         found.append(("mlflow", "/invocations", {"messages": MESSAGES}))

@@ -164,3 +164,16 @@ def test_logprobs_across_the_hand_off(client):
     assert [e.token for e in streamed] == [e.token for e in content]
     for later, first in zip(streamed, content, strict=True):
         assert later.logprob == pytest.approx(first.logprob, abs=1e-4)
+
+
+def test_responses_across_the_hand_off(client):
+    """``client.responses`` on pd_separate: whole and streamed alike, and a stored response's
+    conversation goes on."""
+    options = {"model": "m", "input": "Say hello", "max_output_tokens": 6, "temperature": 0}
+    whole = client.responses.create(**options)
+    assert whole.output_text and whole.usage.output_tokens > 0
+    events = list(client.responses.create(stream=True, **options))
+    assert events[-1].type == f"response.{whole.status}"
+    assert events[-1].response.output_text == whole.output_text
+    later = client.responses.create(previous_response_id=whole.id, **options)
+    assert later.usage.input_tokens > whole.usage.input_tokens
