@@ -852,6 +852,56 @@ def render_door_framing(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_door_costs(data: dict[str, Any]) -> str:
+    """The Responses and Messages doors, and log probabilities, against the chat door's stream."""
+    settings = data["settings"]
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"{settings['tokens']}-token requests, the best of {settings['repeat']} a side and round;"
+        " µs of CPU per event, median [min-max] over rounds.",
+        "",
+        "| comparison | µs/event | chat µs/event | ratio [95 % interval] | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in data["comparisons"].items():
+        ours, theirs = name.split("/")
+        a, b, ratio = row[ours], row[theirs], row["ratio"]
+        verdict = row.get("verdict")
+        judged = (f"{verdict['verdict']} ({verdict['goal']})" if verdict else
+                  f"no goal: +{row['added_us_per_token']:.2f} µs a token")  # fmt: skip
+        lines.append(
+            f"| {ours} / {theirs} | {a['median']:.2f} [{a['min']:.2f}-{a['max']:.2f}] | "
+            f"{b['median']:.2f} [{b['min']:.2f}-{b['max']:.2f}] | **{ratio['median']:.2f}** "
+            f"[{ratio['low']:.2f}-{ratio['high']:.2f}] | {judged} |"
+        )
+    return "\n".join(lines)
+
+
+def render_logprobs_cost(data: dict[str, Any]) -> str:
+    """A decode step with log probabilities (5 alternatives) on every row against none."""
+    settings = data["settings"]
+    lines = [
+        provenance(data["_meta"]),
+        "",
+        f"The bundled model, {settings['tokens']} decode steps a side and round, "
+        f"{settings['threads']} threads; ms a decode step (its time per output token), median "
+        "[min-max] over rounds.",
+        "",
+        "| streams | with logprobs (top 5) | without | ratio [95 % interval] | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for streams, row in data["batches"].items():
+        a, b, ratio = row["logprobs"], row["none"], row["ratio"]
+        lines.append(
+            f"| {streams} | {a['median']:.2f} [{a['min']:.2f}-{a['max']:.2f}] | "
+            f"{b['median']:.2f} [{b['min']:.2f}-{b['max']:.2f}] | **{ratio['median']:.3f}** "
+            f"[{ratio['low']:.3f}-{ratio['high']:.3f}] | {row['verdict']['verdict']} "
+            f"({row['verdict']['goal']}) |"
+        )
+    return "\n".join(lines)
+
+
 def render_prompt_steps(data: dict[str, Any]) -> str:
     """A burst of prompts in steps bounded by ``prompt_step_target_ms`` against one step."""
     meta = data["_meta"]
@@ -969,6 +1019,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "served_stream:headline": render_served_stream_headline,
     "served_stream_event_loop": render_event_loop,
     "door_framing": render_door_framing,
+    "door_costs": render_door_costs,
+    "logprobs_cost": render_logprobs_cost,
     "prompt_steps": render_prompt_steps,
     "burst": render_burst,
     "burst_short_timeout": render_burst,

@@ -19,7 +19,7 @@ constraints.
 
 A request asking for log probabilities (``SamplingParams.logprobs``) gets them from the scores
 the draw used, after the mask, the penalties and the bias and before temperature (as OpenAI
-defines them): :func:`token_logprobs`, one ``log_softmax`` of its row.
+defines them): :func:`token_logprobs`, one pass over the rows that ask.
 
 No row sorts the whole vocabulary unless typical sampling asks for it: top-k takes the k best
 scores; top-p alone takes the best few (growing ×4 from ``NUCLEUS_START``) until they hold the
@@ -83,18 +83,26 @@ def token_logprobs(
 ) -> list[TokenLogprobs | None]:
     """The log probabilities of ``chosen[i]`` in row ``i`` of ``scores`` (the logits as
     :func:`sample` left them) with the row's request's most likely alternatives, for the requests
-    that ask (None for the others)."""
+    that ask (None for the others). One pass for all the rows that ask: each row's log-sum-exp,
+    its chosen score and its best scores, less the log-sum-exp."""
     found: list[TokenLogprobs | None] = [None] * len(requests)
-    for row, request in enumerate(requests):
-        wanted = request.params.logprobs
-        if wanted < 0:
-            continue
-        logprobs = torch.log_softmax(scores[row].float(), dim=-1)
-        top: tuple[tuple[int, float], ...] = ()
-        if wanted:
-            values, ids = torch.topk(logprobs, min(wanted, logprobs.shape[-1]))
-            top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
-        found[row] = TokenLogprobs(float(logprobs[chosen[row]]), top)
+    rows = [row for row, request in enumerate(requests) if request.params.logprobs >= 0]
+    if not rows:
+        return found
+    asked = (scores if len(rows) == len(requests) else scores[rows]).float()
+    total = torch.logsumexp(asked, dim=-1, keepdim=True)
+    picked = torch.tensor([chosen[row] for row in rows], device=asked.device).unsqueeze(1)
+    logprobs = (asked.gather(1, picked) - total).squeeze(1).tolist()
+    wanted = max(requests[row].params.logprobs for row in rows)
+    top_ids: list[list[int]] = [[] for _ in rows]
+    top_values: list[list[float]] = [[] for _ in rows]
+    if wanted:
+        values, ids = torch.topk(asked, min(wanted, asked.shape[-1]), dim=-1)
+        top_values, top_ids = (values - total).tolist(), ids.tolist()
+    for index, row in enumerate(rows):
+        count = requests[row].params.logprobs
+        top = tuple(zip(top_ids[index][:count], top_values[index][:count], strict=True))
+        found[row] = TokenLogprobs(logprobs[index], top)
     return found
 
 

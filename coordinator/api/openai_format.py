@@ -19,6 +19,7 @@ request's new pair reports its own figure), never more than the prompt.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -226,7 +227,13 @@ class TokenLogprobEntry:
 
 
 def _named(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    return {"token": token, "logprob": logprob, "bytes": _utf8(token)}
+
+
+@functools.lru_cache(maxsize=65536)
+def _utf8(token: str) -> list[int]:
+    """A token text's UTF-8 bytes (one list a text, shared: it is only ever serialized)."""
+    return list(token.encode())
 
 
 def logprob_entry(token_text: Callable[[int], str], token_id: int, logprobs: TokenLogprobs):

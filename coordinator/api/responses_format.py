@@ -178,6 +178,8 @@ class _Items:
     def __init__(self, answer: ResponseAnswer) -> None:
         self.answer, self.sequence = answer, 0
         self.message: dict[str, Any] | None = None
+        self.texts: list[str] = []  # the open message's text, piece by piece
+        self.delta_head = self.delta_ids = b""
         self.call: dict[str, Any] | None = None
 
     def event(self, kind: str, **payload: Any) -> bytes:
@@ -202,25 +204,36 @@ class _Items:
     def _text(self, text: str) -> list[bytes]:
         chunks = []
         if self.message is None:
-            self.message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "content": [],
-                            "status": "in_progress", "role": "assistant"}  # fmt: skip
-            index = len(self.answer.output)
-            self.answer.output.append(self.message)
-            chunks.append(self.event("response.output_item.added", output_index=index,
-                                     item={**self.message, "content": []}))  # fmt: skip
-            part = self._part("")
-            chunks.append(self.event("response.content_part.added", item_id=self.message["id"],
-                                     output_index=index, content_index=0, part=part))  # fmt: skip
-            self.message["content"].append(part)
-        part = self.message["content"][0]
-        part["text"] += text
+            chunks += self._open_message()
+        self.texts.append(text)
         logprobs = self._logprobs()
         if logprobs is not None:
-            part["logprobs"].extend(logprobs)
-        chunks.append(self.event("response.output_text.delta", item_id=self.message["id"],
-                                 output_index=self._index(self.message), content_index=0,
-                                 delta=text, logprobs=logprobs or []))  # fmt: skip
+            self.message["content"][0]["logprobs"].extend(logprobs)  # type: ignore[index]
+        # the delta's event, its fixed parts encoded once a message (the most frequent event)
+        self.sequence += 1
+        number = str(self.sequence - 1).encode()
+        tail = b',"logprobs":' + dumps(logprobs or []) + b"}\n\n"
+        chunks.append(self.delta_head + number + self.delta_ids + dumps(text) + tail)
         return chunks
+
+    def _open_message(self) -> list[bytes]:
+        self.message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "content": [],
+                        "status": "in_progress", "role": "assistant"}  # fmt: skip
+        self.texts = []
+        index = len(self.answer.output)
+        self.answer.output.append(self.message)
+        item_id = self.message["id"]
+        added = self.event("response.output_item.added", output_index=index,
+                           item={**self.message, "content": []})  # fmt: skip
+        part = self._part("")
+        part_added = self.event("response.content_part.added", item_id=item_id,
+                                output_index=index, content_index=0, part=part)  # fmt: skip
+        self.message["content"].append(part)
+        name = "response.output_text.delta"
+        self.delta_head = f'event: {name}\ndata: {{"type":"{name}","sequence_number":'.encode()
+        self.delta_ids = (f',"item_id":"{item_id}","output_index":{index},"content_index":0,'
+                          '"delta":').encode()  # fmt: skip
+        return [added, part_added]
 
     def _part(self, text: str) -> dict[str, Any]:
         part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
@@ -242,6 +255,7 @@ class _Items:
             return []
         message["status"] = "incomplete" if self.answer.status == "incomplete" else "completed"
         index, part = self._index(message), message["content"][0]
+        part["text"] = "".join(self.texts)
         ids = {"item_id": message["id"], "output_index": index, "content_index": 0}
         return [
             self.event(

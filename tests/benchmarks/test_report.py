@@ -41,6 +41,8 @@ FILES = (
     "memory_1b_kv16",
     "served_stream",
     "door_framing",
+    "door_costs",
+    "logprobs_cost",
     "served_stream_event_loop",
     "prompt_steps",
     "burst",
