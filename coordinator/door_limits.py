@@ -9,13 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_BUFFERED_BODY_MB = 256
+DEFAULT_RESPONSES_STORE_MB = 256  # the /v1/responses store (coordinator/api/responses_store.py)
+DEFAULT_RESPONSES_TTL_S = 3600
 
 
 @dataclass(frozen=True)
 class DoorLimits:
     """``max_buffered_body_mb``: the request bodies held at once
-    (:mod:`~coordinator.api.body_budget`); the rest: each client's limits (0: none) and its
-    key's best priority (:mod:`~coordinator.api.clients`)."""
+    (:mod:`~coordinator.api.body_budget`); ``responses_*``: the bounds of the ``/v1/responses``
+    store (:mod:`~coordinator.api.responses_store`); the rest: each client's limits (0: none)
+    and its key's best priority (:mod:`~coordinator.api.clients`)."""
 
     max_buffered_body_mb: int = DEFAULT_BUFFERED_BODY_MB
     max_requests_per_key: int = 0
@@ -23,6 +26,8 @@ class DoorLimits:
     grammar_compiles_per_minute_per_key: int = 0
     max_constrained_requests_per_key: int = 0
     priority_by_key: Mapping[str, int] = field(default_factory=dict)
+    responses_store_mb: int = DEFAULT_RESPONSES_STORE_MB  # 0: nothing stored
+    responses_ttl_s: int = DEFAULT_RESPONSES_TTL_S
 
 
 DEFAULT_DOOR_LIMITS = DoorLimits()
@@ -38,4 +43,6 @@ def door_limits(config: Any) -> DoorLimits:
         grammar_compiles_per_minute_per_key=limit["grammar_compiles_per_minute_per_key"],
         max_constrained_requests_per_key=limit["max_constrained_requests_per_key"],
         priority_by_key=config["http_config"]["api_key_priority"],
+        responses_store_mb=limit["responses_store_mb"],
+        responses_ttl_s=limit["responses_ttl_s"],
     )

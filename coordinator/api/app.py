@@ -40,6 +40,7 @@ from coordinator.api.mindie import create_infer_router
 from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
 from coordinator.api.responses import create_responses_router
+from coordinator.api.responses_store import ResponseStore
 from coordinator.api.tenants import Tenants, presented_keys, record_tenant
 from coordinator.api.tgi import create_tgi_router
 from coordinator.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
@@ -55,7 +56,6 @@ GENERATION_DOORS = (
     create_tgi_router,
     create_azure_router,
     create_messages_router,
-    create_responses_router,
 )
 
 
@@ -80,7 +80,8 @@ def create_predict_app(
         model = served.generation
         body_limit_mb = default_body_limit_mb(model.max_input_tokens if model else max_input_tokens)
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
-    for router in create_routers(service, served, embed, body_limit_mb):
+    store = response_store(door_limits)
+    for router in create_routers(service, served, embed, body_limit_mb, store):
         app.include_router(router)
     # the middleware added last runs first: not ready → 503 before the key is even checked
     keys = set(api_keys)
@@ -115,12 +116,25 @@ def create_predict_app(
     return app
 
 
+def response_store(limits: DoorLimits) -> ResponseStore | None:
+    """The ``/v1/responses`` store the limits ask for (None: ``responses_store_mb`` 0)."""
+    if not limits.responses_store_mb:
+        return None
+    total = limits.responses_store_mb * MIB
+    return ResponseStore(limits.responses_ttl_s, max_tenant_bytes=total // 4, max_bytes=total)
+
+
 def create_routers(
-    service: InferenceService, served: ServedModels, embed: Embed, body_limit_mb: int
+    service: InferenceService,
+    served: ServedModels,
+    embed: Embed,
+    body_limit_mb: int,
+    store: ResponseStore | None = None,
 ) -> list[APIRouter]:
     model = served.generation
     if model is not None:
         routers = [create(service, model, body_limit_mb) for create in GENERATION_DOORS]
+        routers.append(create_responses_router(service, model, body_limit_mb, store))
     else:
         routers = [create_models_router(served.name), create_info_router(served.name, "embeddings")]
     if served.embedding_path is not None:

@@ -49,12 +49,14 @@ from engine.sampling_params import SamplingParams
 class ResponsesRoutes(Door):
     """The Responses handlers over one service, model and store."""
 
-    store: ResponseStore
+    store: ResponseStore | None  # None: configured off (request_limit.responses_store_mb 0)
 
     async def create(self, request: Request) -> Response:
         try:
             body = await read_object(request, self.body_limit_mb)
             asked = read_responses_request(body)
+            if self.store is None:
+                _refuse_storing(body, asked)
             tenant = tenant_of(request)
             items = [*self._history(tenant, asked.previous_response_id), *asked.items]
             instructions = asked.chat.pop("instructions")
@@ -67,8 +69,9 @@ class ResponsesRoutes(Door):
         token_text = self.model.token_text if params.logprobs >= 0 else None
         answer = ResponseAnswer(_echo(body, asked, instructions), len(prompt.ids), parser,
                                 self.model.content_filter, token_text)  # fmt: skip
-        if asked.store:
-            answer.on_done = lambda response: self.store.put(
+        store = self.store
+        if store is not None and asked.store:
+            answer.on_done = lambda response: store.put(
                 tenant, response, [*items, *output_items(response)]
             )
         key = body.get("prompt_cache_key")
@@ -76,19 +79,20 @@ class ResponsesRoutes(Door):
         return await respond(events, answer, asked.stream, service_error_response)
 
     async def get(self, request: Request) -> Response:
-        stored = self.store.get(tenant_of(request), request.path_params["response_id"])
+        response_id = request.path_params["response_id"]
+        stored = self.store.get(tenant_of(request), response_id) if self.store else None
         if stored is None:
             return error_response(_not_found(request.path_params["response_id"]))
         return JSONResponse(stored.response)
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
-        if not self.store.delete(tenant_of(request), response_id):
+        if self.store is None or not self.store.delete(tenant_of(request), response_id):
             return error_response(_not_found(response_id))
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     def _history(self, tenant: str, response_id: str | None) -> list[dict[str, Any]]:
-        if response_id is None:
+        if response_id is None or self.store is None:
             return []
         stored = self.store.get(tenant, response_id)
         if stored is None:
@@ -158,15 +162,31 @@ def _echo(body: dict[str, Any], asked: ResponsesRequest, instructions: str | Non
     }
 
 
+def _refuse_storing(body: dict[str, Any], asked: ResponsesRequest) -> None:
+    """With no store configured, a request that asks for one is 400 naming the field; one that
+    leaves ``store`` out is answered and kept nowhere."""
+    off = "responses are not stored here (request_limit.responses_store_mb is 0)"
+    if body.get("store") is True:
+        raise OpenAIError(400, f"'store' must be false: {off}", "store")
+    if asked.previous_response_id is not None:
+        raise OpenAIError(400, f"'previous_response_id' cannot be used: {off}",
+                          "previous_response_id")  # fmt: skip
+    asked.store = False
+
+
 def _not_found(response_id: str) -> OpenAIError:
     return OpenAIError(404, f"No response found with id '{response_id}'.", "response_id")
 
 
 def create_responses_router(
-    service: InferenceService, model: ModelInfo, body_limit_mb: int
+    service: InferenceService,
+    model: ModelInfo,
+    body_limit_mb: int,
+    store: ResponseStore | None = None,
 ) -> APIRouter:
+    """The routes over ``store`` (None: nothing is stored)."""
     routes = ResponsesRoutes(service, model, body_limit_mb)
-    routes.store = ResponseStore()
+    routes.store = store
     return create_router(
         *openai_routes(
             ("POST", "/v1/responses", routes.create),

@@ -1,10 +1,11 @@
 """The responses ``/v1/responses`` keeps (``store: true``, the API's default), so that a later
 request can go on from one (``previous_response_id``) and ``GET /v1/responses/{id}`` can read it.
 
-Bounded, in this coordinator's memory: a response lives :data:`TTL_S` seconds; each tenant (an
-API key's, or everyone's without keys) keeps at most :data:`MAX_PER_TENANT` responses and
-:data:`MAX_TENANT_BYTES` bytes of them (the oldest go first), and every tenant together at most
-:data:`MAX_BYTES` (the oldest anywhere go first). A response is kept with the conversation that
+Bounded, in this coordinator's memory (``request_limit.responses_store_mb`` and
+``responses_ttl_s``; the defaults below): a response lives ``ttl_s`` seconds; each tenant (an
+API key's, or everyone's without keys) keeps at most ``max_per_tenant`` responses and
+``max_tenant_bytes`` bytes of them (the oldest go first), and every tenant together at most
+``max_bytes`` (the oldest anywhere go first). A response is kept with the conversation that
 led to it (its input items, then its output items), so a request naming it costs no lookups past
 that one; a tenant never reads another's. ``store: false`` keeps nothing. Coordinator replicas do
 not share their stores: a client that goes on from a response goes back to the replica that made

@@ -16,7 +16,11 @@ from typing import Any
 
 from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.config.keys import Convert, Feed, Key, fed
-from coordinator.door_limits import DEFAULT_BUFFERED_BODY_MB
+from coordinator.door_limits import (
+    DEFAULT_BUFFERED_BODY_MB,
+    DEFAULT_RESPONSES_STORE_MB,
+    DEFAULT_RESPONSES_TTL_S,
+)
 from coordinator.http_edge import EdgeLimits
 from coordinator.inference import Timeouts
 from coordinator.model_info import ModelInfo
@@ -133,6 +137,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "door has not compiled or refused before takes one from the client's bucket, a "
             "known one is free; an empty bucket is answered 429 with `Retry-After` (0: off)",
             0, 1_000_000),
+        Key("responses_store_mb", "int", DEFAULT_RESPONSES_STORE_MB, "memory the `/v1/responses` "
+            "store may hold, all tenants together (each at most a quarter of it and 1,024 "
+            "responses, the oldest going first); 0: none is kept, `store: true` and "
+            "`previous_response_id` are answered 400 ([api.md](api.md#responses-v1responses))",
+            0, 64 * 1024, unit="MB"),
+        Key("responses_ttl_s", "int", DEFAULT_RESPONSES_TTL_S, "how long a stored response can "
+            "be read or gone on from", 1, 7 * 24 * 3600, unit="s"),
         Key("max_connections", "int", 0, "connections the predict listener holds at once (0: "
             "`max_requests` + 64); at the cap the connection idle longest is closed, and with "
             "none idle a new one is answered 503; the manage and metrics listeners hold 64 each, "

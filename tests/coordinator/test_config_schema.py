@@ -129,7 +129,7 @@ def test_unknown_environment_keys_are_ignored_with_a_warning(caplog):
 
 def test_every_key_has_its_own_environment_variable():
     names = [key.env_name for key in KEYS]
-    assert len(set(names)) == len(names) == 106
+    assert len(set(names)) == len(names) == 108
     assert all(re.fullmatch(r"PDSERVE_[A-Z_]+__[A-Z0-9_]+", name) for name in names)
 
 

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from coordinator.api.app import create_predict_app
+from coordinator.door_limits import DoorLimits
 from coordinator.errors import GenerationFailed
 from coordinator.model_info import ModelInfo
 from coordinator.served_model import ServedModels
@@ -198,3 +199,20 @@ def test_a_failure_mid_stream_is_response_failed_never_completed():
         assert kinds[-1] == "response.failed" and "response.completed" not in kinds
         whole = httpx.post(f"{url}/v1/responses", json={"model": "fake", "input": "hi"})
         assert whole.status_code == 500 and whole.json()["error"]["type"] == "server_error"
+
+
+def test_with_no_store_configured_storing_is_refused_and_nothing_kept():
+    """``request_limit.responses_store_mb: 0``: ``store: true`` and ``previous_response_id``
+    are 400 naming them; a request that leaves ``store`` out is answered and kept nowhere."""
+    limits = DoorLimits(responses_store_mb=0)
+    with serving(predict_app(ScriptedService(3), door_limits=limits)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        asks = (({"store": True}, "store"), ({"previous_response_id": "r"}, "previous_response_id"))
+        for fields, param in asks:
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.responses.create(model="fake", input="hi", **fields)
+            assert refused.value.body["param"] == param  # type: ignore[index]
+        answered = client.responses.create(model="fake", input="hi")
+        assert answered.output_text == "aba" and answered.store is False
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(answered.id)
