@@ -830,50 +830,53 @@ def render_burst(data: dict[str, Any]) -> str:
     return render_burst_table(data, provenance(data["_meta"]))
 
 
-def render_door_framing(data: dict[str, Any]) -> str:
-    """Each door's CPU per streamed event with orjson and the standard library's JSON."""
-    lines = [
-        provenance(data["_meta"]),
-        "",
-        f"{data['settings']['tokens']}-token requests, the best of {data['settings']['repeat']} "
-        "a side and round; µs of CPU per event, median [min-max] over rounds.",
-        "",
-        "| door | orjson µs/event | stdlib µs/event | orjson / stdlib [95 % interval] | verdict |",
-        "|---|---|---|---|---|",
-    ]
-    for door, row in data["doors"].items():
-        a, b, ratio = row["orjson"], row["stdlib"], row["ratio"]
-        lines.append(
-            f"| {door} | {a['median']:.2f} [{a['min']:.2f}-{a['max']:.2f}] | {b['median']:.2f} "
-            f"[{b['min']:.2f}-{b['max']:.2f}] | **{ratio['median']:.2f}** "
-            f"[{ratio['low']:.2f}-{ratio['high']:.2f}] | {row['verdict']['verdict']} "
-            f"({row['verdict']['goal']}) |"
-        )
-    return "\n".join(lines)
+def _paired_row(label: str, a: dict[str, Any], b: dict[str, Any], ratio: dict[str, Any],
+                judged: str, digits: int = 2) -> str:  # fmt: skip
+    """A table row of two sides' spreads, their ratio with its interval, and the verdict."""
+    return (
+        f"| {label} | {_cell(a, 2)} | {_cell(b, 2)} | **{ratio['median']:.{digits}f}** "
+        f"[{ratio['low']:.{digits}f}-{ratio['high']:.{digits}f}] | {judged} |"
+    )
 
 
-def render_door_costs(data: dict[str, Any]) -> str:
-    """The Responses and Messages doors, and log probabilities, against the chat door's stream."""
+def _judged(row: dict[str, Any]) -> str:
+    return f"{row['verdict']['verdict']} ({row['verdict']['goal']})"
+
+
+def _per_event_intro(data: dict[str, Any]) -> list[str]:
     settings = data["settings"]
-    lines = [
+    return [
         provenance(data["_meta"]),
         "",
         f"{settings['tokens']}-token requests, the best of {settings['repeat']} a side and round;"
         " µs of CPU per event, median [min-max] over rounds.",
         "",
+    ]
+
+
+def render_door_framing(data: dict[str, Any]) -> str:
+    """Each door's CPU per streamed event with orjson and the standard library's JSON."""
+    lines = _per_event_intro(data) + [
+        "| door | orjson µs/event | stdlib µs/event | orjson / stdlib [95 % interval] | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for door, row in data["doors"].items():
+        lines.append(_paired_row(door, row["orjson"], row["stdlib"], row["ratio"], _judged(row)))
+    return "\n".join(lines)
+
+
+def render_door_costs(data: dict[str, Any]) -> str:
+    """The Responses and Messages doors, and log probabilities, against the chat door's stream."""
+    lines = _per_event_intro(data) + [
         "| comparison | µs/event | chat µs/event | ratio [95 % interval] | verdict |",
         "|---|---|---|---|---|",
     ]
     for name, row in data["comparisons"].items():
         ours, theirs = name.split("/")
-        a, b, ratio = row[ours], row[theirs], row["ratio"]
-        verdict = row.get("verdict")
-        judged = (f"{verdict['verdict']} ({verdict['goal']})" if verdict else
+        judged = (_judged(row) if row.get("verdict") else
                   f"no goal: +{row['added_us_per_token']:.2f} µs a token")  # fmt: skip
         lines.append(
-            f"| {ours} / {theirs} | {a['median']:.2f} [{a['min']:.2f}-{a['max']:.2f}] | "
-            f"{b['median']:.2f} [{b['min']:.2f}-{b['max']:.2f}] | **{ratio['median']:.2f}** "
-            f"[{ratio['low']:.2f}-{ratio['high']:.2f}] | {judged} |"
+            _paired_row(f"{ours} / {theirs}", row[ours], row[theirs], row["ratio"], judged)
         )
     return "\n".join(lines)
 
@@ -892,12 +895,8 @@ def render_logprobs_cost(data: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for streams, row in data["batches"].items():
-        a, b, ratio = row["logprobs"], row["none"], row["ratio"]
         lines.append(
-            f"| {streams} | {a['median']:.2f} [{a['min']:.2f}-{a['max']:.2f}] | "
-            f"{b['median']:.2f} [{b['min']:.2f}-{b['max']:.2f}] | **{ratio['median']:.3f}** "
-            f"[{ratio['low']:.3f}-{ratio['high']:.3f}] | {row['verdict']['verdict']} "
-            f"({row['verdict']['goal']}) |"
+            _paired_row(streams, row["logprobs"], row["none"], row["ratio"], _judged(row), 3)
         )
     return "\n".join(lines)
 

@@ -23,18 +23,17 @@ A goal is met only where the ratio's 95 % interval lies under it.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, paired_rounds, summarize
 from benchmarks.harness.stats import Goal, judge
+from benchmarks.serving.door_framing import best_us_per_event
 from coordinator.api.anthropic_format import MessageAnswer
-from coordinator.api.common import Answer, raising_failures
+from coordinator.api.common import Answer
 from coordinator.api.openai_format import Completion
 from coordinator.api.responses_format import ResponseAnswer
 from engine.outputs import TokenEvent, TokenLogprobs
@@ -89,31 +88,9 @@ def request_events(num_tokens: int, logprobs: bool) -> list[TokenEvent]:
     return events
 
 
-async def _served(events: list[TokenEvent]) -> AsyncGenerator[TokenEvent, None]:
-    for event in events:
-        yield event
-
-
-async def _one_request(door: Callable[[], Answer], events: list[TokenEvent]) -> int:
-    stream = raising_failures(_served(events))
-    first = await anext(stream)
-    size = sum([len(chunk) async for chunk in door().stream(first, stream)])
-    await asyncio.sleep(0)
-    return size
-
-
 def us_per_event(door: str, events: list[TokenEvent], repeat: int) -> float:
     """The best of ``repeat`` requests through ``door``: CPU µs per event."""
-    loop = asyncio.new_event_loop()
-    try:
-        best = float("inf")
-        for _ in range(repeat):
-            started = time.thread_time()
-            loop.run_until_complete(_one_request(DOORS[door], events))
-            best = min(best, time.thread_time() - started)
-    finally:
-        loop.close()
-    return best * 1e6 / len(events)
+    return best_us_per_event(DOORS[door], events, repeat)
 
 
 def run(num_tokens: int, repeat: int, rounds: int, warmup: int) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse
 
 from coordinator.api.common import Events
 from coordinator.api.errors import APIError, retry_headers
-from coordinator.api.sse import dumps
+from coordinator.api.sse import named_event
 from coordinator.api.tools.call_opening import ArgumentsPiece, CallOpened
 from coordinator.api.tools.parsers import (
     BaseToolParser,
@@ -69,11 +69,6 @@ def error_response(error: APIError) -> JSONResponse:
     """Anthropic's error body for a refused or failed request, with its status."""
     body = error_body(error.status, error.message)
     return JSONResponse(body, status_code=error.status, headers=retry_headers(error))
-
-
-def event(name: str, payload: dict[str, Any]) -> bytes:
-    """One named server-sent event."""
-    return b"event: " + name.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
 def tool_use_id(call_id: str) -> str:
@@ -187,8 +182,8 @@ class MessageAnswer:
             self.add(first)
             start = self._message([], (None, None))
             start["usage"]["output_tokens"] = len(self.output_ids)
-            yield event("message_start", {"type": "message_start", "message": start})
-            yield event("ping", {"type": "ping"})
+            yield named_event("message_start", {"type": "message_start", "message": start})
+            yield named_event("ping", {"type": "ping"})
             for chunk in self._deltas(blocks, first.finished or self.blocked):
                 yield chunk
             if not (first.finished or self.blocked):
@@ -204,10 +199,11 @@ class MessageAnswer:
             reason, sequence = self.stop(blocks.made_calls)
             delta = {"stop_reason": reason, "stop_sequence": sequence}
             usage = {"output_tokens": len(self.output_ids)}
-            yield event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
-            yield event("message_stop", {"type": "message_stop"})
+            closing = {"type": "message_delta", "delta": delta, "usage": usage}
+            yield named_event("message_delta", closing)
+            yield named_event("message_stop", {"type": "message_stop"})
         except ServiceError as exc:
-            yield event("error", error_body(exc.status, str(exc)))
+            yield named_event("error", error_body(exc.status, str(exc)))
         finally:
             await events.aclose()
 
@@ -250,11 +246,11 @@ class _Blocks:
         if not self.open_text:
             start = {"type": "content_block_start", "index": self.count,
                      "content_block": {"type": "text", "text": ""}}  # fmt: skip
-            chunks.append(event("content_block_start", start))
+            chunks.append(named_event("content_block_start", start))
             self.open_text = True
         delta = {"type": "content_block_delta", "index": self.count,
                  "delta": {"type": "text_delta", "text": piece}}  # fmt: skip
-        chunks.append(event("content_block_delta", delta))
+        chunks.append(named_event("content_block_delta", delta))
         return chunks
 
     def open_call(self, call_id: str, name: str) -> list[bytes]:
@@ -262,19 +258,19 @@ class _Blocks:
         self.made_calls = True
         opened = {"type": "tool_use", "id": tool_use_id(call_id), "name": name, "input": {}}
         start = {"type": "content_block_start", "index": self.count, "content_block": opened}
-        return [*chunks, event("content_block_start", start)]
+        return [*chunks, named_event("content_block_start", start)]
 
     def arguments(self, text: str) -> list[bytes]:
         if not text:
             return []
         arguments = {"type": "input_json_delta", "partial_json": text}
         delta = {"type": "content_block_delta", "index": self.count, "delta": arguments}
-        return [event("content_block_delta", delta)]
+        return [named_event("content_block_delta", delta)]
 
     def close_call(self) -> list[bytes]:
         stop = {"type": "content_block_stop", "index": self.count}
         self.count += 1
-        return [event("content_block_stop", stop)]
+        return [named_event("content_block_stop", stop)]
 
     def close(self) -> list[bytes]:
         """Close the open text block, if any."""
@@ -283,7 +279,7 @@ class _Blocks:
         self.open_text = False
         stop = {"type": "content_block_stop", "index": self.count}
         self.count += 1
-        return [event("content_block_stop", stop)]
+        return [named_event("content_block_stop", stop)]
 
 
 def _tool_use_block(call: ToolCall) -> dict[str, Any]:

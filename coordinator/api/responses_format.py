@@ -30,17 +30,13 @@ from typing import Any
 
 from coordinator.api.common import Events
 from coordinator.api.openai_format import TokenLogprobEntry, logprob_entry
-from coordinator.api.sse import dumps
+from coordinator.api.sse import dumps, named_event
 from coordinator.api.tools.call_opening import ArgumentsPiece, CallOpened
 from coordinator.api.tools.parsers import BaseToolParser, Segment, ToolCall, ToolCallStream
 from coordinator.content_safety import ContentFilter
 from coordinator.errors import ServiceError
 from engine.outputs import TokenEvent
 from engine.request import FinishReason
-
-
-def event(name: str, payload: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
 class ResponseAnswer:
@@ -184,7 +180,7 @@ class _Items:
 
     def event(self, kind: str, **payload: Any) -> bytes:
         self.sequence += 1
-        return event(kind, {"type": kind, "sequence_number": self.sequence - 1, **payload})
+        return named_event(kind, {"type": kind, "sequence_number": self.sequence - 1, **payload})
 
     def take(self, part: Segment) -> list[bytes]:
         if isinstance(part, str):

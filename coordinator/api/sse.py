@@ -34,3 +34,9 @@ def _plain(value: Any) -> Any:
 def sse_event(payload: Any, prefix: bytes = DATA) -> bytes:
     """One server-sent event carrying ``payload``."""
     return prefix + dumps(payload) + b"\n\n"
+
+
+def named_event(name: str, payload: Any) -> bytes:
+    """One server-sent event named ``name`` (``event: <name>``) carrying ``payload``, as the
+    Anthropic Messages and OpenAI Responses streams write each event."""
+    return b"event: " + name.encode() + b"\n" + DATA + dumps(payload) + b"\n\n"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -136,128 +136,134 @@ async def request(client: httpx.AsyncClient, model: str, kind: str, prompt: str)
     return Outcome(kind, prompt, status, text, detail, time.monotonic() - start, start)
 
 
-async def _openai(client: httpx.AsyncClient, model: str, prompt: str, kind: str):
-    stream = kind.endswith("stream")
-    body: dict = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "stream": stream,
-    }
-    if constrained(kind):
-        body["response_format"] = JSON_FORMAT
-    if not stream:
-        response = await client.post("/v1/completions", json=body)
+Reply = tuple[str, str, str]  # status, text, detail
+
+
+async def _whole_or_stream(
+    client: httpx.AsyncClient,
+    path: str,
+    body: dict,
+    whole: Callable[[dict], Reply],
+    streamed: Callable[[AsyncIterator[str]], Awaitable[Reply]],
+) -> Reply:
+    """POST ``body`` to ``path``; judge the JSON answer with ``whole`` or, for a stream, its SSE
+    data with ``streamed``. A refusal is judged by its error body."""
+    if not body["stream"]:
+        response = await client.post(path, json=body)
         if response.status_code != 200:
             return _error_body(response)
-        choice = response.json()["choices"][0]
-        if choice["finish_reason"] not in ("length", "stop"):
-            return "dishonest", choice["text"], f"finish_reason {choice['finish_reason']}"
-        return "ok", choice["text"], ""
-    async with client.stream("POST", "/v1/completions", json=body) as response:
+        return whole(response.json())
+    async with client.stream("POST", path, json=body) as response:
         if response.status_code != 200:
             await response.aread()
             return _error_body(response)
-        text, finish = "", None
-        async for data in _sse(response):
-            if data == "[DONE]":
-                return ("ok", text, "") if finish else ("dishonest", text, "[DONE], no finish")
-            chunk = json.loads(data)
-            if "error" in chunk:
-                return "error", text, chunk["error"]["message"]
-            text += chunk["choices"][0]["text"]
-            finish = chunk["choices"][0]["finish_reason"] or finish
+        return await streamed(_sse(response))
+
+
+async def _openai(client: httpx.AsyncClient, model: str, prompt: str, kind: str) -> Reply:
+    body: dict = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                  "stream": kind.endswith("stream")}  # fmt: skip
+    if constrained(kind):
+        body["response_format"] = JSON_FORMAT
+    return await _whole_or_stream(client, "/v1/completions", body, _completion, _completion_stream)
+
+
+def _completion(answer: dict) -> Reply:
+    choice = answer["choices"][0]
+    if choice["finish_reason"] not in ("length", "stop"):
+        return "dishonest", choice["text"], f"finish_reason {choice['finish_reason']}"
+    return "ok", choice["text"], ""
+
+
+async def _completion_stream(events: AsyncIterator[str]) -> Reply:
+    text, finish = "", None
+    async for data in events:
+        if data == "[DONE]":
+            return ("ok", text, "") if finish else ("dishonest", text, "[DONE], no finish")
+        chunk = json.loads(data)
+        if "error" in chunk:
+            return "error", text, chunk["error"]["message"]
+        text += chunk["choices"][0]["text"]
+        finish = chunk["choices"][0]["finish_reason"] or finish
     return "dishonest", text, "the stream ended without [DONE] or an error"
 
 
-async def _anthropic(client: httpx.AsyncClient, model: str, prompt: str, kind: str):
-    stream = kind.endswith("stream")
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "stream": stream,
-    }
-    if not stream:
-        response = await client.post("/v1/messages", json=body)
-        if response.status_code != 200:
-            return _error_body(response)
-        message = response.json()
-        text = "".join(block["text"] for block in message["content"] if block["type"] == "text")
-        if message["stop_reason"] not in ("end_turn", "max_tokens"):
-            return "dishonest", text, f"stop_reason {message['stop_reason']}"
-        return "ok", text, ""
-    async with client.stream("POST", "/v1/messages", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return _error_body(response)
-        text, stop = "", None
-        async for data in _sse(response):
-            event = json.loads(data)
-            if event["type"] == "error":
-                return "error", text, event["error"]["message"]
-            if event["type"] == "content_block_delta":
-                text += event["delta"]["text"]
-            elif event["type"] == "message_delta":
-                stop = event["delta"]["stop_reason"]
-            elif event["type"] == "message_stop":
-                return ("ok", text, "") if stop else ("dishonest", text, "a stop without a reason")
+async def _anthropic(client: httpx.AsyncClient, model: str, prompt: str, kind: str) -> Reply:
+    messages = [{"role": "user", "content": prompt}]
+    body = {"model": model, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "stream": kind.endswith("stream")}  # fmt: skip
+    return await _whole_or_stream(client, "/v1/messages", body, _message, _message_stream)
+
+
+def _message(message: dict) -> Reply:
+    text = "".join(block["text"] for block in message["content"] if block["type"] == "text")
+    if message["stop_reason"] not in ("end_turn", "max_tokens"):
+        return "dishonest", text, f"stop_reason {message['stop_reason']}"
+    return "ok", text, ""
+
+
+async def _message_stream(events: AsyncIterator[str]) -> Reply:
+    text, stop = "", None
+    async for data in events:
+        event = json.loads(data)
+        if event["type"] == "error":
+            return "error", text, event["error"]["message"]
+        if event["type"] == "content_block_delta":
+            text += event["delta"]["text"]
+        elif event["type"] == "message_delta":
+            stop = event["delta"]["stop_reason"]
+        elif event["type"] == "message_stop":
+            return ("ok", text, "") if stop else ("dishonest", text, "a stop without a reason")
     return "dishonest", text, "the stream ended without message_stop or an error"
 
 
-async def _responses(client: httpx.AsyncClient, model: str, prompt: str, kind: str):
-    stream = kind.endswith("stream")
+async def _responses(client: httpx.AsyncClient, model: str, prompt: str, kind: str) -> Reply:
     body = {"model": model, "input": prompt, "max_output_tokens": MAX_TOKENS, "temperature": 0,
-            "stream": stream, "store": False}  # fmt: skip
-    if not stream:
-        response = await client.post("/v1/responses", json=body)
-        if response.status_code != 200:
-            return _error_body(response)
-        answer = response.json()
-        text = "".join(part["text"] for item in answer["output"] if item["type"] == "message"
-                       for part in item["content"])  # fmt: skip
-        if answer["status"] not in ("completed", "incomplete"):
-            return "dishonest", text, f"status {answer['status']}"
-        return "ok", text, ""
-    async with client.stream("POST", "/v1/responses", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return _error_body(response)
-        text = ""
-        async for data in _sse(response):
-            event = json.loads(data)
-            if event["type"] == "response.output_text.delta":
-                text += event["delta"]
-            elif event["type"] == "response.failed":
-                return "error", text, event["response"]["error"]["message"]
-            elif event["type"] in ("response.completed", "response.incomplete"):
-                return "ok", text, ""
+            "stream": kind.endswith("stream"), "store": False}  # fmt: skip
+    return await _whole_or_stream(client, "/v1/responses", body, _response, _response_stream)
+
+
+def _response(answer: dict) -> Reply:
+    text = "".join(part["text"] for item in answer["output"] if item["type"] == "message"
+                   for part in item["content"])  # fmt: skip
+    if answer["status"] not in ("completed", "incomplete"):
+        return "dishonest", text, f"status {answer['status']}"
+    return "ok", text, ""
+
+
+async def _response_stream(events: AsyncIterator[str]) -> Reply:
+    text = ""
+    async for data in events:
+        event = json.loads(data)
+        if event["type"] == "response.output_text.delta":
+            text += event["delta"]
+        elif event["type"] == "response.failed":
+            return "error", text, event["response"]["error"]["message"]
+        elif event["type"] in ("response.completed", "response.incomplete"):
+            return "ok", text, ""
     return "dishonest", text, "the stream ended without a final response event"
 
 
-async def _mindie(client: httpx.AsyncClient, prompt: str, stream: bool):
+async def _mindie(client: httpx.AsyncClient, prompt: str, stream: bool) -> Reply:
     body = {"inputs": prompt, "parameters": {"max_new_tokens": MAX_TOKENS}, "stream": stream}
-    if not stream:
-        response = await client.post("/infer", json=body)
-        if response.status_code != 200:
-            return _error_body(response)
-        return "ok", response.json()["generated_text"], ""
-    async with client.stream("POST", "/infer", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return _error_body(response)
-        async for data in _sse(response):
-            event = json.loads(data)
-            if event.get("error"):
-                return "error", "", event["error"]
-            if "generated_text" in event:
-                return "ok", event["generated_text"], ""
+    return await _whole_or_stream(client, "/infer", body, _infer, _infer_stream)
+
+
+def _infer(answer: dict) -> Reply:
+    return "ok", answer["generated_text"], ""
+
+
+async def _infer_stream(events: AsyncIterator[str]) -> Reply:
+    async for data in events:
+        event = json.loads(data)
+        if event.get("error"):
+            return "error", "", event["error"]
+        if "generated_text" in event:
+            return "ok", event["generated_text"], ""
     return "dishonest", "", "the stream ended without a last event"
 
 
-def _error_body(response: httpx.Response) -> tuple[str, str, str]:
+def _error_body(response: httpx.Response) -> Reply:
     try:
         error = response.json()["error"]
     except (ValueError, KeyError, TypeError):

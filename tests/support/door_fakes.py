@@ -115,6 +115,37 @@ class EngineService:
                 self.engine.abort(rid)
 
 
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+"""The tool doors' argument schema: a bounded string and a bounded integer."""
+TOOL_CALL_SCRIPT = (
+    "Checking.\n<tool_call>"
+    '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>'
+)
+"""A model's text with one ``get_weather`` call in Hermes' tags, for ``EngineService.script``."""
+
+
+@contextlib.contextmanager
+def engine_door(engine: Any, api_keys: tuple[str, ...] = ()) -> Iterator[tuple[str, EngineService]]:
+    """The predict app over ``engine`` (served as model "tiny") under uvicorn: its URL and its
+    :class:`EngineService`."""
+    service = EngineService(engine)
+    tokenizer = engine.tokenizer
+    model = ModelInfo("tiny", tokenizer, 1024, len(tokenizer), 1000)
+    served = ServedModels(generation=model, embedding_path=None)
+    app = create_predict_app(service, served, None, body_limit_mb=2, api_keys=api_keys,
+                             is_ready=lambda: True)  # fmt: skip
+    with serving(app) as url:
+        yield url, service
+
+
 async def no_embeddings(texts: list[str]) -> dict[str, Any]:
     raise AssertionError("this predict app serves no embedding model")
 

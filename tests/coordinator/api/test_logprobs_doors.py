@@ -12,11 +12,8 @@ import openai
 import pytest
 import text_generation
 
-from coordinator.api.app import create_predict_app
-from coordinator.model_info import ModelInfo
-from coordinator.served_model import ServedModels
 from tests.conftest import make_engine
-from tests.support.door_fakes import EngineService, serving
+from tests.support.door_fakes import engine_door
 
 ASK = [{"role": "user", "content": "Say something"}]
 GREEDY = {"model": "tiny", "max_tokens": 12, "temperature": 0}
@@ -24,13 +21,7 @@ GREEDY = {"model": "tiny", "max_tokens": 12, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def door(tiny_loaded) -> Iterator[str]:
-    engine = make_engine(tiny_loaded, num_blocks=512)
-    tokenizer = engine.tokenizer
-    model = ModelInfo("tiny", tokenizer, 1024, len(tokenizer), 1000)
-    served = ServedModels(generation=model, embedding_path=None)
-    app = create_predict_app(EngineService(engine), served, None, body_limit_mb=2, api_keys=(),
-                             is_ready=lambda: True)  # fmt: skip
-    with serving(app) as url:
+    with engine_door(make_engine(tiny_loaded, num_blocks=512)) as (url, _):
         yield url
 
 

@@ -14,47 +14,31 @@ import httpx
 import jsonschema
 import pytest
 
-from coordinator.api.app import create_predict_app
 from coordinator.errors import GenerationFailed
-from coordinator.model_info import ModelInfo
-from coordinator.served_model import ServedModels
 from tests.conftest import make_engine
-from tests.support.door_fakes import EngineService, ScriptedService, predict_app, serving
+from tests.support.door_fakes import (
+    TOOL_CALL_SCRIPT,
+    WEATHER,
+    EngineService,
+    ScriptedService,
+    engine_door,
+    predict_app,
+    serving,
+)
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 TOOLS = [
     {"name": "get_weather", "description": "Weather", "input_schema": WEATHER},
     {"name": "get_time", "description": "The time", "input_schema": {"type": "object"}},
 ]
 ASK = [{"role": "user", "content": "Weather in Oslo?"}]
-SCRIPT = (
-    "Checking.\n<tool_call>"
-    '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>'
-)
 GREEDY = {"model": "tiny", "max_tokens": 24, "extra_body": {"temperature": 0.0}}
 KEY = "messages-key"
 
 
 @pytest.fixture(scope="module")
 def door(tiny_loaded) -> Iterator[tuple[str, EngineService]]:
-    engine = make_engine(tiny_loaded, num_blocks=512)
-    service = EngineService(engine)
-    tokenizer = engine.tokenizer
-    model = ModelInfo("tiny", tokenizer, 1024, len(tokenizer), 1000)
-    served = ServedModels(generation=model, embedding_path=None)
-    app = create_predict_app(
-        service, served, None, body_limit_mb=2, api_keys=(KEY,), is_ready=lambda: True
-    )
-    with serving(app) as url:
-        yield url, service
+    with engine_door(make_engine(tiny_loaded, num_blocks=512), (KEY,)) as door:
+        yield door
 
 
 @pytest.fixture
@@ -130,7 +114,7 @@ def test_any_tool_is_a_required_call(client):
 
 
 def test_auto_reads_the_calls_the_model_wrote(client, door):
-    door[1].script = SCRIPT
+    door[1].script = TOOL_CALL_SCRIPT
     reply = client.messages.create(messages=ASK, tools=TOOLS, max_tokens=100, model="tiny")
     assert [b.type for b in reply.content] == ["text", "tool_use"]
     assert reply.content[0].text == "Checking."

@@ -14,46 +14,31 @@ import jsonschema
 import openai
 import pytest
 
-from coordinator.api.app import create_predict_app
 from coordinator.door_limits import DoorLimits
 from coordinator.errors import GenerationFailed
-from coordinator.model_info import ModelInfo
-from coordinator.served_model import ServedModels
 from tests.conftest import make_engine
-from tests.support.door_fakes import EngineService, ScriptedService, predict_app, serving
+from tests.support.door_fakes import (
+    TOOL_CALL_SCRIPT,
+    WEATHER,
+    EngineService,
+    ScriptedService,
+    engine_door,
+    predict_app,
+    serving,
+)
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 TOOLS = [
     {"type": "function", "name": "get_weather", "description": "Weather", "parameters": WEATHER},
     {"type": "function", "name": "get_time", "description": "The time"},
 ]
-SCRIPT = (
-    "Checking.\n<tool_call>"
-    '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>'
-)
 GREEDY = {"model": "tiny", "max_output_tokens": 16, "temperature": 0}
 KEY_A, KEY_B = "responses-key-a", "responses-key-b"
 
 
 @pytest.fixture(scope="module")
 def door(tiny_loaded) -> Iterator[tuple[str, EngineService]]:
-    engine = make_engine(tiny_loaded, num_blocks=512)
-    tokenizer = engine.tokenizer
-    service = EngineService(engine)
-    model = ModelInfo("tiny", tokenizer, 1024, len(tokenizer), 1000)
-    served = ServedModels(generation=model, embedding_path=None)
-    app = create_predict_app(service, served, None, body_limit_mb=2, api_keys=(KEY_A, KEY_B),
-                             is_ready=lambda: True)  # fmt: skip
-    with serving(app) as url:
-        yield url, service
+    with engine_door(make_engine(tiny_loaded, num_blocks=512), (KEY_A, KEY_B)) as door:
+        yield door
 
 
 @pytest.fixture
@@ -101,7 +86,7 @@ def test_a_named_tool_streams_its_arguments(client):
 
 
 def test_auto_reads_the_calls_the_model_wrote_and_takes_their_outputs(client, door):
-    door[1].script = SCRIPT
+    door[1].script = TOOL_CALL_SCRIPT
     reply = client.responses.create(input="Weather in Oslo?", tools=TOOLS, model="tiny")
     assert [item.type for item in reply.output] == ["message", "function_call"]
     assert reply.output_text == "Checking."

@@ -31,22 +31,16 @@ from azure.ai.inference.models import (
 from azure.core.credentials import AzureKeyCredential
 from azure.core.exceptions import HttpResponseError
 
-from coordinator.api.app import create_predict_app
-from coordinator.model_info import ModelInfo
-from coordinator.served_model import ServedModels
 from engine.constraint import MAX_SPEC_CHARS
 from tests.conftest import make_engine
-from tests.support.door_fakes import AZURE_CHAT, EngineService, serving
+from tests.support.door_fakes import (
+    AZURE_CHAT,
+    TOOL_CALL_SCRIPT,
+    WEATHER,
+    EngineService,
+    engine_door,
+)
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 TOOLS = [
     {
         "type": "function",
@@ -56,24 +50,12 @@ TOOLS = [
 ]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 ASK = [{"role": "user", "content": "Weather in Oslo?"}]
-SCRIPT = (
-    "Checking.\n<tool_call>"
-    '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>'
-)
 
 
 @pytest.fixture(scope="module")
 def door(tiny_loaded) -> Iterator[tuple[str, EngineService]]:
-    engine = make_engine(tiny_loaded, num_blocks=512)
-    service = EngineService(engine)
-    tokenizer = engine.tokenizer
-    model = ModelInfo("tiny", tokenizer, 1024, len(tokenizer), 1000)
-    served = ServedModels(generation=model, embedding_path=None)
-    app = create_predict_app(
-        service, served, None, body_limit_mb=2, api_keys=(), is_ready=lambda: True
-    )
-    with serving(app) as url:
-        yield url, service
+    with engine_door(make_engine(tiny_loaded, num_blocks=512), ()) as door:
+        yield door
 
 
 @pytest.fixture
@@ -154,7 +136,7 @@ def test_the_sdks_stream_helper_reassembles_calls(client):
 
 
 def test_auto_parses_the_calls_the_model_wrote(client, door):
-    door[1].script = SCRIPT
+    door[1].script = TOOL_CALL_SCRIPT
     reply = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS)
     message = reply.choices[0].message
     assert reply.choices[0].finish_reason == "tool_calls" and message.content == "Checking."
@@ -176,11 +158,14 @@ def test_auto_keeps_an_unknown_call_as_text_and_none_parses_nothing(client, door
     assert reply.choices[0].message.tool_calls is None
     assert reply.choices[0].message.content == door[1].script
     assert reply.choices[0].finish_reason == "stop"
-    door[1].script = SCRIPT
+    door[1].script = TOOL_CALL_SCRIPT
     none = client.chat.completions.create(
         model="tiny", messages=ASK, tools=TOOLS, tool_choice="none"
     )
-    assert none.choices[0].message.content == SCRIPT and none.choices[0].finish_reason == "stop"
+    assert (
+        none.choices[0].message.content == TOOL_CALL_SCRIPT
+        and none.choices[0].finish_reason == "stop"
+    )
 
 
 def test_a_tool_result_round_trip_answers(client):
