@@ -9,7 +9,7 @@ Compiling takes milliseconds and drops the GIL; a worker compiles a request's co
 own thread before the request reaches the engine thread (:meth:`GrammarCache.compile`), so a step
 never waits for one. The parser's resource limits (:data:`LIMITS`) and the spec's size bound
 every compile and every mask; a step's masks are computed on threads of their own during the
-model's forward, each within a wall budget (``engine.mask_pool``), and a request whose mask
+model's forward, each within a CPU budget (``engine.mask_pool``), and a request whose mask
 fails or runs past it fails (``constraint_violated``) without holding up the rest of the batch.
 
 :class:`GrammarState` is a request's matcher and how many of its output tokens it has consumed:
@@ -203,7 +203,7 @@ class GrammarCache:
         return PendingMasks(rows, states, job)
 
     def apply_masks(self, logits: torch.Tensor, masks: PendingMasks) -> None:
-        """Wait for ``masks`` (each row within its wall budget) and apply them, in place. A row
+        """Wait for ``masks`` (each row within its CPU budget) and apply them, in place. A row
         allowing few tokens (a JSON structure's) keeps just those; a row allowing many (a
         string's content) adds a 0 / -inf bias looked up a byte of the bitmask at a time
         (:data:`BYTE_BIASES`). A row whose matcher failed or ran past the budget is left as it

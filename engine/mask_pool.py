@@ -5,9 +5,12 @@ on :data:`MASK_THREADS` threads while the engine thread waits for them. A row wh
 has used :data:`MASK_BUDGET_S` of its thread's CPU time without finishing is given up: its
 request fails (``constraint_violated``) and the rest of the batch samples on time. CPU time, not
 wall time: on a machine busy with other work (a worker restarting beside this one, a model
-load) a row that waits for a core is not the grammar's fault; a row is given up at
-:data:`MASK_WALL_FACTOR` times the budget of wall time all the same, so a step never waits longer
-than that. The budget counts from the moment a row's computation starts on its thread, so a row
+load, the interpreter's lock held by another thread) a row that waits is not the grammar's
+fault, and failing its request for the machine's load would be wrong: the parser's limits
+(``engine.grammars.LIMITS``) already bound a mask's work, so a waiting row is waited for, as the
+forward itself is. Only a row held :data:`MASK_WALL_LIMIT_S` of wall time (a thread that is
+stuck, not slow) is given up on wall time alone, so a step never waits longer than that. The
+budget counts from the moment a row's computation starts on its thread, so a row
 queued behind others is not charged for their time. A computation given up cannot be
 interrupted; it finishes on its thread into a bitmask no one reads (the parser's limits,
 ``engine.grammars.LIMITS``, bound how long that takes), and its matcher is never touched again.
@@ -25,7 +28,7 @@ import torch
 
 MASK_THREADS = 4  # masks computed at once per engine
 MASK_BUDGET_S = 0.020  # the most CPU time one row's mask may take
-MASK_WALL_FACTOR = 10  # and the most wall time, in budgets
+MASK_WALL_LIMIT_S = 2.0  # and the most wall time, whatever the CPU used
 
 
 class Matcher(Protocol):
@@ -82,13 +85,13 @@ class MaskJob:
             pending = {f for f in pending if not started[f].overdue(now, budget_s)}
             if pending:
                 starts = [started[f].started_at or now for f in pending]
-                # to the first budget's end, then every quarter budget (a row past its wall
-                # budget but not its CPU budget is looked at again, not spun on)
+                # to the first budget's end, then every quarter budget (a row past its budget
+                # of wall time but not of CPU is looked at again, not spun on)
                 timeout = max(min(starts) + budget_s - now, budget_s / 4) + 1e-4
                 pending = concurrent.futures.wait(
                     pending, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
                 ).not_done
-        return [_why_not(future, budget_s) for future, _ in self._rows]
+        return [_why_not(future, row) for future, row in self._rows]
 
 
 class _Row:
@@ -97,6 +100,7 @@ class _Row:
     def __init__(self, matcher: Matcher, bitmask: torch.Tensor, index: int) -> None:
         self.matcher, self.words = matcher, bitmask[index]
         self.started_at: float | None = None
+        self.given_up = ""  # why it was given up, once it was
 
     def compute(self) -> None:
         self.clock = time.pthread_getcpuclockid(threading.get_ident())
@@ -105,10 +109,12 @@ class _Row:
         self.matcher.unsafe_compute_mask_ptr(self.words.data_ptr(), self.words.numel() * 4)
 
     def overdue(self, now: float, budget_s: float) -> bool:
-        """Past its CPU budget, or past :data:`MASK_WALL_FACTOR` budgets of wall time."""
+        """Past its CPU budget, or past :data:`MASK_WALL_LIMIT_S` of wall time (its reason
+        kept in ``given_up``)."""
         if self.started_at is None:
             return False
-        if now - self.started_at >= MASK_WALL_FACTOR * budget_s:
+        if now - self.started_at >= MASK_WALL_LIMIT_S:
+            self.given_up = f"its thread was held over {MASK_WALL_LIMIT_S:g} s"
             return True
         if now - self.started_at < budget_s:
             return False
@@ -116,11 +122,13 @@ class _Row:
             used = time.clock_gettime(self.clock) - self.cpu_started_at
         except OSError:  # its thread has ended: only the wall bound applies
             return False
+        if used >= budget_s:
+            self.given_up = f"took over {budget_s * 1000:.0f} ms of CPU"
         return used >= budget_s
 
 
-def _why_not(future: concurrent.futures.Future[None], budget_s: float) -> str | None:
+def _why_not(future: concurrent.futures.Future[None], row: _Row) -> str | None:
     if not future.done():
-        return f"computing the constraint's mask took over {budget_s * 1000:.0f} ms"
+        return f"computing the constraint's mask {row.given_up}"
     error = future.exception()
     return None if error is None else f"computing the constraint's mask failed: {error}"
