@@ -74,8 +74,9 @@ def ray_session():
 
 @pytest.fixture
 def payload(tiny_loaded) -> KVPayload:
-    """The exported KV of a 37-token prompt (tiny model, blocks of 4 tokens)."""
-    engine = make_engine(tiny_loaded, block_size=4)
+    """The exported KV of a 37-token prompt (tiny model, blocks of 4 tokens), in float32 pages:
+    the transports' tests size their pages so (the 16-bit caches: test_kv_cache_dtype.py)."""
+    engine = make_engine(tiny_loaded, block_size=4, kv_cache_dtype="float32")
     engine.add_request(
         engine.request(
             "r1", list(range(3, 40)), SamplingParams(max_new_tokens=5, seed=11), prefill_only=True

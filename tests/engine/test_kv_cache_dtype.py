@@ -89,7 +89,7 @@ def test_a_float16_handoff_equals_one_engine_and_moves_half_the_bytes(tiny_loade
     assert num_used(decode.blocks) == 0
 
 
-@pytest.mark.parametrize("sender, receiver", [("float16", "float32"), ("auto", "bfloat16")])
+@pytest.mark.parametrize("sender, receiver", [("float16", "float32"), ("auto", "float16")])
 def test_pages_of_another_kv_dtype_are_refused_and_free_the_reservation(
     tiny_loaded, sender, receiver
 ):
@@ -115,9 +115,10 @@ def test_the_same_memory_holds_twice_the_blocks_at_16_bits(tiny_loaded):
     assert blocks("bfloat16") == 2 * blocks("float32")
 
 
-def test_auto_is_the_models_dtype():
-    assert EngineConfig(device="cpu").torch_kv_dtype == torch.float32
+def test_auto_is_bfloat16_for_a_float32_model_and_a_16_bit_models_own():
+    assert EngineConfig(device="cpu").torch_kv_dtype == torch.bfloat16  # the gate's choice
     assert EngineConfig(device="cpu", dtype="bfloat16").torch_kv_dtype == torch.bfloat16
+    assert EngineConfig(device="cpu", dtype="float16").torch_kv_dtype == torch.float16
     assert EngineConfig(device="cpu", kv_cache_dtype="float32").torch_kv_dtype == torch.float32
 
 

@@ -92,7 +92,7 @@ def test_imported_blocks_are_bit_exact(tiny_loaded):
     "field, value",
     [
         ("block_size", 8),
-        ("dtype", "torch.bfloat16"),
+        ("dtype", "torch.float16"),
         ("model_fingerprint", "other-model"),
         ("num_layers", 3),
     ],

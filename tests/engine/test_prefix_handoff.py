@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-import torch
 
 from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig
@@ -72,7 +71,7 @@ def _handoff(pair, request_id: str, prompt: list[int]):
 
 def test_a_shared_prefix_moves_only_the_new_blocks(pair, tiny_loaded):
     prefill, decode, _ = pair
-    block_bytes = bytes_per_block(prefill.engine.shape, 4, torch.float32)
+    block_bytes = bytes_per_block(prefill.engine.shape, 4, prefill.engine.kv_cache.data.dtype)
     first_prompt, second_prompt = [*SYSTEM, 1, 2], [*SYSTEM, 1, 2, 3, 4, 5]
     first, first_result, _ = _handoff(pair, "first", first_prompt)
     assert first.num_cached_blocks == 0
@@ -92,7 +91,7 @@ def test_a_shared_prefix_moves_only_the_new_blocks(pair, tiny_loaded):
 def test_without_caching_every_block_moves(tiny_model_dir):
     transfer = KVTransferConfig("zmq", shared_memory=False)
     with _workers(tiny_model_dir, transfer, prefix_caching=False) as pair:
-        block_bytes = bytes_per_block(pair[0].engine.shape, 4, torch.float32)
+        block_bytes = bytes_per_block(pair[0].engine.shape, 4, pair[0].engine.kv_cache.data.dtype)
         _handoff(pair, "first", [*SYSTEM, 1, 2])
         second, result, events = _handoff(pair, "second", [*SYSTEM, 1, 2, 3, 4, 5])
         assert second.num_cached_blocks == 0 and result.num_bytes == 8 * block_bytes

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import torch
 import zmq
 
 from decode_worker.worker import DecodeWorker
@@ -30,7 +31,9 @@ REFUSAL = "no reservation for these pages (aborted?)"
 
 
 def _config(model_dir: Any) -> EngineConfig:
-    cache = CacheConfig(block_size=4, num_blocks=64)
+    # a cache larger than the largest header, so that a header past its limit reaches the
+    # receiver's check (ZMQ drops a frame past both unanswered: zmq_transport.py)
+    cache = CacheConfig(block_size=4, num_blocks=128)
     return EngineConfig(model_path=str(model_dir), device="cpu", cache=cache)
 
 
@@ -130,7 +133,8 @@ def _send_transfer(pair: Pair, header: pb.KVHeaderMsg, data: bytes) -> Any:
 
 
 def _send_payload(pair: Pair, payload: KVPayload) -> Any:
-    return _send_transfer(pair, encode_header(payload), payload.blocks.numpy().tobytes())
+    pages = payload.blocks.view(torch.uint8).numpy().tobytes()
+    return _send_transfer(pair, encode_header(payload), pages)
 
 
 def _refused(ack: Any, *fragments: str) -> str:

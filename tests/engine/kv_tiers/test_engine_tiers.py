@@ -118,7 +118,7 @@ def test_another_layout_or_tenant_never_matches(tiny_loaded, tmp_path):
     _run(engine, PROMPT)
     _evict_prompt(engine)
     assert _run(engine, PROMPT, tenant="other")[1] == 0  # another tenant's chain of hashes
-    halved = _engine(tiny_loaded, tmp_path, kv_cache_dtype="bfloat16", **_disk(tmp_path))
+    halved = _engine(tiny_loaded, tmp_path, kv_cache_dtype="float16", **_disk(tmp_path))
     assert _run(halved, PROMPT)[1] == 0 and halved.blocks.num_promoted_blocks == 0
 
 

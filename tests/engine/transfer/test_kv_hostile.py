@@ -108,7 +108,8 @@ def test_grpc_chunks_beyond_the_declared_size_are_refused(tiny_model_dir, tiny_l
     try:
         reservation = pair.decode.reserve(_request("r"))
         payload = _exported(tiny_loaded, "r", reservation.token)
-        first = pb.KVChunkMsg(header=encode_header(payload), data=payload.blocks.numpy().tobytes())
+        pages = payload.blocks.view(torch.uint8).numpy().tobytes()
+        first = pb.KVChunkMsg(header=encode_header(payload), data=pages)
         empty = pb.KVChunkMsg().SerializeToString()
         ack = _raw_send("grpc", pair.endpoint, [first.SerializeToString()] + [empty] * 1000)
         _refused(ack, "more bytes or chunks than declared")

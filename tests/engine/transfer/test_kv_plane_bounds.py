@@ -14,6 +14,7 @@ import struct
 import time
 
 import pytest
+import torch
 
 from coordinator.config.cluster import ClusterConfig
 from coordinator.config.loader import load_config
@@ -94,7 +95,7 @@ def test_a_genuine_header_padded_past_the_limit_is_refused(pair, tiny_loaded):
     payload = _exported(tiny_loaded, "r", reservation.token)
     header = encode_header(payload)
     header.state.params_json += " " * pair.decode.receiver.max_header_bytes  # still valid JSON
-    data = payload.blocks.numpy().tobytes()
+    data = payload.blocks.view(torch.uint8).numpy().tobytes()
     if pair.transport == "zmq":
         ack = _raw_send("zmq", pair.endpoint, [header.SerializeToString(), data])
     else:
@@ -123,7 +124,7 @@ def test_more_frames_than_announced_are_refused_and_free_the_reservation(
             payload = _exported(tiny_loaded, request_id, reservation.token)
             frames = [encode_header(payload).SerializeToString()]
             if request_id == "long":  # the genuine pages, then an endless tail
-                frames.append(payload.blocks.numpy().tobytes())
+                frames.append(payload.blocks.view(torch.uint8).numpy().tobytes())
             _refused(_raw_send("zmq", pair.endpoint, frames + extra), "malformed transfer")
             assert _until_gone(pair, request_id) is None  # its blocks are free at once
         assert pair.decode.engine.blocks.num_free_blocks == pair.decode.engine.blocks.num_blocks

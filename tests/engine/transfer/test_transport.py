@@ -73,7 +73,7 @@ def test_grpc_streams_the_pages_in_chunks_of_at_most_4_mib(payload):
     assert len(chunks) == math.ceil(big.num_bytes / CHUNK_BYTES) == 5
     assert [len(c.data) for c in chunks] == [CHUNK_BYTES] * 5
     assert chunks[0].HasField("header") and not any(c.HasField("header") for c in chunks[1:])
-    assert b"".join(c.data for c in chunks) == big.blocks.numpy().tobytes()
+    assert b"".join(c.data for c in chunks) == big.blocks.view(torch.uint8).numpy().tobytes()
 
 
 @pytest.mark.parametrize("handoff", HANDOFFS)
