@@ -265,8 +265,8 @@ SCHEMA["backend_config"] = section(
         "(below)",),
     fed("kv_cache_dtype", "str", engine("kv_cache_dtype"), "what the paged KV cache stores keys "
         "and values in: `float16` or `bfloat16` hold twice the tokens in "
-        "`kv_cache_memory_mb` and halve what a hand-off moves; `auto`: `bfloat16` for a "
-        "float32 model, else the model's `dtype` (below)",),
+        "`kv_cache_memory_mb` and halve what a hand-off moves; `auto`: the model's `dtype` "
+        "(below)",),
     fed("speculative_method", "str", engine("speculative.method"), "`ngram`: speculative "
         "decoding, drafts copied from where the sequence's last tokens occurred before in its "
         "prompt or output, checked several tokens per weight read; the tokens are exactly "

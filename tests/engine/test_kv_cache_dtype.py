@@ -115,10 +115,9 @@ def test_the_same_memory_holds_twice_the_blocks_at_16_bits(tiny_loaded):
     assert blocks("bfloat16") == 2 * blocks("float32")
 
 
-def test_auto_is_bfloat16_for_a_float32_model_and_a_16_bit_models_own():
-    assert EngineConfig(device="cpu").torch_kv_dtype == torch.bfloat16  # the gate's choice
+def test_auto_is_the_models_dtype():
+    assert EngineConfig(device="cpu").torch_kv_dtype == torch.float32
     assert EngineConfig(device="cpu", dtype="bfloat16").torch_kv_dtype == torch.bfloat16
-    assert EngineConfig(device="cpu", dtype="float16").torch_kv_dtype == torch.float16
     assert EngineConfig(device="cpu", kv_cache_dtype="float32").torch_kv_dtype == torch.float32
 
 
