@@ -22,10 +22,15 @@ from coordinator.content_safety import ContentFilter
 from coordinator.model_info import ModelInfo
 from coordinator.routing.config import RoutingConfig
 from engine.config import EngineConfig
-from engine.embedding_model import embedding_model_dirs
-from engine.model.loader import load_hf_config, load_tokenizer, model_name, resolve_model_dir
-from engine.model.loader import tokenizer_dir as model_tokenizer_dir
 from engine.model.mlflow_model import MlflowModel, is_mlflow_dir, read_mlflow_model
+from engine.model.model_files import (
+    embedding_model_dirs,
+    load_tokenizer,
+    model_limits,
+    model_name,
+    resolve_model_dir,
+)
+from engine.model.model_files import tokenizer_dir as model_tokenizer_dir
 
 log = logging.getLogger(__name__)
 NO_TIMEOUT_RESERVATION_WAIT_S = 3600.0  # schedule_timeout 0 (off): a hand-off waits an hour
@@ -75,14 +80,14 @@ def _mlflow_model(model_path: str, overrides: dict) -> MlflowModel | None:
 
 def _generation_info(config: CoordinatorConfig) -> ModelInfo:
     path = config["backend_config"]["model_path"]
-    hf = load_hf_config(resolve_model_dir(path))
+    limits = model_limits(resolve_model_dir(path))
     scheduler = build(ClusterConfig, config.fed(ClusterConfig)).engine.scheduler
     return ModelInfo(
         model_name(path),
         load_tokenizer(model_tokenizer_dir(path)),
-        hf.max_position_embeddings,
-        hf.vocab_size,
-        scheduler.max_prompt_tokens(hf.max_position_embeddings),
+        limits.max_position_embeddings,
+        limits.vocab_size,
+        scheduler.max_prompt_tokens(limits.max_position_embeddings),
         content_filter=ContentFilter.from_config(config["content_safety"]),
         **config.fed(ModelInfo),
     )

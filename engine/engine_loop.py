@@ -28,11 +28,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from engine.llm_engine import LLMEngine
 from engine.openmp import start_building
 from engine.outputs import EngineStats, TokenEvent
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,5 +17,9 @@ class RequestRejectedError(EngineError):
     """A request cannot be admitted (too long for the cache or for maxSeqLen)."""
 
 
+class GrammarError(RequestRejectedError):
+    """A constraint that does not compile (its message says why): ``engine.grammars``."""
+
+
 class KVImportError(EngineError):
     """Received KV blocks do not match this engine (layout, dtype, block size or model)."""

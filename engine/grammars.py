@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 import llguidance.hf
 import numpy as np
-import torch
 
 from engine.constraint import Constraint
-from engine.errors import RequestRejectedError
+from engine.errors import GrammarError
 from engine.mask_pool import MaskJob, MaskPool
 
 if TYPE_CHECKING:
+    import torch
     from llguidance._lib import JsonCompileOptions
 
 CACHE_SIZE = 256  # compiled grammars kept per engine, at most
@@ -60,10 +60,6 @@ JSON_OPTIONS: JsonCompileOptions = {
     "item_separator": ", ",
     "key_separator": ": ",
 }
-
-
-class GrammarError(RequestRejectedError):
-    """A constraint that does not compile (its message says why)."""
 
 
 def estimated_bytes(grammar: str) -> int:
@@ -198,6 +194,8 @@ class GrammarCache:
     def start_masks(self, rows: list[int], states: list[GrammarState]) -> PendingMasks:
         """Start computing the masks of ``states`` (rows ``rows`` of the logits to come), on
         threads of their own (``engine.mask_pool``): they may run during the model's forward."""
+        import torch  # the engine's side only: a coordinator compiles grammars without torch
+
         bitmask = torch.zeros((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32)
         job = self._masks.start(bitmask, [state.matcher for state in states])
         return PendingMasks(rows, states, job)
@@ -206,9 +204,11 @@ class GrammarCache:
         """Wait for ``masks`` (each row within its CPU budget) and apply them, in place. A row
         allowing few tokens (a JSON structure's) keeps just those; a row allowing many (a
         string's content) adds a 0 / -inf bias looked up a byte of the bitmask at a time
-        (:data:`BYTE_BIASES`). A row whose matcher failed or ran past the budget is left as it
+        (``engine.grammar_masks``). A row whose matcher failed or ran past the budget is left as it
         is, its state's ``error`` set: whatever it samples is refused, and the request fails
         rather than finishing on a mask of EOS alone; the other rows go on."""
+        from engine.grammar_masks import add_biases, keep_few  # the engine's side: torch
+
         start = time.perf_counter()
         rows, states, bitmask = masks.rows, masks.states, masks.job.bitmask
         failures = masks.job.finish()
@@ -218,9 +218,9 @@ class GrammarCache:
             for i, (state, failure) in enumerate(zip(states, failures, strict=True))
             if state.check_mask(words_of_rows[i], failure)
         ]
-        dense = [i for i in masked if not _keep_few(logits, rows[i], words_of_rows[i])]
+        dense = [i for i in masked if not keep_few(logits, rows[i], words_of_rows[i])]
         if dense:
-            _add_biases(logits, [rows[i] for i in dense], bitmask[dense])
+            add_biases(logits, [rows[i] for i in dense], bitmask[dense])
         self.stats.masked_rows += len(rows)
         self.stats.mask_seconds += time.perf_counter() - start
 
@@ -260,41 +260,6 @@ def _error_text(matcher: llguidance.LLMatcher) -> str:
     lines = [line.strip() for line in text.strip().splitlines()]
     kept = [line for line in lines if line and not line[0].isdigit() and line != "^"]
     return " ".join(kept)[:300]
-
-
-FEW_WORDS = 1 / 8  # a row with at most this share of non-zero bitmask words keeps its tokens
-BYTE_BIASES = torch.tensor(  # bitmask byte -> the biases of its 8 tokens: 0 allowed, -inf not
-    [[0.0 if byte >> bit & 1 else -float("inf") for bit in range(8)] for byte in range(256)]
-)
-
-
-def _keep_few(logits: torch.Tensor, row: int, words: np.ndarray) -> bool:
-    """Row ``row`` keeps only the tokens ``words`` allows, when they are few; False: too many."""
-    nonzero = np.flatnonzero(words)
-    if len(nonzero) > len(words) * FEW_WORDS:
-        return False
-    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
-    word_index, bit = np.nonzero(bits)
-    ids = nonzero[word_index] * 32 + bit
-    allowed = torch.from_numpy(ids[ids < logits.shape[-1]]).to(logits.device)
-    line = logits[row]
-    kept = line[allowed]
-    line.fill_(-float("inf"))
-    line[allowed] = kept
-    return True
-
-
-def _add_biases(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
-    """Add each row's 0 / -inf biases, read off its bitmask bytes."""
-    vocab = logits.shape[-1]
-    table = BYTE_BIASES.to(logits.device)
-    biases = table[bitmask.view(torch.uint8).to(torch.int32).to(logits.device)]
-    biases = biases.view(len(rows), -1)
-    if biases.shape[1] < vocab:  # logits wider than the vocabulary: the rest is refused
-        pad = torch.full((len(rows), vocab - biases.shape[1]), -float("inf"), device=logits.device)
-        biases = torch.cat([biases, pad], dim=1)
-    index = torch.tensor(rows, device=logits.device)
-    logits.index_add_(0, index, biases[:, :vocab])
 
 
 @dataclass

@@ -42,7 +42,7 @@ from engine.kernels.isa import resolved_prompt_matmul_dtype
 from engine.kv_cache import KV_LAYOUT, KVCache, bytes_per_block
 from engine.kv_import import KVImporter
 from engine.kv_pull import PrefixPulls
-from engine.kv_tiers import tiers_for
+from engine.kv_tiers.engine_tiers import tiers_for
 from engine.model.gguf_weights import read_quantized
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
@@ -181,7 +181,7 @@ class LLMEngine:
         ``replay``) go through the detokenizer as if they had just been generated and streamed,
         and through its grammar's matcher before its next token; ``state``: the engine's own
         fields set from the start (a reservation's). A constraint that does not compile is
-        :class:`~engine.grammars.GrammarError`."""
+        :class:`~engine.errors.GrammarError`."""
         params, prompt = new.params, list(new.prompt_token_ids)
         request = Request(
             request_id=new.request_id,

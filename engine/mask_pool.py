@@ -22,9 +22,10 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MASK_THREADS = 4  # masks computed at once per engine
 MASK_BUDGET_S = 0.020  # the most CPU time one row's mask may take

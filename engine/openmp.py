@@ -24,8 +24,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
 
-import torch
-
 T = TypeVar("T")
 OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")  # GNU's (torch's wheels), Intel's, LLVM's
 
@@ -52,6 +50,8 @@ def serial_here() -> None:
     OpenMP thread count, not the process's; other threads keep theirs)."""
     if getattr(_serial, "done", False):
         return
+    import torch  # loaded by the engine already; a module that only names this one need not
+
     torch.get_num_threads()  # torch sets a thread's count the first time it asks: before us
     runtime = _openmp_runtime()
     if runtime is not None:

@@ -7,14 +7,20 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
-from engine.detokenizer import IncrementalDetokenizer
-from engine.grammars import GrammarState
 from engine.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the coordinator reads FinishReason here and never loads torch
+    import torch
+
+    from engine.detokenizer import IncrementalDetokenizer
+    from engine.grammars import GrammarState
     from engine.speculation import DraftState
+
+
+def _new_generator() -> torch.Generator:
+    import torch
+
+    return torch.Generator()
 
 
 class RequestStatus(enum.IntEnum):
@@ -108,7 +114,7 @@ class Request:
     # Decode side: leading blocks of a reservation it held already (their pages are not sent)
     num_shared_blocks: int = 0
     # re-seeded for every sampled token from the seed and the token's position (engine.sampler)
-    generator: torch.Generator = field(default_factory=torch.Generator)
+    generator: torch.Generator = field(default_factory=_new_generator)
     arrival_time: float = field(default_factory=time.monotonic)
     # the start of the first step that computed it: its prompt's first chunk (imported: its
     # first decode here)

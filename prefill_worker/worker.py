@@ -29,9 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from engine.openmp import serial_here
 from engine.outputs import TokenEvent
 from engine.request import RequestStatus
-from engine.transfer import KVTransferError, create_sender
+from engine.transfer.base import KVTransferError
 from engine.transfer.payload import KVPayload
 from engine.transfer.security import KVCredentials
+from engine.transfer.transports import create_sender
 from workers.contracts import GenerationRequest, HandoffResult, HandoffTarget, Submitted
 from workers.handoff_worker import HandoffWorker
 

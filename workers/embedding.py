@@ -10,13 +10,13 @@ import functools
 import os
 import queue
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from engine.embedding_model import EmbeddingModel
 from engine.openmp import start_building
 from workers.contracts import EmbedderIdentity
+
+if TYPE_CHECKING:
+    from engine.embedding_model import EmbeddingModel
 
 
 class EmbeddingWorker:
@@ -25,6 +25,10 @@ class EmbeddingWorker:
     def __init__(
         self, model_path: str = "bundled", num_threads: int = 1, max_batch_texts: int = 256
     ) -> None:
+        import torch  # the encoder's modules load here: a coordinator names this class only
+
+        from engine.embedding_model import EmbeddingModel
+
         torch.set_num_threads(num_threads)
         self.max_batch_texts = max_batch_texts
         self._queue: queue.Queue[tuple[list[str], Future]] = queue.Queue()

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine.config import EngineConfig, KVTransferConfig, kv_bind_address
-from engine.transfer import BaseKVReceiver, BaseKVSender, KVCredentials, create_receiver
-from engine.transfer.base import ReceiverLimits, header_limit
-from engine.transfer.security import transfer_credentials
+from engine.transfer.base import BaseKVReceiver, BaseKVSender, ReceiverLimits, header_limit
+from engine.transfer.security import KVCredentials, transfer_credentials
+from engine.transfer.transports import create_receiver
 from workers.prefix_pulls import PrefixSent, PullOffer, pull_handler, send_prefix
 from workers.runtime import CONTROL, HANDOFFS, WorkerRuntime, in_group
 

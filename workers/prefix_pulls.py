@@ -16,14 +16,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.errors import KVImportError
-from engine.kv_pull import PullTicket, export_prefix
-from engine.llm_engine import LLMEngine
 from engine.openmp import serial_here
-from engine.transfer import BaseKVSender, KVTransferError
-from engine.transfer.base import PayloadHandler
+from engine.transfer.base import BaseKVSender, KVTransferError, PayloadHandler
 from engine.transfer.payload import KVPayload, TransferHeader
+
+if TYPE_CHECKING:  # the engine's modules: a coordinator imports this one without torch
+    from engine.kv_pull import PullTicket
+    from engine.llm_engine import LLMEngine
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class PrefixSent:
     error: str | None = None
 
 
-LoopCall = Callable[[Callable[[LLMEngine], object]], object]
+LoopCall = Callable[[Callable[["LLMEngine"], object]], object]
 
 
 def pull_handler(engine: LLMEngine, call_engine: LoopCall) -> PayloadHandler:
@@ -82,6 +84,8 @@ def send_prefix(
 ) -> PrefixSent:
     """Export the offer's blocks (on the engine thread, by ``engine_call``) and push them to the
     puller within ``timeout_s``."""
+    from engine.kv_pull import export_prefix
+
     start = time.monotonic()
     try:
         payload = engine_call(lambda e: export_prefix(e, token_ids, tenant, offer.ticket))

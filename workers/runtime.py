@@ -27,17 +27,13 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import ray
 
 from engine.config import EngineConfig
-from engine.engine_loop import EngineLoop
-from engine.grammars import GrammarError
-from engine.kernels import kernel_origins
-from engine.kernels.quantized import quantized_kernels
+from engine.errors import GrammarError
 from engine.kv_events import KvEventBatch, KvSnapshot
-from engine.llm_engine import LLMEngine
 from engine.outputs import CONSTRAINT_VIOLATED, TokenEvent
 from engine.request import NewRequest
 from engine.transfer.security import KVCredentials
@@ -53,6 +49,9 @@ from workers.heap import HeapKeeper
 from workers.leases import Leases, PlannerLease
 from workers.token_channel import TokenSender
 from workers.worker_request import WorkerRequests
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 # A worker actor's threads, by Ray concurrency group: the control plane (load polls and lease
@@ -107,6 +106,11 @@ class WorkerRuntime:
         self.planner_lease = PlannerLease()  # which coordinator plans roles (the first worker's)
         self.channel = TokenSender(channel_host, channel_credentials)
         self.heap = HeapKeeper()  # figures and trims of the C heap (workers/heap.py)
+        # the engine's modules (torch) load here, in the worker: a coordinator names this class
+        # to start workers without loading them
+        from engine.engine_loop import EngineLoop
+        from engine.llm_engine import LLMEngine
+
         # built on the engine thread: the one thread here that runs OpenMP teams (engine/openmp.py)
         self.loop = EngineLoop(lambda: LLMEngine(config), self)
         self.engine = self.loop.engine
@@ -216,6 +220,9 @@ class WorkerRuntime:
 
     @in_group(CONTROL)
     def ready(self) -> WorkerIdentity:
+        from engine.kernels import kernel_origins
+        from engine.kernels.quantized import quantized_kernels
+
         quantized = quantized_kernels()  # loaded first, so that kernel_origins() lists it
         return WorkerIdentity(
             self.role,

@@ -32,7 +32,7 @@ from engine.config import CacheConfig, EngineConfig, KVTransferConfig, Scheduler
 from engine.llm_engine import LLMEngine
 from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.transfer import (
+from engine.transfer.base import (
     CHUNKS,
     FRAMES,
     SHARED_MEMORY,
@@ -40,11 +40,10 @@ from engine.transfer import (
     BaseKVSender,
     KVTransferError,
     ReceiverLimits,
-    create_receiver,
-    create_sender,
 )
 from engine.transfer.payload import KVPayload
 from engine.transfer.security import KVCredentials, transfer_credentials
+from engine.transfer.transports import create_receiver, create_sender
 
 SIZES = (128, 512, 2048)  # prompt tokens
 TRANSFERS = 3  # timed transfers per plane and round

@@ -56,7 +56,7 @@ from benchmarks.engine.kv_planes import (
 from benchmarks.harness.results import ResultFile, add_output_arguments
 from benchmarks.harness.rounds import DEFAULT_ROUNDS, DEFAULT_WARMUP, paired_rounds
 from engine.llm_engine import LLMEngine
-from engine.transfer import BaseKVSender
+from engine.transfer.base import BaseKVSender
 from engine.transfer.security import generate_credentials
 
 

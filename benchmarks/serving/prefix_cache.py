@@ -153,7 +153,7 @@ class Tokenizer:
 
 
 def load_chat_tokenizer(name: str) -> Tokenizer:
-    from engine.model.loader import load_tokenizer, tokenizer_dir
+    from engine.model.model_files import load_tokenizer, tokenizer_dir
 
     loaded = load_tokenizer(tokenizer_dir(name))
 

@@ -49,7 +49,7 @@ def make_encoder(tokenizer: str):
     """A tokenizer's encode, to size synthetic prompts (None: about 1.3 tokens per word)."""
     if tokenizer == "none":
         return None
-    from engine.model.loader import load_tokenizer, tokenizer_dir
+    from engine.model.model_files import load_tokenizer, tokenizer_dir
 
     loaded = load_tokenizer(tokenizer_dir(tokenizer))
     return lambda text: loaded.encode(text, add_special_tokens=False)

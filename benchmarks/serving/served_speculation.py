@@ -54,7 +54,7 @@ from benchmarks.harness.rounds import DEFAULT_ROUNDS, paired_rounds, ratio_round
 from benchmarks.harness.stats import Goal, judge, spread
 from benchmarks.llamacpp.server import LlamaServer, ServerSetting, gguf_of, server_folder
 from benchmarks.serving.workload import WorkItem
-from engine.model.loader import load_tokenizer, resolve_model_dir
+from engine.model.model_files import load_tokenizer, resolve_model_dir
 
 SIDES = ("pdserve_off", "pdserve_ngram", "llama_off", "llama_ngram")
 # llama-server's n-gram speculation: TYPE[:KEY=VALUE,...], each KEY its --spec-TYPE-KEY option

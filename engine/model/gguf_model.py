@@ -15,9 +15,7 @@ bit (the query and key rows of a ``llama`` file put back in Hugging Face's order
 from __future__ import annotations
 
 import logging
-import os
 import re
-import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,6 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.errors import ModelLoadError
-from engine.model.gguf_cache import made_once
 from engine.model.gguf_weights import (
     LINEAR_PARTS,
     file_tensors,
@@ -118,29 +115,3 @@ def _row_bytes(tensor: Any) -> int:
 
     block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.tensor_type)]
     return int(tensor.shape[0]) // block * block_bytes
-
-
-def metadata_dir_for(gguf_path: Path) -> Path:
-    """The cache folder holding ``gguf_path``'s configuration and tokenizer, written the first
-    time (appearing at once by rename): no weights."""
-    return made_once(gguf_path, "gguf-metadata", _save_metadata)
-
-
-def _save_metadata(gguf_path: Path, target: Path) -> None:
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    log.info("reading the configuration and tokenizer of %s into %s (once)", gguf_path, target)
-    work = target.with_name(target.name + ".partial")
-    shutil.rmtree(work, ignore_errors=True)
-    folder, name = str(gguf_path.parent), gguf_path.name
-    try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    except Exception as exc:  # transformers raises many types for a bad file
-        raise ModelLoadError(f"cannot read GGUF file {gguf_path}: {exc}") from exc
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.save_pretrained(work)
-    GenerationConfig.from_model_config(config).save_pretrained(work)
-    tokenizer.save_pretrained(work)
-    os.replace(work, target)

@@ -9,7 +9,6 @@ metadata, its tensors from the file itself.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +19,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from engine.errors import ModelLoadError
-from engine.model.gguf_cache import bundled_gguf_path
-from engine.model.gguf_model import GGUFTensors, metadata_dir_for
-from engine.model.mlflow_model import is_mlflow_dir, read_mlflow_model
+from engine.model.gguf_model import GGUFTensors
+from engine.model.model_files import (
+    gguf_source,
+    load_hf_config,
+    load_tokenizer,
+    model_name,
+    resolve_model_dir,
+    tokenizer_dir,
+)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 EMBEDDING = "model.embed_tokens.weight"
 SAMPLE_ROWS = 8  # embedding rows the engine's fingerprint of the weights hashes
 
@@ -42,46 +46,6 @@ class LoadedModel:
     # table: what the engine's fingerprint of the weights hashes
     embedding_sample: torch.Tensor
     gguf_path: Path | None = None  # the GGUF file the weights are read from, if any
-
-
-def resolve_model_dir(model_path: str) -> Path:
-    """Map a ``model_path`` setting to a Hugging Face directory: of the configuration, the
-    tokenizer and the weights, or for a GGUF file of its metadata alone."""
-    if model_path == "bundled":
-        return metadata_dir_for(bundled_gguf_path())
-    if is_mlflow_dir(model_path):
-        mlflow = read_mlflow_model(model_path)
-        if not mlflow.generates:
-            raise ModelLoadError(
-                f"{model_path} is an {mlflow.inference_task} model: it embeds, it cannot generate"
-            )
-        return mlflow.weights_dir
-    path = Path(model_path).expanduser()
-    if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
-    if path.is_file() and path.suffix == ".gguf":
-        return metadata_dir_for(path)
-    if not path.is_dir():
-        raise ModelLoadError(f"model path must be a directory or a .gguf file: {path}")
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"no config.json in model directory {path}")
-    return path
-
-
-def load_hf_config(model_dir: Path) -> Any:
-    from transformers import AutoConfig
-
-    try:
-        raw = json.loads((model_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"corrupt config.json in {model_dir}: {exc}") from exc
-    model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"unsupported architecture {model_type!r} in {model_dir} "
-            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    return AutoConfig.from_pretrained(model_dir)
 
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -104,39 +68,6 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
             f"no weight files (*.safetensors or pytorch_model*.bin) in {model_dir}"
         )
     return weights
-
-
-def load_tokenizer(model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_dir)
-    except Exception as exc:
-        raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {exc}") from exc
-
-
-def tokenizer_dir(model_path: str) -> Path:
-    """Where the tokenizer of ``model_path`` lives (an MLflow model keeps it apart)."""
-    if is_mlflow_dir(model_path):
-        return read_mlflow_model(model_path).tokenizer_dir
-    return resolve_model_dir(model_path)
-
-
-def model_name(model_path: str) -> str:
-    """The name the model is served under."""
-    if model_path == "bundled":
-        return "SmolLM2-135M-Instruct"
-    if is_mlflow_dir(model_path):
-        return read_mlflow_model(model_path).name
-    return resolve_model_dir(model_path).name
-
-
-def gguf_source(model_path: str) -> Path | None:
-    """The GGUF file behind ``model_path`` ("bundled", or a ``.gguf`` path), else None."""
-    if model_path == "bundled":
-        return bundled_gguf_path()
-    path = Path(model_path).expanduser()
-    return path if path.suffix == ".gguf" and path.is_file() else None
 
 
 def load_model(model_path: str) -> LoadedModel:

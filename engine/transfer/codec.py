@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import fields
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.sampling_params import SamplingParams
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferHeader
 from engine.transfer.proto import kv_transfer_pb2 as pb
 
+if TYPE_CHECKING:  # a header is read without torch (a coordinator imports the transports'
+    import torch  # limits); its pages are viewed with it
+
 PROTOCOL_VERSION = 1
-_DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16)}
+# the KV dtypes a layout may name (``str(torch dtype)``) and their bytes per value
+_ITEMSIZES = {"torch.float32": 4, "torch.float16": 2, "torch.bfloat16": 2}
 # the fields a state message carries as they are; ``params`` travels as ``params_json``
 _STATE_FIELDS = tuple(f.name for f in fields(HandoffState) if f.name != "params")
 
@@ -41,13 +43,13 @@ def encode_header(payload: KVPayload) -> pb.KVHeaderMsg:
 def decode_header(header: pb.KVHeaderMsg) -> TransferHeader:
     """The handshake's view of ``header``; raises ValueError for a header at odds with itself."""
     layout = decode_layout(header)
-    dtype = _DTYPES.get(layout.dtype)
-    if dtype is None:
+    itemsize = _ITEMSIZES.get(layout.dtype)
+    if itemsize is None:
         raise ValueError(f"unknown KV dtype {layout.dtype!r}")
     shape = tuple(int(n) for n in header.shape)
     if len(shape) != 6 or shape[1] != 2:
         raise ValueError(f"KV page shape {shape} is not [layers, 2, blocks, slots, heads, dim]")
-    expected_bytes = math.prod(shape) * dtype.itemsize
+    expected_bytes = math.prod(shape) * itemsize
     if header.num_bytes != expected_bytes:
         raise ValueError(f"num_bytes {header.num_bytes} != {expected_bytes} for shape {shape}")
     return TransferHeader(
@@ -62,8 +64,10 @@ def decode_layout(header: pb.KVHeaderMsg) -> KVLayout:
 
 def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:
     """``data``: a uint8 tensor of ``header.num_bytes`` bytes (may alias a receive buffer)."""
+    import torch
+
     layout = decode_layout(header)
-    if layout.dtype not in _DTYPES:
+    if layout.dtype not in _ITEMSIZES:
         raise ValueError(f"unknown KV dtype {layout.dtype!r}")
     s = header.state
     state = HandoffState(
@@ -71,12 +75,15 @@ def decode_payload(header: pb.KVHeaderMsg, data: torch.Tensor) -> KVPayload:
         params=SamplingParams.from_dict(json.loads(s.params_json)),
     )
     state.token_ids = list(s.token_ids)  # the message's repeated field, as a list
-    blocks = data[: header.num_bytes].view(_DTYPES[layout.dtype]).view(*header.shape)
+    dtype = getattr(torch, layout.dtype.removeprefix("torch."))
+    blocks = data[: header.num_bytes].view(dtype).view(*header.shape)
     return KVPayload(layout, state, blocks, header.reservation_token)
 
 
 def page_bytes(payload: KVPayload) -> memoryview:
     """A zero-copy byte view of the (contiguous, CPU) page buffer."""
+    import torch
+
     return byte_view(payload.blocks.view(torch.uint8))
 
 

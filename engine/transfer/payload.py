@@ -9,12 +9,13 @@ needs nothing more: each token's seed comes from the request's seed and the toke
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import KVImportError
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)

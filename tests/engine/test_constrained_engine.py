@@ -101,7 +101,7 @@ def test_max_tokens_mid_grammar_finishes_length(tiny_engine):
 def test_the_mask_equals_llguidances_own(tiny_engine, monkeypatch, few_words):
     """After every token of a constrained run, the tokens the engine left finite are exactly
     those llguidance's reference matcher allows next (both ways of masking a row)."""
-    monkeypatch.setattr("engine.grammars.FEW_WORDS", few_words)
+    monkeypatch.setattr("engine.grammar_masks.FEW_WORDS", few_words)
     constraint = json_schema(SCHEMA)
     events = _run(tiny_engine, _params(constraint, True))
     assert events[-1].error is None, events[-1].error

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.embedding_model import EmbeddingModel, bundled_embedding_dir
+from engine.embedding_model import EmbeddingModel
+from engine.model.model_files import bundled_embedding_dir
 from workers.embedding import EmbeddingWorker
 
 

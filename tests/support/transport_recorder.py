@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.transfer import BaseKVSender, create_receiver, create_sender
+from engine.transfer.base import BaseKVSender
 from engine.transfer.payload import KVLayout, KVPayload, TransferHeader
+from engine.transfer.transports import create_receiver, create_sender
 
 # a hand-off's settings (transport, shared_memory), and the path its pages must take
 HANDOFFS = {

@@ -20,9 +20,9 @@ from engine.engine_loop import EngineLoop
 from engine.outputs import EngineStats, TokenEvent
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.transfer import create_receiver, create_sender
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 from engine.transfer.shared_memory import SharedPageBuffer
+from engine.transfer.transports import create_receiver, create_sender
 from prefill_worker.worker import PrefillWorker
 from tests.support.channel_reader import OWNER, ChannelReader
 from tests.support.inprocess_workers import _stop

@@ -15,10 +15,10 @@ import torch
 from benchmarks.engine.kv_planes import PLANES, open_receivers, open_senders, share
 from benchmarks.harness.provenance import ROOT
 from engine.sampling_params import SamplingParams
-from engine.transfer import KVTransferError, create_sender
-from engine.transfer.base import PAGE_FRAME_BYTES
+from engine.transfer.base import PAGE_FRAME_BYTES, KVTransferError
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload
 from engine.transfer.security import generate_credentials
+from engine.transfer.transports import create_sender
 from tests.benchmarks.engine.kv_toy import SIZES, assert_measured, toy_argv
 
 _LAYOUT = KVLayout("fp", "layer,kv,block,slot,kv_head,head_dim", "torch.float32", 4, 2, 2, 8)

@@ -27,7 +27,7 @@ def test_multi_turn_toy_run(tmp_path, tiny_model_dir):
 
 
 def test_every_side_is_sent_the_same_growing_conversations(tiny_model_dir):
-    from engine.model.loader import load_tokenizer
+    from engine.model.model_files import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     first, second = Workload(tokenizer, 3, 5), Workload(tokenizer, 3, 5)

@@ -10,7 +10,7 @@ from text_generation.errors import ValidationError
 
 from engine.config import CacheConfig, EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.model.loader import model_name
+from engine.model.model_files import model_name
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.ray

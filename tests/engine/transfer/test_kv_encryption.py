@@ -14,9 +14,10 @@ import torch
 from decode_worker.worker import DecodeWorker
 from engine.config import KVTransferConfig, needs_encryption
 from engine.errors import ConfigError
-from engine.transfer import KVTransferError, create_receiver, create_sender
+from engine.transfer.base import KVTransferError
 from engine.transfer.payload import KVPayload
 from engine.transfer.security import ClusterCredentials, generate_credentials
+from engine.transfer.transports import create_receiver, create_sender
 from prefill_worker.worker import PrefillWorker
 from tests.support.transport_recorder import Recorder
 

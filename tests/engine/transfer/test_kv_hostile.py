@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from engine.request import RequestStatus
-from engine.transfer import create_sender
 from engine.transfer import shared_memory as shm
 from engine.transfer.codec import encode_header
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
+from engine.transfer.transports import create_sender
 from tests.support.kv_pairs import (
     REFUSAL,
     Pair,

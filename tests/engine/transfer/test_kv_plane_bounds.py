@@ -21,11 +21,11 @@ from coordinator.config.loader import load_config
 from engine.config import KVTransferConfig
 from engine.errors import ConfigError
 from engine.request import RequestStatus
-from engine.transfer import create_sender
 from engine.transfer.base import PAGE_FRAME_BYTES, header_limit
 from engine.transfer.codec import encode_header
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.security import transfer_credentials
+from engine.transfer.transports import create_sender
 from tests.support.kv_pairs import PROMPT, Pair, _exported, _raw_send, _refused, _request
 
 OFF_LOOPBACK = {"kv_encryption": "off", "kv_host": "10.0.0.7"}
@@ -195,7 +195,7 @@ def _stream_endless_message(endpoint: str, num_mib: int) -> None:
 
 
 def _growth(receiver_credentials) -> float:
-    from engine.transfer import create_receiver
+    from engine.transfer.transports import create_receiver
 
     receiver = create_receiver("zmq", lambda item: "refused", credentials=receiver_credentials)
     try:
@@ -231,8 +231,9 @@ def test_a_gated_plaintext_receiver_keeps_nothing_of_a_strangers_endless_message
 
 @pytest.mark.parametrize("shared_memory", [False, True], ids=["frames", "shm"])
 def test_only_the_clusters_senders_get_into_a_gated_plaintext_receiver(payload, shared_memory):
-    from engine.transfer import KVTransferError, create_receiver
+    from engine.transfer.base import KVTransferError
     from engine.transfer.security import generate_credentials
+    from engine.transfer.transports import create_receiver
     from tests.support.transport_recorder import Recorder
 
     keys, other = generate_credentials(), generate_credentials()

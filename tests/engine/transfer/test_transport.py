@@ -16,8 +16,9 @@ import torch
 
 from engine.config import KVTransferConfig
 from engine.errors import ConfigError
-from engine.transfer import KVTransferError, create_receiver, create_sender
+from engine.transfer.base import KVTransferError
 from engine.transfer.grpc_transport import CHUNK_BYTES, chunk_messages
+from engine.transfer.transports import create_receiver, create_sender
 from tests.support.transport_recorder import (
     HANDOFFS,
     SOCKETS,

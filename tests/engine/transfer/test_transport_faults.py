@@ -18,13 +18,13 @@ from decode_worker.worker import DecodeWorker
 from engine.config import CacheConfig, EngineConfig, KVTransferConfig
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.transfer import KVTransferError, create_receiver, create_sender
-from engine.transfer.base import ReceiverLimits
+from engine.transfer.base import KVTransferError, ReceiverLimits
 from engine.transfer.endpoints import EndpointCache
 from engine.transfer.grpc_transport import MAX_CONCURRENT_PUSHES, chunk_messages
 from engine.transfer.payload import HandoffState, KVLayout, KVPayload, TransferHeader
 from engine.transfer.proto import kv_transfer_pb2 as pb
 from engine.transfer.proto import kv_transfer_pb2_grpc as pb_grpc
+from engine.transfer.transports import create_receiver, create_sender
 from prefill_worker.worker import PrefillWorker
 from tests.support.channel_reader import OWNER, ChannelReader
 from tests.support.inprocess_workers import _stop
