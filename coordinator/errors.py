@@ -54,6 +54,13 @@ class NoWorkerError(ServiceError):
     status = 503
 
 
+class StoreUnavailable(ServiceError):
+    """A shared pool's response store cannot be reached now (``/v1/responses``)."""
+
+    status = 503
+    retry_after_s: int | None = 1
+
+
 class GenerationFailed(ServiceError):
     """The cluster could not finish the request (after retries)."""
 

@@ -22,6 +22,7 @@ import logging
 import signal
 import ssl
 import time
+from functools import partial
 from typing import Any
 
 import ray
@@ -30,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
-from coordinator.api.app import create_predict_app
+from coordinator.api.app import SharedStore, create_predict_app
 from coordinator.cluster import Cluster
 from coordinator.config.loader import CoordinatorConfig, check_manage_listener
 from coordinator.connection_caps import ConnectionCaps
@@ -46,6 +47,7 @@ from coordinator.planner_metrics import PlannerMetrics
 from coordinator.pool.pool_size import PoolSize
 from coordinator.pool.prefix_pull import PullOutcome
 from coordinator.pool.role_switch import RoleSwitcher
+from coordinator.pool.shared_responses import SharedResponses
 from coordinator.ray_connect import init_ray
 from coordinator.role_route import add_role_route
 from coordinator.router import Router
@@ -138,7 +140,13 @@ class Coordinator:
             tenant_isolation=self.config["http_config"]["tenant_isolation"],
             is_ready=lambda: self.ready,
             door_limits=door_limits(self.config),
+            shared_responses=self._shared_responses(),
         )
+
+    def _shared_responses(self) -> SharedStore | None:
+        """The pool's response store, for coordinators sharing a pool (``cluster_name``)."""
+        namespace = self.cluster.config.namespace
+        return None if namespace is None else partial(SharedResponses, namespace)
 
     def status_app(self) -> FastAPI:
         app = FastAPI(docs_url=None, redoc_url=None)

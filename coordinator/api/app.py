@@ -40,7 +40,7 @@ from coordinator.api.mindie import create_infer_router
 from coordinator.api.mlflow import MlflowScorer, create_mlflow_router
 from coordinator.api.openai import create_models_router, create_openai_router
 from coordinator.api.responses import create_responses_router
-from coordinator.api.responses_store import ResponseStore
+from coordinator.api.responses_store import LocalResponses, ResponseKeeper, ResponseStore
 from coordinator.api.tenants import Tenants, presented_keys, record_tenant
 from coordinator.api.tgi import create_tgi_router
 from coordinator.door_limits import DEFAULT_DOOR_LIMITS, DoorLimits
@@ -70,17 +70,19 @@ def create_predict_app(
     max_input_tokens: int = SchedulerConfig.max_input_token_len,
     tenant_isolation: bool = True,
     door_limits: DoorLimits = DEFAULT_DOOR_LIMITS,
+    shared_responses: SharedStore | None = None,
 ) -> FastAPI:
     """The app on the predict port; ``is_ready`` says whether the cluster is up;
     ``body_limit_mb`` 0: what the longest legal prompt needs (the served model's prompt limit,
     else ``max_input_tokens``); ``tenant_isolation``: each of ``api_keys`` a tenant with a
     prefix cache of its own; ``door_limits``: the budget of buffered bodies and each client's
-    own limits."""
+    own limits; ``shared_responses``: the ``/v1/responses`` store of a pool this coordinator
+    shares with others (none: its own)."""
     if not body_limit_mb:
         model = served.generation
         body_limit_mb = default_body_limit_mb(model.max_input_tokens if model else max_input_tokens)
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
-    store = response_store(door_limits)
+    store = response_store(door_limits, shared_responses)
     for router in create_routers(service, served, embed, body_limit_mb, store):
         app.include_router(router)
     # the middleware added last runs first: not ready → 503 before the key is even checked
@@ -116,12 +118,17 @@ def create_predict_app(
     return app
 
 
-def response_store(limits: DoorLimits) -> ResponseStore | None:
-    """The ``/v1/responses`` store the limits ask for (None: ``responses_store_mb`` 0)."""
+SharedStore = Callable[[ResponseStore], ResponseKeeper]
+
+
+def response_store(limits: DoorLimits, shared: SharedStore | None = None) -> ResponseKeeper | None:
+    """The ``/v1/responses`` store the limits ask for (None: ``responses_store_mb`` 0): this
+    coordinator's own, or with ``shared`` the one its pool shares, made with these bounds."""
     if not limits.responses_store_mb:
         return None
     total = limits.responses_store_mb * MIB
-    return ResponseStore(limits.responses_ttl_s, max_tenant_bytes=total // 4, max_bytes=total)
+    store = ResponseStore(limits.responses_ttl_s, max_tenant_bytes=total // 4, max_bytes=total)
+    return shared(store) if shared is not None else LocalResponses(store)
 
 
 def create_routers(
@@ -129,7 +136,7 @@ def create_routers(
     served: ServedModels,
     embed: Embed,
     body_limit_mb: int,
-    store: ResponseStore | None = None,
+    store: ResponseKeeper | None = None,
 ) -> list[APIRouter]:
     model = served.generation
     if model is not None:

@@ -7,8 +7,9 @@ after the conversation of its ``previous_response_id`` when it names one, and go
 from there: the chat template with its tools, the content filter, the sampling settings, the
 grammars of ``text.format`` and of ``required`` or a named tool. The answer is shaped by
 :mod:`~coordinator.api.responses_format`, whole or as the Responses event stream; with ``store``
-(the default) the response and its conversation are kept in this coordinator's bounded store
-(:mod:`~coordinator.api.responses_store`), per tenant. Errors are OpenAI's body.
+(the default) the response and its conversation are kept in a bounded store
+(:mod:`~coordinator.api.responses_store`: this coordinator's, or its shared pool's), per
+tenant. Errors are OpenAI's body.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from coordinator.api.responses_request import (
     chat_messages,
     read_responses_request,
 )
-from coordinator.api.responses_store import ResponseStore
+from coordinator.api.responses_store import ResponseKeeper
 from coordinator.api.tenants import tenant_of
 from coordinator.api.tools.request import ToolRequest, read_tools
 from coordinator.api.tools.use import tool_parser, with_tool_constraint
+from coordinator.errors import ServiceError
 from coordinator.inference import InferenceService
 from coordinator.model_info import ModelInfo
 from engine.sampling_params import SamplingParams
@@ -49,7 +51,7 @@ from engine.sampling_params import SamplingParams
 class ResponsesRoutes(Door):
     """The Responses handlers over one service, model and store."""
 
-    store: ResponseStore | None  # None: configured off (request_limit.responses_store_mb 0)
+    store: ResponseKeeper | None  # None: configured off (request_limit.responses_store_mb 0)
 
     async def create(self, request: Request) -> Response:
         try:
@@ -58,43 +60,59 @@ class ResponsesRoutes(Door):
             if self.store is None:
                 _refuse_storing(body, asked)
             tenant = tenant_of(request)
-            items = [*self._history(tenant, asked.previous_response_id), *asked.items]
+            items = [*await self._history(tenant, asked.previous_response_id), *asked.items]
             instructions = asked.chat.pop("instructions")
             chat = {**asked.chat, "messages": chat_messages(items, instructions)}
             tools, prompt = await self._prompt(chat)
             params = await self._params(request, asked, chat, tools)
         except APIError as exc:
             return error_response(exc)
+        except ServiceError as exc:  # the store unreachable
+            return service_error_response(APIError.from_service(exc))
         parser = tool_parser(self.model, tools) if tools and tools.mode != "none" else None
         token_text = self.model.token_text if params.logprobs >= 0 else None
         answer = ResponseAnswer(_echo(body, asked, instructions), len(prompt.ids), parser,
                                 self.model.content_filter, token_text)  # fmt: skip
         store = self.store
         if store is not None and asked.store:
-            answer.on_done = lambda response: store.put(
-                tenant, response, [*items, *output_items(response)]
-            )
+
+            async def keep(response: dict[str, Any]) -> None:
+                await store.put(tenant, response, [*items, *output_items(response)])
+
+            answer.on_done = keep  # before the last event (streamed) or the answer (whole)
         key = body.get("prompt_cache_key")
         events = self.generation(request, prompt.ids, params, cache_key=key)
-        return await respond(events, answer, asked.stream, service_error_response)
+        answered = await respond(events, answer, asked.stream, service_error_response)
+        if answer.on_done is not None and answer.final is not None:  # whole: kept, then sent
+            await answer.on_done(answer.final)
+        return answered
 
     async def get(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
-        stored = self.store.get(tenant_of(request), response_id) if self.store else None
+        try:
+            stored = await self.store.get(tenant_of(request), response_id) if self.store else None
+        except ServiceError as exc:
+            return service_error_response(APIError.from_service(exc))
         if stored is None:
             return error_response(_not_found(request.path_params["response_id"]))
         return JSONResponse(stored.response)
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
-        if self.store is None or not self.store.delete(tenant_of(request), response_id):
+        try:
+            deleted = self.store is not None and await self.store.delete(
+                tenant_of(request), response_id
+            )
+        except ServiceError as exc:
+            return service_error_response(APIError.from_service(exc))
+        if not deleted:
             return error_response(_not_found(response_id))
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
-    def _history(self, tenant: str, response_id: str | None) -> list[dict[str, Any]]:
+    async def _history(self, tenant: str, response_id: str | None) -> list[dict[str, Any]]:
         if response_id is None or self.store is None:
             return []
-        stored = self.store.get(tenant, response_id)
+        stored = await self.store.get(tenant, response_id)
         if stored is None:
             message = f"Previous response with id '{response_id}' not found."
             raise OpenAIError(400, message, "previous_response_id",
@@ -182,7 +200,7 @@ def create_responses_router(
     service: InferenceService,
     model: ModelInfo,
     body_limit_mb: int,
-    store: ResponseStore | None = None,
+    store: ResponseKeeper | None = None,
 ) -> APIRouter:
     """The routes over ``store`` (None: nothing is stored)."""
     routes = ResponsesRoutes(service, model, body_limit_mb)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from coordinator.api.common import Events
@@ -62,7 +62,10 @@ class ResponseAnswer:
         self.logprobs: list[TokenLogprobEntry] = []
         self.logprobs_sent = 0
         self.output: list[dict[str, Any]] = []  # the items, built as the text is read
-        self.on_done: Callable[[dict[str, Any]], Any] | None = None  # a finished response
+        # a finished response to keep: awaited before a stream's last event; a whole answer's
+        # (``final``, set by ``body``) is kept by its route before it is sent
+        self.on_done: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+        self.final: dict[str, Any] | None = None
 
     # ---- accumulating ------------------------------------------------------------------------
 
@@ -132,10 +135,8 @@ class ResponseAnswer:
         for part in self._parts(ending=True):
             items.take(part)
         items.close()
-        response = self.response(self.status)
-        if self.on_done is not None:
-            self.on_done(response)
-        return response
+        self.final = self.response(self.status)
+        return self.final
 
     # ---- streamed ----------------------------------------------------------------------------
 
@@ -158,7 +159,7 @@ class ResponseAnswer:
                 yield chunk
             response = self.response(self.status)
             if self.on_done is not None:
-                self.on_done(response)
+                await self.on_done(response)
             yield items.event(f"response.{self.status}", response=response)
         except ServiceError as exc:
             error = {"code": "server_error", "message": str(exc)}

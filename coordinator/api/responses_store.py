@@ -7,9 +7,12 @@ API key's, or everyone's without keys) keeps at most ``max_per_tenant`` response
 ``max_tenant_bytes`` bytes of them (the oldest go first), and every tenant together at most
 ``max_bytes`` (the oldest anywhere go first). A response is kept with the conversation that
 led to it (its input items, then its output items), so a request naming it costs no lookups past
-that one; a tenant never reads another's. ``store: false`` keeps nothing. Coordinator replicas do
-not share their stores: a client that goes on from a response goes back to the replica that made
-it (or is answered 404).
+that one; a tenant never reads another's. ``store: false`` keeps nothing.
+
+The routes reach a store through a :class:`ResponseKeeper`: this coordinator's own
+(:class:`LocalResponses`), or, for coordinators sharing a pool of workers (``cluster_name``), the
+pool's one store in a named actor (``coordinator/pool/shared_responses.py``), so that a client
+goes on from a response through any of them.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 TTL_S = 3600.0
 MAX_PER_TENANT = 1024
@@ -99,3 +102,31 @@ class ResponseStore:
     def _drop(self, response_id: str) -> None:
         stored = self._items.pop(response_id)
         self.num_bytes -= stored.size
+
+
+class ResponseKeeper(Protocol):
+    """Where ``/v1/responses`` keeps its responses (:class:`ResponseStore`'s methods, awaited)."""
+
+    async def put(
+        self, tenant: str, response: dict[str, Any], conversation: list[dict]
+    ) -> bool: ...
+
+    async def get(self, tenant: str, response_id: str) -> Stored | None: ...
+
+    async def delete(self, tenant: str, response_id: str) -> bool: ...
+
+
+class LocalResponses:
+    """This coordinator's own store."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+
+    async def put(self, tenant: str, response: dict[str, Any], conversation: list[dict]) -> bool:
+        return self.store.put(tenant, response, conversation)
+
+    async def get(self, tenant: str, response_id: str) -> Stored | None:
+        return self.store.get(tenant, response_id)
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        return self.store.delete(tenant, response_id)

@@ -34,6 +34,7 @@ import ray
 
 from coordinator.config.cluster import ActorResources, ClusterConfig
 from coordinator.pool.shared import actor_options, drop_credentials, pool_credentials, stop_pool
+from coordinator.pool.shared_responses import ACTOR_NAME as RESPONSES_ACTOR
 from coordinator.pool.token_stream import WorkerKey
 from coordinator.pool.token_streams import TokenChannelError, TokenStreams, counterpart
 from decode_worker.worker import DecodeWorker
@@ -221,7 +222,7 @@ class Fleet:
         else:
             counts = {"colocated": cfg.num_colocated}
         names = [f"{role}-{i}" for role, count in counts.items() for i in range(count)]
-        return stop_pool(cfg.namespace, [*names, "embedding-0"])
+        return stop_pool(cfg.namespace, [*names, "embedding-0", RESPONSES_ACTOR])
 
     def _embedder(self) -> Any:
         """The embedding worker (its model loads in its own process, ~320 MiB)."""

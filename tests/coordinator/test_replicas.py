@@ -52,8 +52,10 @@ def pool(tmp_path_factory, tiny_model_dir):
         workers = json.loads(started.stdout.strip().splitlines()[-1])["workers"]
         assert sorted(w["role"] for w in workers) == ["decode", "prefill"]
         yield head, config
-        stopped = subprocess.run([*command, "--stop"], env=head.env, capture_output=True)
+        stopped = subprocess.run([*command, "--stop"], env=head.env, capture_output=True, text=True)
         assert stopped.returncode == 0, stopped.stderr[-3000:]
+        # the workers, and the response store the coordinators started in the pool
+        assert "responses" in json.loads(stopped.stdout.strip().splitlines()[-1])["stopped"]
     finally:
         head.stop()
 
@@ -96,6 +98,31 @@ def _cached_tokens(server: CoordinatorProcess, prompt: str) -> tuple[int, int]:
     assert answer.status_code == 200, answer.text
     usage = answer.json()["usage"]
     return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+
+
+def _assert_a_response_kept_through_one_goes_on_through_the_other(
+    first: CoordinatorProcess, second: CoordinatorProcess
+) -> None:
+    """The pool's one response store: a response made through either coordinator is read,
+    continued and deleted through the other, whole or streamed (kept before its last event)."""
+
+    def responses(server: CoordinatorProcess, path: str = "") -> str:
+        return server.url("predict_port", f"/v1/responses{path}")
+
+    body = {"model": _model(first), "input": PROMPT, "max_output_tokens": 4, "temperature": 0}
+    made = httpx.post(responses(first), json=body, timeout=60)
+    assert made.status_code == 200, made.text
+    kept = httpx.get(responses(second, f"/{made.json()['id']}"), timeout=10)
+    assert kept.status_code == 200 and kept.json() == made.json()
+    follow = {**body, "input": "And then?", "previous_response_id": made.json()["id"]}
+    with httpx.stream("POST", responses(second), json={**follow, "stream": True}) as streamed:
+        assert streamed.status_code == 200
+        last = [line for line in streamed.iter_lines() if line.startswith("data:")][-1]
+    went_on = json.loads(last[5:])["response"]
+    assert went_on["usage"]["input_tokens"] > made.json()["usage"]["input_tokens"]  # its history
+    assert httpx.get(responses(first, f"/{went_on['id']}"), timeout=10).status_code == 200
+    assert httpx.delete(responses(first, f"/{made.json()['id']}"), timeout=10).status_code == 200
+    assert httpx.get(responses(second, f"/{made.json()['id']}"), timeout=10).status_code == 404
 
 
 def _model(server: CoordinatorProcess) -> str:
@@ -196,6 +223,7 @@ def test_two_coordinators_share_the_pool_its_cache_and_survive_each_other(pool, 
         pids = _pids(first)
         assert _pids(second) == pids  # both found the pool `pdserve workers` started
         num_tokens = _assert_a_prefix_through_one_is_a_hit_through_the_other(first, second)
+        _assert_a_response_kept_through_one_goes_on_through_the_other(first, second)
         _assert_killing_one_under_load_costs_the_other_nothing(first, second)
         _assert_a_restarted_coordinator_rejoins(tmp_path, config, live, pids, num_tokens)
         _assert_a_rolling_restart_fails_nothing(tmp_path, config, live, pids)

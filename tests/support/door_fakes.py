@@ -155,6 +155,7 @@ def predict_app(
     body_limit_mb: int = 1,
     door_limits: DoorLimits = DEFAULT_DOOR_LIMITS,
     api_keys: tuple[str, ...] = (),
+    shared_responses: Any = None,
 ):
     model = ModelInfo("fake", CharTokenizer(), 1024, 1000, 100)
     served = ServedModels(generation=model, embedding_path=None)
@@ -166,6 +167,7 @@ def predict_app(
         api_keys=api_keys,
         is_ready=lambda: True,
         door_limits=door_limits,
+        shared_responses=shared_responses,
     )
 
 

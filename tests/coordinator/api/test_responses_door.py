@@ -14,8 +14,9 @@ import jsonschema
 import openai
 import pytest
 
+from coordinator.api.responses_store import ResponseStore
 from coordinator.door_limits import DoorLimits
-from coordinator.errors import GenerationFailed
+from coordinator.errors import GenerationFailed, StoreUnavailable
 from tests.conftest import make_engine
 from tests.support.door_fakes import (
     TOOL_CALL_SCRIPT,
@@ -201,3 +202,42 @@ def test_with_no_store_configured_storing_is_refused_and_nothing_kept():
         assert answered.output_text == "aba" and answered.store is False
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(answered.id)
+
+
+class Unreachable:
+    """A shared pool's store that cannot be reached (its actor lost)."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.puts = 0
+
+    async def put(self, tenant: str, response: dict, conversation: list) -> bool:
+        self.puts += 1
+        return False  # SharedResponses logs it and keeps nothing
+
+    async def get(self, tenant: str, response_id: str) -> None:
+        raise StoreUnavailable("the response store is unreachable")
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        raise StoreUnavailable("the response store is unreachable")
+
+
+def test_an_unreachable_shared_store_is_503_to_retry_and_answers_go_on():
+    made: list[Unreachable] = []
+
+    def shared(store: ResponseStore) -> Unreachable:
+        made.append(Unreachable(store))
+        return made[-1]
+
+    with serving(predict_app(ScriptedService(3), shared_responses=shared)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        answered = client.responses.create(model="fake", input="hi")  # answered, not kept
+        assert answered.output_text == "aba" and made[0].puts == 1
+        for ask in (
+            lambda: client.responses.retrieve(answered.id),
+            lambda: client.responses.delete(answered.id),
+            lambda: client.responses.create(model="fake", input="hi", previous_response_id="r"),
+        ):
+            with pytest.raises(openai.InternalServerError) as refused:
+                ask()
+            assert refused.value.status_code == 503
+            assert refused.value.response.headers["retry-after"] == "1"
