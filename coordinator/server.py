@@ -22,6 +22,7 @@ import logging
 import signal
 import ssl
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -31,7 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import coordinator.api.app as api_assembly
-from coordinator.api.app import SharedStore, create_predict_app
+from coordinator.api.app import create_predict_app
 from coordinator.cluster import Cluster
 from coordinator.config.loader import CoordinatorConfig, check_manage_listener
 from coordinator.connection_caps import ConnectionCaps
@@ -143,7 +144,7 @@ class Coordinator:
             shared_responses=self._shared_responses(),
         )
 
-    def _shared_responses(self) -> SharedStore | None:
+    def _shared_responses(self) -> Callable[..., SharedResponses] | None:
         """The pool's response store, for coordinators sharing a pool (``cluster_name``)."""
         namespace = self.cluster.config.namespace
         return None if namespace is None else partial(SharedResponses, namespace)
