@@ -250,7 +250,7 @@ class LLMEngine:
             if plain:
                 plain_logits = logits if len(plain) == len(samplers) else logits[rows]
                 chosen = sample(plain_logits, plain, self.grammars, started)
-                logprobs = token_logprobs(plain_logits, plain, chosen)
+                logprobs = token_logprobs(plain_logits, plain, chosen, self.model.native)
                 tokens = zip(plain, chosen, logprobs, strict=True)
                 events += [self._append_token(r, token, now, lp) for r, token, lp in tokens]
             if len(plain) < len(samplers):
@@ -281,7 +281,7 @@ class LLMEngine:
             for j in range(len(draft) + 1):
                 scores = logits[row + j : row + j + 1]
                 token = sample(scores, [request], self.grammars)[0]
-                logprobs = token_logprobs(scores, [request], [token])[0]
+                logprobs = token_logprobs(scores, [request], [token], self.model.native)[0]
                 events.append(self._append_token(request, token, now, logprobs))
                 if request.is_finished or j == len(draft) or token != draft[j]:
                     break

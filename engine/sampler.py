@@ -29,6 +29,8 @@ equal transformers' ``TopKLogitsWarper`` then ``TopPLogitsWarper`` (``min_tokens
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.grammars import GrammarCache, PendingMasks
@@ -79,26 +81,31 @@ def sample(
 
 
 def token_logprobs(
-    scores: torch.Tensor, requests: list[Request], chosen: list[int]
+    scores: torch.Tensor, requests: list[Request], chosen: list[int], native: Any = None
 ) -> list[TokenLogprobs | None]:
     """The log probabilities of ``chosen[i]`` in row ``i`` of ``scores`` (the logits as
     :func:`sample` left them) with the row's request's most likely alternatives, for the requests
-    that ask (None for the others). One pass for all the rows that ask: each row's log-sum-exp,
-    its chosen score and its best scores, less the log-sum-exp."""
+    that ask (None for the others): each row's chosen score and its best scores, less the row's
+    log-sum-exp. ``native`` (the CPU kernels' module, engine/kernels/token_logprobs.h) takes the
+    rows in one pass each; torch takes a log-sum-exp, a gather and a top-k over them."""
     found: list[TokenLogprobs | None] = [None] * len(requests)
     rows = [row for row, request in enumerate(requests) if request.params.logprobs >= 0]
     if not rows:
         return found
     asked = (scores if len(rows) == len(requests) else scores[rows]).float()
-    total = torch.logsumexp(asked, dim=-1, keepdim=True)
-    picked = torch.tensor([chosen[row] for row in rows], device=asked.device).unsqueeze(1)
-    logprobs = (asked.gather(1, picked) - total).squeeze(1).tolist()
-    wanted = max(requests[row].params.logprobs for row in rows)
-    top_ids: list[list[int]] = [[] for _ in rows]
-    top_values: list[list[float]] = [[] for _ in rows]
-    if wanted:
-        values, ids = torch.topk(asked, min(wanted, asked.shape[-1]), dim=-1)
-        top_values, top_ids = (values - total).tolist(), ids.tolist()
+    wanted = min(max(requests[row].params.logprobs for row in rows), asked.shape[-1])
+    picked = torch.tensor([chosen[row] for row in rows], device=asked.device)
+    if native is not None and asked.device.type == "cpu":
+        logprobs, values, ids = native.token_logprobs(asked.contiguous(), picked, wanted)
+        top_values, top_ids = values.tolist(), ids.tolist()
+        logprobs = logprobs.tolist()
+    else:
+        total = torch.logsumexp(asked, dim=-1, keepdim=True)
+        logprobs = (asked.gather(1, picked.unsqueeze(1)) - total).squeeze(1).tolist()
+        top_ids, top_values = [[] for _ in rows], [[] for _ in rows]
+        if wanted:
+            values, ids = torch.topk(asked, wanted, dim=-1)
+            top_values, top_ids = (values - total).tolist(), ids.tolist()
     for index, row in enumerate(rows):
         count = requests[row].params.logprobs
         top = tuple(zip(top_ids[index][:count], top_values[index][:count], strict=True))

@@ -1,5 +1,7 @@
-// Python binding of the paged decode attention kernel (paged_attention.h).
+// Python bindings of the CPU decode kernels: paged decode attention (paged_attention.h) and the
+// sampled tokens' log probabilities (token_logprobs.h).
 #include "paged_attention.h"
+#include "token_logprobs.h"
 
 using namespace pdserve_attention;
 
@@ -46,4 +48,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("store_rows", &store_rows, "float32 rows rounded into out as the cache stores them");
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention over a paged KV cache (float32, float16 or bfloat16 pages; CPU)");
+  m.def("token_logprobs", &pdserve_logprobs::token_logprobs,
+        "Each row's chosen token's log probability and its k best, one pass a row (CPU)");
 }

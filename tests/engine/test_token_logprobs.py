@@ -46,9 +46,9 @@ def test_logprobs_are_the_sampled_scores_log_softmax(tiny_loaded, monkeypatch, p
     seen: list[torch.Tensor] = []
     real = llm_engine.token_logprobs
 
-    def recording(scores, requests, chosen):
+    def recording(scores, requests, chosen, native=None):
         seen.append(scores.detach().to(torch.float64).clone())
-        return real(scores, requests, chosen)
+        return real(scores, requests, chosen, native)
 
     monkeypatch.setattr(llm_engine, "token_logprobs", recording)
     events = _run(make_engine(tiny_loaded), "r", params)
