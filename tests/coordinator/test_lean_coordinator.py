@@ -1,12 +1,17 @@
 """A coordinator loads no torch: its modules, the worker classes it starts actors from, its
 model's configuration and tokenizer, a grammar compiled at the door and its predict app leave
 torch to the workers (about 200 MiB of each coordinator's memory; docs/performance/memory.md).
-Run in a fresh interpreter, so that nothing this test process imported counts."""
+Run in a fresh interpreter, so that nothing this test process imported counts. (The very first
+start on a machine reads a GGUF's configuration and tokenizer into a cache folder once, with
+transformers' GGUF support, which loads torch; the test makes that folder first, as every later
+start finds it.)"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+from engine.model.model_files import resolve_model_dir
 
 LEAN = """
 import sys
@@ -29,6 +34,7 @@ print(len(loaded), loaded[:3])
 
 
 def test_a_coordinator_serves_its_model_without_loading_torch():
+    resolve_model_dir("bundled")  # the bundled GGUF's metadata folder, made once per machine
     result = subprocess.run(
         [sys.executable, "-c", LEAN], capture_output=True, text=True, timeout=300, check=False
     )
