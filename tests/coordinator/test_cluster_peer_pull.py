@@ -7,6 +7,7 @@ prompt computes it) and frees every block it set aside."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -59,6 +60,18 @@ def _outputs(events: list) -> list[int]:
     return [e.token_id for e in events if e.token_id is not None]
 
 
+def _settled_loads(cluster: Cluster, timeout_s: float = 5.0) -> dict:
+    """Each role's stats once the prefill worker holds no request: it releases a prompt's blocks
+    when the decode side's acknowledgement reaches its engine thread, which may come after the
+    decode side's last token (or as they are at the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        loads = {load.role: load.stats for load in asyncio.run(cluster.fleet.loads())}
+        if loads["prefill"].num_held == 0 or time.monotonic() > deadline:
+            return loads
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize(("transport", "encryption"), [("zmq", "auto"), ("grpc", "on")])
 def test_a_second_turn_pulls_the_first_from_the_decode_worker(
     ray_session, tiny_model_dir, tiny_loaded, transport, encryption
@@ -74,7 +87,7 @@ def test_a_second_turn_pulls_the_first_from_the_decode_worker(
         got = _outputs(events)
         stranger = list(range(200, 241))
         lost = _outputs(_turn(cluster, "stranger", stranger, PullPlan(("decode", 0), 10)))
-        loads = {load.role: load.stats for load in asyncio.run(cluster.fleet.loads())}
+        loads = _settled_loads(cluster)
     finally:
         cluster.fleet.shutdown()
     # the prefill worker held the first 5 blocks (the first prompt): 3 came from the decode side
