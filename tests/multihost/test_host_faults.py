@@ -218,7 +218,10 @@ def test_requests_survive_a_host_failure_or_fail_honestly(coordinator, ray_hosts
     assert statuses["error"] <= report["spent"] + report["unavailable"], report
     assert report["failed_otherwise"] == 0, report
     if fault == "decode cable pulled":
-        assert report["through_outage"] > 0, report  # the fault really hit requests
+        # the fault really hit requests: some finished through the outage, or moved off the
+        # lost host (its requests migrate once Ray declares the node dead, ~3 s, so they may
+        # all be done before the cable is back)
+        assert report["through_outage"] > 0 or report["migrations"] > 0, report
         assert report["migrations"] >= report["through_outage"], report
 
 
