@@ -26,16 +26,8 @@ from engine.constraint import MAX_SPEC_CHARS
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from testbed.tiny_model import build_tiny_tokenizer
+from tests.support.door_fakes import WEATHER
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 TOOLS = [
     {
         "type": "function",
